@@ -1,0 +1,45 @@
+// The STRATA_* environment variables: every tunable read from the environment is declared
+// here, once, with its default and its meaning (`strata env` prints this table).
+// Thread-safe: reads only.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+struct EnvVar {
+  const char* name;
+  const char* default_value;
+  const char* help;
+};
+
+inline constexpr EnvVar kEnvVars[] = {
+    {"STRATA_CPU_ISA", "auto",
+     "CPU kernels' instruction set: auto (best the CPU has), avx512, avx2 or scalar"},
+    {"STRATA_IO_BACKEND", "auto",
+     "NVMe I/O backend: auto (io_uring, else pread/pwrite), uring or posix"},
+    {"STRATA_NUM_THREADS", "0", "threads for CPU kernels; 0 = one per core"},
+    {"STRATA_LOG_LEVEL", "info", "stderr messages: error, warning, info or debug"},
+};
+
+// The variable's value, or its declared default when unset or empty.
+// REQUIRES: `name` is declared in kEnvVars (else returns "").
+inline std::string EnvGet(std::string_view name) {
+  for (const EnvVar& v : kEnvVars) {
+    if (name == v.name) {
+      const char* set = std::getenv(v.name);
+      return (set && *set) ? std::string(set) : std::string(v.default_value);
+    }
+  }
+  return {};
+}
+
+inline int64_t EnvGetInt(std::string_view name) {
+  std::string s = EnvGet(name);
+  return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10);
+}
+
+}  // namespace strata

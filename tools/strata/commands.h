@@ -1,0 +1,12 @@
+// The `strata` subcommands. Each Add* function registers one subcommand on `parent`; when
+// the user picks it, its callback runs and stores the process exit code in *exit_code.
+// CLI11 exceptions stay inside tools/ (the edge); library calls return Status.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace strata::cli {
+
+// (subcommands are declared here, one line each)
+
+}  // namespace strata::cli

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The README's test command: bootstrap -> configure -> build -> ctest.
+#   tools/test.sh            Release build, whole suite
+#   tools/test.sh --asan     the suite under ASan + UBSan
+#   tools/test.sh --tsan     the suite under ThreadSanitizer
+#   tools/test.sh --quick    skip tests labelled `slow`
+#   extra arguments after -- go to ctest (e.g. -- -L io, -- -R SwapStore)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+preset=release
+ctest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --asan) preset=asan ;;
+    --tsan) preset=tsan ;;
+    --quick) ctest_args+=(-LE slow) ;;
+    --) shift; ctest_args+=("$@"); break ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+tools/bootstrap.sh
+jobs=$(nproc)
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" -j "$jobs"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+ctest --preset "$preset" -j "$jobs" --timeout 900 "${ctest_args[@]}"
