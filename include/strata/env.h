@@ -23,6 +23,8 @@ inline constexpr EnvVar kEnvVars[] = {
      "NVMe I/O backend: auto (io_uring, else pread/pwrite), uring or posix"},
     {"STRATA_NUM_THREADS", "0", "threads for CPU kernels; 0 = one per core"},
     {"STRATA_LOG_LEVEL", "info", "stderr messages: error, warning, info or debug"},
+    {"STRATA_RENDEZVOUS", "", "where ranks meet: file:DIR (shared folder) or redis:HOST:PORT"},
+    {"STRATA_COMM_TIMEOUT", "300", "seconds a collective may wait for a peer before failing"},
 };
 
 // The variable's value, or its declared default when unset or empty.
