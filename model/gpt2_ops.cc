@@ -1,0 +1,409 @@
+// CPU implementation of the GPT-2 operators (see gpt2_ops.h for the contract).
+//
+// Matrix products: CBLAS sgemm/dgemm. Everything else: OpenMP loops whose iterations own
+// disjoint outputs, so results never depend on the thread count. Reductions across rows
+// (parameter grads) are parallel over channel chunks; each chunk walks rows in ascending order.
+#include "model/gpt2_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace strata::model {
+namespace {
+
+// Channels per chunk in row-reductions: a chunk is one or two cache lines of every row.
+constexpr int kChanChunk = 32;
+
+void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
+          int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+          const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// dst[c] += sum_n src[n, c] for c in [0, C), rows in ascending order per channel.
+template <typename F>
+void ColumnSumAccumulate(F* dst, const F* src, int N, int C) {
+  const int chunks = (C + kChanChunk - 1) / kChanChunk;
+#pragma omp parallel for schedule(static)
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int c0 = ch * kChanChunk, c1 = std::min(C, c0 + kChanChunk);
+    F acc[kChanChunk] = {};
+    for (int n = 0; n < N; ++n) {
+      const F* row = src + static_cast<size_t>(n) * C;
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) acc[c - c0] += row[c];
+    }
+    for (int c = c0; c < c1; ++c) dst[c] += acc[c - c0];
+  }
+}
+
+}  // namespace
+
+// ---- embeddings ----------------------------------------------------------------------------
+template <typename F>
+void EmbeddingForward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
+                      int C) {
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < B * T; ++bt) {
+    const int t = bt % T;
+    const F* e = wte + static_cast<size_t>(tokens[bt]) * C;
+    const F* p = wpe + static_cast<size_t>(t) * C;
+    F* o = out + static_cast<size_t>(bt) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+template <typename F>
+void EmbeddingBackward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T,
+                       int C) {
+  // Several positions may share a token id, so each thread owns a channel chunk and adds
+  // the rows in ascending order: race-free and independent of the thread count.
+  const int chunks = (C + kChanChunk - 1) / kChanChunk;
+#pragma omp parallel for schedule(static)
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int c0 = ch * kChanChunk, c1 = std::min(C, c0 + kChanChunk);
+    for (int bt = 0; bt < B * T; ++bt) {
+      const F* d = dout + static_cast<size_t>(bt) * C;
+      F* e = dwte + static_cast<size_t>(tokens[bt]) * C;
+      F* p = dwpe + static_cast<size_t>(bt % T) * C;
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) {
+        e[c] += d[c];
+        p[c] += d[c];
+      }
+    }
+  }
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+template <typename F>
+void LayerNormForward(F* out, F* mean, F* rstd, const F* inp, const F* w, const F* b, int N,
+                      int C) {
+  constexpr F kEps = F(1e-5);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const F* x = inp + static_cast<size_t>(n) * C;
+    F m = 0;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    F v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    const F s = F(1) / std::sqrt(v + kEps);
+    F* o = out + static_cast<size_t>(n) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <typename F>
+void LayerNormBackward(F* dinp, F* dw, F* db, const F* dout, const F* inp, const F* w,
+                       const F* mean, const F* rstd, int N, int C) {
+  // Input grads: per row. dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
+  // with dnorm = dout * w and norm = (x - mean) * rstd.
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const F* x = inp + static_cast<size_t>(n) * C;
+    const F* d = dout + static_cast<size_t>(n) * C;
+    const F m = mean[n], s = rstd[n];
+    F sum_dn = 0, sum_dn_norm = 0;
+#pragma omp simd reduction(+ : sum_dn, sum_dn_norm)
+    for (int c = 0; c < C; ++c) {
+      const F dn = d[c] * w[c];
+      sum_dn += dn;
+      sum_dn_norm += dn * (x[c] - m) * s;
+    }
+    sum_dn /= C;
+    sum_dn_norm /= C;
+    F* dx = dinp + static_cast<size_t>(n) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) {
+      const F norm = (x[c] - m) * s;
+      dx[c] += s * (d[c] * w[c] - sum_dn - norm * sum_dn_norm);
+    }
+  }
+  // Parameter grads: a reduction over rows, split by channel chunk.
+  const int chunks = (C + kChanChunk - 1) / kChanChunk;
+#pragma omp parallel for schedule(static)
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int c0 = ch * kChanChunk, c1 = std::min(C, c0 + kChanChunk);
+    F aw[kChanChunk] = {}, ab[kChanChunk] = {};
+    for (int n = 0; n < N; ++n) {
+      const F* x = inp + static_cast<size_t>(n) * C;
+      const F* d = dout + static_cast<size_t>(n) * C;
+      const F m = mean[n], s = rstd[n];
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) {
+        aw[c - c0] += d[c] * (x[c] - m) * s;
+        ab[c - c0] += d[c];
+      }
+    }
+    for (int c = c0; c < c1; ++c) {
+      dw[c] += aw[c - c0];
+      db[c] += ab[c - c0];
+    }
+  }
+}
+
+// ---- linear --------------------------------------------------------------------------------
+template <typename F>
+void MatmulForward(F* out, const F* inp, const F* w, const F* bias, int N, int IC, int OC) {
+  F beta = 0;
+  if (bias != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + static_cast<size_t>(n) * OC);
+    beta = 1;
+  }
+  if (N == 0 || OC == 0) return;
+  Gemm(CblasNoTrans, CblasNoTrans, N, OC, IC, F(1), inp, IC, w, OC, beta, out, OC);
+}
+
+template <typename F>
+void MatmulBackward(F* dinp, F* dw, F* dbias, const F* dout, const F* inp, const F* w, int N,
+                    int IC, int OC) {
+  if (N == 0) return;
+  if (dinp != nullptr) {
+    Gemm(CblasNoTrans, CblasTrans, N, IC, OC, F(1), dout, OC, w, OC, F(1), dinp, IC);
+  }
+  if (dw != nullptr) {
+    Gemm(CblasTrans, CblasNoTrans, IC, OC, N, F(1), inp, IC, dout, OC, F(1), dw, OC);
+  }
+  if (dbias != nullptr) ColumnSumAccumulate(dbias, dout, N, OC);
+}
+
+// ---- attention -----------------------------------------------------------------------------
+template <typename F>
+void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const F scale = F(1) / std::sqrt(static_cast<F>(hs));
+  const size_t C3 = static_cast<size_t>(3) * C;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const F* base = qkv + static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
+      F* a_bh = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      for (int t = 0; t < T; ++t) {
+        const F* q = base + t * C3;
+        F* a = a_bh + static_cast<size_t>(t) * T;
+        F mx = -INFINITY;
+        for (int s = 0; s <= t; ++s) {
+          const F* k = base + s * C3 + C;
+          F dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+          dot *= scale;
+          a[s] = dot;
+          mx = std::max(mx, dot);
+        }
+        F sum = 0;
+        for (int s = 0; s <= t; ++s) {
+          a[s] = std::exp(a[s] - mx);
+          sum += a[s];
+        }
+        const F inv = F(1) / sum;
+        for (int s = 0; s <= t; ++s) a[s] *= inv;
+        for (int s = t + 1; s < T; ++s) a[s] = 0;
+        F* o = out + (static_cast<size_t>(b) * T + t) * C + static_cast<size_t>(h) * hs;
+        for (int i = 0; i < hs; ++i) o[i] = 0;
+        for (int s = 0; s <= t; ++s) {
+          const F* v = base + s * C3 + 2 * C;
+          const F p = a[s];
+#pragma omp simd
+          for (int i = 0; i < hs; ++i) o[i] += p * v[i];
+        }
+      }
+    }
+  }
+}
+
+template <typename F>
+void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, int B, int T, int C,
+                       int NH) {
+  const int hs = C / NH;
+  const F scale = F(1) / std::sqrt(static_cast<F>(hs));
+  const size_t C3 = static_cast<size_t>(3) * C;
+  // Each (b, h) writes only its head's q/k/v slices of dqkv: no races, fixed order.
+#pragma omp parallel
+  {
+    std::vector<F> datt(T), dpre(T);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        const F* base = qkv + static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
+        F* dbase = dqkv + static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
+        const F* a_bh = att + (static_cast<size_t>(b) * NH + h) * T * T;
+        for (int t = 0; t < T; ++t) {
+          const F* a = a_bh + static_cast<size_t>(t) * T;
+          const F* d = dout + (static_cast<size_t>(b) * T + t) * C + static_cast<size_t>(h) * hs;
+          // out = att · v: datt[s] = d · v[s]; dv[s] += att[s] * d.
+          for (int s = 0; s <= t; ++s) {
+            const F* v = base + s * C3 + 2 * C;
+            F* dv = dbase + s * C3 + 2 * C;
+            F dot = 0;
+            const F p = a[s];
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < hs; ++i) {
+              dot += d[i] * v[i];
+              dv[i] += p * d[i];
+            }
+            datt[s] = dot;
+          }
+          // softmax: dpre[s] = att[s] * (datt[s] - sum_j att[j] datt[j]).
+          F sum = 0;
+          for (int s = 0; s <= t; ++s) sum += a[s] * datt[s];
+          for (int s = 0; s <= t; ++s) dpre[s] = a[s] * (datt[s] - sum) * scale;
+          // pre = scale * q · k[s]: dq += dpre[s] k[s]; dk[s] += dpre[s] q.
+          const F* q = base + t * C3;
+          F* dq = dbase + t * C3;
+          for (int s = 0; s <= t; ++s) {
+            const F* k = base + s * C3 + C;
+            F* dk = dbase + s * C3 + C;
+            const F g = dpre[s];
+#pragma omp simd
+            for (int i = 0; i < hs; ++i) {
+              dq[i] += g * k[i];
+              dk[i] += g * q[i];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- GELU ----------------------------------------------------------------------------------
+template <typename F>
+void GeluForward(F* out, const F* inp, size_t n) {
+  const F k = static_cast<F>(0.7978845608028654);  // sqrt(2/pi)
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const F x = inp[i];
+    out[i] = F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));
+  }
+}
+
+template <typename F>
+void GeluBackward(F* dinp, const F* inp, const F* dout, size_t n) {
+  const F k = static_cast<F>(0.7978845608028654);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const F x = inp[i];
+    const F u = k * (x + F(0.044715) * x * x * x);
+    const F th = std::tanh(u);
+    const F sech2 = F(1) - th * th;
+    const F grad = F(0.5) * (F(1) + th) + F(0.5) * x * sech2 * k * (F(1) + F(3 * 0.044715) * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+// ---- residual ------------------------------------------------------------------------------
+template <typename F>
+void ResidualForward(F* out, const F* a, const F* b, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename F>
+void ResidualBackward(F* da, F* db, const F* dout, size_t n) {
+  if (da != nullptr) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) da[i] += dout[i];
+  }
+  if (db != nullptr) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) db[i] += dout[i];
+  }
+}
+
+// ---- LM head -------------------------------------------------------------------------------
+template <typename F>
+void LmHeadForward(F* logits, const F* x, const F* wte, int N, int C, int V) {
+  if (N == 0 || V == 0) return;
+  Gemm(CblasNoTrans, CblasTrans, N, V, C, F(1), x, C, wte, C, F(0), logits, V);
+}
+
+template <typename F>
+void LmHeadBackward(F* dx, F* dwte, const F* dlogits, const F* x, const F* wte, int N, int C,
+                    int V) {
+  if (N == 0) return;
+  if (dx != nullptr)
+    Gemm(CblasNoTrans, CblasNoTrans, N, C, V, F(1), dlogits, V, wte, C, F(1), dx, C);
+  if (dwte != nullptr) {
+    Gemm(CblasTrans, CblasNoTrans, V, C, N, F(1), dlogits, V, x, C, F(1), dwte, C);
+  }
+}
+
+// ---- softmax cross-entropy -----------------------------------------------------------------
+template <typename F>
+double SoftmaxCrossEntropyForward(F* probs, F* losses, const F* logits, const int32_t* targets,
+                                  int N, int V) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const F* l = logits + static_cast<size_t>(n) * V;
+    F* p = probs + static_cast<size_t>(n) * V;
+    F mx = -INFINITY;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, l[v]);
+    const F target_logit = l[targets[n]];  // read before p (which may alias l) overwrites it
+    F sum = 0;
+    for (int v = 0; v < V; ++v) {
+      p[v] = std::exp(l[v] - mx);
+      sum += p[v];
+    }
+    const F inv = F(1) / sum;
+#pragma omp simd
+    for (int v = 0; v < V; ++v) p[v] *= inv;
+    // -log softmax computed from the logits directly: stays finite when p underflows.
+    losses[n] = -(target_logit - mx - std::log(sum));
+  }
+  double total = 0;
+  for (int n = 0; n < N; ++n) total += static_cast<double>(losses[n]);
+  return N > 0 ? total / N : 0.0;
+}
+
+template <typename F>
+void SoftmaxCrossEntropyBackward(F* dlogits, const F* probs, const int32_t* targets, int N, int V,
+                                 F dloss) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const F* p = probs + static_cast<size_t>(n) * V;
+    F* d = dlogits + static_cast<size_t>(n) * V;
+#pragma omp simd
+    for (int v = 0; v < V; ++v) d[v] = p[v] * dloss;
+    d[targets[n]] -= dloss;
+  }
+}
+
+#define STRATA_INSTANTIATE_OPS(F)                                                                  \
+  template void EmbeddingForward<F>(F*, const int32_t*, const F*, const F*, int, int, int);        \
+  template void EmbeddingBackward<F>(F*, F*, const F*, const int32_t*, int, int, int);             \
+  template void LayerNormForward<F>(F*, F*, F*, const F*, const F*, const F*, int, int);           \
+  template void LayerNormBackward<F>(F*, F*, F*, const F*, const F*, const F*, const F*, const F*, \
+                                     int, int);                                                    \
+  template void MatmulForward<F>(F*, const F*, const F*, const F*, int, int, int);                 \
+  template void MatmulBackward<F>(F*, F*, F*, const F*, const F*, const F*, int, int, int);        \
+  template void AttentionForward<F>(F*, F*, const F*, int, int, int, int);                         \
+  template void AttentionBackward<F>(F*, const F*, const F*, const F*, int, int, int, int);        \
+  template void GeluForward<F>(F*, const F*, size_t);                                              \
+  template void GeluBackward<F>(F*, const F*, const F*, size_t);                                   \
+  template void ResidualForward<F>(F*, const F*, const F*, size_t);                                \
+  template void ResidualBackward<F>(F*, F*, const F*, size_t);                                     \
+  template void LmHeadForward<F>(F*, const F*, const F*, int, int, int);                           \
+  template void LmHeadBackward<F>(F*, F*, const F*, const F*, const F*, int, int, int);            \
+  template double SoftmaxCrossEntropyForward<F>(F*, F*, const F*, const int32_t*, int, int);       \
+  template void SoftmaxCrossEntropyBackward<F>(F*, const F*, const int32_t*, int, int, F);
+
+STRATA_INSTANTIATE_OPS(float)
+STRATA_INSTANTIATE_OPS(double)
+
+}  // namespace strata::model
