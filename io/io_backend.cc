@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "io/posix_backend.h"
+#include "io/uring_backend.h"
 #include "strata/env.h"
 #include "strata/io.h"
 #include "strata/log.h"
@@ -68,10 +69,17 @@ Result<std::unique_ptr<IoBackend>> CreateIoBackend(const IoBackendOptions& optio
     STRATA_ASSIGN_OR_RETURN(auto posix, PosixBackend::Create(opts));
     return std::unique_ptr<IoBackend>(std::move(posix));
   }
-  Status uring = Status::NotSupported("io_uring backend not built yet");
-  if (opts.kind == IoBackendKind::kUring) return uring;
+  Result<std::unique_ptr<UringBackend>> uring = UringBackend::Create(opts);
+  if (uring.ok()) return std::unique_ptr<IoBackend>(std::move(uring).value());
+  if (opts.kind == IoBackendKind::kUring || !uring.status().IsNotSupported()) {
+    return uring.status();
+  }
+  // kAuto and io_uring is unavailable on this kernel: the posix pool does the same work
+  // with more CPU per request. Say so once per process: every backend would repeat it.
   static std::atomic<bool> warned{false};
-  if (!warned.exchange(true)) LogWarning(uring.message() + "; using the pread/pwrite backend");
+  if (!warned.exchange(true)) {
+    LogWarning(uring.status().message() + "; using the pread/pwrite backend instead");
+  }
   STRATA_ASSIGN_OR_RETURN(auto posix, PosixBackend::Create(opts));
   return std::unique_ptr<IoBackend>(std::move(posix));
 }
