@@ -1,0 +1,308 @@
+// Engine: the swap scheduler. It holds a model's training state (parameters, fp32 master
+// weights, Adam moments, gradients) across three tiers — device memory, pinned host memory
+// and NVMe — under hard per-tier budgets, hands the model each block's parameters on the
+// device when it needs them, takes the block's gradients back, and runs the CPU AdamW step
+// of every block as soon as that block's gradient is final, overlapped with the rest of
+// backward.
+//
+// Data model (DESIGN.md "Data model"): a model is an ordered list of blocks (a transformer
+// layer, the embeddings, ...), each a list of named tensors. A block's tensors are flattened
+// into one flat buffer, each tensor starting at a multiple of `tensor_alignment` elements,
+// and the flat buffer is padded so it splits into `world_size` equal shards (rank r owns
+// shard r; world size 1 today, the layout is already N-rank ready). Per shard the engine
+// keeps the components of Component: `param` (working dtype, what the device computes with;
+// it aliases `master` when the working dtype is fp32), `master`, `exp_avg`, `exp_avg_sq`
+// (fp32) and `grad` (fp32, accumulated on the host across micro-batches). A planner puts
+// each component's home in host memory or on NVMe (Placement() says which and why);
+// cached copies live in faster tiers while they are in use.
+//
+// One training step (DESIGN.md "One step"), as the model drives it:
+//
+//   engine->BeginStep({.lr = lr});
+//   for each micro-batch:
+//     for l in 0..L-1:   view = Acquire(l, Pass::kForward)   // params on the device
+//                        ... enqueue forward kernels on Lane::kCompute ...
+//                        Release(l)
+//     for l in L-1..0:   view = Acquire(l, Pass::kBackward)
+//                        grads = GradBuffer(l)                // fp32, device memory
+//                        ... enqueue backward kernels writing `grads` ...
+//                        SubmitGrads(l)                       // D2H + accumulate (host)
+//                        Release(l)
+//   stats = EndStep();  // waits for the optimizer and the NVMe writes, then commits
+//
+// Acquire returns as soon as the copy that brings the block to the device is enqueued:
+// work the model enqueues on Lane::kCompute afterwards is ordered after that copy by a
+// device event, so the host thread blocks only when the data is not yet in host memory
+// (the prefetch is late) or device memory is full of blocks still in use. The access order
+// of the first step is recorded (the standard order above is assumed until then) and later
+// steps prefetch along it, as far ahead as the budgets allow; eviction takes the block
+// whose next use is farthest away. A block is acquired at most once per pass per
+// micro-batch, and SubmitGrads is called exactly once per block per micro-batch.
+//
+// Numerics: the result does not depend on the budgets, the tiers or the timing — an
+// offloaded run is bit-identical to the same run with unlimited budgets (same kernels,
+// same order; the gradient norm is combined in block order).
+//
+// Failures: a background failure (an NVMe read or write, a device copy, the optimizer) is
+// stored and returned by the next Acquire, SubmitGrads or EndStep, and by Error(); after
+// one, the engine refuses further steps. Nothing committed is lost: NVMe state changes
+// only by atomic commits at EndStep, and Create with `resume` reopens the last one.
+//
+// Thread safety: the step API (BeginStep .. EndStep, Read/WriteParams) is called by one
+// thread, the model's. Placement(), Layout(), Error() may be called from any thread.
+// Ownership: the engine does not own the Device (it must outlive the engine); it owns its
+// pinned pool, its NVMe files (SwapStore) and its worker threads, which the destructor
+// stops after finishing in-flight work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/io.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// ---------------------------------------------------------------------------------------
+// Model description and layout
+// ---------------------------------------------------------------------------------------
+
+struct TensorSpec {
+  std::string name;            // unique within its block ("attn.c_attn.weight")
+  std::vector<int64_t> shape;  // every dimension >= 1; a scalar is {1}
+  bool weight_decay = true;    // false: AdamW's decoupled decay is not applied (norms, biases)
+};
+
+struct BlockSpec {
+  std::string name;  // unique within the model ("h.3")
+  std::vector<TensorSpec> tensors;
+};
+
+// Where one tensor lives inside its block's flat buffer (elements, not bytes).
+struct TensorLayout {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // first element in the flat buffer; a multiple of tensor_alignment
+  uint64_t numel = 0;
+  bool weight_decay = true;
+};
+
+struct BlockLayout {
+  std::string name;
+  std::vector<TensorLayout> tensors;
+  uint64_t numel = 0;         // tensor elements, without padding
+  uint64_t padded_numel = 0;  // flat buffer length: aligned tensors, padded to world_size
+  uint64_t shard_numel = 0;   // padded_numel / world_size
+};
+
+// ---------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------
+
+enum class Pass : uint8_t { kForward, kBackward };
+enum class Component : uint8_t { kParam, kMaster, kExpAvg, kExpAvgSq, kGrad };
+inline constexpr int kNumComponents = 5;
+// "param", "master", "exp_avg", "exp_avg_sq", "grad".
+const char* ComponentName(Component component);
+
+enum class Tier : uint8_t { kDevice, kHost, kNvme };
+const char* TierName(Tier tier);  // "device", "host", "nvme"
+
+// The dtype the device computes with. kAuto: fp32 on a HostDevice, bf16 on CUDA.
+enum class WorkingDtype : uint8_t { kAuto, kFp32, kBf16 };
+const char* WorkingDtypeName(WorkingDtype dtype);  // "auto", "fp32", "bf16"
+
+enum class OptimizerKind : uint8_t { kAdamW, kAdam };
+
+struct EngineOptions {
+  // The device the model computes on. Not owned; must outlive the engine. Required.
+  Device* device = nullptr;
+
+  // Device memory the engine may use for parameter copies and gradient buffers (the model's
+  // activations are its own business). 0 = no engine-side cap (the Device's own budget
+  // still applies). Must hold at least the largest block's params plus its gradients.
+  uint64_t device_mem_bytes = 0;
+  // Pinned host memory for everything the engine keeps on the host: components whose home
+  // is the host, staging for NVMe transfers, gradient accumulators. 0 = unlimited
+  // (everything lives in host memory; NVMe is not used).
+  uint64_t host_mem_bytes = 0;
+  // Folders for the NVMe tier (one striped file per folder). Empty with a finite
+  // host_mem_bytes: everything must fit the host budget, else Create fails.
+  std::vector<std::string> nvme_paths;
+  // Stripe size across nvme_paths (bytes, multiple of 4 KiB).
+  uint64_t nvme_stripe_bytes = 1 << 20;
+  IoBackendOptions io;  // backend for the NVMe tier (kind auto: io_uring, else posix)
+  // Test hook: wraps the backend the engine creates (fault injection). Called once, on the
+  // I/O thread's backend. Not owned data; may be empty.
+  std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> wrap_backend;
+
+  // Optimizer hyper-parameters (the learning rate is given per step in StepArgs).
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // applied to tensors with weight_decay = true
+  // Clip the global gradient L2 norm to this value (0 = off). With clipping on, a block's
+  // update waits until every block's gradient is final (the global norm), while the NVMe
+  // reads of its master weights and moments still run ahead during backward.
+  double grad_clip = 0.0;
+
+  int micro_batches = 1;  // gradients accumulate (fp32, host) over this many per step
+  WorkingDtype dtype = WorkingDtype::kAuto;
+  uint32_t tensor_alignment = 64;  // elements; every tensor starts at a multiple of this
+  int world_size = 1;              // shards per block (multi-rank: later)
+  int rank = 0;
+
+  // Reopen the NVMe state at its last commit instead of starting fresh. Requires
+  // nvme_paths: the committed state (master weights and moments of every block) is kept
+  // on NVMe, including components whose home is the host.
+  bool resume = false;
+  // Write a Chrome/Perfetto trace (JSON) of every operation to this file; "" = none.
+  std::string trace_path;
+  // Expected bandwidths (bytes/s) used only to predict the step's bound in Placement();
+  // 0 = use built-in guesses. They never change a decision that affects numerics.
+  double nvme_read_bps = 0, nvme_write_bps = 0, h2d_bps = 0, d2h_bps = 0, cpu_optim_bps = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Placement: what the planner chose
+// ---------------------------------------------------------------------------------------
+
+struct ComponentPlacement {
+  int block = 0;
+  Component component = Component::kMaster;
+  Tier home = Tier::kHost;
+  uint64_t bytes = 0;  // of this rank's shard
+};
+
+// Bytes per step over each edge of the tier graph.
+struct EdgeBytes {
+  uint64_t nvme_read = 0;
+  uint64_t nvme_write = 0;
+  uint64_t h2d = 0;
+  uint64_t d2h = 0;
+};
+
+struct PlacementReport {
+  std::vector<ComponentPlacement> components;  // every block x component of this rank
+  uint64_t device_budget_bytes = 0;            // 0 = none
+  uint64_t device_min_bytes = 0;               // smallest device budget that would work
+  uint64_t host_budget_bytes = 0;              // 0 = unlimited
+  uint64_t host_min_bytes = 0;                 // smallest host budget that would work
+  uint64_t host_resident_bytes = 0;            // components whose home is the host
+  uint64_t host_cache_bytes = 0;               // the rest: staging and cache for NVMe homes
+  uint64_t nvme_bytes = 0;                     // components whose home is NVMe
+  WorkingDtype dtype = WorkingDtype::kFp32;    // resolved
+  EdgeBytes predicted_bytes;                   // per step, upper estimate
+  double predicted_bound_seconds = 0;          // from the bandwidths in EngineOptions
+  std::string predicted_bound_resource;
+  std::vector<std::string> reasons;  // one line per decision, for people
+  std::string ToString() const;      // multi-line summary for printing
+};
+
+// ---------------------------------------------------------------------------------------
+// Steps
+// ---------------------------------------------------------------------------------------
+
+struct StepArgs {
+  double lr = 1e-3;
+  // Multiplies every gradient before clipping and the update (e.g. 1/loss_scale, or
+  // 1/micro_batches for a mean over micro-batches). The norm reported is of scaled grads.
+  double grad_scale = 1.0;
+};
+
+// A block's parameters on the device, valid from Acquire until Release.
+struct BlockView {
+  int block = 0;
+  void* params = nullptr;  // device pointer to the flat buffer (working dtype)
+  WorkingDtype dtype = WorkingDtype::kFp32;
+  const BlockLayout* layout = nullptr;  // tensor offsets (elements) into `params`
+};
+
+// The resources whose busy time bounds a step.
+enum class Resource : uint8_t { kNvmeRead, kNvmeWrite, kH2D, kD2H, kCpuOptim, kCompute };
+inline constexpr int kNumResources = 6;
+const char* ResourceName(Resource r);  // "nvme_read", ..., "cpu_optim", "compute"
+
+struct StepStats {
+  int64_t step = 0;    // the step just committed (1-based)
+  double seconds = 0;  // BeginStep to the end of EndStep
+  // The lower bound: the busiest resource's busy time (time with at least one of its
+  // operations in flight), and which resource that was.
+  double bound_seconds = 0;
+  std::string bound_resource;
+  double efficiency = 0;     // bound_seconds / seconds
+  double stall_seconds = 0;  // compute lane idle before its last operation of the step
+  double busy_seconds[kNumResources] = {};
+  EdgeBytes bytes;
+  double grad_norm = 0;            // global L2 norm of the (scaled) gradient, before clipping
+  double clip_coef = 1;            // factor applied to the gradient (1 without clipping)
+  bool skipped = false;            // non-finite gradient: no update was applied
+  uint64_t peak_device_bytes = 0;  // engine's device memory, peak during the step
+  uint64_t peak_host_bytes = 0;    // pinned pool, peak during the step
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Lays out the blocks, runs the planner, allocates the pinned pool and opens the NVMe
+  // store. Fails with InvalidArgument for bad specs/options (naming the value), and with
+  // OutOfMemory when the budgets cannot work, naming the numbers and the minimum that would
+  // ("device budget 1.0 MiB is smaller than block 'h.3' needs (params 4.0 MiB + grads
+  // 4.0 MiB); need at least 8.0 MiB"). With options.resume the NVMe store is reopened at its
+  // last commit (NotFound when there is none) and ResumedStep() says which.
+  static Result<std::unique_ptr<Engine>> Create(std::vector<BlockSpec> blocks,
+                                                const EngineOptions& options);
+
+  virtual const std::vector<BlockLayout>& Layout() const = 0;
+  virtual const PlacementReport& Placement() const = 0;
+  // The last committed step: 0 for a fresh engine (after initial params), or the step a
+  // resumed engine continues from. The next BeginStep runs step ResumedStep()+1.
+  virtual int64_t ResumedStep() const = 0;
+
+  // Initial values (before the first step) or replacements between steps: sets one tensor
+  // of a block's master weights (and param copy). Elements beyond the tensor, padding, are
+  // zero. Moments start at zero. InvalidArgument when the size does not match the tensor.
+  // The new values are committed by the next BeginStep (or CommitParams).
+  virtual Status WriteParams(int block, int tensor, std::span<const float> values) = 0;
+  // Commits values set by WriteParams as the state of step ResumedStep() now (optional;
+  // BeginStep does it too).
+  virtual Status CommitParams() = 0;
+  // Reads one tensor of the fp32 master weights (between steps).
+  virtual Status ReadParams(int block, int tensor, std::span<float> out) const = 0;
+  // Reads a whole component of a block's shard (shard_numel fp32 values; kParam and
+  // kMaster both give the fp32 master weights; kGrad gives the last step's accumulated
+  // gradient, unscaled). For tests and checkpoints; between steps.
+  virtual Status ReadComponent(int block, Component component, std::span<float> out) const = 0;
+
+  // Starts a step. InvalidArgument when a step is already open or args are out of range;
+  // the stored background error when there is one.
+  virtual Status BeginStep(const StepArgs& args) = 0;
+  // The block's working params on the device (see the header comment for the waiting rule).
+  virtual Result<BlockView> Acquire(int block, Pass pass) = 0;
+  // The model has enqueued all its work that uses the block's params.
+  virtual Status Release(int block) = 0;
+  // Device buffer of padded_numel fp32 values the model writes the block's gradient into
+  // (tensor offsets as in the layout). Valid from the backward Acquire until SubmitGrads. Every
+  // element of every tensor must be written; padding is ignored.
+  virtual Result<float*> GradBuffer(int block) = 0;
+  // The model has enqueued (on Lane::kCompute) the work that writes the gradient buffer.
+  // The engine copies it to the host and accumulates it; after the last micro-batch the
+  // block's optimizer step starts as soon as the copy lands.
+  virtual Status SubmitGrads(int block) = 0;
+  // Waits for every optimizer step and NVMe write of the step, commits the new state
+  // (atomic manifest switch), and returns the step's statistics.
+  virtual Result<StepStats> EndStep() = 0;
+
+  // The first stored background error, or OK.
+  virtual Status Error() const = 0;
+};
+
+}  // namespace strata
