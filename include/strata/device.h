@@ -11,7 +11,15 @@
 // with device-wide synchronisation.
 //
 // Errors in enqueued work are stored and returned by the next Synchronize/Query on an event
-// recorded after it on that lane, and by Error(); they are never dropped.
+// recorded after it on that lane, and by Error(); they are never dropped. The first failure
+// on a lane is that lane's error (sticky): SynchronizeLane keeps returning it. The Enqueue*/
+// Copy* calls themselves fail only for bad arguments (InvalidArgument) or a device that is
+// shutting down; a stored background error does not make them fail.
+//
+// After a failure HostDevice skips every later operation of that lane, and a WaitEvent on an
+// event that completed with an error fails the waiting lane too. CudaDevice skips later host
+// functions of the failed lane but cannot un-launch copies and kernels already on the
+// stream; rely on the returned Status, not on partial results.
 //
 // Thread safety: all methods may be called from any thread.
 #pragma once
@@ -72,6 +80,7 @@ struct DeviceOpRecord {
   std::string_view label;  // what the caller named it ("h2d block 3")
   std::chrono::steady_clock::time_point start, end;
   uint64_t bytes = 0;  // copies: bytes moved; 0 otherwise
+  bool ok = true;      // false for the operation that failed (and set the lane's error)
 };
 
 struct DeviceOptions {
@@ -87,7 +96,9 @@ class Device {
   virtual std::string Name() const = 0;  // "host", "cuda:0 NVIDIA H200"
 
   // Allocates `bytes` of device memory, 256-byte aligned. OutOfMemory (naming the budget,
-  // the bytes in use and the request) when the budget would be exceeded.
+  // the bytes in use and the request) when the budget would be exceeded. Accounting counts
+  // the bytes requested, so a budget of N bytes admits one allocation of N bytes. Zero bytes
+  // returns a distinct non-null pointer that must be freed (and counts as 0 bytes).
   virtual Result<void*> Allocate(size_t bytes) = 0;
   // Frees memory from Allocate. The caller ensures no enqueued work still uses it
   // (e.g. by synchronising an event recorded after that work).
@@ -101,7 +112,8 @@ class Device {
   virtual Status UnregisterHostMemory(void* ptr) = 0;
 
   // Asynchronous copies on the kH2D / kD2H lanes (or `lane` when given). The host side must
-  // stay valid until the copy completes; registered host memory is fastest.
+  // stay valid until the copy completes; registered host memory is fastest. The device side
+  // must lie inside one live allocation of this device (InvalidArgument otherwise).
   virtual Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes,
                               std::string_view label, Lane lane = Lane::kH2D) = 0;
   virtual Status CopyToHost(void* host_dst, const void* device_src, size_t bytes,
@@ -132,8 +144,13 @@ class Device {
   // code that launches its own kernels.
   virtual void* NativeStream(Lane lane) = 0;
 
-  // Receives every finished operation (called from worker threads; must be cheap and
-  // thread-safe). nullptr removes it.
+  // Receives every finished copy, host function and busy operation (Record/WaitEvent are
+  // not reported; operations skipped after a lane's failure are not reported; the failing one
+  // is, with ok = false). Called from worker threads; must be cheap, thread-safe and must not
+  // call back into the device. All records of a lane's operations enqueued before a
+  // SynchronizeLane(lane) have been delivered when it returns. nullptr removes it.
+  // CudaDevice: copy/busy timestamps come from CUDA timing events mapped onto steady_clock
+  // (microsecond-level accuracy); host function timestamps are exact.
   virtual void SetObserver(std::function<void(const DeviceOpRecord&)> observer) = 0;
 };
 

@@ -1,0 +1,359 @@
+#include "gpu/host_device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "gpu/device_util.h"
+
+namespace strata {
+
+using gpu_internal::AlignUp;
+using gpu_internal::kDeviceAlignment;
+
+// An event of a HostDevice lane: completed by the lane's worker when it reaches the event,
+// carrying the lane's error at that point.
+class HostEvent final : public DeviceEvent {
+ public:
+  bool Query() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  Status Synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    return status_;
+  }
+  void Complete(Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = std::move(status);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+namespace {
+
+bool ValidLane(Lane lane) { return static_cast<unsigned>(lane) < kNumLanes; }
+
+Status BadLane(Lane lane) {
+  return Status::InvalidArgument("host device: lane " + std::to_string(static_cast<int>(lane)) +
+                                 " does not exist (lanes are 0.." + std::to_string(kNumLanes - 1) +
+                                 ")");
+}
+
+}  // namespace
+
+HostDevice::HostDevice(const DeviceOptions& options) : budget_bytes_(options.memory_budget_bytes) {
+  for (int i = 0; i < kNumLanes; ++i) {
+    lanes_[i].worker = std::thread([this, i] { WorkerLoop(static_cast<Lane>(i)); });
+  }
+}
+
+HostDevice::~HostDevice() {
+  // Finish everything already enqueued (callers may still be waiting on its events), then
+  // stop the workers.
+  for (LaneState& state : lanes_) {
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      state.stop = true;
+    }
+    state.cv.notify_all();
+  }
+  for (LaneState& state : lanes_) {
+    if (state.worker.joinable()) state.worker.join();
+  }
+  for (auto& [addr, bytes] : allocations_) std::free(reinterpret_cast<void*>(addr));
+}
+
+// ---- memory ----
+
+Result<void*> HostDevice::Allocate(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    if (budget_bytes_ != 0 && (bytes > budget_bytes_ || in_use_bytes_ > budget_bytes_ - bytes)) {
+      return gpu_internal::BudgetExceeded("host device", bytes, in_use_bytes_, budget_bytes_);
+    }
+    in_use_bytes_ += bytes;  // reserve before the (slow) allocation
+  }
+  // A zero-byte request still gets a distinct, freeable pointer.
+  void* ptr =
+      std::aligned_alloc(kDeviceAlignment, AlignUp(bytes == 0 ? 1 : bytes, kDeviceAlignment));
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  if (ptr == nullptr) {
+    in_use_bytes_ -= bytes;
+    return Status::OutOfMemory("host device: host RAM exhausted allocating " +
+                               gpu_internal::FormatBytes(bytes) +
+                               " (within the device budget); lower the device memory budget "
+                               "or free host memory");
+  }
+  allocations_.emplace(reinterpret_cast<uintptr_t>(ptr), bytes);
+  if (in_use_bytes_ > peak_bytes_) peak_bytes_ = in_use_bytes_;
+  return ptr;
+}
+
+Status HostDevice::Free(void* ptr) {
+  if (ptr == nullptr) return Status::OK();
+  {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == allocations_.end()) {
+      return Status::InvalidArgument(
+          "host device: Free of a pointer this device did not allocate (or already freed)");
+    }
+    in_use_bytes_ -= it->second;
+    allocations_.erase(it);
+  }
+  std::free(ptr);
+  return Status::OK();
+}
+
+DeviceMemoryStats HostDevice::MemoryStats() const {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  return DeviceMemoryStats{budget_bytes_, in_use_bytes_, peak_bytes_};
+}
+
+void HostDevice::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  peak_bytes_ = in_use_bytes_;
+}
+
+Status HostDevice::RegisterHostMemory(void* ptr, size_t bytes) {
+  if (ptr == nullptr && bytes != 0) {
+    return Status::InvalidArgument("host device: RegisterHostMemory of a null pointer");
+  }
+  return Status::OK();  // host memory is already "device-accessible" here
+}
+
+Status HostDevice::UnregisterHostMemory(void*) { return Status::OK(); }
+
+Status HostDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_view what) const {
+  if (bytes == 0) return Status::OK();
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  auto it = allocations_.upper_bound(p);
+  if (it != allocations_.begin()) {
+    --it;
+    if (p >= it->first && p - it->first <= it->second && bytes <= it->second - (p - it->first)) {
+      return Status::OK();
+    }
+  }
+  return Status::InvalidArgument("host device: " + std::string(what) + " of " +
+                                 gpu_internal::FormatBytes(bytes) +
+                                 ": the device range is not inside one live allocation of "
+                                 "this device (host pointer passed as device pointer, or a "
+                                 "freed/overrun buffer?)");
+}
+
+// ---- enqueueing ----
+
+Status HostDevice::Enqueue(Lane lane, Op op) {
+  LaneState& state = lanes_[static_cast<int>(lane)];
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.stop) return Status::Aborted("host device: enqueue after shutdown began");
+    state.queue.push_back(std::move(op));
+  }
+  state.cv.notify_one();
+  return Status::OK();
+}
+
+Status HostDevice::CopyToDevice(void* device_dst, const void* host_src, size_t bytes,
+                                std::string_view label, Lane lane) {
+  if (!ValidLane(lane)) return BadLane(lane);
+  if (bytes != 0 && host_src == nullptr) {
+    return Status::InvalidArgument("host device: CopyToDevice '" + std::string(label) +
+                                   "' from a null host pointer");
+  }
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceRange(device_dst, bytes, "CopyToDevice '" + std::string(label) + "'"));
+  Op op;
+  op.kind = Op::Kind::kCopy;
+  op.label = std::string(label);
+  op.dst = device_dst;
+  op.src = host_src;
+  op.bytes = bytes;
+  return Enqueue(lane, std::move(op));
+}
+
+Status HostDevice::CopyToHost(void* host_dst, const void* device_src, size_t bytes,
+                              std::string_view label, Lane lane) {
+  if (!ValidLane(lane)) return BadLane(lane);
+  if (bytes != 0 && host_dst == nullptr) {
+    return Status::InvalidArgument("host device: CopyToHost '" + std::string(label) +
+                                   "' to a null host pointer");
+  }
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceRange(device_src, bytes, "CopyToHost '" + std::string(label) + "'"));
+  Op op;
+  op.kind = Op::Kind::kCopy;
+  op.label = std::string(label);
+  op.dst = host_dst;
+  op.src = device_src;
+  op.bytes = bytes;
+  return Enqueue(lane, std::move(op));
+}
+
+Status HostDevice::EnqueueHostFunction(Lane lane, std::function<Status()> fn,
+                                       std::string_view label) {
+  if (!ValidLane(lane)) return BadLane(lane);
+  if (!fn) {
+    return Status::InvalidArgument("host device: EnqueueHostFunction '" + std::string(label) +
+                                   "' with an empty function");
+  }
+  Op op;
+  op.kind = Op::Kind::kHostFunction;
+  op.label = std::string(label);
+  op.fn = std::move(fn);
+  return Enqueue(lane, std::move(op));
+}
+
+Status HostDevice::EnqueueBusy(Lane lane, std::chrono::nanoseconds duration,
+                               std::string_view label) {
+  if (!ValidLane(lane)) return BadLane(lane);
+  if (duration.count() < 0) {
+    return Status::InvalidArgument("host device: EnqueueBusy '" + std::string(label) +
+                                   "' with a negative duration");
+  }
+  Op op;
+  op.kind = Op::Kind::kBusy;
+  op.label = std::string(label);
+  op.duration = duration;
+  return Enqueue(lane, std::move(op));
+}
+
+Result<EventPtr> HostDevice::Record(Lane lane) {
+  if (!ValidLane(lane)) return BadLane(lane);
+  auto event = std::make_shared<HostEvent>();
+  Op op;
+  op.kind = Op::Kind::kRecord;
+  op.record = event;
+  STRATA_RETURN_IF_ERROR(Enqueue(lane, std::move(op)));
+  return EventPtr(std::move(event));
+}
+
+Status HostDevice::WaitEvent(Lane lane, const EventPtr& event) {
+  if (!ValidLane(lane)) return BadLane(lane);
+  if (!event) return Status::InvalidArgument("host device: WaitEvent on a null event");
+  Op op;
+  op.kind = Op::Kind::kWait;
+  op.wait = event;
+  return Enqueue(lane, std::move(op));
+}
+
+Status HostDevice::SynchronizeLane(Lane lane) {
+  STRATA_ASSIGN_OR_RETURN(EventPtr event, Record(lane));
+  return event->Synchronize();
+}
+
+Status HostDevice::Error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return first_error_;
+}
+
+void HostDevice::SetObserver(std::function<void(const DeviceOpRecord&)> observer) {
+  auto ptr =
+      observer
+          ? std::make_shared<const std::function<void(const DeviceOpRecord&)>>(std::move(observer))
+          : nullptr;
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  observer_ = std::move(ptr);
+}
+
+// ---- workers ----
+
+void HostDevice::WorkerLoop(Lane lane) {
+  LaneState& state = lanes_[static_cast<int>(lane)];
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(state.mu);
+      state.cv.wait(lock, [&] { return state.stop || !state.queue.empty(); });
+      if (state.queue.empty()) return;  // stop requested and everything drained
+      op = std::move(state.queue.front());
+      state.queue.pop_front();
+    }
+    RunOp(lane, state, op);
+  }
+}
+
+void HostDevice::SetError(Lane lane, LaneState& state, Status status) {
+  status.Annotate("host device, " + std::string(LaneName(lane)) + " lane");
+  state.error = status;
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (first_error_.ok()) first_error_ = std::move(status);
+}
+
+void HostDevice::RunOp(Lane lane, LaneState& state, Op& op) {
+  if (op.kind == Op::Kind::kRecord) {
+    op.record->Complete(state.error);
+    return;
+  }
+  if (!state.error.ok()) return;  // a failed lane skips the rest of its work
+  if (op.kind == Op::Kind::kWait) {
+    Status s = op.wait->Synchronize();
+    if (!s.ok()) {
+      s.Annotate("waiting for an event whose work failed");
+      SetError(lane, state, std::move(s));
+    }
+    return;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  Status status;
+  uint64_t bytes = 0;
+  switch (op.kind) {
+    case Op::Kind::kCopy:
+      if (op.bytes != 0) std::memcpy(op.dst, op.src, op.bytes);
+      bytes = op.bytes;
+      break;
+    case Op::Kind::kHostFunction:
+      // A throwing function must not take the worker (and the process) down.
+      try {
+        status = op.fn();
+      } catch (const std::exception& e) {
+        status = Status::Aborted("host function threw: " + std::string(e.what()));
+      } catch (...) {
+        status = Status::Aborted("host function threw a non-standard exception");
+      }
+      op.fn = nullptr;  // release captures on the worker, before the next op
+      break;
+    case Op::Kind::kBusy: {
+      // Sleeping models a kernel: the lane is occupied, the host CPU is not.
+      const auto deadline = start + op.duration;
+      while (std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_until(deadline);
+      break;
+    }
+    case Op::Kind::kRecord:
+    case Op::Kind::kWait:
+      break;
+  }
+  const auto end = std::chrono::steady_clock::now();
+
+  const bool ok = status.ok();
+  if (!ok) {
+    status.Annotate("'" + op.label + "'");
+    SetError(lane, state, std::move(status));
+  }
+  std::shared_ptr<const std::function<void(const DeviceOpRecord&)>> observer;
+  {
+    std::lock_guard<std::mutex> lock(observer_mu_);
+    observer = observer_;
+  }
+  if (observer) (*observer)(DeviceOpRecord{lane, op.label, start, end, bytes, ok});
+}
+
+Result<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
+  return std::unique_ptr<Device>(std::make_unique<HostDevice>(options));
+}
+
+}  // namespace strata
