@@ -1,0 +1,239 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace strata::model {
+namespace {
+
+size_t DtypeBytes(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
+    return 1;
+  return 0;
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float F16ToFloat(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal
+  } else if (exp == 31) {
+    f = mant ? NAN : INFINITY;
+  } else {
+    f = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  }
+  return sign ? -f : f;
+}
+
+Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path).WithPath(path);
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno(e, "lseek " + path).WithPath(path);
+  }
+  out->resize(static_cast<size_t>(size));
+  size_t done = 0;
+  while (done < out->size()) {
+    const ssize_t r = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int e = r < 0 ? errno : EIO;
+      ::close(fd);
+      return Status::FromErrno(e, "read " + path).WithPath(path).WithOffset(done);
+    }
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  return Status::OK();
+}
+
+}  // namespace
+
+int64_t TensorEntry::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Result<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  STRATA_RETURN_IF_ERROR(ReadWholeFile(path, &bytes));
+  auto corrupt = [&](const std::string& m) {
+    return Status::Corruption("safetensors file " + path + ": " + m).WithPath(path);
+  };
+  if (bytes.size() < 8) {
+    return corrupt("file is " + std::to_string(bytes.size()) +
+                   " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  if (header_len > bytes.size() - 8) {
+    return corrupt("header length " + std::to_string(header_len) + " exceeds the " +
+                   std::to_string(bytes.size() - 8) + " bytes after it (truncated file?)");
+  }
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_len,
+                                                nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return corrupt("header is not a JSON object");
+  }
+  SafetensorsReader r;
+  r.path_ = path;
+  const uint64_t data_size = bytes.size() - 8 - header_len;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") continue;
+    const nlohmann::json& e = it.value();
+    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
+        !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2) {
+      return corrupt("tensor " + name +
+                     ": expected {\"dtype\": string, \"shape\": [..], \"data_offsets\": "
+                     "[begin, end]}");
+    }
+    TensorEntry t;
+    t.dtype = e["dtype"].get<std::string>();
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+        return corrupt("tensor " + name + ": shape must hold non-negative integers");
+      }
+      t.shape.push_back(d.get<int64_t>());
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (!e["data_offsets"][i].is_number_unsigned() && !e["data_offsets"][i].is_number_integer()) {
+        return corrupt("tensor " + name + ": data_offsets must be integers");
+      }
+    }
+    t.begin = e["data_offsets"][0].get<uint64_t>();
+    t.end = e["data_offsets"][1].get<uint64_t>();
+    if (t.begin > t.end || t.end > data_size) {
+      return corrupt("tensor " + name + ": data_offsets [" + std::to_string(t.begin) + ", " +
+                     std::to_string(t.end) + "] outside the data section of " +
+                     std::to_string(data_size) + " bytes (truncated file?)");
+    }
+    const size_t eb = DtypeBytes(t.dtype);
+    if (eb == 0) return corrupt("tensor " + name + ": unknown dtype " + t.dtype);
+    const uint64_t want = static_cast<uint64_t>(t.NumElements()) * eb;
+    if (t.end - t.begin != want) {
+      return corrupt("tensor " + name + ": " + t.dtype + " " + ShapeString(t.shape) + " needs " +
+                     std::to_string(want) + " bytes, data_offsets give " +
+                     std::to_string(t.end - t.begin));
+    }
+    r.tensors_.emplace(name, std::move(t));
+  }
+  r.data_.assign(bytes.begin() + 8 + static_cast<int64_t>(header_len), bytes.end());
+  return r;
+}
+
+const TensorEntry* SafetensorsReader::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Status SafetensorsReader::ReadFloat(const std::string& name,
+                                    const std::vector<int64_t>& expected_shape, float* out,
+                                    size_t out_elems) const {
+  const TensorEntry* t = Find(name);
+  if (t == nullptr) {
+    return Status::NotFound("safetensors file " + path_ + " has no tensor " + name +
+                            " (expected shape " + ShapeString(expected_shape) + ")")
+        .WithPath(path_);
+  }
+  if (t->shape != expected_shape) {
+    return Status::InvalidArgument("tensor " + name + " in " + path_ + " has shape " +
+                                   ShapeString(t->shape) + ", expected " +
+                                   ShapeString(expected_shape))
+        .WithPath(path_);
+  }
+  const size_t n = static_cast<size_t>(t->NumElements());
+  if (n != out_elems) {
+    return Status::InvalidArgument("tensor " + name + ": " + std::to_string(n) +
+                                   " elements, caller's buffer holds " + std::to_string(out_elems));
+  }
+  const uint8_t* src = data_.data() + t->begin;
+  if (t->dtype == "F32") {
+    std::memcpy(out, src, n * 4);
+  } else if (t->dtype == "BF16" || t->dtype == "F16") {
+    const bool bf = t->dtype == "BF16";
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
+      out[i] = bf ? Bf16ToFloat(h) : F16ToFloat(h);
+    }
+  } else {
+    return Status::NotSupported("tensor " + name + " in " + path_ + " has dtype " + t->dtype +
+                                "; only F32, BF16 and F16 are supported")
+        .WithPath(path_);
+  }
+  return Status::OK();
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    if (!seen.insert(t.name).second) {
+      return Status::InvalidArgument("duplicate tensor name " + t.name + " for " + path);
+    }
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    const uint64_t bytes = static_cast<uint64_t>(n) * 4;
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  header["__metadata__"] = {{"format", "pt"}};
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return Status::FromErrno(errno, "create " + tmp).WithPath(tmp);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
+  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  for (const TensorToWrite& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    if (!ok) break;
+    ok = n == 0 || std::fwrite(t.data, 4, static_cast<size_t>(n), f) == static_cast<size_t>(n);
+  }
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+  }
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return Status::FromErrno(write_errno ? write_errno : EIO, "write " + tmp).WithPath(tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::FromErrno(errno, "rename " + tmp + " to " + path).WithPath(path);
+  }
+  return Status::OK();
+}
+
+}  // namespace strata::model
