@@ -22,6 +22,7 @@ inline constexpr EnvVar kEnvVars[] = {
     {"STRATA_IO_BACKEND", "auto",
      "NVMe I/O backend: auto (io_uring, else pread/pwrite), uring or posix"},
     {"STRATA_NUM_THREADS", "0", "threads for CPU kernels; 0 = one per core"},
+    {"STRATA_TEST_SEED", "", "seed of the property tests; empty = from the clock (printed)"},
     {"STRATA_LOG_LEVEL", "info", "stderr messages: error, warning, info or debug"},
     {"STRATA_RENDEZVOUS", "", "where ranks meet: file:DIR (shared folder) or redis:HOST:PORT"},
     {"STRATA_COMM_TIMEOUT", "300", "seconds a collective may wait for a peer before failing"},
