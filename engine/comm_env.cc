@@ -1,0 +1,164 @@
+// Rank discovery from launcher environments, rendezvous specs and the comm timeout: the
+// backend-independent parts of strata/comm.h.
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "strata/comm.h"
+#include "strata/env.h"
+
+namespace strata {
+namespace {
+
+struct EnvFamily {
+  const char* source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;  // may be absent in the environment
+};
+
+constexpr EnvFamily kFamilies[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
+// Parses a whole decimal integer; InvalidArgument naming the variable otherwise.
+Result<int> ParseIntVar(const char* name, const std::string& value) {
+  int out = 0;
+  const char* first = value.data();
+  const char* last = value.data() + value.size();
+  auto [ptr, ec] = std::from_chars(first, last, out);
+  if (value.empty() || ec != std::errc() || ptr != last) {
+    return Status::InvalidArgument(std::string(name) + "='" + value +
+                                   "' is not an integer; fix or unset it");
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<RankInfo> RankInfoFromEnv(const EnvLookup& lookup) {
+  for (const EnvFamily& f : kFamilies) {
+    std::optional<std::string> rank_s = lookup(f.rank);
+    if (!rank_s) continue;
+    RankInfo info;
+    info.source = f.source;
+    STRATA_ASSIGN_OR_RETURN(info.rank, ParseIntVar(f.rank, *rank_s));
+    std::optional<std::string> size_s = lookup(f.size);
+    if (!size_s) {
+      return Status::InvalidArgument(std::string(f.rank) + " is set (" + f.source + ") but " +
+                                     f.size + " is not; set both");
+    }
+    STRATA_ASSIGN_OR_RETURN(info.world_size, ParseIntVar(f.size, *size_s));
+    if (info.world_size < 1) {
+      return Status::InvalidArgument(std::string(f.size) + "=" + *size_s + " must be >= 1");
+    }
+    if (info.rank < 0 || info.rank >= info.world_size) {
+      return Status::InvalidArgument(std::string(f.rank) + "=" + *rank_s + " is outside [0, " +
+                                     f.size + "=" + *size_s + ")");
+    }
+    std::optional<std::string> local_s = lookup(f.local_rank);
+    if (local_s) {
+      STRATA_ASSIGN_OR_RETURN(info.local_rank, ParseIntVar(f.local_rank, *local_s));
+    } else if (info.world_size == 1) {
+      info.local_rank = 0;
+    } else {
+      return Status::InvalidArgument(std::string(f.rank) + " and " + f.size + " are set (" +
+                                     f.source + ") but " + f.local_rank +
+                                     " is not; set it to this process's index on its host");
+    }
+    info.local_world_size = info.world_size;
+    // Slurm's SLURM_NTASKS_PER_NODE may read "2(x3)" for heterogeneous layouts; only a
+    // plain integer is used, else the local size stays unknown (= world size).
+    if (std::optional<std::string> ls = lookup(f.local_size)) {
+      Result<int> v = ParseIntVar(f.local_size, *ls);
+      if (v.ok() && *v >= 1 && *v <= info.world_size) info.local_world_size = *v;
+    }
+    if (info.local_rank < 0 || info.local_rank >= info.world_size) {
+      return Status::InvalidArgument(std::string(f.local_rank) + "=" + *local_s +
+                                     " is outside [0, " + f.size + "=" + *size_s + ")");
+    }
+    if (info.local_rank >= info.local_world_size) info.local_world_size = info.world_size;
+    return info;
+  }
+  return Status::NotFound(
+      "no rank in the environment: set RANK, WORLD_SIZE and LOCAL_RANK (as torchrun and "
+      "`strata launch` do), or start the ranks with Open MPI's mpirun or Slurm's srun");
+}
+
+Result<RankInfo> RankInfoFromEnv() {
+  return RankInfoFromEnv([](std::string_view name) -> std::optional<std::string> {
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+std::string RendezvousSpec::ToString() const {
+  if (kind == Kind::kFile) return "file:" + path;
+  bool v6 = host.find(':') != std::string::npos;
+  return "redis:" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Result<RendezvousSpec> ParseRendezvous(std::string_view text) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("rendezvous '" + std::string(text) + "': " + why +
+                                   "; expected file:DIR (a folder every rank sees) or "
+                                   "redis:HOST:PORT");
+  };
+  RendezvousSpec spec;
+  if (text.starts_with("file:")) {
+    spec.kind = RendezvousSpec::Kind::kFile;
+    spec.path = std::string(text.substr(5));
+    if (spec.path.empty()) return bad("the folder is empty");
+    return spec;
+  }
+  if (text.starts_with("redis:")) {
+    spec.kind = RendezvousSpec::Kind::kRedis;
+    std::string_view rest = text.substr(6);
+    std::string_view port_s;
+    if (rest.starts_with("[")) {
+      size_t close = rest.find(']');
+      if (close == std::string_view::npos) return bad("unclosed '[' in the host");
+      spec.host = std::string(rest.substr(1, close - 1));
+      rest = rest.substr(close + 1);
+      if (!rest.starts_with(":")) return bad("missing :PORT");
+      port_s = rest.substr(1);
+    } else {
+      size_t colon = rest.rfind(':');
+      if (colon == std::string_view::npos) return bad("missing :PORT");
+      spec.host = std::string(rest.substr(0, colon));
+      port_s = rest.substr(colon + 1);
+    }
+    if (spec.host.empty()) return bad("the host is empty");
+    int port = 0;
+    auto [ptr, ec] = std::from_chars(port_s.data(), port_s.data() + port_s.size(), port);
+    if (port_s.empty() || ec != std::errc() || ptr != port_s.data() + port_s.size() || port < 1 ||
+        port > 65535) {
+      return bad("port '" + std::string(port_s) + "' is not in 1..65535");
+    }
+    spec.port = port;
+    return spec;
+  }
+  return bad("unknown scheme");
+}
+
+Result<std::chrono::milliseconds> CommTimeoutFromEnv() {
+  std::string s = EnvGet("STRATA_COMM_TIMEOUT");
+  char* end = nullptr;
+  errno = 0;
+  double seconds = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(seconds) ||
+      seconds <= 0) {
+    return Status::InvalidArgument("STRATA_COMM_TIMEOUT='" + s +
+                                   "' is not a positive number of seconds");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+}  // namespace strata

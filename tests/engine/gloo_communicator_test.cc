@@ -1,0 +1,655 @@
+// Tests of strata/comm.h and its Gloo backend with real ranks: each test forks N processes
+// that meet through a FileStore in a fresh temporary folder and talk over loopback TCP.
+// Data are integer-valued floats so that every sum is exact whatever order Gloo reduces in,
+// which makes the reference comparison bit-exact. A killed rank must make the others fail
+// (naming it), never hang: the parent kills every child still running after a deadline and
+// fails the test.
+#include "engine/gloo_communicator.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/comm.h"
+
+namespace strata {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A fresh folder for one run's rendezvous, removed at the end.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/strata_comm_test_XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    EXPECT_NE(p, nullptr) << std::strerror(errno);
+    path_ = p ? p : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+CommOptions Options(const std::string& dir, int rank, int world,
+                    std::chrono::milliseconds timeout = 30s) {
+  CommOptions o;
+  o.rank.rank = rank;
+  o.rank.world_size = world;
+  o.rank.local_rank = rank;
+  o.rank.local_world_size = world;
+  o.rendezvous.kind = RendezvousSpec::Kind::kFile;
+  o.rendezvous.path = dir;
+  o.timeout = timeout;
+  return o;
+}
+
+// What a child reports back: its exit code (0 = all checks passed) and its stderr.
+struct ChildResult {
+  int exit_code = -1;  // -signal when killed
+};
+
+// Forks `world` ranks; each builds a communicator and runs `body` (returning an exit code).
+// `before_wait(pids)` runs in the parent after forking. Children still alive at
+// `deadline` are killed and reported as -SIGKILL (the test then fails on them).
+std::vector<ChildResult> RunRanks(
+    int world, std::chrono::milliseconds comm_timeout,
+    const std::function<int(Communicator&)>& body,
+    const std::function<void(const std::vector<pid_t>&)>& before_wait = nullptr,
+    std::chrono::seconds deadline = 120s) {
+  TempDir dir;
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      {
+        Result<std::unique_ptr<Communicator>> comm =
+            CreateGlooCommunicator(Options(dir.path(), r, world, comm_timeout));
+        if (!comm.ok()) {
+          std::fprintf(stderr, "rank %d: create: %s\n", r, comm.status().ToString().c_str());
+          code = 90;
+        } else {
+          code = body(**comm);
+        }
+      }
+      std::fflush(stderr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  if (before_wait) before_wait(pids);
+  std::vector<ChildResult> results(world);
+  std::vector<bool> done(world, false);
+  auto end = std::chrono::steady_clock::now() + deadline;
+  int remaining = world;
+  while (remaining > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (done[r]) continue;
+      int st = 0;
+      pid_t got = ::waitpid(pids[r], &st, WNOHANG);
+      if (got == pids[r]) {
+        done[r] = true;
+        --remaining;
+        results[r].exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+      }
+    }
+    if (remaining == 0) break;
+    if (std::chrono::steady_clock::now() > end) {
+      for (int r = 0; r < world; ++r) {
+        if (!done[r]) {
+          ADD_FAILURE() << "rank " << r << " still running after the deadline: a hang";
+          ::kill(pids[r], SIGKILL);
+          ::waitpid(pids[r], nullptr, 0);
+          results[r].exit_code = -SIGKILL;
+        }
+      }
+      break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return results;
+}
+
+#define CHILD_CHECK(cond, ...)                                                 \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      std::fprintf(stderr, "rank %d: check failed: %s: ", comm.rank(), #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                       \
+      std::fprintf(stderr, "\n");                                              \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+#define CHILD_OK(expr)                                              \
+  do {                                                              \
+    Status s_ = (expr);                                             \
+    CHILD_CHECK(s_.ok(), "%s -> %s", #expr, s_.ToString().c_str()); \
+  } while (0)
+
+// Integer-valued float for (seed, case, rank, index): sums over <= 64 ranks are exact.
+float Value(uint64_t seed, int c, int rank, size_t i) {
+  uint64_t h = seed ^ (uint64_t(c) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(rank) << 48) ^ i;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return static_cast<float>(static_cast<int64_t>(h % 2001) - 1000);
+}
+
+uint8_t ByteValue(uint64_t seed, int c, int rank, size_t i) {
+  return static_cast<uint8_t>(static_cast<int64_t>(Value(seed, c, rank, i)) & 0xff);
+}
+
+std::vector<size_t> Sizes(uint64_t seed) {
+  std::vector<size_t> sizes = {0, 1, 15, 17, 1023, (size_t{1} << 20) + 7};
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 3; ++i) sizes.push_back(rng() % 5000);
+  return sizes;
+}
+
+// Every collective against a reference computed locally, on every size.
+int CollectivesBody(Communicator& comm, uint64_t seed) {
+  const int n = comm.world_size();
+  const int me = comm.rank();
+  int c = 0;
+  for (size_t count : Sizes(seed)) {
+    ++c;
+    // all-gather fp32, out of place
+    {
+      std::vector<float> in(count), out(count * n, -1.0f);
+      for (size_t i = 0; i < count; ++i) in[i] = Value(seed, c, me, i);
+      CHILD_OK(comm.AllGather(in.data(), out.data(), count, CommDataType::kFloat32).Wait());
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          CHILD_CHECK(out[r * count + i] == Value(seed, c, r, i), "all-gather count %zu r %d i %zu",
+                      count, r, i);
+    }
+    // all-gather bytes, in place
+    {
+      std::vector<uint8_t> buf(count * n, 0xEE);
+      for (size_t i = 0; i < count; ++i) buf[me * count + i] = ByteValue(seed, c, me, i);
+      CHILD_OK(
+          comm.AllGather(buf.data() + me * count, buf.data(), count, CommDataType::kByte).Wait());
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          CHILD_CHECK(buf[r * count + i] == ByteValue(seed, c, r, i),
+                      "in-place byte all-gather count %zu r %d i %zu", count, r, i);
+    }
+    // reduce-scatter sum and avg
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<float> in(count * n), out(count, -7.0f);
+      for (size_t i = 0; i < count * n; ++i) in[i] = Value(seed, c + 100, me, i);
+      std::vector<float> in_copy = in;
+      CHILD_OK(comm.ReduceScatter(in.data(), out.data(), count, CommDataType::kFloat32, op).Wait());
+      CHILD_CHECK(in == in_copy, "reduce-scatter modified its input");
+      for (size_t i = 0; i < count; ++i) {
+        float sum = 0;
+        for (int r = 0; r < n; ++r) sum += Value(seed, c + 100, r, me * count + i);
+        float want = op == ReduceOp::kSum ? sum : sum / static_cast<float>(n);
+        CHILD_CHECK(out[i] == want, "reduce-scatter %s count %zu i %zu: %g != %g", ReduceOpName(op),
+                    count, i, out[i], want);
+      }
+    }
+    // all-reduce sum / avg / max, alternating in place and out of place
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      bool in_place = op != ReduceOp::kAverage;
+      std::vector<float> in(count), out(count, -3.0f);
+      for (size_t i = 0; i < count; ++i) in[i] = Value(seed, c + 200 + int(op), me, i);
+      float* dst = in_place ? in.data() : out.data();
+      CHILD_OK(comm.AllReduce(in.data(), dst, count, CommDataType::kFloat32, op).Wait());
+      for (size_t i = 0; i < count; ++i) {
+        float acc = op == ReduceOp::kMax ? -1e30f : 0.0f;
+        for (int r = 0; r < n; ++r) {
+          float v = Value(seed, c + 200 + int(op), r, i);
+          acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+        }
+        if (op == ReduceOp::kAverage) acc /= static_cast<float>(n);
+        CHILD_CHECK(dst[i] == acc, "all-reduce %s count %zu i %zu: %g != %g", ReduceOpName(op),
+                    count, i, dst[i], acc);
+      }
+    }
+    // broadcast from each root
+    for (int root = 0; root < n; ++root) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = Value(seed, c + 300 + root, me, i);
+      CHILD_OK(comm.Broadcast(buf.data(), count, CommDataType::kFloat32, root).Wait());
+      for (size_t i = 0; i < count; ++i)
+        CHILD_CHECK(buf[i] == Value(seed, c + 300 + root, root, i),
+                    "broadcast root %d count %zu i %zu", root, count, i);
+    }
+    CHILD_OK(comm.Barrier().Wait());
+  }
+  return 0;
+}
+
+class GlooCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectives, MatchReferenceOnRandomAndOddSizes) {
+  const int world = GetParam();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto results =
+      RunRanks(world, 60s, [&](Communicator& comm) { return CollectivesBody(comm, seed); });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (seed " << seed << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectives, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// Many collectives issued before any is waited on run in issue order; handles may be
+// waited out of order and from other threads; the observer sees each one.
+TEST(GlooCommunicator, PipelinedHandlesCompleteInOrderAndAreObserved) {
+  const uint64_t seed = 1234;
+  auto results = RunRanks(3, 60s, [&](Communicator& comm) {
+    const int n = comm.world_size(), me = comm.rank();
+    std::atomic<int> observed{0};
+    std::atomic<uint64_t> observed_bytes{0};
+    comm.SetObserver([&](const CommOpRecord& rec) {
+      observed++;
+      observed_bytes += rec.bytes;
+    });
+    constexpr int kOps = 12;
+    const size_t count = 777;
+    std::vector<std::vector<float>> in(kOps), out(kOps);
+    std::vector<CommHandle> handles;
+    for (int k = 0; k < kOps; ++k) {
+      in[k].resize(count);
+      out[k].assign(count * n, 0.0f);
+      for (size_t i = 0; i < count; ++i) in[k][i] = Value(seed, k, me, i);
+      CollectiveOptions opts;
+      opts.label = "pipelined";
+      handles.push_back(
+          comm.AllGather(in[k].data(), out[k].data(), count, CommDataType::kFloat32, opts));
+    }
+    // Wait from another thread, last first.
+    std::vector<Status> statuses(kOps);
+    std::thread waiter([&] {
+      for (int k = kOps - 1; k >= 0; --k) statuses[k] = handles[k].Wait();
+    });
+    waiter.join();
+    for (int k = 0; k < kOps; ++k) {
+      CHILD_OK(statuses[k]);
+      CHILD_CHECK(handles[k].Done(), "op %d not done after Wait", k);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          CHILD_CHECK(out[k][r * count + i] == Value(seed, k, r, i), "op %d r %d i %zu", k, r, i);
+    }
+    CHILD_CHECK(observed == kOps, "observer saw %d ops", observed.load());
+    CHILD_CHECK(observed_bytes == uint64_t{kOps} * count * 4 * (n - 1), "observer bytes %llu",
+                static_cast<unsigned long long>(observed_bytes.load()));
+    return 0;
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
+}
+
+// Reduce-scatter split into many pieces gives the same results as one piece.
+TEST(GlooCommunicator, PiecewiseReduceScatterMatchesReference) {
+  gloo_internal::SetReduceScatterPieceForTesting(64);  // inherited by the forked ranks
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto results = RunRanks(3, 60s, [&](Communicator& comm) {
+    const int n = comm.world_size(), me = comm.rank();
+    for (size_t count : {size_t{1}, size_t{21}, size_t{22}, size_t{1000}, size_t{4099}}) {
+      std::vector<float> in(count * n), out(count);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = Value(seed, int(count), me, i);
+      CHILD_OK(
+          comm.ReduceScatter(in.data(), out.data(), count, CommDataType::kFloat32, ReduceOp::kSum)
+              .Wait());
+      for (size_t i = 0; i < count; ++i) {
+        float sum = 0;
+        for (int r = 0; r < n; ++r) sum += Value(seed, int(count), r, me * count + i);
+        CHILD_CHECK(out[i] == sum, "count %zu i %zu: %g != %g", count, i, out[i], sum);
+      }
+    }
+    return 0;
+  });
+  gloo_internal::SetReduceScatterPieceForTesting(size_t{1} << 24);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
+}
+
+// Every rank gets bit-identical all-reduce results, and two runs agree bit for bit (the
+// data here are not integer-valued, so the reduction order matters).
+TEST(GlooCommunicator, AllReduceIsBitIdenticalAcrossRanksAndRuns) {
+  TempDir out_dir;
+  auto run = [&](const std::string& tag) {
+    return RunRanks(4, 60s, [&](Communicator& comm) {
+      std::mt19937 rng(77 + comm.rank());
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      std::vector<float> v(100003);
+      for (float& x : v) x = dist(rng);
+      CHILD_OK(comm.AllReduce(v.data(), v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum)
+                   .Wait());
+      std::string path = out_dir.path() + "/" + tag + "." + std::to_string(comm.rank());
+      FILE* f = std::fopen(path.c_str(), "wb");
+      CHILD_CHECK(f != nullptr, "open %s", path.c_str());
+      std::fwrite(v.data(), sizeof(float), v.size(), f);
+      std::fclose(f);
+      return 0;
+    });
+  };
+  for (const std::string tag : {"a", "b"}) {
+    auto results = run(tag);
+    for (int r = 0; r < 4; ++r)
+      ASSERT_EQ(results[r].exit_code, 0) << "run " << tag << " rank " << r;
+  }
+  auto read = [&](const std::string& name) {
+    std::ifstream f(out_dir.path() + "/" + name, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  std::string ref = read("a.0");
+  ASSERT_EQ(ref.size(), 100003u * 4);
+  for (const std::string tag : {"a", "b"}) {
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(read(tag + "." + std::to_string(r)) == ref) << tag << " rank " << r;
+    }
+  }
+}
+
+// A rank killed with SIGKILL while the others wait for it in a collective: each survivor
+// gets a non-OK status naming rank 1 within about the timeout, and later collectives fail
+// at once with Aborted.
+TEST(GlooCommunicator, KilledRankMakesOthersFailNamingIt) {
+  for (int world : {2, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const int victim = 1;
+    auto results = RunRanks(
+        world, 3s,
+        [&](Communicator& comm) {
+          ::close(ready[0]);
+          CHILD_OK(comm.Barrier().Wait());
+          if (comm.rank() == victim) {
+            char b = 'x';
+            CHILD_CHECK(::write(ready[1], &b, 1) == 1, "write");
+            for (;;) ::pause();  // killed by the parent
+          }
+          // Data flows through the victim in every ring step: all survivors must notice.
+          std::vector<float> v(100000, 1.0f);
+          Status s =
+              comm.AllReduce(v.data(), v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum)
+                  .Wait();
+          std::fprintf(stderr, "rank %d: %s\n", comm.rank(), s.ToString().c_str());
+          CHILD_CHECK(!s.ok(), "all-reduce succeeded without rank %d", victim);
+          CHILD_CHECK(s.code() == StatusCode::kComm || s.code() == StatusCode::kTimeout, "code %s",
+                      StatusCodeName(s.code()));
+          CHILD_CHECK(s.message().find("lost rank " + std::to_string(victim)) != std::string::npos,
+                      "message does not name rank %d: %s", victim, s.message().c_str());
+          Status later = comm.Barrier().Wait();
+          CHILD_CHECK(later.code() == StatusCode::kAborted, "later: %s", later.ToString().c_str());
+          return 0;
+        },
+        [&](const std::vector<pid_t>& pids) {
+          ::close(ready[1]);
+          char b;
+          // The victim says it is parked; only then is it killed, mid-run for the others.
+          if (::read(ready[0], &b, 1) == 1) ::kill(pids[victim], SIGKILL);
+          ::close(ready[0]);
+        },
+        60s);
+    for (int r = 0; r < world; ++r) {
+      if (r == victim) {
+        EXPECT_EQ(results[r].exit_code, -SIGKILL);
+      } else {
+        EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(GlooCommunicator, MissingRankTimesOutNamingIt) {
+  TempDir dir;
+  auto start = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<Communicator>> comm =
+      CreateGlooCommunicator(Options(dir.path(), 0, 3, 500ms));
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kTimeout) << comm.status().ToString();
+  EXPECT_NE(comm.status().message().find("rank(s) 1, 2 of 3 did not join"), std::string::npos)
+      << comm.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);  // a hang guard, not a speed check
+}
+
+TEST(GlooCommunicator, StaleRendezvousFolderIsReported) {
+  TempDir dir;
+  {
+    auto store =
+        OpenKeyValueStore(RendezvousSpec{RendezvousSpec::Kind::kFile, dir.path()}, "strata");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE((*store)->Set("join/0", "1").ok());
+  }
+  Result<std::unique_ptr<Communicator>> comm =
+      CreateGlooCommunicator(Options(dir.path(), 0, 2, 500ms));
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument) << comm.status().ToString();
+  EXPECT_NE(comm.status().message().find("fresh folder"), std::string::npos);
+}
+
+TEST(GlooCommunicator, MissingRendezvousFolderIsNotFound) {
+  Result<std::unique_ptr<Communicator>> comm =
+      CreateGlooCommunicator(Options("/nonexistent/strata/rdzv", 0, 2, 500ms));
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kNotFound) << comm.status().ToString();
+  EXPECT_EQ(comm.status().path(), "/nonexistent/strata/rdzv");
+}
+
+TEST(GlooCommunicator, KeyValueStoreExchangesBytesAndTimesOut) {
+  TempDir dir;
+  auto store = OpenKeyValueStore(RendezvousSpec{RendezvousSpec::Kind::kFile, dir.path()}, "kv");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::string id(128, '\0');  // like an ncclUniqueId: binary, with NULs
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 7);
+  ASSERT_TRUE((*store)->Set("nccl/id", id).ok());
+  ASSERT_TRUE((*store)->Set("empty", "").ok());
+  auto got = (*store)->Get("nccl/id", 1s);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, id);
+  auto empty = (*store)->Get("empty", 1s);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(*empty, "");
+  auto missing = (*store)->Get("absent", 50ms);
+  EXPECT_EQ(missing.status().code(), StatusCode::kTimeout);
+  EXPECT_NE(missing.status().message().find("absent"), std::string::npos);
+  EXPECT_EQ((*store)->Set("nccl/id", id).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(GlooCommunicator, RedisRendezvousWithoutServerFailsCleanly) {
+  auto spec = ParseRendezvous("redis:127.0.0.1:1");
+  ASSERT_TRUE(spec.ok());
+  auto store = OpenKeyValueStore(*spec, "strata");
+  ASSERT_FALSE(store.ok());
+  if (gloo_internal::HasRedis()) {
+    EXPECT_EQ(store.status().code(), StatusCode::kIOError) << store.status().ToString();
+  } else {
+    EXPECT_EQ(store.status().code(), StatusCode::kNotSupported) << store.status().ToString();
+  }
+}
+
+TEST(GlooCommunicator, SingleRankRunsLocallyAndRejectsBadArguments) {
+  TempDir dir;
+  auto comm = CreateGlooCommunicator(Options(dir.path(), 0, 1));
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  std::vector<float> in = {1, 2, 3}, out(3);
+  ASSERT_TRUE((*comm)
+                  ->AllReduce(in.data(), out.data(), 3, CommDataType::kFloat32, ReduceOp::kAverage)
+                  .Wait()
+                  .ok());
+  EXPECT_EQ(out, in);
+  ASSERT_TRUE((*comm)
+                  ->ReduceScatter(in.data(), out.data(), 3, CommDataType::kFloat32, ReduceOp::kSum)
+                  .Wait()
+                  .ok());
+  EXPECT_EQ(out, in);
+  EXPECT_EQ((*comm)
+                ->ReduceScatter(in.data(), out.data(), 3, CommDataType::kByte, ReduceOp::kSum)
+                .Wait()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)
+                ->ReduceScatter(in.data(), out.data(), 3, CommDataType::kFloat32, ReduceOp::kMax)
+                .Wait()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)->Broadcast(in.data(), 3, CommDataType::kFloat32, 1).Wait().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)->AllGather(nullptr, out.data(), 3, CommDataType::kFloat32).Wait().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*comm)->Barrier().Wait().ok());
+}
+
+// ---- environment and spec parsing (no ranks) ----
+
+EnvLookup MapEnv(std::map<std::string, std::string> m) {
+  return [m = std::move(m)](std::string_view name) -> std::optional<std::string> {
+    auto it = m.find(std::string(name));
+    if (it == m.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(RankInfoFromEnv, ReadsTorchrunOpenMpiAndSlurm) {
+  auto t = RankInfoFromEnv(
+      MapEnv({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->rank, 3);
+  EXPECT_EQ(t->world_size, 8);
+  EXPECT_EQ(t->local_rank, 1);
+  EXPECT_EQ(t->local_world_size, 2);
+  EXPECT_EQ(t->source, "torchrun");
+
+  auto o = RankInfoFromEnv(MapEnv({{"OMPI_COMM_WORLD_RANK", "2"},
+                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}}));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->world_size, 4);
+  EXPECT_EQ(o->local_world_size, 4);
+  EXPECT_EQ(o->source, "Open MPI");
+
+  auto s = RankInfoFromEnv(MapEnv({{"SLURM_PROCID", "5"},
+                                   {"SLURM_NTASKS", "6"},
+                                   {"SLURM_LOCALID", "1"},
+                                   {"SLURM_NTASKS_PER_NODE", "2(x3)"}}));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->rank, 5);
+  EXPECT_EQ(s->local_rank, 1);
+  EXPECT_EQ(s->local_world_size, 6);  // "2(x3)" is not a plain number
+  EXPECT_EQ(s->source, "Slurm");
+
+  // torchrun's variables win over the launcher's underneath.
+  auto both = RankInfoFromEnv(
+      MapEnv({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}}));
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->source, "torchrun");
+  EXPECT_EQ(both->world_size, 1);
+}
+
+TEST(RankInfoFromEnv, ReportsMissingAndInconsistentValues) {
+  auto none = RankInfoFromEnv(MapEnv({}));
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("RANK"), std::string::npos);
+
+  auto no_size = RankInfoFromEnv(MapEnv({{"RANK", "0"}}));
+  EXPECT_EQ(no_size.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_size.status().message().find("WORLD_SIZE"), std::string::npos);
+
+  auto out_of_range = RankInfoFromEnv(MapEnv({{"RANK", "4"}, {"WORLD_SIZE", "4"}}));
+  EXPECT_EQ(out_of_range.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(out_of_range.status().message().find("RANK=4"), std::string::npos);
+
+  auto not_int = RankInfoFromEnv(MapEnv({{"RANK", "1x"}, {"WORLD_SIZE", "4"}}));
+  EXPECT_EQ(not_int.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(not_int.status().message().find("RANK='1x'"), std::string::npos);
+
+  auto no_local = RankInfoFromEnv(MapEnv({{"RANK", "1"}, {"WORLD_SIZE", "4"}}));
+  EXPECT_EQ(no_local.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_local.status().message().find("LOCAL_RANK"), std::string::npos);
+
+  auto bad_local = RankInfoFromEnv(
+      MapEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "2"}}));
+  EXPECT_EQ(bad_local.status().code(), StatusCode::kInvalidArgument);
+
+  auto zero = RankInfoFromEnv(MapEnv({{"RANK", "0"}, {"WORLD_SIZE", "0"}}));
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+
+  auto single = RankInfoFromEnv(MapEnv({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->local_rank, 0);
+}
+
+TEST(ParseRendezvous, AcceptsFileAndRedisAndRejectsTheRest) {
+  auto f = ParseRendezvous("file:/shared/run7");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->kind, RendezvousSpec::Kind::kFile);
+  EXPECT_EQ(f->path, "/shared/run7");
+  EXPECT_EQ(f->ToString(), "file:/shared/run7");
+
+  auto r = ParseRendezvous("redis:head-node:6379");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->kind, RendezvousSpec::Kind::kRedis);
+  EXPECT_EQ(r->host, "head-node");
+  EXPECT_EQ(r->port, 6379);
+  EXPECT_EQ(r->ToString(), "redis:head-node:6379");
+
+  auto v6 = ParseRendezvous("redis:[fe80::1]:7000");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "fe80::1");
+  EXPECT_EQ(v6->port, 7000);
+  EXPECT_EQ(v6->ToString(), "redis:[fe80::1]:7000");
+
+  for (const char* bad : {"", "file:", "/tmp/x", "tcp:host:1", "redis:host", "redis::6379",
+                          "redis:host:0", "redis:host:65536", "redis:host:12x", "redis:[::1:5"}) {
+    auto b = ParseRendezvous(bad);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find("file:DIR"), std::string::npos) << bad;
+  }
+}
+
+TEST(CommTimeoutFromEnv, ParsesSecondsAndRejectsGarbage) {
+  ::setenv("STRATA_COMM_TIMEOUT", "2.5", 1);
+  auto t = CommTimeoutFromEnv();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->count(), 2500);
+  ::setenv("STRATA_COMM_TIMEOUT", "soon", 1);
+  EXPECT_EQ(CommTimeoutFromEnv().status().code(), StatusCode::kInvalidArgument);
+  ::setenv("STRATA_COMM_TIMEOUT", "-1", 1);
+  EXPECT_EQ(CommTimeoutFromEnv().status().code(), StatusCode::kInvalidArgument);
+  ::unsetenv("STRATA_COMM_TIMEOUT");
+  auto d = CommTimeoutFromEnv();
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->count(), 300000);
+}
+
+TEST(FindRankInMessage, MatchesWholeAddressesOnly) {
+  std::vector<std::string> addrs = {"[127.0.0.1]:40121", "[127.0.0.1]:4012", ""};
+  EXPECT_EQ(gloo_internal::FindRankInMessage("Connection closed by peer [127.0.0.1]:4012", addrs),
+            1);
+  EXPECT_EQ(gloo_internal::FindRankInMessage("Read error [127.0.0.1]:40121: reset", addrs), 0);
+  EXPECT_EQ(gloo_internal::FindRankInMessage("Timed out waiting 3000ms", addrs), std::nullopt);
+}
+
+}  // namespace
+}  // namespace strata
