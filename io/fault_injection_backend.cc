@@ -58,6 +58,8 @@ Status FaultInjectionBackend::Allocate(int file, uint64_t bytes) {
 }
 
 Status FaultInjectionBackend::Submit(std::span<const IoRequest> requests) {
+  // Refuse a bad batch before drawing any fault, as every backend refuses it whole.
+  for (const IoRequest& r : requests) STRATA_RETURN_IF_ERROR(inner_->CheckRequest(r));
   const FaultCounters saved_counters = counters_;
   const size_t saved_ready = ready_.size();
   const size_t saved_retry = retry_.size();

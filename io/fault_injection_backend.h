@@ -79,6 +79,9 @@ class FaultInjectionBackend final : public IoBackend {
     return inner_->RegisterBuffers(regions);
   }
 
+  Status CheckRequest(const IoRequest& request) const override {
+    return inner_->CheckRequest(request);
+  }
   Status Submit(std::span<const IoRequest> requests) override;
   Result<size_t> Poll(std::span<IoCompletion> out, size_t min_complete) override;
   size_t InFlight() const override { return in_flight_; }

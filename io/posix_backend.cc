@@ -155,6 +155,11 @@ void PosixBackend::Complete(IoCompletion c) {
   cv_.notify_one();
 }
 
+Status PosixBackend::CheckRequest(const IoRequest& r) const {
+  const File* f = Lookup(r.file);
+  return io_internal::ValidateRequest(r, f ? &f->entry : nullptr);
+}
+
 Status PosixBackend::Submit(std::span<const IoRequest> requests) {
   // Validate the whole batch first so that a bad request queues nothing.
   for (const IoRequest& r : requests) {

@@ -43,6 +43,7 @@ class PosixBackend final : public IoBackend {
   Status Allocate(int file, uint64_t bytes) override;
   Status Sync(int file) override;
 
+  Status CheckRequest(const IoRequest& request) const override;
   Status Submit(std::span<const IoRequest> requests) override;
   Result<size_t> Poll(std::span<IoCompletion> out, size_t min_complete) override;
   size_t InFlight() const override { return in_flight_; }

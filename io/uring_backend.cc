@@ -323,6 +323,11 @@ int UringBackend::FindRegion(const void* buffer, uint64_t length) const {
   return -1;
 }
 
+Status UringBackend::CheckRequest(const IoRequest& r) const {
+  const File* f = Lookup(r.file);
+  return io_internal::ValidateRequest(r, f ? &f->entry : nullptr);
+}
+
 Status UringBackend::Submit(std::span<const IoRequest> requests) {
   for (const IoRequest& r : requests) {
     const File* f = Lookup(r.file);

@@ -50,6 +50,7 @@ class UringBackend final : public IoBackend {
   // a warning says so, requests use plain reads/writes, and the status is still OK.
   Status RegisterBuffers(std::span<const BufferRegion> regions) override;
 
+  Status CheckRequest(const IoRequest& request) const override;
   Status Submit(std::span<const IoRequest> requests) override;
   Result<size_t> Poll(std::span<IoCompletion> out, size_t min_complete) override;
   size_t InFlight() const override { return in_flight_; }

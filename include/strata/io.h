@@ -107,6 +107,14 @@ class IoBackend {
     return Status::OK();
   }
 
+  // Checks `request` as Submit would (known file, alignment for O_DIRECT, not a write to a
+  // read-only file) without queueing it: InvalidArgument saying what is wrong. Wrappers use
+  // it to refuse a bad request before injecting anything. Default: accepts everything.
+  virtual Status CheckRequest(const IoRequest& request) const {
+    (void)request;
+    return Status::OK();
+  }
+
   // Queues `requests`. May complete some synchronously. Fails only on invalid requests
   // (unknown file, misaligned direct request, more than the free queue slots would ever
   // allow is fine: the backend queues internally) — I/O errors arrive as completions.
