@@ -1,0 +1,91 @@
+// The portable kernels: one element at a time, compiled without ISA flags so they run on
+// any x86-64 (and any other CPU). std::fma is the correctly rounded fused multiply-add
+// (the FMA instruction where the CPU has one, glibc's exact software version otherwise),
+// so this path computes the very bits of the SIMD paths. Formula: include/strata/optim.h.
+#include <cmath>
+#include <cstdint>
+
+#include "cpu_optim/convert.h"
+#include "cpu_optim/kernel_templates.h"
+#include "cpu_optim/kernels.h"
+
+namespace strata::cpu_optim {
+namespace {
+
+struct ScalarVec {
+  static constexpr size_t kWidth = 1;
+  using F = float;
+  struct Tail {};
+  static Tail MakeTail(size_t) { return {}; }
+  static F Set1(float x) { return x; }
+  static F Add(F a, F b) { return a + b; }
+  static F Mul(F a, F b) { return a * b; }
+  static F Div(F a, F b) { return a / b; }
+  static F Sqrt(F a) { return std::sqrt(a); }
+  static F Fma(F a, F b, F c) { return std::fma(a, b, c); }
+  template <bool kTail>
+  static F LoadF32(const float* p, const Tail&) {
+    return *p;
+  }
+  template <bool kTail>
+  static F LoadBf16(const uint16_t* p, const Tail&) {
+    return Bf16BitsToFloat(*p);
+  }
+  template <bool kTail>
+  static F LoadFp16(const uint16_t* p, const Tail&) {
+    return Fp16BitsToFloat(*p);
+  }
+  template <bool kTail>
+  static void StoreF32(float* p, F x, const Tail&) {
+    *p = x;
+  }
+  template <bool kTail>
+  static void StoreBf16(uint16_t* p, F x, const Tail&) {
+    *p = FloatToBf16Bits(x);
+  }
+  template <bool kTail>
+  static void StoreFp16(uint16_t* p, F x, const Tail&) {
+    *p = FloatToFp16Bits(x);
+  }
+  template <bool kTail>
+  static void StoreTrunc16(uint16_t* p, F x, const Tail&) {
+    *p = static_cast<uint16_t>(FloatBits(x) >> 16);
+  }
+};
+
+float LoadAsFloat(const void* grad, FloatFormat format, size_t i) {
+  switch (format) {
+    case FloatFormat::kFp32:
+      return static_cast<const float*>(grad)[i];
+    case FloatFormat::kBf16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(grad)[i]);
+    case FloatFormat::kFp16:
+      return Fp16BitsToFloat(static_cast<const uint16_t*>(grad)[i]);
+  }
+  return 0.0f;
+}
+
+void NormBlockScalar(const void* grad, FloatFormat format, size_t begin, size_t end,
+                     double* sum_squares, uint64_t* non_finite) {
+  double lanes[16] = {};
+  uint64_t bad = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const float x = LoadAsFloat(grad, format, i);
+    bad += (FloatBits(x) & 0x7f800000u) == 0x7f800000u;
+    const double d = x;
+    lanes[i % 16] += d * d;  // the square of a float is exact in double
+  }
+  *sum_squares = ReduceNormLanes(lanes);
+  *non_finite = bad;
+}
+
+}  // namespace
+
+const IsaKernels& ScalarKernels() {
+  static const IsaKernels kernels{
+      CpuIsa::kScalar,  &AdamDispatch<ScalarVec>,  &TrafficDispatch<ScalarVec>,
+      &NormBlockScalar, &ScaleDispatch<ScalarVec>, &ConvertDispatch<ScalarVec>};
+  return kernels;
+}
+
+}  // namespace strata::cpu_optim

@@ -1,0 +1,251 @@
+// The kernels' algorithms, written once over a vector-traits class V and instantiated by
+// each per-ISA translation unit (adam_avx512.cc, adam_avx2.cc, adam_scalar.cc) with its
+// own traits. Because the per-element operation sequence exists only here, every ISA
+// performs the same IEEE operations in the same order: results are bit-identical.
+//
+// V provides (kTail = a partial vector of `Tail` elements; lanes beyond it load as 0 and
+// are not stored):
+//   kWidth, F (vector of floats), Tail, MakeTail(count),
+//   Set1, Add, Mul, Div, Sqrt, Fma(a, b, c) = a*b + c rounded once,
+//   LoadF32/LoadBf16/LoadFp16<kTail>(ptr, tail), StoreF32/StoreBf16/StoreFp16<kTail>
+//   (bf16/fp16 stores round to nearest even, NaN kept), StoreTrunc16<kTail> (drops the low
+//   16 bits: the bound kernel's trivial conversion).
+//
+// Internal linkage for the same reason as convert.h: one copy per ISA translation unit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu_optim/kernels.h"
+
+namespace strata::cpu_optim {
+namespace {
+
+template <class V, FloatFormat G, bool kTail>
+inline typename V::F LoadGrad(const void* grad, size_t i, const typename V::Tail& t) {
+  if constexpr (G == FloatFormat::kFp32) {
+    return V::template LoadF32<kTail>(static_cast<const float*>(grad) + i, t);
+  } else if constexpr (G == FloatFormat::kBf16) {
+    return V::template LoadBf16<kTail>(static_cast<const uint16_t*>(grad) + i, t);
+  } else {
+    return V::template LoadFp16<kTail>(static_cast<const uint16_t*>(grad) + i, t);
+  }
+}
+
+template <class V, FloatFormat G, bool kTail>
+inline void StoreGrad(void* grad, size_t i, typename V::F x, const typename V::Tail& t) {
+  if constexpr (G == FloatFormat::kFp32) {
+    V::template StoreF32<kTail>(static_cast<float*>(grad) + i, x, t);
+  } else if constexpr (G == FloatFormat::kBf16) {
+    V::template StoreBf16<kTail>(static_cast<uint16_t*>(grad) + i, x, t);
+  } else {
+    V::template StoreFp16<kTail>(static_cast<uint16_t*>(grad) + i, x, t);
+  }
+}
+
+template <class V>
+struct AdamConsts {
+  typename V::F grad_scale, weight_decay, neg_lr_wd, beta1, one_minus_beta1, beta2, one_minus_beta2,
+      bias_correction2_sqrt, eps, neg_step_size;
+  explicit AdamConsts(const AdamScalars& s)
+      : grad_scale(V::Set1(s.grad_scale)),
+        weight_decay(V::Set1(s.weight_decay)),
+        neg_lr_wd(V::Set1(s.neg_lr_wd)),
+        beta1(V::Set1(s.beta1)),
+        one_minus_beta1(V::Set1(s.one_minus_beta1)),
+        beta2(V::Set1(s.beta2)),
+        one_minus_beta2(V::Set1(s.one_minus_beta2)),
+        bias_correction2_sqrt(V::Set1(s.bias_correction2_sqrt)),
+        eps(V::Set1(s.eps)),
+        neg_step_size(V::Set1(s.neg_step_size)) {}
+};
+
+// One vector of the AdamW/Adam update; the formula is the one in include/strata/optim.h
+// (torch.optim.AdamW / torch.optim.Adam).
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kTail>
+inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
+                       const typename V::Tail& t) {
+  using F = typename V::F;
+  F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
+  F p = V::template LoadF32<kTail>(a.master + i, t);
+  if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, p, g);
+  const F m =
+      V::Fma(c.beta1, V::template LoadF32<kTail>(a.exp_avg + i, t), V::Mul(c.one_minus_beta1, g));
+  const F v = V::Fma(c.beta2, V::template LoadF32<kTail>(a.exp_avg_sq + i, t),
+                     V::Mul(c.one_minus_beta2, V::Mul(g, g)));
+  const F denom = V::Add(V::Div(V::Sqrt(v), c.bias_correction2_sqrt), c.eps);
+  // AdamW: p * (1 - lr*wd) - step * m/denom evaluated as p + ((-lr*wd)*p + -step * m/denom):
+  // the only rounding at the magnitude of p is the final add (half an ulp of p per step);
+  // the others fall on the small update. The product form would round p twice per step
+  // and carry float(1 - lr*wd)'s error (up to 3e-8) into every step as a bias.
+  if constexpr (M == AdamMode::kAdamW) {
+    p = V::Add(p, V::Fma(c.neg_step_size, V::Div(m, denom), V::Mul(c.neg_lr_wd, p)));
+  } else {
+    p = V::Fma(c.neg_step_size, V::Div(m, denom), p);
+  }
+  V::template StoreF32<kTail>(a.exp_avg + i, m, t);
+  V::template StoreF32<kTail>(a.exp_avg_sq + i, v, t);
+  V::template StoreF32<kTail>(a.master + i, p, t);
+  if constexpr (O == ParamOut::kBf16) {
+    V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
+  } else if constexpr (O == ParamOut::kFp16) {
+    V::template StoreFp16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
+  }
+}
+
+template <class V, FloatFormat G, ParamOut O, AdamMode M>
+void AdamRange(const AdamArgs& a, size_t begin, size_t end) {
+  const AdamConsts<V> c(a.s);
+  size_t i = begin;
+  const typename V::Tail full{};
+  for (; i + V::kWidth <= end; i += V::kWidth) AdamVector<V, G, O, M, false>(a, c, i, full);
+  if (i < end) AdamVector<V, G, O, M, true>(a, c, i, V::MakeTail(end - i));
+}
+
+// The bound: the same streams as AdamVector (grad read at its width, master/m/v read and
+// written, the copy written at 16 bits) with one add per stream instead of the update.
+template <class V, FloatFormat G, ParamOut O, bool kTail>
+inline void TrafficVector(const AdamArgs& a, size_t i, const typename V::Tail& t) {
+  using F = typename V::F;
+  F g;
+  if constexpr (G == FloatFormat::kFp32) {
+    g = V::template LoadF32<kTail>(static_cast<const float*>(a.grad) + i, t);
+  } else {  // fp16 bits widened like bf16: same bytes loaded, no conversion work
+    g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
+  }
+  const F p = V::Add(V::template LoadF32<kTail>(a.master + i, t), g);
+  V::template StoreF32<kTail>(a.exp_avg + i,
+                              V::Add(V::template LoadF32<kTail>(a.exp_avg + i, t), g), t);
+  V::template StoreF32<kTail>(a.exp_avg_sq + i,
+                              V::Add(V::template LoadF32<kTail>(a.exp_avg_sq + i, t), g), t);
+  V::template StoreF32<kTail>(a.master + i, p, t);
+  if constexpr (O != ParamOut::kNone) {
+    V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
+  }
+}
+
+template <class V, FloatFormat G, ParamOut O>
+void TrafficRange(const AdamArgs& a, size_t begin, size_t end) {
+  size_t i = begin;
+  const typename V::Tail full{};
+  for (; i + V::kWidth <= end; i += V::kWidth) TrafficVector<V, G, O, false>(a, i, full);
+  if (i < end) TrafficVector<V, G, O, true>(a, i, V::MakeTail(end - i));
+}
+
+template <class V, FloatFormat G>
+void ScaleRange(void* grad, float scale, size_t begin, size_t end) {
+  const typename V::F s = V::Set1(scale);
+  size_t i = begin;
+  const typename V::Tail full{};
+  for (; i + V::kWidth <= end; i += V::kWidth) {
+    StoreGrad<V, G, false>(grad, i, V::Mul(LoadGrad<V, G, false>(grad, i, full), s), full);
+  }
+  if (i < end) {
+    const typename V::Tail t = V::MakeTail(end - i);
+    StoreGrad<V, G, true>(grad, i, V::Mul(LoadGrad<V, G, true>(grad, i, t), s), t);
+  }
+}
+
+template <class V, FloatFormat D>
+void ConvertRange(const float* src, void* dst, size_t begin, size_t end) {
+  size_t i = begin;
+  const typename V::Tail full{};
+  for (; i + V::kWidth <= end; i += V::kWidth) {
+    StoreGrad<V, D, false>(dst, i, V::template LoadF32<false>(src + i, full), full);
+  }
+  if (i < end) {
+    const typename V::Tail t = V::MakeTail(end - i);
+    StoreGrad<V, D, true>(dst, i, V::template LoadF32<true>(src + i, t), t);
+  }
+}
+
+// Run-time format/mode -> template instantiation, once per range.
+template <class V, FloatFormat G, ParamOut O>
+void AdamRangeMode(const AdamArgs& a, size_t begin, size_t end) {
+  if (a.mode == AdamMode::kAdamW) {
+    AdamRange<V, G, O, AdamMode::kAdamW>(a, begin, end);
+  } else {
+    AdamRange<V, G, O, AdamMode::kAdam>(a, begin, end);
+  }
+}
+
+template <class V, FloatFormat G>
+void AdamRangeOut(const AdamArgs& a, size_t begin, size_t end) {
+  switch (a.param_out_format) {
+    case ParamOut::kNone:
+      return AdamRangeMode<V, G, ParamOut::kNone>(a, begin, end);
+    case ParamOut::kBf16:
+      return AdamRangeMode<V, G, ParamOut::kBf16>(a, begin, end);
+    case ParamOut::kFp16:
+      return AdamRangeMode<V, G, ParamOut::kFp16>(a, begin, end);
+  }
+}
+
+template <class V>
+void AdamDispatch(const AdamArgs& a, size_t begin, size_t end) {
+  switch (a.grad_format) {
+    case FloatFormat::kFp32:
+      return AdamRangeOut<V, FloatFormat::kFp32>(a, begin, end);
+    case FloatFormat::kBf16:
+      return AdamRangeOut<V, FloatFormat::kBf16>(a, begin, end);
+    case FloatFormat::kFp16:
+      return AdamRangeOut<V, FloatFormat::kFp16>(a, begin, end);
+  }
+}
+
+template <class V, FloatFormat G>
+void TrafficRangeOut(const AdamArgs& a, size_t begin, size_t end) {
+  if (a.param_out_format == ParamOut::kNone) {
+    TrafficRange<V, G, ParamOut::kNone>(a, begin, end);
+  } else {
+    TrafficRange<V, G, ParamOut::kBf16>(a, begin, end);
+  }
+}
+
+template <class V>
+void TrafficDispatch(const AdamArgs& a, size_t begin, size_t end) {
+  if (a.grad_format == FloatFormat::kFp32) {
+    TrafficRangeOut<V, FloatFormat::kFp32>(a, begin, end);
+  } else {
+    TrafficRangeOut<V, FloatFormat::kBf16>(a, begin, end);
+  }
+}
+
+template <class V>
+void ScaleDispatch(void* grad, FloatFormat format, float scale, size_t begin, size_t end) {
+  switch (format) {
+    case FloatFormat::kFp32:
+      return ScaleRange<V, FloatFormat::kFp32>(grad, scale, begin, end);
+    case FloatFormat::kBf16:
+      return ScaleRange<V, FloatFormat::kBf16>(grad, scale, begin, end);
+    case FloatFormat::kFp16:
+      return ScaleRange<V, FloatFormat::kFp16>(grad, scale, begin, end);
+  }
+}
+
+template <class V>
+void ConvertDispatch(const float* src, void* dst, FloatFormat format, size_t begin, size_t end) {
+  switch (format) {
+    case FloatFormat::kFp32:
+      return ConvertRange<V, FloatFormat::kFp32>(src, dst, begin, end);
+    case FloatFormat::kBf16:
+      return ConvertRange<V, FloatFormat::kBf16>(src, dst, begin, end);
+    case FloatFormat::kFp16:
+      return ConvertRange<V, FloatFormat::kFp16>(src, dst, begin, end);
+  }
+}
+
+// The fixed reduction of the 16 norm lanes (see optim.h): s[i] = l[i] + l[i+8],
+// then s[i] + s[i+4], then + s[i+2], then s[0] + s[1]. Vector kernels realise the same
+// tree with register halves.
+inline double ReduceNormLanes(const double* l) {
+  double s[8];
+  for (int i = 0; i < 8; ++i) s[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s[i] = s[i] + s[i + 4];
+  for (int i = 0; i < 2; ++i) s[i] = s[i] + s[i + 2];
+  return s[0] + s[1];
+}
+
+}  // namespace
+}  // namespace strata::cpu_optim

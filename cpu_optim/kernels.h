@@ -1,0 +1,77 @@
+// Internal interface between the public entry points (optim.cc: argument checks, ISA
+// choice, OpenMP chunking) and the per-ISA kernels (adam_avx512.cc, adam_avx2.cc,
+// adam_scalar.cc). A kernel processes one half-open element range [begin, end) on the
+// calling thread; optim.cc splits the work. Every kernel of every ISA performs the same
+// per-element operations in the same order (see include/strata/optim.h), which is what
+// makes results bit-identical across ISAs.
+//
+// The bench-only entry points (TrafficStep) also live here: they are not part of the
+// public API but `strata bench adam` needs them to measure the same-traffic bound.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/optim.h"
+#include "strata/status.h"
+
+namespace strata::cpu_optim {
+
+// Per-step scalars, computed once in double and rounded to float (MakeAdamScalars), so
+// every ISA starts from the same float constants.
+struct AdamScalars {
+  float grad_scale;
+  float weight_decay;  // Adam (L2) mode: g = fma(wd, p, g)
+  float neg_lr_wd;     // AdamW mode: -lr*wd (see AdamVector)
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+};
+
+AdamScalars MakeAdamScalars(const AdamHyperParams& hyper, float grad_scale);
+
+struct AdamArgs {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const void* grad;
+  void* param_out;
+  FloatFormat grad_format;
+  ParamOut param_out_format;
+  AdamMode mode;
+  AdamScalars s;
+};
+
+// One ISA's kernels. All ranges are element indices into the arrays of the call.
+struct IsaKernels {
+  CpuIsa isa;
+  void (*adam)(const AdamArgs& args, size_t begin, size_t end);
+  // Same loads and stores as `adam` (same arrays, widths and order), trivial arithmetic:
+  // the memory-bandwidth bound `strata bench adam` compares against.
+  void (*traffic)(const AdamArgs& args, size_t begin, size_t end);
+  // Sum of squares of one block [begin, end), end - begin <= kGradNormBlock, begin a
+  // multiple of kGradNormBlock; element i goes to lane i % 16 (see optim.h).
+  void (*norm_block)(const void* grad, FloatFormat format, size_t begin, size_t end,
+                     double* sum_squares, uint64_t* non_finite);
+  void (*scale)(void* grad, FloatFormat format, float scale, size_t begin, size_t end);
+  void (*convert)(const float* src, void* dst, FloatFormat dst_format, size_t begin, size_t end);
+};
+
+const IsaKernels& ScalarKernels();
+const IsaKernels& Avx2Kernels();
+const IsaKernels& Avx512Kernels();
+
+// The kernels for options.isa (resolved), or NotSupported.
+Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options);
+
+// The bound kernel over a whole slice, with AdamStep's argument checks and threading.
+// Leaves garbage in the slice's arrays. For benchmarks only.
+[[nodiscard]] Status TrafficStep(const AdamSlice& slice, const CpuKernelOptions& options = {});
+
+// Bytes of DRAM traffic one AdamStep moves per parameter with these formats (each array
+// read once, the fp32 ones written once, the copy written once).
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out);
+
+}  // namespace strata::cpu_optim

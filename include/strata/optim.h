@@ -1,0 +1,161 @@
+// The CPU optimizer: AdamW/Adam over one contiguous slice of a shard, the deterministic
+// gradient norm that clipping needs, and the fp32 <-> bf16/fp16 conversions the engine and
+// the model share.
+//
+// What runs: one fused pass per step. AdamStep reads the gradient (fp32, bf16 or fp16),
+// multiplies it by one scale (loss-scale unscale x clip coefficient), updates the fp32
+// master weights and both moments in place and, in the same pass, writes the updated
+// parameters as bf16 or fp16 into a second buffer (the copy the device needs). With bf16
+// gradients and a bf16 copy that pass plus the GradNormSquared pass move 30 bytes per
+// parameter, against 46 for the usual norm / unscale / Adam / copy sequence.
+//
+// Kernels exist for AVX-512 (F+BW+VL), AVX2 (+FMA+F16C) and plain scalar code; the best
+// one the CPU has is chosen at run time (cpuid), STRATA_CPU_ISA or CpuKernelOptions::isa
+// force one. Every path performs the same IEEE operations in the same order per element
+// (fused multiply-add where the formula says fma, exact sqrt and division, no reciprocal
+// approximations), so results are bit-identical across ISAs and thread counts.
+//
+// Ownership: the caller owns every buffer; functions neither keep pointers nor allocate
+// beyond a small per-call scratch (GradNormSquared: 16 bytes per 4096 elements).
+// Thread-safety: every function may be called concurrently from many threads on disjoint
+// buffers. Each call parallelises itself with OpenMP (CpuKernelOptions::threads).
+// Buffers may have any alignment and any length; the arrays of one call must not overlap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "strata/status.h"
+
+namespace strata {
+
+// Element formats of gradients and of the parameter copy.
+enum class FloatFormat : uint8_t { kFp32, kBf16, kFp16 };
+
+// "fp32", "bf16", "fp16".
+const char* FloatFormatName(FloatFormat format);
+// Parses "fp32" | "bf16" | "fp16"; InvalidArgument naming the bad value otherwise.
+Result<FloatFormat> ParseFloatFormat(std::string_view name);
+// 4 for fp32, 2 for bf16 and fp16.
+size_t FloatFormatBytes(FloatFormat format);
+
+// The instruction set a CPU kernel runs with. kAuto: STRATA_CPU_ISA when set (and not
+// "auto"), else the best one this CPU supports.
+enum class CpuIsa : uint8_t { kAuto, kAvx512, kAvx2, kScalar };
+
+// "auto", "avx512", "avx2", "scalar".
+const char* CpuIsaName(CpuIsa isa);
+// Parses the names above; InvalidArgument naming the bad value otherwise.
+Result<CpuIsa> ParseCpuIsa(std::string_view name);
+// Whether this CPU (and OS) can run `isa`: avx512 needs AVX512F+BW+VL, FMA and F16C;
+// avx2 needs AVX2, FMA and F16C. kAuto and kScalar are always supported.
+bool CpuSupports(CpuIsa isa);
+// Resolves kAuto (through STRATA_CPU_ISA, then cpuid) to a concrete ISA. Returns
+// NotSupported naming the ISA when it, or the one STRATA_CPU_ISA names, is not supported
+// by this CPU; InvalidArgument when STRATA_CPU_ISA holds an unknown name.
+Result<CpuIsa> ResolveCpuIsa(CpuIsa requested);
+
+// How a CPU kernel runs. Neither option changes a result bit.
+struct CpuKernelOptions {
+  // OpenMP threads for this call. 0: STRATA_NUM_THREADS when > 0, else OpenMP's default
+  // (one per core). Small inputs use fewer threads than asked.
+  int threads = 0;
+  CpuIsa isa = CpuIsa::kAuto;
+};
+
+// kAdamW: decoupled weight decay (torch.optim.AdamW). kAdam: L2 penalty added to the
+// gradient before the moments (torch.optim.Adam with weight_decay).
+enum class AdamMode : uint8_t { kAdamW, kAdam };
+
+// Hyper-parameters of one parameter group at one step. Scalars derived from them
+// (bias corrections, step size, decay factor) are computed in double and rounded to
+// float once, identically for every ISA.
+struct AdamHyperParams {
+  double lr = 1e-3;           // >= 0
+  double beta1 = 0.9;         // in [0, 1)
+  double beta2 = 0.999;       // in [0, 1)
+  double eps = 1e-8;          // >= 0
+  double weight_decay = 0.0;  // >= 0
+  int64_t step = 1;           // this step's number, counted from 1 (bias correction)
+  AdamMode mode = AdamMode::kAdamW;
+};
+
+// The format of the optional parameter copy written by AdamStep.
+enum class ParamOut : uint8_t { kNone, kBf16, kFp16 };
+
+// "none", "bf16", "fp16"; parse: InvalidArgument naming the bad value.
+const char* ParamOutName(ParamOut out);
+Result<ParamOut> ParseParamOut(std::string_view name);
+
+// One contiguous slice of n parameters. The fp32 arrays are updated in place.
+struct AdamSlice {
+  float* master = nullptr;      // fp32 master weights, n elements
+  float* exp_avg = nullptr;     // first moment, n elements
+  float* exp_avg_sq = nullptr;  // second moment, n elements
+  const void* grad = nullptr;   // n elements of grad_format; read only
+  FloatFormat grad_format = FloatFormat::kFp32;
+  void* param_out = nullptr;  // n elements of param_out_format, written; null iff kNone
+  ParamOut param_out_format = ParamOut::kNone;
+  size_t n = 0;
+};
+
+// One optimizer step over `slice`, per element (g the gradient converted to float):
+//   g = g * grad_scale
+//   Adam:  g = fma(wd, p, g)                              (L2 decay)
+//   m = fma(b1, m, (1-b1) * g)
+//   v = fma(b2, v, (1-b2) * (g*g))
+//   denom = sqrt(v) / sqrt(1 - b2^t) + eps
+//   AdamW: p = p + fma(-lr / (1 - b1^t), m / denom, (-lr*wd) * p)
+//   Adam:  p = fma(-lr / (1 - b1^t), m / denom, p)
+//   param_out = round_to_nearest_even(p)                  (when asked)
+// which is torch's formula (decay p *= 1 - lr*wd; p -= lr/bc1 * m/denom), grouped so that
+// p is rounded once per step (half an ulp) and lr*wd's rounding touches only a small term.
+// grad_scale is the product of the loss-scale unscale and the clip coefficient; pass 1
+// for neither. Non-finite gradients are not filtered: check GradNormSquared first.
+// Returns InvalidArgument (nothing written) for a null array with n > 0, param_out set
+// without a format or the reverse, overlapping arrays, a step < 1, hyper-parameters
+// outside their ranges or a non-finite grad_scale; NotSupported when options.isa (or
+// STRATA_CPU_ISA) names an ISA this CPU lacks.
+[[nodiscard]] Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper,
+                              float grad_scale, const CpuKernelOptions& options = {});
+
+// GradNormSquared sums per block of this many elements; block sums are added in block
+// order. The result therefore depends on neither thread count nor ISA nor alignment.
+inline constexpr size_t kGradNormBlock = 4096;
+
+struct GradNormResult {
+  // Sum of squares of the gradient (squares are exact in double). NaN or Inf when
+  // non_finite > 0.
+  double sum_squares = 0.0;
+  // How many gradient elements were NaN or +-Inf (the step must then be skipped).
+  uint64_t non_finite = 0;
+};
+
+// The squared L2 norm of n gradient elements, deterministic: inside a block element i
+// goes to accumulator i mod 16, the 16 accumulators are added in a fixed tree, and the
+// block sums in block order. InvalidArgument for a null grad with n > 0; OutOfMemory when
+// the scratch cannot be allocated; NotSupported for an ISA this CPU lacks.
+[[nodiscard]] Result<GradNormResult> GradNormSquared(const void* grad, FloatFormat format, size_t n,
+                                                     const CpuKernelOptions& options = {});
+
+// grad[i] = round(grad[i] * scale) in place (the unscale pass of a multi-pass step; the
+// fused AdamStep does not need it). Same status rules as AdamStep.
+[[nodiscard]] Status ScaleGradients(void* grad, FloatFormat format, size_t n, float scale,
+                                    const CpuKernelOptions& options = {});
+
+// dst[i] = round_to_nearest_even(src[i]) in `dst_format` (fp32: a copy). Arrays must not
+// overlap. Same status rules as AdamStep.
+[[nodiscard]] Status ConvertFromFloat(const float* src, void* dst, FloatFormat dst_format, size_t n,
+                                      const CpuKernelOptions& options = {});
+
+// Scalar conversions, bit-identical to the vector kernels. To bf16/fp16: round to
+// nearest, ties to even; overflow becomes Inf; NaN stays NaN (sign and upper payload
+// kept, quiet bit set); fp16 subnormals are produced exactly (no flush to zero), fp32
+// subnormals are rounded like any value (no DAZ). From bf16/fp16: exact.
+uint16_t FloatToBf16(float value);
+float Bf16ToFloat(uint16_t bits);
+uint16_t FloatToFp16(float value);
+float Fp16ToFloat(uint16_t bits);
+
+}  // namespace strata
