@@ -1,0 +1,451 @@
+// The GPT-2 model: blocks, initialisation, weights I/O and the forward/backward drivers.
+// Per-op formulas are in gpt2_ops.h; this file wires them into layers (see gpt2.h).
+#include "model/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "model/gpt2_ops.h"
+
+namespace strata::model {
+namespace {
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+const char* const kLayerTensorNames[kNumLayerTensors] = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+Status Gpt2Config::Validate() const {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
+  if (layers < 1) return bad("--layers must be >= 1 (got " + std::to_string(layers) + ")");
+  if (d_model < 1) return bad("--d-model must be >= 1 (got " + std::to_string(d_model) + ")");
+  if (heads < 1 || d_model % heads != 0) {
+    return bad("--d-model " + std::to_string(d_model) + " must be a multiple of --heads " +
+               std::to_string(heads));
+  }
+  if (max_seq < 1) return bad("--seq-len must be >= 1 (got " + std::to_string(max_seq) + ")");
+  if (vocab < 1) return bad("--vocab must be >= 1 (got " + std::to_string(vocab) + ")");
+  return Status::OK();
+}
+
+std::vector<BlockSpec> Gpt2BlockSpecs(const Gpt2Config& cfg) {
+  const int64_t C = cfg.d_model;
+  std::vector<BlockSpec> specs;
+  specs.push_back(
+      {"embed", {{"wte.weight", {cfg.vocab, C}, true}, {"wpe.weight", {cfg.max_seq, C}, true}}});
+  const std::vector<std::vector<int64_t>> shapes = {{C}, {C}, {C, 3 * C}, {3 * C}, {C, C},     {C},
+                                                    {C}, {C}, {C, 4 * C}, {4 * C}, {4 * C, C}, {C}};
+  for (int l = 0; l < cfg.layers; ++l) {
+    BlockSpec b{"h." + std::to_string(l), {}};
+    for (int t = 0; t < kNumLayerTensors; ++t) {
+      b.tensors.push_back({kLayerTensorNames[t], shapes[t], shapes[t].size() >= 2});
+    }
+    specs.push_back(std::move(b));
+  }
+  specs.push_back({"ln_f", {{"ln_f.weight", {C}, false}, {"ln_f.bias", {C}, false}}});
+  return specs;
+}
+
+std::string HfTensorName(const std::vector<BlockSpec>& specs, int block, int tensor) {
+  const BlockSpec& b = specs[block];
+  const std::string& t = b.tensors[tensor].name;
+  return b.name.rfind("h.", 0) == 0 ? b.name + "." + t : t;
+}
+
+uint64_t Gpt2NumParams(const Gpt2Config& cfg) {
+  uint64_t n = 0;
+  for (const BlockSpec& b : Gpt2BlockSpecs(cfg))
+    for (const TensorSpec& t : b.tensors) n += static_cast<uint64_t>(Numel(t.shape));
+  return n;
+}
+
+std::vector<BlockLayout> PlainLayout(const std::vector<BlockSpec>& specs, uint32_t alignment) {
+  std::vector<BlockLayout> out;
+  for (const BlockSpec& b : specs) {
+    BlockLayout l;
+    l.name = b.name;
+    uint64_t off = 0;
+    for (const TensorSpec& t : b.tensors) {
+      off = (off + alignment - 1) / alignment * alignment;
+      const uint64_t n = static_cast<uint64_t>(Numel(t.shape));
+      l.tensors.push_back({t.name, t.shape, off, n, t.weight_decay});
+      off += n;
+      l.numel += n;
+    }
+    l.padded_numel = l.shard_numel = off;
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+void InitTensor(const Gpt2Config& cfg, const std::vector<BlockSpec>& specs, int block, int tensor,
+                uint64_t seed, std::span<float> out) {
+  const TensorSpec& t = specs[block].tensors[tensor];
+  const bool is_ln_weight =
+      t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos;
+  if (t.shape.size() < 2) {  // biases 0, LayerNorm weights 1
+    std::fill(out.begin(), out.end(), is_ln_weight ? 1.0f : 0.0f);
+    return;
+  }
+  double std = 0.02;
+  if (t.name == "attn.c_proj.weight" || t.name == "mlp.c_proj.weight") {
+    std = 0.02 / std::sqrt(2.0 * cfg.layers);
+  }
+  // Box-Muller on a splitmix64 stream keyed by (seed, block, tensor): the same numbers on
+  // every platform and independent of the order tensors are initialised in.
+  uint64_t state = SplitMix(seed ^ SplitMix((static_cast<uint64_t>(block) << 20) + tensor));
+  auto uniform = [&] {
+    state = SplitMix(state);
+    return (static_cast<double>(state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  };
+  for (size_t i = 0; i < out.size(); i += 2) {
+    const double r = std::sqrt(-2.0 * std::log(uniform())), th = 2.0 * M_PI * uniform();
+    out[i] = static_cast<float>(std * r * std::cos(th));
+    if (i + 1 < out.size()) out[i + 1] = static_cast<float>(std * r * std::sin(th));
+  }
+}
+
+namespace {
+std::string FindName(const SafetensorsReader& f, const std::string& name) {
+  if (f.Find(name) != nullptr) return name;
+  if (f.Find("transformer." + name) != nullptr) return "transformer." + name;
+  return "";
+}
+}  // namespace
+
+Result<Gpt2Config> ConfigFromSafetensors(const SafetensorsReader& f, int heads) {
+  Gpt2Config cfg;
+  const std::string wte = FindName(f, "wte.weight"), wpe = FindName(f, "wpe.weight");
+  if (wte.empty() || wpe.empty()) {
+    return Status::NotFound("safetensors file " + f.path() + " has no " +
+                            std::string(wte.empty() ? "wte.weight" : "wpe.weight") +
+                            " (expected Hugging Face GPT-2 names, optionally prefixed "
+                            "\"transformer.\")")
+        .WithPath(f.path());
+  }
+  const TensorEntry* e = f.Find(wte);
+  const TensorEntry* p = f.Find(wpe);
+  if (e->shape.size() != 2 || p->shape.size() != 2 || e->shape[1] != p->shape[1]) {
+    return Status::InvalidArgument("wte.weight " + ShapeString(e->shape) + " and wpe.weight " +
+                                   ShapeString(p->shape) + " in " + f.path() +
+                                   ": expected [V, C] and [P, C] with the same C")
+        .WithPath(f.path());
+  }
+  cfg.vocab = static_cast<int>(e->shape[0]);
+  cfg.d_model = static_cast<int>(e->shape[1]);
+  cfg.max_seq = static_cast<int>(p->shape[0]);
+  cfg.heads = heads;
+  int layers = 0;
+  while (!FindName(f, "h." + std::to_string(layers) + ".ln_1.weight").empty()) ++layers;
+  if (layers == 0) {
+    return Status::NotFound("safetensors file " + f.path() +
+                            " has no transformer layer (expected h.0.ln_1.weight)")
+        .WithPath(f.path());
+  }
+  cfg.layers = layers;
+  STRATA_RETURN_IF_ERROR(cfg.Validate());
+  return cfg;
+}
+
+Status LoadTensor(const SafetensorsReader& f, const std::vector<BlockSpec>& specs, int block,
+                  int tensor, std::span<float> out) {
+  const std::string name = HfTensorName(specs, block, tensor);
+  std::string found = FindName(f, name);
+  if (found.empty()) found = name;  // ReadFloat reports NotFound with the expected shape
+  return f.ReadFloat(found, specs[block].tensors[tensor].shape, out.data(), out.size());
+}
+
+// ---- the model ---------------------------------------------------------------------------
+
+template <typename F>
+struct Gpt2Model<F>::Acts {
+  struct Layer {
+    std::vector<F> ln1, ln1_mean, ln1_rstd, qkv, att, atty, x_mid, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu;
+  };
+  std::vector<int32_t> inputs, targets;
+  std::vector<std::vector<F>> xs;  // residual stream: input of layer l, xs[L] = output
+  std::vector<Layer> layers;       // one per layer, or one shared scratch with recompute
+  std::vector<F> tmp;              // [N,C] projection outputs before the residual add
+  std::vector<F> wte_copy, dwte_head;
+  std::vector<F> lnf, lnf_mean, lnf_rstd, logits, losses;
+  // Backward scratch.
+  std::vector<F> dres, dlnf, dln, dqkv, datty, dfch, dfch_gelu;
+};
+
+template <typename F>
+Gpt2Model<F>::Gpt2Model(const Gpt2Config& cfg, int B, int T, bool recompute)
+    : config_(cfg), B_(B), T_(T), recompute_(recompute), a_(std::make_unique<Acts>()) {
+  const size_t N = static_cast<size_t>(B) * T, C = cfg.d_model, V = cfg.vocab;
+  Acts& a = *a_;
+  a.inputs.resize(N);
+  a.targets.resize(N);
+  a.xs.assign(cfg.layers + 1, std::vector<F>(N * C));
+  a.layers.resize(recompute ? 1 : cfg.layers);
+  for (auto& l : a.layers) {
+    l.ln1.resize(N * C);
+    l.ln1_mean.resize(N);
+    l.ln1_rstd.resize(N);
+    l.qkv.resize(N * 3 * C);
+    l.att.resize(static_cast<size_t>(B) * cfg.heads * T * T);
+    l.atty.resize(N * C);
+    l.x_mid.resize(N * C);
+    l.ln2.resize(N * C);
+    l.ln2_mean.resize(N);
+    l.ln2_rstd.resize(N);
+    l.fch.resize(N * 4 * C);
+    l.fch_gelu.resize(N * 4 * C);
+  }
+  a.tmp.resize(N * C);
+  a.wte_copy.resize(V * C);
+  a.dwte_head.resize(V * C);
+  a.lnf.resize(N * C);
+  a.lnf_mean.resize(N);
+  a.lnf_rstd.resize(N);
+  a.logits.resize(N * V);
+  a.losses.resize(N);
+  a.dres.resize(N * C);
+  a.dlnf.resize(N * C);
+  a.dln.resize(N * C);
+  a.dqkv.resize(N * 3 * C);
+  a.datty.resize(N * C);
+  a.dfch.resize(N * 4 * C);
+  a.dfch_gelu.resize(N * 4 * C);
+}
+
+template <typename F>
+Gpt2Model<F>::~Gpt2Model() = default;
+
+template <typename F>
+void Gpt2Model<F>::SetTokens(const int32_t* inputs, const int32_t* targets) {
+  const size_t N = static_cast<size_t>(B_) * T_;
+  std::copy(inputs, inputs + N, a_->inputs.begin());
+  if (targets != nullptr) std::copy(targets, targets + N, a_->targets.begin());
+}
+
+template <typename F>
+const F* Gpt2Model<F>::logits() const {
+  return a_->logits.data();
+}
+
+template <typename F>
+void Gpt2Model<F>::EmbedForward(const BlockPtrs<F>& b) {
+  const int C = config_.d_model;
+  const F* wte = b.P(kWte);
+  std::copy(wte, wte + static_cast<size_t>(config_.vocab) * C, a_->wte_copy.begin());
+  EmbeddingForward(a_->xs[0].data(), a_->inputs.data(), wte, b.P(kWpe), B_, T_, C);
+}
+
+template <typename F>
+void Gpt2Model<F>::LayerForward(int l, const BlockPtrs<F>& b) {
+  const int N = B_ * T_, C = config_.d_model, NH = config_.heads;
+  Acts& a = *a_;
+  typename Acts::Layer& s = a.layers[recompute_ ? 0 : l];
+  const F* x = a.xs[l].data();
+  LayerNormForward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), x, b.P(kLn1W), b.P(kLn1B), N,
+                   C);
+  MatmulForward(s.qkv.data(), s.ln1.data(), b.P(kAttnW), b.P(kAttnB), N, C, 3 * C);
+  AttentionForward(s.atty.data(), s.att.data(), s.qkv.data(), B_, T_, C, NH);
+  MatmulForward(a.tmp.data(), s.atty.data(), b.P(kAttnProjW), b.P(kAttnProjB), N, C, C);
+  ResidualForward(s.x_mid.data(), x, a.tmp.data(), static_cast<size_t>(N) * C);
+  LayerNormForward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), s.x_mid.data(), b.P(kLn2W),
+                   b.P(kLn2B), N, C);
+  MatmulForward(s.fch.data(), s.ln2.data(), b.P(kFcW), b.P(kFcB), N, C, 4 * C);
+  GeluForward(s.fch_gelu.data(), s.fch.data(), static_cast<size_t>(N) * 4 * C);
+  MatmulForward(a.tmp.data(), s.fch_gelu.data(), b.P(kFcProjW), b.P(kFcProjB), N, 4 * C, C);
+  ResidualForward(a.xs[l + 1].data(), s.x_mid.data(), a.tmp.data(), static_cast<size_t>(N) * C);
+}
+
+template <typename F>
+void Gpt2Model<F>::FinalForward(const BlockPtrs<F>& b) {
+  Acts& a = *a_;
+  LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.xs[config_.layers].data(),
+                   b.P(kLnfW), b.P(kLnfB), B_ * T_, config_.d_model);
+}
+
+template <typename F>
+double Gpt2Model<F>::Head(bool backward, F dloss) {
+  Acts& a = *a_;
+  const int N = B_ * T_, C = config_.d_model, V = config_.vocab;
+  LmHeadForward(a.logits.data(), a.lnf.data(), a.wte_copy.data(), N, C, V);
+  if (a.targets.empty()) return 0;
+  last_loss_ = SoftmaxCrossEntropyForward(a.logits.data(), a.losses.data(), a.logits.data(),
+                                          a.targets.data(), N, V);
+  if (backward) {
+    SoftmaxCrossEntropyBackward(a.logits.data(), a.logits.data(), a.targets.data(), N, V, dloss);
+    std::fill(a.dlnf.begin(), a.dlnf.end(), F(0));
+    std::fill(a.dwte_head.begin(), a.dwte_head.end(), F(0));
+    LmHeadBackward(a.dlnf.data(), a.dwte_head.data(), a.logits.data(), a.lnf.data(),
+                   a.wte_copy.data(), N, C, V);
+  }
+  return last_loss_;
+}
+
+template <typename F>
+void Gpt2Model<F>::FinalBackward(const BlockPtrs<F>& b) {
+  Acts& a = *a_;
+  std::fill(b.g, b.g + b.layout->padded_numel, F(0));
+  std::fill(a.dres.begin(), a.dres.end(), F(0));
+  LayerNormBackward(a.dres.data(), b.G(kLnfW), b.G(kLnfB), a.dlnf.data(),
+                    a.xs[config_.layers].data(), b.P(kLnfW), a.lnf_mean.data(), a.lnf_rstd.data(),
+                    B_ * T_, config_.d_model);
+}
+
+template <typename F>
+void Gpt2Model<F>::LayerBackward(int l, const BlockPtrs<F>& b) {
+  const int N = B_ * T_, C = config_.d_model, NH = config_.heads;
+  Acts& a = *a_;
+  if (recompute_) LayerForward(l, b);  // rebuilds the scratch activations from xs[l]
+  typename Acts::Layer& s = a.layers[recompute_ ? 0 : l];
+  const size_t NC = static_cast<size_t>(N) * C;
+  std::fill(b.g, b.g + b.layout->padded_numel, F(0));
+  // dres holds d(output of the layer); the residual adds make it d(x_mid), then d(input).
+  std::fill(a.dfch_gelu.begin(), a.dfch_gelu.end(), F(0));
+  MatmulBackward(a.dfch_gelu.data(), b.G(kFcProjW), b.G(kFcProjB), a.dres.data(), s.fch_gelu.data(),
+                 b.P(kFcProjW), N, 4 * C, C);
+  std::fill(a.dfch.begin(), a.dfch.end(), F(0));
+  GeluBackward(a.dfch.data(), s.fch.data(), a.dfch_gelu.data(), NC * 4);
+  std::fill(a.dln.begin(), a.dln.end(), F(0));
+  MatmulBackward(a.dln.data(), b.G(kFcW), b.G(kFcB), a.dfch.data(), s.ln2.data(), b.P(kFcW), N, C,
+                 4 * C);
+  LayerNormBackward(a.dres.data(), b.G(kLn2W), b.G(kLn2B), a.dln.data(), s.x_mid.data(), b.P(kLn2W),
+                    s.ln2_mean.data(), s.ln2_rstd.data(), N, C);
+  std::fill(a.datty.begin(), a.datty.end(), F(0));
+  MatmulBackward(a.datty.data(), b.G(kAttnProjW), b.G(kAttnProjB), a.dres.data(), s.atty.data(),
+                 b.P(kAttnProjW), N, C, C);
+  std::fill(a.dqkv.begin(), a.dqkv.end(), F(0));
+  AttentionBackward(a.dqkv.data(), a.datty.data(), s.qkv.data(), s.att.data(), B_, T_, C, NH);
+  std::fill(a.dln.begin(), a.dln.end(), F(0));
+  MatmulBackward(a.dln.data(), b.G(kAttnW), b.G(kAttnB), a.dqkv.data(), s.ln1.data(), b.P(kAttnW),
+                 N, C, 3 * C);
+  LayerNormBackward(a.dres.data(), b.G(kLn1W), b.G(kLn1B), a.dln.data(), a.xs[l].data(), b.P(kLn1W),
+                    s.ln1_mean.data(), s.ln1_rstd.data(), N, C);
+}
+
+template <typename F>
+void Gpt2Model<F>::EmbedBackward(const BlockPtrs<F>& b) {
+  Acts& a = *a_;
+  std::fill(b.g, b.g + b.layout->padded_numel, F(0));
+  std::copy(a.dwte_head.begin(), a.dwte_head.end(), b.G(kWte));  // the head's share first
+  EmbeddingBackward(b.G(kWte), b.G(kWpe), a.dres.data(), a.inputs.data(), B_, T_, config_.d_model);
+}
+
+template class Gpt2Model<float>;
+template class Gpt2Model<double>;
+
+// ---- drivers -----------------------------------------------------------------------------
+
+template <typename F>
+double ForwardBackwardPlain(Gpt2Model<F>& m, const std::vector<BlockLayout>& layouts,
+                            const std::vector<const F*>& params, const std::vector<F*>& grads,
+                            const int32_t* inputs, const int32_t* targets, F dloss) {
+  const int L = m.config().layers;
+  auto ptrs = [&](int b) { return BlockPtrs<F>{params[b], grads[b], &layouts[b]}; };
+  m.SetTokens(inputs, targets);
+  m.EmbedForward(ptrs(0));
+  for (int l = 0; l < L; ++l) m.LayerForward(l, ptrs(l + 1));
+  m.FinalForward(ptrs(L + 1));
+  const double loss = m.Head(/*backward=*/true, dloss);
+  m.FinalBackward(ptrs(L + 1));
+  for (int l = L - 1; l >= 0; --l) m.LayerBackward(l, ptrs(l + 1));
+  m.EmbedBackward(ptrs(0));
+  return loss;
+}
+
+template <typename F>
+double ForwardPlain(Gpt2Model<F>& m, const std::vector<BlockLayout>& layouts,
+                    const std::vector<const F*>& params, const int32_t* inputs,
+                    const int32_t* targets) {
+  const int L = m.config().layers;
+  auto ptrs = [&](int b) { return BlockPtrs<F>{params[b], nullptr, &layouts[b]}; };
+  m.SetTokens(inputs, targets);
+  m.EmbedForward(ptrs(0));
+  for (int l = 0; l < L; ++l) m.LayerForward(l, ptrs(l + 1));
+  m.FinalForward(ptrs(L + 1));
+  return m.Head(/*backward=*/false, F(0));
+}
+
+template double ForwardBackwardPlain<float>(Gpt2Model<float>&, const std::vector<BlockLayout>&,
+                                            const std::vector<const float*>&,
+                                            const std::vector<float*>&, const int32_t*,
+                                            const int32_t*, float);
+template double ForwardBackwardPlain<double>(Gpt2Model<double>&, const std::vector<BlockLayout>&,
+                                             const std::vector<const double*>&,
+                                             const std::vector<double*>&, const int32_t*,
+                                             const int32_t*, double);
+template double ForwardPlain<float>(Gpt2Model<float>&, const std::vector<BlockLayout>&,
+                                    const std::vector<const float*>&, const int32_t*,
+                                    const int32_t*);
+template double ForwardPlain<double>(Gpt2Model<double>&, const std::vector<BlockLayout>&,
+                                     const std::vector<const double*>&, const int32_t*,
+                                     const int32_t*);
+
+std::vector<const float*> HostWeights::Ptrs() const {
+  std::vector<const float*> p;
+  for (const auto& b : blocks) p.push_back(b.data());
+  return p;
+}
+
+Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
+                   const HostWeights& w) {
+  std::vector<TensorToWrite> ts;
+  for (size_t b = 0; b < specs.size(); ++b) {
+    for (size_t t = 0; t < specs[b].tensors.size(); ++t) {
+      ts.push_back({HfTensorName(specs, static_cast<int>(b), static_cast<int>(t)),
+                    specs[b].tensors[t].shape,
+                    w.blocks[b].data() + w.layouts[b].tensors[t].offset});
+    }
+  }
+  return WriteSafetensors(path, ts);
+}
+
+std::vector<int32_t> Generate(const Gpt2Config& cfg, const HostWeights& w, std::vector<int32_t> seq,
+                              int tokens, double temperature, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::vector<const float*> params = w.Ptrs();
+  if (seq.empty()) seq.push_back('\n');
+  for (int i = 0; i < tokens; ++i) {
+    const int T = std::min<int>(static_cast<int>(seq.size()), cfg.max_seq);
+    Gpt2Model<float> m(cfg, 1, T, /*recompute=*/false);
+    ForwardPlain(m, w.layouts, params, seq.data() + seq.size() - T, nullptr);
+    const float* row = m.logits() + static_cast<size_t>(T - 1) * cfg.vocab;
+    int next = 0;
+    if (temperature <= 0) {
+      next = static_cast<int>(std::max_element(row, row + cfg.vocab) - row);
+    } else {
+      const float mx = *std::max_element(row, row + cfg.vocab);
+      std::vector<double> p(cfg.vocab);
+      double sum = 0;
+      for (int v = 0; v < cfg.vocab; ++v) sum += p[v] = std::exp((row[v] - mx) / temperature);
+      double u = std::uniform_real_distribution<double>(0, sum)(rng);
+      next = cfg.vocab - 1;
+      for (int v = 0; v < cfg.vocab; ++v) {
+        if ((u -= p[v]) <= 0) {
+          next = v;
+          break;
+        }
+      }
+    }
+    seq.push_back(next);
+  }
+  return seq;
+}
+
+}  // namespace strata::model

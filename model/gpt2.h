@@ -1,0 +1,191 @@
+// GPT-2: the reference workload `strata train` runs (DESIGN.md "model/"), written against the
+// public API only.
+//
+// The model is an ordered list of engine blocks:
+//   block 0            "embed": wte.weight [V,C] (token embedding, tied to the LM head),
+//                      wpe.weight [P,C] (learned positions; P >= the sequence length);
+//   blocks 1..L        "h.{l}": one pre-LayerNorm transformer layer each (ln_1, attn.c_attn
+//                      [C,3C] fused qkv, attn.c_proj [C,C], ln_2, mlp.c_fc [C,4C],
+//                      mlp.c_proj [4C,C], every linear with a bias);
+//   block L+1          "ln_f": the final LayerNorm.
+// Tensor names inside a block are Hugging Face's GPT-2 names (HfTensorName gives the full
+// one), weights in Conv1D layout [in, out].
+//
+// Tied embedding: the LM head needs wte at the end of forward and produces a wte gradient
+// at the start of backward, while the engine hands out each block once per pass. The
+// embedding forward therefore keeps a copy of wte among the model's activations (params do
+// not change within a step); the head's wte gradient is held there too and added to the
+// embedding block's gradient buffer, before the token scatter-add, when block 0 is
+// processed last in backward. One gradient, one parameter, a fixed summation order.
+//
+// Gpt2Model<F> owns the activations of one micro-batch of B rows x T positions and runs
+// one block at a time on parameter/gradient pointers it is given (from the engine's
+// BlockView/GradBuffer, or from plain buffers in tests, validation and generation). F is
+// float for training and double for the whole-model gradient test. Not thread-safe: one
+// thread (or one device lane) drives a model at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/safetensors.h"
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata::model {
+
+struct Gpt2Config {
+  int layers = 4;
+  int d_model = 128;
+  int heads = 4;
+  int max_seq = 64;  // rows of wpe: the longest sequence the model can see
+  int vocab = 256;
+  // InvalidArgument naming the bad value (d_model not divisible by heads, values < 1).
+  Status Validate() const;
+  int NumBlocks() const { return layers + 2; }
+};
+
+// Tensor indices inside a transformer block ("h.{l}"), in BlockSpec order.
+enum LayerTensor : int {
+  kLn1W,
+  kLn1B,
+  kAttnW,
+  kAttnB,
+  kAttnProjW,
+  kAttnProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kNumLayerTensors
+};
+enum EmbedTensor : int { kWte, kWpe };
+enum FinalTensor : int { kLnfW, kLnfB };
+
+// The engine blocks of the model (weight_decay set on tensors with >= 2 dimensions).
+std::vector<BlockSpec> Gpt2BlockSpecs(const Gpt2Config& config);
+// Hugging Face name of tensor `tensor` of `block` ("h.3.attn.c_attn.weight", "wte.weight").
+std::string HfTensorName(const std::vector<BlockSpec>& specs, int block, int tensor);
+uint64_t Gpt2NumParams(const Gpt2Config& config);
+// A dense layout of `specs` (each tensor at a multiple of `alignment` elements), the same
+// rule the engine uses; for plain in-memory parameter buffers.
+std::vector<BlockLayout> PlainLayout(const std::vector<BlockSpec>& specs, uint32_t alignment = 1);
+
+// GPT-2's initialisation of one tensor, a pure function of (seed, block, tensor): weights
+// normal(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) normal(0, 0.02/sqrt(2L)),
+// biases 0, LayerNorm weights 1.
+void InitTensor(const Gpt2Config& config, const std::vector<BlockSpec>& specs, int block,
+                int tensor, uint64_t seed, std::span<float> out);
+
+// The configuration of a Hugging Face GPT-2 safetensors file: layers counted from h.{i},
+// C and V from wte, P from wpe; heads must be given (the file does not say). Tensor names
+// may carry a "transformer." prefix. Corruption/NotFound naming the tensor when wte/wpe or
+// a layer is missing.
+Result<Gpt2Config> ConfigFromSafetensors(const SafetensorsReader& file, int heads);
+// Reads tensor `tensor` of `block` from `file` (HF name, optional "transformer." prefix),
+// checking its shape against the spec; NotFound/InvalidArgument naming tensor and shape.
+Status LoadTensor(const SafetensorsReader& file, const std::vector<BlockSpec>& specs, int block,
+                  int tensor, std::span<float> out);
+
+// Where one block's tensors are, as typed pointers.
+template <typename F>
+struct BlockPtrs {
+  const F* p = nullptr;  // flat parameter buffer
+  F* g = nullptr;        // flat gradient buffer (backward only)
+  const BlockLayout* layout = nullptr;
+  const F* P(int t) const { return p + layout->tensors[t].offset; }
+  F* G(int t) const { return g + layout->tensors[t].offset; }
+};
+
+template <typename F>
+class Gpt2Model {
+ public:
+  // Activations for micro-batches of B rows of T positions. With recompute, only each
+  // layer's input is kept through the forward pass and the layer's activations are
+  // recomputed in backward (activation checkpointing per block).
+  // REQUIRES: config.Validate().ok(), 1 <= T <= config.max_seq, B >= 1.
+  Gpt2Model(const Gpt2Config& config, int B, int T, bool recompute);
+  ~Gpt2Model();
+
+  const Gpt2Config& config() const { return config_; }
+  int B() const { return B_; }
+  int T() const { return T_; }
+
+  // The micro-batch's token ids (B*T each); copied. Targets may be null for forward only.
+  void SetTokens(const int32_t* inputs, const int32_t* targets);
+
+  // Forward, block by block, in order 0, 1..L, L+1.
+  void EmbedForward(const BlockPtrs<F>& b);
+  void LayerForward(int layer, const BlockPtrs<F>& b);  // layer in [0, L)
+  void FinalForward(const BlockPtrs<F>& b);
+  // The LM head on the final LayerNorm's output: logits, the mean cross-entropy over the
+  // B*T tokens (returned and kept in last_loss()) and, when `backward`, the gradients of
+  // dloss * sum of token losses w.r.t. the head's input and wte (held for EmbedBackward).
+  double Head(bool backward, F dloss);
+  // Backward in order L+1, L..1, 0; each OVERWRITES b.g's tensors with the block's gradient.
+  void FinalBackward(const BlockPtrs<F>& b);
+  void LayerBackward(int layer, const BlockPtrs<F>& b);
+  void EmbedBackward(const BlockPtrs<F>& b);
+
+  double last_loss() const { return last_loss_; }
+  // Logits of the last Head() call ([B*T, V]; probabilities after a backward Head).
+  const F* logits() const;
+
+ private:
+  struct Acts;
+  Gpt2Config config_;
+  int B_, T_;
+  bool recompute_;
+  std::unique_ptr<Acts> a_;
+  double last_loss_ = 0;
+};
+
+// ---- drivers -----------------------------------------------------------------------------
+
+// Plain buffers: params[b] / grads[b] are block b's flat buffers under `layouts`. Runs one
+// micro-batch forward and backward; grads are OVERWRITTEN. Returns the mean token loss.
+template <typename F>
+double ForwardBackwardPlain(Gpt2Model<F>& model, const std::vector<BlockLayout>& layouts,
+                            const std::vector<const F*>& params, const std::vector<F*>& grads,
+                            const int32_t* inputs, const int32_t* targets, F dloss);
+// Forward only (validation, generation): returns the mean loss when targets != null.
+template <typename F>
+double ForwardPlain(Gpt2Model<F>& model, const std::vector<BlockLayout>& layouts,
+                    const std::vector<const F*>& params, const int32_t* inputs,
+                    const int32_t* targets);
+
+// Through the engine: one micro-batch's forward and backward inside an open step. Every
+// block is acquired in forward (0..L+1) and backward (L+1..0) order, its compute enqueued
+// on the device's compute lane, its gradient submitted. *loss receives the micro-batch's
+// mean loss once the compute lane has run (e.g. after EndStep or SynchronizeLane).
+// The gradient of each token's loss is scaled by dloss (1/(B*T) for a mean).
+// NotSupported when the engine's working dtype is not fp32 on a host device.
+Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& model,
+                             const int32_t* inputs, const int32_t* targets, float dloss,
+                             double* loss);
+
+// A full host copy of the model's fp32 weights (from the engine between steps, or a file).
+struct HostWeights {
+  std::vector<BlockLayout> layouts;
+  std::vector<std::vector<float>> blocks;
+  std::vector<const float*> Ptrs() const;
+};
+// Reads every tensor's master weights from the engine (between steps).
+Result<HostWeights> ReadWeights(const Engine& engine, const std::vector<BlockSpec>& specs);
+// Writes the weights under Hugging Face names (F32).
+Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
+                   const HostWeights& w);
+
+// Continues `prompt` by `tokens` tokens: greedy when temperature <= 0, else sampled from
+// softmax(logits / temperature) with a generator seeded by `seed`. The context is the last
+// config.max_seq tokens.
+std::vector<int32_t> Generate(const Gpt2Config& config, const HostWeights& w,
+                              std::vector<int32_t> prompt, int tokens, double temperature,
+                              uint64_t seed);
+
+}  // namespace strata::model

@@ -1,0 +1,246 @@
+// The whole model: gradient against finite differences (float64, tiny config), recompute
+// equals no-recompute bit for bit, float agrees with double, initialisation and weights
+// round trip through safetensors.
+#include "model/gpt2.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <random>
+
+namespace strata::model {
+namespace {
+
+Gpt2Config Tiny() {
+  Gpt2Config c;
+  c.layers = 2;
+  c.d_model = 8;
+  c.heads = 2;
+  c.max_seq = 6;
+  c.vocab = 11;
+  return c;
+}
+
+template <typename F>
+struct Weights {
+  std::vector<BlockSpec> specs;
+  std::vector<BlockLayout> layouts;
+  std::vector<std::vector<F>> p, g;
+  Weights(const Gpt2Config& cfg, uint64_t seed, uint32_t align = 1) {
+    specs = Gpt2BlockSpecs(cfg);
+    layouts = PlainLayout(specs, align);
+    for (size_t b = 0; b < specs.size(); ++b) {
+      p.emplace_back(layouts[b].padded_numel, F(0));
+      g.emplace_back(layouts[b].padded_numel, F(-7));  // backward must overwrite it
+      for (size_t t = 0; t < specs[b].tensors.size(); ++t) {
+        const TensorLayout& tl = layouts[b].tensors[t];
+        std::vector<float> v(tl.numel);
+        InitTensor(cfg, specs, static_cast<int>(b), static_cast<int>(t), seed, v);
+        // Perturb biases and LayerNorm params so their grads are not trivially symmetric.
+        std::mt19937_64 rng(seed + b * 100 + t);
+        std::normal_distribution<double> nd(0, 0.1);
+        for (size_t i = 0; i < v.size(); ++i) {
+          p[b][tl.offset + i] = static_cast<F>(v[i]) * F(10) + static_cast<F>(nd(rng));
+        }
+      }
+    }
+  }
+  std::vector<const F*> P() const {
+    std::vector<const F*> r;
+    for (auto& x : p) r.push_back(x.data());
+    return r;
+  }
+  std::vector<F*> G() {
+    std::vector<F*> r;
+    for (auto& x : g) r.push_back(x.data());
+    return r;
+  }
+};
+
+void Tokens(const Gpt2Config& cfg, int n, uint64_t seed, std::vector<int32_t>* in,
+            std::vector<int32_t>* tgt) {
+  std::mt19937_64 rng(seed);
+  in->resize(n);
+  tgt->resize(n);
+  for (int i = 0; i < n; ++i) {
+    (*in)[i] = static_cast<int32_t>(rng() % cfg.vocab);
+    (*tgt)[i] = static_cast<int32_t>(rng() % cfg.vocab);
+  }
+}
+
+TEST(Gpt2Model, WholeModelGradientMatchesFiniteDifferences) {
+  const Gpt2Config cfg = Tiny();
+  const int B = 2, T = 5;  // T < max_seq: wpe rows beyond T get zero grad
+  Weights<double> w(cfg, 3);
+  std::vector<int32_t> in, tgt;
+  Tokens(cfg, B * T, 5, &in, &tgt);
+  Gpt2Model<double> m(cfg, B, T, /*recompute=*/false);
+  const double dloss = 1.0 / (B * T);
+  ForwardBackwardPlain(m, w.layouts, w.P(), w.G(), in.data(), tgt.data(), dloss);
+  Gpt2Model<double> f(cfg, B, T, false);
+  auto loss = [&] { return ForwardPlain(f, w.layouts, w.P(), in.data(), tgt.data()); };
+  const double h = 1e-5;
+  int checked = 0;
+  for (size_t b = 0; b < w.specs.size(); ++b) {
+    for (const TensorLayout& tl : w.layouts[b].tensors) {
+      // Every element of small tensors, a spread of elements of large ones.
+      const uint64_t stride = tl.numel > 64 ? 7 : 1;
+      for (uint64_t i = 0; i < tl.numel; i += stride) {
+        double& x = w.p[b][tl.offset + i];
+        const double saved = x;
+        x = saved + h;
+        const double lp = loss();
+        x = saved - h;
+        const double lm = loss();
+        x = saved;
+        const double fd = (lp - lm) / (2 * h);
+        const double an = w.g[b][tl.offset + i];
+        ASSERT_NEAR(fd, an, 1e-6 + 1e-5 * std::abs(fd))
+            << w.specs[b].name << "." << tl.name << "[" << i << "]";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(Gpt2Model, RecomputeIsBitIdentical) {
+  Gpt2Config cfg = Tiny();
+  cfg.layers = 3;
+  const int B = 3, T = 6;
+  Weights<float> a(cfg, 9, 16), b(cfg, 9, 16);
+  std::vector<int32_t> in, tgt;
+  Tokens(cfg, B * T, 1, &in, &tgt);
+  Gpt2Model<float> plain(cfg, B, T, false), re(cfg, B, T, true);
+  const double l1 =
+      ForwardBackwardPlain(plain, a.layouts, a.P(), a.G(), in.data(), tgt.data(), 1.0f / (B * T));
+  const double l2 =
+      ForwardBackwardPlain(re, b.layouts, b.P(), b.G(), in.data(), tgt.data(), 1.0f / (B * T));
+  EXPECT_EQ(l1, l2);
+  for (size_t k = 0; k < a.g.size(); ++k) {
+    for (const TensorLayout& tl : a.layouts[k].tensors) {
+      EXPECT_EQ(0, std::memcmp(a.g[k].data() + tl.offset, b.g[k].data() + tl.offset,
+                               tl.numel * sizeof(float)))
+          << a.specs[k].name << "." << tl.name;
+    }
+  }
+}
+
+TEST(Gpt2Model, FloatAgreesWithDoubleAndThreadCountDoesNotMatter) {
+  Gpt2Config cfg = Tiny();
+  cfg.d_model = 32;
+  cfg.heads = 4;
+  cfg.max_seq = 16;
+  cfg.vocab = 50;
+  const int B = 2, T = 16;
+  Weights<float> wf(cfg, 4);
+  Weights<double> wd(cfg, 4);
+  std::vector<int32_t> in, tgt;
+  Tokens(cfg, B * T, 2, &in, &tgt);
+  Gpt2Model<float> mf(cfg, B, T, false);
+  Gpt2Model<double> md(cfg, B, T, false);
+  const double lf =
+      ForwardBackwardPlain(mf, wf.layouts, wf.P(), wf.G(), in.data(), tgt.data(), 1.0f / (B * T));
+  const double ld =
+      ForwardBackwardPlain(md, wd.layouts, wd.P(), wd.G(), in.data(), tgt.data(), 1.0 / (B * T));
+  EXPECT_NEAR(lf, ld, 1e-4 * ld);
+  for (size_t k = 0; k < wf.g.size(); ++k) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < wf.g[k].size(); ++i) {
+      num += std::pow(wf.g[k][i] - wd.g[k][i], 2);
+      den += std::pow(wd.g[k][i], 2);
+    }
+    EXPECT_LT(std::sqrt(num / (den + 1e-30)), 1e-4) << wf.specs[k].name;
+  }
+  // One thread vs two: the same bits.
+  const int saved = omp_get_max_threads();
+  Weights<float> w1(cfg, 4), w2(cfg, 4);
+  omp_set_num_threads(1);
+  Gpt2Model<float> m1(cfg, B, T, false);
+  const double l1 =
+      ForwardBackwardPlain(m1, w1.layouts, w1.P(), w1.G(), in.data(), tgt.data(), 1.0f / (B * T));
+  omp_set_num_threads(2);
+  Gpt2Model<float> m2(cfg, B, T, false);
+  const double l2 =
+      ForwardBackwardPlain(m2, w2.layouts, w2.P(), w2.G(), in.data(), tgt.data(), 1.0f / (B * T));
+  omp_set_num_threads(saved);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(w1.g, w2.g);
+}
+
+TEST(Gpt2Model, InitIsDeterministicAndHasGpt2Statistics) {
+  Gpt2Config cfg;
+  cfg.layers = 8;
+  cfg.d_model = 64;
+  const auto specs = Gpt2BlockSpecs(cfg);
+  EXPECT_EQ(specs.size(), 10u);
+  EXPECT_EQ(HfTensorName(specs, 3, kAttnW), "h.2.attn.c_attn.weight");
+  EXPECT_EQ(HfTensorName(specs, 0, kWte), "wte.weight");
+  EXPECT_EQ(HfTensorName(specs, 9, kLnfB), "ln_f.bias");
+  EXPECT_FALSE(specs[1].tensors[kAttnB].weight_decay);
+  EXPECT_FALSE(specs[1].tensors[kLn1W].weight_decay);
+  EXPECT_TRUE(specs[1].tensors[kFcW].weight_decay);
+  EXPECT_TRUE(specs[0].tensors[kWpe].weight_decay);
+  std::vector<float> a(64 * 256), b(64 * 256), proj(256 * 64), ln(64);
+  InitTensor(cfg, specs, 2, kFcW, 42, a);
+  InitTensor(cfg, specs, 2, kFcW, 42, b);
+  EXPECT_EQ(a, b);
+  InitTensor(cfg, specs, 2, kFcW, 43, b);
+  EXPECT_NE(a, b);
+  InitTensor(cfg, specs, 2, kFcProjW, 42, proj);
+  InitTensor(cfg, specs, 2, kLn2W, 42, ln);
+  auto stddev = [](const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v) s += double(x) * x;
+    return std::sqrt(s / v.size());
+  };
+  EXPECT_NEAR(stddev(a), 0.02, 0.001);
+  EXPECT_NEAR(stddev(proj), 0.02 / std::sqrt(16.0), 0.0003);
+  EXPECT_EQ(ln, std::vector<float>(64, 1.0f));
+  EXPECT_EQ(Gpt2NumParams(cfg), 256u * 64 + 64u * 64 + 8u * (12u * 64 * 64 + 13u * 64) + 128);
+}
+
+TEST(Gpt2Model, WeightsRoundTripThroughSafetensors) {
+  const Gpt2Config cfg = Tiny();
+  Weights<float> w(cfg, 11, 16);
+  HostWeights hw;
+  hw.layouts = w.layouts;
+  hw.blocks = w.p;
+  char tmpl[] = "/tmp/strata-gpt2-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/m.safetensors";
+  ASSERT_TRUE(SaveWeights(path, w.specs, hw).ok());
+  auto f = SafetensorsReader::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  auto cfg2 = ConfigFromSafetensors(*f, cfg.heads);
+  ASSERT_TRUE(cfg2.ok()) << cfg2.status().ToString();
+  EXPECT_EQ(cfg2->layers, cfg.layers);
+  EXPECT_EQ(cfg2->d_model, cfg.d_model);
+  EXPECT_EQ(cfg2->max_seq, cfg.max_seq);
+  EXPECT_EQ(cfg2->vocab, cfg.vocab);
+  for (size_t b = 0; b < w.specs.size(); ++b) {
+    for (size_t t = 0; t < w.specs[b].tensors.size(); ++t) {
+      const TensorLayout& tl = w.layouts[b].tensors[t];
+      std::vector<float> v(tl.numel);
+      ASSERT_TRUE(LoadTensor(*f, w.specs, b, t, v).ok());
+      EXPECT_EQ(0, std::memcmp(v.data(), w.p[b].data() + tl.offset, tl.numel * 4));
+    }
+  }
+  // A file of a different shape: the error names the tensor and both shapes.
+  Gpt2Config other = cfg;
+  other.d_model = 12;
+  other.heads = 3;
+  const auto specs2 = Gpt2BlockSpecs(other);
+  std::vector<float> v(12 * 36);
+  Status s = LoadTensor(*f, specs2, 1, kAttnW, v);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("h.0.attn.c_attn.weight in " + path + " has shape [8, 24], expected [12, 36]"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(0, std::system(("rm -rf " + std::string(tmpl)).c_str()));
+}
+
+}  // namespace
+}  // namespace strata::model
