@@ -11,6 +11,8 @@
 // Needs a GPU: every test skips (GTEST_SKIP) where cudaGetDeviceCount finds none.
 // Run: cmake --build build/cuda --target model_gpt2_cuda_ops_test &&
 //      ctest --test-dir build/cuda -R gpt2_cuda_ops --output-on-failure
+#include "model/cuda/gpt2_cuda_ops.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -27,7 +29,6 @@
 #include <vector>
 
 #include "model/cuda/gpt2_cuda_block.h"
-#include "model/cuda/gpt2_cuda_ops.h"
 #include "model/gpt2_ops.h"
 
 namespace strata::model::cuda_ops {
@@ -41,10 +42,10 @@ bool HaveGpu() {
 }
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
-#define ASSERT_OK(expr)                          \
-  do {                                           \
-    ::strata::Status st_ = (expr);               \
-    ASSERT_TRUE(st_.ok()) << st_.ToString();     \
+#define ASSERT_OK(expr)                      \
+  do {                                       \
+    ::strata::Status st_ = (expr);           \
+    ASSERT_TRUE(st_.ok()) << st_.ToString(); \
   } while (0)
 
 float RoundBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
@@ -102,8 +103,7 @@ class GpuOpsTest : public ::testing::Test {
     for (size_t i = 0; i < host.size(); ++i) tmp[i] = __float2bfloat16(host[i]);
     auto buf = std::make_unique<DeviceBuffer<Bf16>>(host.size());
     EXPECT_NE(buf->get(), nullptr);
-    EXPECT_EQ(cudaMemcpy(buf->get(), tmp.data(), tmp.size() * sizeof(Bf16),
-                         cudaMemcpyHostToDevice),
+    EXPECT_EQ(cudaMemcpy(buf->get(), tmp.data(), tmp.size() * sizeof(Bf16), cudaMemcpyHostToDevice),
               cudaSuccess);
     return buf;
   }
@@ -111,16 +111,14 @@ class GpuOpsTest : public ::testing::Test {
   std::unique_ptr<DeviceBuffer<T>> Upload(const std::vector<T>& host) {
     auto buf = std::make_unique<DeviceBuffer<T>>(host.size());
     EXPECT_NE(buf->get(), nullptr);
-    EXPECT_EQ(cudaMemcpy(buf->get(), host.data(), host.size() * sizeof(T),
-                         cudaMemcpyHostToDevice),
+    EXPECT_EQ(cudaMemcpy(buf->get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
               cudaSuccess);
     return buf;
   }
   std::vector<float> DownloadBf16(const DeviceBuffer<Bf16>& buf) {
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     std::vector<Bf16> tmp(buf.size());
-    EXPECT_EQ(cudaMemcpy(tmp.data(), buf.get(), tmp.size() * sizeof(Bf16),
-                         cudaMemcpyDeviceToHost),
+    EXPECT_EQ(cudaMemcpy(tmp.data(), buf.get(), tmp.size() * sizeof(Bf16), cudaMemcpyDeviceToHost),
               cudaSuccess);
     std::vector<float> out(tmp.size());
     for (size_t i = 0; i < tmp.size(); ++i) out[i] = __bfloat162float(tmp[i]);
@@ -178,10 +176,10 @@ TEST_F(GpuOpsTest, Conversions) {
 }
 
 TEST_F(GpuOpsTest, Embedding) {
-  for (auto [B, T, C, V] : {std::tuple{1, 1, 1, 1}, std::tuple{3, 17, 33, 50},
-                            std::tuple{2, 64, 1100, 7}}) {
-    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
-                 std::to_string(C) + " V=" + std::to_string(V));
+  for (auto [B, T, C, V] :
+       {std::tuple{1, 1, 1, 1}, std::tuple{3, 17, 33, 50}, std::tuple{2, 64, 1100, 7}}) {
+    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                 " V=" + std::to_string(V));
     const size_t N = size_t(B) * T;
     auto tokens = RandomTokens(N, V);
     auto wte = Random(size_t(V) * C, 0.5f), wpe = Random(size_t(T) * C, 0.5f);
@@ -190,8 +188,8 @@ TEST_F(GpuOpsTest, Embedding) {
     auto d_tokens = Upload(tokens);
     auto d_wte = UploadBf16(wte), d_wpe = UploadBf16(wpe);
     DeviceBuffer<Bf16> d_out(N * C);
-    ASSERT_OK(EmbeddingForward(*ctx_, d_out.get(), d_tokens->get(), d_wte->get(), d_wpe->get(),
-                               B, T, C));
+    ASSERT_OK(
+        EmbeddingForward(*ctx_, d_out.get(), d_tokens->get(), d_wte->get(), d_wpe->get(), B, T, C));
     ExpectClose("embedding out", DownloadBf16(d_out), out_ref);
 
     // Backward accumulates into non-zero gradients.
@@ -199,10 +197,10 @@ TEST_F(GpuOpsTest, Embedding) {
     auto dwte_ref = Random(size_t(V) * C), dwpe_ref = Random(size_t(T) * C);
     auto d_dwte = Upload(dwte_ref), d_dwpe = Upload(dwpe_ref);
     auto d_dout = UploadBf16(dout);
-    cpu::EmbeddingBackward<float>(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(),
-                                  B, T, C);
-    ASSERT_OK(EmbeddingBackward(*ctx_, d_dwte->get(), d_dwpe->get(), d_dout->get(),
-                                d_tokens->get(), B, T, C, V));
+    cpu::EmbeddingBackward<float>(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B,
+                                  T, C);
+    ASSERT_OK(EmbeddingBackward(*ctx_, d_dwte->get(), d_dwpe->get(), d_dout->get(), d_tokens->get(),
+                                B, T, C, V));
     // fp32 gradients from bf16 inputs: only the summation order differs.
     ExpectClose("embedding dwte", Download(*d_dwte), dwte_ref, 1e-4f, 1e-4f);
     ExpectClose("embedding dwpe", Download(*d_dwpe), dwpe_ref, 1e-4f, 1e-4f);
@@ -291,8 +289,8 @@ TEST_F(GpuOpsTest, LmHead) {
     auto d_dx = UploadBf16(dx_ref);
     auto d_dwte = Upload(dwte_ref);
     auto d_dlogits = UploadBf16(dlogits);
-    cpu::LmHeadBackward<float>(dx_ref.data(), dwte_ref.data(), dlogits.data(), x.data(),
-                               wte.data(), N, C, V);
+    cpu::LmHeadBackward<float>(dx_ref.data(), dwte_ref.data(), dlogits.data(), x.data(), wte.data(),
+                               N, C, V);
     ASSERT_OK(LmHeadBackward(*ctx_, d_dx->get(), d_dwte->get(), d_dlogits->get(), d_x->get(),
                              d_wte->get(), N, C, V));
     ExpectClose("lm head dx", DownloadBf16(*d_dx), dx_ref);
@@ -301,11 +299,11 @@ TEST_F(GpuOpsTest, LmHead) {
 }
 
 TEST_F(GpuOpsTest, Attention) {
-  for (auto [B, T, C, NH] : {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3},
-                             std::tuple{1, 70, 128, 2}, std::tuple{2, 33, 96, 1},
-                             std::tuple{1, 257, 256, 4}}) {
-    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
-                 std::to_string(C) + " NH=" + std::to_string(NH));
+  for (auto [B, T, C, NH] :
+       {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3}, std::tuple{1, 70, 128, 2},
+        std::tuple{2, 33, 96, 1}, std::tuple{1, 257, 256, 4}}) {
+    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                 " NH=" + std::to_string(NH));
     const size_t N = size_t(B) * T;
     auto qkv = Random(N * 3 * C);
     std::vector<float> out_ref(N * C), att(size_t(B) * NH * T * T);
@@ -322,8 +320,8 @@ TEST_F(GpuOpsTest, Attention) {
     auto d_dout = UploadBf16(dout);
     cpu::AttentionBackward<float>(dqkv_ref.data(), dout.data(), qkv.data(), att.data(), B, T, C,
                                   NH);
-    ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(),
-                                d_stats.get(), B, T, C, NH));
+    ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(), d_stats.get(), B,
+                                T, C, NH));
     ExpectClose("attention dqkv", DownloadBf16(*d_dqkv), dqkv_ref);
   }
 }
@@ -333,9 +331,9 @@ TEST_F(GpuOpsTest, AttentionRejectsBadShapes) {
   DeviceBuffer<float> stats(64);
   EXPECT_EQ(AttentionForward(*ctx_, buf.get(), stats.get(), buf.get(), 1, 2, 10, 3).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(AttentionBackward(*ctx_, buf.get(), buf.get(), buf.get(), stats.get(), 1, 2, 8, 0)
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      AttentionBackward(*ctx_, buf.get(), buf.get(), buf.get(), stats.get(), 1, 2, 8, 0).code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST_F(GpuOpsTest, GeluAndResidual) {
@@ -391,10 +389,10 @@ TEST_F(GpuOpsTest, SoftmaxCrossEntropy) {
 
     const float dloss = 1.0f / N;
     std::vector<float> dlogits_ref(size_t(N) * V);
-    cpu::SoftmaxCrossEntropyBackward<float>(dlogits_ref.data(), probs_ref.data(), targets.data(),
-                                            N, V, dloss);
-    ASSERT_OK(SoftmaxCrossEntropyBackward(*ctx_, d_logits->get(), d_logits->get(),
-                                          d_targets->get(), N, V, dloss));
+    cpu::SoftmaxCrossEntropyBackward<float>(dlogits_ref.data(), probs_ref.data(), targets.data(), N,
+                                            V, dloss);
+    ASSERT_OK(SoftmaxCrossEntropyBackward(*ctx_, d_logits->get(), d_logits->get(), d_targets->get(),
+                                          N, V, dloss));
     ExpectClose("xent dlogits", DownloadBf16(*d_logits), dlogits_ref);
   }
 }
@@ -415,10 +413,10 @@ TEST_F(GpuOpsTest, BackwardIsDeterministic) {
     ASSERT_CUDA(cudaMemset(dqkv.get(), 0, dqkv.size() * sizeof(Bf16)));
     ASSERT_CUDA(cudaMemset(dwte.get(), 0, dwte.size() * sizeof(float)));
     ASSERT_CUDA(cudaMemset(dwpe.get(), 0, dwpe.size() * sizeof(float)));
-    ASSERT_OK(AttentionBackward(*ctx_, dqkv.get(), dout->get(), qkv->get(), stats.get(), B, T, C,
-                                NH));
-    ASSERT_OK(EmbeddingBackward(*ctx_, dwte.get(), dwpe.get(), dout->get(), tokens->get(), B, T,
-                                C, V));
+    ASSERT_OK(
+        AttentionBackward(*ctx_, dqkv.get(), dout->get(), qkv->get(), stats.get(), B, T, C, NH));
+    ASSERT_OK(
+        EmbeddingBackward(*ctx_, dwte.get(), dwpe.get(), dout->get(), tokens->get(), B, T, C, V));
     auto a = DownloadBf16(dqkv);
     auto b = Download(dwte);
     if (run == 0) {
@@ -461,8 +459,8 @@ TEST_F(GpuOpsTest, WholeBlock) {
   cpu::AttentionForward<float>(atty.data(), att.data(), qkv.data(), B, T, C, NH);
   cpu::MatmulForward<float>(tmp.data(), atty.data(), cp.attn_proj_w, cp.attn_proj_b, N, C, C);
   cpu::ResidualForward<float>(res2.data(), x.data(), tmp.data(), nc);
-  cpu::LayerNormForward<float>(ln2.data(), m2.data(), r2.data(), res2.data(), cp.ln2_w, cp.ln2_b,
-                               N, C);
+  cpu::LayerNormForward<float>(ln2.data(), m2.data(), r2.data(), res2.data(), cp.ln2_w, cp.ln2_b, N,
+                               C);
   cpu::MatmulForward<float>(fch.data(), ln2.data(), cp.fc_w, cp.fc_b, N, C, 4 * C);
   cpu::GeluForward<float>(fcg.data(), fch.data(), 4 * nc);
   cpu::MatmulForward<float>(tmp.data(), fcg.data(), cp.fc_proj_w, cp.fc_proj_b, N, 4 * C, C);
@@ -477,16 +475,16 @@ TEST_F(GpuOpsTest, WholeBlock) {
   cpu::MatmulBackward<float>(dfcg.data(), cg.fc_proj_w, cg.fc_proj_b, dmlp.data(), fcg.data(),
                              cp.fc_proj_w, N, 4 * C, C);
   cpu::GeluBackward<float>(dfch.data(), fch.data(), dfcg.data(), 4 * nc);
-  cpu::MatmulBackward<float>(dln2.data(), cg.fc_w, cg.fc_b, dfch.data(), ln2.data(), cp.fc_w, N,
-                             C, 4 * C);
+  cpu::MatmulBackward<float>(dln2.data(), cg.fc_w, cg.fc_b, dfch.data(), ln2.data(), cp.fc_w, N, C,
+                             4 * C);
   cpu::LayerNormBackward<float>(dres2.data(), cg.ln2_w, cg.ln2_b, dln2.data(), res2.data(),
                                 cp.ln2_w, m2.data(), r2.data(), N, C);
   cpu::ResidualBackward<float>(dx.data(), dattp.data(), dres2.data(), nc);
   cpu::MatmulBackward<float>(datty.data(), cg.attn_proj_w, cg.attn_proj_b, dattp.data(),
                              atty.data(), cp.attn_proj_w, N, C, C);
   cpu::AttentionBackward<float>(dqkv.data(), datty.data(), qkv.data(), att.data(), B, T, C, NH);
-  cpu::MatmulBackward<float>(dln1.data(), cg.qkv_w, cg.qkv_b, dqkv.data(), ln1.data(), cp.qkv_w,
-                             N, C, 3 * C);
+  cpu::MatmulBackward<float>(dln1.data(), cg.qkv_w, cg.qkv_b, dqkv.data(), ln1.data(), cp.qkv_w, N,
+                             C, 3 * C);
   cpu::LayerNormBackward<float>(dx.data(), cg.ln1_w, cg.ln1_b, dln1.data(), x.data(), cp.ln1_w,
                                 m1.data(), r1.data(), N, C);
 

@@ -1,0 +1,163 @@
+// The GPT-2 operators on a CUDA GPU (CudaDevice): forward and backward of every op the model
+// runs, mirroring model/gpt2_ops.h op for op and argument for argument, so that model code can
+// call either path with the same shapes and the same output semantics.
+//
+// Precision: weights, activations and activation gradients are bf16 (`Bf16`); every sum is
+// accumulated in fp32; parameter gradients (dw, dbias, dwte, dwpe, LayerNorm dw/db), the
+// LayerNorm statistics and the per-token losses are fp32. Matrix products go through cuBLAS
+// (cublasGemmEx, bf16 inputs, CUBLAS_COMPUTE_32F); everything else is a hand-written kernel
+// (gpt2_cuda_kernels.cu, gpt2_cuda_attention.cu), each documented with its formula.
+//
+// Output semantics are those of the CPU path: forward functions OVERWRITE their outputs;
+// backward functions ACCUMULATE (+=) into every gradient (bf16 activation grads are read,
+// added to in fp32 and rounded back once); SoftmaxCrossEntropyBackward overwrites dlogits.
+//
+// Differences from the CPU signatures, all forced by the GPU:
+//   - every function takes a CudaOpContext (stream + cuBLAS handle) first and returns a
+//     Status: InvalidArgument for bad shapes, Cuda when a launch fails. Work is enqueued on
+//     the context's stream and runs asynchronously; errors of the running kernels surface at
+//     the next synchronisation of that stream (as with any CUDA work);
+//   - all pointers are device pointers (tokens/targets too);
+//   - attention saves per-row softmax statistics instead of the [B,NH,T,T] probabilities
+//     (flash-attention style; the backward pass recomputes the probabilities), in a float
+//     buffer of AttentionStatsSize(B, T, NH) elements that the backward pass also uses as
+//     scratch (hence non-const there);
+//   - SoftmaxCrossEntropyForward writes the mean loss to a device float instead of returning
+//     it, so that no host synchronisation is forced.
+//
+// Determinism: no kernel uses floating-point atomics; every reduction has a fixed order
+// (row-parallel reductions sum their rows in ascending order, embedding gradients gather each
+// vocabulary row's positions in ascending order), and cuBLAS is bitwise reproducible for a
+// fixed GPU and toolkit. Two runs with the same inputs give the same bits.
+//
+// Thread safety: a CudaOpContext must not be used by two threads at once (cuBLAS handles are
+// not thread-safe); distinct contexts may be used concurrently.
+//
+// This header is internal (model/cuda/); it includes CUDA headers and must never be included
+// from include/strata/.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "strata/status.h"
+
+namespace strata::model::cuda_ops {
+
+using Bf16 = __nv_bfloat16;
+
+// The stream and cuBLAS handle every op is enqueued with. Owns the cuBLAS handle; does not
+// own the stream (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
+class CudaOpContext {
+ public:
+  // Creates a cuBLAS handle bound to `stream` (nullptr = the legacy default stream) on the
+  // current CUDA device. Cuda status (naming the cuBLAS error) when the handle cannot be made.
+  static Result<std::unique_ptr<CudaOpContext>> Create(cudaStream_t stream);
+  ~CudaOpContext();
+  CudaOpContext(const CudaOpContext&) = delete;
+  CudaOpContext& operator=(const CudaOpContext&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+ private:
+  CudaOpContext(cudaStream_t stream, cublasHandle_t cublas) : stream_(stream), cublas_(cublas) {}
+  cudaStream_t stream_;
+  cublasHandle_t cublas_;
+};
+
+// A Cuda status for `err` ("<what>: <cudaGetErrorString>"), or OK for cudaSuccess.
+Status CudaStatus(cudaError_t err, const char* what);
+
+// ---- conversions (master fp32 <-> working bf16; tests) --------------------------------------
+// dst[i] = bf16(src[i]) (round to nearest even) over n values.
+Status ConvertF32ToBf16(const CudaOpContext& ctx, Bf16* dst, const float* src, size_t n);
+// dst[i] = float(src[i]) over n values.
+Status ConvertBf16ToF32(const CudaOpContext& ctx, float* dst, const Bf16* src, size_t n);
+
+// ---- embeddings --------------------------------------------------------------------------
+// out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].   out [B,T,C]; wte [V,C]; wpe [>=T, C].
+// Token ids outside [0, V) are not checked on the device (the data loader validates them).
+Status EmbeddingForward(const CudaOpContext& ctx, Bf16* out, const int32_t* tokens, const Bf16* wte,
+                        const Bf16* wpe, int B, int T, int C);
+// dwte[tokens[b,t], :] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. V is the rows of dwte (the
+// CPU signature does not need it; the GPU kernel is parallel over vocabulary rows).
+// Either of dwte, dwpe may be nullptr.
+Status EmbeddingBackward(const CudaOpContext& ctx, float* dwte, float* dwpe, const Bf16* dout,
+                         const int32_t* tokens, int B, int T, int C, int V);
+
+// ---- LayerNorm (eps 1e-5, weight and bias) -----------------------------------------------
+// out[n,:] = (inp[n,:] - mean[n]) * rstd[n] * w + b over N rows of C; mean[N], rstd[N] saved.
+Status LayerNormForward(const CudaOpContext& ctx, Bf16* out, float* mean, float* rstd,
+                        const Bf16* inp, const Bf16* w, const Bf16* b, int N, int C);
+// dinp += ..., dw += ..., db += ... (given the forward's inp, w, mean, rstd).
+Status LayerNormBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* db,
+                         const Bf16* dout, const Bf16* inp, const Bf16* w, const float* mean,
+                         const float* rstd, int N, int C);
+
+// ---- linear layer (matrix product + bias) --------------------------------------------------
+// out[N,OC] = inp[N,IC] · w[IC,OC] + bias[OC]  (bias may be nullptr).
+Status MatmulForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, const Bf16* w,
+                     const Bf16* bias, int N, int IC, int OC);
+// dinp[N,IC] += dout · wᵀ;  dw[IC,OC] += inpᵀ · dout;  dbias[OC] += sum_n dout[n,:].
+// Any of dinp, dw, dbias may be nullptr to skip it.
+Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* dbias,
+                      const Bf16* dout, const Bf16* inp, const Bf16* w, int N, int IC, int OC);
+
+// ---- causal multi-head self-attention ------------------------------------------------------
+// Number of floats of the `stats` buffer: B*NH*T log-sum-exps saved by the forward pass, then
+// B*NH*T values the backward pass computes (the row sums D = sum_s P·dP).
+inline size_t AttentionStatsSize(int B, int T, int NH) {
+  return 2 * static_cast<size_t>(B) * static_cast<size_t>(NH) * static_cast<size_t>(T);
+}
+// qkv [B,T,3C] = q | k | v; head h uses channels [h*hs, (h+1)*hs), hs = C/NH.
+// out[b,t,h*hs+i] = sum_{s<=t} P[t,s] v[b,s,h*hs+i], P[t,:] = softmax_{s<=t}(q_t·k_s/sqrt(hs)).
+// stats: see AttentionStatsSize. REQUIRES: C % NH == 0; T small enough that two rows of T
+// floats per warp fit in shared memory (T <= ~26000).
+Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv, int B,
+                        int T, int C, int NH);
+// dqkv [B,T,3C] += gradient w.r.t. q, k and v. `stats` comes from the forward pass on the same
+// qkv; its second half is overwritten as scratch.
+Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout, const Bf16* qkv,
+                         float* stats, int B, int T, int C, int NH);
+
+// ---- GELU, tanh approximation --------------------------------------------------------------
+// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise over n values.
+Status GeluForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, size_t n);
+// dinp += dout * gelu'(inp).
+Status GeluBackward(const CudaOpContext& ctx, Bf16* dinp, const Bf16* inp, const Bf16* dout,
+                    size_t n);
+
+// ---- residual ------------------------------------------------------------------------------
+// out = a + b over n values (out may alias a or b).
+Status ResidualForward(const CudaOpContext& ctx, Bf16* out, const Bf16* a, const Bf16* b, size_t n);
+// da += dout; db += dout (either may be nullptr; they must not alias each other).
+Status ResidualBackward(const CudaOpContext& ctx, Bf16* da, Bf16* db, const Bf16* dout, size_t n);
+
+// ---- tied LM head --------------------------------------------------------------------------
+// logits[N,V] = x[N,C] · wteᵀ  (wte [V,C]; no bias).
+Status LmHeadForward(const CudaOpContext& ctx, Bf16* logits, const Bf16* x, const Bf16* wte, int N,
+                     int C, int V);
+// dx[N,C] += dlogits · wte;  dwte[V,C] += dlogitsᵀ · x  (either may be nullptr).
+Status LmHeadBackward(const CudaOpContext& ctx, Bf16* dx, float* dwte, const Bf16* dlogits,
+                      const Bf16* x, const Bf16* wte, int N, int C, int V);
+
+// ---- softmax cross-entropy -----------------------------------------------------------------
+// probs[N,V] = softmax(logits[n,:]) (fp32 inside, rounded to bf16; may alias logits);
+// losses[N] = -log softmax(logits[n,:])[targets[n]] in fp32 from the fp32 softmax;
+// *mean_loss (device) = mean of losses over the N rows, summed in a fixed order in double.
+// mean_loss may be nullptr.
+Status SoftmaxCrossEntropyForward(const CudaOpContext& ctx, Bf16* probs, float* losses,
+                                  float* mean_loss, const Bf16* logits, const int32_t* targets,
+                                  int N, int V);
+// dlogits[n,:] = (probs[n,:] - onehot(targets[n])) * dloss, OVERWRITING dlogits (may alias
+// probs). dloss = 1/N for the mean over N rows (1/(N*M) over M micro-batches).
+Status SoftmaxCrossEntropyBackward(const CudaOpContext& ctx, Bf16* dlogits, const Bf16* probs,
+                                   const int32_t* targets, int N, int V, float dloss);
+
+}  // namespace strata::model::cuda_ops
