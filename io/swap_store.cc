@@ -1,0 +1,975 @@
+// SwapStore implementation.
+//
+// Metadata. entries_ maps a key to its committed version (what the manifest on disk names)
+// and its pending version (completed since the last Commit), or a pending delete. A Version
+// is a range of the logical space plus length and checksum. Ranges come from a first-fit
+// free map (offset -> length, coalesced) over the logical space.
+//
+// When space is freed. A version's range returns to the free map once (a) it is no longer
+// named by entries_ (superseded pending version, failed or out-raced write, or a committed
+// version replaced or deleted by a Commit that has reached the disk) and (b) no read in
+// flight still targets it (Version::readers). (b) matters because a read of version A may
+// still be in flight when a newer write replaces A; reusing A's space for a third write
+// would let the read see foreign bytes. Committed versions are dropped only after the new
+// manifest is durable, which is what makes re-opening after a crash safe: every range the
+// on-disk manifest names is untouched until a later manifest stops naming it.
+//
+// I/O. Each operation (Op) becomes one IoRequest per stripe piece of its 4 KiB-aligned
+// part, plus one for its partial last block, which goes through a private 4 KiB bounce
+// block (zero-padded for writes, copied out for reads) so callers never need room beyond
+// their length. All requests of a Submit go to the backend in one call; completions carry
+// the ticket as user_data and an Op finishes when its last piece completes. Short
+// transfers and EAGAIN are the backend's business: a completion is all-or-nothing.
+//
+// Locks. io_mu_ serialises everything that touches the backend or ops_/ready_; mu_ guards
+// the metadata and is never held across a blocking backend call. Order: io_mu_, then mu_.
+#include "io/swap_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "io/manifest.h"
+#include "strata/log.h"
+
+namespace strata {
+
+using swap_internal::Checksum64;
+using swap_internal::Manifest;
+using swap_internal::ManifestEntry;
+
+namespace {
+
+constexpr uint64_t kBlock = kIoAlignment;
+constexpr uint64_t kDefaultStripe = 1 << 20;
+constexpr const char* kManifestName = "strata.manifest";
+constexpr const char* kLockName = "strata.lock";
+
+uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+std::string Bytes(uint64_t n) {
+  char buf[64];
+  if (n >= (1ull << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(n) / (1ull << 30));
+  } else if (n >= (1ull << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(n) / (1ull << 20));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.2f KiB", static_cast<double>(n) / (1ull << 10));
+  }
+  return std::string(buf) + " (" + std::to_string(n) + " bytes)";
+}
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (!dir.empty() && dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBlock = std::unique_ptr<char, AlignedFree>;
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    return Status::FromErrno(err, "opening " + path).WithPath(path);
+  }
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      close(fd);
+      return Status::FromErrno(err, "reading " + path).WithPath(path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+Status ValidateBuffer(std::string_view key, const void* buffer, uint64_t length) {
+  if (key.empty()) return Status::InvalidArgument("swap store: empty extent key");
+  if (length == 0) return Status::OK();
+  if (buffer == nullptr) {
+    return Status::InvalidArgument("swap store: null buffer for extent '" + std::string(key) +
+                                   "' of " + std::to_string(length) + " bytes");
+  }
+  if (reinterpret_cast<uintptr_t>(buffer) % kIoAlignment != 0) {
+    return Status::InvalidArgument(
+        "swap store: buffer for extent '" + std::string(key) + "' is not " +
+        std::to_string(kIoAlignment) +
+        "-byte aligned (O_DIRECT needs it); allocate swap buffers from the PinnedPool");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+struct SwapStore::Version {
+  uint64_t offset = 0;  // logical
+  uint64_t length = 0;
+  uint64_t alloc = 0;  // RoundUp(length, 4 KiB): the range held
+  uint64_t checksum = 0;
+  uint64_t step = 0;
+  bool committed = false;
+  int readers = 0;       // reads in flight
+  bool dropped = false;  // no longer named by entries_
+  bool freed = false;
+};
+
+struct SwapStore::Entry {
+  std::shared_ptr<Version> committed;
+  std::shared_ptr<Version> pending;
+  bool deleted = false;  // pending delete
+  uint64_t seq = 0;      // seq_ of the write or delete that set the pending state
+};
+
+struct SwapStore::Op {
+  SwapTicket ticket = 0;
+  IoOp kind = IoOp::kRead;
+  std::string key;
+  std::shared_ptr<Version> version;
+  char* buffer = nullptr;
+  uint64_t length = 0;
+  uint64_t seq = 0;
+  size_t remaining = 0;  // requests not yet completed
+  Status status;
+  AlignedBlock tail;      // bounce block for the partial last block
+  uint64_t tail_pos = 0;  // where the partial block starts in buffer
+  std::vector<Chunk> chunks;
+};
+
+struct SwapStore::PathState {
+  std::string folder;
+  std::string file;
+  int handle = -1;
+  bool direct = false;
+  uint64_t bytes_read = 0;  // guarded by mu_
+  uint64_t bytes_written = 0;
+};
+
+SwapStore::SwapStore(const SwapStoreOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& options,
+                                                   std::unique_ptr<IoBackend> backend) {
+  std::unique_ptr<SwapStore> store(new SwapStore(options));
+  STRATA_RETURN_IF_ERROR(store->Init(std::move(backend)));
+  return store;
+}
+
+void SwapStore::Hook(std::string_view point) const {
+  if (options_.test_hook) options_.test_hook(point);
+}
+
+Status SwapStore::CheckFolders(bool manifest_exists) {
+  (void)manifest_exists;
+  for (const std::string& p : options_.paths) {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0) {
+      int err = errno;
+      if (err == ENOENT) {
+        return Status::NotFound("swap folder " + p + " does not exist; create it (mkdir -p " + p +
+                                ") or give another swap path")
+            .WithPath(p)
+            .WithErrno(err);
+      }
+      return Status::FromErrno(err, "swap folder " + p).WithPath(p);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return Status::InvalidArgument("swap path " + p +
+                                     " is not a folder; give a folder on the drive to use")
+          .WithPath(p);
+    }
+    struct statvfs vfs {};
+    bool ro = statvfs(p.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY);
+    if (ro || access(p.c_str(), W_OK | X_OK) != 0) {
+      int err = ro ? EROFS : errno;
+      return Status::InvalidArgument("swap folder " + p + " is not writable (" +
+                                     std::strerror(err) +
+                                     "); give a folder on a writable drive or fix its "
+                                     "permissions")
+          .WithPath(p)
+          .WithErrno(err);
+    }
+  }
+  return Status::OK();
+}
+
+Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
+  const size_t n = options_.paths.size();
+  if (n == 0) return Status::InvalidArgument("swap store: no swap folder given");
+  if (options_.stripe_bytes % kBlock != 0) {
+    return Status::InvalidArgument("swap store: stripe size " +
+                                   std::to_string(options_.stripe_bytes) +
+                                   " is not a multiple of 4096 bytes");
+  }
+  const std::string& folder0 = options_.paths[0];
+  manifest_path_ = JoinPath(folder0, kManifestName);
+  STRATA_RETURN_IF_ERROR(CheckFolders(false));
+
+  // One process per store: a second writer would interleave manifests.
+  std::string lock_path = JoinPath(folder0, kLockName);
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) {
+    int err = errno;
+    return Status::FromErrno(err, "creating lock file " + lock_path).WithPath(lock_path);
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    return Status::IOError("swap store in " + folder0 + " is in use by another process (lock " +
+                           lock_path + "); stop it or use another folder")
+        .WithPath(lock_path)
+        .WithErrno(err);
+  }
+
+  // The manifest, when there is one, fixes the geometry.
+  std::optional<Manifest> manifest;
+  struct stat mst {};
+  if (stat(manifest_path_.c_str(), &mst) == 0) {
+    STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(manifest_path_));
+    STRATA_ASSIGN_OR_RETURN(Manifest m, swap_internal::DecodeManifest(bytes, manifest_path_));
+    manifest = std::move(m);
+  } else if (!options_.create) {
+    return Status::NotFound("no swap store in " + folder0 + " (no " + manifest_path_ +
+                            "); open it with create to make one")
+        .WithPath(manifest_path_);
+  }
+  (void)unlink((manifest_path_ + ".tmp").c_str());  // a Commit cut short; never read
+
+  if (manifest) {
+    if (manifest->num_paths != n) {
+      return Status::InvalidArgument("swap store in " + folder0 + " was created over " +
+                                     std::to_string(manifest->num_paths) + " folder(s) but " +
+                                     std::to_string(n) +
+                                     " were given; give the same folders in the same order");
+    }
+    if (options_.stripe_bytes != 0 && options_.stripe_bytes != manifest->stripe_bytes) {
+      return Status::InvalidArgument("swap store in " + folder0 + " uses a stripe of " +
+                                     std::to_string(manifest->stripe_bytes) + " bytes, not " +
+                                     std::to_string(options_.stripe_bytes) +
+                                     "; pass 0 to keep the stored stripe");
+    }
+    stripe_ = manifest->stripe_bytes;
+    capacity_ = options_.capacity_bytes ? RoundUp(options_.capacity_bytes, kBlock)
+                                        : manifest->capacity_bytes;
+    for (const ManifestEntry& e : manifest->entries) {
+      if (e.offset + RoundUp(e.length, kBlock) > capacity_) {
+        return Status::InvalidArgument(
+            "swap capacity " + std::to_string(capacity_) +
+            " bytes is smaller than the committed extent '" + e.key + "' (ends at " +
+            std::to_string(e.offset + RoundUp(e.length, kBlock)) + "); give a larger capacity");
+      }
+    }
+    committed_step_ = manifest->step;
+  } else {
+    if (options_.capacity_bytes == 0) {
+      return Status::InvalidArgument(
+          "swap store: capacity is 0 bytes; give the bytes of "
+          "extent space the store needs");
+    }
+    stripe_ = options_.stripe_bytes ? options_.stripe_bytes : kDefaultStripe;
+    capacity_ = RoundUp(options_.capacity_bytes, kBlock);
+  }
+  const uint64_t stripes = (capacity_ + stripe_ - 1) / stripe_;
+  file_bytes_ = (stripes + n - 1) / n * stripe_;
+
+  for (size_t i = 0; i < n; ++i) {
+    auto ps = std::make_unique<PathState>();
+    ps->folder = options_.paths[i];
+    ps->file =
+        JoinPath(ps->folder, "strata.swap." + std::to_string(i) + "-of-" + std::to_string(n));
+    paths_.push_back(std::move(ps));
+  }
+
+  // Existing data files must cover every committed extent ("swap files that come back
+  // short" are caught here, not as checksum errors later).
+  std::vector<uint64_t> needed_end(n, 0);
+  if (manifest) {
+    std::vector<Chunk> chunks;
+    for (const ManifestEntry& e : manifest->entries) {
+      chunks.clear();
+      MapRange(e.offset, RoundUp(e.length, kBlock), &chunks);
+      for (const Chunk& c : chunks) {
+        needed_end[c.path] = std::max(needed_end[c.path], c.file_offset + c.length);
+      }
+    }
+  }
+
+  // Free space, before anything is written: sum what each file system must still provide.
+  struct FsNeed {
+    std::vector<std::string> folders;
+    uint64_t need = 0;
+    uint64_t free = 0;
+  };
+  std::map<dev_t, FsNeed> by_fs;
+  for (size_t i = 0; i < n; ++i) {
+    const PathState& ps = *paths_[i];
+    struct stat fst {};
+    uint64_t have = 0;
+    if (stat(ps.file.c_str(), &fst) == 0) {
+      have = static_cast<uint64_t>(fst.st_blocks) * 512;
+      if (static_cast<uint64_t>(fst.st_size) < needed_end[i]) {
+        return Status::Corruption(
+                   "swap file " + ps.file + " came back short: " + std::to_string(fst.st_size) +
+                   " bytes, but the committed extents need " + std::to_string(needed_end[i]) +
+                   "; it was truncated or replaced. Restore it from a "
+                   "checkpoint")
+            .WithPath(ps.file);
+      }
+    } else if (manifest && !manifest->entries.empty() && needed_end[i] > 0) {
+      return Status::Corruption("swap file " + ps.file +
+                                " named by the manifest is missing; restore it from a "
+                                "checkpoint or give the folders in their original order")
+          .WithPath(ps.file);
+    }
+    struct stat dst {};
+    struct statvfs vfs {};
+    if (stat(ps.folder.c_str(), &dst) != 0 || statvfs(ps.folder.c_str(), &vfs) != 0) {
+      int err = errno;
+      return Status::FromErrno(err, "statvfs " + ps.folder).WithPath(ps.folder);
+    }
+    FsNeed& fs = by_fs[dst.st_dev];
+    fs.folders.push_back(ps.folder);
+    fs.need += file_bytes_ > have ? file_bytes_ - have : 0;
+    fs.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  for (const auto& [dev, fs] : by_fs) {
+    if (fs.need <= fs.free) continue;
+    std::string who =
+        fs.folders.size() == 1 ? "swap folder " + fs.folders[0] : "swap folders " + [&] {
+          std::string s;
+          for (const auto& f : fs.folders) s += (s.empty() ? "" : ", ") + f;
+          return s + " (one file system)";
+        }();
+    return Status::NoSpace(who + " cannot hold the swap files: " + Bytes(fs.free) + " free, " +
+                           Bytes(fs.need) + " needed (capacity " + Bytes(capacity_) + " over " +
+                           std::to_string(n) +
+                           " folder(s)); free space there, lower the swap capacity, or add "
+                           "swap folders on other drives")
+        .WithPath(fs.folders[0]);
+  }
+
+  if (backend) {
+    backend_ = std::move(backend);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(backend_, CreateIoBackend(options_.backend));
+  }
+  for (auto& ps : paths_) {
+    OpenOptions oo;
+    oo.create = true;
+    oo.direct = options_.backend.direct;
+    STRATA_ASSIGN_OR_RETURN(ps->handle, backend_->OpenFile(ps->file, oo));
+    ps->direct = backend_->IsDirect(ps->handle);
+    Status s = backend_->Allocate(ps->handle, file_bytes_);
+    if (!s.ok()) {
+      return s.Annotate("preallocating swap file " + ps->file + " (" + Bytes(file_bytes_) + ")");
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.clear();
+  if (capacity_ > 0) free_.emplace(0, capacity_);
+  if (manifest) {
+    for (ManifestEntry& e : manifest->entries) {
+      auto v = std::make_shared<Version>();
+      v->offset = e.offset;
+      v->length = e.length;
+      v->alloc = RoundUp(e.length, kBlock);
+      v->checksum = e.checksum;
+      v->step = e.step;
+      v->committed = true;
+      if (v->alloc > 0) {
+        // Carve the range out of the free map; it must lie wholly inside one free range.
+        auto it = free_.upper_bound(v->offset);
+        bool ok = it != free_.begin();
+        if (ok) {
+          --it;
+          ok = it->first + it->second >= v->offset + v->alloc;
+        }
+        if (!ok) {
+          return Status::Corruption("swap store manifest " + manifest_path_ + ": extent '" + e.key +
+                                    "' overlaps another extent")
+              .WithPath(manifest_path_);
+        }
+        uint64_t start = it->first, len = it->second;
+        free_.erase(it);
+        if (v->offset > start) free_.emplace(start, v->offset - start);
+        uint64_t end = v->offset + v->alloc;
+        if (start + len > end) free_.emplace(end, start + len - end);
+        in_use_ += v->alloc;
+        committed_bytes_ += v->alloc;
+      }
+      Entry& en = entries_[e.key];
+      if (en.committed) {
+        return Status::Corruption("swap store manifest " + manifest_path_ + " names '" + e.key +
+                                  "' twice")
+            .WithPath(manifest_path_);
+      }
+      en.committed = std::move(v);
+    }
+  } else {
+    // A new store: an empty manifest makes the next Open find it.
+    Manifest m;
+    m.num_paths = static_cast<uint32_t>(n);
+    m.stripe_bytes = stripe_;
+    m.capacity_bytes = capacity_;
+    STRATA_RETURN_IF_ERROR(WriteManifest(m));
+  }
+  return Status::OK();
+}
+
+SwapStore::~SwapStore() {
+  {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    while (backend_ && !ops_.empty() && backend_->InFlight() > 0) {
+      if (!ProcessCompletions(1).ok()) break;
+    }
+    if (backend_) {
+      for (auto& ps : paths_) {
+        if (ps->handle >= 0) (void)backend_->CloseFile(ps->handle);
+      }
+    }
+  }
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+void SwapStore::MapRange(uint64_t offset, uint64_t length, std::vector<Chunk>* out) const {
+  const uint64_t n = paths_.size();
+  while (length > 0) {
+    const uint64_t s = offset / stripe_;
+    const uint64_t within = offset % stripe_;
+    const uint64_t len = std::min(stripe_ - within, length);
+    out->push_back(Chunk{static_cast<uint32_t>(s % n), (s / n) * stripe_ + within, len});
+    offset += len;
+    length -= len;
+  }
+}
+
+std::string SwapStore::DescribeLocation(const Version& v) const {
+  std::vector<Chunk> chunks;
+  MapRange(v.offset, v.alloc, &chunks);
+  std::string s;
+  for (size_t i = 0; i < chunks.size() && i < 4; ++i) {
+    s += (i ? ", " : "") + paths_[chunks[i].path]->file + " offset " +
+         std::to_string(chunks[i].file_offset) + " (" + std::to_string(chunks[i].length) +
+         " bytes)";
+  }
+  if (chunks.size() > 4) s += " and " + std::to_string(chunks.size() - 4) + " more pieces";
+  return s;
+}
+
+Result<uint64_t> SwapStore::AllocateLocked(uint64_t bytes, std::string_view key) {
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < bytes) continue;
+    uint64_t off = it->first, rest = it->second - bytes;
+    free_.erase(it);
+    if (rest > 0) free_.emplace(off + bytes, rest);
+    in_use_ += bytes;
+    return off;
+  }
+  uint64_t largest = 0;
+  for (const auto& [o, l] : free_) largest = std::max(largest, l);
+  return Status::NoSpace("swap store is full: no room for " + Bytes(bytes) + " of extent '" +
+                         std::string(key) + "'; capacity " + Bytes(capacity_) + ", in use " +
+                         Bytes(in_use_) + " (committed " + Bytes(committed_bytes_) +
+                         "), largest free range " + Bytes(largest) +
+                         ". Commit to release superseded versions, or raise the capacity");
+}
+
+void SwapStore::FreeRangeLocked(uint64_t offset, uint64_t bytes) {
+  if (bytes == 0) return;
+  in_use_ -= bytes;
+  uint64_t start = offset, end = offset + bytes;
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && next->first == end) {
+    end += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      free_.erase(prev);
+    }
+  }
+  free_.emplace(start, end - start);
+}
+
+void SwapStore::DropVersionLocked(const std::shared_ptr<Version>& v) {
+  if (!v || v->dropped) return;
+  v->dropped = true;
+  if (v->committed) committed_bytes_ -= v->alloc;
+  if (v->readers == 0 && !v->freed) {
+    v->freed = true;
+    FreeRangeLocked(v->offset, v->alloc);
+  }
+}
+
+void SwapStore::ReleaseReaderLocked(const std::shared_ptr<Version>& v) {
+  if (--v->readers == 0 && v->dropped && !v->freed) {
+    v->freed = true;
+    FreeRangeLocked(v->offset, v->alloc);
+  }
+}
+
+std::shared_ptr<SwapStore::Version> SwapStore::VisibleLocked(const Entry& e) const {
+  if (e.deleted) return nullptr;
+  return e.pending ? e.pending : e.committed;
+}
+
+Result<SwapTicket> SwapStore::SubmitOneLocked(const SwapOp& sop, std::vector<IoRequest>* requests) {
+  auto op = std::make_unique<Op>();
+  op->ticket = next_ticket_++;
+  op->kind = sop.op;
+  op->key = sop.key;
+  op->buffer = static_cast<char*>(sop.buffer);
+  const SwapTicket ticket = op->ticket;
+
+  if (sop.op == IoOp::kWrite) {
+    op->length = sop.length;
+    uint64_t sum = Checksum64(sop.buffer, sop.length);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto v = std::make_shared<Version>();
+    v->length = sop.length;
+    v->alloc = RoundUp(sop.length, kBlock);
+    v->checksum = sum;
+    if (v->alloc > 0) {
+      Result<uint64_t> off = AllocateLocked(v->alloc, sop.key);
+      if (!off.ok()) {
+        op->status = off.status();
+        ready_.push_back(SwapCompletion{ticket, op->kind, op->key, 0, op->status});
+        return ticket;
+      }
+      v->offset = *off;
+    }
+    op->seq = ++seq_;
+    op->version = std::move(v);
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(sop.key);
+    std::shared_ptr<Version> v = it == entries_.end() ? nullptr : VisibleLocked(it->second);
+    Status err;
+    if (!v) {
+      err = Status::NotFound("no extent '" + sop.key + "' in the swap store");
+    } else if (v->length > sop.length) {
+      err = Status::InvalidArgument("extent '" + sop.key + "' has " + std::to_string(v->length) +
+                                    " bytes but the read buffer " + std::to_string(sop.length));
+    }
+    if (!err.ok()) {
+      ready_.push_back(SwapCompletion{ticket, op->kind, op->key, 0, err});
+      return ticket;
+    }
+    ++v->readers;
+    op->length = v->length;
+    op->version = std::move(v);
+  }
+
+  // Requests: whole blocks straight from/to the caller's buffer, the partial tail block
+  // through the bounce block.
+  const Version& v = *op->version;
+  const uint64_t whole = op->length / kBlock * kBlock;
+  const IoOp kind = op->kind;
+  auto add = [&](uint64_t logical, uint64_t len, char* buf) {
+    size_t first = op->chunks.size();
+    MapRange(logical, len, &op->chunks);
+    uint64_t pos = 0;
+    for (size_t i = first; i < op->chunks.size(); ++i) {
+      const Chunk& c = op->chunks[i];
+      requests->push_back(
+          IoRequest{kind, paths_[c.path]->handle, c.file_offset, buf + pos, c.length, ticket});
+      pos += c.length;
+      ++op->remaining;
+    }
+  };
+  if (whole > 0) add(v.offset, whole, op->buffer);
+  if (op->length > whole) {
+    op->tail.reset(static_cast<char*>(std::aligned_alloc(kBlock, kBlock)));
+    op->tail_pos = whole;
+    if (kind == IoOp::kWrite) {
+      std::memcpy(op->tail.get(), op->buffer + whole, op->length - whole);
+      std::memset(op->tail.get() + (op->length - whole), 0, kBlock - (op->length - whole));
+    }
+    add(v.offset + whole, kBlock, op->tail.get());
+  }
+  if (op->remaining == 0) {
+    FinishOp(std::move(op));  // 0 bytes: nothing to move
+  } else {
+    ops_.emplace(ticket, std::move(op));
+  }
+  return ticket;
+}
+
+Result<std::vector<SwapTicket>> SwapStore::Submit(std::span<const SwapOp> ops) {
+  for (const SwapOp& op : ops) STRATA_RETURN_IF_ERROR(ValidateBuffer(op.key, op.buffer, op.length));
+  std::lock_guard<std::mutex> lock(io_mu_);
+  std::vector<IoRequest> requests;
+  std::vector<SwapTicket> tickets;
+  tickets.reserve(ops.size());
+  for (const SwapOp& op : ops) {
+    STRATA_ASSIGN_OR_RETURN(SwapTicket t, SubmitOneLocked(op, &requests));
+    tickets.push_back(t);
+  }
+  if (requests.empty()) return tickets;
+  bool has_write =
+      std::any_of(ops.begin(), ops.end(), [](const SwapOp& o) { return o.op == IoOp::kWrite; });
+  Status s = backend_->Submit(requests);
+  if (!s.ok()) {
+    // The backend refused the batch (it validates before queuing): fail its operations.
+    for (SwapTicket t : tickets) {
+      auto it = ops_.find(t);
+      if (it == ops_.end()) continue;
+      std::unique_ptr<Op> op = std::move(it->second);
+      ops_.erase(it);
+      op->status = s;
+      FinishOp(std::move(op));
+    }
+    return tickets;
+  }
+  if (has_write) Hook("write_submitted");
+  return tickets;
+}
+
+Result<SwapTicket> SwapStore::SubmitWrite(std::string_view key, const void* data, uint64_t length) {
+  SwapOp op{IoOp::kWrite, std::string(key), const_cast<void*>(data), length};
+  STRATA_ASSIGN_OR_RETURN(std::vector<SwapTicket> t, Submit(std::span<const SwapOp>(&op, 1)));
+  return t[0];
+}
+
+Result<SwapTicket> SwapStore::SubmitRead(std::string_view key, void* buffer, uint64_t capacity) {
+  SwapOp op{IoOp::kRead, std::string(key), buffer, capacity};
+  STRATA_ASSIGN_OR_RETURN(std::vector<SwapTicket> t, Submit(std::span<const SwapOp>(&op, 1)));
+  return t[0];
+}
+
+Status SwapStore::ProcessCompletions(size_t min_complete) {
+  IoCompletion done[64];
+  if (backend_->InFlight() == 0) {
+    if (ops_.empty()) return Status::OK();
+    return Status::IOError("swap store: " + std::to_string(ops_.size()) +
+                           " operation(s) wait for completions the backend does not have");
+  }
+  STRATA_ASSIGN_OR_RETURN(size_t got, backend_->Poll(done, std::min<size_t>(min_complete, 64)));
+  for (size_t i = 0; i < got; ++i) {
+    auto it = ops_.find(done[i].user_data);
+    if (it == ops_.end()) continue;
+    Op& op = *it->second;
+    if (!done[i].status.ok() && op.status.ok()) op.status = done[i].status;
+    if (--op.remaining == 0) {
+      std::unique_ptr<Op> finished = std::move(it->second);
+      ops_.erase(it);
+      FinishOp(std::move(finished));
+    }
+  }
+  return Status::OK();
+}
+
+void SwapStore::FinishOp(std::unique_ptr<Op> op) {
+  Version& v = *op->version;
+  if (op->kind == IoOp::kRead) {
+    if (op->status.ok() && op->tail) {
+      std::memcpy(op->buffer + op->tail_pos, op->tail.get(), op->length - op->tail_pos);
+    }
+    if (op->status.ok()) {
+      uint64_t got = Checksum64(op->buffer, op->length);
+      if (got != v.checksum) {
+        std::vector<Chunk> first;
+        MapRange(v.offset, std::min<uint64_t>(v.alloc, kBlock), &first);
+        op->status =
+            Status::Corruption("checksum mismatch in extent '" + op->key + "' (" +
+                               std::to_string(v.length) + " bytes, " +
+                               (v.committed ? "committed at step " + std::to_string(v.step)
+                                            : std::string("uncommitted")) +
+                               "): stored XXH3 " + Hex(v.checksum) + ", read " + Hex(got) +
+                               "; its data lies at " + DescribeLocation(v) +
+                               ". The drive or file was damaged; restore from a checkpoint")
+                .WithPath(paths_[first[0].path]->file)
+                .WithOffset(first[0].file_offset);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (op->kind == IoOp::kRead) {
+      ReleaseReaderLocked(op->version);
+      if (op->status.ok()) {
+        ++reads_;
+        bytes_read_ += op->length;
+        for (const Chunk& c : op->chunks) paths_[c.path]->bytes_read += c.length;
+      }
+    } else if (op->status.ok()) {
+      ++writes_;
+      bytes_written_ += op->length;
+      for (const Chunk& c : op->chunks) paths_[c.path]->bytes_written += c.length;
+      Entry& e = entries_[op->key];
+      if (op->seq > e.seq) {
+        DropVersionLocked(e.pending);
+        e.pending = op->version;
+        e.deleted = false;
+        e.seq = op->seq;
+      } else {
+        DropVersionLocked(op->version);  // a later write or delete of the key won
+      }
+    } else {
+      DropVersionLocked(op->version);
+    }
+  }
+  ready_.push_back(SwapCompletion{op->ticket, op->kind, std::move(op->key),
+                                  op->status.ok() ? op->length : 0, std::move(op->status)});
+}
+
+Result<size_t> SwapStore::Poll(std::span<SwapCompletion> out, size_t min_complete) {
+  std::lock_guard<std::mutex> lock(io_mu_);
+  const size_t want = std::min(min_complete, ready_.size() + ops_.size());
+  while (ready_.size() < want) STRATA_RETURN_IF_ERROR(ProcessCompletions(want - ready_.size()));
+  if (ready_.size() < out.size() && !ops_.empty()) {
+    STRATA_RETURN_IF_ERROR(ProcessCompletions(0));  // pick up what is already done
+  }
+  size_t n = std::min(out.size(), ready_.size());
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = std::move(ready_.front());
+    ready_.pop_front();
+  }
+  return n;
+}
+
+Status SwapStore::Wait(SwapTicket ticket) {
+  std::lock_guard<std::mutex> lock(io_mu_);
+  while (true) {
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if (it->ticket == ticket) {
+        Status s = std::move(it->status);
+        ready_.erase(it);
+        return s;
+      }
+    }
+    if (ops_.find(ticket) == ops_.end()) {
+      return Status::InvalidArgument("swap store: unknown ticket " + std::to_string(ticket) +
+                                     " (never submitted or already returned)");
+    }
+    STRATA_RETURN_IF_ERROR(ProcessCompletions(1));
+  }
+}
+
+size_t SwapStore::Outstanding() const {
+  std::lock_guard<std::mutex> lock(io_mu_);
+  return ops_.size() + ready_.size();
+}
+
+Status SwapStore::Write(std::string_view key, const void* data, uint64_t length) {
+  STRATA_ASSIGN_OR_RETURN(SwapTicket t, SubmitWrite(key, data, length));
+  return Wait(t);
+}
+
+Result<uint64_t> SwapStore::Read(std::string_view key, void* buffer, uint64_t capacity) {
+  STRATA_ASSIGN_OR_RETURN(SwapTicket t, SubmitRead(key, buffer, capacity));
+  std::lock_guard<std::mutex> lock(io_mu_);
+  while (true) {
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if (it->ticket == t) {
+        SwapCompletion c = std::move(*it);
+        ready_.erase(it);
+        if (!c.status.ok()) return c.status;
+        return c.length;
+      }
+    }
+    STRATA_RETURN_IF_ERROR(ProcessCompletions(1));
+  }
+}
+
+Status SwapStore::Delete(std::string_view key) {
+  std::lock_guard<std::mutex> io_lock(io_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !VisibleLocked(it->second)) {
+    return Status::NotFound("no extent '" + std::string(key) + "' in the swap store");
+  }
+  Entry& e = it->second;
+  DropVersionLocked(e.pending);
+  e.pending.reset();
+  e.deleted = true;
+  e.seq = ++seq_;
+  return Status::OK();
+}
+
+Status SwapStore::WriteManifest(const Manifest& manifest) {
+  const std::string bytes = swap_internal::EncodeManifest(manifest);
+  const std::string tmp = manifest_path_ + ".tmp";
+  auto fail = [&](int err, const std::string& what, const std::string& path) {
+    (void)unlink(tmp.c_str());
+    return Status::FromErrno(err, what + " " + path).WithPath(path);
+  };
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(errno, "creating swap manifest", tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      int err = errno;
+      close(fd);
+      return fail(err, "writing swap manifest", tmp);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (fsync(fd) != 0) {
+    int err = errno;
+    close(fd);
+    return fail(err, "fsync of swap manifest", tmp);
+  }
+  close(fd);
+  Hook("manifest_temp_written");
+  if (rename(tmp.c_str(), manifest_path_.c_str()) != 0) {
+    return fail(errno, "renaming swap manifest over", manifest_path_);
+  }
+  Hook("manifest_renamed");
+  const std::string& folder = options_.paths[0];
+  int dfd = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return fail(errno, "opening swap folder", folder);
+  int rc = fsync(dfd);
+  int err = errno;
+  close(dfd);
+  if (rc != 0) return fail(err, "fsync of swap folder", folder);
+  return Status::OK();
+}
+
+Status SwapStore::Commit(uint64_t step) {
+  std::lock_guard<std::mutex> io_lock(io_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (committed_step_ && step <= *committed_step_) {
+      return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
+                                     " after step " + std::to_string(*committed_step_) +
+                                     "; steps must increase");
+    }
+  }
+  while (!ops_.empty()) STRATA_RETURN_IF_ERROR(ProcessCompletions(ops_.size()));
+  Hook("commit_begin");
+  for (auto& ps : paths_) {
+    Status s = backend_->Sync(ps->handle);
+    if (!s.ok()) return s.Annotate("commit of step " + std::to_string(step));
+  }
+  Hook("data_synced");
+
+  Manifest m;
+  m.num_paths = static_cast<uint32_t>(paths_.size());
+  m.stripe_bytes = stripe_;
+  m.capacity_bytes = capacity_;
+  m.step = step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m.entries.reserve(entries_.size());
+    for (const auto& [key, e] : entries_) {
+      std::shared_ptr<Version> v = VisibleLocked(e);
+      if (!v) continue;
+      m.entries.push_back(
+          ManifestEntry{key, v->offset, v->length, v->checksum, v == e.pending ? step : v->step});
+    }
+  }
+  Status s = WriteManifest(m);
+  if (!s.ok()) return s.Annotate("commit of step " + std::to_string(step));
+
+  // The new manifest is durable: the versions it no longer names may be reused.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& e = it->second;
+    if (e.deleted) {
+      DropVersionLocked(e.committed);
+      it = entries_.erase(it);
+      continue;
+    }
+    if (e.pending) {
+      DropVersionLocked(e.committed);
+      e.pending->committed = true;
+      e.pending->step = step;
+      committed_bytes_ += e.pending->alloc;
+      e.committed = std::move(e.pending);
+      e.pending.reset();
+    }
+    ++it;
+  }
+  committed_step_ = step;
+  ++commits_;
+  Hook("committed");
+  return Status::OK();
+}
+
+std::optional<ExtentInfo> SwapStore::Lookup(std::string_view key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  std::shared_ptr<Version> v = VisibleLocked(it->second);
+  if (!v) return std::nullopt;
+  return ExtentInfo{v->length, v->checksum, v->committed, v->step};
+}
+
+std::vector<std::string> SwapStore::Keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> keys;
+  for (const auto& [key, e] : entries_) {
+    if (VisibleLocked(e)) keys.push_back(key);
+  }
+  return keys;
+}
+
+std::optional<uint64_t> SwapStore::CommittedStep() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return committed_step_;
+}
+
+SwapStoreStats SwapStore::Stats() const {
+  SwapStoreStats s;
+  s.backend = std::string(backend_->Name());
+  std::lock_guard<std::mutex> lock(mu_);
+  s.capacity_bytes = capacity_;
+  s.stripe_bytes = stripe_;
+  s.in_use_bytes = in_use_;
+  s.committed_bytes = committed_bytes_;
+  for (const auto& [o, l] : free_) s.largest_free_bytes = std::max(s.largest_free_bytes, l);
+  s.bytes_read = bytes_read_;
+  s.bytes_written = bytes_written_;
+  s.reads = reads_;
+  s.writes = writes_;
+  s.commits = commits_;
+  for (const auto& [key, e] : entries_) s.extents += VisibleLocked(e) ? 1 : 0;
+  s.committed_step = committed_step_;
+  for (const auto& ps : paths_) {
+    SwapPathStats p;
+    p.folder = ps->folder;
+    p.data_file = ps->file;
+    p.file_bytes = file_bytes_;
+    p.direct = ps->direct;
+    p.bytes_read = ps->bytes_read;
+    p.bytes_written = ps->bytes_written;
+    struct statvfs vfs {};
+    if (statvfs(ps->folder.c_str(), &vfs) == 0) {
+      p.fs_free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    }
+    s.paths.push_back(std::move(p));
+  }
+  return s;
+}
+
+Status SwapStore::RegisterBuffers(std::span<const BufferRegion> regions) {
+  std::lock_guard<std::mutex> lock(io_mu_);
+  return backend_->RegisterBuffers(regions);
+}
+
+}  // namespace strata

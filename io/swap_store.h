@@ -1,0 +1,265 @@
+// SwapStore: the NVMe tier — named extents in preallocated files striped across drives,
+// every byte checksummed, crash-consistent at commit boundaries.
+//
+// Layout. The store spans one or more folders (one per NVMe drive). Folder i holds one data
+// file, "strata.swap.<i>-of-<n>", preallocated (fallocate) at Open; folder 0 also holds the
+// manifest "strata.manifest" and a lock file. The files form one logical address space cut
+// into fixed stripes (SwapStoreOptions::stripe_bytes): logical stripe s lives in file
+// s % n at offset (s / n) * stripe. An extent is a 4 KiB-aligned range of that space, so an
+// extent larger than a stripe is spread over the drives and its pieces are in flight
+// together: n drives give about n times one drive's bandwidth.
+//
+// Extents. The caller names each extent with a key of its choosing ("block3/exp_avg").
+// Write(key, data) puts the new contents at a FRESH location, never over the committed
+// version, and records the length and the XXH3-64 of the bytes. Read(key) returns the newest
+// completed version and verifies its checksum: a mismatch is Corruption naming the key, the
+// data file and the offset. Lengths may be anything (0 included): the store pads the last
+// 4 KiB block itself; the checksum covers exactly `length` bytes.
+//
+// Versions and commit. Each key has at most one committed version (in the manifest on disk)
+// and one pending version (written since the last Commit). Commit(step) fdatasyncs every data
+// file, then writes the manifest (key -> offset, length, checksum, step) to a temporary file,
+// fsyncs it, renames it over the manifest and fsyncs folder 0. Re-opening after a crash at
+// any instant (SIGKILL, power loss) gives exactly the versions of the last Commit that
+// returned OK (or of one that was under way, if its rename reached the disk). The space of a
+// superseded committed version is reused only after the Commit that superseded it, so the
+// committed state stays readable until then; uncommitted writes lost in a crash are just
+// free space on re-open.
+//
+// Buffers. Every buffer given to the store must be 4 KiB-aligned (kIoAlignment): the data
+// files are opened with O_DIRECT. Allocate them from the PinnedPool. Only `length` bytes of
+// a buffer are read or written; the store pads the tail through its own block. On a file
+// system without O_DIRECT (tmpfs) the backend falls back to buffered I/O with a warning and
+// the store works the same.
+//
+// Asynchronous use. SubmitWrite / SubmitRead / Submit (a batch) queue work and return
+// tickets; Poll hands back completions (SwapCompletion) in the order they finish; Wait
+// waits for one ticket. A write becomes visible to later reads (and to Commit) when its
+// completion has been processed by Poll, Wait or Commit; two writes to one key in flight
+// together resolve to the one submitted last. The caller keeps each buffer valid and
+// unchanged until its completion is returned. Write / Read are the synchronous forms.
+//
+// Errors. Submit* fail directly only on invalid arguments (empty key, misaligned or null
+// buffer); every other failure (NotFound key, NoSpace when the capacity is full, I/O errors,
+// Corruption) arrives as the completion's status. A failed write leaves the key's previous
+// version in place. ENOSPC from the disk is NoSpace and the committed state stays intact.
+//
+// Thread safety. All methods may be called from any thread. The I/O methods (Submit*, Poll,
+// Wait, Write, Read, Delete, Commit, RegisterBuffers) are serialised by an internal mutex
+// because the store drives one IoBackend, which takes one submitting thread at a time; a
+// blocking Poll/Wait/Commit holds it, so the intended use is one I/O thread per store.
+// Metadata queries (Lookup, Keys, CommittedStep, Stats) take only the metadata mutex and do
+// not wait for I/O.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/io.h"
+#include "strata/status.h"
+
+namespace strata {
+
+namespace swap_internal {
+struct Manifest;
+}
+
+struct SwapStoreOptions {
+  // Folders, one per drive; each must exist and be writable. The order is part of the
+  // store's layout: reopen with the same folders in the same order.
+  std::vector<std::string> paths;
+  // Total bytes of extent space across all folders (rounded up to 4 KiB). Required when the
+  // store is created; 0 on re-open keeps the stored capacity; another value resizes the
+  // files (refused if a committed extent would fall outside).
+  uint64_t capacity_bytes = 0;
+  // Stripe size, a multiple of 4 KiB. 0 = 1 MiB for a new store, the stored value on
+  // re-open (a different non-zero value is refused: it would change the layout).
+  uint64_t stripe_bytes = 0;
+  // Create the store when folder 0 has no manifest. false: NotFound instead.
+  bool create = true;
+  // Backend made by Open when it is not handed one.
+  IoBackendOptions backend;
+  // Test hook, called at named points: "write_submitted" (data of a write queued),
+  // "commit_begin", "data_synced", "manifest_temp_written", "manifest_renamed",
+  // "committed". Crash tests kill the process from it. Empty = none.
+  std::function<void(std::string_view point)> test_hook;
+};
+
+using SwapTicket = uint64_t;
+
+// One operation of a batch (Submit).
+struct SwapOp {
+  IoOp op = IoOp::kRead;
+  std::string key;
+  // kWrite: the data (length bytes). kRead: the destination, with room for `length` bytes.
+  void* buffer = nullptr;
+  // kWrite: bytes to write. kRead: the buffer's capacity; an extent longer than it fails
+  // with InvalidArgument.
+  uint64_t length = 0;
+};
+
+struct SwapCompletion {
+  SwapTicket ticket = 0;
+  IoOp op = IoOp::kRead;
+  std::string key;
+  uint64_t length = 0;  // bytes of the extent written or read (valid when status is OK)
+  Status status;
+};
+
+// What the store knows about one key.
+struct ExtentInfo {
+  uint64_t length = 0;
+  uint64_t checksum = 0;   // XXH3-64 of the bytes
+  bool committed = false;  // false: written since the last Commit
+  uint64_t step = 0;       // the commit that made it durable (when committed)
+};
+
+struct SwapPathStats {
+  std::string folder;
+  std::string data_file;
+  uint64_t file_bytes = 0;  // preallocated size
+  bool direct = false;      // opened with O_DIRECT (false after the buffered fallback)
+  uint64_t bytes_read = 0;  // physical bytes moved to/from this file (4 KiB-padded)
+  uint64_t bytes_written = 0;
+  uint64_t fs_free_bytes = 0;  // free space left on its file system now
+};
+
+struct SwapStoreStats {
+  std::string backend;          // the IoBackend's name
+  uint64_t capacity_bytes = 0;  // extent space
+  uint64_t stripe_bytes = 0;
+  uint64_t in_use_bytes = 0;     // allocated: committed + pending + in flight (4 KiB-padded)
+  uint64_t committed_bytes = 0;  // allocated to committed versions
+  uint64_t largest_free_bytes = 0;
+  uint64_t bytes_read = 0;     // logical bytes returned by completed reads
+  uint64_t bytes_written = 0;  // logical bytes of completed writes
+  uint64_t reads = 0, writes = 0, commits = 0;
+  uint64_t extents = 0;  // visible keys
+  std::optional<uint64_t> committed_step;
+  std::vector<SwapPathStats> paths;
+};
+
+class SwapStore {
+ public:
+  // Opens the store in options.paths, or creates it (see SwapStoreOptions). Uses `backend`
+  // when given (e.g. a FaultInjectionBackend), else CreateIoBackend(options.backend).
+  // Every check happens before any data is written: a missing folder (NotFound), one that is
+  // not a folder or not writable (InvalidArgument), too little free space for the files
+  // (NoSpace naming the folder, its free bytes and the bytes needed), a store in use by
+  // another process (IOError), a damaged manifest or data file (Corruption).
+  static Result<std::unique_ptr<SwapStore>> Open(const SwapStoreOptions& options,
+                                                 std::unique_ptr<IoBackend> backend = nullptr);
+  // Waits for the I/O in flight; does not commit.
+  ~SwapStore();
+  SwapStore(const SwapStore&) = delete;
+  SwapStore& operator=(const SwapStore&) = delete;
+
+  // --- asynchronous ---
+  // Queues a write of `length` bytes from `data` as the new version of `key`. The checksum
+  // is taken now; keep `data` unchanged until the completion.
+  Result<SwapTicket> SubmitWrite(std::string_view key, const void* data, uint64_t length);
+  // Queues a read of the newest version of `key` into `buffer` (room for `capacity` bytes).
+  Result<SwapTicket> SubmitRead(std::string_view key, void* buffer, uint64_t capacity);
+  // Queues a batch with one backend submission; tickets[i] is ops[i]'s. On InvalidArgument
+  // (checked for every op first) nothing is queued.
+  Result<std::vector<SwapTicket>> Submit(std::span<const SwapOp> ops);
+  // Waits until `min_complete` completions are ready (fewer when fewer are outstanding),
+  // then moves up to out.size() of them into `out`; returns how many. Fails only when the
+  // backend itself fails.
+  Result<size_t> Poll(std::span<SwapCompletion> out, size_t min_complete);
+  // Waits for `ticket` and returns its status (its completion is consumed; others stay
+  // for Poll). InvalidArgument for an unknown or already returned ticket.
+  Status Wait(SwapTicket ticket);
+  // Tickets submitted and not yet returned by Poll or Wait.
+  size_t Outstanding() const;
+
+  // --- synchronous ---
+  Status Write(std::string_view key, const void* data, uint64_t length);
+  // Returns the extent's length.
+  Result<uint64_t> Read(std::string_view key, void* buffer, uint64_t capacity);
+  // Removes `key` from the next Commit on; reads fail with NotFound from now on. NotFound
+  // when the key does not exist.
+  Status Delete(std::string_view key);
+  // Makes every completed write and delete durable as step `step` (see the top comment).
+  // Waits for the I/O in flight first (their completions stay for Poll). InvalidArgument
+  // when `step` is not greater than the last committed step. On failure the last committed
+  // state on disk is unchanged and the pending writes stay pending (Commit may be retried).
+  Status Commit(uint64_t step);
+
+  // --- metadata ---
+  std::optional<ExtentInfo> Lookup(std::string_view key) const;
+  std::vector<std::string> Keys() const;  // visible keys, sorted
+  std::optional<uint64_t> CommittedStep() const;
+  SwapStoreStats Stats() const;
+
+  // Registers memory (e.g. the PinnedPool's arena) with the store's backend.
+  Status RegisterBuffers(std::span<const BufferRegion> regions);
+
+ private:
+  struct Version;
+  struct Entry;
+  struct Op;
+  struct PathState;
+  struct Chunk {
+    uint32_t path;
+    uint64_t file_offset;
+    uint64_t length;
+  };
+
+  explicit SwapStore(const SwapStoreOptions& options);
+  Status Init(std::unique_ptr<IoBackend> backend);
+  Status CheckFolders(bool manifest_exists);
+  void Hook(std::string_view point) const;
+
+  // Splits logical [offset, offset + length) into per-file pieces.
+  void MapRange(uint64_t offset, uint64_t length, std::vector<Chunk>* out) const;
+  std::string DescribeLocation(const Version& v) const;
+
+  // Allocator over the logical space (mu_ held).
+  Result<uint64_t> AllocateLocked(uint64_t bytes, std::string_view key);
+  void FreeRangeLocked(uint64_t offset, uint64_t bytes);
+  void DropVersionLocked(const std::shared_ptr<Version>& v);
+  void ReleaseReaderLocked(const std::shared_ptr<Version>& v);
+  std::shared_ptr<Version> VisibleLocked(const Entry& e) const;
+
+  // I/O (io_mu_ held).
+  Result<SwapTicket> SubmitOneLocked(const SwapOp& op, std::vector<IoRequest>* requests);
+  Status ProcessCompletions(size_t min_complete);
+  void FinishOp(std::unique_ptr<Op> op);
+  Status WriteManifest(const swap_internal::Manifest& manifest);
+
+  const SwapStoreOptions options_;
+  uint64_t stripe_ = 0;
+  uint64_t capacity_ = 0;  // logical, multiple of 4 KiB
+  uint64_t file_bytes_ = 0;
+  std::string manifest_path_;
+  int lock_fd_ = -1;
+
+  mutable std::mutex io_mu_;  // serialises backend use; taken before mu_
+  std::unique_ptr<IoBackend> backend_;
+  std::unordered_map<SwapTicket, std::unique_ptr<Op>> ops_;  // in flight
+  std::deque<SwapCompletion> ready_;                         // finished, not yet returned
+  SwapTicket next_ticket_ = 1;
+
+  mutable std::mutex mu_;  // metadata
+  std::vector<std::unique_ptr<PathState>> paths_;
+  std::map<std::string, Entry, std::less<>> entries_;
+  std::map<uint64_t, uint64_t> free_;  // logical free ranges (offset -> length)
+  uint64_t in_use_ = 0;
+  uint64_t committed_bytes_ = 0;
+  uint64_t seq_ = 0;  // orders writes and deletes of one key
+  std::optional<uint64_t> committed_step_;
+  uint64_t bytes_read_ = 0, bytes_written_ = 0, reads_ = 0, writes_ = 0, commits_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,919 @@
+// SwapStore: extents round-trip through real files with every backend; the store agrees
+// with an in-memory reference across writes, deletes, commits and re-opens; extents stripe
+// over several folders; damaged bytes, full stores and bad configurations fail with
+// statuses that name what is wrong.
+#include "io/swap_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/fault_injection_backend.h"
+#include "io_test_util.h"
+#include "strata/log.h"
+
+namespace strata {
+namespace {
+
+using testing::AlignedBuffer;
+using testing::FillPattern;
+using testing::TempDir;
+using testing::TestSeed;
+
+constexpr uint64_t kMiB = 1 << 20;
+const uint64_t kOddSizes[] = {0, 1, 15, 17, 1023, 4096, 4097, kMiB + 7};
+
+SwapStoreOptions Options(const std::vector<std::string>& paths, uint64_t capacity,
+                         IoBackendKind kind = IoBackendKind::kPosix, uint64_t stripe = 0) {
+  SwapStoreOptions o;
+  o.paths = paths;
+  o.capacity_bytes = capacity;
+  o.stripe_bytes = stripe;
+  o.backend.kind = kind;
+  o.backend.queue_depth = 16;
+  return o;
+}
+
+std::unique_ptr<SwapStore> MustOpen(const SwapStoreOptions& o,
+                                    std::unique_ptr<IoBackend> backend = nullptr) {
+  auto r = SwapStore::Open(o, std::move(backend));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+// The contents of one extent as the reference knows them.
+std::string Pattern(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  FillPattern(s.data(), n, seed);
+  return s;
+}
+
+// Reads `key` into an aligned buffer and returns its bytes, or the status.
+Result<std::string> ReadAll(SwapStore& store, const std::string& key) {
+  auto info = store.Lookup(key);
+  if (!info) return Status::NotFound(key);
+  AlignedBuffer buf(info->length + 1);
+  STRATA_ASSIGN_OR_RETURN(uint64_t n, store.Read(key, buf.data(), info->length + 1));
+  return std::string(buf.data(), n);
+}
+
+Status WriteString(SwapStore& store, const std::string& key, const std::string& data) {
+  AlignedBuffer buf(data.size());
+  if (!data.empty()) std::memcpy(buf.data(), data.data(), data.size());
+  return store.Write(key, buf.data(), data.size());
+}
+
+class SwapStoreBackendTest : public ::testing::TestWithParam<IoBackendKind> {};
+
+TEST_P(SwapStoreBackendTest, OddSizesRoundTripAndSurviveReopen) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 16 * kMiB, GetParam());
+  std::map<std::string, std::string> want;
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    EXPECT_FALSE(store->CommittedStep().has_value());
+    for (uint64_t size : kOddSizes) {
+      std::string key = "extent/" + std::to_string(size);
+      want[key] = Pattern(size, size * 7 + 1);
+      ASSERT_TRUE(WriteString(*store, key, want[key]).ok()) << key;
+      auto got = ReadAll(*store, key);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, want[key]) << key;
+      EXPECT_FALSE(store->Lookup(key)->committed);
+    }
+    ASSERT_TRUE(store->Commit(1).ok());
+    EXPECT_EQ(store->CommittedStep(), std::optional<uint64_t>(1));
+    // Written after the commit: lost on re-open.
+    ASSERT_TRUE(WriteString(*store, "extent/1", Pattern(99, 5)).ok());
+    ASSERT_TRUE(WriteString(*store, "uncommitted", Pattern(5000, 6)).ok());
+  }
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->CommittedStep(), std::optional<uint64_t>(1));
+  EXPECT_FALSE(store->Lookup("uncommitted").has_value());
+  EXPECT_EQ(store->Keys().size(), want.size());
+  for (const auto& [key, data] : want) {
+    auto info = store->Lookup(key);
+    ASSERT_TRUE(info.has_value()) << key;
+    EXPECT_TRUE(info->committed);
+    EXPECT_EQ(info->step, 1u);
+    auto got = ReadAll(*store, key);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, data) << key;
+  }
+}
+
+// Random writes (odd and random sizes), reads, deletes, commits and re-opens, checked
+// against a map: after a re-open the store equals the reference as of the last commit.
+TEST_P(SwapStoreBackendTest, PropertyAgainstReference) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("STRATA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  TempDir a, b, c;
+  auto o = Options({a.path(), b.path(), c.path()}, 24 * kMiB, GetParam(), 64 * 1024);
+  std::map<std::string, std::string> current, committed;
+  uint64_t step = 0;
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  auto random_size = [&]() -> uint64_t {
+    switch (rng() % 4) {
+      case 0:
+        return kOddSizes[rng() % std::size(kOddSizes)];
+      case 1:
+        return rng() % 8192;
+      default:
+        return rng() % (3 * kMiB / 2);
+    }
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    const std::string key = "k" + std::to_string(rng() % 12);
+    const int action = static_cast<int>(rng() % 100);
+    if (action < 45) {
+      std::string data = Pattern(random_size(), rng());
+      ASSERT_TRUE(WriteString(*store, key, data).ok()) << "iter " << iter;
+      current[key] = std::move(data);
+    } else if (action < 75) {
+      auto got = ReadAll(*store, key);
+      if (current.count(key)) {
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_EQ(*got, current[key]) << "iter " << iter << " key " << key;
+      } else {
+        ASSERT_EQ(got.status().code(), StatusCode::kNotFound);
+      }
+    } else if (action < 82) {
+      Status s = store->Delete(key);
+      EXPECT_EQ(s.ok(), current.erase(key) == 1) << s.ToString();
+    } else if (action < 95) {
+      ASSERT_TRUE(store->Commit(++step).ok());
+      committed = current;
+    } else {
+      store.reset();
+      store = MustOpen(o);
+      ASSERT_TRUE(store);
+      current = committed;
+      EXPECT_EQ(store->CommittedStep(), step ? std::optional<uint64_t>(step) : std::nullopt);
+    }
+    ASSERT_LE(store->Stats().in_use_bytes, store->Stats().capacity_bytes);
+  }
+  store.reset();
+  store = MustOpen(o);
+  ASSERT_TRUE(store);
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : committed) keys.push_back(k);
+  EXPECT_EQ(store->Keys(), keys);
+  for (const auto& [k, v] : committed) {
+    auto got = ReadAll(*store, k);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, v) << k;
+  }
+}
+
+// A batch of writes then a batch of reads, pipelined through Submit/Poll.
+TEST_P(SwapStoreBackendTest, BatchedSubmitAndPoll) {
+  TempDir a, b;
+  auto store = MustOpen(Options({a.path(), b.path()}, 32 * kMiB, GetParam(), 128 * 1024));
+  ASSERT_TRUE(store);
+  constexpr int kN = 24;
+  std::vector<std::unique_ptr<AlignedBuffer>> src, dst;
+  std::vector<SwapOp> writes, reads;
+  for (int i = 0; i < kN; ++i) {
+    uint64_t size = 1000 * static_cast<uint64_t>(i) * i + static_cast<uint64_t>(i);
+    src.push_back(std::make_unique<AlignedBuffer>(size));
+    FillPattern(src.back()->data(), size, 100 + i);
+    dst.push_back(std::make_unique<AlignedBuffer>(size));
+    writes.push_back(SwapOp{IoOp::kWrite, "b" + std::to_string(i), src.back()->data(), size});
+    reads.push_back(SwapOp{IoOp::kRead, "b" + std::to_string(i), dst.back()->data(), size});
+  }
+  auto wt = store->Submit(writes);
+  ASSERT_TRUE(wt.ok()) << wt.status().ToString();
+  std::vector<SwapCompletion> done(kN);
+  size_t got = 0;
+  while (got < kN) {
+    auto n = store->Poll(std::span<SwapCompletion>(done).subspan(got), 1);
+    ASSERT_TRUE(n.ok());
+    got += *n;
+  }
+  for (const auto& c : done) EXPECT_TRUE(c.status.ok()) << c.key << ": " << c.status.ToString();
+  EXPECT_EQ(store->Outstanding(), 0u);
+  auto rt = store->Submit(reads);
+  ASSERT_TRUE(rt.ok());
+  auto n = store->Poll(done, kN);
+  ASSERT_TRUE(n.ok());
+  ASSERT_EQ(*n, static_cast<size_t>(kN));
+  for (const auto& c : done) {
+    ASSERT_TRUE(c.status.ok()) << c.key << ": " << c.status.ToString();
+    ASSERT_EQ(c.op, IoOp::kRead);
+    int i = std::stoi(c.key.substr(1));
+    EXPECT_EQ(c.ticket, (*rt)[i]);
+    EXPECT_EQ(c.length, src[i]->size());
+    EXPECT_EQ(std::memcmp(src[i]->data(), dst[i]->data(), src[i]->size()), 0) << c.key;
+  }
+  // Wait on one ticket while others are outstanding leaves the others for Poll.
+  auto t1 = store->SubmitRead("b5", dst[5]->data(), dst[5]->size());
+  auto t2 = store->SubmitRead("missing", dst[6]->data(), dst[6]->size());
+  ASSERT_TRUE(t1.ok() && t2.ok());
+  EXPECT_TRUE(store->Wait(*t1).ok());
+  EXPECT_EQ(store->Wait(*t1).code(), StatusCode::kInvalidArgument);  // already returned
+  auto last = store->Poll(done, 1);
+  ASSERT_TRUE(last.ok());
+  ASSERT_EQ(*last, 1u);
+  EXPECT_EQ(done[0].ticket, *t2);
+  EXPECT_EQ(done[0].status.code(), StatusCode::kNotFound);
+  EXPECT_NE(done[0].status.message().find("missing"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreBackendTest,
+                         ::testing::Values(IoBackendKind::kPosix, IoBackendKind::kUring),
+                         [](const auto& info) { return IoBackendKindName(info.param); });
+
+TEST(SwapStoreTest, LargeExtentIsStripedOverEveryFolder) {
+  TempDir a, b, c;
+  constexpr uint64_t kStripe = 64 * 1024;
+  auto store =
+      MustOpen(Options({a.path(), b.path(), c.path()}, 8 * kMiB, IoBackendKind::kPosix, kStripe));
+  ASSERT_TRUE(store);
+  std::string data = Pattern(kMiB, 42);
+  ASSERT_TRUE(WriteString(*store, "big", data).ok());
+  ASSERT_TRUE(store->Commit(1).ok());
+  auto stats = store->Stats();
+  ASSERT_EQ(stats.paths.size(), 3u);
+  uint64_t sum = 0;
+  for (const auto& p : stats.paths) {
+    // 16 stripes over 3 files: 6, 5 and 5 stripes.
+    EXPECT_GE(p.bytes_written, 5 * kStripe) << p.data_file;
+    sum += p.bytes_written;
+  }
+  EXPECT_EQ(sum, kMiB);
+  // The bytes really are in the files, stripe s in file s % 3 at (s / 3) * stripe.
+  for (uint64_t s = 0; s < kMiB / kStripe; ++s) {
+    const std::string& file = stats.paths[s % 3].data_file;
+    int fd = ::open(file.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << file;
+    std::string got(kStripe, '\0');
+    ASSERT_EQ(::pread(fd, got.data(), kStripe, static_cast<off_t>((s / 3) * kStripe)),
+              static_cast<ssize_t>(kStripe));
+    ::close(fd);
+    EXPECT_EQ(got, data.substr(s * kStripe, kStripe)) << "stripe " << s << " in " << file;
+  }
+  auto got = ReadAll(*store, "big");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, data);
+}
+
+TEST(SwapStoreTest, FlippedByteOnDiskIsCorruptionNamingKeyPathAndOffset) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 4 * kMiB);
+  std::string file;
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(WriteString(*store, "first", Pattern(8192, 1)).ok());
+    ASSERT_TRUE(WriteString(*store, "block3/exp_avg", Pattern(10000, 2)).ok());
+    ASSERT_TRUE(store->Commit(7).ok());
+    file = store->Stats().paths[0].data_file;
+  }
+  // "first" occupies [0, 8192), so "block3/exp_avg" starts at 8192; damage its tail block
+  // (the one written through the bounce block).
+  int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(::pread(fd, &byte, 1, 8192 + 9000), 1);
+  byte ^= 0x20;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, 8192 + 9000), 1);
+  ::close(fd);
+
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  auto ok = ReadAll(*store, "first");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, Pattern(8192, 1));
+  auto bad = ReadAll(*store, "block3/exp_avg");
+  ASSERT_FALSE(bad.ok());
+  const Status& s = bad.status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_EQ(s.path(), file);
+  EXPECT_EQ(s.offset(), std::optional<uint64_t>(8192));
+  EXPECT_NE(s.message().find("'block3/exp_avg'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(file + " offset 8192"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("step 7"), std::string::npos) << s.message();
+  // The bytes of the damaged extent are not "fixed" by the store: rewriting heals it.
+  ASSERT_TRUE(WriteString(*store, "block3/exp_avg", Pattern(10000, 3)).ok());
+  auto healed = ReadAll(*store, "block3/exp_avg");
+  ASSERT_TRUE(healed.ok());
+  EXPECT_EQ(*healed, Pattern(10000, 3));
+}
+
+TEST(SwapStoreTest, DeleteTakesEffectAtCommit) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 4 * kMiB);
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(WriteString(*store, "a", Pattern(100, 1)).ok());
+    ASSERT_TRUE(WriteString(*store, "b", Pattern(100, 2)).ok());
+    ASSERT_TRUE(store->Commit(1).ok());
+    ASSERT_TRUE(store->Delete("a").ok());
+    EXPECT_EQ(store->Delete("a").code(), StatusCode::kNotFound);
+    EXPECT_EQ(ReadAll(*store, "a").status().code(), StatusCode::kNotFound);
+  }
+  {
+    auto store = MustOpen(o);  // the delete was not committed
+    ASSERT_TRUE(store);
+    EXPECT_EQ(store->Keys(), (std::vector<std::string>{"a", "b"}));
+    ASSERT_TRUE(store->Delete("a").ok());
+    ASSERT_TRUE(store->Commit(2).ok());
+    EXPECT_EQ(store->Stats().committed_bytes, 4096u);
+  }
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->Keys(), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(store->Commit(2).code(), StatusCode::kInvalidArgument);  // steps increase
+}
+
+// Superseded versions are released at commit: a store about twice its live data (a new
+// version is written beside each committed one) keeps taking new versions step after step,
+// and runs out when it is not committed.
+TEST(SwapStoreTest, SupersededSpaceIsReusedAfterCommit) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 7 * kMiB);
+  std::map<std::string, std::string> committed;
+  const uint64_t live = 3 * kMiB - 3 * 4096;
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    for (uint64_t step = 1; step <= 60; ++step) {
+      for (int k = 0; k < 3; ++k) {
+        std::string key = "k" + std::to_string(k);
+        std::string data = Pattern(kMiB - 4096 * k, step * 10 + k);
+        ASSERT_TRUE(WriteString(*store, key, data).ok()) << "step " << step << " " << key;
+        // The pending version reads back while the committed one still occupies space.
+        auto got = ReadAll(*store, key);
+        ASSERT_TRUE(got.ok());
+        ASSERT_EQ(*got, data);
+        if (step < 60) committed[key] = data;
+      }
+      auto st = store->Stats();
+      EXPECT_EQ(st.in_use_bytes, (step == 1 ? 0 : live) + live) << "step " << step;
+      if (step == 60) break;  // leaves the step's writes pending
+      ASSERT_TRUE(store->Commit(step).ok());
+      st = store->Stats();
+      EXPECT_EQ(st.in_use_bytes, st.committed_bytes);
+      EXPECT_EQ(st.committed_bytes, live);
+    }
+    // Without a commit the committed versions keep their space: room for one more extent.
+    ASSERT_TRUE(WriteString(*store, "extra1", Pattern(kMiB, 1)).ok());
+    Status s = WriteString(*store, "extra2", Pattern(kMiB, 2));
+    ASSERT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
+    EXPECT_NE(s.message().find("'extra2'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("Commit"), std::string::npos) << s.message();
+    EXPECT_FALSE(store->Lookup("extra2").has_value());
+    auto got = ReadAll(*store, "extra1");
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(*got, Pattern(kMiB, 1));
+  }
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->CommittedStep(), std::optional<uint64_t>(59));
+  EXPECT_EQ(store->Stats().in_use_bytes, live);
+  for (const auto& [k, v] : committed) {
+    auto got = ReadAll(*store, k);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, v) << k;
+  }
+}
+
+// Holds back the completions of reads until Release(): a read that the kernel has not
+// finished yet, for as long as the test needs. Everything else is forwarded.
+class HoldReadsBackend final : public IoBackend {
+ public:
+  explicit HoldReadsBackend(std::unique_ptr<IoBackend> inner) : inner_(std::move(inner)) {}
+  std::string_view Name() const override { return "hold-reads"; }
+  uint32_t Capabilities() const override { return inner_->Capabilities(); }
+  uint32_t QueueDepth() const override { return inner_->QueueDepth(); }
+  Result<int> OpenFile(const std::string& path, const OpenOptions& options) override {
+    return inner_->OpenFile(path, options);
+  }
+  Status CloseFile(int file) override { return inner_->CloseFile(file); }
+  bool IsDirect(int file) const override { return inner_->IsDirect(file); }
+  Status Allocate(int file, uint64_t bytes) override { return inner_->Allocate(file, bytes); }
+  Status Sync(int file) override { return inner_->Sync(file); }
+  Status Submit(std::span<const IoRequest> requests) override {
+    for (const auto& r : requests) {
+      if (r.op == IoOp::kRead) reads_.insert(r.user_data);
+    }
+    return inner_->Submit(requests);
+  }
+  Result<size_t> Poll(std::span<IoCompletion> out, size_t min_complete) override {
+    size_t n = 0;
+    while (!released_.empty() && n < out.size()) {
+      out[n++] = std::move(released_.front());
+      released_.pop_front();
+    }
+    if (n > 0 || inner_->InFlight() == 0) return n;
+    std::vector<IoCompletion> got(out.size());
+    STRATA_ASSIGN_OR_RETURN(size_t m, inner_->Poll(got, min_complete));
+    for (size_t i = 0; i < m; ++i) {
+      if (hold_ && reads_.count(got[i].user_data)) {
+        held_.push_back(std::move(got[i]));
+      } else {
+        out[n++] = std::move(got[i]);
+      }
+    }
+    return n;
+  }
+  size_t InFlight() const override { return inner_->InFlight() + held_.size() + released_.size(); }
+  void Release() {
+    hold_ = false;
+    for (auto& c : held_) released_.push_back(std::move(c));
+    held_.clear();
+  }
+  size_t held() const { return held_.size(); }
+
+ private:
+  std::unique_ptr<IoBackend> inner_;
+  bool hold_ = true;
+  std::set<uint64_t> reads_;
+  std::vector<IoCompletion> held_;
+  std::deque<IoCompletion> released_;
+};
+
+// A read in flight keeps its version's space from being reused by later writes.
+TEST(SwapStoreTest, ReadInFlightPinsItsVersion) {
+  TempDir dir;
+  IoBackendOptions bo;
+  bo.kind = IoBackendKind::kPosix;
+  auto inner = CreateIoBackend(bo);
+  ASSERT_TRUE(inner.ok());
+  auto hold = std::make_unique<HoldReadsBackend>(std::move(inner).value());
+  HoldReadsBackend* gate = hold.get();
+  auto store = MustOpen(Options({dir.path()}, 2 * kMiB), std::move(hold));
+  ASSERT_TRUE(store);
+  std::string v1 = Pattern(kMiB, 1);
+  ASSERT_TRUE(WriteString(*store, "x", v1).ok());
+  AlignedBuffer dst(kMiB), src(kMiB);
+  auto r = store->SubmitRead("x", dst.data(), kMiB);
+  ASSERT_TRUE(r.ok());
+  FillPattern(src.data(), kMiB, 2);
+  ASSERT_TRUE(store->Write("x", src.data(), kMiB).ok());  // supersedes the pending v1
+  // v1 is pinned by the read: a third version must not land on it.
+  FillPattern(src.data(), kMiB, 3);
+  Status s = store->Write("x", src.data(), kMiB);
+  EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
+  EXPECT_GT(gate->held(), 0u);
+  gate->Release();
+  ASSERT_TRUE(store->Wait(*r).ok());
+  EXPECT_EQ(std::string(dst.data(), kMiB), v1);
+  ASSERT_TRUE(store->Write("x", src.data(), kMiB).ok());  // v1's space is free now
+  auto got = ReadAll(*store, "x");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, std::string(src.data(), kMiB));
+}
+
+TEST(SwapStoreTest, TmpfsFallsBackToBufferedIoWithAWarning) {
+  std::string tmpl = "/dev/shm/strata_swap_test.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  std::vector<std::string> warnings;
+  SetLogSink([&](LogLevel level, std::string_view m) {
+    if (level == LogLevel::kWarning) warnings.emplace_back(m);
+  });
+  for (IoBackendKind kind : {IoBackendKind::kPosix, IoBackendKind::kUring}) {
+    auto o = Options({tmpl}, 4 * kMiB, kind);
+    {
+      auto store = MustOpen(o);
+      ASSERT_TRUE(store);
+      EXPECT_FALSE(store->Stats().paths[0].direct);
+      ASSERT_TRUE(WriteString(*store, "a", Pattern(kMiB + 7, 9)).ok());
+      ASSERT_TRUE(store->Commit(1).ok());
+    }
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    auto got = ReadAll(*store, "a");
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, Pattern(kMiB + 7, 9));
+    store.reset();
+    std::filesystem::remove_all(tmpl);
+    ASSERT_EQ(::mkdir(tmpl.c_str(), 0700), 0);
+  }
+  SetLogSink(nullptr);
+  std::filesystem::remove_all(tmpl);
+  bool named = false;
+  for (const auto& w : warnings) named |= w.find(tmpl) != std::string::npos;
+  EXPECT_TRUE(named) << "no warning named " << tmpl;
+}
+
+TEST(SwapStoreTest, MissingPathAndNonFolderAreNamed) {
+  TempDir dir;
+  std::string missing = dir.path() + "/does/not/exist";
+  auto r = SwapStore::Open(Options({dir.path(), missing}, kMiB));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find(missing), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("mkdir -p"), std::string::npos);
+
+  std::string file = dir.File("plain");
+  int fd = ::open(file.c_str(), O_CREAT | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  r = SwapStore::Open(Options({file}, kMiB));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(file + " is not a folder"), std::string::npos)
+      << r.status().ToString();
+}
+
+TEST(SwapStoreTest, ReadOnlyFolderIsRefusedByName) {
+  TempDir dir;
+  const std::string path = dir.path();
+  // A child process, so that root can drop its privileges (root writes anywhere).
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    if (::geteuid() != 0) ::chmod(path.c_str(), 0555);
+    auto r = SwapStore::Open(Options({path}, kMiB));
+    std::string msg = r.status().ToString();
+    (void)!::write(fds[1], msg.data(), msg.size());
+    ::_exit(r.ok() ? 1 : 0);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) msg.append(buf, n);
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << msg;
+  EXPECT_NE(msg.find("InvalidArgument: swap folder " + path + " is not writable"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(SwapStoreTest, CapacityBeyondFreeSpaceIsRefusedBeforeWriting) {
+  TempDir a, b;
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs(a.path().c_str(), &vfs), 0);
+  const uint64_t free_now = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  auto r = SwapStore::Open(Options({a.path()}, free_now + (1ull << 40)));
+  ASSERT_FALSE(r.ok());
+  const Status& s = r.status();
+  EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
+  EXPECT_EQ(s.path(), a.path());
+  // "swap folder /x cannot hold the swap files: 1.00 GiB (N bytes) free, 2.00 GiB (M bytes)
+  // needed ..."
+  std::smatch m;
+  std::string msg = s.message();
+  ASSERT_TRUE(std::regex_search(
+      msg, m,
+      std::regex("swap folder " + a.path() +
+                 " cannot hold the swap files: .*\\((\\d+) bytes\\) free, .*\\((\\d+) bytes\\) "
+                 "needed")))
+      << msg;
+  const uint64_t free_said = std::stoull(m[1]), needed_said = std::stoull(m[2]);
+  EXPECT_GE(needed_said, free_now + (1ull << 40));
+  EXPECT_LT(free_said, free_now + free_now / 10 + (1ull << 30));
+  EXPECT_GT(free_said + free_now / 10 + (1ull << 30), free_now);
+
+  // Two folders on one file system: each alone would fit, together they do not.
+  r = SwapStore::Open(Options({a.path(), b.path()}, free_now / 2 * 3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
+  EXPECT_NE(r.status().message().find("swap folders " + a.path() + ", " + b.path()),
+            std::string::npos)
+      << r.status().message();
+  // Nothing was written.
+  for (const auto* d : {&a, &b}) {
+    for (const auto& e : std::filesystem::directory_iterator(d->path())) {
+      EXPECT_EQ(e.path().filename().string().find("strata.swap"), std::string::npos) << e.path();
+      EXPECT_NE(e.path().filename().string(), "strata.manifest");
+    }
+  }
+}
+
+TEST(SwapStoreTest, BadArgumentsAreNamed) {
+  TempDir dir;
+  auto r = SwapStore::Open(Options({dir.path()}, kMiB, IoBackendKind::kPosix, 5000));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stripe size 5000 is not a multiple of 4096"),
+            std::string::npos)
+      << r.status().ToString();
+  r = SwapStore::Open(Options({dir.path()}, 0));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("capacity is 0"), std::string::npos);
+  r = SwapStore::Open(Options({}, kMiB));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  auto o = Options({dir.path()}, kMiB);
+  o.create = false;
+  r = SwapStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+
+  auto store = MustOpen(Options({dir.path()}, kMiB));
+  ASSERT_TRUE(store);
+  AlignedBuffer buf(8192);
+  auto t = store->SubmitWrite("k", buf.data() + 8, 100);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("not 4096-byte aligned"), std::string::npos);
+  EXPECT_EQ(store->SubmitWrite("", buf.data(), 100).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->SubmitRead("k", nullptr, 100).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store->Write("k", buf.data(), 5000).ok());
+  auto small = store->Read("k", buf.data(), 4999);  // buffer smaller than the extent
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Wait(12345).code(), StatusCode::kInvalidArgument);
+
+  // A second Open of the same store is refused while the first holds it.
+  auto second = SwapStore::Open(Options({dir.path()}, kMiB));
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use by another process"), std::string::npos)
+      << second.status().ToString();
+  ASSERT_TRUE(store->Commit(1).ok());
+  store.reset();
+
+  // Re-opening with another geometry.
+  TempDir other;
+  r = SwapStore::Open(Options({dir.path(), other.path()}, kMiB));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("created over 1 folder(s) but 2 were given"),
+            std::string::npos)
+      << r.status().ToString();
+  r = SwapStore::Open(Options({dir.path()}, 0, IoBackendKind::kPosix, 8192));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stripe"), std::string::npos);
+  r = SwapStore::Open(Options({dir.path()}, 4096));  // below the committed extent's end
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'k'"), std::string::npos) << r.status().ToString();
+  // 0 keeps the stored capacity and stripe.
+  auto again = MustOpen(Options({dir.path()}, 0));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->Stats().capacity_bytes, kMiB);
+  EXPECT_EQ(again->Stats().stripe_bytes, kMiB);
+}
+
+TEST(SwapStoreTest, DamagedManifestAndShortFileAreCorruption) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 4 * kMiB);
+  std::string data_file;
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(WriteString(*store, "a", Pattern(2 * kMiB, 1)).ok());
+    ASSERT_TRUE(store->Commit(1).ok());
+    data_file = store->Stats().paths[0].data_file;
+  }
+  const std::string manifest = dir.File("strata.manifest");
+  std::string saved;
+  {
+    std::ifstream in(manifest, std::ios::binary);
+    saved.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(saved.size(), 40u);
+  std::string damaged = saved;
+  damaged[40] ^= 1;
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << damaged;
+  auto r = SwapStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(r.status().path(), manifest);
+  EXPECT_NE(r.status().message().find("checksum mismatch"), std::string::npos);
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << saved.substr(0, 30);
+  r = SwapStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << saved;
+  ASSERT_EQ(::truncate(data_file.c_str(), kMiB), 0);
+  r = SwapStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(r.status().message().find(data_file + " came back short"), std::string::npos)
+      << r.status().ToString();
+  ASSERT_EQ(::unlink(data_file.c_str()), 0);
+  r = SwapStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(data_file + " named by the manifest is missing"),
+            std::string::npos)
+      << r.status().ToString();
+}
+
+TEST(SwapStoreTest, StatsCountBytes) {
+  TempDir a, b;
+  auto store = MustOpen(Options({a.path(), b.path()}, 8 * kMiB, IoBackendKind::kPosix, 64 * 1024));
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(WriteString(*store, "x", Pattern(100000, 1)).ok());
+  ASSERT_TRUE(ReadAll(*store, "x").ok());
+  ASSERT_TRUE(ReadAll(*store, "x").ok());
+  auto st = store->Stats();
+  EXPECT_EQ(st.bytes_written, 100000u);
+  EXPECT_EQ(st.bytes_read, 200000u);
+  EXPECT_EQ(st.writes, 1u);
+  EXPECT_EQ(st.reads, 2u);
+  EXPECT_EQ(st.in_use_bytes, 102400u);
+  EXPECT_EQ(st.committed_bytes, 0u);
+  EXPECT_EQ(st.extents, 1u);
+  EXPECT_EQ(st.capacity_bytes, 8 * kMiB);
+  EXPECT_FALSE(st.backend.empty());
+  ASSERT_EQ(st.paths.size(), 2u);
+  EXPECT_EQ(st.paths[0].bytes_written + st.paths[1].bytes_written, 102400u);
+  EXPECT_EQ(st.paths[0].bytes_read + st.paths[1].bytes_read, 204800u);
+  EXPECT_EQ(st.paths[0].file_bytes, 4 * kMiB);
+  EXPECT_TRUE(st.paths[0].direct);  // /var/tmp is ext4
+  EXPECT_GT(st.paths[0].fs_free_bytes, 0u);
+  struct stat fst {};
+  ASSERT_EQ(::stat(st.paths[1].data_file.c_str(), &fst), 0);
+  EXPECT_EQ(static_cast<uint64_t>(fst.st_size), 4 * kMiB);
+  EXPECT_GE(static_cast<uint64_t>(fst.st_blocks) * 512, 4 * kMiB);  // preallocated
+}
+
+// Opens a store through a FaultInjectionBackend. Allocate may draw an injected ENOSPC at
+// open; the next seed is tried then (the draws are deterministic per seed).
+std::unique_ptr<SwapStore> OpenFaulty(const SwapStoreOptions& o, FaultInjectionOptions f,
+                                      FaultInjectionBackend** fault) {
+  for (int attempt = 0; attempt < 50; ++attempt, ++f.seed) {
+    auto inner = CreateIoBackend(o.backend);
+    EXPECT_TRUE(inner.ok()) << inner.status().ToString();
+    if (!inner.ok()) return nullptr;
+    auto fb = std::make_unique<FaultInjectionBackend>(std::move(inner).value(), f);
+    *fault = fb.get();
+    auto r = SwapStore::Open(o, std::move(fb));
+    if (r.ok()) return std::move(r).value();
+    EXPECT_EQ(r.status().code(), StatusCode::kNoSpace) << r.status().ToString();
+  }
+  ADD_FAILURE() << "no seed let the store open";
+  return nullptr;
+}
+
+// Each injected fault yields intact data or a non-OK status, never wrong bytes; the
+// committed state survives it all.
+TEST_P(SwapStoreBackendTest, FaultInjectionNeverReturnsWrongBytes) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("STRATA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  TempDir a, b;
+  auto o = Options({a.path(), b.path()}, 32 * kMiB, GetParam(), 64 * 1024);
+  FaultInjectionOptions f;
+  f.seed = seed;
+  f.eio = 0.03;
+  f.enospc = 0.03;
+  f.short_transfer = 0.1;
+  f.eagain = 0.1;
+  f.delay = 0.02;
+  f.delay_us = 50;
+  f.flip_read = 0.03;
+  f.flip_write = 0.02;
+  FaultInjectionBackend* fault = nullptr;
+  auto store = OpenFaulty(o, f, &fault);
+  ASSERT_TRUE(store);
+  std::map<std::string, std::string> current, committed;
+  uint64_t step = 0, failed_writes = 0, bad_reads = 0, corrupt_reads = 0, good_reads = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    const std::string key = "f" + std::to_string(rng() % 10);
+    const int action = static_cast<int>(rng() % 100);
+    if (action < 45) {
+      std::string data = Pattern(rng() % 2 ? rng() % 300000 : kOddSizes[rng() % 8], rng());
+      Status s = WriteString(*store, key, data);
+      if (s.ok()) {
+        current[key] = std::move(data);
+      } else {
+        ++failed_writes;
+        EXPECT_TRUE(s.code() == StatusCode::kIOError || s.code() == StatusCode::kNoSpace)
+            << s.ToString();
+      }
+    } else if (action < 90) {
+      if (!current.count(key)) continue;
+      auto got = ReadAll(*store, key);
+      if (got.ok()) {
+        ++good_reads;
+        ASSERT_EQ(*got, current[key]) << "wrong bytes for " << key << " at iter " << iter;
+      } else {
+        ++bad_reads;
+        corrupt_reads += got.status().IsCorruption();
+        if (got.status().IsCorruption()) {
+          EXPECT_NE(got.status().message().find("'" + key + "'"), std::string::npos);
+        }
+      }
+    } else {
+      ASSERT_TRUE(store->Commit(++step).ok());
+      committed = current;
+    }
+  }
+  const FaultCounters counters = fault->counters();
+  EXPECT_GT(counters.total(), 0u);
+  EXPECT_GT(good_reads, 0u);
+  if (counters.flipped_reads > 0) EXPECT_GT(corrupt_reads, 0u);
+  if (counters.eio + counters.enospc > 0) EXPECT_GT(failed_writes + bad_reads, 0u);
+  std::printf(
+      "faults: eio %llu enospc %llu short %llu eagain %llu flips r/w %llu/%llu; "
+      "failed writes %llu, failed reads %llu (corrupt %llu), good reads %llu\n",
+      (unsigned long long)counters.eio, (unsigned long long)counters.enospc,
+      (unsigned long long)counters.short_transfers, (unsigned long long)counters.eagain,
+      (unsigned long long)counters.flipped_reads, (unsigned long long)counters.flipped_writes,
+      (unsigned long long)failed_writes, (unsigned long long)bad_reads,
+      (unsigned long long)corrupt_reads, (unsigned long long)good_reads);
+  store.reset();
+  // Clean backend: the committed versions, byte for byte, or Corruption where a flipped
+  // bit was written to the file.
+  store = MustOpen(o);
+  ASSERT_TRUE(store);
+  uint64_t corrupt = 0;
+  for (const auto& [k, v] : committed) {
+    auto got = ReadAll(*store, k);
+    if (got.ok()) {
+      EXPECT_EQ(*got, v) << k;
+    } else {
+      EXPECT_TRUE(got.status().IsCorruption()) << got.status().ToString();
+      ++corrupt;
+    }
+  }
+  EXPECT_LE(corrupt, counters.flipped_writes);
+  EXPECT_EQ(store->Keys().size(), committed.size());
+}
+
+// ENOSPC from the disk: the write fails with NoSpace, the previous versions stay, and the
+// committed state is intact after a re-open.
+TEST(SwapStoreTest, DiskFullIsNoSpaceAndKeepsCommittedState) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 16 * kMiB);
+  std::map<std::string, std::string> committed;
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    for (int k = 0; k < 6; ++k) {
+      committed["e" + std::to_string(k)] = Pattern(100000 + k, k);
+      ASSERT_TRUE(
+          WriteString(*store, "e" + std::to_string(k), committed["e" + std::to_string(k)]).ok());
+    }
+    ASSERT_TRUE(store->Commit(1).ok());
+  }
+  FaultInjectionOptions f;
+  f.seed = 7;
+  f.enospc = 0.5;
+  FaultInjectionBackend* fault = nullptr;
+  std::map<std::string, std::string> current = committed;
+  {
+    auto store = OpenFaulty(o, f, &fault);
+    ASSERT_TRUE(store);
+    int nospace = 0;
+    for (int i = 0; i < 30; ++i) {
+      std::string key = "e" + std::to_string(i % 6);
+      std::string data = Pattern(200000 + i, 1000 + i);
+      Status s = WriteString(*store, key, data);
+      if (s.ok()) {
+        current[key] = data;
+      } else {
+        ASSERT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
+        ++nospace;
+      }
+      auto got = ReadAll(*store, key);
+      ASSERT_TRUE(got.ok());
+      ASSERT_EQ(*got, current[key]);
+    }
+    EXPECT_GT(nospace, 0);
+    EXPECT_GT(fault->counters().enospc, 0u);
+    // Not committed: the crash-free re-open below must show step 1's state.
+  }
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->CommittedStep(), std::optional<uint64_t>(1));
+  for (const auto& [k, v] : committed) {
+    auto got = ReadAll(*store, k);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, v) << k;
+  }
+}
+
+TEST(SwapStoreTest, EnospcAtPreallocationIsNoSpace) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 4 * kMiB);
+  auto inner = CreateIoBackend(o.backend);
+  ASSERT_TRUE(inner.ok());
+  FaultInjectionOptions f;
+  f.enospc = 1.0;
+  auto r = SwapStore::Open(o, std::make_unique<FaultInjectionBackend>(std::move(inner).value(), f));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
+  EXPECT_NE(r.status().message().find("preallocating swap file"), std::string::npos)
+      << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace strata
