@@ -159,24 +159,12 @@ double ForwardPlain(Gpt2Model<F>& model, const std::vector<BlockLayout>& layouts
                     const std::vector<const F*>& params, const int32_t* inputs,
                     const int32_t* targets);
 
-// Through the engine: one micro-batch's forward and backward inside an open step. Every
-// block is acquired in forward (0..L+1) and backward (L+1..0) order, its compute enqueued
-// on the device's compute lane, its gradient submitted. *loss receives the micro-batch's
-// mean loss once the compute lane has run (e.g. after EndStep or SynchronizeLane).
-// The gradient of each token's loss is scaled by dloss (1/(B*T) for a mean).
-// NotSupported when the engine's working dtype is not fp32 on a host device.
-Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& model,
-                             const int32_t* inputs, const int32_t* targets, float dloss,
-                             double* loss);
-
 // A full host copy of the model's fp32 weights (from the engine between steps, or a file).
 struct HostWeights {
   std::vector<BlockLayout> layouts;
   std::vector<std::vector<float>> blocks;
   std::vector<const float*> Ptrs() const;
 };
-// Reads every tensor's master weights from the engine (between steps).
-Result<HostWeights> ReadWeights(const Engine& engine, const std::vector<BlockSpec>& specs);
 // Writes the weights under Hugging Face names (F32).
 Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
                    const HostWeights& w);

@@ -1,0 +1,172 @@
+#include "model/trainer.h"
+
+#include <cmath>
+
+namespace strata::model {
+
+Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& model,
+                             const int32_t* inputs, const int32_t* targets, float dloss,
+                             double* loss) {
+  if (device.Kind() != DeviceKind::kHost) {
+    return Status::NotSupported(
+        "the GPT-2 model computes on the CPU (HostDevice) only in this build; run with "
+        "--device cpu");
+  }
+  const int L = model.config().layers;
+  const size_t N = static_cast<size_t>(model.B()) * model.T();
+  Gpt2Model<float>* m = &model;
+  // The closures run later on the compute lane, after the work enqueued before them (the
+  // previous micro-batch's backward still reads its tokens), so the tokens travel by value.
+  std::vector<int32_t> in(inputs, inputs + N), tg(targets, targets + N);
+  STRATA_RETURN_IF_ERROR(device.EnqueueHostFunction(
+      Lane::kCompute,
+      [m, in = std::move(in), tg = std::move(tg)] {
+        m->SetTokens(in.data(), tg.data());
+        return Status::OK();
+      },
+      "tokens"));
+  auto acquire = [&](int b, Pass pass) -> Result<BlockPtrs<float>> {
+    STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, pass));
+    if (v.dtype != WorkingDtype::kFp32) {
+      return Status::NotSupported("the engine's working dtype is " +
+                                  std::string(WorkingDtypeName(v.dtype)) +
+                                  "; the CPU model computes in fp32");
+    }
+    return BlockPtrs<float>{static_cast<const float*>(v.params), nullptr, v.layout};
+  };
+  auto enqueue = [&](std::function<void()> fn, const char* label) {
+    return device.EnqueueHostFunction(
+        Lane::kCompute,
+        [fn = std::move(fn)] {
+          fn();
+          return Status::OK();
+        },
+        label);
+  };
+  // Forward: 0, 1..L, L+1.
+  for (int b = 0; b <= L + 1; ++b) {
+    STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, acquire(b, Pass::kForward));
+    if (b == 0) {
+      STRATA_RETURN_IF_ERROR(enqueue([m, p] { m->EmbedForward(p); }, "forward embed"));
+    } else if (b <= L) {
+      STRATA_RETURN_IF_ERROR(enqueue([m, p, b] { m->LayerForward(b - 1, p); }, "forward layer"));
+    } else {
+      STRATA_RETURN_IF_ERROR(enqueue([m, p] { m->FinalForward(p); }, "forward ln_f"));
+    }
+    STRATA_RETURN_IF_ERROR(engine.Release(b));
+  }
+  // Backward: L+1 (with the LM head and the loss first), L..1, 0.
+  for (int b = L + 1; b >= 0; --b) {
+    STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, acquire(b, Pass::kBackward));
+    STRATA_ASSIGN_OR_RETURN(p.g, engine.GradBuffer(b));
+    if (b == L + 1) {
+      STRATA_RETURN_IF_ERROR(enqueue(
+          [m, p, dloss, loss] {
+            *loss = m->Head(/*backward=*/true, dloss);
+            m->FinalBackward(p);
+          },
+          "head + backward ln_f"));
+    } else if (b >= 1) {
+      STRATA_RETURN_IF_ERROR(enqueue([m, p, b] { m->LayerBackward(b - 1, p); }, "backward layer"));
+    } else {
+      STRATA_RETURN_IF_ERROR(enqueue([m, p] { m->EmbedBackward(p); }, "backward embed"));
+    }
+    STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
+    STRATA_RETURN_IF_ERROR(engine.Release(b));
+  }
+  return Status::OK();
+}
+
+Result<HostWeights> ReadWeights(const Engine& engine, const std::vector<BlockSpec>& specs) {
+  HostWeights w;
+  w.layouts = PlainLayout(specs, 1);
+  for (size_t b = 0; b < specs.size(); ++b) {
+    w.blocks.emplace_back(w.layouts[b].padded_numel);
+    for (size_t t = 0; t < specs[b].tensors.size(); ++t) {
+      const TensorLayout& tl = w.layouts[b].tensors[t];
+      Status s = engine.ReadParams(static_cast<int>(b), static_cast<int>(t),
+                                   std::span<float>(w.blocks[b].data() + tl.offset, tl.numel));
+      if (!s.ok()) return s.Annotate("reading " + HfTensorName(specs, b, t));
+    }
+  }
+  return w;
+}
+
+double LearningRate(const TrainOptions& o, int64_t step) {
+  if (o.warmup > 0 && step <= o.warmup) {
+    return o.lr * static_cast<double>(step) / static_cast<double>(o.warmup);
+  }
+  if (o.schedule == LrSchedule::kConstant || o.steps <= o.warmup) return o.lr;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - o.warmup) / static_cast<double>(o.steps - o.warmup));
+  const double min_lr = o.lr * o.min_lr_fraction;
+  return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+Trainer::Trainer(Engine* engine, Device* device, const Gpt2Config& config,
+                 const TrainOptions& options, const Batcher* batcher)
+    : engine_(engine),
+      device_(device),
+      config_(config),
+      options_(options),
+      batcher_(batcher),
+      specs_(Gpt2BlockSpecs(config)),
+      model_(std::make_unique<Gpt2Model<float>>(config, options.batch, options.seq_len,
+                                                options.recompute)),
+      next_step_(engine->ResumedStep() + 1) {}
+
+Status Trainer::InitWeights(const SafetensorsReader* init, uint64_t seed) {
+  for (size_t b = 0; b < specs_.size(); ++b) {
+    for (size_t t = 0; t < specs_[b].tensors.size(); ++t) {
+      int64_t n = 1;
+      for (int64_t d : specs_[b].tensors[t].shape) n *= d;
+      std::vector<float> v(static_cast<size_t>(n));
+      if (init != nullptr) {
+        STRATA_RETURN_IF_ERROR(LoadTensor(*init, specs_, b, t, v));
+      } else {
+        InitTensor(config_, specs_, static_cast<int>(b), static_cast<int>(t), seed, v);
+      }
+      STRATA_RETURN_IF_ERROR(engine_->WriteParams(static_cast<int>(b), static_cast<int>(t), v));
+    }
+  }
+  return engine_->CommitParams();
+}
+
+Result<StepResult> Trainer::Step() {
+  StepResult r;
+  r.step = next_step_;
+  r.lr = LearningRate(options_, r.step);
+  const int M = options_.micro_batches;
+  const size_t N = static_cast<size_t>(options_.batch) * options_.seq_len;
+  STRATA_RETURN_IF_ERROR(engine_->BeginStep({.lr = r.lr, .grad_scale = 1.0 / M}));
+  std::vector<double> losses(M, 0.0);
+  std::vector<int32_t> in(N), tg(N);
+  for (int i = 0; i < M; ++i) {
+    batcher_->TrainBatch((r.step - 1) * M + i, in.data(), tg.data());
+    STRATA_RETURN_IF_ERROR(ForwardBackwardEngine(*engine_, *device_, *model_, in.data(), tg.data(),
+                                                 1.0f / static_cast<float>(N), &losses[i]));
+  }
+  STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
+  STRATA_RETURN_IF_ERROR(device_->SynchronizeLane(Lane::kCompute));
+  double sum = 0;
+  for (double l : losses) sum += l;
+  r.loss = sum / M;
+  ++next_step_;
+  return r;
+}
+
+Result<double> Trainer::ValidationLoss() {
+  STRATA_ASSIGN_OR_RETURN(HostWeights w, ReadWeights(*engine_, specs_));
+  const std::vector<const float*> params = w.Ptrs();
+  Gpt2Model<float> m(config_, options_.batch, options_.seq_len, /*recompute=*/false);
+  const size_t N = static_cast<size_t>(options_.batch) * options_.seq_len;
+  std::vector<int32_t> in(N), tg(N);
+  double sum = 0;
+  for (int i = 0; i < options_.val_batches; ++i) {
+    batcher_->ValBatch(i, in.data(), tg.data());
+    sum += ForwardPlain(m, w.layouts, params, in.data(), tg.data());
+  }
+  return sum / options_.val_batches;
+}
+
+}  // namespace strata::model

@@ -1,0 +1,96 @@
+// Training GPT-2 through the engine: the per-micro-batch driver, the learning-rate schedule
+// and Trainer, which runs whole steps (what `strata train` loops over).
+//
+// Everything here goes through the public Engine API: blocks are acquired in forward order
+// 0..L+1 and backward order L+1..0 once per pass per micro-batch; the model's compute is
+// enqueued on the device's compute lane right after each Acquire (so the engine's copies
+// and the model's compute overlap), and each block's gradient is handed back with
+// SubmitGrads. AdamW, clipping and the NVMe traffic are the engine's.
+//
+// Thread safety: one thread drives a Trainer (the engine's step API is single-threaded).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/data.h"
+#include "model/gpt2.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+
+namespace strata::model {
+
+// One micro-batch's forward and backward inside an open step (see the header comment).
+// *loss receives the micro-batch's mean token loss once the compute lane has run it
+// (after SynchronizeLane(kCompute) or EndStep). dloss scales each token's loss gradient
+// (1/(B*T) for the mean). NotSupported when the device is not a HostDevice computing in
+// fp32 (the CUDA model path is not wired yet); engine errors are returned as they come.
+Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& model,
+                             const int32_t* inputs, const int32_t* targets, float dloss,
+                             double* loss);
+
+// Every tensor's fp32 master weights, read from the engine (between steps).
+Result<HostWeights> ReadWeights(const Engine& engine, const std::vector<BlockSpec>& specs);
+
+enum class LrSchedule { kConstant, kCosine };
+
+struct TrainOptions {
+  int seq_len = 64;       // T
+  int batch = 8;          // rows per micro-batch (B)
+  int micro_batches = 1;  // M: the step's gradient is the mean over M micro-batches
+  double lr = 1e-3;
+  LrSchedule schedule = LrSchedule::kConstant;
+  int64_t warmup = 0;            // linear warm-up steps
+  int64_t steps = 100;           // total steps (the cosine schedule's horizon)
+  double min_lr_fraction = 0.1;  // cosine decays to lr * this at `steps`
+  bool recompute = false;
+  int val_batches = 4;  // batches of the held-out tail per validation
+};
+
+// The learning rate of 1-based step `step`: linear warm-up to `lr` over `warmup` steps,
+// then constant, or cosine from lr down to lr*min_lr_fraction at step `steps`.
+double LearningRate(const TrainOptions& options, int64_t step);
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0;  // mean over the step's micro-batches of their mean token loss
+  double lr = 0;
+  StepStats stats;
+};
+
+class Trainer {
+ public:
+  // The engine (created from Gpt2BlockSpecs(config)), its device and the data must outlive
+  // the trainer.
+  Trainer(Engine* engine, Device* device, const Gpt2Config& config, const TrainOptions& options,
+          const Batcher* batcher);
+
+  // Initial weights of a fresh engine: from `init` (a Hugging Face GPT-2 safetensors file;
+  // shapes must match the config) or GPT-2's initialisation from `seed` when init is null.
+  // Errors name the tensor (missing, wrong shape) or the engine's failure.
+  Status InitWeights(const SafetensorsReader* init, uint64_t seed);
+
+  // Runs step engine.ResumedStep()+1 (or the one after the last Step()): micro-batch i of
+  // step s is training batch (s-1)*M + i.
+  Result<StepResult> Step();
+  int64_t next_step() const { return next_step_; }
+
+  // Mean loss over options.val_batches batches of the held-out tail (between steps).
+  Result<double> ValidationLoss();
+  Result<HostWeights> Weights() const { return ReadWeights(*engine_, specs_); }
+  const std::vector<BlockSpec>& specs() const { return specs_; }
+
+ private:
+  Engine* engine_;
+  Device* device_;
+  Gpt2Config config_;
+  TrainOptions options_;
+  const Batcher* batcher_;
+  std::vector<BlockSpec> specs_;
+  std::unique_ptr<Gpt2Model<float>> model_;
+  int64_t next_step_;
+};
+
+}  // namespace strata::model
