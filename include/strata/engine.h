@@ -159,6 +159,10 @@ struct EngineOptions {
   int world_size = 1;              // shards per block (multi-rank: later)
   int rank = 0;
 
+  // Commit a complete state at every step: components whose home is the host are written
+  // to NVMe after their update as well (costs NVMe writes; saves none of the reads), so
+  // `resume` can restart from any commit. `resume` implies it.
+  bool durable = false;
   // Reopen the NVMe state at its last commit instead of starting fresh. Requires
   // nvme_paths: the committed state (master weights and moments of every block) is kept
   // on NVMe, including components whose home is the host.

@@ -1,0 +1,1182 @@
+// The engine's executors: they run the plans of engine/plan.h against the real tiers.
+//
+// Threads (DESIGN.md "Concurrency"):
+//  - the model's thread calls the step API (Acquire/Release/GradBuffer/SubmitGrads);
+//  - the I/O thread owns the SwapStore (one IoBackend ring, one submitting thread): it runs
+//    the host plan's operations in order (evict, load = NVMe read, allocate) and submits
+//    the NVMe writes of updated components as soon as the optimizer hands them over;
+//  - the device feeder runs the device plan in order: frees evicted buffers once the work
+//    that used them finished, allocates, enqueues H2D copies;
+//  - the optimizer worker runs the blocks' AdamW steps in plan order (OpenMP inside the
+//    kernel), each as soon as its gradient is final and its states are loaded.
+// All of them block on one condition variable (or on an I/O completion, or a device
+// event); nothing spins. State shared between them is guarded by mu_.
+//
+// Each step's plan is fixed at BeginStep, so every thread knows what comes next; the
+// model's calls are checked against the plan's access schedule.
+#include "strata/engine.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "engine/plan.h"
+#include "engine/residency.h"
+#include "engine/trace.h"
+#include "io/pinned_pool.h"
+#include "io/swap_store.h"
+#include "strata/log.h"
+#include "strata/optim.h"
+
+namespace strata {
+namespace engine_internal {
+namespace {
+
+using S = ResidencyState;
+
+// Plain 4 KiB-aligned memory for between-step utilities (WriteParams, ReadComponent):
+// not part of the pinned budget, which covers the steady state of a step.
+struct AlignedBuffer {
+  explicit AlignedBuffer(uint64_t bytes)
+      : data(std::aligned_alloc(4096, RoundUp(std::max<uint64_t>(bytes, 1), 4096))) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  void* data;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, std::vector<BlockLayout> layout)
+      : opt_(options), dev_(options.device), layout_(std::move(layout)), L_(int(layout_.size())) {}
+  ~EngineImpl() override;
+
+  Status Init();
+
+  const std::vector<BlockLayout>& Layout() const override { return layout_; }
+  const PlacementReport& Placement() const override { return place_.report; }
+  int64_t ResumedStep() const override { return resumed_step_; }
+  Status WriteParams(int block, int tensor, std::span<const float> values) override;
+  Status CommitParams() override;
+  Status ReadParams(int block, int tensor, std::span<float> out) const override;
+  Status ReadComponent(int block, Component component, std::span<float> out) const override;
+  Status BeginStep(const StepArgs& args) override;
+  Result<BlockView> Acquire(int block, Pass pass) override;
+  Status Release(int block) override;
+  Result<float*> GradBuffer(int block) override;
+  Status SubmitGrads(int block) override;
+  Result<StepStats> EndStep() override;
+  Status Error() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  struct HostObj {
+    Residency res;
+    void* buf = nullptr;
+    uint64_t bytes = 0;        // logical bytes (shard elements x element size)
+    bool exists = false;       // the component exists (kParam only with a separate dtype)
+    bool cached = false;       // lives in the cache (NVMe home, or a gradient)
+    bool needs_write = false;  // updates go to NVMe (NVMe home, or durable)
+    bool on_nvme = false;      // the store holds a version (else the content is zeros)
+    int uses_done = 0;         // uses of this step completed
+  };
+  struct DevBuf {
+    void* ptr = nullptr;
+    Residency res;
+    EventPtr ready;        // H2D copy done
+    EventPtr last;         // the last work that used it (compute after Release; D2H for grads)
+    int last_access = -1;  // the last access of the plan that uses it
+  };
+
+  std::string Key(int obj) const {
+    return "b" + std::to_string(ObjBlock(obj)) + "." + ComponentName(ObjComponent(obj));
+  }
+  std::string ObjName(int obj) const {
+    return "block '" + layout_[ObjBlock(obj)].name + "' " + ComponentName(ObjComponent(obj));
+  }
+  void SetErrorLocked(Status s) {
+    if (error_.ok() && !s.ok()) error_ = std::move(s);
+    cv_.notify_all();
+  }
+  void SetError(Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    SetErrorLocked(std::move(s));
+  }
+  // Waits on cv_ until pred() or an error; returns the error.
+  template <typename Pred>
+  Status WaitLocked(std::unique_lock<std::mutex>& lk, Pred pred) {
+    cv_.wait(lk, [&] { return !error_.ok() || shutdown_ || pred(); });
+    if (!error_.ok()) return error_;
+    if (shutdown_) return Status::Aborted("engine is shutting down");
+    return Status::OK();
+  }
+  void UseDoneLocked(int obj) {
+    objs_[obj].uses_done++;
+    uses_completed_++;
+    cv_.notify_all();
+  }
+  Status LeaveLocked(int obj, bool modified) {
+    HostObj& o = objs_[obj];
+    if (!o.res.Leave(modified, o.needs_write)) {
+      return Status::Aborted("internal: bad residency transition leaving " + ObjName(obj) +
+                             " in state " + ResidencyStateName(o.res.state));
+    }
+    if (o.res.state == S::kDirty) write_queue_.push_back(obj);
+    UseDoneLocked(obj);
+    return Status::OK();
+  }
+
+  void IoLoop();
+  void FeederLoop();
+  void OptimizerLoop();
+  // Runs host op `op` if its dependencies are met; false when it must wait.
+  bool TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads, std::vector<int>* read_objs);
+  Status RunOptimizer(int use_index);
+  Status RunFeederAccess(int a);
+  Status CommitLocked(std::unique_lock<std::mutex>& lk, uint64_t step);
+  void OnDeviceOp(const DeviceOpRecord& r);
+  Status CheckBlockTensor(int block, int tensor) const;
+  // Reads the whole component into `dst` (fp32 or bf16 bytes) between steps.
+  Status ReadObjLocked(int obj, void* dst) const;
+
+  const EngineOptions opt_;
+  Device* const dev_;
+  const std::vector<BlockLayout> layout_;
+  const int L_;
+  WorkingDtype dtype_ = WorkingDtype::kFp32;
+  bool separate_ = false;
+  bool durable_ = false;
+  uint64_t device_budget_ = 0;
+  PlacementPlan place_;
+  std::vector<Access> schedule_;
+  DevicePlan dplan_;
+  std::vector<uint64_t> param_bytes_, grad_bytes_;
+  std::unique_ptr<PinnedPool> pool_;
+  bool registered_with_device_ = false;
+  std::unique_ptr<SwapStore> store_;
+  void* staging_ = nullptr;  // gradient landing buffer for micro-batches after the first
+  Timeline timeline_;
+  int64_t resumed_step_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Status error_;
+  bool shutdown_ = false;
+  std::vector<HostObj> objs_;
+  bool params_dirty_ = false;  // WriteParams since the last commit
+
+  // The open step.
+  bool step_open_ = false;
+  uint64_t generation_ = 0;  // bumps at each BeginStep; threads pick up the new plan
+  int64_t step_ = 0;
+  StepArgs args_;
+  HostPlan hplan_;
+  std::vector<DevBuf> dbufs_;
+  uint64_t dev_used_ = 0, dev_peak_ = 0;
+  int model_pos_ = 0;  // accesses released by the model
+  int acquired_ = -1;  // access currently acquired
+  bool grads_submitted_ = false;
+  int feeder_pos_ = 0;  // accesses prepared by the feeder
+  size_t host_cursor_ = 0;
+  size_t opts_done_ = 0;
+  int64_t total_uses_ = 0, uses_completed_ = 0;
+  std::vector<int> grads_in_;  // gradient landings completed per block
+  std::vector<double> norm_sq_;
+  std::vector<uint64_t> non_finite_;
+  std::vector<bool> norm_known_;
+  double grad_norm_ = 0, clip_coef_ = 1;
+  bool skip_update_ = false;
+  bool norm_final_ = false;
+  std::deque<int> write_queue_;
+  int writes_in_flight_ = 0;
+  Clock::time_point step_start_;
+
+  std::atomic<uint64_t> bytes_[4] = {};  // nvme_read, nvme_write, h2d, d2h
+
+  std::thread io_thread_, feeder_thread_, opt_thread_;
+};
+
+Status EngineImpl::Init() {
+  if (!dev_) return Status::InvalidArgument("EngineOptions::device is required");
+  if (opt_.micro_batches < 1) {
+    return Status::InvalidArgument("micro_batches is " + std::to_string(opt_.micro_batches) +
+                                   "; it must be >= 1");
+  }
+  if (opt_.world_size != 1 || opt_.rank != 0) {
+    return Status::NotSupported("world_size " + std::to_string(opt_.world_size) +
+                                ": multi-rank runs are not wired into the engine yet");
+  }
+  if (opt_.grad_clip < 0 || !std::isfinite(opt_.grad_clip)) {
+    return Status::InvalidArgument("grad_clip must be >= 0");
+  }
+  if (!(opt_.beta1 >= 0 && opt_.beta1 < 1 && opt_.beta2 >= 0 && opt_.beta2 < 1 && opt_.eps >= 0 &&
+        opt_.weight_decay >= 0)) {
+    return Status::InvalidArgument(
+        "optimizer hyper-parameters out of range (beta1 " + std::to_string(opt_.beta1) +
+        ", beta2 " + std::to_string(opt_.beta2) + ", eps " + std::to_string(opt_.eps) +
+        ", weight_decay " + std::to_string(opt_.weight_decay) + ")");
+  }
+  dtype_ = opt_.dtype;
+  if (dtype_ == WorkingDtype::kAuto) {
+    dtype_ = dev_->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32;
+  }
+  separate_ = dtype_ != WorkingDtype::kFp32;
+  durable_ = opt_.durable || opt_.resume;
+  device_budget_ = opt_.device_mem_bytes;
+
+  PlacementInput pin{&layout_, &opt_, dtype_, device_budget_};
+  STRATA_ASSIGN_OR_RETURN(place_, PlanPlacement(pin));
+  schedule_ = StandardSchedule(L_, opt_.micro_batches);
+  for (const BlockLayout& b : layout_) {
+    param_bytes_.push_back(b.padded_numel * (separate_ ? 2 : 4));
+    grad_bytes_.push_back(b.padded_numel * 4);
+  }
+  STRATA_ASSIGN_OR_RETURN(dplan_, PlanDevice(schedule_, param_bytes_, grad_bytes_, device_budget_));
+
+  objs_.resize(size_t(L_) * kNumComponents);
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    HostObj& h = objs_[o];
+    const Component c = ObjComponent(o);
+    h.exists = place_.obj_bytes[o] > 0;
+    if (!h.exists) continue;
+    h.bytes = layout_[ObjBlock(o)].shard_numel * (c == Component::kParam ? 2 : 4);
+    h.cached = place_.cached[o];
+    h.needs_write = c != Component::kGrad && (place_.home[o] == Tier::kNvme || durable_);
+  }
+
+  // Pinned pool: homes + cache + staging.
+  const uint64_t pool_bytes = place_.resident_bytes + place_.cache_capacity + place_.staging_bytes;
+  PinnedPoolOptions popt;
+  popt.budget_bytes = std::max<uint64_t>(pool_bytes, 4096);
+  struct rlimit rl {};
+  const bool can_lock = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+                        (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= popt.budget_bytes);
+  popt.lock = can_lock;
+  if (!can_lock) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      LogWarning("pinned host memory of " + FormatBytes(popt.budget_bytes) +
+                 " exceeds RLIMIT_MEMLOCK (" + FormatBytes(rl.rlim_cur) +
+                 "); using unlocked memory (raise it with `ulimit -l` or LimitMEMLOCK=)");
+    });
+  }
+  STRATA_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(popt));
+  if (dev_->Kind() == DeviceKind::kCuda) {
+    STRATA_RETURN_IF_ERROR(dev_->RegisterHostMemory(pool_->base(), pool_->size()));
+    registered_with_device_ = true;
+  }
+  if (place_.staging_bytes) {
+    STRATA_ASSIGN_OR_RETURN(staging_, pool_->Allocate(place_.staging_bytes, "grad staging"));
+  }
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    HostObj& h = objs_[o];
+    if (!h.exists || h.cached) continue;
+    STRATA_ASSIGN_OR_RETURN(h.buf, pool_->Allocate(h.bytes, Key(o)));
+    std::memset(h.buf, 0, h.bytes);
+    if (!h.res.To(S::kReady)) return Status::Aborted("internal: residency");
+  }
+
+  if (place_.use_nvme) {
+    if (opt_.nvme_paths.empty()) {
+      return Status::InvalidArgument("the placement needs NVMe but no NVMe paths were given");
+    }
+    SwapStoreOptions sopt;
+    sopt.paths = opt_.nvme_paths;
+    // A committed and a pending version of every component, plus room for fragmentation.
+    sopt.capacity_bytes =
+        2 * place_.nvme_bytes + 2 * opt_.nvme_stripe_bytes * sopt.paths.size() + (16ull << 20);
+    sopt.stripe_bytes = opt_.nvme_stripe_bytes;
+    sopt.create = !opt_.resume;
+    sopt.backend = opt_.io;
+    std::unique_ptr<IoBackend> backend;
+    if (opt_.wrap_backend) {
+      STRATA_ASSIGN_OR_RETURN(backend, CreateIoBackend(opt_.io));
+      STRATA_ASSIGN_OR_RETURN(backend, opt_.wrap_backend(std::move(backend)));
+    }
+    if (opt_.resume) sopt.capacity_bytes = 0;  // keep the stored size
+    auto store = SwapStore::Open(sopt, std::move(backend));
+    if (!store.ok()) {
+      Status s = store.status();
+      if (opt_.resume && s.code() == StatusCode::kNotFound) {
+        s.Annotate("resume: no committed engine state in " + opt_.nvme_paths[0]);
+      }
+      return s;
+    }
+    store_ = std::move(store).value();
+    const BufferRegion region{pool_->base(), pool_->size()};
+    STRATA_RETURN_IF_ERROR(store_->RegisterBuffers(std::span<const BufferRegion>(&region, 1)));
+    const auto committed = store_->CommittedStep();
+    if (opt_.resume) {
+      if (!committed) {
+        return Status::NotFound("resume: the store in " + opt_.nvme_paths[0] +
+                                " has no committed step");
+      }
+      resumed_step_ = int64_t(*committed);
+      for (int o = 0; o < int(objs_.size()); ++o) {
+        HostObj& h = objs_[o];
+        if (!h.needs_write) continue;
+        auto info = store_->Lookup(Key(o));
+        if (!info || info->length != h.bytes) {
+          return Status::Corruption("resume: the committed state in " + opt_.nvme_paths[0] +
+                                    " has no " + ObjName(o) + " of " + std::to_string(h.bytes) +
+                                    " bytes (key " + Key(o) +
+                                    "); was it written by a different "
+                                    "model or placement?");
+        }
+        h.on_nvme = true;
+        if (!h.cached) STRATA_RETURN_IF_ERROR(store_->Read(Key(o), h.buf, h.bytes).status());
+      }
+    } else if (committed) {
+      return Status::InvalidArgument(
+          "NVMe folder " + opt_.nvme_paths[0] + " already holds a committed engine state (step " +
+          std::to_string(*committed) +
+          "); resume it (EngineOptions::resume, --resume) or use an empty folder");
+    }
+  }
+
+  if (!opt_.trace_path.empty()) STRATA_RETURN_IF_ERROR(timeline_.OpenTrace(opt_.trace_path));
+  dev_->SetObserver([this](const DeviceOpRecord& r) { OnDeviceOp(r); });
+
+  io_thread_ = std::thread([this] { IoLoop(); });
+  feeder_thread_ = std::thread([this] { FeederLoop(); });
+  opt_thread_ = std::thread([this] { OptimizerLoop(); });
+  return Status::OK();
+}
+
+EngineImpl::~EngineImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    cv_.notify_all();
+  }
+  if (opt_thread_.joinable()) opt_thread_.join();
+  if (feeder_thread_.joinable()) feeder_thread_.join();
+  if (io_thread_.joinable()) io_thread_.join();
+  if (dev_) {
+    // Lane work may still reference our buffers and call back into us.
+    for (Lane l : {Lane::kCompute, Lane::kH2D, Lane::kD2H}) (void)dev_->SynchronizeLane(l);
+    dev_->SetObserver(nullptr);
+    for (DevBuf& d : dbufs_) {
+      if (d.ptr) (void)dev_->Free(d.ptr);
+    }
+    if (registered_with_device_) (void)dev_->UnregisterHostMemory(pool_->base());
+  }
+  store_.reset();
+  (void)timeline_.CloseTrace();
+}
+
+void EngineImpl::OnDeviceOp(const DeviceOpRecord& r) {
+  TraceLane lane;
+  switch (r.lane) {
+    case Lane::kCompute:
+      lane = TraceLane::kCompute;
+      break;
+    case Lane::kH2D:
+      lane = TraceLane::kH2D;
+      bytes_[2] += r.bytes;
+      break;
+    case Lane::kD2H:
+      lane = TraceLane::kD2H;
+      bytes_[3] += r.bytes;
+      break;
+    default:
+      return;
+  }
+  // Bookkeeping host functions on the copy lanes are not transfers; leave them out of the
+  // busy time of the link.
+  if (lane != TraceLane::kCompute && r.bytes == 0) return;
+  timeline_.Add(lane, r.label, r.start, r.end, r.bytes);
+}
+
+// ---------------------------------------------------------------------------------------
+// I/O thread
+// ---------------------------------------------------------------------------------------
+
+bool EngineImpl::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
+                                 std::vector<int>* read_objs) {
+  HostObj& h = objs_[op.obj];
+  switch (op.kind) {
+    case HostOpKind::kEvict: {
+      if (h.uses_done < op.uses_before || h.res.state != S::kReady) return false;
+      Status s = pool_->Free(h.buf);
+      if (!s.ok()) {
+        SetErrorLocked(s.Annotate("freeing " + ObjName(op.obj)));
+        return false;
+      }
+      h.buf = nullptr;
+      (void)h.res.To(S::kAbsent);
+      cv_.notify_all();
+      return true;
+    }
+    case HostOpKind::kLoad:
+    case HostOpKind::kAlloc: {
+      auto buf = pool_->Allocate(h.bytes, Key(op.obj));
+      if (!buf.ok()) {
+        Status s = buf.status();
+        SetErrorLocked(s.Annotate("host cache for " + ObjName(op.obj) +
+                                  " (the plan fits the budget; this is fragmentation)"));
+        return false;
+      }
+      h.buf = *buf;
+      if (op.kind == HostOpKind::kAlloc || !h.on_nvme || !store_) {
+        // Allocated for a use that writes it, or never written: zeros, as Create promised.
+        if (op.kind == HostOpKind::kLoad || ObjComponent(op.obj) == Component::kParam) {
+          std::memset(h.buf, 0, h.bytes);
+        }
+        (void)h.res.To(S::kReady);
+        cv_.notify_all();
+        return true;
+      }
+      (void)h.res.To(S::kLoading);
+      reads->push_back(SwapOp{IoOp::kRead, Key(op.obj), h.buf, h.bytes});
+      read_objs->push_back(op.obj);
+      return true;
+    }
+  }
+  return false;
+}
+
+void EngineImpl::IoLoop() {
+  struct InFlight {
+    int obj;
+    bool write;
+    Clock::time_point start;
+  };
+  std::unordered_map<SwapTicket, InFlight> in_flight;
+  std::vector<SwapCompletion> done(64);
+  for (;;) {
+    std::vector<SwapOp> ops;
+    std::vector<int> op_objs;
+    std::vector<bool> op_write;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      for (;;) {
+        if (shutdown_ && in_flight.empty()) return;
+        bool progressed = false;
+        if (error_.ok() && !shutdown_) {
+          while (!write_queue_.empty()) {
+            const int obj = write_queue_.front();
+            write_queue_.pop_front();
+            HostObj& h = objs_[obj];
+            (void)h.res.To(S::kWriting);
+            ops.push_back(SwapOp{IoOp::kWrite, Key(obj), h.buf, h.bytes});
+            op_objs.push_back(obj);
+            op_write.push_back(true);
+            ++writes_in_flight_;
+          }
+          while (step_open_ && host_cursor_ < hplan_.ops.size()) {
+            const size_t before = ops.size();
+            if (!TryHostOpLocked(hplan_.ops[host_cursor_], &ops, &op_objs)) break;
+            op_write.resize(ops.size(), false);
+            (void)before;
+            ++host_cursor_;
+            progressed = true;
+          }
+        }
+        if (progressed) cv_.notify_all();
+        if (!ops.empty() || !in_flight.empty()) break;
+        if (progressed) continue;
+        cv_.wait(lk);
+      }
+    }
+    if (!ops.empty()) {
+      const Clock::time_point now = Clock::now();
+      auto tickets = store_ ? store_->Submit(ops)
+                            : Result<std::vector<SwapTicket>>(
+                                  Status::Aborted("internal: NVMe operation without a store"));
+      if (!tickets.ok()) {
+        SetError(Status(tickets.status()).Annotate("submitting NVMe I/O"));
+        continue;
+      }
+      for (size_t i = 0; i < ops.size(); ++i) {
+        in_flight[(*tickets)[i]] = InFlight{op_objs[i], op_write[i], now};
+      }
+    }
+    if (in_flight.empty()) continue;
+    auto n = store_->Poll(std::span<SwapCompletion>(done), 1);
+    const Clock::time_point now = Clock::now();
+    if (!n.ok()) {
+      SetError(Status(n.status()).Annotate("waiting for NVMe I/O"));
+      // The backend failed: nothing more will complete.
+      in_flight.clear();
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < *n; ++i) {
+      SwapCompletion& c = done[i];
+      auto it = in_flight.find(c.ticket);
+      if (it == in_flight.end()) continue;
+      const InFlight f = it->second;
+      in_flight.erase(it);
+      HostObj& h = objs_[f.obj];
+      timeline_.Add(f.write ? TraceLane::kNvmeWrite : TraceLane::kNvmeRead,
+                    (f.write ? "write " : "read ") + Key(f.obj), f.start, now, h.bytes);
+      if (!c.status.ok()) {
+        SetErrorLocked(Status(c.status).Annotate(std::string(f.write ? "writing " : "reading ") +
+                                                 ObjName(f.obj) + " (key " + Key(f.obj) + ")"));
+        if (f.write) --writes_in_flight_;
+        continue;
+      }
+      bytes_[f.write ? 1 : 0] += h.bytes;
+      if (f.write) {
+        --writes_in_flight_;
+        h.on_nvme = true;
+      }
+      (void)h.res.To(S::kReady);
+    }
+    cv_.notify_all();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Device feeder
+// ---------------------------------------------------------------------------------------
+
+Status EngineImpl::RunFeederAccess(int a) {
+  const DevStep& ds = dplan_.steps[a];
+  const Access& acc = schedule_[a];
+  const int b = acc.block;
+  for (int f : ds.frees) {
+    EventPtr last;
+    void* ptr;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return model_pos_ > dbufs_[f].last_access; }));
+      last = dbufs_[f].last;
+      ptr = dbufs_[f].ptr;
+    }
+    if (last) STRATA_RETURN_IF_ERROR(last->Synchronize());
+    STRATA_RETURN_IF_ERROR(dev_->Free(ptr));
+    std::lock_guard<std::mutex> lock(mu_);
+    dbufs_[f].ptr = nullptr;
+    (void)dbufs_[f].res.To(S::kAbsent);
+    dev_used_ -= dplan_.buffers[f].bytes;
+  }
+  auto allocate = [&](int id) -> Status {
+    auto p = dev_->Allocate(dplan_.buffers[id].bytes);
+    if (!p.ok()) return Status(p.status()).Annotate("device memory for block " + std::to_string(b));
+    std::lock_guard<std::mutex> lock(mu_);
+    dbufs_[id].ptr = *p;
+    dev_used_ += dplan_.buffers[id].bytes;
+    dev_peak_ = std::max(dev_peak_, dev_used_);
+    return Status::OK();
+  };
+  if (ds.load) {
+    const int use = hplan_.h2d_use[a];
+    const UseObj uo = hplan_.uses[use].objs[0];
+    STRATA_RETURN_IF_ERROR(allocate(ds.param_buffer));
+    void* src;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      HostObj& h = objs_[uo.obj];
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] {
+        return h.uses_done >= uo.seq && (h.res.state == S::kReady || h.res.state == S::kInUse);
+      }));
+      if (!h.res.Enter()) return Status::Aborted("internal: residency of " + ObjName(uo.obj));
+      (void)dbufs_[ds.param_buffer].res.To(S::kLoading);
+      src = h.buf;
+    }
+    DevBuf& d = dbufs_[ds.param_buffer];
+    // Copy the shard's bytes; the device buffer is the whole flat block (world size 1).
+    const uint64_t n = std::min<uint64_t>(param_bytes_[b], objs_[uo.obj].bytes);
+    STRATA_RETURN_IF_ERROR(dev_->CopyToDevice(d.ptr, src, n, "h2d " + layout_[b].name));
+    const int obj = uo.obj;
+    STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
+        Lane::kH2D,
+        [this, obj] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return LeaveLocked(obj, false);
+        },
+        "h2d done"));
+    STRATA_ASSIGN_OR_RETURN(EventPtr ev, dev_->Record(Lane::kH2D));
+    std::lock_guard<std::mutex> lock(mu_);
+    d.ready = std::move(ev);
+    (void)d.res.To(S::kReady);
+  }
+  if (ds.grad_buffer >= 0) STRATA_RETURN_IF_ERROR(allocate(ds.grad_buffer));
+  std::lock_guard<std::mutex> lock(mu_);
+  feeder_pos_ = a + 1;
+  cv_.notify_all();
+  return Status::OK();
+}
+
+void EngineImpl::FeederLoop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return shutdown_ || (step_open_ && generation_ != seen); });
+      if (shutdown_) return;
+      seen = generation_;
+    }
+    for (int a = 0; a < int(schedule_.size()); ++a) {
+      Status s = RunFeederAccess(a);
+      if (!s.ok()) {
+        if (s.code() != StatusCode::kAborted || Error().ok()) SetError(s);
+        break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Optimizer worker
+// ---------------------------------------------------------------------------------------
+
+Status EngineImpl::RunOptimizer(int use_index) {
+  const HostUse& u = hplan_.uses[use_index];
+  const int b = u.block;
+  const int g = ObjIndex(b, Component::kGrad);
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      // Norms of blocks whose gradient is final, computed while waiting (clipping needs all).
+      int pending_norm = -1;
+      for (int x = 0; x < L_ && pending_norm < 0; ++x) {
+        if (!norm_known_[x] && grads_in_[x] == opt_.micro_batches) pending_norm = x;
+      }
+      if (pending_norm >= 0) {
+        const int gx = ObjIndex(pending_norm, Component::kGrad);
+        const float* grad = static_cast<const float*>(objs_[gx].buf);
+        const size_t n = layout_[pending_norm].shard_numel;
+        lk.unlock();
+        const Clock::time_point t0 = Clock::now();
+        auto r = GradNormSquared(grad, FloatFormat::kFp32, n);
+        timeline_.Add(TraceLane::kCpuOptim, "norm " + layout_[pending_norm].name, t0, Clock::now());
+        lk.lock();
+        if (!r.ok()) return Status(r.status()).Annotate("gradient norm");
+        norm_sq_[pending_norm] = r->sum_squares;
+        non_finite_[pending_norm] = r->non_finite;
+        norm_known_[pending_norm] = true;
+        continue;
+      }
+      if (!error_.ok()) return error_;
+      if (shutdown_) return Status::Aborted("engine is shutting down");
+      bool ready = grads_in_[b] == opt_.micro_batches && norm_known_[b];
+      for (const UseObj& uo : u.objs) {
+        const HostObj& h = objs_[uo.obj];
+        if (!h.exists) continue;
+        ready = ready && h.uses_done >= uo.seq &&
+                (h.res.state == S::kReady || h.res.state == S::kInUse);
+      }
+      if (ready && opt_.grad_clip > 0 && !norm_final_) {
+        bool all = true;
+        for (int x = 0; x < L_; ++x) all = all && norm_known_[x];
+        if (all) {
+          // Fixed block order: the sum does not depend on which gradient landed first.
+          double sum = 0;
+          uint64_t bad = 0;
+          for (int x = 0; x < L_; ++x) sum += norm_sq_[x], bad += non_finite_[x];
+          grad_norm_ = std::sqrt(sum) * args_.grad_scale;
+          skip_update_ = bad > 0;
+          clip_coef_ = grad_norm_ > opt_.grad_clip ? opt_.grad_clip / (grad_norm_ + 1e-6) : 1.0;
+          norm_final_ = true;
+        }
+        ready = all;
+      }
+      if (ready) break;
+      cv_.wait(lk);
+    }
+    for (const UseObj& uo : u.objs) {
+      if (objs_[uo.obj].exists && !objs_[uo.obj].res.Enter()) {
+        return Status::Aborted("internal: residency of " + ObjName(uo.obj));
+      }
+    }
+  }
+  auto ptr = [&](Component c) { return objs_[ObjIndex(b, c)].buf; };
+  float* master = static_cast<float*>(ptr(Component::kMaster));
+  float* m = static_cast<float*>(ptr(Component::kExpAvg));
+  float* v = static_cast<float*>(ptr(Component::kExpAvgSq));
+  const float* grad = static_cast<const float*>(objs_[g].buf);
+  uint16_t* param = separate_ ? static_cast<uint16_t*>(ptr(Component::kParam)) : nullptr;
+  const Clock::time_point t0 = Clock::now();
+  Status status;
+  const bool apply = !(opt_.grad_clip > 0 && skip_update_);
+  if (apply) {
+    AdamHyperParams hp;
+    hp.lr = args_.lr;
+    hp.beta1 = opt_.beta1;
+    hp.beta2 = opt_.beta2;
+    hp.eps = opt_.eps;
+    hp.step = resumed_step_ + step_;
+    hp.mode = opt_.optimizer == OptimizerKind::kAdamW ? AdamMode::kAdamW : AdamMode::kAdam;
+    const float scale = float(args_.grad_scale * (opt_.grad_clip > 0 ? clip_coef_ : 1.0));
+    for (const TensorLayout& t : layout_[b].tensors) {
+      AdamSlice s;
+      s.master = master + t.offset;
+      s.exp_avg = m + t.offset;
+      s.exp_avg_sq = v + t.offset;
+      s.grad = grad + t.offset;
+      s.n = t.numel;
+      if (param) {
+        s.param_out = param + t.offset;
+        s.param_out_format = ParamOut::kBf16;
+      }
+      hp.weight_decay = t.weight_decay ? opt_.weight_decay : 0.0;
+      status = AdamStep(s, hp, scale);
+      if (!status.ok()) break;
+    }
+  }
+  timeline_.Add(TraceLane::kCpuOptim, "adam " + layout_[b].name, t0, Clock::now(),
+                layout_[b].shard_numel * 4);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status.ok()) return status.Annotate("optimizer step of block '" + layout_[b].name + "'");
+  for (const UseObj& uo : u.objs) {
+    if (!objs_[uo.obj].exists) continue;
+    const bool modified = apply && uo.obj != g;
+    STRATA_RETURN_IF_ERROR(LeaveLocked(uo.obj, modified));
+  }
+  ++opts_done_;
+  cv_.notify_all();
+  return Status::OK();
+}
+
+void EngineImpl::OptimizerLoop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return shutdown_ || (step_open_ && generation_ != seen); });
+      if (shutdown_) return;
+      seen = generation_;
+    }
+    for (int u : hplan_.opt_uses) {
+      Status s = RunOptimizer(u);
+      if (!s.ok()) {
+        if (s.code() != StatusCode::kAborted || Error().ok()) SetError(s);
+        break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Step API (model thread)
+// ---------------------------------------------------------------------------------------
+
+Status EngineImpl::CommitLocked(std::unique_lock<std::mutex>& lk, uint64_t step) {
+  if (!store_) return Status::OK();
+  lk.unlock();
+  Status s = store_->Commit(step);
+  lk.lock();
+  return s;
+}
+
+Status EngineImpl::BeginStep(const StepArgs& args) {
+  std::unique_lock<std::mutex> lk(mu_);
+  STRATA_RETURN_IF_ERROR(error_);
+  if (step_open_) return Status::InvalidArgument("BeginStep: a step is already open");
+  if (!(args.lr >= 0) || !std::isfinite(args.lr) || !(args.grad_scale > 0) ||
+      !std::isfinite(args.grad_scale)) {
+    return Status::InvalidArgument("BeginStep: lr must be >= 0 and grad_scale > 0 (lr " +
+                                   std::to_string(args.lr) + ", grad_scale " +
+                                   std::to_string(args.grad_scale) + ")");
+  }
+  if (params_dirty_ && store_ &&
+      (!store_->CommittedStep() || int64_t(*store_->CommittedStep()) < step_ + resumed_step_)) {
+    STRATA_RETURN_IF_ERROR(CommitLocked(lk, uint64_t(resumed_step_ + step_)));
+  }
+  params_dirty_ = false;
+  HostPlanInput hin;
+  hin.schedule = &schedule_;
+  hin.device = &dplan_;
+  hin.blocks = L_;
+  hin.micro_batches = opt_.micro_batches;
+  hin.clip = opt_.grad_clip > 0;
+  hin.separate_param = separate_;
+  hin.obj_bytes = place_.obj_bytes;
+  hin.cached = place_.cached;
+  hin.capacity = place_.cache_capacity;
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    if (objs_[o].cached && objs_[o].res.state != S::kAbsent) hin.start_resident.push_back(o);
+  }
+  STRATA_ASSIGN_OR_RETURN(hplan_, PlanHost(hin));
+  ++step_;
+  args_ = args;
+  dbufs_.assign(dplan_.buffers.size(), DevBuf{});
+  for (int a = 0; a < int(schedule_.size()); ++a) {
+    const DevStep& ds = dplan_.steps[a];
+    dbufs_[ds.param_buffer].last_access = a;
+    if (ds.grad_buffer >= 0) dbufs_[ds.grad_buffer].last_access = a;
+  }
+  dev_used_ = dev_peak_ = 0;
+  model_pos_ = 0;
+  acquired_ = -1;
+  feeder_pos_ = 0;
+  host_cursor_ = 0;
+  opts_done_ = 0;
+  total_uses_ = 0;
+  for (const HostUse& u : hplan_.uses) {
+    for (const UseObj& uo : u.objs) total_uses_ += objs_[uo.obj].exists ? 1 : 0;
+  }
+  uses_completed_ = 0;
+  for (HostObj& h : objs_) h.uses_done = 0;
+  grads_in_.assign(L_, 0);
+  norm_sq_.assign(L_, 0);
+  non_finite_.assign(L_, 0);
+  norm_known_.assign(L_, false);
+  grad_norm_ = 0;
+  clip_coef_ = 1;
+  skip_update_ = false;
+  norm_final_ = false;
+  pool_->ResetPeak();
+  step_start_ = Clock::now();
+  timeline_.BeginStep(step_start_);
+  for (int i = 0; i < 4; ++i) bytes_[i] = 0;
+  step_open_ = true;
+  ++generation_;
+  cv_.notify_all();
+  return Status::OK();
+}
+
+Result<BlockView> EngineImpl::Acquire(int block, Pass pass) {
+  EventPtr ready;
+  int a;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    STRATA_RETURN_IF_ERROR(error_);
+    if (!step_open_) return Status::InvalidArgument("Acquire outside a step (call BeginStep)");
+    if (acquired_ >= 0) {
+      return Status::InvalidArgument("Acquire of block " + std::to_string(block) + " while block " +
+                                     std::to_string(schedule_[acquired_].block) +
+                                     " is still acquired (Release it first)");
+    }
+    a = model_pos_;
+    const Access want{block, pass, a < int(schedule_.size()) ? schedule_[a].micro : 0};
+    if (a >= int(schedule_.size()) || !(schedule_[a] == want)) {
+      return Status::InvalidArgument(
+          "Acquire(" + std::to_string(block) + ", " +
+          (pass == Pass::kForward ? "forward" : "backward") + ") is access " + std::to_string(a) +
+          " of the step, but the schedule expects " +
+          (a < int(schedule_.size()) ? DescribeAccess(schedule_[a]) : std::string("EndStep")) +
+          " (per micro-batch: forward 0..L-1, then backward L-1..0)");
+    }
+    STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return feeder_pos_ > a; }));
+    DevBuf& d = dbufs_[dplan_.steps[a].param_buffer];
+    if (!d.res.Enter()) return Status::Aborted("internal: device residency");
+    ready = d.ready;
+    acquired_ = a;
+    grads_submitted_ = false;
+  }
+  // Compute enqueued from now on runs after the copy (no host wait).
+  if (ready) STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kCompute, ready));
+  BlockView view;
+  view.block = block;
+  view.params = dbufs_[dplan_.steps[a].param_buffer].ptr;
+  view.dtype = dtype_;
+  view.layout = &layout_[block];
+  return view;
+}
+
+Status EngineImpl::Release(int block) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (acquired_ < 0 || schedule_[acquired_].block != block) {
+    return Status::InvalidArgument("Release of block " + std::to_string(block) +
+                                   ", which is not acquired");
+  }
+  const int a = acquired_;
+  if (schedule_[a].pass == Pass::kBackward && !grads_submitted_) {
+    return Status::InvalidArgument("Release of block " + std::to_string(block) +
+                                   " in backward before SubmitGrads");
+  }
+  lk.unlock();
+  auto ev = dev_->Record(Lane::kCompute);
+  lk.lock();
+  if (!ev.ok()) {
+    SetErrorLocked(ev.status());
+    return ev.status();
+  }
+  DevBuf& d = dbufs_[dplan_.steps[a].param_buffer];
+  d.last = *ev;
+  (void)d.res.Leave(false, false);
+  acquired_ = -1;
+  model_pos_ = a + 1;
+  cv_.notify_all();
+  return error_;
+}
+
+Result<float*> EngineImpl::GradBuffer(int block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (acquired_ < 0 || schedule_[acquired_].block != block ||
+      schedule_[acquired_].pass != Pass::kBackward) {
+    return Status::InvalidArgument("GradBuffer(" + std::to_string(block) +
+                                   ") needs the block acquired for backward");
+  }
+  return static_cast<float*>(dbufs_[dplan_.steps[acquired_].grad_buffer].ptr);
+}
+
+Status EngineImpl::SubmitGrads(int block) {
+  int a;
+  int obj;
+  bool first;
+  void* dst;
+  void* src;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    STRATA_RETURN_IF_ERROR(error_);
+    if (acquired_ < 0 || schedule_[acquired_].block != block ||
+        schedule_[acquired_].pass != Pass::kBackward || grads_submitted_) {
+      return Status::InvalidArgument("SubmitGrads(" + std::to_string(block) +
+                                     ") needs the block acquired for backward, once");
+    }
+    a = acquired_;
+    const UseObj uo = hplan_.uses[hplan_.grad_use[a]].objs[0];
+    obj = uo.obj;
+    first = uo.produce;
+    HostObj& h = objs_[obj];
+    STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] {
+      return h.uses_done >= uo.seq && (h.res.state == S::kReady || h.res.state == S::kInUse);
+    }));
+    if (!h.res.Enter()) return Status::Aborted("internal: residency of " + ObjName(obj));
+    dst = first ? h.buf : staging_;
+    src = dbufs_[dplan_.steps[a].grad_buffer].ptr;
+    grads_submitted_ = true;
+  }
+  STRATA_ASSIGN_OR_RETURN(EventPtr computed, dev_->Record(Lane::kCompute));
+  STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kD2H, computed));
+  const uint64_t bytes = objs_[obj].bytes;
+  STRATA_RETURN_IF_ERROR(dev_->CopyToHost(dst, src, bytes, "d2h grad " + layout_[block].name));
+  const BlockLayout* bl = &layout_[block];
+  float* acc = static_cast<float*>(objs_[obj].buf);
+  const float* landed = static_cast<const float*>(staging_);
+  STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
+      Lane::kD2H,
+      [this, obj, first, bl, acc, landed, block] {
+        const uint64_t n = bl->shard_numel;
+        if (!first) {
+          // Micro-batch order is fixed, so this fp32 sum is deterministic.
+          for (uint64_t i = 0; i < n; ++i) acc[i] += landed[i];
+        }
+        // Padding between and after tensors holds whatever the model left: zero it so it
+        // adds nothing to the norm and leaves padded params at zero.
+        uint64_t pos = 0;
+        for (const TensorLayout& t : bl->tensors) {
+          if (t.offset > pos) std::memset(acc + pos, 0, (t.offset - pos) * sizeof(float));
+          pos = t.offset + t.numel;
+        }
+        if (n > pos) std::memset(acc + pos, 0, (n - pos) * sizeof(float));
+        std::lock_guard<std::mutex> lock(mu_);
+        ++grads_in_[block];
+        return LeaveLocked(obj, false);
+      },
+      "grad landed"));
+  STRATA_ASSIGN_OR_RETURN(EventPtr landed_ev, dev_->Record(Lane::kD2H));
+  std::lock_guard<std::mutex> lock(mu_);
+  dbufs_[dplan_.steps[a].grad_buffer].last = std::move(landed_ev);
+  return Status::OK();
+}
+
+Result<StepStats> EngineImpl::EndStep() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!step_open_) return Status::InvalidArgument("EndStep without BeginStep");
+  if (error_.ok() && model_pos_ != int(schedule_.size())) {
+    return Status::InvalidArgument("EndStep after " + std::to_string(model_pos_) + " of " +
+                                   std::to_string(schedule_.size()) +
+                                   " accesses; the step is incomplete");
+  }
+  Status s = WaitLocked(lk, [&] {
+    return opts_done_ == hplan_.opt_uses.size() && host_cursor_ == hplan_.ops.size() &&
+           feeder_pos_ == int(schedule_.size()) && write_queue_.empty() && writes_in_flight_ == 0 &&
+           uses_completed_ == total_uses_;
+  });
+  if (!s.ok()) {
+    step_open_ = false;
+    return s;
+  }
+  lk.unlock();
+  // Updates made every device copy stale: free them (their last users are done by now,
+  // since every gradient has landed; synchronise anyway for the forward-only buffers).
+  Status sync = dev_->SynchronizeLane(Lane::kCompute);
+  for (DevBuf& d : dbufs_) {
+    if (d.ptr) {
+      Status f = dev_->Free(d.ptr);
+      if (sync.ok()) sync = f;
+      d.ptr = nullptr;
+    }
+  }
+  lk.lock();
+  dev_used_ = 0;
+  step_open_ = false;
+  if (!sync.ok()) {
+    SetErrorLocked(sync);
+    return sync;
+  }
+  const uint64_t step_number = uint64_t(resumed_step_ + step_);
+  s = CommitLocked(lk, step_number);
+  if (!s.ok()) {
+    SetErrorLocked(Status(s).Annotate("committing step " + std::to_string(step_number)));
+    return error_;
+  }
+  const Clock::time_point end = Clock::now();
+  StepStats st;
+  st.step = int64_t(step_number);
+  st.seconds = std::chrono::duration<double>(end - step_start_).count();
+  const TraceLane lanes[kNumResources] = {TraceLane::kNvmeRead, TraceLane::kNvmeWrite,
+                                          TraceLane::kH2D,      TraceLane::kD2H,
+                                          TraceLane::kCpuOptim, TraceLane::kCompute};
+  for (int r = 0; r < kNumResources; ++r) {
+    st.busy_seconds[r] = timeline_.BusySeconds(lanes[r], step_start_, end);
+    if (st.busy_seconds[r] > st.bound_seconds) {
+      st.bound_seconds = st.busy_seconds[r];
+      st.bound_resource = ResourceName(Resource(r));
+    }
+  }
+  Clock::time_point last_compute;
+  st.stall_seconds = timeline_.ComputeIdleSeconds(step_start_, end, &last_compute);
+  timeline_.AddStallEvents(step_start_, last_compute);
+  timeline_.Add(TraceLane::kStep, "step " + std::to_string(step_number), step_start_, end);
+  st.efficiency = st.seconds > 0 ? st.bound_seconds / st.seconds : 0;
+  st.bytes = EdgeBytes{bytes_[0], bytes_[1], bytes_[2], bytes_[3]};
+  if (opt_.grad_clip > 0) {
+    st.grad_norm = grad_norm_;
+    st.clip_coef = clip_coef_;
+    st.skipped = skip_update_;
+  } else {
+    double sum = 0;
+    for (int x = 0; x < L_; ++x) sum += norm_sq_[x];
+    st.grad_norm = std::sqrt(sum) * args_.grad_scale;
+  }
+  st.peak_device_bytes = dev_peak_;
+  st.peak_host_bytes = pool_->Stats().peak_bytes;
+  return st;
+}
+
+// ---------------------------------------------------------------------------------------
+// Parameters between steps
+// ---------------------------------------------------------------------------------------
+
+Status EngineImpl::CheckBlockTensor(int block, int tensor) const {
+  if (block < 0 || block >= L_) {
+    return Status::InvalidArgument("block " + std::to_string(block) + " out of range [0, " +
+                                   std::to_string(L_) + ")");
+  }
+  if (tensor < 0 || tensor >= int(layout_[block].tensors.size())) {
+    return Status::InvalidArgument("tensor " + std::to_string(tensor) +
+                                   " out of range for block '" + layout_[block].name + "'");
+  }
+  return Status::OK();
+}
+
+Status EngineImpl::ReadObjLocked(int obj, void* dst) const {
+  const HostObj& h = objs_[obj];
+  if (h.buf && h.res.state != S::kAbsent && h.res.state != S::kLoading) {
+    std::memcpy(dst, h.buf, h.bytes);
+    return Status::OK();
+  }
+  if (!h.on_nvme || !store_) {
+    std::memset(dst, 0, h.bytes);
+    return Status::OK();
+  }
+  AlignedBuffer tmp(h.bytes);
+  STRATA_RETURN_IF_ERROR(store_->Read(Key(obj), tmp.data, RoundUp(h.bytes, 4096)).status());
+  std::memcpy(dst, tmp.data, h.bytes);
+  return Status::OK();
+}
+
+Status EngineImpl::WriteParams(int block, int tensor, std::span<const float> values) {
+  STRATA_RETURN_IF_ERROR(CheckBlockTensor(block, tensor));
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_RETURN_IF_ERROR(error_);
+  if (step_open_) return Status::InvalidArgument("WriteParams during a step");
+  const TensorLayout& t = layout_[block].tensors[tensor];
+  if (values.size() != t.numel) {
+    return Status::InvalidArgument("WriteParams: tensor '" + layout_[block].name + "." + t.name +
+                                   "' has " + std::to_string(t.numel) + " elements, got " +
+                                   std::to_string(values.size()));
+  }
+  std::vector<int> targets = {ObjIndex(block, Component::kMaster)};
+  if (separate_) targets.push_back(ObjIndex(block, Component::kParam));
+  for (int obj : targets) {
+    HostObj& h = objs_[obj];
+    const bool resident = h.buf && h.res.state == S::kReady;
+    AlignedBuffer tmp(resident ? 0 : h.bytes);
+    void* data = resident ? h.buf : tmp.data;
+    if (!resident) STRATA_RETURN_IF_ERROR(ReadObjLocked(obj, data));
+    if (ObjComponent(obj) == Component::kParam) {
+      uint16_t* p = static_cast<uint16_t*>(data) + t.offset;
+      for (size_t i = 0; i < values.size(); ++i) p[i] = FloatToBf16(values[i]);
+    } else {
+      std::memcpy(static_cast<float*>(data) + t.offset, values.data(),
+                  values.size() * sizeof(float));
+    }
+    if (h.needs_write && store_) {
+      STRATA_RETURN_IF_ERROR(store_->Write(Key(obj), data, h.bytes));
+      h.on_nvme = true;
+    }
+  }
+  params_dirty_ = true;
+  return Status::OK();
+}
+
+Status EngineImpl::CommitParams() {
+  std::unique_lock<std::mutex> lk(mu_);
+  STRATA_RETURN_IF_ERROR(error_);
+  if (step_open_) return Status::InvalidArgument("CommitParams during a step");
+  if (!params_dirty_ || !store_) return Status::OK();
+  const uint64_t step = uint64_t(resumed_step_ + step_);
+  if (store_->CommittedStep() && *store_->CommittedStep() >= step) {
+    return Status::InvalidArgument(
+        "CommitParams: step " + std::to_string(step) +
+        " is already committed; new values are committed with the next step");
+  }
+  STRATA_RETURN_IF_ERROR(CommitLocked(lk, step));
+  params_dirty_ = false;
+  return Status::OK();
+}
+
+Status EngineImpl::ReadParams(int block, int tensor, std::span<float> out) const {
+  STRATA_RETURN_IF_ERROR(CheckBlockTensor(block, tensor));
+  const TensorLayout& t = layout_[block].tensors[tensor];
+  if (out.size() != t.numel) {
+    return Status::InvalidArgument("ReadParams: tensor '" + layout_[block].name + "." + t.name +
+                                   "' has " + std::to_string(t.numel) + " elements, got room for " +
+                                   std::to_string(out.size()));
+  }
+  std::vector<float> all(layout_[block].shard_numel);
+  STRATA_RETURN_IF_ERROR(ReadComponent(block, Component::kMaster, all));
+  std::copy(all.begin() + t.offset, all.begin() + t.offset + t.numel, out.begin());
+  return Status::OK();
+}
+
+Status EngineImpl::ReadComponent(int block, Component component, std::span<float> out) const {
+  STRATA_RETURN_IF_ERROR(CheckBlockTensor(block, 0));
+  if (component == Component::kGrad) {
+    return Status::InvalidArgument("ReadComponent: gradients are freed after each update");
+  }
+  if (component == Component::kParam) component = Component::kMaster;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step_open_) return Status::InvalidArgument("ReadComponent during a step");
+  const int obj = ObjIndex(block, component);
+  if (out.size() != objs_[obj].bytes / 4) {
+    return Status::InvalidArgument("ReadComponent: block '" + layout_[block].name + "' has " +
+                                   std::to_string(objs_[obj].bytes / 4) +
+                                   " elements, got room for " + std::to_string(out.size()));
+  }
+  return ReadObjLocked(obj, out.data());
+}
+
+}  // namespace
+}  // namespace engine_internal
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::vector<BlockSpec> blocks,
+                                               const EngineOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<BlockLayout> layout,
+      engine_internal::ComputeLayout(blocks, options.tensor_alignment, options.world_size));
+  auto engine = std::make_unique<engine_internal::EngineImpl>(options, std::move(layout));
+  STRATA_RETURN_IF_ERROR(engine->Init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace strata

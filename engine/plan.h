@@ -1,0 +1,169 @@
+// The engine's planner: the block layout, the home of every component (host or NVMe), and
+// the per-step plans that the executors follow.
+//
+// Why static plans: the access schedule of a step is known (the standard forward/backward
+// order, checked on every Acquire), so the residency of every tier can be simulated ahead
+// of time with Belady's rule (evict what is needed farthest in the future). The simulation
+// yields, per tier, an ordered list of operations (evict X, then load Y for use U) whose
+// peak footprint is computed exactly. The executors run these lists in order, each
+// operation waiting only for the operations it depends on, so prefetch runs as far ahead
+// as the budget lets the simulation run ahead, and the budgets hold by construction (the
+// allocators check them again). The same simulation, run at Create with trial budgets,
+// gives the minimum budgets an impossible configuration is refused with.
+//
+// Plain functions over values; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata::engine_internal {
+
+inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+// "1.5 MiB"
+std::string FormatBytes(uint64_t bytes);
+
+// Lays out `blocks`; InvalidArgument naming the block/tensor for empty names, duplicate
+// names, non-positive dimensions or an alignment of 0.
+Result<std::vector<BlockLayout>> ComputeLayout(const std::vector<BlockSpec>& blocks,
+                                               uint32_t tensor_alignment, int world_size);
+
+// One access of the schedule: the model acquires `block` for `pass` in micro-batch `micro`.
+struct Access {
+  int block = 0;
+  Pass pass = Pass::kForward;
+  int micro = 0;
+  bool operator==(const Access&) const = default;
+};
+// Per micro-batch: forward 0..L-1, then backward L-1..0.
+std::vector<Access> StandardSchedule(int blocks, int micro_batches);
+std::string DescribeAccess(const Access& a);
+
+// ---------------------------------------------------------------------------------------
+// Device tier
+// ---------------------------------------------------------------------------------------
+
+// A device buffer of the plan: a block's params (reused across accesses while resident) or
+// the gradient buffer of one backward access.
+struct DevBuffer {
+  bool grad = false;
+  int block = 0;
+  uint64_t bytes = 0;  // what is allocated (rounded to 256)
+};
+
+// What the device feeder does for access `a`, in order: free `frees` (each after its last
+// use finished), then for a param load allocate `param_buffer` and copy it in, and for a
+// backward access allocate `grad_buffer`.
+struct DevStep {
+  std::vector<int> frees;
+  int param_buffer = -1;
+  bool load = false;
+  int grad_buffer = -1;
+};
+
+struct DevicePlan {
+  std::vector<DevBuffer> buffers;
+  std::vector<DevStep> steps;  // one per access
+  std::vector<int> end_frees;  // buffers still allocated at the end of the step
+  uint64_t peak_bytes = 0;     // simulated peak
+};
+
+// param_bytes/grad_bytes per block; capacity 0 = unlimited. OutOfMemory when one access
+// does not fit.
+Result<DevicePlan> PlanDevice(const std::vector<Access>& schedule,
+                              const std::vector<uint64_t>& param_bytes,
+                              const std::vector<uint64_t>& grad_bytes, uint64_t capacity);
+
+// ---------------------------------------------------------------------------------------
+// Host tier
+// ---------------------------------------------------------------------------------------
+
+// Host objects are numbered block * kNumComponents + component.
+inline int ObjIndex(int block, Component c) { return block * kNumComponents + int(c); }
+inline int ObjBlock(int obj) { return obj / kNumComponents; }
+inline Component ObjComponent(int obj) { return Component(obj % kNumComponents); }
+
+enum class UseKind : uint8_t {
+  kH2D,     // a host copy is the source of a param load to the device (access)
+  kGradIn,  // a backward access's gradient lands in the block's grad accumulator
+  kOpt,     // the block's optimizer step: reads grad, updates master/moments (/param)
+};
+
+struct UseObj {
+  int obj = 0;
+  bool produce = false;  // allocated, not loaded: the use writes every byte
+  int seq = 0;           // this is the seq-th use of obj in the step (0-based)
+};
+
+struct HostUse {
+  UseKind kind = UseKind::kH2D;
+  int block = 0;
+  int access = -1;  // kH2D, kGradIn: the access; kOpt: the access after which it may run
+  std::vector<UseObj> objs;
+};
+
+enum class HostOpKind : uint8_t { kEvict, kLoad, kAlloc };
+struct HostOp {
+  HostOpKind kind = HostOpKind::kLoad;
+  int obj = 0;
+  int use = -1;         // kLoad/kAlloc: the use it serves
+  int uses_before = 0;  // kEvict: wait until this many uses of obj completed
+};
+
+struct HostPlan {
+  std::vector<HostUse> uses;
+  std::vector<HostOp> ops;
+  std::vector<int> opt_uses;      // indices into uses of the kOpt uses, in order
+  std::vector<int> h2d_use;       // per access: its kH2D use or -1
+  std::vector<int> grad_use;      // per access: its kGradIn use or -1
+  std::vector<int> end_resident;  // cached objects resident after the step
+  uint64_t peak_bytes = 0;        // simulated peak of the cache
+};
+
+struct HostPlanInput {
+  const std::vector<Access>* schedule = nullptr;
+  const DevicePlan* device = nullptr;
+  int blocks = 0;
+  int micro_batches = 1;
+  bool clip = false;                // optimizer steps wait for the global norm (after backward)
+  bool separate_param = false;      // the param component exists (working dtype != fp32)
+  std::vector<uint64_t> obj_bytes;  // per object, as charged by the pinned pool
+  std::vector<bool> cached;         // per object: lives in the cache (NVMe home, or grad)
+  std::vector<int> start_resident;  // cached objects resident at the start
+  uint64_t capacity = 0;            // cache bytes
+};
+
+// OutOfMemory when a use cannot fit the capacity.
+Result<HostPlan> PlanHost(const HostPlanInput& in);
+
+// ---------------------------------------------------------------------------------------
+// Placement
+// ---------------------------------------------------------------------------------------
+
+struct PlacementInput {
+  const std::vector<BlockLayout>* layout = nullptr;
+  const EngineOptions* options = nullptr;
+  WorkingDtype dtype = WorkingDtype::kFp32;
+  uint64_t device_budget = 0;  // resolved (0 = unlimited)
+};
+
+struct PlacementPlan {
+  std::vector<Tier> home;           // per object (grads: kHost)
+  std::vector<uint64_t> obj_bytes;  // per object, pool-rounded; 0 for absent components
+  std::vector<bool> cached;         // per object
+  uint64_t cache_capacity = 0;      // host bytes for the cache
+  uint64_t staging_bytes = 0;       // fixed staging (gradient accumulation), outside the cache
+  uint64_t resident_bytes = 0;      // host-homed components
+  bool use_nvme = false;
+  uint64_t nvme_bytes = 0;  // bytes of NVMe-homed (or durable) components
+  PlacementReport report;
+};
+
+// Chooses homes and the cache size, or refuses with the figures that would work.
+Result<PlacementPlan> PlanPlacement(const PlacementInput& in);
+
+}  // namespace strata::engine_internal

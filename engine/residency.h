@@ -1,0 +1,111 @@
+// Residency: the one state machine that says where a copy of a component is and what may
+// be done with it. Every cached copy — a block's params in device memory, a component's
+// host copy in the pinned pool — carries one Residency, and every change goes through
+// Residency::To(), which refuses transitions the machine does not have.
+//
+//                      load submitted           load done
+//        +--------> kAbsent ----------> kLoading ----------> kReady <------------------+
+//        |            |  allocate for a use that writes        |  ^                    |
+//        |            +----------------------------------------+  | last user done,    |
+//        | evict (no  |                                           |  content unchanged  |
+//        | user, not  |                      first user starts    |                     |
+//        | dirty)     |                    (copy, D2H, optimizer) v                     |
+//        +--------- kReady                                     kInUse                  |
+//                                                                 | last user done and |
+//                                                                 v the content changed |
+//                                                               kDirty --> kWriting ----+
+//                                                               write submitted   done
+//
+// Lifecycle per tier:
+//  - device (params): kAbsent -> kLoading (H2D copy enqueued) -> kReady (copy's event
+//    recorded; later device work orders itself after it) -> kInUse (Acquire .. Release)
+//    -> kReady -> kAbsent when the plan evicts it (after the compute that used it has
+//    finished) or at the end of the step (an update makes it stale). Device copies are
+//    never dirty: gradients travel in separate buffers.
+//  - host (master, moments, param copy, gradient): kAbsent -> kLoading (NVMe read in
+//    flight; or zero-fill for a component never written) -> kReady; users are H2D copies
+//    (read), gradient landings (write) and the optimizer (read-modify-write); after an
+//    update an NVMe-homed (or durable) component is kDirty until its write to a fresh
+//    extent completes. Host-homed components start kReady and are never evicted.
+//
+// Error handling: a failed load or write leaves the copy in kLoading/kWriting for good; the
+// engine stores the error and every waiter on that copy returns it. Partial I/O never shows
+// here: the SwapStore reports a transfer only when all of it moved.
+//
+// Concurrency: a Residency is plain data guarded by the engine's mutex; waiters use the
+// engine's condition variable.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::engine_internal {
+
+enum class ResidencyState : uint8_t { kAbsent, kLoading, kReady, kInUse, kDirty, kWriting };
+
+inline const char* ResidencyStateName(ResidencyState s) {
+  switch (s) {
+    case ResidencyState::kAbsent:
+      return "absent";
+    case ResidencyState::kLoading:
+      return "loading";
+    case ResidencyState::kReady:
+      return "ready";
+    case ResidencyState::kInUse:
+      return "in_use";
+    case ResidencyState::kDirty:
+      return "dirty";
+    case ResidencyState::kWriting:
+      return "writing";
+  }
+  return "?";
+}
+
+struct Residency {
+  ResidencyState state = ResidencyState::kAbsent;
+  int users = 0;  // operations using the copy now (kInUse while > 0)
+
+  static bool Allowed(ResidencyState from, ResidencyState to) {
+    using S = ResidencyState;
+    switch (from) {
+      case S::kAbsent:
+        return to == S::kLoading || to == S::kReady;  // kReady: allocated for a writing use
+      case S::kLoading:
+        return to == S::kReady;
+      case S::kReady:
+        return to == S::kInUse || to == S::kAbsent;
+      case S::kInUse:
+        return to == S::kReady || to == S::kDirty || to == S::kInUse;
+      case S::kDirty:
+        return to == S::kWriting || to == S::kInUse;
+      case S::kWriting:
+        return to == S::kReady;
+    }
+    return false;
+  }
+
+  // Returns false (and changes nothing) for a transition the machine does not have.
+  [[nodiscard]] bool To(ResidencyState to) {
+    if (!Allowed(state, to)) return false;
+    state = to;
+    return true;
+  }
+
+  // A user starts: kReady/kDirty/kInUse -> kInUse.
+  [[nodiscard]] bool Enter() {
+    if (state != ResidencyState::kInUse && !To(ResidencyState::kInUse)) return false;
+    ++users;
+    return true;
+  }
+  // A user ends; `modified` marks the content changed (it must reach NVMe before eviction).
+  [[nodiscard]] bool Leave(bool modified, bool needs_write) {
+    if (state != ResidencyState::kInUse || users <= 0) return false;
+    dirty_pending |= modified && needs_write;
+    if (--users > 0) return true;
+    const bool d = dirty_pending;
+    dirty_pending = false;
+    return To(d ? ResidencyState::kDirty : ResidencyState::kReady);
+  }
+  bool dirty_pending = false;
+};
+
+}  // namespace strata::engine_internal

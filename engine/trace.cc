@@ -1,0 +1,167 @@
+#include "engine/trace.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+
+namespace strata::engine_internal {
+
+const char* TraceLaneName(TraceLane lane) {
+  static const char* kNames[kNumTraceLanes] = {"nvme_read", "nvme_write", "h2d",   "d2h",
+                                               "cpu_optim", "compute",    "stall", "step"};
+  return kNames[int(lane)];
+}
+
+Timeline::Timeline() : origin_(Clock::now()) {}
+
+Timeline::~Timeline() { (void)CloseTrace(); }
+
+Status Timeline::OpenTrace(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  file_ = std::fopen(path.c_str(), "w");
+  if (!file_) return Status::FromErrno(errno, "opening trace file " + path).WithPath(path);
+  path_ = path;
+  std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", file_);
+  std::fprintf(file_,
+               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"
+               "\"args\":{\"name\":\"strata engine\"}}");
+  first_event_ = false;
+  return Status::OK();
+}
+
+Status Timeline::CloseTrace() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_) return Status::OK();
+  std::fputs("\n]}\n", file_);
+  const bool bad = std::ferror(file_) != 0;
+  const int rc = std::fclose(file_);
+  file_ = nullptr;
+  if (bad || rc != 0) return Status::IOError("writing trace file " + path_).WithPath(path_);
+  return Status::OK();
+}
+
+namespace {
+void AppendJsonString(std::string* out, std::string_view s) {
+  out->push_back('"');
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      *out += buf;
+    } else {
+      out->push_back(c);
+    }
+  }
+  out->push_back('"');
+}
+}  // namespace
+
+void Timeline::WriteEventLocked(TraceLane lane, std::string_view label, Clock::time_point start,
+                                Clock::time_point end, uint64_t bytes) {
+  auto& slots = slots_[int(lane)];
+  size_t slot = 0;
+  while (slot < slots.size() && slots[slot] > start) ++slot;
+  const int tid = int(lane) * 64 + int(std::min<size_t>(slot, 63)) + 1;
+  std::string line;
+  if (slot == slots.size()) {
+    slots.push_back(end);
+    std::string name = TraceLaneName(lane);
+    if (slot > 0) name += " #" + std::to_string(slot + 1);
+    line += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid) +
+            ",\"args\":{\"name\":";
+    AppendJsonString(&line, name);
+    line += "}}";
+    line +=
+        ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid) +
+        ",\"args\":{\"sort_index\":" + std::to_string(tid) + "}}";
+  } else {
+    slots[slot] = end;
+  }
+  const double ts = std::chrono::duration<double, std::micro>(start - origin_).count();
+  const double dur = std::chrono::duration<double, std::micro>(end - start).count();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,",
+                tid, ts, std::max(0.0, dur));
+  line += buf;
+  line += "\"name\":";
+  AppendJsonString(&line, label);
+  if (bytes) line += ",\"args\":{\"bytes\":" + std::to_string(bytes) + "}";
+  line += "}";
+  std::fwrite(line.data(), 1, line.size(), file_);
+}
+
+void Timeline::Add(TraceLane lane, std::string_view label, Clock::time_point start,
+                   Clock::time_point end, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  intervals_[int(lane)].push_back({start, end});
+  if (file_) WriteEventLocked(lane, label, start, end, bytes);
+}
+
+void Timeline::BeginStep(Clock::time_point start) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& v : intervals_) {
+    // Keep intervals still running across the boundary.
+    std::erase_if(v, [&](const Interval& i) { return i.end < start; });
+  }
+}
+
+std::vector<Timeline::Interval> Timeline::MergedLocked(TraceLane lane, Clock::time_point from,
+                                                       Clock::time_point to) const {
+  std::vector<Interval> v;
+  for (const Interval& i : intervals_[int(lane)]) {
+    Interval c{std::max(i.start, from), std::min(i.end, to)};
+    if (c.end > c.start) v.push_back(c);
+  }
+  std::sort(v.begin(), v.end(),
+            [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  std::vector<Interval> merged;
+  for (const Interval& i : v) {
+    if (!merged.empty() && i.start <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, i.end);
+    } else {
+      merged.push_back(i);
+    }
+  }
+  return merged;
+}
+
+double Timeline::BusySeconds(TraceLane lane, Clock::time_point from, Clock::time_point to) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  double s = 0;
+  for (const Interval& i : MergedLocked(lane, from, to)) {
+    s += std::chrono::duration<double>(i.end - i.start).count();
+  }
+  return s;
+}
+
+double Timeline::ComputeIdleSeconds(Clock::time_point from, Clock::time_point to,
+                                    Clock::time_point* last_compute_end) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto merged = MergedLocked(TraceLane::kCompute, from, to);
+  if (merged.empty()) {
+    *last_compute_end = from;
+    return 0;
+  }
+  *last_compute_end = merged.back().end;
+  double busy = 0;
+  for (const Interval& i : merged) busy += std::chrono::duration<double>(i.end - i.start).count();
+  return std::chrono::duration<double>(merged.back().end - from).count() - busy;
+}
+
+void Timeline::AddStallEvents(Clock::time_point from, Clock::time_point to) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto merged = MergedLocked(TraceLane::kCompute, from, to);
+  Clock::time_point t = from;
+  for (const Interval& i : merged) {
+    if (i.start > t) {
+      intervals_[int(TraceLane::kStall)].push_back({t, i.start});
+      if (file_) WriteEventLocked(TraceLane::kStall, "stall", t, i.start, 0);
+    }
+    t = i.end;
+  }
+}
+
+}  // namespace strata::engine_internal
