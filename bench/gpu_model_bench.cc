@@ -1,0 +1,504 @@
+// gpu_model_bench: GPT-2 forward+backward throughput on one GPU with the model held in GPU
+// memory (model/cuda/), and host<->device copy bandwidth against the cudaMemcpy peak measured
+// in the same run.
+//
+// Cases:
+//   model fwd+bwd   embeddings, L blocks, final LayerNorm, tied LM head, cross-entropy, and the
+//                   whole backward pass (gradients zeroed each step). tokens/s = B·T / median
+//                   step time; TFLOP/s from 6·params + 12·L·T·C FLOPs per token. The bound it is
+//                   compared with: the same run's cuBLAS GEMMs of the model's shapes alone
+//                   (gemm_ratio = gemm_only_ms / step_ms; 1.0 = the non-GEMM kernels cost
+//                   nothing).
+//   copies          one large cudaMemcpyAsync from/to pinned memory (the peak), then the
+//                   model's transfer pattern (one copy per block: bf16 parameters H2D, fp32
+//                   gradients D2H), pageable memory, both directions at once, and
+//                   strata::Device::CopyToDevice/CopyToHost (what the engine uses);
+//                   ratio = GB/s / the peak of that direction.
+// #wrong: model: 1 when the initial loss is not finite or further than 0.5 from ln(V) (the
+//         loss of near-uniform predictions at GPT-2's initialisation); copies: number of
+//         bytes that differ after a round trip.
+//
+// Run (needs a GPU; prints a message and exits 0 without one):
+//   cmake --build build/cuda --target gpu_model_bench && build/cuda/bench/gpu_model_bench
+//   build/cuda/bench/gpu_model_bench --layers 12 --d-model 768 --heads 12 --seq-len 1024
+//       --batch 8 --vocab 50257 --iters 10 --json /tmp/gpu_model_bench.json   (one line)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/cuda/gpt2_cuda_block.h"
+#include "model/cuda/gpt2_cuda_ops.h"
+#include "strata/device.h"
+
+namespace strata::model::cuda_ops {
+namespace {
+
+struct Config {
+  int layers = 12, d_model = 768, heads = 12, seq_len = 1024, batch = 8, vocab = 50257;
+  int iters = 10, warmup = 3;
+  int copy_mib = 256;
+  std::string json;
+};
+
+#define BENCH_CHECK_CUDA(expr)                                                \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "error: %s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+#define BENCH_CHECK(expr)                                                               \
+  do {                                                                                  \
+    ::strata::Status bench_status_ = (expr);                                            \
+    if (!bench_status_.ok()) {                                                          \
+      std::fprintf(stderr, "error: %s: %s\n", #expr, bench_status_.ToString().c_str()); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+void* DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  BENCH_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+  return p;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// Median milliseconds of `fn` on `stream` over `iters` runs after `warmup` runs.
+double TimeMs(cudaStream_t stream, int warmup, int iters, const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) fn();
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    fn();
+    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return Median(ms);
+}
+
+std::vector<Bf16> RandomBf16(size_t n, float stddev, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<Bf16> v(n);
+  for (Bf16& x : v) x = __float2bfloat16(dist(rng));
+  return v;
+}
+
+// The whole GPT-2 held in GPU memory.
+class GpuModel {
+ public:
+  GpuModel(const Config& cfg, const CudaOpContext& ctx) : cfg_(cfg), ctx_(ctx) {
+    s_.B = cfg.batch, s_.T = cfg.seq_len, s_.C = cfg.d_model, s_.NH = cfg.heads;
+    const size_t N = size_t(s_.N()), C = size_t(s_.C), V = size_t(cfg.vocab), T = size_t(s_.T);
+    const int L = cfg.layers;
+    block_params_ = BlockParams::Count(s_.C);
+    std::mt19937 rng(1234);
+
+    wte_ = Upload(RandomBf16(V * C, 0.02f, rng));
+    wpe_ = Upload(RandomBf16(T * C, 0.01f, rng));
+    std::vector<Bf16> ones(C, __float2bfloat16(1.0f)), zeros(C, __float2bfloat16(0.0f));
+    lnf_w_ = Upload(ones);
+    lnf_b_ = Upload(zeros);
+    // Every block starts from the same values (generating 12C² values per block on the host
+    // would dominate start-up); LayerNorm weights 1, biases 0, matrices N(0, 0.02²).
+    std::vector<Bf16> block = RandomBf16(block_params_, 0.02f, rng);
+    {
+      auto t = BlockTensors<Bf16>::Carve(block.data(), s_.C);
+      for (size_t c = 0; c < C; ++c) {
+        t.ln1_w[c] = t.ln2_w[c] = __float2bfloat16(1.0f);
+        t.ln1_b[c] = t.ln2_b[c] = __float2bfloat16(0.0f);
+      }
+    }
+    params_ = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * block_params_ * L));
+    for (int l = 0; l < L; ++l) {
+      BENCH_CHECK_CUDA(cudaMemcpy(params_ + l * block_params_, block.data(),
+                                  sizeof(Bf16) * block_params_, cudaMemcpyHostToDevice));
+    }
+    grads_bytes_ = sizeof(float) * (block_params_ * L + V * C + T * C + 2 * C);
+    grads_ = static_cast<float*>(DeviceAlloc(grads_bytes_));
+    dwte_ = grads_ + block_params_ * L;
+    dwpe_ = dwte_ + V * C;
+    dlnf_w_ = dwpe_ + T * C;
+    dlnf_b_ = dlnf_w_ + C;
+
+    act_bytes_ = BlockActivations::Bytes(s_);
+    acts_ = static_cast<char*>(DeviceAlloc(act_bytes_ * L));
+    scratch_ = BlockScratch::Carve(DeviceAlloc(BlockScratch::Bytes(s_)), s_);
+    xs_ = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * C * (L + 1)));
+    tmp_ = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * C));
+    lnf_ = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * C));
+    d_lnf_ = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * C));
+    dres_[0] = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * C));
+    dres_[1] = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * C));
+    lnf_mean_ = static_cast<float*>(DeviceAlloc(sizeof(float) * N));
+    lnf_rstd_ = static_cast<float*>(DeviceAlloc(sizeof(float) * N));
+    logits_ = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * N * V));
+    losses_ = static_cast<float*>(DeviceAlloc(sizeof(float) * N));
+    mean_loss_ = static_cast<float*>(DeviceAlloc(sizeof(float)));
+
+    std::uniform_int_distribution<int32_t> tok(0, cfg.vocab - 1);
+    std::vector<int32_t> tokens(N + 1);
+    for (int32_t& t : tokens) t = tok(rng);
+    tokens_ = static_cast<int32_t*>(DeviceAlloc(sizeof(int32_t) * (N + 1)));
+    BENCH_CHECK_CUDA(
+        cudaMemcpy(tokens_, tokens.data(), sizeof(int32_t) * (N + 1), cudaMemcpyHostToDevice));
+    targets_ = tokens_ + 1;  // next-token targets
+  }
+
+  size_t Params() const {
+    return block_params_ * cfg_.layers + size_t(cfg_.vocab) * s_.C + size_t(s_.T) * s_.C +
+           2 * size_t(s_.C);
+  }
+  size_t BlockParamBytes() const { return sizeof(Bf16) * block_params_; }
+  size_t BlockGradBytes() const { return sizeof(float) * block_params_; }
+
+  void Step() {
+    const int N = static_cast<int>(s_.N()), C = s_.C, V = cfg_.vocab, L = cfg_.layers;
+    const size_t nc = size_t(N) * C;
+    BENCH_CHECK_CUDA(cudaMemsetAsync(grads_, 0, grads_bytes_, ctx_.stream()));
+    BENCH_CHECK(EmbeddingForward(ctx_, X(0), tokens_, wte_, wpe_, s_.B, s_.T, C));
+    for (int l = 0; l < L; ++l) {
+      BENCH_CHECK(BlockForward(ctx_, s_, P(l), X(l), X(l + 1), tmp_, A(l)));
+    }
+    BENCH_CHECK(LayerNormForward(ctx_, lnf_, lnf_mean_, lnf_rstd_, X(L), lnf_w_, lnf_b_, N, C));
+    BENCH_CHECK(LmHeadForward(ctx_, logits_, lnf_, wte_, N, C, V));
+    BENCH_CHECK(
+        SoftmaxCrossEntropyForward(ctx_, logits_, losses_, mean_loss_, logits_, targets_, N, V));
+    BENCH_CHECK(SoftmaxCrossEntropyBackward(ctx_, logits_, logits_, targets_, N, V, 1.0f / N));
+    BENCH_CHECK_CUDA(cudaMemsetAsync(d_lnf_, 0, sizeof(Bf16) * nc, ctx_.stream()));
+    BENCH_CHECK(LmHeadBackward(ctx_, d_lnf_, dwte_, logits_, lnf_, wte_, N, C, V));
+    BENCH_CHECK_CUDA(cudaMemsetAsync(dres_[0], 0, sizeof(Bf16) * nc, ctx_.stream()));
+    BENCH_CHECK(LayerNormBackward(ctx_, dres_[0], dlnf_w_, dlnf_b_, d_lnf_, X(L), lnf_w_, lnf_mean_,
+                                  lnf_rstd_, N, C));
+    int cur = 0;
+    for (int l = L - 1; l >= 0; --l) {
+      BENCH_CHECK_CUDA(cudaMemsetAsync(dres_[1 - cur], 0, sizeof(Bf16) * nc, ctx_.stream()));
+      BENCH_CHECK(
+          BlockBackward(ctx_, s_, P(l), G(l), X(l), A(l), dres_[cur], dres_[1 - cur], scratch_));
+      cur = 1 - cur;
+    }
+    BENCH_CHECK(EmbeddingBackward(ctx_, dwte_, dwpe_, dres_[cur], tokens_, s_.B, s_.T, C, V));
+  }
+
+  // The GEMMs of Step() alone (same shapes, same buffers, no bias or other kernels).
+  void GemmsOnly() {
+    const int N = static_cast<int>(s_.N()), C = s_.C, V = cfg_.vocab, L = cfg_.layers;
+    for (int l = 0; l < L; ++l) {
+      const BlockParams p = P(l);
+      const BlockActivations a = A(l);
+      BENCH_CHECK(MatmulForward(ctx_, a.qkv, a.ln1, p.qkv_w, nullptr, N, C, 3 * C));
+      BENCH_CHECK(MatmulForward(ctx_, tmp_, a.atty, p.attn_proj_w, nullptr, N, C, C));
+      BENCH_CHECK(MatmulForward(ctx_, a.fch, a.ln2, p.fc_w, nullptr, N, C, 4 * C));
+      BENCH_CHECK(MatmulForward(ctx_, tmp_, a.fcg, p.fc_proj_w, nullptr, N, 4 * C, C));
+    }
+    BENCH_CHECK(LmHeadForward(ctx_, logits_, lnf_, wte_, N, C, V));
+    BENCH_CHECK(LmHeadBackward(ctx_, d_lnf_, dwte_, logits_, lnf_, wte_, N, C, V));
+    for (int l = L - 1; l >= 0; --l) {
+      const BlockParams p = P(l);
+      const BlockGrads g = G(l);
+      const BlockActivations a = A(l);
+      BENCH_CHECK(MatmulBackward(ctx_, scratch_.d_fcg, g.fc_proj_w, nullptr, tmp_, a.fcg,
+                                 p.fc_proj_w, N, 4 * C, C));
+      BENCH_CHECK(MatmulBackward(ctx_, scratch_.d_ln, g.fc_w, nullptr, scratch_.d_fch, a.ln2,
+                                 p.fc_w, N, C, 4 * C));
+      BENCH_CHECK(MatmulBackward(ctx_, scratch_.d_tmp, g.attn_proj_w, nullptr, tmp_, a.atty,
+                                 p.attn_proj_w, N, C, C));
+      BENCH_CHECK(MatmulBackward(ctx_, scratch_.d_ln, g.qkv_w, nullptr, scratch_.d_qkv, a.ln1,
+                                 p.qkv_w, N, C, 3 * C));
+    }
+  }
+
+  float Loss() {
+    float loss = 0;
+    BENCH_CHECK_CUDA(cudaStreamSynchronize(ctx_.stream()));
+    BENCH_CHECK_CUDA(cudaMemcpy(&loss, mean_loss_, sizeof(float), cudaMemcpyDeviceToHost));
+    return loss;
+  }
+
+ private:
+  Bf16* Upload(const std::vector<Bf16>& host) {
+    auto* p = static_cast<Bf16*>(DeviceAlloc(sizeof(Bf16) * host.size()));
+    BENCH_CHECK_CUDA(
+        cudaMemcpy(p, host.data(), sizeof(Bf16) * host.size(), cudaMemcpyHostToDevice));
+    return p;
+  }
+  Bf16* X(int l) { return xs_ + size_t(l) * s_.N() * s_.C; }
+  BlockParams P(int l) const { return BlockParams::Carve(params_ + l * block_params_, s_.C); }
+  BlockGrads G(int l) const { return BlockGrads::Carve(grads_ + l * block_params_, s_.C); }
+  BlockActivations A(int l) const {
+    return BlockActivations::Carve(acts_ + size_t(l) * act_bytes_, s_);
+  }
+
+  const Config& cfg_;
+  const CudaOpContext& ctx_;
+  BlockShape s_;
+  size_t block_params_ = 0, grads_bytes_ = 0, act_bytes_ = 0;
+  // Device memory is released at process exit (a benchmark process holds one model).
+  Bf16 *wte_, *wpe_, *lnf_w_, *lnf_b_, *params_;
+  float *grads_, *dwte_, *dwpe_, *dlnf_w_, *dlnf_b_;
+  char* acts_;
+  BlockScratch scratch_;
+  Bf16 *xs_, *tmp_, *lnf_, *d_lnf_, *dres_[2], *logits_;
+  float *lnf_mean_, *lnf_rstd_, *losses_, *mean_loss_;
+  int32_t *tokens_, *targets_;
+};
+
+struct CopyRow {
+  std::string name;
+  double mib, gbps, peak, ratio;
+  uint64_t wrong;
+};
+
+int Run(const Config& cfg) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("# gpu_model_bench: no CUDA device present; nothing to measure\n");
+    return 0;
+  }
+  if (cfg.d_model % cfg.heads != 0) {
+    std::fprintf(stderr, "error: --d-model %d is not a multiple of --heads %d\n", cfg.d_model,
+                 cfg.heads);
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaStream_t stream;
+  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto ctx_or = CudaOpContext::Create(stream);
+  BENCH_CHECK(ctx_or.status());
+  const CudaOpContext& ctx = **ctx_or;
+  nlohmann::json doc;
+  doc["config"] = {{"layers", cfg.layers},   {"d_model", cfg.d_model}, {"heads", cfg.heads},
+                   {"seq_len", cfg.seq_len}, {"batch", cfg.batch},     {"vocab", cfg.vocab},
+                   {"iters", cfg.iters},     {"warmup", cfg.warmup},   {"copy_mib", cfg.copy_mib},
+                   {"device", prop.name},    {"cuda_runtime", runtime}};
+
+  // ---- model -------------------------------------------------------------------------------
+  GpuModel model(cfg, ctx);
+  const double tokens = double(cfg.batch) * cfg.seq_len;
+  std::printf("# gpu_model_bench on %s (%d SMs, %.1f GiB), CUDA runtime %d\n", prop.name,
+              prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, runtime);
+  std::printf(
+      "# model: layers=%d d_model=%d heads=%d seq_len=%d batch=%d vocab=%d params=%.1fM"
+      " (bf16 weights/activations, fp32 grads), held in GPU memory\n",
+      cfg.layers, cfg.d_model, cfg.heads, cfg.seq_len, cfg.batch, cfg.vocab, model.Params() / 1e6);
+  std::printf("# timing: median of %d steps after %d warm-up steps (CUDA events)\n", cfg.iters,
+              cfg.warmup);
+  model.Step();
+  const float loss0 = model.Loss();
+  const double step_ms = TimeMs(stream, cfg.warmup, cfg.iters, [&] { model.Step(); });
+  const double gemm_ms = TimeMs(stream, cfg.warmup, cfg.iters, [&] { model.GemmsOnly(); });
+  const double flops_per_token =
+      6.0 * model.Params() + 12.0 * cfg.layers * double(cfg.seq_len) * cfg.d_model;
+  const double tok_s = tokens / (step_ms / 1e3);
+  const double tflops = flops_per_token * tok_s / 1e12;
+  const int wrong_model =
+      (!std::isfinite(loss0) || std::fabs(loss0 - std::log(double(cfg.vocab))) > 0.5) ? 1 : 0;
+  std::printf("%-16s %10s %12s %9s %13s %11s %9s %7s\n", "#case", "step_ms", "tokens/s", "TFLOP/s",
+              "gemm_only_ms", "gemm_ratio", "loss0", "#wrong");
+  std::printf("%-16s %10.3f %12.0f %9.2f %13.3f %11.3f %9.4f %7d\n", "fwd+bwd", step_ms, tok_s,
+              tflops, gemm_ms, gemm_ms / step_ms, loss0, wrong_model);
+  doc["model"] = {{"step_ms", step_ms},      {"tokens_per_s", tok_s},           {"tflops", tflops},
+                  {"gemm_only_ms", gemm_ms}, {"gemm_ratio", gemm_ms / step_ms}, {"loss0", loss0},
+                  {"wrong", wrong_model}};
+
+  // ---- copies ------------------------------------------------------------------------------
+  const size_t bytes = size_t(cfg.copy_mib) << 20;
+  void* pinned = nullptr;
+  BENCH_CHECK_CUDA(cudaMallocHost(&pinned, bytes));
+  std::vector<unsigned char> pageable(bytes), check(bytes);
+  auto* src = static_cast<unsigned char*>(pinned);
+  for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 131 + (i >> 12));
+  std::memcpy(pageable.data(), src, bytes);
+  void* dev = DeviceAlloc(bytes);
+  void* dev2 = DeviceAlloc(bytes);
+  cudaStream_t stream2;
+  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream2, cudaStreamNonBlocking));
+  const int reps = std::max(cfg.iters, 3);
+  auto gbps = [&](double ms, size_t moved) { return moved / (ms / 1e3) / 1e9; };
+  auto verify = [&](const void* device_copy) -> uint64_t {
+    BENCH_CHECK_CUDA(cudaMemcpy(check.data(), device_copy, bytes, cudaMemcpyDeviceToHost));
+    uint64_t diff = 0;
+    for (size_t i = 0; i < bytes; ++i) diff += check[i] != src[i];
+    return diff;
+  };
+  // Per-block pattern: as many whole blocks as fit in the buffer (at least one).
+  auto chunked = [&](size_t chunk, cudaMemcpyKind kind) {
+    chunk = std::max<size_t>(1, std::min(chunk, bytes));
+    return [&, chunk, kind] {
+      for (size_t off = 0; off < bytes; off += chunk) {
+        const size_t n = std::min(chunk, bytes - off);
+        if (kind == cudaMemcpyHostToDevice) {
+          BENCH_CHECK_CUDA(
+              cudaMemcpyAsync(static_cast<char*>(dev) + off, src + off, n, kind, stream));
+        } else {
+          BENCH_CHECK_CUDA(
+              cudaMemcpyAsync(src + off, static_cast<char*>(dev) + off, n, kind, stream));
+        }
+      }
+    };
+  };
+  std::vector<CopyRow> rows;
+  const double mib = double(bytes) / (1 << 20);
+  const double h2d_peak_ms = TimeMs(stream, 1, reps, [&] {
+    BENCH_CHECK_CUDA(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, stream));
+  });
+  const double h2d_peak = gbps(h2d_peak_ms, bytes);
+  rows.push_back({"h2d_pinned_peak", mib, h2d_peak, h2d_peak, 1.0, verify(dev)});
+  const double h2d_block_ms =
+      TimeMs(stream, 1, reps, chunked(model.BlockParamBytes(), cudaMemcpyHostToDevice));
+  rows.push_back({"h2d_per_block", mib, gbps(h2d_block_ms, bytes), h2d_peak,
+                  gbps(h2d_block_ms, bytes) / h2d_peak, verify(dev)});
+  BENCH_CHECK_CUDA(cudaMemcpy(dev, pinned, bytes, cudaMemcpyHostToDevice));
+  const double d2h_peak_ms = TimeMs(stream, 1, reps, [&] {
+    BENCH_CHECK_CUDA(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDeviceToHost, stream));
+  });
+  const double d2h_peak = gbps(d2h_peak_ms, bytes);
+  rows.push_back({"d2h_pinned_peak", mib, d2h_peak, d2h_peak, 1.0, verify(dev)});
+  const double d2h_block_ms =
+      TimeMs(stream, 1, reps, chunked(model.BlockGradBytes(), cudaMemcpyDeviceToHost));
+  rows.push_back({"d2h_per_block", mib, gbps(d2h_block_ms, bytes), d2h_peak,
+                  gbps(d2h_block_ms, bytes) / d2h_peak, verify(dev)});
+  const double h2d_pageable_ms = TimeMs(stream, 1, reps, [&] {
+    BENCH_CHECK_CUDA(cudaMemcpyAsync(dev2, pageable.data(), bytes, cudaMemcpyHostToDevice, stream));
+  });
+  rows.push_back({"h2d_pageable", mib, gbps(h2d_pageable_ms, bytes), h2d_peak,
+                  gbps(h2d_pageable_ms, bytes) / h2d_peak, verify(dev2)});
+  // Both directions at once: H2D into dev2 on `stream` while D2H from dev on `stream2`.
+  cudaEvent_t fork, join;
+  BENCH_CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  BENCH_CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  void* sink = nullptr;
+  BENCH_CHECK_CUDA(cudaMallocHost(&sink, bytes));
+  const double bidir_ms = TimeMs(stream, 1, reps, [&] {
+    BENCH_CHECK_CUDA(cudaEventRecord(fork, stream));
+    BENCH_CHECK_CUDA(cudaStreamWaitEvent(stream2, fork, 0));
+    BENCH_CHECK_CUDA(cudaMemcpyAsync(dev2, pinned, bytes, cudaMemcpyHostToDevice, stream));
+    BENCH_CHECK_CUDA(cudaMemcpyAsync(sink, dev, bytes, cudaMemcpyDeviceToHost, stream2));
+    BENCH_CHECK_CUDA(cudaEventRecord(join, stream2));
+    BENCH_CHECK_CUDA(cudaStreamWaitEvent(stream, join, 0));
+  });
+  rows.push_back({"bidir_pinned", 2 * mib, gbps(bidir_ms, 2 * bytes), h2d_peak + d2h_peak,
+                  gbps(bidir_ms, 2 * bytes) / (h2d_peak + d2h_peak), verify(dev2)});
+  // strata::Device, as the engine uses it: registered host memory, the H2D / D2H lanes.
+  {
+    DeviceOptions opts;
+    auto device_or = CreateCudaDevice(opts);
+    if (device_or.ok()) {
+      Device& device = **device_or;
+      void* host = nullptr;
+      BENCH_CHECK_CUDA(cudaMallocHost(&host, bytes));
+      std::memcpy(host, src, bytes);
+      auto dptr = device.Allocate(bytes);
+      BENCH_CHECK(dptr.status());
+      auto time_lane = [&](Lane lane, const std::function<void()>& fn) {
+        std::vector<double> ms;
+        for (int i = 0; i < reps + 1; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          fn();
+          BENCH_CHECK(device.SynchronizeLane(lane));
+          const auto t1 = std::chrono::steady_clock::now();
+          if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+        return Median(ms);
+      };
+      const double dev_h2d_ms = time_lane(
+          Lane::kH2D, [&] { BENCH_CHECK(device.CopyToDevice(*dptr, host, bytes, "bench h2d")); });
+      rows.push_back({"device_api_h2d", mib, gbps(dev_h2d_ms, bytes), h2d_peak,
+                      gbps(dev_h2d_ms, bytes) / h2d_peak, verify(*dptr)});
+      const double dev_d2h_ms = time_lane(
+          Lane::kD2H, [&] { BENCH_CHECK(device.CopyToHost(host, *dptr, bytes, "bench d2h")); });
+      uint64_t diff = 0;
+      for (size_t i = 0; i < bytes; ++i) diff += static_cast<unsigned char*>(host)[i] != src[i];
+      rows.push_back({"device_api_d2h", mib, gbps(dev_d2h_ms, bytes), d2h_peak,
+                      gbps(dev_d2h_ms, bytes) / d2h_peak, diff});
+      BENCH_CHECK(device.Free(*dptr));
+      cudaFreeHost(host);
+    } else {
+      std::printf("# strata::Device rows skipped: %s\n", device_or.status().ToString().c_str());
+    }
+  }
+  std::printf(
+      "# copies: %.0f MiB per case; per_block = %.2f MiB bf16 params (H2D) / %.2f MiB"
+      " fp32 grads (D2H) per cudaMemcpyAsync; ratio = GB/s / peak of that direction\n",
+      mib, model.BlockParamBytes() / 1048576.0, model.BlockGradBytes() / 1048576.0);
+  std::printf("%-16s %10s %10s %10s %7s %7s\n", "#case", "size_MiB", "GB/s", "peak_GB/s", "ratio",
+              "#wrong");
+  nlohmann::json copies = nlohmann::json::array();
+  for (const CopyRow& r : rows) {
+    std::printf("%-16s %10.1f %10.2f %10.2f %7.3f %7llu\n", r.name.c_str(), r.mib, r.gbps, r.peak,
+                r.ratio, static_cast<unsigned long long>(r.wrong));
+    copies.push_back({{"case", r.name},
+                      {"size_mib", r.mib},
+                      {"gb_per_s", r.gbps},
+                      {"peak_gb_per_s", r.peak},
+                      {"ratio", r.ratio},
+                      {"wrong", r.wrong}});
+  }
+  doc["copies"] = copies;
+  if (!cfg.json.empty()) {
+    std::ofstream out(cfg.json);
+    out << doc.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "error: cannot write --json file %s\n", cfg.json.c_str());
+      return 1;
+    }
+  }
+  cudaFreeHost(sink);
+  cudaFreeHost(pinned);
+  bool any_wrong = wrong_model != 0;
+  for (const CopyRow& r : rows) any_wrong = any_wrong || r.wrong != 0;
+  return any_wrong ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace strata::model::cuda_ops
+
+int main(int argc, char** argv) {
+  strata::model::cuda_ops::Config cfg;
+  CLI::App app{"GPT-2 forward+backward tokens/s on one GPU and host<->device bandwidth"};
+  app.add_option("--layers", cfg.layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--d-model", cfg.d_model, "channels C")->check(CLI::PositiveNumber);
+  app.add_option("--heads", cfg.heads, "attention heads (must divide --d-model)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", cfg.seq_len, "tokens per row T")->check(CLI::PositiveNumber);
+  app.add_option("--batch", cfg.batch, "rows per step B")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", cfg.vocab, "vocabulary size V")->check(CLI::PositiveNumber);
+  app.add_option("--iters", cfg.iters, "timed repetitions (the median is reported)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", cfg.warmup, "untimed repetitions first")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--copy-mib", cfg.copy_mib, "MiB per copy case")->check(CLI::PositiveNumber);
+  app.add_option("--json", cfg.json, "also write the results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+  return strata::model::cuda_ops::Run(cfg);
+}
