@@ -178,7 +178,7 @@ Status CudaDevice::Init(const DeviceOptions& options) {
   STRATA_CUDA_RETURN(cudaEventSynchronize(anchor_));
   anchor_time_ = std::chrono::steady_clock::now();
 
-  collector_ = std::thread([this] { CollectorLoop(); });
+  for (Collector& c : collectors_) c.thread = std::thread([this, &c] { CollectorLoop(c); });
   return Status::OK();
 }
 
@@ -188,13 +188,14 @@ CudaDevice::~CudaDevice() {
   for (cudaStream_t s : streams_) {
     if (s != nullptr) (void)cudaStreamSynchronize(s);
   }
-  if (collector_.joinable()) {
+  for (Collector& c : collectors_) {
+    if (!c.thread.joinable()) continue;
     {
-      std::lock_guard<std::mutex> lock(collector_mu_);
-      collector_stop_ = true;
+      std::lock_guard<std::mutex> lock(c.mu);
+      c.stop = true;
     }
-    collector_cv_.notify_all();
-    collector_.join();
+    c.cv.notify_all();
+    c.thread.join();
   }
   if (pool_ != nullptr) {
     for (auto& [addr, bytes] : allocations_) {
@@ -371,12 +372,13 @@ Status CudaDevice::EnqueueGpuOp(Lane lane, std::string_view label, uint64_t byte
   if (observer) {
     err = cudaEventRecord(end, stream);
     if (err != cudaSuccess) return fail(err, "cudaEventRecord (observer timing)");
+    Collector& c = collectors_[static_cast<int>(lane)];
     {
-      std::lock_guard<std::mutex> clock(collector_mu_);
-      pending_.push_back(Pending{lane, std::string(label), bytes, start, end, observer});
-      ++queued_[static_cast<int>(lane)];
+      std::lock_guard<std::mutex> clock(c.mu);
+      c.pending.push_back(Pending{lane, std::string(label), bytes, start, end, observer});
+      ++c.queued;
     }
-    collector_cv_.notify_one();
+    c.cv.notify_one();
   }
   return Status::OK();
 }
@@ -522,17 +524,18 @@ Status CudaDevice::WaitEvent(Lane lane, const EventPtr& event) {
 
 Status CudaDevice::SynchronizeLane(Lane lane) {
   if (!ValidLane(lane)) return BadLane(lane);
+  Collector& c = collectors_[static_cast<int>(lane)];
   uint64_t queued;
   {
-    std::lock_guard<std::mutex> lock(collector_mu_);
-    queued = queued_[static_cast<int>(lane)];
+    std::lock_guard<std::mutex> lock(c.mu);
+    queued = c.queued;
   }
   STRATA_ASSIGN_OR_RETURN(EventPtr event, Record(lane));
   Status s = event->Synchronize();
   // The collector delivers records in submission order and the lane's work is done, so
   // this wait is short.
-  std::unique_lock<std::mutex> lock(collector_mu_);
-  delivered_cv_.wait(lock, [&] { return delivered_[static_cast<int>(lane)] >= queued; });
+  std::unique_lock<std::mutex> lock(c.mu);
+  c.delivered_cv.wait(lock, [&] { return c.delivered >= queued; });
   return s;
 }
 
@@ -547,16 +550,16 @@ void* CudaDevice::NativeStream(Lane lane) {
 
 // ---- observer collector ----
 
-void CudaDevice::CollectorLoop() {
+void CudaDevice::CollectorLoop(Collector& c) {
   DeviceGuard guard(ordinal_);
   for (;;) {
     Pending p;
     {
-      std::unique_lock<std::mutex> lock(collector_mu_);
-      collector_cv_.wait(lock, [&] { return collector_stop_ || !pending_.empty(); });
-      if (pending_.empty()) return;
-      p = std::move(pending_.front());
-      pending_.pop_front();
+      std::unique_lock<std::mutex> lock(c.mu);
+      c.cv.wait(lock, [&] { return c.stop || !c.pending.empty(); });
+      if (c.pending.empty()) return;
+      p = std::move(c.pending.front());
+      c.pending.pop_front();
     }
     // Blocking-sync events: this thread sleeps until the op is done.
     cudaError_t err = cudaEventSynchronize(p.end);
@@ -575,10 +578,10 @@ void CudaDevice::CollectorLoop() {
     (void)cudaEventDestroy(p.start);
     (void)cudaEventDestroy(p.end);
     {
-      std::lock_guard<std::mutex> lock(collector_mu_);
-      ++delivered_[static_cast<int>(p.lane)];
+      std::lock_guard<std::mutex> lock(c.mu);
+      ++c.delivered;
     }
-    delivered_cv_.notify_all();
+    c.delivered_cv.notify_all();
   }
 }
 

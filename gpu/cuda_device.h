@@ -23,7 +23,8 @@
 // was already on the stream still runs.
 //
 // Observer: copies and busy kernels are bracketed with timing events when an observer is
-// set; a collector thread waits for them (blocking, in submission order), maps GPU times onto
+// set; a collector thread per lane waits for them (blocking, in submission order), maps GPU
+// times onto
 // steady_clock through an anchor event taken at creation (microsecond accuracy; float
 // milliseconds lose precision after hours, ~0.25 ms after one) and calls the observer.
 // SynchronizeLane also waits until that lane's records are delivered. Host functions are
@@ -33,7 +34,7 @@
 // callbacks of all lanes may be serialised, so long CPU work (the optimizer) belongs on the
 // engine's own threads, not in EnqueueHostFunction.
 //
-// Ownership: owns its streams, pool, events it creates and the collector thread. The
+// Ownership: owns its streams, pool, events it creates and the collector threads. The
 // destructor waits for each lane's stream (not the device), then frees everything.
 // Thread safety: all methods may be called from any thread; each method makes this GPU
 // current for its duration and restores the caller's current device.
@@ -136,6 +137,7 @@ class CudaDevice final : public Device {
  private:
   using Observer = std::function<void(const DeviceOpRecord&)>;
   struct HostFnCall;
+  struct Collector;
   struct Pending {  // an observed op waiting for its timing events
     Lane lane;
     std::string label;
@@ -152,7 +154,7 @@ class CudaDevice final : public Device {
                       const std::function<cudaError_t(cudaStream_t)>& launch,
                       std::string_view call);
   std::shared_ptr<const Observer> CurrentObserver();
-  void CollectorLoop();
+  void CollectorLoop(Collector& c);
   static void HostFnTrampoline(void* arg);
 
   const int ordinal_;
@@ -181,14 +183,18 @@ class CudaDevice final : public Device {
   std::mutex observer_mu_;
   std::shared_ptr<const Observer> observer_;
 
-  std::mutex collector_mu_;
-  std::condition_variable collector_cv_;  // wakes the collector
-  std::condition_variable delivered_cv_;  // wakes SynchronizeLane waiting for records
-  std::deque<Pending> pending_;
-  bool collector_stop_ = false;
-  uint64_t queued_[kNumLanes] = {};     // observed ops handed to the collector, per lane
-  uint64_t delivered_[kNumLanes] = {};  // of those, finished by the collector
-  std::thread collector_;
+  // One collector per lane, so that a long kernel on one lane does not hold back the
+  // records (and SynchronizeLane) of another.
+  struct Collector {
+    std::mutex mu;
+    std::condition_variable cv;            // wakes the collector
+    std::condition_variable delivered_cv;  // wakes SynchronizeLane waiting for records
+    std::deque<Pending> pending;
+    bool stop = false;
+    uint64_t queued = 0;     // observed ops handed to the collector
+    uint64_t delivered = 0;  // of those, finished
+    std::thread thread;
+  } collectors_[kNumLanes];
 };
 
 }  // namespace strata

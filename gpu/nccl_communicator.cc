@@ -217,7 +217,13 @@ class NcclCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
       if (!shared_->aborted && shared_->comm != nullptr) {
-        (void)ncclCommDestroy(shared_->comm);
+        // A nonblocking communicator is finalized (flushed) before it is destroyed.
+        Status s = SettleLocked(*shared_, ncclCommFinalize(shared_->comm), "ncclCommFinalize");
+        if (s.ok()) {
+          (void)ncclCommDestroy(shared_->comm);
+        } else {
+          (void)ncclCommAbort(shared_->comm);
+        }
         shared_->aborted = true;  // no handle may touch it any more
         if (shared_->broken.ok()) shared_->broken = Status::Aborted("communicator destroyed");
       }

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -26,10 +28,32 @@ using namespace std::chrono_literals;
 
 constexpr size_t kMiB = 1 << 20;
 
+// Page-aligned, page-rounded host memory: two buffers never share a page, which
+// cudaHostRegister requires (it refuses to register a page twice).
+template <typename T>
+struct PageAllocator {
+  using value_type = T;
+  PageAllocator() = default;
+  template <typename U>
+  PageAllocator(const PageAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    constexpr size_t kPage = 4096;
+    void* p = std::aligned_alloc(kPage, (n * sizeof(T) + kPage - 1) / kPage * kPage + kPage);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const PageAllocator<U>&) const {
+    return true;
+  }
+};
+using HostVec = std::vector<uint8_t, PageAllocator<uint8_t>>;
+
 uint64_t NewSeed() { return std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32); }
 
-std::vector<uint8_t> RandomBytes(size_t n, std::mt19937_64& rng) {
-  std::vector<uint8_t> v(n);
+HostVec RandomBytes(size_t n, std::mt19937_64& rng) {
+  HostVec v(n);
   for (size_t i = 0; i < n; i += 8) {
     uint64_t r = rng();
     std::memcpy(v.data() + i, &r, std::min<size_t>(8, n - i));
@@ -85,12 +109,12 @@ class DeviceTest : public testing::TestWithParam<DeviceKind> {
   }
 
   // Pinned host buffers make CUDA copies truly asynchronous; a no-op on the host device.
-  void Register(Device& dev, std::vector<uint8_t>& v) {
+  void Register(Device& dev, HostVec& v) {
     if (!v.empty()) {
       ASSERT_TRUE(dev.RegisterHostMemory(v.data(), v.size()).ok());
     }
   }
-  void Unregister(Device& dev, std::vector<uint8_t>& v) {
+  void Unregister(Device& dev, HostVec& v) {
     if (!v.empty()) {
       ASSERT_TRUE(dev.UnregisterHostMemory(v.data()).ok());
     }
@@ -229,8 +253,8 @@ TEST_P(DeviceTest, CopiesRoundTripByteExact) {
   for (size_t n : sizes) {
     SCOPED_TRACE("bytes=" + std::to_string(n));
     const size_t offset = rng() % 64;  // unaligned device offsets too
-    std::vector<uint8_t> src = RandomBytes(n, rng);
-    std::vector<uint8_t> dst(n, 0xAB);
+    HostVec src = RandomBytes(n, rng);
+    HostVec dst(n, 0xAB);
     Register(*dev, src);
     Register(*dev, dst);
     auto buf = dev->Allocate(n + offset);
@@ -283,9 +307,9 @@ TEST_P(DeviceTest, EventsOrderWorkAcrossLanes) {
   auto dev = Make();
   ASSERT_NE(dev, nullptr);
   const size_t n = 4 * kMiB + 7;
-  std::vector<uint8_t> src = RandomBytes(n, rng);
-  std::vector<uint8_t> zeros(n, 0);
-  std::vector<uint8_t> seen(n, 0xAB);
+  HostVec src = RandomBytes(n, rng);
+  HostVec zeros(n, 0);
+  HostVec seen(n, 0xAB);
   Register(*dev, src);
   Register(*dev, zeros);
   Register(*dev, seen);
@@ -330,7 +354,7 @@ TEST_P(DeviceTest, CopiesOverlapWithBusyCompute) {
   auto dev = Make();
   ASSERT_NE(dev, nullptr);
   const size_t n = kMiB;
-  std::vector<uint8_t> src(n, 7);
+  HostVec src(n, 7);
   Register(*dev, src);
   auto buf = dev->Allocate(n);
   ASSERT_TRUE(buf.ok());
@@ -439,7 +463,7 @@ TEST_P(DeviceTest, ObserverReceivesEveryOperation) {
   dev->SetObserver(log.Observer());
   const size_t n = 64 * 1024;
   // Separate buffers per direction: the lanes run concurrently.
-  std::vector<uint8_t> host(n, 1), host_dst(n, 0);
+  HostVec host(n, 1), host_dst(n, 0);
   Register(*dev, host);
   Register(*dev, host_dst);
   auto buf = dev->Allocate(n);
@@ -509,7 +533,7 @@ TEST_P(DeviceTest, ConcurrentCallersKeepAccountingAndDataIntact) {
       std::mt19937_64 rng(seed + t);
       for (int i = 0; i < 20; ++i) {
         const size_t n = rng() % (256 * 1024) + 1;
-        std::vector<uint8_t> src = RandomBytes(n, rng), dst(n, 0);
+        HostVec src = RandomBytes(n, rng), dst(n, 0);
         auto buf = dev->Allocate(n);
         if (!buf.ok()) {
           ++failures;
