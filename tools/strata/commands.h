@@ -8,5 +8,6 @@
 namespace strata::cli {
 
 // (subcommands are declared here, one line each)
+void AddLaunch(CLI::App& app, int* exit_code);  // strata launch -n N -- COMMAND...
 
 }  // namespace strata::cli

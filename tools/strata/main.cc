@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   CLI::App* bench =
       app.add_subcommand("bench", "Measure one part of the engine")->require_subcommand(1);
 
+  strata::cli::AddLaunch(app, &exit_code);
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
       ->callback([] {
         for (const strata::EnvVar& v : strata::kEnvVars) {

@@ -1,0 +1,175 @@
+// Tests of `strata launch`: it runs the built strata binary (STRATA_CLI_PATH) on real
+// commands: shell one-liners, and this test binary itself as a rank that builds a Gloo
+// communicator from the environment launch sets up.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "strata/comm.h"
+
+namespace strata {
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together, or only stdout
+};
+
+// Runs `args` through the shell with a hang guard (coreutils timeout), capturing output.
+CliRun Shell(const std::string& args, bool with_stderr = true) {
+  std::string cmd = "timeout -s KILL 120 " + std::string(STRATA_CLI_PATH) + " " + args +
+                    (with_stderr ? " 2>&1" : " 2>/dev/null");
+  CliRun run;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return run;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) run.output.append(buf.data(), n);
+  int st = ::pclose(p);
+  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return run;
+}
+
+bool Contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+std::string Self() {
+  std::vector<char> buf(4096);
+  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : std::string();
+}
+
+TEST(Launch, SetsRankVariablesAndPrefixesOutput) {
+  CliRun r = Shell(
+      "launch -n 3 -- sh -c 'echo rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK "
+      "lws=$LOCAL_WORLD_SIZE rdzv=$STRATA_RENDEZVOUS; echo err$RANK >&2'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int k = 0; k < 3; ++k) {
+    std::string ks = std::to_string(k);
+    EXPECT_TRUE(Contains(
+        r.output, "[rank " + ks + "] rank=" + ks + " world=3 local=" + ks + " lws=3 rdzv=file:"))
+        << r.output;
+    EXPECT_TRUE(Contains(r.output, "[rank " + ks + "] err" + ks + "\n")) << r.output;
+  }
+  // One rendezvous folder shared by all ranks.
+  size_t a = r.output.find("rdzv=");
+  std::string folder = r.output.substr(a, r.output.find('\n', a) - a);
+  size_t count = 0;
+  for (size_t p = r.output.find(folder); p != std::string::npos; p = r.output.find(folder, p + 1)) {
+    ++count;
+  }
+  EXPECT_EQ(count, 3u) << r.output;
+}
+
+TEST(Launch, Rank0OutputModeForwardsOnlyRank0Stdout) {
+  CliRun r = Shell("launch -n 2 --output rank0 -- sh -c 'echo out$RANK; echo err$RANK >&2'",
+                   /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "out0\n");
+}
+
+TEST(Launch, FailedRankStopsTheOthersAndIsNamed) {
+  // Rank 1 fails at once; the others would sleep for two minutes unless stopped.
+  CliRun r = Shell(
+      "launch -n 3 --grace 0.5 -- sh -c 'if [ $RANK = 1 ]; then echo dying >&2; exit 3; fi; "
+      "exec sleep 120'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[rank 1] dying")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed: rank 1 of 3 exited with code 3")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "sending SIGTERM")) << r.output;
+}
+
+TEST(Launch, KilledRankIsReportedWithItsSignal) {
+  CliRun r = Shell(
+      "launch -n 2 --grace 0.2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; "
+      "exec sleep 120'");
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed: rank 0 of 2 was killed by signal 9")) << r.output;
+}
+
+TEST(Launch, RejectsBadArguments) {
+  CliRun zero = Shell("launch -n 0 -- true");
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_TRUE(Contains(zero.output, "-n 0")) << zero.output;
+  CliRun no_cmd = Shell("launch -n 2");
+  EXPECT_NE(no_cmd.exit_code, 0);
+  CliRun bad_output = Shell("launch -n 1 --output all -- true");
+  EXPECT_NE(bad_output.exit_code, 0);
+  EXPECT_TRUE(Contains(bad_output.output, "--output all")) << bad_output.output;
+  CliRun missing = Shell("launch -n 2 -- /nonexistent/program");
+  EXPECT_EQ(missing.exit_code, 127) << missing.output;
+  EXPECT_TRUE(Contains(missing.output, "cannot run '/nonexistent/program'")) << missing.output;
+}
+
+// Run by `strata launch` (below) as each rank: discovers itself from the environment,
+// joins through STRATA_RENDEZVOUS and all-reduces its rank number.
+TEST(LaunchChild, AllReduceRanks) {
+  if (std::getenv("STRATA_LAUNCH_TEST_CHILD") == nullptr) GTEST_SKIP() << "run by launch";
+  Result<RankInfo> info = RankInfoFromEnv();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  const char* rdzv_text = std::getenv("STRATA_RENDEZVOUS");
+  ASSERT_NE(rdzv_text, nullptr);
+  Result<RendezvousSpec> rdzv = ParseRendezvous(rdzv_text);
+  ASSERT_TRUE(rdzv.ok()) << rdzv.status().ToString();
+  CommOptions opts;
+  opts.rank = *info;
+  opts.rendezvous = *rdzv;
+  opts.timeout = std::chrono::seconds(30);
+  auto comm = CreateGlooCommunicator(opts);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  if (std::string(std::getenv("STRATA_LAUNCH_TEST_CHILD")) == "kill") {
+    ASSERT_TRUE((*comm)->Barrier().Wait().ok());
+    if (info->rank == 1) ::raise(SIGKILL);
+    std::vector<float> big(50000, 1.0f);
+    Status s =
+        (*comm)
+            ->AllReduce(big.data(), big.data(), big.size(), CommDataType::kFloat32, ReduceOp::kSum)
+            .Wait();
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    ASSERT_FALSE(s.ok());
+    std::exit(4);  // what a training run does with a comm error
+  }
+  float v = static_cast<float>(info->rank + 1);
+  ASSERT_TRUE((*comm)->AllReduce(&v, &v, 1, CommDataType::kFloat32, ReduceOp::kSum).Wait().ok());
+  std::printf("sum=%g world=%d source=%s\n", v, info->world_size, info->source.c_str());
+}
+
+TEST(Launch, RanksFormACommunicatorFromTheEnvironment) {
+  std::string self = Self();
+  ASSERT_FALSE(self.empty());
+  ::setenv("STRATA_LAUNCH_TEST_CHILD", "1", 1);
+  CliRun r = Shell("launch -n 3 --output rank0 -- " + self +
+                   " --gtest_filter=LaunchChild.AllReduceRanks --gtest_brief=1");
+  ::unsetenv("STRATA_LAUNCH_TEST_CHILD");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "sum=6 world=3 source=torchrun")) << r.output;
+}
+
+// A rank that dies under launch: the survivors fail with an error naming it, and launch
+// reports the dead rank (the first to fail) as the cause.
+TEST(Launch, DeadRankIsNamedByTheSurvivorsAndByLaunch) {
+  std::string self = Self();
+  ASSERT_FALSE(self.empty());
+  ::setenv("STRATA_LAUNCH_TEST_CHILD", "kill", 1);
+  CliRun r = Shell("launch -n 3 --grace 30 -- " + self +
+                   " --gtest_filter=LaunchChild.AllReduceRanks --gtest_brief=1");
+  ::unsetenv("STRATA_LAUNCH_TEST_CHILD");
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed: rank 1 of 3 was killed by signal 9")) << r.output;
+  // Both survivors stopped by themselves (well within the grace period), naming rank 1.
+  EXPECT_TRUE(Contains(r.output, "all-reduce on rank 0 of 3 failed: lost rank 1")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "all-reduce on rank 2 of 3 failed: lost rank 1")) << r.output;
+  EXPECT_FALSE(Contains(r.output, "sending SIGTERM")) << r.output;
+}
+
+}  // namespace
+}  // namespace strata

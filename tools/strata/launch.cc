@@ -1,0 +1,336 @@
+// `strata launch -n N -- COMMAND...`: starts N local ranks of COMMAND that meet through a
+// fresh temporary FileStore, the way torchrun does for one host.
+//
+// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and STRATA_RENDEZVOUS=
+// file:<temp dir>. Output: with --output prefix (the default) every line a rank writes to
+// stdout or stderr is forwarded to the same stream prefixed "[rank r] "; with --output rank0
+// rank 0's stdout is forwarded unchanged (clean --json output) and the other ranks' stdout
+// is dropped, while every rank's stderr stays prefixed. When a rank exits non-zero (or is
+// killed), the others get --grace seconds to notice and exit by themselves (with comm
+// errors naming the lost rank), then SIGTERM, then SIGKILL 5 s later. The exit code is 0
+// when every rank succeeded, else the first failed rank's code (128+signal if killed), and
+// the last line on stderr names that rank. SIGINT/SIGTERM to launch are passed on to the
+// ranks. Each rank runs in its own process group so that its children are stopped with it.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/strata/commands.h"
+
+namespace strata::cli {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
+
+struct LaunchArgs {
+  int nproc = 0;
+  std::string output = "prefix";
+  double grace_s = 10.0;
+  std::vector<std::string> command;
+};
+
+// One output stream of one rank: a pipe whose bytes are cut into lines.
+struct Stream {
+  int fd = -1;
+  int rank = 0;
+  bool is_stdout = true;
+  std::string partial;  // bytes after the last newline
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;  // 128+signal when killed
+  bool killed_by_signal = false;
+  int signal = 0;
+};
+
+void WriteAll(FILE* out, const std::string& s) {
+  std::fwrite(s.data(), 1, s.size(), out);
+  std::fflush(out);
+}
+
+void Emit(const LaunchArgs& args, const Stream& s, const std::string& line) {
+  if (args.output == "rank0" && s.is_stdout) {
+    if (s.rank == 0) WriteAll(stdout, line);
+    return;
+  }
+  WriteAll(s.is_stdout ? stdout : stderr, "[rank " + std::to_string(s.rank) + "] " + line);
+}
+
+// Reads what is available; forwards complete lines. Returns false at EOF or on error.
+bool Pump(const LaunchArgs& args, Stream& s) {
+  char buf[65536];
+  ssize_t n = ::read(s.fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) {
+    if (!s.partial.empty()) Emit(args, s, s.partial + "\n");
+    s.partial.clear();
+    return false;
+  }
+  s.partial.append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl = s.partial.find('\n'); nl != std::string::npos;
+       nl = s.partial.find('\n', start)) {
+    Emit(args, s, s.partial.substr(start, nl - start + 1));
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+  return true;
+}
+
+std::string Describe(const Rank& r) {
+  return r.killed_by_signal
+             ? "was killed by signal " + std::to_string(r.signal) + " (" + strsignal(r.signal) + ")"
+             : "exited with code " + std::to_string(r.exit_code);
+}
+
+int RunLaunch(const LaunchArgs& args) {
+  if (args.nproc < 1) {
+    std::fprintf(stderr, "strata launch: -n %d: the number of ranks must be at least 1\n",
+                 args.nproc);
+    return 2;
+  }
+  if (args.command.empty()) {
+    std::fprintf(stderr,
+                 "strata launch: no command given; usage: strata launch -n N -- COMMAND...\n");
+    return 2;
+  }
+  if (args.output != "prefix" && args.output != "rank0") {
+    std::fprintf(stderr, "strata launch: --output %s: expected prefix or rank0\n",
+                 args.output.c_str());
+    return 2;
+  }
+
+  std::string tmp_root = "/tmp";
+  if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') tmp_root = t;
+  std::string tmpl = tmp_root + "/strata-launch-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    std::fprintf(stderr, "strata launch: cannot create a rendezvous folder under %s: %s\n",
+                 tmp_root.c_str(), std::strerror(errno));
+    return 1;
+  }
+  const std::string rdzv_dir = tmpl;
+  const std::string world = std::to_string(args.nproc);
+
+  std::vector<char*> argv;
+  for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int = {}, old_term = {};
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<Rank> ranks(args.nproc);
+  std::vector<Stream> streams;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < args.nproc; ++r) {
+    int out_pipe[2], err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "strata launch: pipe: %s\n", std::strerror(errno));
+      return 1;
+    }
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "strata launch: fork for rank %d: %s\n", r, std::strerror(errno));
+      for (int k = 0; k < r; ++k) ::kill(-ranks[k].pid, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::sigaction(SIGINT, &old_int, nullptr);
+      ::sigaction(SIGTERM, &old_term, nullptr);
+      ::dup2(out_pipe[1], STDOUT_FILENO);
+      ::dup2(err_pipe[1], STDERR_FILENO);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", world.c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", world.c_str(), 1);
+      ::setenv("STRATA_RENDEZVOUS", ("file:" + rdzv_dir).c_str(), 1);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "strata launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+      std::fflush(stderr);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here, so that it holds before the first kill
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    ranks[r].pid = pid;
+    ranks[r].running = true;
+    streams.push_back(Stream{out_pipe[0], r, true, {}});
+    streams.push_back(Stream{err_pipe[0], r, false, {}});
+  }
+
+  using Clock = std::chrono::steady_clock;
+  std::optional<int> first_failed;
+  std::optional<Clock::time_point> term_at, kill_at;
+  bool forwarded_signal = false;
+  int running = args.nproc;
+  auto signal_all = [&](int sig) {
+    for (const Rank& r : ranks) {
+      if (r.running) ::kill(-r.pid, sig);
+    }
+  };
+
+  // Until every rank has exited: forward output, reap ranks, escalate after a failure.
+  // Pipes can outlive a rank (a grandchild holding them), so the loop ends on exits, and
+  // the remaining output is drained afterwards with a bound.
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> polled;
+    for (Stream& s : streams) {
+      if (s.fd >= 0) {
+        fds.push_back(pollfd{s.fd, POLLIN, 0});
+        polled.push_back(&s);
+      }
+    }
+    int n = ::poll(fds.data(), fds.size(), 50);
+    if (n > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+          if (!Pump(args, *polled[i])) {
+            ::close(polled[i]->fd);
+            polled[i]->fd = -1;
+          }
+        }
+      }
+    }
+    if (g_signal != 0 && !forwarded_signal) {
+      forwarded_signal = true;
+      std::fprintf(stderr, "strata launch: got signal %d; stopping the ranks\n",
+                   static_cast<int>(g_signal));
+      signal_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+    for (;;) {
+      int st = 0;
+      pid_t pid = ::waitpid(-1, &st, WNOHANG);
+      if (pid <= 0) break;
+      for (int r = 0; r < args.nproc; ++r) {
+        if (ranks[r].pid != pid || !ranks[r].running) continue;
+        ranks[r].running = false;
+        --running;
+        if (WIFSIGNALED(st)) {
+          ranks[r].killed_by_signal = true;
+          ranks[r].signal = WTERMSIG(st);
+          ranks[r].exit_code = 128 + WTERMSIG(st);
+        } else {
+          ranks[r].exit_code = WEXITSTATUS(st);
+        }
+        if (ranks[r].exit_code != 0 && !first_failed && !forwarded_signal) {
+          first_failed = r;
+          std::fprintf(stderr, "strata launch: rank %d %s; giving the other ranks %.3g s to stop\n",
+                       r, Describe(ranks[r]).c_str(), args.grace_s);
+          if (running > 0) {
+            term_at = Clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(args.grace_s * 1000.0));
+          }
+        }
+      }
+    }
+    auto now = Clock::now();
+    if (term_at && now >= *term_at && running > 0) {
+      term_at.reset();
+      std::fprintf(stderr, "strata launch: grace period over; sending SIGTERM to %d rank(s)\n",
+                   running);
+      signal_all(SIGTERM);
+      kill_at = now + std::chrono::seconds(5);
+    }
+    if (kill_at && now >= *kill_at && running > 0) {
+      kill_at.reset();
+      std::fprintf(stderr, "strata launch: sending SIGKILL to %d rank(s)\n", running);
+      signal_all(SIGKILL);
+    }
+  }
+
+  // Drain what the ranks wrote last (bounded: a leftover grandchild may keep a pipe open).
+  auto drain_end = Clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> polled;
+    for (Stream& s : streams) {
+      if (s.fd >= 0) {
+        fds.push_back(pollfd{s.fd, POLLIN, 0});
+        polled.push_back(&s);
+      }
+    }
+    if (fds.empty() || Clock::now() >= drain_end) break;
+    if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Pump(args, *polled[i])) {
+        ::close(polled[i]->fd);
+        polled[i]->fd = -1;
+      }
+    }
+  }
+  for (Stream& s : streams) {
+    if (s.fd >= 0) {
+      if (!s.partial.empty()) Emit(args, s, s.partial + "\n");
+      ::close(s.fd);
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  std::error_code ec;
+  std::filesystem::remove_all(rdzv_dir, ec);
+
+  if (first_failed) {
+    const Rank& r = ranks[*first_failed];
+    std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", *first_failed, args.nproc,
+                 Describe(r).c_str());
+    return r.exit_code;
+  }
+  if (forwarded_signal) return 128 + static_cast<int>(g_signal);
+  for (int r = 0; r < args.nproc; ++r) {
+    if (ranks[r].exit_code != 0) {
+      std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", r, args.nproc,
+                   Describe(ranks[r]).c_str());
+      return ranks[r].exit_code;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddLaunch(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<LaunchArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "launch",
+      "Start N local ranks of a command that meet through a temporary rendezvous folder.\n"
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and STRATA_RENDEZVOUS.\n"
+      "Example: strata launch -n 2 -- strata train ...   (multi-node: docs/multirank.md)");
+  sub->add_option("-n,--nproc", args->nproc, "Number of ranks to start on this host (>= 1)")
+      ->required();
+  sub->add_option("--output", args->output,
+                  "prefix: every rank's stdout/stderr lines prefixed with [rank r]; rank0: "
+                  "rank 0's stdout unchanged, other ranks' stdout dropped, stderr prefixed")
+      ->capture_default_str();
+  sub->add_option("--grace", args->grace_s,
+                  "Seconds the other ranks get to stop by themselves after one fails, before "
+                  "SIGTERM (then SIGKILL 5 s later)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("command", args->command, "The command each rank runs, after --")->required();
+  sub->callback([args, exit_code] { *exit_code = RunLaunch(*args); });
+}
+
+}  // namespace strata::cli
