@@ -112,7 +112,9 @@ class Device {
   virtual Status UnregisterHostMemory(void* ptr) = 0;
 
   // Asynchronous copies on the kH2D / kD2H lanes (or `lane` when given). The host side must
-  // stay valid until the copy completes; registered host memory is fastest. The device side
+  // stay valid until the copy completes; registered host memory is fastest (CUDA: a copy
+  // from or to unregistered memory may block the caller until the stream reaches it, and
+  // does not overlap like a DMA transfer). The device side
   // must lie inside one live allocation of this device (InvalidArgument otherwise).
   virtual Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes,
                               std::string_view label, Lane lane = Lane::kH2D) = 0;
@@ -120,8 +122,10 @@ class Device {
                             std::string_view label, Lane lane = Lane::kD2H) = 0;
 
   // Runs `fn` on the CPU in order with `lane`'s other work (HostDevice: on the lane's
-  // worker; CUDA: a host function on the lane's stream). A non-OK return is stored as the
-  // lane's error. On HostDevice this is how compute runs on the compute lane.
+  // worker; CUDA: a host function on the lane's stream). A non-OK return (or an exception,
+  // as Aborted) is stored as the lane's error. On HostDevice this is how compute runs on the
+  // compute lane. CUDA: `fn` must not call CUDA, and host functions of all lanes may run on
+  // one driver thread, so keep them short (long CPU work belongs on the caller's threads).
   virtual Status EnqueueHostFunction(Lane lane, std::function<Status()> fn,
                                      std::string_view label) = 0;
 
