@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "strata/log.h"
@@ -70,7 +72,7 @@ Status OpenError(int err, const std::string& path, const OpenOptions& options) {
 }  // namespace
 
 Result<FileEntry> OpenFileEntry(const std::string& path, const OpenOptions& options,
-                                bool allow_direct, bool* warned) {
+                                bool allow_direct) {
   if (path.empty()) return Status::InvalidArgument("cannot open a file with an empty path");
   int flags = O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
   if (options.create && !options.read_only) flags |= O_CREAT;
@@ -110,11 +112,20 @@ Result<FileEntry> OpenFileEntry(const std::string& path, const OpenOptions& opti
     }
   }
   if (!fallback_reason.empty()) {
+    // Once per folder per process: a striped store or a benchmark opens many files there,
+    // often through several backends, and one line says all there is to say.
+    static std::mutex mu;
+    static std::set<std::string> warned_folders;
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = warned_folders.insert(folder).second;
+    }
     std::string msg = "path " + path + ": " + fallback_reason +
                       "; O_DIRECT is not used there, using buffered I/O";
-    if (warned == nullptr || !*warned) {
+    if (first) {
       LogWarning(msg);
-      if (warned) *warned = true;
     } else {
       LogDebug(msg);
     }

@@ -24,10 +24,10 @@ struct FileEntry {
 // Opens `path` as `options` ask. `allow_direct` is the backend's own switch (its options'
 // `direct`); O_DIRECT is used only when both allow it. When the file system refuses
 // O_DIRECT (EINVAL at open) or keeps files in memory (tmpfs, ramfs) the file is opened
-// buffered and, the first time per `*warned` flag, a warning names the path and why.
+// buffered and a warning names the path and why (once per folder per process).
 // Fails with NotFound (missing file or folder), InvalidArgument or IOError naming the path.
 Result<FileEntry> OpenFileEntry(const std::string& path, const OpenOptions& options,
-                                bool allow_direct, bool* warned);
+                                bool allow_direct);
 
 // Reserves `bytes` for `file` (fallocate, mode 0: the file grows to at least `bytes`).
 // NoSpace on ENOSPC naming the path and the bytes asked; falls back to ftruncate where the

@@ -67,8 +67,8 @@ PosixBackend::File* PosixBackend::Lookup(int file) {
 }
 
 Result<int> PosixBackend::OpenFile(const std::string& path, const OpenOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(FileEntry entry, io_internal::OpenFileEntry(
-                                               path, options, options_.direct, &warned_buffered_));
+  STRATA_ASSIGN_OR_RETURN(FileEntry entry,
+                          io_internal::OpenFileEntry(path, options, options_.direct));
   auto f = std::make_shared<File>();
   f->entry = std::move(entry);
   for (size_t i = 0; i < files_.size(); ++i) {

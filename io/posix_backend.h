@@ -64,7 +64,6 @@ class PosixBackend final : public IoBackend {
 
   IoBackendOptions options_;
   std::vector<std::shared_ptr<File>> files_;  // index = handle; null = free slot
-  bool warned_buffered_ = false;
   size_t in_flight_ = 0;  // submitted, not yet returned by Poll (submitting thread only)
 
   std::mutex mu_;

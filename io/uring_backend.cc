@@ -188,8 +188,8 @@ const UringBackend::File* UringBackend::Lookup(int file) const {
 }
 
 Result<int> UringBackend::OpenFile(const std::string& path, const OpenOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(FileEntry entry, io_internal::OpenFileEntry(
-                                               path, options, options_.direct, &warned_buffered_));
+  STRATA_ASSIGN_OR_RETURN(FileEntry entry,
+                          io_internal::OpenFileEntry(path, options, options_.direct));
   size_t handle = files_.size();
   for (size_t i = 0; i < files_.size(); ++i) {
     if (files_[i].entry.fd < 0) {

@@ -99,7 +99,6 @@ class UringBackend final : public IoBackend {
   bool ring_ready_ = false;
   bool fixed_files_ = false;    // the sparse file table is registered
   bool fixed_buffers_ = false;  // buffers registered and usable
-  bool warned_buffered_ = false;
   bool warned_register_ = false;
   uint32_t file_table_size_ = 0;
 

@@ -8,6 +8,6 @@
 namespace strata::cli {
 
 // (subcommands are declared here, one line each)
-void AddLaunch(CLI::App& app, int* exit_code);  // strata launch -n N -- COMMAND...
+void AddBenchIo(CLI::App& bench, int* exit_code);  // strata bench io
 
 }  // namespace strata::cli
