@@ -9,5 +9,6 @@ namespace strata::cli {
 
 // (subcommands are declared here, one line each)
 void AddBenchIo(CLI::App& bench, int* exit_code);  // strata bench io
+void AddLaunch(CLI::App& app, int* exit_code);  // strata launch -n N -- COMMAND...
 
 }  // namespace strata::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       app.add_subcommand("bench", "Measure one part of the engine")->require_subcommand(1);
   strata::cli::AddBenchIo(*bench, &exit_code);
 
+  strata::cli::AddLaunch(app, &exit_code);
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
       ->callback([] {
         for (const strata::EnvVar& v : strata::kEnvVars) {
