@@ -372,6 +372,7 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   } else {
     STRATA_ASSIGN_OR_RETURN(backend_, CreateIoBackend(options_.backend));
   }
+  backend_name_ = std::string(backend_->Name());
   for (auto& ps : paths_) {
     OpenOptions oo;
     oo.create = true;
@@ -447,6 +448,9 @@ SwapStore::~SwapStore() {
         if (ps->handle >= 0) (void)backend_->CloseFile(ps->handle);
       }
     }
+    // The backend waits for anything still in flight (after a backend failure) before the
+    // operations' bounce blocks go away with ops_.
+    backend_.reset();
   }
   if (lock_fd_ >= 0) close(lock_fd_);
 }
@@ -630,15 +634,21 @@ Result<std::vector<SwapTicket>> SwapStore::Submit(std::span<const SwapOp> ops) {
   if (requests.empty()) return tickets;
   bool has_write =
       std::any_of(ops.begin(), ops.end(), [](const SwapOp& o) { return o.op == IoOp::kWrite; });
+  const size_t in_flight_before = backend_->InFlight();
   Status s = backend_->Submit(requests);
   if (!s.ok()) {
-    // The backend refused the batch (it validates before queuing): fail its operations.
+    // The batch's operations fail with the backend's status. When the backend queued
+    // nothing (it refused the batch up front) they finish now; when it queued the requests
+    // but could not hand them to the kernel, they finish as their completions arrive, so
+    // no buffer or extent is released while the kernel may still use it.
+    const bool queued = backend_->InFlight() > in_flight_before;
     for (SwapTicket t : tickets) {
       auto it = ops_.find(t);
       if (it == ops_.end()) continue;
+      it->second->status = s;
+      if (queued) continue;
       std::unique_ptr<Op> op = std::move(it->second);
       ops_.erase(it);
-      op->status = s;
       FinishOp(std::move(op));
     }
     return tickets;
@@ -936,7 +946,7 @@ std::optional<uint64_t> SwapStore::CommittedStep() const {
 
 SwapStoreStats SwapStore::Stats() const {
   SwapStoreStats s;
-  s.backend = std::string(backend_->Name());
+  s.backend = backend_name_;
   std::lock_guard<std::mutex> lock(mu_);
   s.capacity_bytes = capacity_;
   s.stripe_bytes = stripe_;

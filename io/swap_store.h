@@ -247,6 +247,7 @@ class SwapStore {
 
   mutable std::mutex io_mu_;  // serialises backend use; taken before mu_
   std::unique_ptr<IoBackend> backend_;
+  std::string backend_name_;
   std::unordered_map<SwapTicket, std::unique_ptr<Op>> ops_;  // in flight
   std::deque<SwapCompletion> ready_;                         // finished, not yet returned
   SwapTicket next_ticket_ = 1;
