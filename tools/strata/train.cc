@@ -1,0 +1,472 @@
+// `strata train`: trains GPT-2 through the engine, states spilling to pinned host memory and
+// NVMe under the given budgets. See `strata train --help` and issue 5.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/data.h"
+#include "model/gpt2.h"
+#include "model/safetensors.h"
+#include "model/trainer.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "tools/strata/commands.h"
+
+namespace strata::cli {
+namespace {
+
+struct TrainArgs {
+  int layers = 4, d_model = 128, heads = 4, seq_len = 64, vocab = 256;
+  std::string data, init, save, resume;
+  int64_t val_every = 0;
+  double lr = 1e-3;
+  std::string lr_schedule = "constant";
+  int64_t warmup = 0;
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  int batch = 8, micro_batches = 1;
+  int64_t steps = 100;
+  uint64_t seed = 1;
+  std::string device = "auto";
+  std::string device_mem, host_mem;
+  std::vector<std::string> nvme;
+  std::string trace, json;
+  int sample = 0;
+  bool recompute = false;
+  CLI::Option* heads_opt = nullptr;
+};
+
+// "64M", "1.5G", "4096", "0" -> bytes.
+Result<uint64_t> ParseBytes(const std::string& flag, const std::string& s) {
+  if (s.empty()) return uint64_t{0};
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  double mult = 1;
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "KiB" || suffix == "k")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty() || end == s.c_str() || v < 0) {
+    return Status::InvalidArgument(flag + " " + s +
+                                   ": expected a byte count such as 4096, 64M or 1.5G");
+  }
+  return static_cast<uint64_t>(v * mult);
+}
+
+std::string Bytes(double b) {
+  char buf[64];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+std::string Duration(double s) {
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+std::string Decode(const std::vector<int32_t>& toks, int vocab) {
+  std::string out;
+  for (int32_t t : toks) {
+    if (vocab <= 256) {
+      out.push_back(static_cast<char>(t));
+    } else {
+      out += "<" + std::to_string(t) + ">";
+    }
+  }
+  return out;
+}
+
+int Fail(const Status& s, const std::string& what) {
+  std::fprintf(stderr, "strata train: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+
+int RunTrain(const TrainArgs& a) {
+  using model::Gpt2Config;
+  // ---- data ----
+  model::TokenStream data;
+  if (a.data.empty()) {
+    data = model::DefaultCorpus();
+  } else {
+    auto d = model::LoadTokens(a.data);
+    if (!d.ok()) return Fail(d.status(), "--data");
+    data = std::move(d).value();
+  }
+  // ---- model configuration ----
+  Gpt2Config cfg;
+  std::unique_ptr<model::SafetensorsReader> init;
+  if (!a.init.empty()) {
+    auto r = model::SafetensorsReader::Open(a.init);
+    if (!r.ok()) return Fail(r.status(), "--init");
+    init = std::make_unique<model::SafetensorsReader>(std::move(r).value());
+    int heads = a.heads;
+    if (a.heads_opt->count() == 0) {
+      // The file does not record the head count; GPT-2 uses 64 channels per head.
+      auto* wte = init->Find("wte.weight") ? init->Find("wte.weight")
+                                           : init->Find("transformer.wte.weight");
+      if (wte != nullptr && wte->shape.size() == 2 && wte->shape[1] % 64 == 0) {
+        heads = static_cast<int>(wte->shape[1] / 64);
+      }
+    }
+    auto c = model::ConfigFromSafetensors(*init, heads);
+    if (!c.ok()) return Fail(c.status(), "--init " + a.init);
+    cfg = *c;
+    if (a.seq_len > cfg.max_seq) {
+      return Fail(
+          Status::InvalidArgument("--seq-len " + std::to_string(a.seq_len) + " exceeds the " +
+                                  std::to_string(cfg.max_seq) + " rows of wpe.weight in " + a.init),
+          "--seq-len");
+    }
+  } else {
+    cfg.layers = a.layers;
+    cfg.d_model = a.d_model;
+    cfg.heads = a.heads;
+    cfg.max_seq = a.seq_len;
+    cfg.vocab = a.vocab;
+  }
+  if (Status s = cfg.Validate(); !s.ok()) return Fail(s, "model");
+  if (data.vocab > cfg.vocab) {
+    return Fail(
+        Status::InvalidArgument(data.description + " holds token ids up to " +
+                                std::to_string(data.vocab - 1) + " but the model's " +
+                                "vocabulary is " + std::to_string(cfg.vocab) + "; raise --vocab"),
+        "--vocab");
+  }
+  if (a.seq_len < 1 || a.batch < 1 || a.micro_batches < 1 || a.steps < 0) {
+    return Fail(Status::InvalidArgument("--seq-len, --batch and --micro-batches must be >= 1 "
+                                        "and --steps >= 0"),
+                "flags");
+  }
+  model::TrainOptions to;
+  to.seq_len = a.seq_len;
+  to.batch = a.batch;
+  to.micro_batches = a.micro_batches;
+  to.lr = a.lr;
+  to.warmup = a.warmup;
+  to.steps = a.steps;
+  to.recompute = a.recompute;
+  if (a.lr_schedule == "cosine") {
+    to.schedule = model::LrSchedule::kCosine;
+  } else if (a.lr_schedule != "constant") {
+    return Fail(
+        Status::InvalidArgument("--lr-schedule " + a.lr_schedule + ": expected constant or cosine"),
+        "--lr-schedule");
+  }
+  auto batcher = model::Batcher::Create(&data, a.batch, a.seq_len);
+  if (!batcher.ok()) return Fail(batcher.status(), "--data");
+
+  // ---- device and engine ----
+  std::unique_ptr<Device> device;
+  if (a.device == "cuda") {
+    return Fail(Status::NotSupported("the GPT-2 model's CUDA path is not wired into `strata "
+                                     "train` in this build; use --device cpu"),
+                "--device");
+  } else if (a.device == "auto" || a.device == "cpu") {
+    auto d = CreateHostDevice({});
+    if (!d.ok()) return Fail(d.status(), "host device");
+    device = std::move(d).value();
+  } else {
+    return Fail(Status::InvalidArgument("--device " + a.device + ": expected auto, cpu or cuda"),
+                "--device");
+  }
+  EngineOptions eo;
+  eo.device = device.get();
+  auto dm = ParseBytes("--device-mem", a.device_mem);
+  if (!dm.ok()) return Fail(dm.status(), "--device-mem");
+  auto hm = ParseBytes("--host-mem", a.host_mem);
+  if (!hm.ok()) return Fail(hm.status(), "--host-mem");
+  eo.device_mem_bytes = *dm;
+  eo.host_mem_bytes = *hm;
+  eo.nvme_paths = a.nvme;
+  if (!a.resume.empty()) {
+    eo.resume = true;
+    if (eo.nvme_paths.empty()) {
+      eo.nvme_paths = {a.resume};
+    } else if (std::find(eo.nvme_paths.begin(), eo.nvme_paths.end(), a.resume) ==
+               eo.nvme_paths.end()) {
+      return Fail(Status::InvalidArgument("--resume " + a.resume +
+                                          " is not one of the --nvme folders; pass the folder "
+                                          "that holds the swap store"),
+                  "--resume");
+    }
+  }
+  eo.beta1 = a.beta1;
+  eo.beta2 = a.beta2;
+  eo.eps = a.eps;
+  eo.weight_decay = a.weight_decay;
+  eo.grad_clip = a.grad_clip;
+  eo.micro_batches = a.micro_batches;
+  eo.trace_path = a.trace;
+  const std::vector<BlockSpec> specs = model::Gpt2BlockSpecs(cfg);
+  auto engine_or = Engine::Create(specs, eo);
+  if (!engine_or.ok()) return Fail(engine_or.status(), "engine");
+  std::unique_ptr<Engine> engine = std::move(engine_or).value();
+  model::Trainer trainer(engine.get(), device.get(), cfg, to, &*batcher);
+  if (engine->ResumedStep() == 0) {
+    if (Status s = trainer.InitWeights(init.get(), a.seed); !s.ok()) {
+      return Fail(s, init ? "--init " + a.init : "initialising weights");
+    }
+  } else if (init) {
+    std::printf("# --init %s ignored: resuming from step %lld in %s\n", a.init.c_str(),
+                static_cast<long long>(engine->ResumedStep()), a.resume.c_str());
+  }
+
+  // ---- start-up report ----
+  const uint64_t params = model::Gpt2NumParams(cfg);
+  const PlacementReport& pl = engine->Placement();
+  uint64_t state_bytes = 0;
+  for (const ComponentPlacement& c : pl.components) state_bytes += c.bytes;
+  const int64_t tokens_per_step = static_cast<int64_t>(a.batch) * a.seq_len * a.micro_batches;
+  std::printf("# strata train: GPT-2 %d layers, d_model %d, %d heads, seq %d, vocab %d\n",
+              cfg.layers, cfg.d_model, cfg.heads, a.seq_len, cfg.vocab);
+  std::printf("# parameters: %llu (%s fp32); model + optimizer states: %s\n",
+              static_cast<unsigned long long>(params), Bytes(params * 4.0).c_str(),
+              Bytes(static_cast<double>(state_bytes)).c_str());
+  std::printf("# data: %s; %lld training / %lld held-out tokens\n", data.description.c_str(),
+              static_cast<long long>(batcher->train_tokens()),
+              static_cast<long long>(batcher->val_tokens()));
+  std::printf(
+      "# batch: %d rows x %d tokens x %d micro-batches = %lld tokens/step; %lld steps; "
+      "lr %g (%s, warmup %lld); %s\n",
+      a.batch, a.seq_len, a.micro_batches, static_cast<long long>(tokens_per_step),
+      static_cast<long long>(a.steps), a.lr, a.lr_schedule.c_str(),
+      static_cast<long long>(a.warmup), a.recompute ? "recompute" : "no recompute");
+  std::printf("# device: %s\n", device->Name().c_str());
+  // The engine's placement report: where each component lives and why ("# " lines).
+  std::string placement = pl.ToString();
+  for (size_t p = 0, q; p < placement.size(); p = q + 1) {
+    q = placement.find('\n', p);
+    if (q == std::string::npos) q = placement.size();
+    const std::string line = placement.substr(p, q - p);
+    if (!line.empty()) std::printf("%s%s\n", line[0] == '#' ? "" : "# ", line.c_str());
+  }
+  std::printf("# predicted bound per step: %.4f s (%s)\n", pl.predicted_bound_seconds,
+              pl.predicted_bound_resource.c_str());
+  if (engine->ResumedStep() > 0) {
+    std::printf("# resumed at step %lld\n", static_cast<long long>(engine->ResumedStep()));
+  }
+  std::fflush(stdout);
+
+  // ---- steps ----
+  nlohmann::json js;
+  js["config"] = {{"layers", cfg.layers},
+                  {"d_model", cfg.d_model},
+                  {"heads", cfg.heads},
+                  {"seq_len", a.seq_len},
+                  {"vocab", cfg.vocab},
+                  {"params", params},
+                  {"batch", a.batch},
+                  {"micro_batches", a.micro_batches},
+                  {"steps", a.steps},
+                  {"lr", a.lr},
+                  {"lr_schedule", a.lr_schedule},
+                  {"warmup", a.warmup},
+                  {"weight_decay", a.weight_decay},
+                  {"beta1", a.beta1},
+                  {"beta2", a.beta2},
+                  {"eps", a.eps},
+                  {"grad_clip", a.grad_clip},
+                  {"seed", a.seed},
+                  {"recompute", a.recompute},
+                  {"device", device->Name()},
+                  {"device_mem", eo.device_mem_bytes},
+                  {"host_mem", eo.host_mem_bytes},
+                  {"nvme", a.nvme},
+                  {"data", data.description},
+                  {"resumed_step", engine->ResumedStep()}};
+  js["steps"] = nlohmann::json::array();
+  const bool tty = isatty(STDOUT_FILENO);
+  EdgeBytes total_bytes;
+  double busy[kNumResources] = {}, total_seconds = 0;
+  int64_t done = 0;
+  const int64_t first = trainer.next_step();
+  for (int64_t s = first; s <= a.steps; ++s) {
+    auto r = trainer.Step();
+    if (!r.ok()) {
+      if (tty) std::printf("\n");
+      return Fail(r.status(), "step " + std::to_string(s));
+    }
+    const StepStats& st = r->stats;
+    ++done;
+    total_seconds += st.seconds;
+    total_bytes.nvme_read += st.bytes.nvme_read;
+    total_bytes.nvme_write += st.bytes.nvme_write;
+    total_bytes.h2d += st.bytes.h2d;
+    total_bytes.d2h += st.bytes.d2h;
+    for (int i = 0; i < kNumResources; ++i) busy[i] += st.busy_seconds[i];
+    const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
+    const double eta = total_seconds / done * static_cast<double>(a.steps - s);
+    js["steps"].push_back({{"step", s},
+                           {"loss", r->loss},
+                           {"seconds", st.seconds},
+                           {"tokens_per_s", tps},
+                           {"efficiency", st.efficiency},
+                           {"lr", r->lr},
+                           {"grad_norm", st.grad_norm},
+                           {"bytes",
+                            {{"nvme_read", st.bytes.nvme_read},
+                             {"nvme_write", st.bytes.nvme_write},
+                             {"h2d", st.bytes.h2d},
+                             {"d2h", st.bytes.d2h}}}});
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  ETA %s",
+                  static_cast<long long>(s), static_cast<long long>(a.steps), r->loss, tps,
+                  st.efficiency, st.bound_resource.c_str(), Duration(eta).c_str());
+    if (tty) {
+      const int width = 20;
+      const int filled = static_cast<int>(width * s / std::max<int64_t>(1, a.steps));
+      std::printf("\r[%s%s] %s", std::string(filled, '#').c_str(),
+                  std::string(width - filled, ' ').c_str(), line);
+    } else {
+      std::printf("%s\n", line);
+    }
+    std::fflush(stdout);
+    if (a.val_every > 0 && (s % a.val_every == 0 || s == a.steps)) {
+      auto v = trainer.ValidationLoss();
+      if (!v.ok()) return Fail(v.status(), "validation");
+      if (tty) std::printf("\n");
+      std::printf("val step %lld  loss %.4f\n", static_cast<long long>(s), *v);
+      js["steps"].back()["val_loss"] = *v;
+    }
+  }
+  if (tty && done > 0) std::printf("\n");
+
+  // ---- where the time and the bytes went ----
+  if (done > 0) {
+    std::printf("# %lld steps in %.2f s (%.3f s/step)\n", static_cast<long long>(done),
+                total_seconds, total_seconds / done);
+    std::printf("#%-11s %14s %14s\n", "edge", "bytes", "per_step");
+    const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", total_bytes.nvme_read},
+                                                      {"nvme_write", total_bytes.nvme_write},
+                                                      {"h2d", total_bytes.h2d},
+                                                      {"d2h", total_bytes.d2h}};
+    for (const auto& [name, b] : edges) {
+      std::printf(" %-11s %14s %14s\n", name, Bytes(static_cast<double>(b)).c_str(),
+                  Bytes(static_cast<double>(b) / done).c_str());
+    }
+    std::printf("#%-11s %10s %10s\n", "resource", "busy_s", "busy_%");
+    for (int i = 0; i < kNumResources; ++i) {
+      std::printf(" %-11s %10.3f %10.1f\n", ResourceName(static_cast<Resource>(i)), busy[i],
+                  total_seconds > 0 ? 100.0 * busy[i] / total_seconds : 0.0);
+    }
+  }
+
+  // ---- outputs ----
+  if (!a.save.empty()) {
+    auto w = trainer.Weights();
+    if (!w.ok()) return Fail(w.status(), "--save");
+    if (Status s = model::SaveWeights(a.save, specs, *w); !s.ok()) return Fail(s, "--save");
+    std::printf("# saved weights to %s\n", a.save.c_str());
+  }
+  if (a.sample > 0) {
+    auto w = trainer.Weights();
+    if (!w.ok()) return Fail(w.status(), "--sample");
+    const std::string prompt = "The ";
+    std::vector<int32_t> p(prompt.begin(), prompt.end());
+    if (cfg.vocab < 256) p = {0};
+    const auto out = model::Generate(cfg, *w, p, a.sample, 0.0, a.seed);
+    std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
+  }
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    f << js.dump(1) << "\n";
+    if (!f) {
+      return Fail(Status::IOError("cannot write " + a.json).WithPath(a.json), "--json");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddTrain(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "train",
+      "Train a GPT-2 model through the engine; parameters and optimizer states live in device "
+      "memory, pinned host memory or NVMe under the given budgets");
+  sub->set_config("--config", "",
+                  "Read flags from a TOML file (key = value, flag names "
+                  "without the leading dashes, e.g. d-model = 128)");
+  sub->add_option("--layers", a->layers, "Transformer layers")->capture_default_str();
+  sub->add_option("--d-model", a->d_model, "Channels (embedding width)")->capture_default_str();
+  a->heads_opt = sub->add_option("--heads", a->heads,
+                                 "Attention heads (must divide --d-model; with --init the "
+                                 "default is d_model/64)")
+                     ->capture_default_str();
+  sub->add_option("--seq-len", a->seq_len, "Tokens per row (at most wpe's rows with --init)")
+      ->capture_default_str();
+  sub->add_option("--vocab", a->vocab, "Vocabulary size (256 for byte-level text)")
+      ->capture_default_str();
+  sub->add_option("--data", a->data,
+                  "Training data: a text file (byte tokens) or an llm.c uint16 token file; "
+                  "default: the built-in generated corpus");
+  sub->add_option("--val-every", a->val_every,
+                  "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
+      ->capture_default_str();
+  sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
+  sub->add_option("--save", a->save, "Write the trained weights to this .safetensors file");
+  sub->add_option("--resume", a->resume,
+                  "Continue from the last committed step of the swap store in this folder");
+  sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();
+  sub->add_option("--lr-schedule", a->lr_schedule, "constant or cosine (to 10% of --lr)")
+      ->capture_default_str();
+  sub->add_option("--warmup", a->warmup, "Linear warm-up steps")->capture_default_str();
+  sub->add_option("--weight-decay", a->weight_decay,
+                  "AdamW decoupled weight decay (matrices and embeddings only)")
+      ->capture_default_str();
+  sub->add_option("--beta1", a->beta1, "Adam beta1")->capture_default_str();
+  sub->add_option("--beta2", a->beta2, "Adam beta2")->capture_default_str();
+  sub->add_option("--eps", a->eps, "Adam epsilon")->capture_default_str();
+  sub->add_option("--grad-clip", a->grad_clip, "Clip the global gradient norm (0: off)")
+      ->capture_default_str();
+  sub->add_option("--batch", a->batch, "Rows per micro-batch")->capture_default_str();
+  sub->add_option("--micro-batches", a->micro_batches,
+                  "Micro-batches per step (the gradient is their mean)")
+      ->capture_default_str();
+  sub->add_option("--steps", a->steps, "Optimizer steps (total, counting resumed ones)")
+      ->capture_default_str();
+  sub->add_option("--seed", a->seed, "Seed of the initialisation and of --sample")
+      ->capture_default_str();
+  sub->add_flag("--recompute", a->recompute,
+                "Activation checkpointing: keep only each block's input, recompute in backward");
+  sub->add_option("--device", a->device, "auto, cpu or cuda")->capture_default_str();
+  sub->add_option("--device-mem", a->device_mem,
+                  "Device memory for the engine's parameter and gradient buffers (e.g. 64M; "
+                  "default: unlimited)");
+  sub->add_option("--host-mem", a->host_mem,
+                  "Pinned host memory for states and staging (e.g. 256M; default: unlimited, "
+                  "no NVMe)");
+  sub->add_option("--nvme", a->nvme, "Folder for NVMe-resident states (repeatable: striped)");
+  sub->add_option("--trace", a->trace, "Write a Chrome/Perfetto trace of the run to this file");
+  sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
+  sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
+      ->capture_default_str();
+  sub->callback([a, exit_code] { *exit_code = RunTrain(*a); });
+}
+
+}  // namespace strata::cli
