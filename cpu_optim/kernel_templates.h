@@ -104,9 +104,12 @@ void AdamRange(const AdamArgs& a, size_t begin, size_t end) {
 }
 
 // The bound: the same streams as AdamVector (grad read at its width, master/m/v read and
-// written, the copy written at 16 bits) with one add per stream instead of the update.
+// written, the copy written at 16 bits) with one fma per stream instead of the update.
+// The fma adds g * 0 (a.s.grad_scale is 0, a run-time value the compiler cannot fold), so
+// the data keep their values and a benchmark can interleave this kernel with AdamStep.
 template <class V, FloatFormat G, ParamOut O, bool kTail>
-inline void TrafficVector(const AdamArgs& a, size_t i, const typename V::Tail& t) {
+inline void TrafficVector(const AdamArgs& a, const typename V::F zero, size_t i,
+                          const typename V::Tail& t) {
   using F = typename V::F;
   F g;
   if constexpr (G == FloatFormat::kFp32) {
@@ -114,11 +117,11 @@ inline void TrafficVector(const AdamArgs& a, size_t i, const typename V::Tail& t
   } else {  // fp16 bits widened like bf16: same bytes loaded, no conversion work
     g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
   }
-  const F p = V::Add(V::template LoadF32<kTail>(a.master + i, t), g);
-  V::template StoreF32<kTail>(a.exp_avg + i,
-                              V::Add(V::template LoadF32<kTail>(a.exp_avg + i, t), g), t);
-  V::template StoreF32<kTail>(a.exp_avg_sq + i,
-                              V::Add(V::template LoadF32<kTail>(a.exp_avg_sq + i, t), g), t);
+  const F p = V::Fma(g, zero, V::template LoadF32<kTail>(a.master + i, t));
+  const F m = V::Fma(g, zero, V::template LoadF32<kTail>(a.exp_avg + i, t));
+  const F v = V::Fma(g, zero, V::template LoadF32<kTail>(a.exp_avg_sq + i, t));
+  V::template StoreF32<kTail>(a.exp_avg + i, m, t);
+  V::template StoreF32<kTail>(a.exp_avg_sq + i, v, t);
   V::template StoreF32<kTail>(a.master + i, p, t);
   if constexpr (O != ParamOut::kNone) {
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
@@ -129,8 +132,9 @@ template <class V, FloatFormat G, ParamOut O>
 void TrafficRange(const AdamArgs& a, size_t begin, size_t end) {
   size_t i = begin;
   const typename V::Tail full{};
-  for (; i + V::kWidth <= end; i += V::kWidth) TrafficVector<V, G, O, false>(a, i, full);
-  if (i < end) TrafficVector<V, G, O, true>(a, i, V::MakeTail(end - i));
+  const typename V::F zero = V::Set1(a.s.grad_scale);
+  for (; i + V::kWidth <= end; i += V::kWidth) TrafficVector<V, G, O, false>(a, zero, i, full);
+  if (i < end) TrafficVector<V, G, O, true>(a, zero, i, V::MakeTail(end - i));
 }
 
 template <class V, FloatFormat G>

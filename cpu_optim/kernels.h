@@ -67,7 +67,7 @@ const IsaKernels& Avx512Kernels();
 Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options);
 
 // The bound kernel over a whole slice, with AdamStep's argument checks and threading.
-// Leaves garbage in the slice's arrays. For benchmarks only.
+// Leaves the slice's values as they were (param_out gets truncated bits). For benchmarks.
 [[nodiscard]] Status TrafficStep(const AdamSlice& slice, const CpuKernelOptions& options = {});
 
 // Bytes of DRAM traffic one AdamStep moves per parameter with these formats (each array

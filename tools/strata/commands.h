@@ -10,7 +10,8 @@ namespace strata::cli {
 // (subcommands are declared here, one line each)
 void AddTrain(CLI::App& app, int* exit_code);     // strata train
 void AddGenerate(CLI::App& app, int* exit_code);  // strata generate
-void AddBenchIo(CLI::App& bench, int* exit_code);  // strata bench io
-void AddLaunch(CLI::App& app, int* exit_code);  // strata launch -n N -- COMMAND...
+void AddBenchIo(CLI::App& bench, int* exit_code);    // strata bench io
+void AddLaunch(CLI::App& app, int* exit_code);       // strata launch -n N -- COMMAND...
+void AddBenchAdam(CLI::App& bench, int* exit_code);  // strata bench adam
 
 }  // namespace strata::cli

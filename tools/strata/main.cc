@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   strata::cli::AddBenchIo(*bench, &exit_code);
 
   strata::cli::AddLaunch(app, &exit_code);
+  strata::cli::AddBenchAdam(*bench, &exit_code);
   strata::cli::AddTrain(app, &exit_code);
   strata::cli::AddGenerate(app, &exit_code);
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
