@@ -302,6 +302,7 @@ int RunTrain(const TrainArgs& a) {
   EdgeBytes total_bytes;
   double busy[kNumResources] = {}, total_seconds = 0;
   int64_t done = 0;
+  std::vector<double> losses;
   const int64_t first = trainer.next_step();
   for (int64_t s = first; s <= a.steps; ++s) {
     auto r = trainer.Step();
@@ -311,6 +312,7 @@ int RunTrain(const TrainArgs& a) {
     }
     const StepStats& st = r->stats;
     ++done;
+    losses.push_back(r->loss);
     total_seconds += st.seconds;
     total_bytes.nvme_read += st.bytes.nvme_read;
     total_bytes.nvme_write += st.bytes.nvme_write;
@@ -359,6 +361,14 @@ int RunTrain(const TrainArgs& a) {
   if (done > 0) {
     std::printf("# %lld steps in %.2f s (%.3f s/step)\n", static_cast<long long>(done),
                 total_seconds, total_seconds / done);
+    // The first step's loss against the mean of the last (up to) 10: one number that says
+    // whether training worked, robust to the noise of single batches.
+    const size_t tail = std::min<size_t>(10, losses.size());
+    double last = 0;
+    for (size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i];
+    last /= static_cast<double>(tail);
+    std::printf("# loss: first step %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n",
+                losses.front(), tail, last, 100.0 * (last - losses.front()) / losses.front());
     std::printf("#%-11s %14s %14s\n", "edge", "bytes", "per_step");
     const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", total_bytes.nvme_read},
                                                       {"nvme_write", total_bytes.nvme_write},
