@@ -90,6 +90,7 @@ class EngineImpl final : public Engine {
     bool needs_write = false;  // updates go to NVMe (NVMe home, or durable)
     bool on_nvme = false;      // the store holds a version (else the content is zeros)
     int uses_done = 0;         // uses of this step completed
+    uint64_t offset = 0;       // place in the cache region (cached objects)
   };
   struct DevBuf {
     void* ptr = nullptr;
@@ -166,6 +167,10 @@ class EngineImpl final : public Engine {
   bool registered_with_device_ = false;
   std::unique_ptr<SwapStore> store_;
   void* staging_ = nullptr;  // gradient landing buffer for micro-batches after the first
+  // The cache: one pinned region; the host plan places objects inside it (exact offsets, so
+  // the simulated footprint and fragmentation are the real ones).
+  char* cache_base_ = nullptr;
+  uint64_t cache_used_ = 0, cache_peak_ = 0, host_fixed_ = 0;
   Timeline timeline_;
   int64_t resumed_step_ = 0;
 
@@ -279,6 +284,12 @@ Status EngineImpl::Init() {
   if (place_.staging_bytes) {
     STRATA_ASSIGN_OR_RETURN(staging_, pool_->Allocate(place_.staging_bytes, "grad staging"));
   }
+  if (place_.cache_capacity) {
+    STRATA_ASSIGN_OR_RETURN(void* cache, pool_->Allocate(place_.cache_capacity, "cache"));
+    cache_base_ = static_cast<char*>(cache);
+  }
+  host_fixed_ = place_.staging_bytes + place_.resident_bytes;
+
   for (int o = 0; o < int(objs_.size()); ++o) {
     HostObj& h = objs_[o];
     if (!h.exists || h.cached) continue;
@@ -409,11 +420,7 @@ bool EngineImpl::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
   switch (op.kind) {
     case HostOpKind::kEvict: {
       if (h.uses_done < op.uses_before || h.res.state != S::kReady) return false;
-      Status s = pool_->Free(h.buf);
-      if (!s.ok()) {
-        SetErrorLocked(s.Annotate("freeing " + ObjName(op.obj)));
-        return false;
-      }
+      cache_used_ -= RoundUp(h.bytes, 4096);
       h.buf = nullptr;
       (void)h.res.To(S::kAbsent);
       cv_.notify_all();
@@ -421,14 +428,22 @@ bool EngineImpl::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
     }
     case HostOpKind::kLoad:
     case HostOpKind::kAlloc: {
-      auto buf = pool_->Allocate(h.bytes, Key(op.obj));
-      if (!buf.ok()) {
-        Status s = buf.status();
-        SetErrorLocked(s.Annotate("host cache for " + ObjName(op.obj) +
-                                  " (the plan fits the budget; this is fragmentation)"));
-        return false;
+      h.offset = op.offset;
+      h.buf = cache_base_ + h.offset;
+      cache_used_ += RoundUp(h.bytes, 4096);
+      cache_peak_ = std::max(cache_peak_, cache_used_);
+      // The plan never places two live objects on one range; a violation would corrupt
+      // data silently, so it is checked (one pass over the objects per placement).
+      for (int o = 0; o < int(objs_.size()); ++o) {
+        const HostObj& x = objs_[o];
+        if (o == op.obj || !x.cached || x.res.state == S::kAbsent) continue;
+        if (x.offset < h.offset + RoundUp(h.bytes, 4096) &&
+            h.offset < x.offset + RoundUp(x.bytes, 4096)) {
+          SetErrorLocked(Status::Aborted("internal: host plan places " + Key(op.obj) +
+                                         " over live " + Key(o)));
+          return false;
+        }
       }
-      h.buf = *buf;
       if (op.kind == HostOpKind::kAlloc || !h.on_nvme || !store_) {
         // Allocated for a use that writes it, or never written: zeros, as Create promised.
         if (op.kind == HostOpKind::kLoad || ObjComponent(op.obj) == Component::kParam) {
@@ -801,7 +816,24 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   for (int o = 0; o < int(objs_.size()); ++o) {
     if (objs_[o].cached && objs_[o].res.state != S::kAbsent) hin.start_resident.push_back(o);
   }
-  STRATA_ASSIGN_OR_RETURN(hplan_, PlanHost(hin));
+  hin.start_offset.assign(objs_.size(), 0);
+  for (int o = 0; o < int(objs_.size()); ++o) hin.start_offset[o] = objs_[o].offset;
+  auto plan = PlanHost(hin);
+  if (!plan.ok()) {
+    // What the last step left in the cache can fragment it; start from an empty cache (the
+    // configuration the planner validated) by evicting it first.
+    std::vector<int> carried = hin.start_resident;
+    hin.start_resident.clear();
+    plan = PlanHost(hin);
+    if (plan.ok()) {
+      std::vector<HostOp> ops;
+      for (int o : carried) ops.push_back(HostOp{HostOpKind::kEvict, o, -1, 0});
+      ops.insert(ops.end(), plan->ops.begin(), plan->ops.end());
+      plan->ops = std::move(ops);
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(hplan_, std::move(plan));
+
   ++step_;
   args_ = args;
   dbufs_.assign(dplan_.buffers.size(), DevBuf{});
@@ -831,6 +863,7 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   skip_update_ = false;
   norm_final_ = false;
   pool_->ResetPeak();
+  cache_peak_ = cache_used_;
   step_start_ = Clock::now();
   timeline_.BeginStep(step_start_);
   for (int i = 0; i < 4; ++i) bytes_[i] = 0;
@@ -1048,7 +1081,7 @@ Result<StepStats> EngineImpl::EndStep() {
     st.grad_norm = std::sqrt(sum) * args_.grad_scale;
   }
   st.peak_device_bytes = dev_peak_;
-  st.peak_host_bytes = pool_->Stats().peak_bytes;
+  st.peak_host_bytes = host_fixed_ + cache_peak_;
   return st;
 }
 

@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -310,15 +311,57 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
   };
   std::vector<bool> resident(n_obj, false), dead(n_obj, false), locked(n_obj, false);
   std::vector<int> planned(n_obj, 0);
+  p.offset.assign(n_obj, 0);
+  // First-fit over [0, capacity): the plan places every object, so fragmentation is part of
+  // the simulation (an allocation that does not fit contiguously evicts more).
+  std::map<uint64_t, uint64_t> free_ranges;  // offset -> length, merged
+  if (in.capacity) free_ranges[0] = in.capacity;
+  auto take = [&](uint64_t size, uint64_t* off) -> bool {
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
+      if (it->second < size) continue;
+      *off = it->first;
+      const uint64_t rest = it->second - size;
+      free_ranges.erase(it);
+      if (rest) free_ranges[*off + size] = rest;
+      return true;
+    }
+    return false;
+  };
+  auto give = [&](uint64_t off, uint64_t size) {
+    auto it = free_ranges.emplace(off, size).first;
+    auto next = std::next(it);
+    if (next != free_ranges.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_ranges.erase(next);
+    }
+    if (it != free_ranges.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_ranges.erase(it);
+      }
+    }
+  };
   uint64_t used = 0;
   for (int obj : in.start_resident) {
+    // Objects carried over keep their place.
+    const uint64_t off = in.start_offset[obj];
+    auto it = free_ranges.upper_bound(off);
+    if (it == free_ranges.begin()) return Status::OutOfMemory("host cache: bad carried object");
+    --it;
+    const uint64_t r_off = it->first, r_len = it->second;
+    if (off < r_off || off + in.obj_bytes[obj] > r_off + r_len) {
+      return Status::OutOfMemory("host cache " + FormatBytes(in.capacity) +
+                                 " cannot hold the objects it starts with");
+    }
+    free_ranges.erase(it);
+    if (off > r_off) free_ranges[r_off] = off - r_off;
+    if (off + in.obj_bytes[obj] < r_off + r_len) {
+      free_ranges[off + in.obj_bytes[obj]] = r_off + r_len - off - in.obj_bytes[obj];
+    }
+    p.offset[obj] = off;
     resident[obj] = true;
     used += in.obj_bytes[obj];
-  }
-  if (used > in.capacity) {
-    return Status::OutOfMemory("host cache " + FormatBytes(in.capacity) +
-                               " cannot hold the objects it starts with (" + FormatBytes(used) +
-                               ")");
   }
   p.peak_bytes = used;
   for (int i = 0; i < n_use; ++i) {
@@ -326,7 +369,8 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
     for (const UseObj& uo : u.objs) {
       if (!in.cached[uo.obj] || resident[uo.obj]) continue;
       const uint64_t need = in.obj_bytes[uo.obj];
-      while (used + need > in.capacity) {
+      uint64_t off = 0;
+      while (!take(need, &off)) {
         int best = -1;
         int64_t best_key = -1;
         for (int o = 0; o < n_obj; ++o) {
@@ -354,8 +398,11 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
         resident[best] = false;
         dead[best] = false;
         used -= in.obj_bytes[best];
+        give(p.offset[best], in.obj_bytes[best]);
       }
-      p.ops.push_back(HostOp{uo.produce ? HostOpKind::kAlloc : HostOpKind::kLoad, uo.obj, i, 0});
+      p.offset[uo.obj] = off;
+      p.ops.push_back(
+          HostOp{uo.produce ? HostOpKind::kAlloc : HostOpKind::kLoad, uo.obj, i, 0, off});
       resident[uo.obj] = true;
       used += need;
       p.peak_bytes = std::max(p.peak_bytes, used);
@@ -510,13 +557,12 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
     }
     pp.cached = cached_host;
     pp.resident_bytes = state_bytes;
-    pp.cache_capacity = opt.host_mem_bytes ? opt.host_mem_bytes - state_bytes - pp.staging_bytes
-                                           : std::max<uint64_t>(cache_min_host, 0);
-    if (!opt.host_mem_bytes) {
-      uint64_t all_grads = 0;
-      for (int b = 0; b < L; ++b) all_grads += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
-      pp.cache_capacity = all_grads;
-    }
+    uint64_t all_grads = 0;
+    for (int b = 0; b < L; ++b) all_grads += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
+    pp.cache_capacity =
+        opt.host_mem_bytes
+            ? std::min(opt.host_mem_bytes - state_bytes - pp.staging_bytes, all_grads)
+            : all_grads;
     rep.host_min_bytes = all_host_min;
     why.push_back("every component's home is host memory (" +
                   std::string(opt.host_mem_bytes ? "the host budget holds them all"
@@ -567,7 +613,10 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
     }
     pp.cached = cached;
     pp.resident_bytes = resident;
-    pp.cache_capacity = budget - resident;
+    // The cache never needs more than everything it could hold at once.
+    uint64_t cacheable = 0;
+    for (int o = 0; o < n_obj; ++o) cacheable += cached[o] ? pp.obj_bytes[o] : 0;
+    pp.cache_capacity = std::min(budget - resident, cacheable);
     pp.use_nvme = true;
     std::vector<int> host_blocks[kNumComponents], nvme_blocks[kNumComponents];
     for (int o : state_objs) {
@@ -617,7 +666,9 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   hin.capacity = pp.cache_capacity;
   STRATA_ASSIGN_OR_RETURN(HostPlan first, PlanHost(hin));
   hin.start_resident = first.end_resident;
-  STRATA_ASSIGN_OR_RETURN(HostPlan steady, PlanHost(hin));
+  hin.start_offset = first.offset;
+  auto steady_or = PlanHost(hin);
+  const HostPlan& steady = steady_or.ok() ? *steady_or : first;
   int device_loads = 0, device_evictions = 0;
   for (int a = 0; a < int(schedule.size()); ++a) {
     if (dplan.steps[a].load) {

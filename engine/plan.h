@@ -112,6 +112,7 @@ struct HostOp {
   int obj = 0;
   int use = -1;         // kLoad/kAlloc: the use it serves
   int uses_before = 0;  // kEvict: wait until this many uses of obj completed
+  uint64_t offset = 0;  // kLoad/kAlloc: where in the cache region it goes
 };
 
 struct HostPlan {
@@ -121,6 +122,7 @@ struct HostPlan {
   std::vector<int> h2d_use;       // per access: its kH2D use or -1
   std::vector<int> grad_use;      // per access: its kGradIn use or -1
   std::vector<int> end_resident;  // cached objects resident after the step
+  std::vector<uint64_t> offset;   // per object: its place in the cache region (when cached)
   uint64_t peak_bytes = 0;        // simulated peak of the cache
 };
 
@@ -129,12 +131,13 @@ struct HostPlanInput {
   const DevicePlan* device = nullptr;
   int blocks = 0;
   int micro_batches = 1;
-  bool clip = false;                // optimizer steps wait for the global norm (after backward)
-  bool separate_param = false;      // the param component exists (working dtype != fp32)
-  std::vector<uint64_t> obj_bytes;  // per object, as charged by the pinned pool
-  std::vector<bool> cached;         // per object: lives in the cache (NVMe home, or grad)
-  std::vector<int> start_resident;  // cached objects resident at the start
-  uint64_t capacity = 0;            // cache bytes
+  bool clip = false;                   // optimizer steps wait for the global norm (after backward)
+  bool separate_param = false;         // the param component exists (working dtype != fp32)
+  std::vector<uint64_t> obj_bytes;     // per object, as charged by the pinned pool
+  std::vector<bool> cached;            // per object: lives in the cache (NVMe home, or grad)
+  std::vector<int> start_resident;     // cached objects resident at the start
+  std::vector<uint64_t> start_offset;  // per object: where a resident one sits
+  uint64_t capacity = 0;               // cache bytes
 };
 
 // OutOfMemory when a use cannot fit the capacity.
