@@ -642,8 +642,10 @@ int RunBenchIo(const Flags& flags) {
           {"direct", flags.direct}}}};
     doc["best"] = io;
     if (!flags.json) {
-      std::printf("# best: block %" PRIu64 " B, qd %u: %.3f GB/s (read+write together)\n",
-                  best_block, best_qd, best / 1e9);
+      std::string swept;
+      for (Mode m : modes) swept += std::string(swept.empty() ? "" : "+") + ModeName(m);
+      std::printf("# best: block %" PRIu64 " B, qd %u: %.3f GB/s over %s (bytes / time)\n",
+                  best_block, best_qd, best / 1e9, swept.c_str());
       std::printf("%s\n", io.dump().c_str());
     }
   }
