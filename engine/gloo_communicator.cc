@@ -9,6 +9,7 @@
 // the ranks may now disagree on which collective they are in.
 #include "engine/gloo_communicator.h"
 
+#include <arpa/inet.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -21,6 +22,10 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,8 +33,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 #if GLOO_USE_REDIS
@@ -38,6 +48,7 @@
 #endif
 
 #include "strata/comm.h"
+#include "strata/env.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -46,35 +57,131 @@ namespace gloo_internal {
 bool HasRedis() { return GLOO_USE_REDIS != 0; }
 
 std::optional<int> FindRankInMessage(std::string_view message,
-                                     const std::vector<std::string>& rank_addresses) {
-  for (size_t r = 0; r < rank_addresses.size(); ++r) {
-    const std::string& addr = rank_addresses[r];
-    if (addr.empty()) continue;
-    for (size_t pos = message.find(addr); pos != std::string_view::npos;
-         pos = message.find(addr, pos + 1)) {
-      size_t after = pos + addr.size();
-      if (after < message.size() && message[after] >= '0' && message[after] <= '9') continue;
-      return static_cast<int>(r);
+                                     const std::vector<std::vector<std::string>>& endpoints) {
+  for (size_t r = 0; r < endpoints.size(); ++r) {
+    for (const std::string& addr : endpoints[r]) {
+      if (addr.empty()) continue;
+      for (size_t pos = message.find(addr); pos != std::string_view::npos;
+           pos = message.find(addr, pos + 1)) {
+        size_t after = pos + addr.size();
+        if (after < message.size() && message[after] >= '0' && message[after] <= '9') continue;
+        return static_cast<int>(r);
+      }
     }
   }
   return std::nullopt;
 }
 
+std::vector<std::string> LocalTcpEndpoints(int* established) {
+  if (established != nullptr) *established = 0;
+  // Socket inodes this process holds.
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code ec2;
+    std::string target = std::filesystem::read_symlink(entry.path(), ec2).string();
+    if (!ec2 && target.starts_with("socket:[") && target.ends_with("]")) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // header
+    const bool v6 = std::string_view(table).ends_with("6");
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+      if (!(in >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >>
+            inode)) {
+        continue;
+      }
+      if (!inodes.count(inode)) continue;
+      if (established != nullptr && st == "01") ++*established;
+      size_t colon = local.find(':');
+      if (colon == std::string::npos) continue;
+      std::string hex = local.substr(0, colon);
+      unsigned port = std::stoul(local.substr(colon + 1), nullptr, 16);
+      char text[INET6_ADDRSTRLEN] = {};
+      // The kernel prints the address as 32-bit words in host byte order.
+      if (!v6 && hex.size() == 8) {
+        in_addr a;
+        a.s_addr = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+        ::inet_ntop(AF_INET, &a, text, sizeof(text));
+      } else if (v6 && hex.size() == 32) {
+        in6_addr a;
+        for (int w = 0; w < 4; ++w) {
+          uint32_t word = static_cast<uint32_t>(std::stoul(hex.substr(w * 8, 8), nullptr, 16));
+          std::memcpy(reinterpret_cast<char*>(&a) + w * 4, &word, 4);
+        }
+        ::inet_ntop(AF_INET6, &a, text, sizeof(text));
+      } else {
+        continue;
+      }
+      out.push_back("[" + std::string(text) + "]:" + std::to_string(port));
+      // Gloo's Address::str() prints sin_port without ntohs(): list that form as well.
+      unsigned swapped = ((port & 0xff) << 8) | (port >> 8);
+      if (swapped != port) out.push_back("[" + std::string(text) + "]:" + std::to_string(swapped));
+    }
+  }
+  return out;
+}
+
+std::string ProcessIdentity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::ifstream f("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return std::string(host) + " " + std::to_string(::getpid()) + " " + StartTimeFromStat(stat);
+}
+
+std::string StartTimeFromStat(const std::string& stat) {
+  // Fields after the command name (which may contain spaces) start at ") ": state is field
+  // 3, starttime field 22 of proc(5).
+  size_t close = stat.rfind(") ");
+  if (close == std::string::npos) return "";
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (in >> field); ++i) {
+    if (i == 22) return field;
+  }
+  return "";
+}
+
+bool ProcessIsGone(const std::string& identity) {
+  std::istringstream in(identity);
+  std::string host, pid_s, start;
+  if (!(in >> host >> pid_s >> start)) return false;
+  char me[256] = {};
+  ::gethostname(me, sizeof(me) - 1);
+  if (host != me) return false;  // another host: cannot tell from here
+  std::ifstream f("/proc/" + pid_s + "/stat");
+  if (!f) return true;  // no such process
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (StartTimeFromStat(stat) != start) return true;  // the pid was reused
+  size_t close = stat.rfind(") ");
+  char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+  return state == 'Z' || state == 'X';  // exited, not yet reaped
+}
+
 namespace {
 
-// Gloo's tcp Address::str() reads "[127.0.0.1]:40121" (a pair's address may append "$seq");
-// the peer named in error messages uses the same form. We keep "127.0.0.1]:40121" minus
-// brackets as "127.0.0.1:40121" for users, and match on the bracketed form.
+// Gloo's tcp Address::str() reads "[127.0.0.1]:897" (a pair's address may append "$seq");
+// the peer named in error messages uses the same form, so matching uses it as is.
 std::string ListenAddressFromPairAddress(std::string s) {
   size_t dollar = s.find('$');
   if (dollar != std::string::npos) s.resize(dollar);
   return s;
 }
 
-std::string ReadableAddress(std::string s) {
-  s.erase(std::remove(s.begin(), s.end(), '['), s.end());
-  s.erase(std::remove(s.begin(), s.end(), ']'), s.end());
-  return s;
+// "[127.0.0.1]:897" -> "127.0.0.1": the host is what helps a user find the lost rank (the
+// port Gloo prints is in network byte order, so it would only mislead).
+std::string ReadableHost(const std::string& s) {
+  size_t open = s.find('[');
+  size_t close = s.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return s;
+  return s.substr(open + 1, close - open - 1);
 }
 
 // Drops Gloo's "[/path/to/file.cc:123] " source prefixes, which mean nothing to users.
@@ -333,14 +440,18 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(const CommOptions& options, std::shared_ptr<StoreCore> core,
                    std::shared_ptr<GlooKeyValueStore> kv,
                    std::shared_ptr<gloo::rendezvous::Context> context,
-                   std::vector<std::string> addresses)
+                   std::vector<std::string> addresses,
+                   std::vector<std::vector<std::string>> endpoints,
+                   std::vector<std::string> identities)
       : rank_(options.rank.rank),
         world_(options.rank.world_size),
         timeout_(options.timeout),
         core_(std::move(core)),
         kv_(std::move(kv)),
         context_(std::move(context)),
-        addresses_(std::move(addresses)) {
+        addresses_(std::move(addresses)),
+        endpoints_(std::move(endpoints)),
+        identities_(std::move(identities)) {
     worker_ = std::thread([this] { Run(); });
   }
 
@@ -605,8 +716,16 @@ class GlooCommunicator final : public Communicator {
     // their own exits look like failures to the rest ("connection reset by rank 3"), so a
     // rank's own reading of its message can blame a survivor; the first reports cannot.
     int reporter = -1;
-    std::optional<int> lost = ReportedLostRank(&reporter);
-    if (!lost) lost = gloo_internal::FindRankInMessage(what, addresses_);
+    // A rank on this host whose process is gone is the surest answer; then what other
+    // ranks reported; then the peer this rank's own message names.
+    std::optional<int> lost = DeadLocalRank();
+    if (!lost) lost = ReportedLostRank(&reporter);
+    if (!lost) {
+      // A peer that has itself reported a failure is alive and gave up: its closing the
+      // connection is a consequence, not the cause.
+      std::optional<int> named = gloo_internal::FindRankInMessage(what, endpoints_);
+      if (named && !kv_->TryGet("err/" + std::to_string(*named))) lost = named;
+    }
     kv_->Set("err/" + std::to_string(rank_), std::to_string(lost ? *lost : -1)).ok();
     if (!lost) {
       // Ranks connected to the dead one report within moments of its death; a rank that
@@ -615,14 +734,15 @@ class GlooCommunicator final : public Communicator {
                       std::min<std::chrono::milliseconds>(timeout_ / 4 + 1ms, 2000ms);
       while (!lost && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(20ms);
-        lost = ReportedLostRank(&reporter);
+        lost = DeadLocalRank();
+        if (!lost) lost = ReportedLostRank(&reporter);
       }
     }
     std::string text = std::string(op_name) + " on rank " + std::to_string(rank_) + " of " +
                        std::to_string(world_) + " failed: ";
     if (lost) {
-      text += "lost rank " + std::to_string(*lost) + " (" +
-              gloo_internal::ReadableAddress(addresses_[*lost]) + ")";
+      text += "lost rank " + std::to_string(*lost) + " (" + "host " +
+              gloo_internal::ReadableHost(addresses_[*lost]) + ")";
       if (reporter >= 0) text += " as reported by rank " + std::to_string(reporter);
       text += timeout ? " (no data within the comm timeout of " + std::to_string(timeout_.count()) +
                             " ms); "
@@ -633,6 +753,19 @@ class GlooCommunicator final : public Communicator {
     }
     text += msg;
     return timeout ? Status::Timeout(text) : Status::Comm(text);
+  }
+
+  // The lowest-numbered other rank on this host whose process has exited without
+  // reporting a failure of its own (a rank that reported gave up after a loss; its exit is
+  // a consequence), if any.
+  std::optional<int> DeadLocalRank() {
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank_ && gloo_internal::ProcessIsGone(identities_[r]) &&
+          !kv_->TryGet("err/" + std::to_string(r))) {
+        return r;
+      }
+    }
+    return std::nullopt;
   }
 
   // The lost rank named by the lowest-numbered other rank that reported one, if any.
@@ -657,6 +790,11 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<GlooKeyValueStore> kv_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::vector<std::string> addresses_;  // rank r's listening address, "[ip]:port"
+  // Every TCP endpoint of rank r (its listening address and the local ends of its
+  // connections): Gloo names a peer by whichever end it sees.
+  std::vector<std::vector<std::string>> endpoints_;
+  // "host pid starttime" of each rank, to check whether ranks on this host are gone.
+  std::vector<std::string> identities_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -666,6 +804,51 @@ class GlooCommunicator final : public Communicator {
   Status broken_;  // worker thread only
   std::thread worker_;
 };
+
+// The host to listen on: options.hostname, else STRATA_COMM_HOST, else loopback when all
+// ranks are on this host, else gethostname(). A name that resolves only to loopback while
+// ranks span hosts is refused: Debian maps the host name to 127.0.1.1, and peers would then
+// try to reach this rank on their own machine.
+Result<std::string> ListenHost(const CommOptions& options) {
+  std::string host = options.hostname;
+  if (host.empty()) host = EnvGet("STRATA_COMM_HOST");
+  const bool one_host = options.rank.local_world_size >= options.rank.world_size;
+  if (host.empty()) {
+    if (one_host) return std::string("127.0.0.1");
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof(buf) - 1) != 0) return Status::FromErrno(errno, "gethostname");
+    host = buf;
+  }
+  if (one_host) return host;
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) {
+    return Status::InvalidArgument("gloo: host '" + host + "' does not resolve (" +
+                                   gai_strerror(rc) +
+                                   "); set STRATA_COMM_HOST to this host's address");
+  }
+  bool all_loopback = true;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(a->ai_addr);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) all_loopback = false;
+    } else if (a->ai_family == AF_INET6) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(a->ai_addr);
+      if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) all_loopback = false;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (all_loopback) {
+    return Status::InvalidArgument(
+        "gloo: host '" + host + "' resolves only to a loopback address, but the " +
+        std::to_string(options.rank.world_size) +
+        " ranks span hosts (LOCAL_WORLD_SIZE=" + std::to_string(options.rank.local_world_size) +
+        "); set STRATA_COMM_HOST to an address of this host the other hosts can reach");
+  }
+  return host;
+}
 
 }  // namespace
 
@@ -688,13 +871,24 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
   if (options.timeout <= std::chrono::milliseconds(0)) {
     return Status::InvalidArgument("gloo communicator: the timeout must be positive");
   }
+  // Gloo writes to sockets without MSG_NOSIGNAL: a peer that dies mid-send would kill this
+  // process with SIGPIPE instead of failing the collective. Ignore SIGPIPE unless the
+  // program installed its own handler.
+  {
+    struct sigaction current = {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  }
+  // Checked first: a host the others cannot reach should fail here, not as a timeout.
+  STRATA_ASSIGN_OR_RETURN(std::string hostname, ListenHost(options));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StoreCore> core, OpenStoreCore(options.rendezvous));
   auto kv = std::make_shared<GlooKeyValueStore>(core, options.store_prefix);
   const std::string where = options.rendezvous.ToString();
 
   if (ri.world_size == 1) {
     return std::unique_ptr<Communicator>(
-        new GlooCommunicator(options, core, kv, nullptr, {std::string()}));
+        new GlooCommunicator(options, core, kv, nullptr, {std::string()}, {{}}, {std::string()}));
   }
 
   // Join: every rank announces itself, then waits for all others, so that a missing rank
@@ -718,19 +912,7 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
     std::this_thread::sleep_for(10ms);
   }
 
-  std::string hostname = options.hostname;
-  if (hostname.empty()) {
-    if (ri.local_world_size >= ri.world_size) {
-      hostname = "127.0.0.1";
-    } else {
-      char buf[256] = {};
-      if (::gethostname(buf, sizeof(buf) - 1) != 0) {
-        return Status::FromErrno(errno, "gethostname");
-      }
-      hostname = buf;
-    }
-  }
-
+  const std::string gloo_prefix = options.store_prefix + "/gloo";
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::vector<std::string> addresses(ri.world_size);
   try {
@@ -747,7 +929,7 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
     }
     context = std::make_shared<gloo::rendezvous::Context>(ri.rank, ri.world_size);
     context->setTimeout(options.timeout);
-    LockedGlooStore gstore(core, options.store_prefix + "/gloo");
+    LockedGlooStore gstore(core, gloo_prefix);
     context->connectFullMesh(gstore, device);
     int peer = (ri.rank + 1) % ri.world_size;
     addresses[ri.rank] =
@@ -759,19 +941,53 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
     return gloo_internal::LooksLikeTimeout(msg) ? Status::Timeout(text) : Status::Comm(text);
   }
 
-  // Publish and collect the listening addresses, so failures can name ranks.
-  STRATA_RETURN_IF_ERROR(kv->Set("addr/" + std::to_string(ri.rank), addresses[ri.rank]));
+  // Publish and collect every rank's TCP endpoints (listening address first), so failures
+  // can name ranks whichever end of a connection Gloo's message shows.
+  std::vector<std::vector<std::string>> endpoints(ri.world_size);
+  std::vector<std::string> identities(ri.world_size);
+  {
+    // The accepting side of a connection may still hold it in the kernel's backlog when
+    // connectFullMesh returns; wait (briefly) until every peer's socket is in our table.
+    std::vector<std::string> local;
+    auto until = std::chrono::steady_clock::now() +
+                 std::min<std::chrono::milliseconds>(options.timeout, 5000ms);
+    for (;;) {
+      int established = 0;
+      local = gloo_internal::LocalTcpEndpoints(&established);
+      if (established >= ri.world_size - 1 || std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(2ms);
+    }
+    // Each pair has its own address, the one its peer got through the rendezvous and
+    // names in error messages; these come first.
+    std::string mine = addresses[ri.rank];
+    for (int r = 0; r < ri.world_size; ++r) {
+      if (r == ri.rank) continue;
+      std::string a =
+          gloo_internal::ListenAddressFromPairAddress(context->getPair(r)->address().str());
+      if (a != addresses[ri.rank]) mine += " " + a;
+    }
+    for (const std::string& e : local) {
+      if (e != addresses[ri.rank]) mine += " " + e;
+    }
+    STRATA_RETURN_IF_ERROR(kv->Set("addr/" + std::to_string(ri.rank), mine));
+    STRATA_RETURN_IF_ERROR(
+        kv->Set("proc/" + std::to_string(ri.rank), gloo_internal::ProcessIdentity()));
+  }
   for (int r = 0; r < ri.world_size; ++r) {
-    if (r == ri.rank) continue;
+    Result<std::string> proc = kv->Get("proc/" + std::to_string(r), options.timeout);
+    if (proc.ok()) identities[r] = *proc;
     Result<std::string> a = kv->Get("addr/" + std::to_string(r), options.timeout);
     if (!a.ok()) {
       Status s = a.status();
-      return s.Annotate("gloo: collecting rank " + std::to_string(r) + "'s address");
+      return s.Annotate("gloo: collecting rank " + std::to_string(r) + "'s addresses");
     }
-    addresses[r] = *a;
+    std::istringstream in(*a);
+    for (std::string e; in >> e;) endpoints[r].push_back(e);
+    if (!endpoints[r].empty()) addresses[r] = endpoints[r][0];
   }
   return std::unique_ptr<Communicator>(
-      new GlooCommunicator(options, core, kv, std::move(context), std::move(addresses)));
+      new GlooCommunicator(options, core, kv, std::move(context), std::move(addresses),
+                           std::move(endpoints), std::move(identities)));
 }
 
 }  // namespace strata

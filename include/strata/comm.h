@@ -246,9 +246,9 @@ struct CommOptions {
   // fail within about this long. STRATA_COMM_TIMEOUT (seconds) sets the CLI default.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Host name or address the Gloo transport listens on and advertises to the others.
-  // Empty: "127.0.0.1" when all ranks are on this host (rank.local_world_size ==
-  // rank.world_size), else the name gethostname() returns (which must resolve, on every
-  // host, to an address the others can reach).
+  // Empty: STRATA_COMM_HOST; if that is empty too, "127.0.0.1" when all ranks are on this
+  // host (rank.local_world_size == rank.world_size), else the name gethostname() returns.
+  // When ranks span hosts, a name resolving only to loopback is refused (InvalidArgument).
   std::string hostname;
   // Prefix of this communicator's keys in the store; distinct per communicator sharing a
   // store (and per run sharing a Redis server).
@@ -258,6 +258,8 @@ struct CommOptions {
 // The Gloo backend (TCP). Joins the others through `options.rendezvous` and connects a full
 // mesh; blocks until every rank has joined or options.timeout passes (Timeout naming the
 // ranks that never appeared). NotSupported for redis: when this build's Gloo lacks Redis.
+// Sets SIGPIPE to ignored when it has its default action (Gloo's socket writes would
+// otherwise let a dying peer kill this process).
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options);
 
 // The comm timeout from STRATA_COMM_TIMEOUT (seconds, may be fractional); InvalidArgument

@@ -26,6 +26,7 @@ inline constexpr EnvVar kEnvVars[] = {
     {"STRATA_LOG_LEVEL", "info", "stderr messages: error, warning, info or debug"},
     {"STRATA_RENDEZVOUS", "", "where ranks meet: file:DIR (shared folder) or redis:HOST:PORT"},
     {"STRATA_COMM_TIMEOUT", "300", "seconds a collective may wait for a peer before failing"},
+    {"STRATA_COMM_HOST", "", "Gloo listen address; empty: 127.0.0.1 on one host, else hostname"},
 };
 
 // The variable's value, or its declared default when unset or empty.

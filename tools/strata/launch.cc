@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -180,7 +181,10 @@ int RunLaunch(const LaunchArgs& args) {
   }
 
   using Clock = std::chrono::steady_clock;
-  std::optional<int> first_failed;
+  std::optional<int> first_failed;  // the failed rank named as the cause
+  std::vector<int> failures;        // failed ranks in the order they were reaped
+  std::optional<Clock::time_point> decide_at;
+  constexpr auto kSettle = std::chrono::milliseconds(500);
   std::optional<Clock::time_point> term_at, kill_at;
   bool forwarded_signal = false;
   int running = args.nproc;
@@ -220,6 +224,10 @@ int RunLaunch(const LaunchArgs& args) {
       signal_all(SIGTERM);
       kill_at = Clock::now() + std::chrono::seconds(5);
     }
+    // Reap every rank that has exited. The first failure starts the grace period; which
+    // failed rank is named as the cause is decided a moment later (kSettle), preferring a
+    // rank killed by a signal over ranks that exited non-zero, in exit order: a dead rank's
+    // peers exit with comm errors moments after it, and the kernel may report them first.
     for (;;) {
       int st = 0;
       pid_t pid = ::waitpid(-1, &st, WNOHANG);
@@ -235,16 +243,26 @@ int RunLaunch(const LaunchArgs& args) {
         } else {
           ranks[r].exit_code = WEXITSTATUS(st);
         }
-        if (ranks[r].exit_code != 0 && !first_failed && !forwarded_signal) {
-          first_failed = r;
-          std::fprintf(stderr, "strata launch: rank %d %s; giving the other ranks %.3g s to stop\n",
-                       r, Describe(ranks[r]).c_str(), args.grace_s);
+        if (ranks[r].exit_code == 0 || forwarded_signal) continue;
+        std::fprintf(stderr, "strata launch: rank %d %s\n", r, Describe(ranks[r]).c_str());
+        if (failures.empty()) {
+          decide_at = Clock::now() + kSettle;
           if (running > 0) {
+            std::fprintf(stderr, "strata launch: giving the other ranks %.3g s to stop\n",
+                         args.grace_s);
             term_at = Clock::now() +
                       std::chrono::milliseconds(static_cast<int64_t>(args.grace_s * 1000.0));
           }
         }
+        failures.push_back(r);
       }
+    }
+    if (!first_failed && !failures.empty() && (Clock::now() >= *decide_at || running == 0)) {
+      std::vector<int> order = failures;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return ranks[a].killed_by_signal && !ranks[b].killed_by_signal;
+      });
+      first_failed = order.front();
     }
     auto now = Clock::now();
     if (term_at && now >= *term_at && running > 0) {
