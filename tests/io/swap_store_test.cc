@@ -245,9 +245,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreBackendTest,
 
 // Two threads do I/O on one store (serialised inside it) while a third reads its metadata;
 // every read returns one of the versions written to its key, intact.
-TEST(SwapStoreTest, ConcurrentUseFromSeveralThreads) {
+TEST_P(SwapStoreBackendTest, ConcurrentUseFromSeveralThreads) {
   TempDir a, b;
-  auto store = MustOpen(Options({a.path(), b.path()}, 32 * kMiB, IoBackendKind::kPosix, 64 * 1024));
+  auto store = MustOpen(Options({a.path(), b.path()}, 32 * kMiB, GetParam(), 64 * 1024));
   ASSERT_TRUE(store);
   std::atomic<bool> stop{false}, wrong{false};
   std::atomic<uint64_t> commits{0};
