@@ -95,9 +95,10 @@ class EngineImpl final : public Engine {
   struct DevBuf {
     void* ptr = nullptr;
     Residency res;
-    EventPtr ready;        // H2D copy done
-    EventPtr last;         // the last work that used it (compute after Release; D2H for grads)
-    int last_access = -1;  // the last access of the plan that uses it
+    EventPtr ready;  // H2D copy done
+    EventPtr last;   // the last work that used it (compute after Release; D2H for grads)
+    bool landing_enqueued = false;  // grads: the D2H copy out of it is enqueued
+    int last_access = -1;           // the last access of the plan that uses it
   };
 
   std::string Key(int obj) const {
@@ -140,6 +141,12 @@ class EngineImpl final : public Engine {
 
   void IoLoop();
   void FeederLoop();
+  void LanderLoop();
+  struct Landing {
+    int access = 0;
+    EventPtr computed;  // the compute that wrote the gradient
+  };
+  Status RunLanding(const Landing& l);
   void OptimizerLoop();
   // Runs host op `op` if its dependencies are met; false when it must wait.
   bool TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads, std::vector<int>* read_objs);
@@ -204,12 +211,14 @@ class EngineImpl final : public Engine {
   bool skip_update_ = false;
   bool norm_final_ = false;
   std::deque<int> write_queue_;
+  std::deque<Landing> landings_;  // submitted gradients waiting for their D2H
   int writes_in_flight_ = 0;
   Clock::time_point step_start_;
 
+  CpuKernelOptions kernel_options_;
   std::atomic<uint64_t> bytes_[4] = {};  // nvme_read, nvme_write, h2d, d2h
 
-  std::thread io_thread_, feeder_thread_, opt_thread_;
+  std::thread io_thread_, feeder_thread_, opt_thread_, lander_thread_;
 };
 
 Status EngineImpl::Init() {
@@ -238,6 +247,7 @@ Status EngineImpl::Init() {
   }
   separate_ = dtype_ != WorkingDtype::kFp32;
   durable_ = opt_.durable || opt_.resume;
+  kernel_options_.threads = opt_.optimizer_threads;
   device_budget_ = opt_.device_mem_bytes;
 
   PlacementInput pin{&layout_, &opt_, dtype_, device_budget_};
@@ -362,6 +372,7 @@ Status EngineImpl::Init() {
   io_thread_ = std::thread([this] { IoLoop(); });
   feeder_thread_ = std::thread([this] { FeederLoop(); });
   opt_thread_ = std::thread([this] { OptimizerLoop(); });
+  lander_thread_ = std::thread([this] { LanderLoop(); });
   return Status::OK();
 }
 
@@ -372,6 +383,7 @@ EngineImpl::~EngineImpl() {
     cv_.notify_all();
   }
   if (opt_thread_.joinable()) opt_thread_.join();
+  if (lander_thread_.joinable()) lander_thread_.join();
   if (feeder_thread_.joinable()) feeder_thread_.join();
   if (io_thread_.joinable()) io_thread_.join();
   if (dev_) {
@@ -567,7 +579,10 @@ Status EngineImpl::RunFeederAccess(int a) {
     void* ptr;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return model_pos_ > dbufs_[f].last_access; }));
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] {
+        return model_pos_ > dbufs_[f].last_access &&
+               (!dplan_.buffers[f].grad || dbufs_[f].landing_enqueued);
+      }));
       last = dbufs_[f].last;
       ptr = dbufs_[f].ptr;
     }
@@ -667,7 +682,7 @@ Status EngineImpl::RunOptimizer(int use_index) {
         const size_t n = layout_[pending_norm].shard_numel;
         lk.unlock();
         const Clock::time_point t0 = Clock::now();
-        auto r = GradNormSquared(grad, FloatFormat::kFp32, n);
+        auto r = GradNormSquared(grad, FloatFormat::kFp32, n, kernel_options_);
         timeline_.Add(TraceLane::kCpuOptim, "norm " + layout_[pending_norm].name, t0, Clock::now());
         lk.lock();
         if (!r.ok()) return Status(r.status()).Annotate("gradient norm");
@@ -739,7 +754,7 @@ Status EngineImpl::RunOptimizer(int use_index) {
         s.param_out_format = ParamOut::kBf16;
       }
       hp.weight_decay = t.weight_decay ? opt_.weight_decay : 0.0;
-      status = AdamStep(s, hp, scale);
+      status = AdamStep(s, hp, scale, kernel_options_);
       if (!status.ok()) break;
     }
   }
@@ -951,12 +966,8 @@ Result<float*> EngineImpl::GradBuffer(int block) {
 
 Status EngineImpl::SubmitGrads(int block) {
   int a;
-  int obj;
-  bool first;
-  void* dst;
-  void* src;
   {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     STRATA_RETURN_IF_ERROR(error_);
     if (acquired_ < 0 || schedule_[acquired_].block != block ||
         schedule_[acquired_].pass != Pass::kBackward || grads_submitted_) {
@@ -964,6 +975,26 @@ Status EngineImpl::SubmitGrads(int block) {
                                      ") needs the block acquired for backward, once");
     }
     a = acquired_;
+    grads_submitted_ = true;
+  }
+  // The landing (D2H copy into the host accumulator) is enqueued by the lander thread once
+  // the host buffer is free, so the model never waits here for host memory.
+  STRATA_ASSIGN_OR_RETURN(EventPtr computed, dev_->Record(Lane::kCompute));
+  std::lock_guard<std::mutex> lock(mu_);
+  landings_.push_back(Landing{a, std::move(computed)});
+  cv_.notify_all();
+  return Status::OK();
+}
+
+Status EngineImpl::RunLanding(const Landing& l) {
+  const int a = l.access;
+  const int block = schedule_[a].block;
+  int obj;
+  bool first;
+  void* dst;
+  void* src;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
     const UseObj uo = hplan_.uses[hplan_.grad_use[a]].objs[0];
     obj = uo.obj;
     first = uo.produce;
@@ -974,10 +1005,8 @@ Status EngineImpl::SubmitGrads(int block) {
     if (!h.res.Enter()) return Status::Aborted("internal: residency of " + ObjName(obj));
     dst = first ? h.buf : staging_;
     src = dbufs_[dplan_.steps[a].grad_buffer].ptr;
-    grads_submitted_ = true;
   }
-  STRATA_ASSIGN_OR_RETURN(EventPtr computed, dev_->Record(Lane::kCompute));
-  STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kD2H, computed));
+  STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kD2H, l.computed));
   const uint64_t bytes = objs_[obj].bytes;
   STRATA_RETURN_IF_ERROR(dev_->CopyToHost(dst, src, bytes, "d2h grad " + layout_[block].name));
   const BlockLayout* bl = &layout_[block];
@@ -1006,8 +1035,26 @@ Status EngineImpl::SubmitGrads(int block) {
       "grad landed"));
   STRATA_ASSIGN_OR_RETURN(EventPtr landed_ev, dev_->Record(Lane::kD2H));
   std::lock_guard<std::mutex> lock(mu_);
-  dbufs_[dplan_.steps[a].grad_buffer].last = std::move(landed_ev);
+  DevBuf& d = dbufs_[dplan_.steps[a].grad_buffer];
+  d.last = std::move(landed_ev);
+  d.landing_enqueued = true;
+  cv_.notify_all();
   return Status::OK();
+}
+
+void EngineImpl::LanderLoop() {
+  for (;;) {
+    Landing l;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return shutdown_ || !landings_.empty(); });
+      if (landings_.empty()) return;  // shutdown
+      l = std::move(landings_.front());
+      landings_.pop_front();
+    }
+    Status s = RunLanding(l);
+    if (!s.ok() && (s.code() != StatusCode::kAborted || Error().ok())) SetError(s);
+  }
 }
 
 Result<StepStats> EngineImpl::EndStep() {

@@ -153,6 +153,10 @@ struct EngineOptions {
   // reads of its master weights and moments still run ahead during backward.
   double grad_clip = 0.0;
 
+  // OpenMP threads of the CPU optimizer kernels; 0 = the kernels' default (one per core).
+  // Never changes a result bit.
+  int optimizer_threads = 0;
+
   int micro_batches = 1;  // gradients accumulate (fp32, host) over this many per step
   WorkingDtype dtype = WorkingDtype::kAuto;
   uint32_t tensor_alignment = 64;  // elements; every tensor starts at a multiple of this

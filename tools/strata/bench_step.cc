@@ -1,0 +1,352 @@
+// `strata bench step`: a synthetic training step through the engine, with no model, to size
+// budgets before a real run and to measure how close the engine gets to its own bound.
+//
+// The "model" is --blocks blocks of --block-bytes of fp32 parameters each. Per block and
+// micro-batch, forward occupies the device's compute lane for --compute-ms and backward for
+// twice that (Device::EnqueueBusy: a timed kernel on CUDA, a sleeping lane worker on the
+// host device, so it costs no host CPU), then writes a zero gradient. With zero gradients
+// and no weight decay AdamW leaves every parameter unchanged, which makes the run
+// self-checking: after the last step every block's master weights must equal what was
+// written at the start and both moments must be zero; #wrong counts blocks that differ.
+//
+// Run: strata bench step --blocks 16 --block-bytes 16M --compute-ms 40 \
+//        --device-mem 96M --host-mem 320M --nvme /var/tmp/swap --steps 4 --trace step.json
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/io.h"
+#include "strata/status.h"
+#include "tools/strata/commands.h"
+
+namespace strata::cli {
+namespace {
+
+struct Flags {
+  int blocks = 16;
+  std::string block_bytes = "16M";
+  double compute_ms = 40;
+  std::string device_mem = "0";
+  std::string host_mem = "0";
+  std::vector<std::string> nvme;
+  int steps = 3;
+  int micro_batches = 1;
+  double grad_clip = 0;
+  std::string trace;
+  bool json = false;
+  std::string device = "auto";
+  std::string io = "auto";
+  int cpu_threads = 0;
+};
+
+// "16M", "1.5G", "4096", "64KiB" -> bytes (binary units).
+Result<uint64_t> ParseBytes(const std::string& flag, const std::string& text) {
+  auto fail = [&] {
+    return Status::InvalidArgument(flag + " " + text +
+                                   " is not a size; use a number with an optional K, M, G or T "
+                                   "suffix (binary units), e.g. 512K, 96M, 2G");
+  };
+  if (text.empty()) return fail();
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (...) {
+    return fail();
+  }
+  std::string suffix = text.substr(pos);
+  for (char& c : suffix) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (suffix.size() >= 2 && suffix.substr(suffix.size() - 2) == "IB") {
+    suffix.resize(suffix.size() - 2);
+  } else if (suffix.size() >= 1 && suffix.back() == 'B') {
+    suffix.pop_back();
+  }
+  double mult = 1;
+  if (suffix == "K") {
+    mult = 1024.0;
+  } else if (suffix == "M") {
+    mult = 1024.0 * 1024;
+  } else if (suffix == "G") {
+    mult = 1024.0 * 1024 * 1024;
+  } else if (suffix == "T") {
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  } else if (!suffix.empty()) {
+    return fail();
+  }
+  if (v < 0) return fail();
+  return uint64_t(v * mult);
+}
+
+std::string Mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", double(bytes) / (1 << 20));
+  return buf;
+}
+
+float Pattern(int block, uint64_t i) {
+  return float(int((i * 2654435761u + block * 97) % 2001) - 1000) * 1e-3f;
+}
+
+class TempFolder {
+ public:
+  ~TempFolder() {
+    if (!path_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(path_, ec);
+    }
+  }
+  Result<std::string> Make() {
+    char tmpl[] = "/var/tmp/strata-bench-step-XXXXXX";
+    if (!mkdtemp(tmpl)) return Status::FromErrno(errno, "creating a folder under /var/tmp");
+    path_ = tmpl;
+    return path_;
+  }
+
+ private:
+  std::string path_;
+};
+
+Status Run(const Flags& f) {
+  if (f.blocks < 1) return Status::InvalidArgument("--blocks must be >= 1");
+  if (f.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
+  if (f.micro_batches < 1) return Status::InvalidArgument("--micro-batches must be >= 1");
+  if (f.compute_ms < 0) return Status::InvalidArgument("--compute-ms must be >= 0");
+  STRATA_ASSIGN_OR_RETURN(uint64_t block_bytes, ParseBytes("--block-bytes", f.block_bytes));
+  STRATA_ASSIGN_OR_RETURN(uint64_t device_mem, ParseBytes("--device-mem", f.device_mem));
+  STRATA_ASSIGN_OR_RETURN(uint64_t host_mem, ParseBytes("--host-mem", f.host_mem));
+  const uint64_t numel = std::max<uint64_t>(block_bytes / 4, 1);
+  STRATA_ASSIGN_OR_RETURN(IoBackendKind io_kind, ParseIoBackendKind(f.io));
+
+  std::unique_ptr<Device> device;
+  DeviceOptions dopt;
+  dopt.memory_budget_bytes = device_mem;
+  if (f.device == "cuda" || (f.device == "auto" && CudaAvailable())) {
+    STRATA_ASSIGN_OR_RETURN(device, CreateCudaDevice(dopt));
+  } else if (f.device == "cpu" || f.device == "auto") {
+    STRATA_ASSIGN_OR_RETURN(device, CreateHostDevice(dopt));
+  } else {
+    return Status::InvalidArgument("--device " + f.device + ": use auto, cpu or cuda");
+  }
+
+  TempFolder temp;
+  std::vector<std::string> nvme = f.nvme;
+  if (nvme.empty() && host_mem != 0) {
+    STRATA_ASSIGN_OR_RETURN(std::string dir, temp.Make());
+    nvme.push_back(dir);
+  }
+
+  std::vector<BlockSpec> blocks;
+  for (int b = 0; b < f.blocks; ++b) {
+    blocks.push_back(
+        BlockSpec{"block." + std::to_string(b), {TensorSpec{"w", {int64_t(numel)}, true}}});
+  }
+  EngineOptions opt;
+  opt.device = device.get();
+  opt.device_mem_bytes = device_mem;
+  opt.host_mem_bytes = host_mem;
+  opt.nvme_paths = nvme;
+  opt.io.kind = io_kind;
+  opt.micro_batches = f.micro_batches;
+  opt.grad_clip = f.grad_clip;
+  opt.trace_path = f.trace;
+  opt.optimizer_threads = f.cpu_threads;
+  opt.dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
+  auto created = Engine::Create(blocks, opt);
+  if (!created.ok()) return created.status();
+  std::unique_ptr<Engine> engine = std::move(created).value();
+  const PlacementReport& place = engine->Placement();
+
+  const uint64_t flat_bytes = engine->Layout()[0].padded_numel * 4;
+  // Zeros on the host, copied over each gradient on the compute lane (works on any device).
+  std::vector<float> zeros(engine->Layout()[0].padded_numel, 0.0f);
+  for (int b = 0; b < f.blocks; ++b) {
+    std::vector<float> v(numel);
+    for (uint64_t i = 0; i < numel; ++i) v[i] = Pattern(b, i);
+    STRATA_RETURN_IF_ERROR(engine->WriteParams(b, 0, v));
+  }
+  STRATA_RETURN_IF_ERROR(engine->CommitParams());
+
+  if (!f.json) {
+    std::printf(
+        "# strata bench step: %d blocks x %s MiB fp32 params, compute %.1f ms forward / "
+        "%.1f ms backward per block, %d micro-batch(es), %d step(s)%s\n",
+        f.blocks, Mib(flat_bytes).c_str(), f.compute_ms, 2 * f.compute_ms, f.micro_batches, f.steps,
+        f.grad_clip > 0 ? (", grad clip " + std::to_string(f.grad_clip)).c_str() : "");
+    std::printf("# device %s, nvme %s\n", device->Name().c_str(),
+                nvme.empty() ? "none" : [&] {
+                  std::string s;
+                  for (const auto& p : nvme) s += (s.empty() ? "" : ", ") + p;
+                  return s;
+                }().c_str());
+    std::fputs(place.ToString().c_str(), stdout);
+    std::printf("# %4s %9s %9s %-10s %6s %8s %10s %10s %9s %9s %9s %7s\n", "step", "time_s",
+                "bound_s", "bound_by", "effic", "stall_s", "nvme_rd_MiB", "nvme_wr_MiB", "h2d_MiB",
+                "d2h_MiB", "nvme_GB/s", "#wrong");
+  }
+  nlohmann::json steps = nlohmann::json::array();
+  const auto fwd = std::chrono::nanoseconds(int64_t(f.compute_ms * 1e6));
+  const auto bwd = 2 * fwd;
+  const int64_t first = engine->ResumedStep() + 1;
+  for (int s = 0; s < f.steps; ++s) {
+    STRATA_RETURN_IF_ERROR(engine->BeginStep(StepArgs{.lr = 1e-3}));
+    for (int m = 0; m < f.micro_batches; ++m) {
+      for (int b = 0; b < f.blocks; ++b) {
+        STRATA_RETURN_IF_ERROR(engine->Acquire(b, Pass::kForward).status());
+        if (fwd.count() > 0) {
+          STRATA_RETURN_IF_ERROR(device->EnqueueBusy(Lane::kCompute, fwd, "forward"));
+        }
+        STRATA_RETURN_IF_ERROR(engine->Release(b));
+      }
+      for (int b = f.blocks - 1; b >= 0; --b) {
+        STRATA_RETURN_IF_ERROR(engine->Acquire(b, Pass::kBackward).status());
+        STRATA_ASSIGN_OR_RETURN(float* grad, engine->GradBuffer(b));
+        if (bwd.count() > 0) {
+          STRATA_RETURN_IF_ERROR(device->EnqueueBusy(Lane::kCompute, bwd, "backward"));
+        }
+        STRATA_RETURN_IF_ERROR(
+            device->CopyToDevice(grad, zeros.data(), flat_bytes, "zero grad", Lane::kCompute));
+        STRATA_RETURN_IF_ERROR(engine->SubmitGrads(b));
+        STRATA_RETURN_IF_ERROR(engine->Release(b));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(StepStats st, engine->EndStep());
+    // The data check after the last step (it reads every state back).
+    int64_t wrong = -1;
+    if (s + 1 == f.steps) {
+      wrong = 0;
+      std::vector<float> v(engine->Layout()[0].shard_numel);
+      for (int b = 0; b < f.blocks; ++b) {
+        bool bad = false;
+        STRATA_RETURN_IF_ERROR(engine->ReadComponent(b, Component::kMaster, v));
+        for (uint64_t i = 0; i < numel && !bad; ++i) bad = v[i] != Pattern(b, i);
+        for (Component c : {Component::kExpAvg, Component::kExpAvgSq}) {
+          STRATA_RETURN_IF_ERROR(engine->ReadComponent(b, c, v));
+          for (uint64_t i = 0; i < numel && !bad; ++i) bad = v[i] != 0.0f;
+        }
+        wrong += bad ? 1 : 0;
+      }
+    }
+    const double nvme_gbs =
+        st.seconds > 0 ? double(st.bytes.nvme_read + st.bytes.nvme_write) / st.seconds / 1e9 : 0;
+    if (!f.json) {
+      std::printf("  %4" PRId64 " %9.3f %9.3f %-10s %6.3f %8.3f %10s %10s %9s %9s %9.3f %7s\n",
+                  st.step, st.seconds, st.bound_seconds, st.bound_resource.c_str(), st.efficiency,
+                  st.stall_seconds, Mib(st.bytes.nvme_read).c_str(),
+                  Mib(st.bytes.nvme_write).c_str(), Mib(st.bytes.h2d).c_str(),
+                  Mib(st.bytes.d2h).c_str(), nvme_gbs,
+                  wrong < 0 ? "-" : std::to_string(wrong).c_str());
+      std::fflush(stdout);
+    }
+    nlohmann::json busy;
+    for (int r = 0; r < kNumResources; ++r) busy[ResourceName(Resource(r))] = st.busy_seconds[r];
+    steps.push_back({{"step", st.step},
+                     {"seconds", st.seconds},
+                     {"bound_seconds", st.bound_seconds},
+                     {"bound_resource", st.bound_resource},
+                     {"efficiency", st.efficiency},
+                     {"stall_seconds", st.stall_seconds},
+                     {"grad_norm", st.grad_norm},
+                     {"peak_device_bytes", st.peak_device_bytes},
+                     {"peak_host_bytes", st.peak_host_bytes},
+                     {"busy_seconds", busy},
+                     {"bytes",
+                      {{"nvme_read", st.bytes.nvme_read},
+                       {"nvme_write", st.bytes.nvme_write},
+                       {"h2d", st.bytes.h2d},
+                       {"d2h", st.bytes.d2h}}}});
+    if (wrong >= 0) steps.back()["wrong"] = wrong;
+    if (wrong > 0) {
+      if (f.json) std::printf("%s\n", nlohmann::json{{"steps", steps}}.dump(2).c_str());
+      return Status::Corruption(std::to_string(wrong) +
+                                " block(s) came back different from what was written");
+    }
+  }
+  (void)first;
+  if (f.json) {
+    nlohmann::json out;
+    out["config"] = {{"blocks", f.blocks},
+                     {"block_bytes", flat_bytes},
+                     {"compute_ms", f.compute_ms},
+                     {"device", device->Name()},
+                     {"device_mem", device_mem},
+                     {"host_mem", host_mem},
+                     {"nvme", nvme},
+                     {"micro_batches", f.micro_batches},
+                     {"grad_clip", f.grad_clip}};
+    nlohmann::json comps = nlohmann::json::array();
+    for (const ComponentPlacement& c : place.components) {
+      comps.push_back({{"block", c.block},
+                       {"component", ComponentName(c.component)},
+                       {"home", TierName(c.home)},
+                       {"bytes", c.bytes}});
+    }
+    out["placement"] = {{"components", comps},
+                        {"reasons", place.reasons},
+                        {"device_min_bytes", place.device_min_bytes},
+                        {"host_min_bytes", place.host_min_bytes}};
+    out["steps"] = steps;
+    std::printf("%s\n", out.dump(2).c_str());
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+void AddBenchStep(CLI::App& bench, int* exit_code) {
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "step",
+      "A synthetic training step through the engine (no model): time, lower bound, "
+      "efficiency, bytes per link and stall time per step, and the placement chosen. Use it "
+      "to size --device-mem/--host-mem before a real run.");
+  cmd->add_option("--blocks", flags->blocks, "Number of blocks (layers)")->capture_default_str();
+  cmd->add_option("--block-bytes", flags->block_bytes,
+                  "fp32 parameter bytes per block (K/M/G suffixes)")
+      ->capture_default_str();
+  cmd->add_option("--compute-ms", flags->compute_ms,
+                  "Device compute per block: forward this many ms, backward twice that "
+                  "(emulated on the compute lane; 0 = I/O-bound)")
+      ->capture_default_str();
+  cmd->add_option("--device-mem", flags->device_mem,
+                  "Device memory budget for params and gradient buffers (0 = unlimited)")
+      ->capture_default_str();
+  cmd->add_option("--host-mem", flags->host_mem,
+                  "Pinned host memory budget (0 = unlimited: everything stays in host memory)")
+      ->capture_default_str();
+  cmd->add_option("--nvme", flags->nvme,
+                  "Folder for the NVMe tier; repeat to stripe over drives (default: a temporary "
+                  "folder under /var/tmp, removed at exit)");
+  cmd->add_option("--steps", flags->steps, "Steps to run")->capture_default_str();
+  cmd->add_option("--micro-batches", flags->micro_batches,
+                  "Micro-batches per step (gradients accumulate on the host)")
+      ->capture_default_str();
+  cmd->add_option("--grad-clip", flags->grad_clip, "Clip the global gradient norm (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--trace", flags->trace, "Write a Chrome/Perfetto trace JSON to this file");
+  cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->add_option("--cpu-threads", flags->cpu_threads,
+                  "OpenMP threads of the CPU optimizer (0 = one per core)")
+      ->capture_default_str();
+  cmd->add_option("--device", flags->device, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_option("--io", flags->io, "NVMe backend: auto | uring | posix")->capture_default_str();
+  cmd->callback([flags, exit_code] {
+    Status s = Run(*flags);
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata bench step: %s\n", s.ToString().c_str());
+      *exit_code = 1;
+    }
+  });
+}
+
+}  // namespace strata::cli
