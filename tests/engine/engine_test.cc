@@ -20,6 +20,7 @@
 #include "io/fault_injection_backend.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "strata/optim.h"
 
 namespace strata {
 namespace {
@@ -289,6 +290,283 @@ TEST(EngineTest, RandomBudgetsMatchUnlimitedBitForBit) {
     EXPECT_TRUE(BitIdentical(*ref, *got));
   }
   SetLogSink(nullptr);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+std::vector<BlockSpec> FixedModel() {
+  return {BlockSpec{"emb", {TensorSpec{"w", {1023, 3}, true}, TensorSpec{"b", {17}, false}}},
+          BlockSpec{"h.0", {TensorSpec{"w", {4096, 2}, true}}},
+          BlockSpec{"h.1", {TensorSpec{"w", {15, 15}, true}, TensorSpec{"ln", {1}, false}}}};
+}
+
+std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> Faults(
+    FaultInjectionOptions fo, FaultCounters* counters_out = nullptr) {
+  return
+      [fo, counters_out](std::unique_ptr<IoBackend> inner) -> Result<std::unique_ptr<IoBackend>> {
+        auto f = std::make_unique<FaultInjectionBackend>(std::move(inner), fo);
+        (void)counters_out;
+        return std::unique_ptr<IoBackend>(std::move(f));
+      };
+}
+
+RunConfig TightNvme(const std::vector<BlockSpec>& specs, const std::string& dir, int mb = 1) {
+  const PlacementReport mins = Minimums(specs, mb, 0, dir);
+  RunConfig rc;
+  rc.nvme = dir;
+  rc.device_mem = mins.device_min_bytes;
+  rc.host_mem = mins.host_min_bytes;
+  rc.micro_batches = mb;
+  rc.durable = true;
+  return rc;
+}
+
+TEST(EngineFaultTest, ReadErrorSurfacesAndResumeContinuesFromLastCommit) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  auto ref = Reference(specs, 4, 1, 0);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path());
+  {
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    Status s = RunSteps(*f, 1, 2, 1, nullptr);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  {
+    // Every NVMe request now fails with EIO: the error comes back as a status.
+    RunConfig bad = rc;
+    bad.resume = true;
+    FaultInjectionOptions fo;
+    fo.eio = 1.0;
+    bad.wrap = Faults(fo);
+    auto f = MakeEngine(specs, bad);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    EXPECT_EQ(f->engine->ResumedStep(), 2);
+    Status s = RunSteps(*f, 3, 3, 1, nullptr);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+    EXPECT_NE(s.message().find("reading block"), std::string::npos) << s.ToString();
+    EXPECT_FALSE(f->engine->Error().ok());
+    // The engine refuses further steps with the stored error.
+    EXPECT_FALSE(f->engine->BeginStep(StepArgs{}).ok());
+  }
+  {
+    RunConfig good = rc;
+    good.resume = true;
+    auto f = MakeEngine(specs, good);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_EQ(f->engine->ResumedStep(), 2);
+    Status s = RunSteps(*f, 3, 4, 1, nullptr);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    auto got = States(*f->engine);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(BitIdentical(*ref, *got));
+  }
+  SetLogSink(nullptr);
+}
+
+TEST(EngineFaultTest, WriteErrorLeavesLastCommitIntact) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  auto ref = Reference(specs, 3, 1, 0);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path());
+  {
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_TRUE(RunSteps(*f, 1, 1, 1, nullptr).ok());
+  }
+  {
+    RunConfig bad = rc;
+    bad.resume = true;
+    FaultInjectionOptions fo;
+    fo.seed = 7;
+    fo.enospc = 0.5;  // writes fail with ENOSPC about half the time
+    bad.wrap = Faults(fo);
+    auto f = MakeEngine(specs, bad);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    Status s = RunSteps(*f, 2, 3, 1, nullptr);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
+  }
+  RunConfig good = rc;
+  good.resume = true;
+  auto f = MakeEngine(specs, good);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_EQ(f->engine->ResumedStep(), 1);
+  ASSERT_TRUE(RunSteps(*f, 2, 3, 1, nullptr).ok());
+  auto got = States(*f->engine);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(BitIdentical(*ref, *got));
+  SetLogSink(nullptr);
+}
+
+TEST(EngineFaultTest, FlippedBitsOnReadAreCaughtAsCorruption) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path());
+  {
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_TRUE(RunSteps(*f, 1, 1, 1, nullptr).ok());
+  }
+  RunConfig bad = rc;
+  bad.resume = true;
+  FaultInjectionOptions fo;
+  fo.flip_read = 1.0;
+  bad.wrap = Faults(fo);
+  auto f = MakeEngine(specs, bad);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  Status s = RunSteps(*f, 2, 2, 1, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  SetLogSink(nullptr);
+}
+
+TEST(EngineFaultTest, ShortTransfersEagainAndDelaysAreInvisible) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  auto ref = Reference(specs, 3, 2, 0);
+  ASSERT_TRUE(ref.ok());
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path(), 2);
+  FaultInjectionOptions fo;
+  fo.seed = 3;
+  fo.short_transfer = 0.3;
+  fo.eagain = 0.3;
+  fo.delay = 0.1;
+  rc.wrap = Faults(fo);
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  Status s = RunSteps(*f, 1, 3, 2, nullptr);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  auto got = States(*f->engine);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(BitIdentical(*ref, *got));
+  SetLogSink(nullptr);
+}
+
+TEST(EngineBudgetTest, ImpossibleBudgetsAreRefusedWithTheNumbers) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  // One block of 1 Mi floats: 4 MiB of params + 4 MiB of gradient buffer on the device.
+  const std::vector<BlockSpec> specs = {BlockSpec{"big", {TensorSpec{"w", {1 << 20}, true}}}};
+  TempDir dir;
+  {
+    RunConfig rc;
+    rc.device_mem = 1 << 20;
+    auto f = MakeEngine(specs, rc, false);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kOutOfMemory);
+    EXPECT_NE(f.status().message().find("device budget 1.0 MiB"), std::string::npos)
+        << f.status().ToString();
+    EXPECT_NE(f.status().message().find("block 'big'"), std::string::npos);
+    EXPECT_NE(f.status().message().find("need at least 8.0 MiB (8388608 bytes)"), std::string::npos)
+        << f.status().ToString();
+  }
+  {
+    // With NVMe the host must still stage one optimizer step: master, two moments and the
+    // gradient, 4 MiB each.
+    RunConfig rc;
+    rc.nvme = dir.path();
+    rc.host_mem = 2 << 20;
+    auto f = MakeEngine(specs, rc, false);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kOutOfMemory);
+    EXPECT_NE(f.status().message().find("host budget 2.0 MiB"), std::string::npos)
+        << f.status().ToString();
+    EXPECT_NE(f.status().message().find("need at least 16.0 MiB (16777216 bytes)"),
+              std::string::npos)
+        << f.status().ToString();
+  }
+  {
+    // Without NVMe everything must fit: 3 x 4 MiB of states + 4 MiB of gradient.
+    RunConfig rc;
+    rc.host_mem = 8 << 20;
+    auto f = MakeEngine(specs, rc, false);
+    ASSERT_FALSE(f.ok());
+    EXPECT_NE(f.status().message().find("need at least 16.0 MiB"), std::string::npos)
+        << f.status().ToString();
+    EXPECT_NE(f.status().message().find("--nvme"), std::string::npos);
+  }
+  {
+    // Exactly the minimum works.
+    RunConfig rc;
+    rc.nvme = dir.path();
+    rc.host_mem = 16 << 20;
+    rc.device_mem = 8 << 20;
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_TRUE(RunSteps(*f, 1, 1, 1, nullptr).ok());
+  }
+  SetLogSink(nullptr);
+}
+
+// Gradient accumulation and clipping against the optimizer kernel called directly.
+TEST(EngineNumericsTest, AccumulationAndClippingMatchADirectAdamStep) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const std::vector<BlockSpec> specs = {BlockSpec{"only", {TensorSpec{"w", {1000}, true}}}};
+  for (double clip : {0.0, 0.01}) {
+    SCOPED_TRACE("clip " + std::to_string(clip));
+    TempDir dir;
+    RunConfig rc = TightNvme(specs, dir.path(), 3);
+    rc.grad_clip = clip;
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    RunRecord rec;
+    ASSERT_TRUE(RunSteps(*f, 1, 1, 3, &rec).ok());
+    // The same step by hand.
+    const size_t n = 1000;
+    std::vector<float> p(n), m(n, 0), v(n, 0), g(n, 0);
+    for (size_t i = 0; i < n; ++i) p[i] = InitValue(0, 0, i);
+    for (int mb = 0; mb < 3; ++mb) {
+      for (size_t k = 0; k < n; ++k) {
+        g[k] += 0.3f * p[k] + float(int((k * 7 + 1 * 13 + mb * 5) % 17) - 8) * 0.01f;
+      }
+    }
+    double sum = 0;
+    for (float x : g) sum += double(x) * double(x);
+    const double norm = std::sqrt(sum) * 0.5;
+    EXPECT_NEAR(rec.norms[0], norm, 1e-9 * norm);
+    const double coef = clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+    AdamSlice s{p.data(),           m.data(), v.data(),        g.data(),
+                FloatFormat::kFp32, nullptr,  ParamOut::kNone, n};
+    AdamHyperParams hp;
+    hp.lr = 0.01;
+    hp.weight_decay = 0.1;
+    hp.step = 1;
+    ASSERT_TRUE(AdamStep(s, hp, float(0.5 * coef)).ok());
+    std::vector<float> got(f->engine->Layout()[0].shard_numel);
+    ASSERT_TRUE(f->engine->ReadComponent(0, Component::kMaster, got).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), p.data(), n * sizeof(float)));
+    ASSERT_TRUE(f->engine->ReadComponent(0, Component::kExpAvgSq, got).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), v.data(), n * sizeof(float)));
+  }
+  SetLogSink(nullptr);
+}
+
+TEST(EngineApiTest, OutOfOrderCallsAreRefused) {
+  const auto specs = FixedModel();
+  auto f = MakeEngine(specs, RunConfig{});
+  ASSERT_TRUE(f.ok());
+  Engine& e = *f->engine;
+  EXPECT_EQ(e.Acquire(0, Pass::kForward).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(e.BeginStep(StepArgs{}).ok());
+  auto wrong = e.Acquire(1, Pass::kForward);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("expects forward of block 0"), std::string::npos)
+      << wrong.status().ToString();
+  ASSERT_TRUE(e.Acquire(0, Pass::kForward).ok());
+  EXPECT_FALSE(e.GradBuffer(0).ok());  // forward: no gradient buffer
+  ASSERT_TRUE(e.Release(0).ok());
+  EXPECT_EQ(e.EndStep().status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
