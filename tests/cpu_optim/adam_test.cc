@@ -408,14 +408,16 @@ TEST(AdamArgsTest, IsaSelection) {
   Result<CpuIsa> bad = ResolveCpuIsa(CpuIsa::kAuto);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("sse9"), std::string::npos);
-  float x = 0;
-  AdamSlice s{&x, &x + 1, &x + 2, &x + 3, FloatFormat::kFp32, nullptr, ParamOut::kNone, 0};
+  float x[4] = {};
+  AdamSlice s{x, x + 1, x + 2, x + 3, FloatFormat::kFp32, nullptr, ParamOut::kNone, 0};
   EXPECT_EQ(AdamStep(s, AdamHyperParams{}, 1.0f).code(), StatusCode::kInvalidArgument);
   ASSERT_EQ(unsetenv("STRATA_CPU_ISA"), 0);
   Result<CpuIsa> best = ResolveCpuIsa(CpuIsa::kAuto);
   ASSERT_TRUE(best.ok());
   EXPECT_TRUE(CpuSupports(*best));
-  if (CpuSupports(CpuIsa::kAvx512)) EXPECT_EQ(*best, CpuIsa::kAvx512);
+  if (CpuSupports(CpuIsa::kAvx512)) {
+    EXPECT_EQ(*best, CpuIsa::kAvx512);
+  }
 }
 
 }  // namespace
