@@ -812,7 +812,8 @@ class GlooCommunicator final : public Communicator {
 Result<std::string> ListenHost(const CommOptions& options) {
   std::string host = options.hostname;
   if (host.empty()) host = EnvGet("STRATA_COMM_HOST");
-  const bool one_host = options.rank.local_world_size >= options.rank.world_size;
+  const bool one_host = options.rank.local_world_size <= 0 ||
+                        options.rank.local_world_size >= options.rank.world_size;
   if (host.empty()) {
     if (one_host) return std::string("127.0.0.1");
     char buf[256] = {};

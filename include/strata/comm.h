@@ -13,9 +13,9 @@
 //
 // Failures: a collective that cannot complete within the communicator's timeout returns
 // Timeout; a lost connection returns Comm. Either message names the lost rank when it can
-// be inferred ("rank 2 (127.0.0.1:40121) closed the connection"). After the first failed
-// collective the communicator is broken: every later collective fails at once with Aborted
-// and the original cause, because the ranks no longer agree on where they are.
+// be inferred ("all-reduce on rank 0 of 4 failed: lost rank 2 (host 10.0.0.7); ..."). After the
+// first failed collective the communicator is broken: every later collective fails at once with
+// Aborted and the original cause, because the ranks no longer agree on where they are.
 //
 // Thread safety: collectives must be issued from one thread at a time and in the same order
 // on every rank (the order defines which calls match across ranks). Handles may be waited on
@@ -46,9 +46,11 @@ namespace strata {
 struct RankInfo {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;        // index among the ranks on this host
-  int local_world_size = 1;  // ranks on this host (= world_size when not given)
-  std::string source;        // where it came from: "torchrun", "Open MPI", "Slurm"
+  int local_rank = 0;  // index among the ranks on this host
+  // Ranks on this host. 0 = unknown, taken as all of them (a single-host run);
+  // RankInfoFromEnv sets it (to world_size when the launcher does not say).
+  int local_world_size = 0;
+  std::string source;  // where it came from: "torchrun", "Open MPI", "Slurm"
 };
 
 // Reads a variable of the environment; nullopt when unset. Lets tests supply their own.
@@ -247,7 +249,7 @@ struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Host name or address the Gloo transport listens on and advertises to the others.
   // Empty: STRATA_COMM_HOST; if that is empty too, "127.0.0.1" when all ranks are on this
-  // host (rank.local_world_size == rank.world_size), else the name gethostname() returns.
+  // host (rank.local_world_size is 0 or world_size), else the name gethostname() returns.
   // When ranks span hosts, a name resolving only to loopback is refused (InvalidArgument).
   std::string hostname;
   // Prefix of this communicator's keys in the store; distinct per communicator sharing a
