@@ -75,13 +75,14 @@ struct ChildResult {
 };
 
 // Forks `world` ranks; each builds a communicator and runs `body` (returning an exit code).
-// `before_wait(pids)` runs in the parent after forking. Children still alive at
-// `deadline` are killed and reported as -SIGKILL (the test then fails on them).
+// `before_wait(pids)` runs in the parent after forking. Rank `kill_last` (if >= 0) is
+// killed once every other rank has exited. Children still alive at `deadline` are killed
+// and reported as -SIGKILL (the test then fails on them).
 std::vector<ChildResult> RunRanks(
     int world, std::chrono::milliseconds comm_timeout,
     const std::function<int(Communicator&)>& body,
     const std::function<void(const std::vector<pid_t>&)>& before_wait = nullptr,
-    std::chrono::seconds deadline = 120s) {
+    std::chrono::seconds deadline = 120s, int kill_last = -1) {
   TempDir dir;
   std::vector<pid_t> pids;
   std::fflush(stdout);
@@ -122,6 +123,8 @@ std::vector<ChildResult> RunRanks(
       }
     }
     if (remaining == 0) break;
+    // A rank that stalls on purpose is killed once all the others have finished.
+    if (kill_last >= 0 && remaining == 1 && !done[kill_last]) ::kill(pids[kill_last], SIGKILL);
     if (std::chrono::steady_clock::now() > end) {
       for (int r = 0; r < world; ++r) {
         if (!done[r]) {
@@ -423,6 +426,36 @@ TEST(GlooCommunicator, KilledRankMakesOthersFailNamingIt) {
         EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
       }
     }
+  }
+}
+
+// A rank that stalls (SIGSTOP: alive, connections open, silent) makes the others fail
+// with Timeout after about the comm timeout instead of hanging; the later collectives
+// fail at once.
+TEST(GlooCommunicator, StalledRankMakesOthersTimeOut) {
+  const int world = 3, victim = 2;
+  auto results = RunRanks(
+      world, 2s,
+      [&](Communicator& comm) {
+        CHILD_OK(comm.Barrier().Wait());
+        if (comm.rank() == victim) {
+          ::raise(SIGSTOP);
+          return 0;
+        }
+        std::vector<float> v(1000, 1.0f);
+        Status s =
+            comm.AllReduce(v.data(), v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum)
+                .Wait();
+        std::fprintf(stderr, "rank %d: %s\n", comm.rank(), s.ToString().c_str());
+        CHILD_CHECK(!s.ok(), "all-reduce succeeded without rank %d", victim);
+        CHILD_CHECK(s.code() == StatusCode::kTimeout || s.code() == StatusCode::kComm, "code %s",
+                    StatusCodeName(s.code()));
+        CHILD_CHECK(comm.Barrier().Wait().code() == StatusCode::kAborted, "later barrier");
+        return 0;
+      },
+      nullptr, 60s, victim);
+  for (int r = 0; r < world; ++r) {
+    if (r != victim) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
   }
 }
 
