@@ -392,10 +392,17 @@ TEST(GlooCommunicator, KilledRankMakesOthersFailNamingIt) {
           ::close(ready[0]);
           CHILD_OK(comm.Barrier().Wait());
           if (comm.rank() == victim) {
+            // Parked only once every survivor is past the barrier, so the kill fails the
+            // all-reduce under test rather than someone's barrier.
+            for (int r = 0; r < comm.world_size(); ++r) {
+              if (r != victim)
+                CHILD_OK(comm.store()->Get("ready/" + std::to_string(r), 30s).status());
+            }
             char b = 'x';
             CHILD_CHECK(::write(ready[1], &b, 1) == 1, "write");
             for (;;) ::pause();  // killed by the parent
           }
+          CHILD_OK(comm.store()->Set("ready/" + std::to_string(comm.rank()), "1"));
           // Data flows through the victim in every ring step: all survivors must notice.
           std::vector<float> v(100000, 1.0f);
           Status s =
@@ -439,9 +446,14 @@ TEST(GlooCommunicator, StalledRankMakesOthersTimeOut) {
       [&](Communicator& comm) {
         CHILD_OK(comm.Barrier().Wait());
         if (comm.rank() == victim) {
+          for (int r = 0; r < comm.world_size(); ++r) {
+            if (r != victim)
+              CHILD_OK(comm.store()->Get("ready/" + std::to_string(r), 30s).status());
+          }
           ::raise(SIGSTOP);
           return 0;
         }
+        CHILD_OK(comm.store()->Set("ready/" + std::to_string(comm.rank()), "1"));
         std::vector<float> v(1000, 1.0f);
         Status s =
             comm.AllReduce(v.data(), v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum)

@@ -18,6 +18,8 @@
 namespace strata {
 namespace {
 
+using namespace std::chrono_literals;
+
 struct CliRun {
   int exit_code = -1;
   std::string output;  // stdout and stderr together, or only stdout
@@ -128,7 +130,15 @@ TEST(LaunchChild, AllReduceRanks) {
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();
   if (std::string(std::getenv("STRATA_LAUNCH_TEST_CHILD")) == "kill") {
     ASSERT_TRUE((*comm)->Barrier().Wait().ok());
-    if (info->rank == 1) ::raise(SIGKILL);
+    // Rank 1 dies only once every survivor is past the barrier (else its death could
+    // fail a survivor's barrier instead of the all-reduce under test).
+    if (info->rank == 1) {
+      for (int r = 0; r < info->world_size; ++r) {
+        if (r != 1) ASSERT_TRUE((*comm)->store()->Get("ready/" + std::to_string(r), 30s).ok());
+      }
+      ::raise(SIGKILL);
+    }
+    ASSERT_TRUE((*comm)->store()->Set("ready/" + std::to_string(info->rank), "1").ok());
     std::vector<float> big(50000, 1.0f);
     Status s =
         (*comm)
