@@ -6,9 +6,11 @@
 #include "model/gpt2_ops.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace strata::model {
@@ -17,20 +19,82 @@ namespace {
 // Channels per chunk in row-reductions: a chunk is one or two cache lines of every row.
 constexpr int kChanChunk = 32;
 
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
-          int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+// Below this many elements an elementwise op runs on the calling thread: forking and joining
+// a team costs more than the work (and far more on a loaded machine, where a waiting
+// thread spins while its peer is descheduled). Never changes a result.
+constexpr size_t kParallelMin = size_t{1} << 15;
+
+// exp(x) for float, vectorisable (no libm call): x = n ln2 + r, |r| <= ln2/2, e^r by its
+// degree-6 Taylor polynomial (relative error < 2e-7, about one ulp), times 2^n built in
+// the exponent bits. Inputs are clamped to [-87, 88] (the normal range). n is rounded by
+// integer conversion, not floor(), which is a libm call without SSE4.1.
+inline float ExpVec(float x) {
+  x = std::min(88.0f, std::max(-87.0f, x));
+  const float t = x * 1.44269504f;
+  const float n = static_cast<float>(static_cast<int32_t>(t + (t >= 0.0f ? 0.5f : -0.5f)));
+  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln2 split: hi + lo
+  const float p =
+      1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 +
+                                          r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+// tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2|u|): float uses ExpVec so the GELU loops
+// vectorise (glibc's tanhf was a third of the small model's step); double keeps std::tanh
+// (the finite-difference reference).
+inline float TanhOp(float u) {
+  const float e = ExpVec(-2.0f * std::fabs(u));
+  return std::copysign((1.0f - e) / (1.0f + e), u);
+}
+inline double TanhOp(double u) { return std::tanh(u); }
+
+void BlasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+              const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
-          const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+void BlasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+              const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// C[m,n] = alpha op(A) op(B) + beta C, row-major. One thread pool per process: OpenBLAS
+// runs single-threaded and the rows of C are split across the OpenMP team, each thread
+// multiplying its slice. Two pools (OpenMP's for the loops, OpenBLAS's pthreads for the
+// GEMMs) on the same cores made each spin while the other worked: on a loaded 2-core
+// machine a step took 20x longer. Every element of C is still one single-threaded dot
+// product over k in OpenBLAS's order, whatever slice it falls in.
+template <typename F>
+void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, F alpha, const F* a, int lda,
+          const F* b, int ldb, F beta, F* c, int ldc) {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  const int threads = omp_get_max_threads();
+  const double flops = 2.0 * m * n * k;
+  if (threads <= 1 || flops < 4e6 || m < 8 * threads) {
+    BlasGemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int r0 = static_cast<int>(static_cast<int64_t>(m) * t / nt);
+    const int r1 = static_cast<int>(static_cast<int64_t>(m) * (t + 1) / nt);
+    // op(A) rows r0..r1: rows of A, or columns of A when A is transposed.
+    const F* as = ta == CblasNoTrans ? a + static_cast<size_t>(r0) * lda : a + r0;
+    if (r1 > r0) {
+      BlasGemm(ta, tb, r1 - r0, n, k, alpha, as, lda, b, ldb, beta,
+               c + static_cast<size_t>(r0) * ldc, ldc);
+    }
+  }
 }
 
 // dst[c] += sum_n src[n, c] for c in [0, C), rows in ascending order per channel.
 template <typename F>
 void ColumnSumAccumulate(F* dst, const F* src, int N, int C) {
   const int chunks = (C + kChanChunk - 1) / kChanChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * C >= kParallelMin)
   for (int ch = 0; ch < chunks; ++ch) {
     const int c0 = ch * kChanChunk, c1 = std::min(C, c0 + kChanChunk);
     F acc[kChanChunk] = {};
@@ -49,7 +113,7 @@ void ColumnSumAccumulate(F* dst, const F* src, int N, int C) {
 template <typename F>
 void EmbeddingForward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
                       int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(B) * T * C >= kParallelMin)
   for (int bt = 0; bt < B * T; ++bt) {
     const int t = bt % T;
     const F* e = wte + static_cast<size_t>(tokens[bt]) * C;
@@ -66,7 +130,7 @@ void EmbeddingBackward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, i
   // Several positions may share a token id, so each thread owns a channel chunk and adds
   // the rows in ascending order: race-free and independent of the thread count.
   const int chunks = (C + kChanChunk - 1) / kChanChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(B) * T * C >= kParallelMin)
   for (int ch = 0; ch < chunks; ++ch) {
     const int c0 = ch * kChanChunk, c1 = std::min(C, c0 + kChanChunk);
     for (int bt = 0; bt < B * T; ++bt) {
@@ -87,7 +151,7 @@ template <typename F>
 void LayerNormForward(F* out, F* mean, F* rstd, const F* inp, const F* w, const F* b, int N,
                       int C) {
   constexpr F kEps = F(1e-5);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const F* x = inp + static_cast<size_t>(n) * C;
     F m = 0;
@@ -112,7 +176,7 @@ void LayerNormBackward(F* dinp, F* dw, F* db, const F* dout, const F* inp, const
                        const F* mean, const F* rstd, int N, int C) {
   // Input grads: per row. dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
   // with dnorm = dout * w and norm = (x - mean) * rstd.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const F* x = inp + static_cast<size_t>(n) * C;
     const F* d = dout + static_cast<size_t>(n) * C;
@@ -135,7 +199,7 @@ void LayerNormBackward(F* dinp, F* dw, F* db, const F* dout, const F* inp, const
   }
   // Parameter grads: a reduction over rows, split by channel chunk.
   const int chunks = (C + kChanChunk - 1) / kChanChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * C >= kParallelMin)
   for (int ch = 0; ch < chunks; ++ch) {
     const int c0 = ch * kChanChunk, c1 = std::min(C, c0 + kChanChunk);
     F aw[kChanChunk] = {}, ab[kChanChunk] = {};
@@ -161,7 +225,7 @@ template <typename F>
 void MatmulForward(F* out, const F* inp, const F* w, const F* bias, int N, int IC, int OC) {
   F beta = 0;
   if (bias != nullptr) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * OC >= kParallelMin)
     for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + static_cast<size_t>(n) * OC);
     beta = 1;
   }
@@ -283,45 +347,86 @@ void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, int B
 }
 
 // ---- GELU ----------------------------------------------------------------------------------
+namespace {
+
+constexpr double kGeluK = 0.7978845608028654;  // sqrt(2/pi)
+constexpr size_t kGeluChunk = 4096;
+
+template <typename F>
+inline F GeluValue(F x) {
+  const F k = static_cast<F>(kGeluK);
+  return F(0.5) * x * (F(1) + TanhOp(k * (x + F(0.044715) * x * x * x)));
+}
+
+template <typename F>
+inline F GeluGrad(F x) {
+  const F k = static_cast<F>(kGeluK);
+  const F u = k * (x + F(0.044715) * x * x * x);
+  const F th = TanhOp(u);
+  const F sech2 = F(1) - th * th;
+  return F(0.5) * (F(1) + th) + F(0.5) * x * sech2 * k * (F(1) + F(3 * 0.044715) * x * x);
+}
+
+// The float loops are compiled for AVX-512, AVX2 and the baseline, chosen when the program
+// loads (GCC function multiversioning): the build targets baseline x86-64, where these
+// loops run at a quarter of the speed. Elementwise with the same operations in every clone
+// (no reductions, no contraction under -std=c++20), so every clone gives the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void GeluForwardChunk(float* out,
+                                                                                   const float* inp,
+                                                                                   size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = GeluValue(inp[i]);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void GeluBackwardChunk(
+    float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) dinp[i] += GeluGrad(inp[i]) * dout[i];
+}
+
+void GeluForwardChunk(double* out, const double* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = GeluValue(inp[i]);
+}
+
+void GeluBackwardChunk(double* dinp, const double* inp, const double* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) dinp[i] += GeluGrad(inp[i]) * dout[i];
+}
+
+}  // namespace
+
 template <typename F>
 void GeluForward(F* out, const F* inp, size_t n) {
-  const F k = static_cast<F>(0.7978845608028654);  // sqrt(2/pi)
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    const F x = inp[i];
-    out[i] = F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));
+  const int64_t chunks = static_cast<int64_t>((n + kGeluChunk - 1) / kGeluChunk);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t b = static_cast<size_t>(c) * kGeluChunk;
+    GeluForwardChunk(out + b, inp + b, std::min(kGeluChunk, n - b));
   }
 }
 
 template <typename F>
 void GeluBackward(F* dinp, const F* inp, const F* dout, size_t n) {
-  const F k = static_cast<F>(0.7978845608028654);
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    const F x = inp[i];
-    const F u = k * (x + F(0.044715) * x * x * x);
-    const F th = std::tanh(u);
-    const F sech2 = F(1) - th * th;
-    const F grad = F(0.5) * (F(1) + th) + F(0.5) * x * sech2 * k * (F(1) + F(3 * 0.044715) * x * x);
-    dinp[i] += grad * dout[i];
+  const int64_t chunks = static_cast<int64_t>((n + kGeluChunk - 1) / kGeluChunk);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t b = static_cast<size_t>(c) * kGeluChunk;
+    GeluBackwardChunk(dinp + b, inp + b, dout + b, std::min(kGeluChunk, n - b));
   }
 }
 
 // ---- residual ------------------------------------------------------------------------------
 template <typename F>
 void ResidualForward(F* out, const F* a, const F* b, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 template <typename F>
 void ResidualBackward(F* da, F* db, const F* dout, size_t n) {
   if (da != nullptr) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
     for (size_t i = 0; i < n; ++i) da[i] += dout[i];
   }
   if (db != nullptr) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
     for (size_t i = 0; i < n; ++i) db[i] += dout[i];
   }
 }
@@ -348,7 +453,7 @@ void LmHeadBackward(F* dx, F* dwte, const F* dlogits, const F* x, const F* wte, 
 template <typename F>
 double SoftmaxCrossEntropyForward(F* probs, F* losses, const F* logits, const int32_t* targets,
                                   int N, int V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * V >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const F* l = logits + static_cast<size_t>(n) * V;
     F* p = probs + static_cast<size_t>(n) * V;
@@ -374,7 +479,7 @@ double SoftmaxCrossEntropyForward(F* probs, F* losses, const F* logits, const in
 template <typename F>
 void SoftmaxCrossEntropyBackward(F* dlogits, const F* probs, const int32_t* targets, int N, int V,
                                  F dloss) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(N) * V >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const F* p = probs + static_cast<size_t>(n) * V;
     F* d = dlogits + static_cast<size_t>(n) * V;

@@ -40,6 +40,7 @@ struct TrainArgs {
   std::string trace, json;
   int sample = 0;
   bool recompute = false;
+  bool durable = true;
   CLI::Option* heads_opt = nullptr;
 };
 
@@ -220,6 +221,7 @@ int RunTrain(const TrainArgs& a) {
   eo.grad_clip = a.grad_clip;
   eo.micro_batches = a.micro_batches;
   eo.trace_path = a.trace;
+  eo.durable = a.durable && !eo.nvme_paths.empty();
   const std::vector<BlockSpec> specs = model::Gpt2BlockSpecs(cfg);
   auto engine_or = Engine::Create(specs, eo);
   if (!engine_or.ok()) return Fail(engine_or.status(), "engine");
@@ -472,6 +474,9 @@ void AddTrain(CLI::App& app, int* exit_code) {
                   "Pinned host memory for states and staging (e.g. 256M; default: unlimited, "
                   "no NVMe)");
   sub->add_option("--nvme", a->nvme, "Folder for NVMe-resident states (repeatable: striped)");
+  sub->add_flag("--durable,!--no-durable", a->durable,
+                "With --nvme: commit a complete state to NVMe every step (host-resident states "
+                "too), so a killed run can be resumed with --resume (default on)");
   sub->add_option("--trace", a->trace, "Write a Chrome/Perfetto trace of the run to this file");
   sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
