@@ -11,7 +11,6 @@ namespace strata::cli {
 void AddTrain(CLI::App& app, int* exit_code);     // strata train
 void AddGenerate(CLI::App& app, int* exit_code);  // strata generate
 void AddBenchModel(CLI::App& bench, int* exit_code);  // strata bench model
-void AddBenchModel(CLI::App& bench, int* exit_code);  // strata bench model
 void AddBenchIo(CLI::App& bench, int* exit_code);    // strata bench io
 void AddLaunch(CLI::App& app, int* exit_code);       // strata launch -n N -- COMMAND...
 void AddBenchAdam(CLI::App& bench, int* exit_code);  // strata bench adam

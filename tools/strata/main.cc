@@ -22,7 +22,6 @@ int main(int argc, char** argv) {
   strata::cli::AddTrain(app, &exit_code);
   strata::cli::AddGenerate(app, &exit_code);
   strata::cli::AddBenchModel(*bench, &exit_code);
-  strata::cli::AddBenchModel(*bench, &exit_code);
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
       ->callback([] {
         for (const strata::EnvVar& v : strata::kEnvVars) {
