@@ -1112,6 +1112,14 @@ Result<StepStats> EngineImpl::EndStep() {
       st.bound_resource = ResourceName(Resource(r));
     }
   }
+  // Reads and writes share the same drives: the drives' busy time is the union of both,
+  // and it bounds the step like any single resource.
+  st.nvme_busy_seconds =
+      timeline_.BusySeconds2(TraceLane::kNvmeRead, TraceLane::kNvmeWrite, step_start_, end);
+  if (st.nvme_busy_seconds > st.bound_seconds) {
+    st.bound_seconds = st.nvme_busy_seconds;
+    st.bound_resource = "nvme";
+  }
   Clock::time_point last_compute;
   st.stall_seconds = timeline_.ComputeIdleSeconds(step_start_, end, &last_compute);
   timeline_.AddStallEvents(step_start_, last_compute);

@@ -272,6 +272,15 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
   p.grad_use.assign(n_access, -1);
   std::vector<int> grads_in(in.blocks, 0);
   std::vector<int> final_order;
+  // An optimizer step is placed after the next access's parameter copy: the compute that
+  // comes next needs its params more urgently than the update needs its states, so the
+  // cache serves (and prefetches) the params first and the update lags by one access.
+  std::vector<std::pair<int, int>> pending_opts;  // (block, access)
+  auto flush_opts = [&] {
+    for (auto [b, a] : pending_opts)
+      p.opt_uses.push_back(add_use(UseKind::kOpt, b, a, opt_objs(b)));
+    pending_opts.clear();
+  };
   for (int a = 0; a < n_access; ++a) {
     const Access& acc = schedule[a];
     const int b = acc.block;
@@ -279,6 +288,7 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
       const Component src = in.separate_param ? Component::kParam : Component::kMaster;
       p.h2d_use[a] = add_use(UseKind::kH2D, b, a, {{ObjIndex(b, src), false}});
     }
+    flush_opts();
     if (acc.pass == Pass::kBackward) {
       const bool first = grads_in[b]++ == 0;
       p.grad_use[a] = add_use(UseKind::kGradIn, b, a, {{ObjIndex(b, Component::kGrad), first}});
@@ -286,11 +296,12 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
         if (in.clip) {
           final_order.push_back(b);
         } else {
-          p.opt_uses.push_back(add_use(UseKind::kOpt, b, a, opt_objs(b)));
+          pending_opts.push_back({b, a});
         }
       }
     }
   }
+  flush_opts();
   for (int b : final_order) {
     p.opt_uses.push_back(add_use(UseKind::kOpt, b, n_access - 1, opt_objs(b)));
   }

@@ -137,6 +137,30 @@ double Timeline::BusySeconds(TraceLane lane, Clock::time_point from, Clock::time
   return s;
 }
 
+double Timeline::BusySeconds2(TraceLane a, TraceLane b, Clock::time_point from,
+                              Clock::time_point to) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Interval> v = MergedLocked(a, from, to);
+  for (const Interval& i : MergedLocked(b, from, to)) v.push_back(i);
+  std::sort(v.begin(), v.end(),
+            [](const Interval& x, const Interval& y) { return x.start < y.start; });
+  double s = 0;
+  Clock::time_point start{}, end{};
+  bool open = false;
+  for (const Interval& i : v) {
+    if (open && i.start <= end) {
+      end = std::max(end, i.end);
+      continue;
+    }
+    if (open) s += std::chrono::duration<double>(end - start).count();
+    start = i.start;
+    end = i.end;
+    open = true;
+  }
+  if (open) s += std::chrono::duration<double>(end - start).count();
+  return s;
+}
+
 double Timeline::ComputeIdleSeconds(Clock::time_point from, Clock::time_point to,
                                     Clock::time_point* last_compute_end) const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -56,6 +56,8 @@ class Timeline {
   void BeginStep(Clock::time_point start);
   // Busy seconds of `lane` within [from, to]: the length of the union of its intervals.
   double BusySeconds(TraceLane lane, Clock::time_point from, Clock::time_point to) const;
+  // Busy seconds of the union of two lanes (reads and writes sharing the same drives).
+  double BusySeconds2(TraceLane a, TraceLane b, Clock::time_point from, Clock::time_point to) const;
   // Seconds within [from, last end of a compute op before `to`] when no compute op ran.
   double ComputeIdleSeconds(Clock::time_point from, Clock::time_point to,
                             Clock::time_point* last_compute_end) const;

@@ -239,15 +239,20 @@ inline constexpr int kNumResources = 6;
 const char* ResourceName(Resource r);  // "nvme_read", ..., "cpu_optim", "compute"
 
 struct StepStats {
-  int64_t step = 0;    // the step just committed (1-based)
-  double seconds = 0;  // BeginStep to the end of EndStep
-  // The lower bound: the busiest resource's busy time (time with at least one of its
-  // operations in flight), and which resource that was.
+  int64_t step = 0;  // the step just committed (1-based)
+  double seconds =
+      0;  // BeginStep to the end of EndStep
+          // The lower bound: the busiest resource's busy time (time with at least one of its
+  // operations in flight), and which resource that was (a Resource name, or "nvme" for
+  // the drives' combined read+write busy time).
   double bound_seconds = 0;
   std::string bound_resource;
   double efficiency = 0;     // bound_seconds / seconds
   double stall_seconds = 0;  // compute lane idle before its last operation of the step
   double busy_seconds[kNumResources] = {};
+  // The NVMe drives' busy time: reads and writes share the drives, so the union of their
+  // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).
+  double nvme_busy_seconds = 0;
   EdgeBytes bytes;
   double grad_norm = 0;            // global L2 norm of the (scaled) gradient, before clipping
   double clip_coef = 1;            // factor applied to the gradient (1 without clipping)

@@ -193,6 +193,7 @@ Status Run(const Flags& f) {
     std::printf("# %4s %9s %9s %-10s %6s %8s %10s %10s %9s %9s %9s %7s\n", "step", "time_s",
                 "bound_s", "bound_by", "effic", "stall_s", "nvme_rd_MiB", "nvme_wr_MiB", "h2d_MiB",
                 "d2h_MiB", "nvme_GB/s", "#wrong");
+    std::printf("#   (bound_by: the busiest resource; nvme = the drives' read+write busy time)\n");
   }
   nlohmann::json steps = nlohmann::json::array();
   const auto fwd = std::chrono::nanoseconds(int64_t(f.compute_ms * 1e6));
@@ -256,6 +257,7 @@ Status Run(const Flags& f) {
                      {"bound_resource", st.bound_resource},
                      {"efficiency", st.efficiency},
                      {"stall_seconds", st.stall_seconds},
+                     {"nvme_busy_seconds", st.nvme_busy_seconds},
                      {"grad_norm", st.grad_norm},
                      {"peak_device_bytes", st.peak_device_bytes},
                      {"peak_host_bytes", st.peak_host_bytes},
