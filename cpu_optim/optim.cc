@@ -91,12 +91,17 @@ Result<CpuIsa> ParseCpuIsa(std::string_view name) {
 }
 
 bool CpuSupports(CpuIsa isa) {
+#if defined(STRATA_CPU_OPTIM_X86)
   // __builtin_cpu_supports also checks that the OS saves the wider register state (XCR0).
   static const bool kAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                             __builtin_cpu_supports("f16c");
   static const bool kAvx512 = kAvx2 && __builtin_cpu_supports("avx512f") &&
                               __builtin_cpu_supports("avx512bw") &&
                               __builtin_cpu_supports("avx512vl");
+#else
+  constexpr bool kAvx2 = false;  // not an x86 build: only the scalar kernels exist
+  constexpr bool kAvx512 = false;
+#endif
   switch (isa) {
     case CpuIsa::kAuto:
     case CpuIsa::kScalar:
@@ -293,14 +298,11 @@ Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options) {
                                    " is invalid: use 0 (default) or a positive count");
   }
   STRATA_ASSIGN_OR_RETURN(const CpuIsa isa, ResolveCpuIsa(options.isa));
-  switch (isa) {
-    case CpuIsa::kAvx512:
-      return &Avx512Kernels();
-    case CpuIsa::kAvx2:
-      return &Avx2Kernels();
-    default:
-      return &ScalarKernels();
-  }
+#if defined(STRATA_CPU_OPTIM_X86)
+  if (isa == CpuIsa::kAvx512) return &Avx512Kernels();
+  if (isa == CpuIsa::kAvx2) return &Avx2Kernels();
+#endif
+  return &ScalarKernels();
 }
 
 size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out) {
