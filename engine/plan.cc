@@ -191,16 +191,20 @@ Result<DevicePlan> PlanDevice(const std::vector<Access>& schedule,
   std::vector<int> param_of(param_bytes.size(), -1);
   std::vector<int> resident;
   uint64_t used = 0;
-  // Next access of `block` after `a`; kNever - 1 when there is none in this step (params of
-  // the next step are stale anyway, so "no more use this step" is as good as never).
+  // Next access of `block` after `a`; kNever when there is none in this step (params of the
+  // next step are stale anyway, so "no more use this step" is as good as never).
   auto next_use = [&](int buf, int a) -> int64_t {
     const DevBuffer& d = p.buffers[buf];
     if (d.grad) return kNever;  // a gradient buffer is dead once its access is over
     for (int x = a + 1; x < n; ++x) {
       if (schedule[x].block == d.block) return x;
     }
-    return kNever - 1;
+    return kNever;
   };
+  // Among buffers needed equally late, evict the one whose last use is oldest: its work
+  // finishes first, so the copy that replaces it waits least (dead gradient buffers wait for
+  // their D2H copy, which comes after the compute).
+  std::vector<int> last_use;
   for (int a = 0; a < n; ++a) {
     const Access& acc = schedule[a];
     const int b = acc.block;
@@ -211,10 +215,13 @@ Result<DevicePlan> PlanDevice(const std::vector<Access>& schedule,
     while (used + need > cap) {
       int best = -1;
       int64_t best_key = -1;
+      int best_last = 0;
       for (int r : resident) {
         if (r == param_of[b]) continue;
         const int64_t key = next_use(r, a);
-        if (key > best_key) best = r, best_key = key;
+        if (key > best_key || (key == best_key && last_use[r] < best_last)) {
+          best = r, best_key = key, best_last = last_use[r];
+        }
       }
       if (best < 0) {
         return Status::OutOfMemory(
@@ -229,14 +236,17 @@ Result<DevicePlan> PlanDevice(const std::vector<Access>& schedule,
     }
     if (need_param) {
       p.buffers.push_back(DevBuffer{false, b, pb});
+      last_use.push_back(a);
       param_of[b] = int(p.buffers.size()) - 1;
       resident.push_back(param_of[b]);
       used += pb;
       p.steps[a].load = true;
     }
     p.steps[a].param_buffer = param_of[b];
+    last_use[param_of[b]] = a;
     if (bwd) {
       p.buffers.push_back(DevBuffer{true, b, gb});
+      last_use.push_back(a);
       p.steps[a].grad_buffer = int(p.buffers.size()) - 1;
       resident.push_back(p.steps[a].grad_buffer);
       used += gb;
