@@ -622,6 +622,10 @@ Result<SwapTicket> SwapStore::SubmitOneLocked(const SwapOp& sop, std::vector<IoR
 }
 
 Result<std::vector<SwapTicket>> SwapStore::Submit(std::span<const SwapOp> ops) {
+  return SubmitInternal(ops, /*sync=*/false);
+}
+
+Result<std::vector<SwapTicket>> SwapStore::SubmitInternal(std::span<const SwapOp> ops, bool sync) {
   for (const SwapOp& op : ops) STRATA_RETURN_IF_ERROR(ValidateBuffer(op.key, op.buffer, op.length));
   std::lock_guard<std::mutex> lock(io_mu_);
   std::vector<IoRequest> requests;
@@ -630,6 +634,7 @@ Result<std::vector<SwapTicket>> SwapStore::Submit(std::span<const SwapOp> ops) {
   for (const SwapOp& op : ops) {
     STRATA_ASSIGN_OR_RETURN(SwapTicket t, SubmitOneLocked(op, &requests));
     tickets.push_back(t);
+    if (sync) sync_tickets_.insert(t);
   }
   if (requests.empty()) return tickets;
   bool has_write =
@@ -747,27 +752,37 @@ void SwapStore::FinishOp(std::unique_ptr<Op> op) {
 
 Result<size_t> SwapStore::Poll(std::span<SwapCompletion> out, size_t min_complete) {
   std::lock_guard<std::mutex> lock(io_mu_);
-  const size_t want = std::min(min_complete, ready_.size() + ops_.size());
-  while (ready_.size() < want) STRATA_RETURN_IF_ERROR(ProcessCompletions(want - ready_.size()));
-  if (ready_.size() < out.size() && !ops_.empty()) {
+  // Completions of synchronous calls belong to the thread waiting in them: never handed out.
+  auto ready_async = [&] {
+    size_t n = 0;
+    for (const SwapCompletion& c : ready_) n += sync_tickets_.count(c.ticket) ? 0 : 1;
+    return n;
+  };
+  const size_t want = std::min(min_complete, ready_.size() + ops_.size() - sync_tickets_.size());
+  while (ready_async() < want) STRATA_RETURN_IF_ERROR(ProcessCompletions(1));
+  if (ready_async() < out.size() && !ops_.empty()) {
     STRATA_RETURN_IF_ERROR(ProcessCompletions(0));  // pick up what is already done
   }
-  size_t n = std::min(out.size(), ready_.size());
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = std::move(ready_.front());
-    ready_.pop_front();
+  size_t n = 0;
+  for (auto it = ready_.begin(); it != ready_.end() && n < out.size();) {
+    if (sync_tickets_.count(it->ticket)) {
+      ++it;
+      continue;
+    }
+    out[n++] = std::move(*it);
+    it = ready_.erase(it);
   }
   return n;
 }
 
-Status SwapStore::Wait(SwapTicket ticket) {
-  std::lock_guard<std::mutex> lock(io_mu_);
+Result<SwapCompletion> SwapStore::WaitLocked(SwapTicket ticket) {
   while (true) {
     for (auto it = ready_.begin(); it != ready_.end(); ++it) {
       if (it->ticket == ticket) {
-        Status s = std::move(it->status);
+        SwapCompletion c = std::move(*it);
         ready_.erase(it);
-        return s;
+        sync_tickets_.erase(ticket);
+        return c;
       }
     }
     if (ops_.find(ticket) == ops_.end()) {
@@ -778,30 +793,38 @@ Status SwapStore::Wait(SwapTicket ticket) {
   }
 }
 
+Status SwapStore::Wait(SwapTicket ticket) {
+  std::lock_guard<std::mutex> lock(io_mu_);
+  if (sync_tickets_.count(ticket)) {
+    return Status::InvalidArgument("swap store: ticket " + std::to_string(ticket) +
+                                   " belongs to a synchronous call in another thread");
+  }
+  STRATA_ASSIGN_OR_RETURN(SwapCompletion c, WaitLocked(ticket));
+  return std::move(c.status);
+}
+
 size_t SwapStore::Outstanding() const {
   std::lock_guard<std::mutex> lock(io_mu_);
-  return ops_.size() + ready_.size();
+  return ops_.size() + ready_.size() - sync_tickets_.size();
 }
 
 Status SwapStore::Write(std::string_view key, const void* data, uint64_t length) {
-  STRATA_ASSIGN_OR_RETURN(SwapTicket t, SubmitWrite(key, data, length));
-  return Wait(t);
+  SwapOp op{IoOp::kWrite, std::string(key), const_cast<void*>(data), length};
+  STRATA_ASSIGN_OR_RETURN(std::vector<SwapTicket> t,
+                          SubmitInternal(std::span<const SwapOp>(&op, 1), /*sync=*/true));
+  std::lock_guard<std::mutex> lock(io_mu_);
+  STRATA_ASSIGN_OR_RETURN(SwapCompletion c, WaitLocked(t[0]));
+  return std::move(c.status);
 }
 
 Result<uint64_t> SwapStore::Read(std::string_view key, void* buffer, uint64_t capacity) {
-  STRATA_ASSIGN_OR_RETURN(SwapTicket t, SubmitRead(key, buffer, capacity));
+  SwapOp op{IoOp::kRead, std::string(key), buffer, capacity};
+  STRATA_ASSIGN_OR_RETURN(std::vector<SwapTicket> t,
+                          SubmitInternal(std::span<const SwapOp>(&op, 1), /*sync=*/true));
   std::lock_guard<std::mutex> lock(io_mu_);
-  while (true) {
-    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-      if (it->ticket == t) {
-        SwapCompletion c = std::move(*it);
-        ready_.erase(it);
-        if (!c.status.ok()) return c.status;
-        return c.length;
-      }
-    }
-    STRATA_RETURN_IF_ERROR(ProcessCompletions(1));
-  }
+  STRATA_ASSIGN_OR_RETURN(SwapCompletion c, WaitLocked(t[0]));
+  if (!c.status.ok()) return std::move(c.status);
+  return c.length;
 }
 
 Status SwapStore::Delete(std::string_view key) {

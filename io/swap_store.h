@@ -34,10 +34,12 @@
 //
 // Asynchronous use. SubmitWrite / SubmitRead / Submit (a batch) queue work and return
 // tickets; Poll hands back completions (SwapCompletion) in the order they finish; Wait
-// waits for one ticket. A write becomes visible to later reads (and to Commit) when its
-// completion has been processed by Poll, Wait or Commit; two writes to one key in flight
-// together resolve to the one submitted last. The caller keeps each buffer valid and
-// unchanged until its completion is returned. Write / Read are the synchronous forms.
+// waits for one ticket. Poll never hands out the completion of a synchronous Write/Read,
+// so an I/O thread may Poll while other threads use the synchronous calls. A write becomes visible
+// to later reads (and to Commit) when its completion has been processed by Poll, Wait or Commit;
+// two writes to one key in flight together resolve to the one submitted last. The caller keeps each
+// buffer valid and unchanged until its completion is returned. Write / Read are the synchronous
+// forms.
 //
 // Errors. Submit* fail directly only on invalid arguments (empty key, misaligned or null
 // buffer); every other failure (NotFound key, NoSpace when the capacity is full, I/O errors,
@@ -63,6 +65,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "strata/io.h"
@@ -233,7 +236,9 @@ class SwapStore {
   std::shared_ptr<Version> VisibleLocked(const Entry& e) const;
 
   // I/O (io_mu_ held).
+  Result<std::vector<SwapTicket>> SubmitInternal(std::span<const SwapOp> ops, bool sync);
   Result<SwapTicket> SubmitOneLocked(const SwapOp& op, std::vector<IoRequest>* requests);
+  Result<SwapCompletion> WaitLocked(SwapTicket ticket);
   Status ProcessCompletions(size_t min_complete);
   void FinishOp(std::unique_ptr<Op> op);
   Status WriteManifest(const swap_internal::Manifest& manifest);
@@ -250,6 +255,9 @@ class SwapStore {
   std::string backend_name_;
   std::unordered_map<SwapTicket, std::unique_ptr<Op>> ops_;  // in flight
   std::deque<SwapCompletion> ready_;                         // finished, not yet returned
+  // Tickets of synchronous Write/Read calls (in ops_ or ready_): Poll leaves them to their
+  // caller, so Poll in one thread and Write/Read in another do not steal each other's.
+  std::unordered_set<SwapTicket> sync_tickets_;
   SwapTicket next_ticket_ = 1;
 
   mutable std::mutex mu_;  // metadata

@@ -111,7 +111,8 @@ int ChildMain(char** argv) {
     return 2;
   }
   uint64_t step = (*store)->CommittedStep().value_or(0);
-  for (uint64_t s = step + 1; s < step + 100000; ++s) {
+  // Bounded, so that a kill point the plan never reaches fails the test instead of hanging.
+  for (uint64_t s = step + 1; s <= step + 2000; ++s) {
     g_step = s;
     std::vector<Action> plan = Plan(seed, s);
     // Three batches: throw-away versions of the keys to be written (superseded within the
@@ -272,7 +273,15 @@ TEST_P(SwapStoreCrashTest, KilledAtEachPointOfTheCommitPath) {
   uint64_t step = 0;
   for (int round = 0; round < 2; ++round) {
     for (const Point& p : points) {
-      const uint64_t target = step + 1 + rng() % 3;
+      uint64_t target = step + 1 + rng() % 3;
+      // "write_submitted" needs a step that writes something.
+      auto writes = [&](uint64_t t) {
+        for (const Action& a : Plan(seed_, t)) {
+          if (!a.remove) return true;
+        }
+        return false;
+      };
+      while (!writes(target)) ++target;
       ChildResult r = RunChild(dir_.path(), seed_, p.name, target, GetParam(), 0);
       ASSERT_TRUE(r.killed) << p.name << ": child ended with " << r.how;
       // The child commits step+1 .. target-1 before it is killed.

@@ -277,14 +277,49 @@ TEST_P(SwapStoreBackendTest, ConcurrentUseFromSeveralThreads) {
       (void)store->CommittedStep();
     }
   });
-  std::thread t0(io, 0), t1(io, 1);
+  // A third thread pipelines through Submit/Poll: it must get back exactly its own
+  // tickets, never those the synchronous calls of the others wait for.
+  std::atomic<bool> stolen{false};
+  auto async_io = [&] {
+    std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+    std::vector<SwapOp> ops;
+    for (int k = 0; k < 6; ++k) {
+      bufs.push_back(std::make_unique<AlignedBuffer>(50000));
+      FillPattern(bufs.back()->data(), 50000, 7000 + k);
+      ops.push_back(SwapOp{IoOp::kWrite, "async/" + std::to_string(k), bufs.back()->data(), 50000});
+    }
+    for (int round = 0; round < 20 && !wrong; ++round) {
+      auto tickets = store->Submit(ops);
+      if (!tickets.ok()) {
+        wrong = true;
+        return;
+      }
+      std::set<SwapTicket> mine(tickets->begin(), tickets->end());
+      std::vector<SwapCompletion> done(ops.size());
+      size_t got = 0;
+      while (got < ops.size()) {
+        auto n = store->Poll(std::span<SwapCompletion>(done).subspan(got), 1);
+        if (!n.ok() || *n == 0) {
+          wrong = true;
+          return;
+        }
+        for (size_t i = got; i < got + *n; ++i) {
+          if (!mine.count(done[i].ticket) || !done[i].status.ok()) stolen = true;
+        }
+        got += *n;
+      }
+    }
+  };
+  std::thread t0(io, 0), t1(io, 1), t2(async_io);
   t0.join();
   t1.join();
+  t2.join();
   stop = true;
   meta.join();
   EXPECT_FALSE(wrong);
-  EXPECT_EQ(store->Stats().writes, 300u);
-  EXPECT_EQ(store->Keys().size(), 8u);
+  EXPECT_FALSE(stolen);
+  EXPECT_EQ(store->Stats().writes, 300u + 120u);
+  EXPECT_EQ(store->Keys().size(), 8u + 6u);
 }
 
 TEST(SwapStoreTest, LargeExtentIsStripedOverEveryFolder) {
