@@ -421,9 +421,14 @@ void AddTrain(CLI::App& app, int* exit_code) {
       "train",
       "Train a GPT-2 model through the engine; parameters and optimizer states live in device "
       "memory, pinned host memory or NVMe under the given budgets");
-  sub->set_config("--config", "",
-                  "Read flags from a TOML file (key = value, flag names "
-                  "without the leading dashes, e.g. d-model = 128)");
+  // CLI11 2.1 reads a config file only for the top-level app, so the subcommand applies its
+  // own: after parsing, each `key = value` of the file sets the flag --key unless the
+  // command line set it (the command line wins).
+  auto config = std::make_shared<std::string>();
+  sub->add_option("--config", *config,
+                  "Read flags from a TOML file: key = value lines, flag names without the "
+                  "leading dashes (d-model = 128); an optional [train] section; the command "
+                  "line wins");
   sub->add_option("--layers", a->layers, "Transformer layers")->capture_default_str();
   sub->add_option("--d-model", a->d_model, "Channels (embedding width)")->capture_default_str();
   a->heads_opt = sub->add_option("--heads", a->heads,
@@ -481,7 +486,50 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
-  sub->callback([a, exit_code] { *exit_code = RunTrain(*a); });
+  sub->callback([a, sub, config, exit_code] {
+    if (!config->empty()) {
+      std::vector<CLI::ConfigItem> items;
+      try {
+        items = CLI::ConfigTOML().from_file(*config);
+      } catch (const CLI::Error& e) {
+        std::fprintf(stderr, "strata train: --config %s: %s\n", config->c_str(), e.what());
+        *exit_code = 1;
+        return;
+      }
+      for (const CLI::ConfigItem& item : items) {
+        if (!(item.parents.empty() || (item.parents.size() == 1 && item.parents[0] == "train"))) {
+          continue;
+        }
+        std::string name = item.name;
+        std::replace(name.begin(), name.end(), '_', '-');
+        if (name == "config" || name == "++" || name == "--") continue;
+        CLI::Option* opt = nullptr;
+        try {
+          opt = sub->get_option("--" + name);
+        } catch (const CLI::Error&) {
+        }
+        if (opt == nullptr) {
+          std::fprintf(stderr,
+                       "strata train: --config %s: unknown key '%s' (keys are flag names "
+                       "without the dashes, e.g. d-model)\n",
+                       config->c_str(), item.name.c_str());
+          *exit_code = 1;
+          return;
+        }
+        if (opt->count() > 0) continue;  // the command line wins
+        try {
+          opt->add_result(item.inputs);
+          opt->run_callback();
+        } catch (const CLI::Error& e) {
+          std::fprintf(stderr, "strata train: --config %s: %s = %s: %s\n", config->c_str(),
+                       item.name.c_str(), CLI::detail::join(item.inputs).c_str(), e.what());
+          *exit_code = 1;
+          return;
+        }
+      }
+    }
+    *exit_code = RunTrain(*a);
+  });
 }
 
 }  // namespace strata::cli
