@@ -607,10 +607,11 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
           (pp.staging_bytes ? " plus " + FormatBytes(pp.staging_bytes) + " of staging" : "") +
           "; need at least " + FormatBytes(host_min) + " (" + std::to_string(host_min) + " bytes)");
     }
-    // Keep a prefetch window beyond the minimum (one more optimizer step's states), then give host
+    // Keep a prefetch window beyond the minimum (two more optimizer steps' states, so the
+    // reads of the next updates overlap the writes of the last ones), then give host
     // homes to the components that save the most NVMe traffic per byte.
     const uint64_t budget = opt.host_mem_bytes - pp.staging_bytes;
-    const uint64_t window = std::min(budget, cache_min_nvme + 3 * largest_f32);
+    const uint64_t window = std::min(budget, cache_min_nvme + 6 * largest_f32);
     std::vector<bool> cached = cached_all;
     uint64_t resident = 0;
     for (int o : state_objs) {
