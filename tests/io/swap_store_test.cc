@@ -456,6 +456,12 @@ TEST(SwapStoreTest, SupersededSpaceIsReusedAfterCommit) {
       EXPECT_EQ(st.in_use_bytes, st.committed_bytes);
       EXPECT_EQ(st.committed_bytes, live);
     }
+    // The files never grew beyond their preallocation.
+    for (const auto& p : store->Stats().paths) {
+      struct stat fst {};
+      ASSERT_EQ(::stat(p.data_file.c_str(), &fst), 0);
+      EXPECT_EQ(static_cast<uint64_t>(fst.st_size), 7 * kMiB) << p.data_file;
+    }
     // Without a commit the committed versions keep their space: room for one more extent.
     ASSERT_TRUE(WriteString(*store, "extra1", Pattern(kMiB, 1)).ok());
     Status s = WriteString(*store, "extra2", Pattern(kMiB, 2));
