@@ -24,6 +24,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -348,6 +349,45 @@ class LockedGlooStore final : public gloo::rendezvous::Store {
   std::string prefix_;
 };
 
+// Connects to host:port and closes again (5 s at most); IOError naming `what` otherwise.
+[[maybe_unused]] Status ProbeTcp(const std::string& host, int port, const std::string& what) {
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) {
+    return Status::IOError(what + ": host '" + host + "' does not resolve (" + gai_strerror(rc) +
+                           ")");
+  }
+  int last_err = ECONNREFUSED;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last_err = errno;
+      continue;
+    }
+    int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      r = ::poll(&p, 1, 5000) == 1 ? 0 : -1;
+      int err = r == 0 ? 0 : ETIMEDOUT;
+      socklen_t len = sizeof(err);
+      if (r == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      r = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    last_err = errno;
+    ::close(fd);
+    if (r == 0) {
+      ::freeaddrinfo(res);
+      return Status::OK();
+    }
+  }
+  ::freeaddrinfo(res);
+  return Status::FromErrno(last_err, "connecting to " + what + " (is the server running there?)")
+      .WithErrno(last_err);
+}
+
 Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
   auto core = std::make_shared<StoreCore>();
   core->where = spec.ToString();
@@ -374,6 +414,9 @@ Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
     return core;
   }
 #if GLOO_USE_REDIS
+  // RedisStore's constructor leaks its hiredis context when the server is unreachable;
+  // probing first also gives a plain errno message.
+  STRATA_RETURN_IF_ERROR(ProbeTcp(spec.host, spec.port, "Redis rendezvous " + spec.ToString()));
   try {
     auto rs = std::make_unique<gloo::rendezvous::RedisStore>(spec.host, spec.port);
     gloo::rendezvous::RedisStore* raw = rs.get();
