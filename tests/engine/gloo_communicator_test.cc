@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "strata/comm.h"
+#include "strata/device.h"
 
 namespace strata {
 namespace {
@@ -312,6 +313,37 @@ TEST(GlooCommunicator, PipelinedHandlesCompleteInOrderAndAreObserved) {
     return 0;
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
+}
+
+// CollectiveOptions::after: the gather starts only once the copy lane has filled its
+// input, even when the fill is slow and the collective was issued first.
+TEST(GlooCommunicator, CollectiveWaitsForItsAfterEvent) {
+  auto results = RunRanks(2, 60s, [&](Communicator& comm) {
+    Result<std::unique_ptr<Device>> dev = CreateHostDevice(DeviceOptions{});
+    CHILD_CHECK(dev.ok(), "%s", dev.status().ToString().c_str());
+    const size_t count = 4096;
+    std::vector<float> in(count, -1.0f), out(count * 2, 0.0f);
+    const float mine = static_cast<float>(comm.rank() + 10);
+    CHILD_OK((*dev)->EnqueueHostFunction(
+        Lane::kH2D,
+        [&] {
+          std::this_thread::sleep_for(200ms);
+          std::fill(in.begin(), in.end(), mine);
+          return Status::OK();
+        },
+        "slow fill"));
+    Result<EventPtr> filled = (*dev)->Record(Lane::kH2D);
+    CHILD_CHECK(filled.ok(), "%s", filled.status().ToString().c_str());
+    CollectiveOptions opts;
+    opts.after = *filled;
+    CHILD_OK(comm.AllGather(in.data(), out.data(), count, CommDataType::kFloat32, opts).Wait());
+    for (int r = 0; r < 2; ++r)
+      for (size_t i = 0; i < count; ++i)
+        CHILD_CHECK(out[r * count + i] == static_cast<float>(r + 10), "r %d i %zu: %g", r, i,
+                    out[r * count + i]);
+    return 0;
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
 }
 
 // Reduce-scatter split into many pieces gives the same results as one piece.
