@@ -20,7 +20,6 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -37,7 +36,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <limits>
 #include <mutex>
 #include <set>
 #include <sstream>
