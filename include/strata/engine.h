@@ -33,11 +33,17 @@
 // Acquire returns as soon as the copy that brings the block to the device is enqueued:
 // work the model enqueues on Lane::kCompute afterwards is ordered after that copy by a
 // device event, so the host thread blocks only when the data is not yet in host memory
-// (the prefetch is late) or device memory is full of blocks still in use. The access order
-// of the first step is recorded (the standard order above is assumed until then) and later
-// steps prefetch along it, as far ahead as the budgets allow; eviction takes the block
-// whose next use is farthest away. A block is acquired at most once per pass per
-// micro-batch, and SubmitGrads is called exactly once per block per micro-batch.
+// (the prefetch is late) or device memory is full of blocks still in use. SubmitGrads
+// never waits for host memory (the copy out is enqueued in the background).
+//
+// The access schedule is the order above; every Acquire is checked against it (an
+// InvalidArgument names the access expected), so the order the first step ran is the order
+// every step runs, and each step is planned ahead along it: per tier, a simulation with
+// Belady's rule (evict what is needed farthest ahead) fixes every eviction, load and copy
+// of the step within the budgets, and the engine's threads run that plan as far ahead as
+// its dependencies allow (NVMe->pinned, pinned->device). A block is acquired at most once
+// per pass per micro-batch, one block at a time, and SubmitGrads is called exactly once
+// per block per micro-batch, before the backward Release.
 //
 // Numerics: the result does not depend on the budgets, the tiers or the timing — an
 // offloaded run is bit-identical to the same run with unlimited budgets (same kernels,
@@ -247,8 +253,11 @@ struct StepStats {
   // the drives' combined read+write busy time).
   double bound_seconds = 0;
   std::string bound_resource;
-  double efficiency = 0;     // bound_seconds / seconds
-  double stall_seconds = 0;  // compute lane idle before its last operation of the step
+  double efficiency =
+      0;  // bound_seconds / seconds
+          // Compute lane idle from BeginStep to the end of its last operation of the step: the
+  // time the device waited for data (the "stall" lane of the trace).
+  double stall_seconds = 0;
   double busy_seconds[kNumResources] = {};
   // The NVMe drives' busy time: reads and writes share the drives, so the union of their
   // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).
@@ -291,8 +300,8 @@ class Engine {
   // Reads one tensor of the fp32 master weights (between steps).
   virtual Status ReadParams(int block, int tensor, std::span<float> out) const = 0;
   // Reads a whole component of a block's shard (shard_numel fp32 values; kParam and
-  // kMaster both give the fp32 master weights; kGrad gives the last step's accumulated
-  // gradient, unscaled). For tests and checkpoints; between steps.
+  // kMaster both give the fp32 master weights). For tests and checkpoints; between steps.
+  // InvalidArgument for kGrad (gradients are freed after each update) or a wrong size.
   virtual Status ReadComponent(int block, Component component, std::span<float> out) const = 0;
 
   // Starts a step. InvalidArgument when a step is already open or args are out of range;

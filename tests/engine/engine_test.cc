@@ -13,7 +13,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +83,7 @@ struct RunConfig {
   double grad_clip = 0;
   bool durable = false;
   bool resume = false;
+  WorkingDtype dtype = WorkingDtype::kFp32;
   std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> wrap;
 };
 
@@ -106,6 +110,7 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
   opt.durable = rc.durable;
   opt.resume = rc.resume;
   opt.wrap_backend = rc.wrap;
+  opt.dtype = rc.dtype;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
   if (init_params && !rc.resume) {
     for (int b = 0; b < int(specs.size()); ++b) {
@@ -118,6 +123,12 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
     }
   }
   return f;
+}
+
+// Element k of the block's working params, as float.
+float Param(const BlockView& v, uint64_t k) {
+  if (v.dtype == WorkingDtype::kBf16) return Bf16ToFloat(static_cast<const uint16_t*>(v.params)[k]);
+  return static_cast<const float*>(v.params)[k];
 }
 
 // Runs steps first..last (1-based global numbers) of the fake model. Records peaks.
@@ -139,9 +150,9 @@ Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batches, RunR
             Lane::kCompute,
             [v] {
               // Touch every element: a forward that reads the params.
-              const float* p = static_cast<const float*>(v.params);
               volatile float s = 0;
-              for (const TensorLayout& t : v.layout->tensors) s = s + p[t.offset + t.numel - 1];
+              for (const TensorLayout& t : v.layout->tensors)
+                s = s + Param(v, t.offset + t.numel - 1);
               return Status::OK();
             },
             "forward"));
@@ -153,11 +164,10 @@ Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batches, RunR
         STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
             Lane::kCompute,
             [v, g, step, m] {
-              const float* p = static_cast<const float*>(v.params);
               for (const TensorLayout& t : v.layout->tensors) {
                 for (uint64_t i = 0; i < t.numel; ++i) {
                   const uint64_t k = t.offset + i;
-                  g[k] = 0.3f * p[k] +
+                  g[k] = 0.3f * Param(v, k) +
                          float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
                 }
               }
@@ -214,8 +224,10 @@ Result<std::vector<std::vector<float>>> States(const Engine& e) {
 
 Result<std::vector<std::vector<float>>> Reference(const std::vector<BlockSpec>& specs, int steps,
                                                   int micro_batches, double clip,
-                                                  std::vector<double>* norms = nullptr) {
+                                                  std::vector<double>* norms = nullptr,
+                                                  WorkingDtype dtype = WorkingDtype::kFp32) {
   RunConfig rc;
+  rc.dtype = dtype;
   rc.micro_batches = micro_batches;
   rc.grad_clip = clip;
   STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
@@ -567,6 +579,151 @@ TEST(EngineApiTest, OutOfOrderCallsAreRefused) {
   EXPECT_FALSE(e.GradBuffer(0).ok());  // forward: no gradient buffer
   ASSERT_TRUE(e.Release(0).ok());
   EXPECT_EQ(e.EndStep().status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A bf16 working copy (what CUDA runs with): the param component is separate from the
+// master weights, refreshed by the optimizer's copy-out, and still identical across budgets.
+TEST(EngineNumericsTest, Bf16WorkingCopyMatchesUnlimitedBitForBit) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  auto ref = Reference(specs, 3, 2, 0.05, nullptr, WorkingDtype::kBf16);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  auto fp32 = Reference(specs, 3, 2, 0.05, nullptr, WorkingDtype::kFp32);
+  ASSERT_TRUE(fp32.ok());
+  // The gradients see bf16 params, so the result must differ from the fp32 run.
+  EXPECT_FALSE(BitIdentical(*ref, *fp32));
+  TempDir dir;
+  RunConfig probe;
+  probe.dtype = WorkingDtype::kBf16;
+  probe.micro_batches = 2;
+  probe.grad_clip = 0.05;
+  probe.nvme = dir.path();
+  probe.host_mem = 1ull << 34;
+  probe.device_mem = 1ull << 34;
+  PlacementReport mins;
+  {
+    auto f = MakeEngine(specs, probe, false);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    mins = f->engine->Placement();
+    EXPECT_EQ(mins.dtype, WorkingDtype::kBf16);
+  }
+  RunConfig rc = probe;
+  rc.host_mem = mins.host_min_bytes;
+  rc.device_mem = mins.device_min_bytes;
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  RunRecord rec;
+  ASSERT_TRUE(RunSteps(*f, 1, 3, 2, &rec).ok());
+  EXPECT_LE(rec.peak_device, rc.device_mem);
+  EXPECT_LE(rec.peak_host, rc.host_mem);
+  auto got = States(*f->engine);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(BitIdentical(*ref, *got));
+  SetLogSink(nullptr);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(EngineTraceTest, TraceHasOneLanePerResourceAndStatsAreConsistent) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  const std::string trace = dir.path() + "/trace.json";
+  
+  fs::create_directories(dir.path() + "/swap");
+  RunConfig rc = TightNvme(specs, dir.path() + "/swap");
+  DeviceOptions dopt;
+  dopt.memory_budget_bytes = rc.device_mem;
+  auto device = CreateHostDevice(dopt);
+  ASSERT_TRUE(device.ok());
+  EngineOptions opt;
+  opt.device = device->get();
+  opt.device_mem_bytes = rc.device_mem;
+  opt.host_mem_bytes = rc.host_mem;
+  opt.nvme_paths = {rc.nvme};
+  opt.trace_path = trace;
+  opt.nvme_stripe_bytes = 64 << 10;
+  StepStats st;
+  {
+    auto e = Engine::Create(specs, opt);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Fixture f{std::move(device).value(), std::move(e).value()};
+    RunRecord rec;
+    for (int step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(RunSteps(f, step, step, 1, &rec).ok());
+    }
+    // One more step by hand for its statistics.
+    Engine& eng = *f.engine;
+    ASSERT_TRUE(eng.BeginStep(StepArgs{}).ok());
+    const int L = int(eng.Layout().size());
+    for (int b = 0; b < L; ++b) {
+      ASSERT_TRUE(eng.Acquire(b, Pass::kForward).ok());
+      ASSERT_TRUE(f.device->EnqueueBusy(Lane::kCompute, std::chrono::milliseconds(2), "fwd").ok());
+      ASSERT_TRUE(eng.Release(b).ok());
+    }
+    for (int b = L - 1; b >= 0; --b) {
+      ASSERT_TRUE(eng.Acquire(b, Pass::kBackward).ok());
+      auto g = eng.GradBuffer(b);
+      ASSERT_TRUE(g.ok());
+      std::vector<float> zeros(eng.Layout()[b].padded_numel, 0.0f);
+      ASSERT_TRUE(
+          f.device->CopyToDevice(*g, zeros.data(), zeros.size() * 4, "zero", Lane::kCompute).ok());
+      ASSERT_TRUE(f.device->SynchronizeLane(Lane::kCompute).ok());
+      ASSERT_TRUE(eng.SubmitGrads(b).ok());
+      ASSERT_TRUE(eng.Release(b).ok());
+    }
+    auto r = eng.EndStep();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    st = *r;
+  }
+  EXPECT_EQ(st.step, 3);
+  EXPECT_GT(st.bytes.nvme_read, 0u);
+  EXPECT_GT(st.bytes.nvme_write, 0u);
+  EXPECT_GT(st.bytes.h2d, 0u);
+  EXPECT_GT(st.bytes.d2h, 0u);
+  double busiest = st.nvme_busy_seconds;
+  for (double b : st.busy_seconds) busiest = std::max(busiest, b);
+  EXPECT_EQ(st.bound_seconds, busiest);
+  EXPECT_GT(st.busy_seconds[int(Resource::kCompute)], 0.0);
+  EXPECT_GT(st.efficiency, 0.0);
+  EXPECT_LE(st.efficiency, 1.0);
+  EXPECT_NEAR(st.efficiency, st.bound_seconds / st.seconds, 1e-12);
+
+  std::ifstream in(trace);
+  ASSERT_TRUE(in.good());
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "trace is not valid JSON";
+  ASSERT_TRUE(j.contains("traceEvents"));
+  std::set<std::string> lanes;
+  std::map<int, std::string> tid_name;
+  int complete = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") {
+      lanes.insert(e["args"]["name"].get<std::string>());
+      tid_name[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+    }
+    if (e["ph"] == "X") {
+      ++complete;
+      EXPECT_TRUE(e.contains("ts") && e.contains("dur") && e.contains("tid"));
+      EXPECT_TRUE(tid_name.count(e["tid"].get<int>())) << "event before its lane's name";
+    }
+  }
+  for (const char* lane :
+       {"nvme_read", "nvme_write", "h2d", "d2h", "cpu_optim", "compute", "stall", "step"}) {
+    EXPECT_TRUE(lanes.count(lane)) << "no lane " << lane;
+  }
+  EXPECT_GT(complete, 20);
+  SetLogSink(nullptr);
 }
 
 }  // namespace
