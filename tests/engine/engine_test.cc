@@ -238,14 +238,17 @@ Result<std::vector<std::vector<float>>> Reference(const std::vector<BlockSpec>& 
 }
 
 // The minimum budgets the planner reports for this model.
+// The minimum host budget depends on the device budget (a smaller device re-copies params
+// in backward, and those copies need host staging), so it is asked for with the device
+// budget the run will use.
 PlacementReport Minimums(const std::vector<BlockSpec>& specs, int micro_batches, double clip,
-                         const std::string& nvme) {
+                         const std::string& nvme, uint64_t device_mem = 1ull << 34) {
   RunConfig rc;
   rc.micro_batches = micro_batches;
   rc.grad_clip = clip;
   rc.nvme = nvme;
   rc.host_mem = 1ull << 34;
-  rc.device_mem = 1ull << 34;
+  rc.device_mem = device_mem;
   auto f = MakeEngine(specs, rc, /*init_params=*/false);
   EXPECT_TRUE(f.ok()) << f.status().ToString();
   return f.ok() ? f->engine->Placement() : PlacementReport{};
@@ -284,8 +287,8 @@ TEST(EngineTest, RandomBudgetsMatchUnlimitedBitForBit) {
     const bool tight = trial % 2 == 0;
     rc.device_mem = tight ? mins.device_min_bytes
                           : mins.device_min_bytes + rng() % (dev_total - mins.device_min_bytes + 1);
-    rc.host_mem =
-        tight ? mins.host_min_bytes : mins.host_min_bytes + RoundUpTo4k(rng() % (host_total + 1));
+    const uint64_t host_min = Minimums(specs, mb, clip, dir.path(), rc.device_mem).host_min_bytes;
+    rc.host_mem = tight ? host_min : host_min + RoundUpTo4k(rng() % (host_total + 1));
     SCOPED_TRACE("L=" + std::to_string(L) + " mb=" + std::to_string(mb) +
                  " clip=" + std::to_string(clip) + " device=" + std::to_string(rc.device_mem) +
                  " host=" + std::to_string(rc.host_mem));
@@ -327,10 +330,11 @@ std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> Fa
 }
 
 RunConfig TightNvme(const std::vector<BlockSpec>& specs, const std::string& dir, int mb = 1) {
-  const PlacementReport mins = Minimums(specs, mb, 0, dir);
+  const uint64_t device_min = Minimums(specs, mb, 0, dir).device_min_bytes;
+  const PlacementReport mins = Minimums(specs, mb, 0, dir, device_min);
   RunConfig rc;
   rc.nvme = dir;
-  rc.device_mem = mins.device_min_bytes;
+  rc.device_mem = device_min;
   rc.host_mem = mins.host_min_bytes;
   rc.micro_batches = mb;
   rc.durable = true;
@@ -639,7 +643,7 @@ TEST(EngineTraceTest, TraceHasOneLanePerResourceAndStatsAreConsistent) {
   const auto specs = FixedModel();
   TempDir dir;
   const std::string trace = dir.path() + "/trace.json";
-  
+
   fs::create_directories(dir.path() + "/swap");
   RunConfig rc = TightNvme(specs, dir.path() + "/swap");
   DeviceOptions dopt;
