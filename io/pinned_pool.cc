@@ -116,9 +116,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions& 
 }
 
 PinnedPool::PinnedPool(void* base, size_t size, bool locked)
-    : base_(base), size_(size), locked_(locked) {
-  free_.emplace(0, size);
-}
+    : base_(base), size_(size), locked_(locked), ranges_(size) {}
 
 PinnedPool::~PinnedPool() {
   if (locked_) munlock(base_, size_);
@@ -132,8 +130,7 @@ bool PinnedPool::Contains(const void* ptr, uint64_t bytes) const {
 }
 
 std::string PinnedPool::DescribeUseLocked(size_t top_owners) const {
-  uint64_t largest = 0;
-  for (const auto& [off, len] : free_) largest = std::max(largest, len);
+  const uint64_t largest = ranges_.LargestFree();
   std::string s = "in use " + Bytes(in_use_) + " of a budget of " + Bytes(size_) + " by " +
                   std::to_string(allocated_.size()) + " allocation(s); largest free range " +
                   Bytes(largest);
@@ -155,12 +152,8 @@ std::string PinnedPool::DescribeUseLocked(size_t top_owners) const {
 Result<void*> PinnedPool::Allocate(uint64_t bytes, std::string_view owner) {
   const uint64_t need = RoundUpPage(std::max<uint64_t>(bytes, 1));
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < need) continue;
-    const uint64_t off = it->first;
-    const uint64_t rest = it->second - need;
-    free_.erase(it);
-    if (rest > 0) free_.emplace(off + need, rest);
+  if (std::optional<uint64_t> found = ranges_.Allocate(need)) {
+    const uint64_t off = *found;
     allocated_.emplace(off, Allocation{need, std::string(owner)});
     auto ob = owner_bytes_.find(owner);
     if (ob == owner_bytes_.end()) ob = owner_bytes_.emplace(std::string(owner), 0).first;
@@ -202,20 +195,7 @@ Status PinnedPool::Free(void* ptr) {
   in_use_ -= len;
   allocated_.erase(it);
 
-  uint64_t start = off, end = off + len;
-  auto next = free_.lower_bound(off);
-  if (next != free_.end() && next->first == end) {
-    end += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      free_.erase(prev);
-    }
-  }
-  free_.emplace(start, end - start);
+  ranges_.Free(off, len);
   return Status::OK();
 }
 
@@ -231,7 +211,7 @@ PinnedPoolStats PinnedPool::Stats() const {
   s.in_use_bytes = in_use_;
   s.peak_bytes = peak_;
   s.allocations = allocated_.size();
-  for (const auto& [off, len] : free_) s.largest_free_bytes = std::max(s.largest_free_bytes, len);
+  s.largest_free_bytes = ranges_.LargestFree();
   s.locked = locked_;
   s.owners.assign(owner_bytes_.begin(), owner_bytes_.end());
   std::sort(s.owners.begin(), s.owners.end(),

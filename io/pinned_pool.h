@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/range_allocator.h"
 #include "strata/io.h"
 #include "strata/status.h"
 
@@ -139,8 +140,7 @@ class PinnedPool {
   const bool locked_;
 
   mutable std::mutex mu_;
-  // Free ranges by offset (address-ordered, never adjacent: neighbours are merged).
-  std::map<uint64_t, uint64_t> free_;
+  RangeAllocator ranges_;  // free ranges of the arena (first fit, merged on free)
   struct Allocation {
     uint64_t size;
     std::string owner;

@@ -386,8 +386,7 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   }
 
   std::lock_guard<std::mutex> lock(mu_);
-  free_.clear();
-  if (capacity_ > 0) free_.emplace(0, capacity_);
+  ranges_.Reset(capacity_);
   if (manifest) {
     for (ManifestEntry& e : manifest->entries) {
       auto v = std::make_shared<Version>();
@@ -398,23 +397,12 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
       v->step = e.step;
       v->committed = true;
       if (v->alloc > 0) {
-        // Carve the range out of the free map; it must lie wholly inside one free range.
-        auto it = free_.upper_bound(v->offset);
-        bool ok = it != free_.begin();
-        if (ok) {
-          --it;
-          ok = it->first + it->second >= v->offset + v->alloc;
-        }
-        if (!ok) {
+        // The extent must lie wholly inside free space: no two extents overlap.
+        if (!ranges_.Claim(v->offset, v->alloc)) {
           return Status::Corruption("swap store manifest " + manifest_path_ + ": extent '" + e.key +
                                     "' overlaps another extent")
               .WithPath(manifest_path_);
         }
-        uint64_t start = it->first, len = it->second;
-        free_.erase(it);
-        if (v->offset > start) free_.emplace(start, v->offset - start);
-        uint64_t end = v->offset + v->alloc;
-        if (start + len > end) free_.emplace(end, start + len - end);
         in_use_ += v->alloc;
         committed_bytes_ += v->alloc;
       }
@@ -481,16 +469,11 @@ std::string SwapStore::DescribeLocation(const Version& v) const {
 }
 
 Result<uint64_t> SwapStore::AllocateLocked(uint64_t bytes, std::string_view key) {
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < bytes) continue;
-    uint64_t off = it->first, rest = it->second - bytes;
-    free_.erase(it);
-    if (rest > 0) free_.emplace(off + bytes, rest);
+  if (std::optional<uint64_t> offset = ranges_.Allocate(bytes)) {
     in_use_ += bytes;
-    return off;
+    return *offset;
   }
-  uint64_t largest = 0;
-  for (const auto& [o, l] : free_) largest = std::max(largest, l);
+  const uint64_t largest = ranges_.LargestFree();
   return Status::NoSpace("swap store is full: no room for " + Bytes(bytes) + " of extent '" +
                          std::string(key) + "'; capacity " + Bytes(capacity_) + ", in use " +
                          Bytes(in_use_) + " (committed " + Bytes(committed_bytes_) +
@@ -501,20 +484,7 @@ Result<uint64_t> SwapStore::AllocateLocked(uint64_t bytes, std::string_view key)
 void SwapStore::FreeRangeLocked(uint64_t offset, uint64_t bytes) {
   if (bytes == 0) return;
   in_use_ -= bytes;
-  uint64_t start = offset, end = offset + bytes;
-  auto next = free_.lower_bound(offset);
-  if (next != free_.end() && next->first == end) {
-    end += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      free_.erase(prev);
-    }
-  }
-  free_.emplace(start, end - start);
+  ranges_.Free(offset, bytes);
 }
 
 void SwapStore::DropVersionLocked(const std::shared_ptr<Version>& v) {
@@ -975,7 +945,7 @@ SwapStoreStats SwapStore::Stats() const {
   s.stripe_bytes = stripe_;
   s.in_use_bytes = in_use_;
   s.committed_bytes = committed_bytes_;
-  for (const auto& [o, l] : free_) s.largest_free_bytes = std::max(s.largest_free_bytes, l);
+  s.largest_free_bytes = ranges_.LargestFree();
   s.bytes_read = bytes_read_;
   s.bytes_written = bytes_written_;
   s.reads = reads_;

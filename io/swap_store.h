@@ -83,6 +83,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "io/range_allocator.h"
 #include "strata/io.h"
 #include "strata/status.h"
 
@@ -278,7 +279,7 @@ class SwapStore {
   mutable std::mutex mu_;  // metadata
   std::vector<std::unique_ptr<PathState>> paths_;
   std::map<std::string, Entry, std::less<>> entries_;
-  std::map<uint64_t, uint64_t> free_;  // logical free ranges (offset -> length)
+  RangeAllocator ranges_;  // logical free ranges across the striped files
   uint64_t in_use_ = 0;
   uint64_t committed_bytes_ = 0;
   uint64_t seq_ = 0;  // orders writes and deletes of one key
