@@ -66,7 +66,8 @@ class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message) {
-    if (code != StatusCode::kOk) rep_ = std::make_shared<Rep>(Rep{code, std::move(message)});
+    if (code != StatusCode::kOk)
+      rep_ = std::make_shared<Rep>(Rep{code, std::move(message), 0, {}, std::nullopt});
   }
 
   static Status OK() { return Status(); }
