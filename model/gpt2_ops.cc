@@ -1,7 +1,8 @@
 // CPU implementation of the GPT-2 operators (see gpt2_ops.h for the contract).
 //
-// Matrix products: CBLAS sgemm/dgemm. Everything else: OpenMP loops whose iterations own
-// disjoint outputs, so results never depend on the thread count. Reductions across rows
+// Matrix products: CBLAS sgemm/dgemm, rows split over the OpenMP team (results depend on
+// the thread count, see Gemm). Everything else: OpenMP loops whose iterations own disjoint
+// outputs, so their results never depend on the thread count. Reductions across rows
 // (parameter grads) are parallel over channel chunks; each chunk walks rows in ascending order.
 #include "model/gpt2_ops.h"
 
@@ -64,8 +65,9 @@ void BlasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, doubl
 // runs single-threaded and the rows of C are split across the OpenMP team, each thread
 // multiplying its slice. Two pools (OpenMP's for the loops, OpenBLAS's pthreads for the
 // GEMMs) on the same cores made each spin while the other worked: on a loaded 2-core
-// machine a step took 20x longer. Every element of C is still one single-threaded dot
-// product over k in OpenBLAS's order, whatever slice it falls in.
+// machine a step took 20x longer. The bits of C depend on the slicing (OpenBLAS picks its
+// blocking and edge kernels by the slice's shape), hence on the thread count: fixed
+// for a run (the same count gives the same bits), not across counts.
 template <typename F>
 void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, F alpha, const F* a, int lda,
           const F* b, int ldb, F beta, F* c, int ldc) {

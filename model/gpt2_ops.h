@@ -17,11 +17,14 @@
 // zero gradient buffers before the first contribution. The exception is
 // SoftmaxCrossEntropyBackward, which overwrites dlogits (it is the start of the chain).
 //
-// Determinism: every result is a function of the inputs only, independent of the OpenMP
-// thread count: reductions over rows (bias, LayerNorm and embedding grads) are split by
-// channel, never by row, and each channel sums its rows in ascending order; attention is
-// parallel over (batch, head) pairs, each writing only its own head's slice. Matrix
-// products go through CBLAS (OpenBLAS), which is deterministic for a fixed thread count.
+// Determinism: every result is a function of the inputs and the OpenMP thread count only
+// (run to run, the same bits). The non-GEMM ops do not even depend on the thread count:
+// reductions over rows (bias, LayerNorm and embedding grads) are split by channel, never by
+// row, and each channel sums its rows in ascending order; attention is parallel over
+// (batch, head) pairs, each writing only its own head's slice. Matrix products go through
+// CBLAS (OpenBLAS, single-threaded) with the rows of the output split over the OpenMP team;
+// OpenBLAS's blocking depends on the slice's shape, so GEMM bits depend on the thread count
+// (as they would with OpenBLAS's own threading). A run therefore fixes its thread count.
 //
 // Thread safety: the functions are reentrant; they use OpenMP inside and must not run
 // concurrently on overlapping outputs.

@@ -292,5 +292,54 @@ TEST(Gpt2OpsFloat, IndependentOfThreadCount) {
   EXPECT_EQ(one, three);
 }
 
+// GEMMs large enough to be split across the OpenMP team: with a fixed thread count the bits
+// repeat run to run; across thread counts (different slices, so different OpenBLAS blocking)
+// the values agree to rounding.
+TEST(Gpt2OpsFloat, SplitGemmsRepeatForAFixedThreadCount) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd;
+  const int N = 257, IC = 129, OC = 385, V = 259;  // odd: slices end mid-tile
+  std::vector<float> x(N * IC), w(IC * OC), b(OC), dout(N * OC), wte(V * IC), dl(N * V);
+  for (auto* v : {&x, &w, &b, &dout, &wte, &dl})
+    for (float& e : *v) e = nd(rng);
+  auto run = [&] {
+    std::vector<float> out(N * OC), dx(N * IC, 0.f), dw(IC * OC, 0.f), db(OC, 0.f);
+    std::vector<float> logits(N * V), dxh(N * IC, 0.f), dwte(V * IC, 0.f);
+    MatmulForward(out.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    MatmulBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    LmHeadForward(logits.data(), x.data(), wte.data(), N, IC, V);
+    LmHeadBackward(dxh.data(), dwte.data(), dl.data(), x.data(), wte.data(), N, IC, V);
+    std::vector<float> all;
+    for (auto* v : {&out, &dx, &dw, &db, &logits, &dxh, &dwte})
+      all.insert(all.end(), v->begin(), v->end());
+    return all;
+  };
+  const std::vector<float> one = RunWithThreads(1, run);
+  for (int threads : {2, 3}) {
+    const std::vector<float> a = RunWithThreads(threads, run), b2 = RunWithThreads(threads, run);
+    EXPECT_EQ(a, b2) << threads << " threads";
+    ASSERT_EQ(a.size(), one.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(a[i], one[i], 1e-4f * (1 + std::abs(one[i]))) << i;
+    }
+  }
+}
+
+TEST(Gpt2OpsFloat, GeluAtExtremesMatchesDouble) {
+  const std::vector<double> xs = {-100, -30, -9, -5, -1, -1e-3, -1e-6, 0,  1e-6,
+                                  1e-3, 0.5, 1,  3,  5,  9,     30,    100};
+  Vec out(xs.size()), d(xs.size(), 0.0), ones(xs.size(), 1.0);
+  GeluForward(out.data(), xs.data(), xs.size());
+  GeluBackward(d.data(), xs.data(), ones.data(), xs.size());
+  std::vector<float> xf = ToFloat(xs), of(xs.size()), df(xs.size(), 0.f), onesf(xs.size(), 1.f);
+  GeluForward(of.data(), xf.data(), xf.size());
+  GeluBackward(df.data(), xf.data(), onesf.data(), xf.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(of[i], out[i], 1e-6 * (1 + std::abs(out[i]))) << "gelu(" << xs[i] << ")";
+    EXPECT_NEAR(df[i], d[i], 2e-6 * (1 + std::abs(d[i]))) << "gelu'(" << xs[i] << ")";
+    EXPECT_TRUE(std::isfinite(of[i]) && std::isfinite(df[i]));
+  }
+}
+
 }  // namespace
 }  // namespace strata::model

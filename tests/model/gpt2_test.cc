@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 namespace strata::model {
@@ -236,9 +238,71 @@ TEST(Gpt2Model, WeightsRoundTripThroughSafetensors) {
   std::vector<float> v(12 * 36);
   Status s = LoadTensor(*f, specs2, 1, kAttnW, v);
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("h.0.attn.c_attn.weight in " + path + " has shape [8, 24], expected [12, 36]"),
+  EXPECT_NE(s.message().find("h.0.attn.c_attn.weight in " + path +
+                             " has shape [8, 24], expected [12, 36]"),
             std::string::npos)
       << s.ToString();
+  EXPECT_EQ(0, std::system(("rm -rf " + std::string(tmpl)).c_str()));
+}
+
+}  // namespace
+}  // namespace strata::model
+
+namespace strata::model {
+namespace {
+
+// A file laid out like Hugging Face's GPT-2 export: "transformer." prefixes, attn.bias and
+// attn.masked_bias buffers, BF16 weights.
+TEST(Gpt2Model, ReadsHuggingFaceStyleFiles) {
+  Gpt2Config cfg;
+  cfg.layers = 1;
+  cfg.d_model = 8;
+  cfg.heads = 2;
+  cfg.max_seq = 12;
+  cfg.vocab = 5;
+  const auto specs = Gpt2BlockSpecs(cfg);
+  char tmpl[] = "/tmp/strata-hf-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/hf.safetensors";
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float fill) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    header[name] = {
+        {"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + 2 * n}}};
+    uint32_t bits;
+    std::memcpy(&bits, &fill, 4);
+    for (int64_t i = 0; i < n; ++i) {
+      data.push_back(static_cast<char>((bits >> 16) & 0xff));
+      data.push_back(static_cast<char>(bits >> 24));
+    }
+  };
+  for (size_t b = 0; b < specs.size(); ++b) {
+    for (size_t t = 0; t < specs[b].tensors.size(); ++t) {
+      add("transformer." + HfTensorName(specs, b, t), specs[b].tensors[t].shape,
+          0.5f + static_cast<float>(b * 16 + t));
+    }
+  }
+  add("transformer.h.0.attn.bias", {1, 1, 12, 12}, 1.0f);
+  add("transformer.h.0.attn.masked_bias", {1}, -1e4f);
+  const std::string h = header.dump();
+  {
+    std::ofstream f(path, std::ios::binary);
+    uint64_t n = h.size();
+    for (int i = 0; i < 8; ++i) f.put(static_cast<char>(n >> (8 * i)));
+    f << h << data;
+  }
+  auto f = SafetensorsReader::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  auto c = ConfigFromSafetensors(*f, 2);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->layers, 1);
+  EXPECT_EQ(c->max_seq, 12);
+  EXPECT_EQ(c->vocab, 5);
+  std::vector<float> v(8 * 24);
+  ASSERT_TRUE(LoadTensor(*f, specs, 1, kAttnW, v).ok());
+  EXPECT_EQ(v[7], 0.5f + 16 + kAttnW);
   EXPECT_EQ(0, std::system(("rm -rf " + std::string(tmpl)).c_str()));
 }
 
