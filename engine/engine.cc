@@ -1093,7 +1093,13 @@ Result<StepStats> EngineImpl::EndStep() {
     return sync;
   }
   const uint64_t step_number = uint64_t(resumed_step_ + step_);
+  // The commit flushes the drives (fdatasync) and writes the manifest: NVMe write time.
+  const Clock::time_point commit_start = Clock::now();
   s = CommitLocked(lk, step_number);
+  if (store_) {
+    timeline_.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(step_number), commit_start,
+                  Clock::now());
+  }
   if (!s.ok()) {
     SetErrorLocked(Status(s).Annotate("committing step " + std::to_string(step_number)));
     return error_;
