@@ -343,7 +343,7 @@ int RunTrain(const TrainArgs& a) {
     if (tty) {
       const int width = 20;
       const int filled = static_cast<int>(width * s / std::max<int64_t>(1, a.steps));
-      std::printf("\r[%s%s] %s", std::string(filled, '#').c_str(),
+      std::printf("\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
                   std::string(width - filled, ' ').c_str(), line);
     } else {
       std::printf("%s\n", line);
