@@ -111,8 +111,6 @@ Trainer::Trainer(Engine* engine, Device* device, const Gpt2Config& config,
       options_(options),
       batcher_(batcher),
       specs_(Gpt2BlockSpecs(config)),
-      model_(std::make_unique<Gpt2Model<float>>(config, options.batch, options.seq_len,
-                                                options.recompute)),
       next_step_(engine->ResumedStep() + 1) {}
 
 Status Trainer::InitWeights(const SafetensorsReader* init, uint64_t seed) {
@@ -141,13 +139,33 @@ Result<StepResult> Trainer::Step() {
   STRATA_RETURN_IF_ERROR(engine_->BeginStep({.lr = r.lr, .grad_scale = 1.0 / M}));
   std::vector<double> losses(M, 0.0);
   std::vector<int32_t> in(N), tg(N);
-  for (int i = 0; i < M; ++i) {
-    batcher_->TrainBatch((r.step - 1) * M + i, in.data(), tg.data());
-    STRATA_RETURN_IF_ERROR(ForwardBackwardEngine(*engine_, *device_, *model_, in.data(), tg.data(),
-                                                 1.0f / static_cast<float>(N), &losses[i]));
+  const float dloss = 1.0f / static_cast<float>(N);
+  if (device_->Kind() == DeviceKind::kCuda) {
+    if (!cuda_model_) {
+      STRATA_ASSIGN_OR_RETURN(
+          cuda_model_, Gpt2CudaModel::Create(device_, config_, options_.batch, options_.seq_len,
+                                             options_.recompute, M));
+    }
+    for (int i = 0; i < M; ++i) {
+      batcher_->TrainBatch((r.step - 1) * M + i, in.data(), tg.data());
+      STRATA_RETURN_IF_ERROR(
+          cuda_model_->ForwardBackward(*engine_, in.data(), tg.data(), dloss, i));
+    }
+    STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
+    STRATA_ASSIGN_OR_RETURN(losses, cuda_model_->Losses(M));
+  } else {
+    if (!model_) {
+      model_ = std::make_unique<Gpt2Model<float>>(config_, options_.batch, options_.seq_len,
+                                                  options_.recompute);
+    }
+    for (int i = 0; i < M; ++i) {
+      batcher_->TrainBatch((r.step - 1) * M + i, in.data(), tg.data());
+      STRATA_RETURN_IF_ERROR(ForwardBackwardEngine(*engine_, *device_, *model_, in.data(),
+                                                   tg.data(), dloss, &losses[i]));
+    }
+    STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
+    STRATA_RETURN_IF_ERROR(device_->SynchronizeLane(Lane::kCompute));
   }
-  STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
-  STRATA_RETURN_IF_ERROR(device_->SynchronizeLane(Lane::kCompute));
   double sum = 0;
   for (double l : losses) sum += l;
   r.loss = sum / M;

@@ -17,6 +17,7 @@
 
 #include "model/data.h"
 #include "model/gpt2.h"
+#include "model/gpt2_cuda_model.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 
@@ -73,7 +74,8 @@ class Trainer {
   Status InitWeights(const SafetensorsReader* init, uint64_t seed);
 
   // Runs step engine.ResumedStep()+1 (or the one after the last Step()): micro-batch i of
-  // step s is training batch (s-1)*M + i.
+  // step s is training batch (s-1)*M + i. On a CudaDevice the model runs the CUDA kernels
+  // (bf16; NotSupported in a build without them), on a HostDevice the CPU ops.
   Result<StepResult> Step();
   int64_t next_step() const { return next_step_; }
 
@@ -89,7 +91,8 @@ class Trainer {
   TrainOptions options_;
   const Batcher* batcher_;
   std::vector<BlockSpec> specs_;
-  std::unique_ptr<Gpt2Model<float>> model_;
+  std::unique_ptr<Gpt2Model<float>> model_;    // HostDevice: CPU ops (created at first use)
+  std::unique_ptr<Gpt2CudaModel> cuda_model_;  // CudaDevice: model/cuda/ kernels
   int64_t next_step_;
 };
 

@@ -181,17 +181,19 @@ int RunTrain(const TrainArgs& a) {
 
   // ---- device and engine ----
   std::unique_ptr<Device> device;
-  if (a.device == "cuda") {
-    return Fail(Status::NotSupported("the GPT-2 model's CUDA path is not wired into `strata "
-                                     "train` in this build; use --device cpu"),
+  const bool want_cuda = a.device == "cuda" || (a.device == "auto" && CudaAvailable());
+  if (a.device != "auto" && a.device != "cpu" && a.device != "cuda") {
+    return Fail(Status::InvalidArgument("--device " + a.device + ": expected auto, cpu or cuda"),
                 "--device");
-  } else if (a.device == "auto" || a.device == "cpu") {
+  }
+  if (want_cuda) {
+    auto d = CreateCudaDevice({});
+    if (!d.ok()) return Fail(d.status(), "--device cuda");
+    device = std::move(d).value();
+  } else {
     auto d = CreateHostDevice({});
     if (!d.ok()) return Fail(d.status(), "host device");
     device = std::move(d).value();
-  } else {
-    return Fail(Status::InvalidArgument("--device " + a.device + ": expected auto, cpu or cuda"),
-                "--device");
   }
   EngineOptions eo;
   eo.device = device.get();
@@ -471,7 +473,10 @@ void AddTrain(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   sub->add_flag("--recompute", a->recompute,
                 "Activation checkpointing: keep only each block's input, recompute in backward");
-  sub->add_option("--device", a->device, "auto, cpu or cuda")->capture_default_str();
+  sub->add_option("--device", a->device,
+                  "auto (cuda when a GPU is present), cpu (HostDevice: fp32 on the CPU) or "
+                  "cuda (bf16 kernels)")
+      ->capture_default_str();
   sub->add_option("--device-mem", a->device_mem,
                   "Device memory for the engine's parameter and gradient buffers (e.g. 64M; "
                   "default: unlimited)");

@@ -1,0 +1,250 @@
+// GPT-2 through the engine on CUDA: see gpt2_cuda_model.h. Compiled to a NotSupported stub
+// without the CUDA model (model/cuda/).
+#include "model/gpt2_cuda_model.h"
+
+#ifdef STRATA_HAVE_MODEL_CUDA
+#include <cuda_runtime.h>
+
+#include "model/cuda/gpt2_cuda_block.h"
+#include "model/cuda/gpt2_cuda_ops.h"
+#endif
+
+namespace strata::model {
+
+#ifndef STRATA_HAVE_MODEL_CUDA
+
+Result<std::unique_ptr<Gpt2CudaModel>> Gpt2CudaModel::Create(Device*, const Gpt2Config&, int, int,
+                                                             bool, int) {
+  return Status::NotSupported("this build has no CUDA model (built without CUDA)");
+}
+
+#else
+
+namespace {
+
+using cuda_ops::Bf16;
+namespace co = cuda_ops;
+
+class Gpt2CudaModelImpl : public Gpt2CudaModel {
+ public:
+  Gpt2CudaModelImpl(Device* device, const Gpt2Config& cfg, int B, int T, bool recompute)
+      : device_(device), cfg_(cfg), B_(B), T_(T), recompute_(recompute) {}
+
+  ~Gpt2CudaModelImpl() override {
+    (void)device_->SynchronizeLane(Lane::kCompute);
+    for (void* p : allocations_) (void)device_->Free(p);
+  }
+
+  Status Init(int micro_batches) {
+    STRATA_ASSIGN_OR_RETURN(ctx_, co::CudaOpContext::Create(static_cast<cudaStream_t>(
+                                      device_->NativeStream(Lane::kCompute))));
+    const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab;
+    shape_ = {B_, T_, cfg_.d_model, cfg_.heads};
+    STRATA_RETURN_IF_ERROR(Alloc(&tokens_, N * sizeof(int32_t)));
+    STRATA_RETURN_IF_ERROR(Alloc(&targets_, N * sizeof(int32_t)));
+    xs_.resize(cfg_.layers + 1);
+    for (auto& x : xs_) STRATA_RETURN_IF_ERROR(Alloc(&x, N * C * sizeof(Bf16)));
+    acts_.resize(recompute_ ? 1 : cfg_.layers);
+    for (auto& a : acts_) {
+      void* base = nullptr;
+      STRATA_RETURN_IF_ERROR(Alloc(&base, co::BlockActivations::Bytes(shape_)));
+      a = co::BlockActivations::Carve(base, shape_);
+    }
+    void* sbase = nullptr;
+    STRATA_RETURN_IF_ERROR(Alloc(&sbase, co::BlockScratch::Bytes(shape_)));
+    scratch_ = co::BlockScratch::Carve(sbase, shape_);
+    STRATA_RETURN_IF_ERROR(Alloc(&tmp_, N * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Alloc(&wte_copy_, V * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Alloc(&dwte_head_, V * C * sizeof(float)));
+    STRATA_RETURN_IF_ERROR(Alloc(&lnf_, N * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Alloc(&lnf_mean_, N * sizeof(float)));
+    STRATA_RETURN_IF_ERROR(Alloc(&lnf_rstd_, N * sizeof(float)));
+    STRATA_RETURN_IF_ERROR(Alloc(&logits_, N * V * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Alloc(&losses_, N * sizeof(float)));
+    STRATA_RETURN_IF_ERROR(Alloc(&mean_losses_, static_cast<size_t>(micro_batches) * 4));
+    STRATA_RETURN_IF_ERROR(Alloc(&dlnf_, N * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Alloc(&dres_, N * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Alloc(&dres2_, N * C * sizeof(Bf16)));
+    micro_slots_ = micro_batches;
+    return Status::OK();
+  }
+
+  Status ForwardBackward(Engine& engine, const int32_t* inputs, const int32_t* targets, float dloss,
+                         int micro) override {
+    if (micro < 0 || micro >= micro_slots_) {
+      return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
+    }
+    const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
+    const size_t NC = static_cast<size_t>(N) * C;
+    cudaStream_t s = ctx_->stream();
+    // The token ids: pageable copies are staged by the driver before returning, so the host
+    // buffers may be reused at once; the stream orders them before the kernels.
+    STRATA_RETURN_IF_ERROR(co::CudaStatus(
+        cudaMemcpyAsync(tokens_, inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        "copy tokens"));
+    STRATA_RETURN_IF_ERROR(co::CudaStatus(
+        cudaMemcpyAsync(targets_, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        "copy targets"));
+    // Forward 0, 1..L, L+1.
+    for (int b = 0; b <= L + 1; ++b) {
+      STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kForward));
+      STRATA_RETURN_IF_ERROR(CheckView(v));
+      const Bf16* p = static_cast<const Bf16*>(v.params);
+      const BlockLayout& lay = *v.layout;
+      auto P = [&](int t) { return p + lay.tensors[t].offset; };
+      if (b == 0) {
+        STRATA_RETURN_IF_ERROR(co::CudaStatus(
+            cudaMemcpyAsync(wte_copy_, P(kWte), static_cast<size_t>(V) * C * sizeof(Bf16),
+                            cudaMemcpyDeviceToDevice, s),
+            "copy wte for the tied head"));
+        STRATA_RETURN_IF_ERROR(co::EmbeddingForward(*ctx_, X(0), static_cast<int32_t*>(tokens_),
+                                                    P(kWte), P(kWpe), B_, T_, C));
+      } else if (b <= L) {
+        STRATA_RETURN_IF_ERROR(LayerForward(b - 1, Params(p, lay)));
+      } else {
+        STRATA_RETURN_IF_ERROR(co::LayerNormForward(*ctx_, Lnf(), F32(lnf_mean_), F32(lnf_rstd_),
+                                                    X(L), P(kLnfW), P(kLnfB), N, C));
+      }
+      STRATA_RETURN_IF_ERROR(engine.Release(b));
+    }
+    // Backward L+1 (head and loss first), L..1, 0.
+    for (int b = L + 1; b >= 0; --b) {
+      STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kBackward));
+      STRATA_RETURN_IF_ERROR(CheckView(v));
+      STRATA_ASSIGN_OR_RETURN(float* g, engine.GradBuffer(b));
+      const Bf16* p = static_cast<const Bf16*>(v.params);
+      const BlockLayout& lay = *v.layout;
+      auto P = [&](int t) { return p + lay.tensors[t].offset; };
+      auto G = [&](int t) { return g + lay.tensors[t].offset; };
+      STRATA_RETURN_IF_ERROR(
+          co::CudaStatus(cudaMemsetAsync(g, 0, lay.padded_numel * sizeof(float), s), "zero grads"));
+      if (b == L + 1) {
+        Bf16* logits = static_cast<Bf16*>(logits_);
+        STRATA_RETURN_IF_ERROR(
+            co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, V));
+        STRATA_RETURN_IF_ERROR(
+            co::SoftmaxCrossEntropyForward(*ctx_, logits, F32(losses_), F32(mean_losses_) + micro,
+                                           logits, static_cast<int32_t*>(targets_), N, V));
+        STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyBackward(
+            *ctx_, logits, logits, static_cast<int32_t*>(targets_), N, V, dloss));
+        STRATA_RETURN_IF_ERROR(Zero(dlnf_, NC * sizeof(Bf16)));
+        STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(V) * C * sizeof(float)));
+        STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), F32(dwte_head_),
+                                                  logits, Lnf(), static_cast<Bf16*>(wte_copy_), N,
+                                                  C, V));
+        STRATA_RETURN_IF_ERROR(Zero(dres_, NC * sizeof(Bf16)));
+        STRATA_RETURN_IF_ERROR(co::LayerNormBackward(
+            *ctx_, static_cast<Bf16*>(dres_), G(kLnfW), G(kLnfB), static_cast<Bf16*>(dlnf_), X(L),
+            P(kLnfW), F32(lnf_mean_), F32(lnf_rstd_), N, C));
+      } else if (b >= 1) {
+        const int l = b - 1;
+        const co::BlockParams bp = Params(p, lay);
+        if (recompute_) STRATA_RETURN_IF_ERROR(LayerForward(l, bp));
+        co::BlockGrads bg;
+        bg.ln1_w = G(kLn1W), bg.ln1_b = G(kLn1B), bg.qkv_w = G(kAttnW), bg.qkv_b = G(kAttnB);
+        bg.attn_proj_w = G(kAttnProjW), bg.attn_proj_b = G(kAttnProjB);
+        bg.ln2_w = G(kLn2W), bg.ln2_b = G(kLn2B), bg.fc_w = G(kFcW), bg.fc_b = G(kFcB);
+        bg.fc_proj_w = G(kFcProjW), bg.fc_proj_b = G(kFcProjB);
+        // dx accumulates and must not alias dy: ping-pong between two buffers.
+        STRATA_RETURN_IF_ERROR(Zero(dres2_, NC * sizeof(Bf16)));
+        STRATA_RETURN_IF_ERROR(
+            co::BlockBackward(*ctx_, shape_, bp, bg, X(l), acts_[recompute_ ? 0 : l],
+                              static_cast<Bf16*>(dres_), static_cast<Bf16*>(dres2_), scratch_));
+        std::swap(dres_, dres2_);
+      } else {
+        STRATA_RETURN_IF_ERROR(co::CudaStatus(
+            cudaMemcpyAsync(G(kWte), dwte_head_, static_cast<size_t>(V) * C * sizeof(float),
+                            cudaMemcpyDeviceToDevice, s),
+            "add the head's wte gradient"));
+        STRATA_RETURN_IF_ERROR(co::EmbeddingBackward(*ctx_, G(kWte), G(kWpe),
+                                                     static_cast<Bf16*>(dres_),
+                                                     static_cast<int32_t*>(tokens_), B_, T_, C, V));
+      }
+      STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
+      STRATA_RETURN_IF_ERROR(engine.Release(b));
+    }
+    return Status::OK();
+  }
+
+  Result<std::vector<double>> Losses(int n) override {
+    STRATA_RETURN_IF_ERROR(device_->SynchronizeLane(Lane::kCompute));
+    std::vector<float> h(static_cast<size_t>(n));
+    STRATA_RETURN_IF_ERROR(co::CudaStatus(
+        cudaMemcpy(h.data(), mean_losses_, h.size() * 4, cudaMemcpyDeviceToHost), "read losses"));
+    return std::vector<double>(h.begin(), h.end());
+  }
+
+ private:
+  Status Alloc(void** p, size_t bytes) {
+    STRATA_ASSIGN_OR_RETURN(*p, device_->Allocate(std::max<size_t>(bytes, 256)));
+    allocations_.push_back(*p);
+    return Status::OK();
+  }
+  template <typename T>
+  Status Alloc(T** p, size_t bytes) {
+    void* v = nullptr;
+    STRATA_RETURN_IF_ERROR(Alloc(&v, bytes));
+    *p = static_cast<T*>(v);
+    return Status::OK();
+  }
+  Status Zero(void* p, size_t bytes) {
+    return co::CudaStatus(cudaMemsetAsync(p, 0, bytes, ctx_->stream()), "zero");
+  }
+  static float* F32(void* p) { return static_cast<float*>(p); }
+  Bf16* X(int l) { return static_cast<Bf16*>(xs_[l]); }
+  Bf16* Lnf() { return static_cast<Bf16*>(lnf_); }
+  Status CheckView(const BlockView& v) const {
+    if (v.dtype != WorkingDtype::kBf16) {
+      return Status::NotSupported(std::string("the CUDA model computes in bf16; the engine's "
+                                              "working dtype is ") +
+                                  WorkingDtypeName(v.dtype));
+    }
+    return Status::OK();
+  }
+  static co::BlockParams Params(const Bf16* p, const BlockLayout& lay) {
+    auto P = [&](int t) { return p + lay.tensors[t].offset; };
+    co::BlockParams bp;
+    bp.ln1_w = P(kLn1W), bp.ln1_b = P(kLn1B), bp.qkv_w = P(kAttnW), bp.qkv_b = P(kAttnB);
+    bp.attn_proj_w = P(kAttnProjW), bp.attn_proj_b = P(kAttnProjB);
+    bp.ln2_w = P(kLn2W), bp.ln2_b = P(kLn2B), bp.fc_w = P(kFcW), bp.fc_b = P(kFcB);
+    bp.fc_proj_w = P(kFcProjW), bp.fc_proj_b = P(kFcProjB);
+    return bp;
+  }
+  Status LayerForward(int l, const co::BlockParams& bp) {
+    return co::BlockForward(*ctx_, shape_, bp, X(l), X(l + 1), static_cast<Bf16*>(tmp_),
+                            acts_[recompute_ ? 0 : l]);
+  }
+
+  Device* device_;
+  Gpt2Config cfg_;
+  int B_, T_;
+  bool recompute_;
+  int micro_slots_ = 0;
+  std::unique_ptr<co::CudaOpContext> ctx_;
+  co::BlockShape shape_;
+  std::vector<void*> allocations_;
+  void *tokens_ = nullptr, *targets_ = nullptr;
+  std::vector<void*> xs_;
+  std::vector<co::BlockActivations> acts_;
+  co::BlockScratch scratch_{};
+  void *tmp_ = nullptr, *wte_copy_ = nullptr, *dwte_head_ = nullptr, *lnf_ = nullptr;
+  void *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
+  void *mean_losses_ = nullptr, *dlnf_ = nullptr, *dres_ = nullptr, *dres2_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Gpt2CudaModel>> Gpt2CudaModel::Create(Device* device,
+                                                             const Gpt2Config& config, int B, int T,
+                                                             bool recompute, int micro_batches) {
+  if (device->Kind() != DeviceKind::kCuda) {
+    return Status::InvalidArgument("Gpt2CudaModel needs a CUDA device, got " + device->Name());
+  }
+  auto m = std::make_unique<Gpt2CudaModelImpl>(device, config, B, T, recompute);
+  STRATA_RETURN_IF_ERROR(m->Init(micro_batches));
+  return std::unique_ptr<Gpt2CudaModel>(std::move(m));
+}
+
+#endif  // STRATA_HAVE_MODEL_CUDA
+
+}  // namespace strata::model
