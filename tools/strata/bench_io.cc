@@ -113,6 +113,11 @@ std::string HumanBytes(uint64_t b) {
   return buf;
 }
 
+// Buffers beyond the queue depth that hold completed reads while they are verified. A poll
+// usually returns a few completions; 8 spares cover that without doubling the pinned arena
+// of a deep queue (with fewer free buffers than completions the refill just waits for them).
+uint32_t SpareBuffers(uint32_t qd) { return std::min<uint32_t>(qd, 8); }
+
 uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -305,7 +310,9 @@ Status IoBench::Setup(const std::vector<uint64_t>& blocks, const std::vector<uin
     std::memcpy(body_.data() + i, &v, std::min<size_t>(8, body_.size() - i));
   }
 
-  STRATA_RETURN_IF_ERROR(arena_.Map(size_t(max_block) * max_qd));
+  // Spare buffers beyond the queue depth: Pass() refills the queue before verifying
+  // completed reads.
+  STRATA_RETURN_IF_ERROR(arena_.Map(size_t(max_block) * (max_qd + SpareBuffers(max_qd))));
   // Sector bodies go into the buffers once; writes then only restamp the tags.
   for (uint64_t off = 0; off < arena_.size(); off += kSector) {
     std::memcpy(arena_.data() + off + kTagBytes, body_.data(), body_.size());
@@ -404,11 +411,29 @@ Status IoBench::Pass(IoBackend& b, const std::vector<int>& handles, Mode mode, u
   const bool write = IsWrite(mode);
   const IoOp op = write ? IoOp::kWrite : IoOp::kRead;
 
+  // Buffers are not tied to queue slots: there are qd + SpareBuffers(qd) of them, so the
+  // queue is refilled to qd (resubmit first) while the blocks that just completed are still
+  // being verified. Verifying 1 MiB takes the submitting thread tens of microseconds; done
+  // before the resubmission it would leave those slots idle meanwhile.
   using Clock = std::chrono::steady_clock;
-  std::vector<Clock::time_point> started(qd);
-  std::vector<uint64_t> slot_block(qd);
-  std::vector<uint32_t> free_slots(qd);
-  std::iota(free_slots.rbegin(), free_slots.rend(), 0u);
+  const uint32_t nbufs = qd + SpareBuffers(qd);
+  std::vector<Clock::time_point> started(nbufs);
+  std::vector<uint64_t> buf_block(nbufs);
+  std::vector<uint32_t> free_bufs(nbufs);
+  std::iota(free_bufs.rbegin(), free_bufs.rend(), 0u);
+  std::vector<uint32_t> to_verify;  // completed reads, buffers not yet checked
+  to_verify.reserve(qd);
+  auto verify_completed = [&] {
+    for (uint32_t buf_index : to_verify) {
+      const uint64_t k = buf_block[buf_index];
+      if (!Verify(arena_.data() + uint64_t(buf_index) * block, block, k % nfiles,
+                  (k / nfiles) * block)) {
+        ++*wrong;
+      }
+      free_bufs.push_back(buf_index);
+    }
+    to_verify.clear();
+  };
   std::vector<IoRequest> batch;
   batch.reserve(qd);
   std::vector<IoCompletion> out(qd);
@@ -417,37 +442,39 @@ Status IoBench::Pass(IoBackend& b, const std::vector<int>& handles, Mode mode, u
   while (done < nblocks) {
     batch.clear();
     const auto now = Clock::now();
-    while (next < nblocks && !free_slots.empty() && first_error.ok()) {
-      const uint32_t slot = free_slots.back();
-      free_slots.pop_back();
+    while (next < nblocks && b.InFlight() + batch.size() < qd && !free_bufs.empty() &&
+           first_error.ok()) {
+      const uint32_t buf_index = free_bufs.back();
+      free_bufs.pop_back();
       const uint64_t k = order[next++];
       const size_t file = k % nfiles;
       const uint64_t off = (k / nfiles) * block;
-      char* buf = arena_.data() + uint64_t(slot) * block;
+      char* buf = arena_.data() + uint64_t(buf_index) * block;
       if (write) Stamp(buf, block, file, off);
-      slot_block[slot] = k;
-      started[slot] = now;
-      batch.push_back(IoRequest{op, handles[file], off, buf, block, slot});
+      buf_block[buf_index] = k;
+      started[buf_index] = now;
+      batch.push_back(IoRequest{op, handles[file], off, buf, block, buf_index});
     }
     if (!batch.empty()) STRATA_RETURN_IF_ERROR(b.Submit(batch));
+    // The queue is full again; check what completed while the new requests run.
+    verify_completed();
     if (b.InFlight() == 0) break;  // stopped early after an error
     STRATA_ASSIGN_OR_RETURN(size_t n, b.Poll(out, 1));
     const auto end = Clock::now();
     for (size_t i = 0; i < n; ++i) {
-      const auto slot = static_cast<uint32_t>(out[i].user_data);
-      latencies->push_back(std::chrono::duration<float, std::micro>(end - started[slot]).count());
+      const auto buf_index = static_cast<uint32_t>(out[i].user_data);
+      latencies->push_back(
+          std::chrono::duration<float, std::micro>(end - started[buf_index]).count());
       if (!out[i].status.ok() && first_error.ok()) first_error = out[i].status;
       if (!write && out[i].status.ok()) {
-        const uint64_t k = slot_block[slot];
-        if (!Verify(arena_.data() + uint64_t(slot) * block, block, k % nfiles,
-                    (k / nfiles) * block)) {
-          ++*wrong;
-        }
+        to_verify.push_back(buf_index);
+      } else {
+        free_bufs.push_back(buf_index);
       }
-      free_slots.push_back(slot);
       ++done;
     }
   }
+  verify_completed();  // the last completions: the loop ends once every block completed
   return first_error;
 }
 
