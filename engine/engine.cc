@@ -7,8 +7,12 @@
 //    the NVMe writes of updated components as soon as the optimizer hands them over;
 //  - the device feeder runs the device plan in order: frees evicted buffers once the work
 //    that used them finished, allocates, enqueues H2D copies;
+//  - the lander enqueues each submitted gradient's D2H copy (and the fp32 accumulation
+//    after it, on the D2H lane) once its host accumulator is placed, so SubmitGrads never
+//    blocks the model on host memory;
 //  - the optimizer worker runs the blocks' AdamW steps in plan order (OpenMP inside the
-//    kernel), each as soon as its gradient is final and its states are loaded.
+//    kernel), each as soon as its gradient is final and its states are loaded; it computes
+//    each block's squared gradient norm first (combined in block order for clipping).
 // All of them block on one condition variable (or on an I/O completion, or a device
 // event); nothing spins. State shared between them is guarded by mu_.
 //
