@@ -672,6 +672,9 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
     pp.home[o] = pp.cached[o] ? Tier::kNvme : Tier::kHost;
     if (pp.home[o] == Tier::kNvme || durable) pp.nvme_bytes += pp.obj_bytes[o];
   }
+  // Objects are whole 4 KiB pages, so a partial page of cache is never used; dropping it
+  // keeps the pinned pool (which rounds up to pages) inside the budget.
+  pp.cache_capacity = pp.cache_capacity / 4096 * 4096;
   rep.host_resident_bytes = pp.resident_bytes;
   rep.host_cache_bytes = pp.cache_capacity + pp.staging_bytes;
   rep.nvme_bytes = pp.nvme_bytes;
