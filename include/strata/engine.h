@@ -136,7 +136,7 @@ struct EngineOptions {
   uint64_t device_mem_bytes = 0;
   // Pinned host memory for everything the engine keeps on the host: components whose home
   // is the host, staging for NVMe transfers, gradient accumulators. 0 = unlimited
-  // (everything lives in host memory; NVMe is not used).
+  // (everything lives in host memory; NVMe holds only the commits of a durable run).
   uint64_t host_mem_bytes = 0;
   // Folders for the NVMe tier (one striped file per folder). Empty with a finite
   // host_mem_bytes: everything must fit the host budget, else Create fails.
@@ -263,9 +263,12 @@ struct StepStats {
   // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).
   double nvme_busy_seconds = 0;
   EdgeBytes bytes;
-  double grad_norm = 0;            // global L2 norm of the (scaled) gradient, before clipping
-  double clip_coef = 1;            // factor applied to the gradient (1 without clipping)
-  bool skipped = false;            // non-finite gradient: no update was applied
+  double grad_norm = 0;  // global L2 norm of the (scaled) gradient, before clipping
+  double clip_coef = 1;  // factor applied to the gradient (1 without clipping)
+  // A non-finite gradient with clipping on: no block was updated this step. (Without
+  // clipping updates start before every gradient is known, so non-finite values are not
+  // caught; grad_norm still shows them.)
+  bool skipped = false;
   uint64_t peak_device_bytes = 0;  // engine's device memory, peak during the step
   uint64_t peak_host_bytes = 0;    // pinned pool, peak during the step
 };
