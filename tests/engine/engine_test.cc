@@ -328,14 +328,16 @@ std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> Fa
       };
 }
 
-RunConfig TightNvme(const std::vector<BlockSpec>& specs, const std::string& dir, int mb = 1) {
-  const uint64_t device_min = Minimums(specs, mb, 0, dir).device_min_bytes;
-  const PlacementReport mins = Minimums(specs, mb, 0, dir, device_min);
+RunConfig TightNvme(const std::vector<BlockSpec>& specs, const std::string& dir, int mb = 1,
+                    double clip = 0) {
+  const uint64_t device_min = Minimums(specs, mb, clip, dir).device_min_bytes;
+  const PlacementReport mins = Minimums(specs, mb, clip, dir, device_min);
   RunConfig rc;
   rc.nvme = dir;
   rc.device_mem = device_min;
   rc.host_mem = mins.host_min_bytes;
   rc.micro_batches = mb;
+  rc.grad_clip = clip;
   rc.durable = true;
   return rc;
 }
@@ -726,6 +728,58 @@ TEST(EngineTraceTest, TraceHasOneLanePerResourceAndStatsAreConsistent) {
     EXPECT_TRUE(lanes.count(lane)) << "no lane " << lane;
   }
   EXPECT_GT(complete, 20);
+  SetLogSink(nullptr);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// With clipping on, one non-finite gradient anywhere skips the whole step's update.
+TEST(EngineNumericsTest, NonFiniteGradientSkipsTheUpdateWithClipping) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path(), 1, 1.0);
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  auto before = States(*f->engine);
+  ASSERT_TRUE(before.ok());
+  Engine& e = *f->engine;
+  const int L = int(e.Layout().size());
+  ASSERT_TRUE(e.BeginStep(StepArgs{}).ok());
+  for (int b = 0; b < L; ++b) {
+    ASSERT_TRUE(e.Acquire(b, Pass::kForward).ok());
+    ASSERT_TRUE(e.Release(b).ok());
+  }
+  for (int b = L - 1; b >= 0; --b) {
+    ASSERT_TRUE(e.Acquire(b, Pass::kBackward).ok());
+    auto g = e.GradBuffer(b);
+    ASSERT_TRUE(g.ok());
+    const uint64_t n = e.Layout()[b].padded_numel;
+    float* grad = *g;
+    ASSERT_TRUE(f->device
+                    ->EnqueueHostFunction(
+                        Lane::kCompute,
+                        [grad, n, b] {
+                          for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
+                          if (b == 1) grad[3] = std::nanf("");
+                          return Status::OK();
+                        },
+                        "grad")
+                    .ok());
+    ASSERT_TRUE(e.SubmitGrads(b).ok());
+    ASSERT_TRUE(e.Release(b).ok());
+  }
+  auto st = e.EndStep();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_TRUE(st->skipped);
+  EXPECT_TRUE(std::isnan(st->grad_norm));
+  auto after = States(e);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(BitIdentical(*before, *after));
   SetLogSink(nullptr);
 }
 
