@@ -256,7 +256,7 @@ Status EngineImpl::Init() {
 
   PlacementInput pin{&layout_, &opt_, dtype_, device_budget_};
   STRATA_ASSIGN_OR_RETURN(place_, PlanPlacement(pin));
-  schedule_ = StandardSchedule(L_, opt_.micro_batches);
+  STRATA_ASSIGN_OR_RETURN(schedule_, BuildSchedule(L_, opt_));
   for (const BlockLayout& b : layout_) {
     param_bytes_.push_back(b.padded_numel * (separate_ ? 2 : 4));
     grad_bytes_.push_back(b.padded_numel * 4);
@@ -912,7 +912,8 @@ Result<BlockView> EngineImpl::Acquire(int block, Pass pass) {
           (pass == Pass::kForward ? "forward" : "backward") + ") is access " + std::to_string(a) +
           " of the step, but the schedule expects " +
           (a < int(schedule_.size()) ? DescribeAccess(schedule_[a]) : std::string("EndStep")) +
-          " (per micro-batch: forward 0..L-1, then backward L-1..0)");
+          (opt_.schedule.empty() ? " (per micro-batch: forward 0..L-1, then backward L-1..0)"
+                                 : " (EngineOptions::schedule)"));
     }
     STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return feeder_pos_ > a; }));
     DevBuf& d = dbufs_[dplan_.steps[a].param_buffer];

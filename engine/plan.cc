@@ -172,6 +172,42 @@ std::vector<Access> StandardSchedule(int blocks, int micro_batches) {
   return s;
 }
 
+Result<std::vector<Access>> BuildSchedule(int blocks, const EngineOptions& options) {
+  if (options.schedule.empty()) return StandardSchedule(blocks, options.micro_batches);
+  std::vector<int> fwd_at(blocks, -1), bwd_at(blocks, -1);
+  for (size_t i = 0; i < options.schedule.size(); ++i) {
+    const ScheduleEntry& e = options.schedule[i];
+    const std::string where = "schedule entry " + std::to_string(i) + " (block " +
+                              std::to_string(e.block) + ", " +
+                              (e.pass == Pass::kForward ? "forward" : "backward") + ")";
+    if (e.block < 0 || e.block >= blocks) {
+      return Status::InvalidArgument(where + ": the model has " + std::to_string(blocks) +
+                                     " blocks");
+    }
+    int& at = e.pass == Pass::kForward ? fwd_at[e.block] : bwd_at[e.block];
+    if (at >= 0) {
+      return Status::InvalidArgument(where + " repeats entry " + std::to_string(at) +
+                                     "; each block appears once per pass");
+    }
+    at = int(i);
+    if (e.pass == Pass::kBackward && fwd_at[e.block] < 0) {
+      return Status::InvalidArgument(where + " comes before that block's forward");
+    }
+  }
+  for (int b = 0; b < blocks; ++b) {
+    if (fwd_at[b] < 0 || bwd_at[b] < 0) {
+      return Status::InvalidArgument("schedule has no " +
+                                     std::string(fwd_at[b] < 0 ? "forward" : "backward") +
+                                     " access of block " + std::to_string(b));
+    }
+  }
+  std::vector<Access> s;
+  for (int m = 0; m < options.micro_batches; ++m) {
+    for (const ScheduleEntry& e : options.schedule) s.push_back({e.block, e.pass, m});
+  }
+  return s;
+}
+
 std::string DescribeAccess(const Access& a) {
   return std::string(a.pass == Pass::kForward ? "forward" : "backward") + " of block " +
          std::to_string(a.block) + " (micro-batch " + std::to_string(a.micro) + ")";
@@ -528,7 +564,7 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
         FormatBytes(grad_bytes[largest_block]) + "); need at least " + FormatBytes(device_min) +
         " (" + std::to_string(device_min) + " bytes)");
   }
-  const std::vector<Access> schedule = StandardSchedule(L, opt.micro_batches);
+  STRATA_ASSIGN_OR_RETURN(const std::vector<Access> schedule, BuildSchedule(L, opt));
   STRATA_ASSIGN_OR_RETURN(DevicePlan dplan,
                           PlanDevice(schedule, param_bytes, grad_bytes, in.device_budget));
   pp.staging_bytes = opt.micro_batches > 1 ? largest_f32 : 0;

@@ -41,6 +41,10 @@ struct Access {
 };
 // Per micro-batch: forward 0..L-1, then backward L-1..0.
 std::vector<Access> StandardSchedule(int blocks, int micro_batches);
+// options.schedule repeated per micro-batch, or the standard order when it is empty.
+// InvalidArgument when a block is missing, repeated in a pass, out of range, or has its
+// backward before its forward.
+Result<std::vector<Access>> BuildSchedule(int blocks, const EngineOptions& options);
 std::string DescribeAccess(const Access& a);
 
 // ---------------------------------------------------------------------------------------

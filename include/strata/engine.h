@@ -36,7 +36,8 @@
 // (the prefetch is late) or device memory is full of blocks still in use. SubmitGrads
 // never waits for host memory (the copy out is enqueued in the background).
 //
-// The access schedule is the order above; every Acquire is checked against it (an
+// The access schedule is the order above (or EngineOptions::schedule); every Acquire is
+// checked against it (an
 // InvalidArgument names the access expected), so the order the first step ran is the order
 // every step runs, and each step is planned ahead along it: per tier, a simulation with
 // Belady's rule (evict what is needed farthest ahead) fixes every eviction, load and copy
@@ -126,6 +127,12 @@ const char* WorkingDtypeName(WorkingDtype dtype);  // "auto", "fp32", "bf16"
 
 enum class OptimizerKind : uint8_t { kAdamW, kAdam };
 
+// One access of a micro-batch's schedule (see EngineOptions::schedule).
+struct ScheduleEntry {
+  int block = 0;
+  Pass pass = Pass::kForward;
+};
+
 struct EngineOptions {
   // The device the model computes on. Not owned; must outlive the engine. Required.
   Device* device = nullptr;
@@ -164,6 +171,11 @@ struct EngineOptions {
   int optimizer_threads = 0;
 
   int micro_batches = 1;  // gradients accumulate (fp32, host) over this many per step
+  // The order in which the model acquires blocks in one micro-batch. Empty = the standard
+  // order (forward 0..L-1, then backward L-1..0). Otherwise every block must appear exactly
+  // once per pass, its forward before its backward; Create refuses anything else
+  // (InvalidArgument naming the entry). Every step runs this order (Acquire checks it).
+  std::vector<ScheduleEntry> schedule;
   WorkingDtype dtype = WorkingDtype::kAuto;
   uint32_t tensor_alignment = 64;  // elements; every tensor starts at a multiple of this
   int world_size = 1;              // shards per block (multi-rank: later)

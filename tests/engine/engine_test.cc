@@ -82,6 +82,7 @@ struct RunConfig {
   bool durable = false;
   bool resume = false;
   WorkingDtype dtype = WorkingDtype::kFp32;
+  std::vector<ScheduleEntry> schedule;  // empty = standard
   std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> wrap;
 };
 
@@ -109,6 +110,7 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
   opt.resume = rc.resume;
   opt.wrap_backend = rc.wrap;
   opt.dtype = rc.dtype;
+  opt.schedule = rc.schedule;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
   if (init_params && !rc.resume) {
     for (int b = 0; b < int(specs.size()); ++b) {
@@ -780,6 +782,110 @@ TEST(EngineNumericsTest, NonFiniteGradientSkipsTheUpdateWithClipping) {
   auto after = States(e);
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(BitIdentical(*before, *after));
+  SetLogSink(nullptr);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A declared schedule other than the standard one: forward in reverse block order, backward
+// interleaved. Budgets at the minimum still give the unlimited result bit for bit, and the
+// model is held to the declared order.
+TEST(EngineScheduleTest, DeclaredScheduleRunsAndIsChecked) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();  // 3 blocks
+  const std::vector<ScheduleEntry> order = {{2, Pass::kForward},  {1, Pass::kForward},
+                                            {1, Pass::kBackward}, {0, Pass::kForward},
+                                            {2, Pass::kBackward}, {0, Pass::kBackward}};
+  auto run = [&](RunConfig rc, int steps) -> Result<std::vector<std::vector<float>>> {
+    rc.schedule = order;
+    STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
+    Engine& e = *f.engine;
+    for (int step = 1; step <= steps; ++step) {
+      STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01}));
+      for (int m = 0; m < rc.micro_batches; ++m) {
+        for (const ScheduleEntry& a : order) {
+          STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(a.block, a.pass));
+          if (a.pass == Pass::kBackward) {
+            STRATA_ASSIGN_OR_RETURN(float* g, e.GradBuffer(a.block));
+            STRATA_RETURN_IF_ERROR(f.device->EnqueueHostFunction(
+                Lane::kCompute,
+                [v, g, step, m] {
+                  for (const TensorLayout& t : v.layout->tensors) {
+                    for (uint64_t i = 0; i < t.numel; ++i) {
+                      const uint64_t k = t.offset + i;
+                      g[k] = 0.2f * Param(v, k) +
+                             float(int((k + uint64_t(step) * 3 + uint64_t(m)) % 11) - 5) * 0.01f;
+                    }
+                  }
+                  return Status::OK();
+                },
+                "backward"));
+            STRATA_RETURN_IF_ERROR(e.SubmitGrads(a.block));
+          }
+          STRATA_RETURN_IF_ERROR(e.Release(a.block));
+        }
+      }
+      STRATA_RETURN_IF_ERROR(e.EndStep().status());
+    }
+    return States(e);
+  };
+  RunConfig unlimited;
+  unlimited.micro_batches = 2;
+  auto ref = run(unlimited, 2);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  TempDir dir;
+  RunConfig probe;
+  probe.micro_batches = 2;
+  probe.nvme = dir.path();
+  probe.schedule = order;
+  probe.host_mem = 1ull << 34;
+  probe.device_mem = 1ull << 34;
+  uint64_t device_min = 0, host_min = 0;
+  {
+    auto f = MakeEngine(specs, probe, false);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    device_min = f->engine->Placement().device_min_bytes;
+  }
+  probe.device_mem = device_min;
+  {
+    auto f = MakeEngine(specs, probe, false);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    host_min = f->engine->Placement().host_min_bytes;
+  }
+  RunConfig tight = probe;
+  tight.host_mem = host_min;
+  auto got = run(tight, 2);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(BitIdentical(*ref, *got));
+
+  // The standard order is refused once another is declared.
+  RunConfig rc;
+  rc.schedule = order;
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(f->engine->BeginStep(StepArgs{}).ok());
+  auto wrong = f->engine->Acquire(0, Pass::kForward);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("expects forward of block 2"), std::string::npos)
+      << wrong.status().ToString();
+
+  // Malformed schedules are refused at Create, naming the entry.
+  RunConfig bad;
+  bad.schedule = {{0, Pass::kForward}, {1, Pass::kBackward}, {1, Pass::kForward}};
+  auto b1 = MakeEngine(specs, bad, false);
+  ASSERT_FALSE(b1.ok());
+  EXPECT_NE(b1.status().message().find("schedule entry 1 (block 1, backward) comes before"),
+            std::string::npos)
+      << b1.status().ToString();
+  bad.schedule = {{0, Pass::kForward}, {0, Pass::kBackward}};
+  auto b2 = MakeEngine(specs, bad, false);
+  ASSERT_FALSE(b2.ok());
+  EXPECT_NE(b2.status().message().find("no forward access of block 1"), std::string::npos)
+      << b2.status().ToString();
   SetLogSink(nullptr);
 }
 
