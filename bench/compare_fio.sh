@@ -11,13 +11,17 @@
 #   STRATA=path/to/strata overrides the binary (default build/release/tools/strata, then
 #   any build/*/tools/strata).
 #
-# The files are in the same state for both tools: reads run on a file created and written
-# just before (strata lays out its own file; fio's file is removed so fio lays it out
-# again) and writes overwrite already-written extents (strata: one unmeasured warm-up
-# pass; fio: the file its read run left). Each measurement moves 2 passes of SIZE; reads
-# and writes are separate runs with a pause (SETTLE seconds, default 1) after each, so a
-# read never competes with the flushing of the previous run's writes. fio gets registered
-# buffers and files too, so both sides use the same kernel features.
+# The files are in the same state for both tools, and each read run follows the same
+# sequence: a fresh file (fallocated by strata, by fio's write job for fio) is written
+# with O_DIRECT 1 MiB writes at qd 32 and fsynced, read once unmeasured (strata --warmup
+# 1; fio a --loops=1 run), then read twice measured. So both read written data (never
+# unwritten fallocated extents, which ext4 returns as zeros without touching the drive),
+# with the same extent layout (checked with filefrag). Writes overwrite already-written
+# extents (strata: after one unmeasured warm-up pass; fio: the file its read run left).
+# Each measurement moves 2 passes of SIZE; reads and writes are separate runs with a pause
+# (SETTLE seconds, default 1) after each, so a read never competes with the flushing of
+# the previous run's writes. fio gets registered buffers and files too, so both sides use
+# the same kernel features.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -80,7 +84,7 @@ print(j[side]["bw_bytes"] / 1e9)' "$1"
 echo "# compare_fio.sh: $(date -u +%FT%TZ) on $(uname -r), $(nproc) cores"
 echo "# folder: $dir ($(stat -f -c %T "$dir")); size per pass $size; block $bs; qd $qd; O_DIRECT; $rounds rounds"
 echo "# strata: $(strata_cmd uring read) (then --mode write)"
-echo "# fio:    $(fio_cmd read) (then --rw=write)"
+echo "# fio:    $(fio_cmd read) (then --rw=write); its read file laid out by $(fio_cmd write) --loops=1 --fsync_on_close=1, then one unmeasured --loops=1 read"
 echo "# posix:  $(strata_cmd posix read) (then --mode write)"
 
 sw=() sr=() fw=() fr=() pw=() pr=()
@@ -89,6 +93,10 @@ for ((i = 1; i <= rounds; i++)); do
   sr+=("$($(strata_cmd uring read) | parse_strata)"); settle
   sw+=("$($(strata_cmd uring write) | parse_strata)"); settle
   rm -f "$dir/fio.dat"
+  # Lay the file out as strata does (O_DIRECT writes at qd 32, then fsync), then the
+  # unmeasured warm-up read pass.
+  $(fio_cmd write) --loops=1 --fsync_on_close=1 >/dev/null
+  $(fio_cmd read) --loops=1 >/dev/null
   fr+=("$($(fio_cmd read) | parse_fio read)"); settle
   fw+=("$($(fio_cmd write) | parse_fio write)"); settle
   pr+=("$($(strata_cmd posix read) | parse_strata)"); settle
