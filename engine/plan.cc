@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "io/range_allocator.h"
+
 namespace strata {
 
 const char* ComponentName(Component c) {
@@ -369,52 +371,24 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
   std::vector<bool> resident(n_obj, false), dead(n_obj, false), locked(n_obj, false);
   std::vector<int> planned(n_obj, 0);
   p.offset.assign(n_obj, 0);
-  // First-fit over [0, capacity): the plan places every object, so fragmentation is part of
-  // the simulation (an allocation that does not fit contiguously evicts more).
-  std::map<uint64_t, uint64_t> free_ranges;  // offset -> length, merged
-  if (in.capacity) free_ranges[0] = in.capacity;
+  // First fit over [0, capacity) — the PinnedPool's own allocator: the plan places every
+  // object, and the engine puts it at exactly that offset of its cache region, so
+  // fragmentation is part of the simulation (an allocation that does not fit contiguously
+  // evicts more).
+  RangeAllocator free_ranges(in.capacity);
   auto take = [&](uint64_t size, uint64_t* off) -> bool {
-    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
-      if (it->second < size) continue;
-      *off = it->first;
-      const uint64_t rest = it->second - size;
-      free_ranges.erase(it);
-      if (rest) free_ranges[*off + size] = rest;
-      return true;
-    }
-    return false;
+    std::optional<uint64_t> found = free_ranges.Allocate(size);
+    if (found) *off = *found;
+    return found.has_value();
   };
-  auto give = [&](uint64_t off, uint64_t size) {
-    auto it = free_ranges.emplace(off, size).first;
-    auto next = std::next(it);
-    if (next != free_ranges.end() && it->first + it->second == next->first) {
-      it->second += next->second;
-      free_ranges.erase(next);
-    }
-    if (it != free_ranges.begin()) {
-      auto prev = std::prev(it);
-      if (prev->first + prev->second == it->first) {
-        prev->second += it->second;
-        free_ranges.erase(it);
-      }
-    }
-  };
+  auto give = [&](uint64_t off, uint64_t size) { free_ranges.Free(off, size); };
   uint64_t used = 0;
   for (int obj : in.start_resident) {
     // Objects carried over keep their place.
     const uint64_t off = in.start_offset[obj];
-    auto it = free_ranges.upper_bound(off);
-    if (it == free_ranges.begin()) return Status::OutOfMemory("host cache: bad carried object");
-    --it;
-    const uint64_t r_off = it->first, r_len = it->second;
-    if (off < r_off || off + in.obj_bytes[obj] > r_off + r_len) {
+    if (in.obj_bytes[obj] > 0 && !free_ranges.Claim(off, in.obj_bytes[obj])) {
       return Status::OutOfMemory("host cache " + FormatBytes(in.capacity) +
                                  " cannot hold the objects it starts with");
-    }
-    free_ranges.erase(it);
-    if (off > r_off) free_ranges[r_off] = off - r_off;
-    if (off + in.obj_bytes[obj] < r_off + r_len) {
-      free_ranges[off + in.obj_bytes[obj]] = r_off + r_len - off - in.obj_bytes[obj];
     }
     p.offset[obj] = off;
     resident[obj] = true;
@@ -537,7 +511,7 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   int largest_block = 0;
   for (int b = 0; b < L; ++b) {
     const uint64_t s = layout[b].shard_numel;
-    // World size 1 today: the device holds the whole flat buffer (= the shard).
+    // The device holds the whole flat buffer (all shards, gathered when world_size > 1).
     param_bytes[b] = layout[b].padded_numel * work_elem;
     grad_bytes[b] = layout[b].padded_numel * 4;
     const uint64_t need = RoundUp(param_bytes[b], 256) + RoundUp(grad_bytes[b], 256);
@@ -568,6 +542,20 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   STRATA_ASSIGN_OR_RETURN(DevicePlan dplan,
                           PlanDevice(schedule, param_bytes, grad_bytes, in.device_budget));
   pp.staging_bytes = opt.micro_batches > 1 ? largest_f32 : 0;
+  if (opt.world_size > 1) {
+    // Multi-rank: two full-block gather buffers (the all-gather of the next block fills
+    // one while the H2D copy of the current one reads the other) and one full-block
+    // gradient landing buffer (the reduce-scatter's input). They are host memory like the
+    // rest, so they count against the host budget.
+    uint64_t gather = 0, landing = 0;
+    for (int b = 0; b < L; ++b) {
+      gather = std::max(gather, RoundUp(param_bytes[b], 4096));
+      landing = std::max(landing, RoundUp(grad_bytes[b], 4096));
+    }
+    pp.comm_staging_bytes = 2 * gather + landing;
+    pp.gather_bytes = gather;
+    pp.staging_bytes += pp.comm_staging_bytes;
+  }
 
   HostPlanInput hin;
   hin.schedule = &schedule;
