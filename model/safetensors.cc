@@ -176,7 +176,7 @@ Status SafetensorsReader::ReadFloat(const std::string& name,
   }
   const uint8_t* src = data_.data() + t->begin;
   if (t->dtype == "F32") {
-    std::memcpy(out, src, n * 4);
+    if (n > 0) std::memcpy(out, src, n * 4);  // an empty tensor may come with a null buffer
   } else if (t->dtype == "BF16" || t->dtype == "F16") {
     const bool bf = t->dtype == "BF16";
     for (size_t i = 0; i < n; ++i) {

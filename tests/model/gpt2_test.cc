@@ -154,7 +154,10 @@ TEST(Gpt2Model, FloatAgreesWithDoubleAndThreadCountDoesNotMatter) {
       num += std::pow(wf.g[k][i] - wd.g[k][i], 2);
       den += std::pow(wd.g[k][i], 2);
     }
-    EXPECT_LT(std::sqrt(num / (den + 1e-30)), 1e-4) << wf.specs[k].name;
+    // fp32 rounding only (the math itself is checked in double against finite differences):
+    // the tied embedding sums B*T head contributions, and how a compiler vectorises those
+    // sums (-O3 vs the sanitizer build's -O2) moves its error around 1e-4.
+    EXPECT_LT(std::sqrt(num / (den + 1e-30)), 5e-4) << wf.specs[k].name;
   }
   // One thread vs two: the same bits.
   const int saved = omp_get_max_threads();
