@@ -12,7 +12,16 @@
 //    blocks the model on host memory;
 //  - the optimizer worker runs the blocks' AdamW steps in plan order (OpenMP inside the
 //    kernel), each as soon as its gradient is final and its states are loaded; it computes
-//    each block's squared gradient norm first (combined in block order for clipping).
+//    each block's squared gradient norm first (combined in block order for clipping);
+//  - with world_size > 1, the comm thread issues every collective of the step, in an order
+//    fixed at Create from the schedule and the device plan (the same on every rank, since
+//    collectives match by order): the all-gather of each loaded block's parameter shard
+//    into a full-block gather buffer (as soon as the shard is in host memory; the H2D copy
+//    waits on it on the H2D lane), one load ahead of the reduce-scatter of each backward
+//    gradient (the D2H copy lands the full block in a host buffer; the reduce-scatter,
+//    ordered after that copy by CollectiveOptions::after, averages it into this rank's
+//    shard; the accumulation waits on it on the D2H lane), and last the all-gather of the
+//    ranks' squared gradient norms, summed in rank order so every rank gets the same norm.
 // All of them block on one condition variable (or on an I/O completion, or a device
 // event); nothing spins. State shared between them is guarded by mu_.
 //
@@ -38,6 +47,7 @@
 #include "engine/trace.h"
 #include "io/pinned_pool.h"
 #include "io/swap_store.h"
+#include "strata/comm.h"
 #include "strata/log.h"
 #include "strata/optim.h"
 
@@ -61,7 +71,13 @@ struct AlignedBuffer {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineOptions& options, std::vector<BlockLayout> layout)
-      : opt_(options), dev_(options.device), layout_(std::move(layout)), L_(int(layout_.size())) {}
+      : opt_(options),
+        dev_(options.device),
+        comm_(options.comm),
+        ws_(options.comm ? options.comm->world_size() : 1),
+        rank_(options.comm ? options.comm->rank() : 0),
+        layout_(std::move(layout)),
+        L_(int(layout_.size())) {}
   ~EngineImpl() override;
 
   Status Init();
@@ -156,6 +172,20 @@ class EngineImpl final : public Engine {
   bool TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads, std::vector<int>* read_objs);
   Status RunOptimizer(int use_index);
   Status RunFeederAccess(int a);
+  // Multi-rank: the comm thread and its items.
+  void CommLoop();
+  Status RunCommItem(size_t i);
+  void OnCommOp(const CommOpRecord& r);
+  // Fixes the step's order of collectives from its host plan (at BeginStep).
+  void BuildCommSequence();
+  // The part of [begin, end) (full-block elements) inside this rank's shard, as shard-local
+  // [lo, hi); lo == hi when they do not meet.
+  std::pair<uint64_t, uint64_t> ShardPart(int block, uint64_t begin, uint64_t end) const {
+    const uint64_t s0 = uint64_t(rank_) * layout_[block].shard_numel;
+    const uint64_t s1 = s0 + layout_[block].shard_numel;
+    const uint64_t lo = std::max(begin, s0), hi = std::min(end, s1);
+    return lo < hi ? std::make_pair(lo - s0, hi - s0) : std::make_pair(uint64_t(0), uint64_t(0));
+  }
   Status CommitLocked(std::unique_lock<std::mutex>& lk, uint64_t step);
   void OnDeviceOp(const DeviceOpRecord& r);
   Status CheckBlockTensor(int block, int tensor) const;
@@ -164,6 +194,8 @@ class EngineImpl final : public Engine {
 
   const EngineOptions opt_;
   Device* const dev_;
+  Communicator* const comm_;  // nullptr with one rank
+  const int ws_, rank_;
   const std::vector<BlockLayout> layout_;
   const int L_;
   WorkingDtype dtype_ = WorkingDtype::kFp32;
@@ -178,6 +210,17 @@ class EngineImpl final : public Engine {
   bool registered_with_device_ = false;
   std::unique_ptr<SwapStore> store_;
   void* staging_ = nullptr;  // gradient landing buffer for micro-batches after the first
+  // Multi-rank buffers (in the pinned pool): two full-block parameter gather buffers and
+  // one full-block gradient landing buffer (the reduce-scatter's input).
+  void* gather_[2] = {nullptr, nullptr};
+  void* grad_full_ = nullptr;
+  // The comm thread's fixed sequence of collectives per step.
+  struct CommItem {
+    enum Kind : uint8_t { kGather, kReduce, kNorm } kind = kGather;
+    int access = 0;
+    int slot = 0;  // kGather: gather buffer
+  };
+  std::vector<CommItem> comm_seq_;
   // The cache: one pinned region; the host plan places objects inside it (exact offsets, so
   // the simulated footprint and fragmentation are the real ones).
   char* cache_base_ = nullptr;
@@ -220,9 +263,20 @@ class EngineImpl final : public Engine {
   Clock::time_point step_start_;
 
   CpuKernelOptions kernel_options_;
-  std::atomic<uint64_t> bytes_[4] = {};  // nvme_read, nvme_write, h2d, d2h
+  std::atomic<uint64_t> bytes_[5] = {};  // nvme_read, nvme_write, h2d, d2h, comm
 
-  std::thread io_thread_, feeder_thread_, opt_thread_, lander_thread_;
+  // Multi-rank step state (guarded by mu_), indexed by access.
+  size_t comm_pos_ = 0;  // items of comm_seq_ issued (or finished, for kNorm)
+  bool gather_busy_[2] = {false, false};
+  std::vector<bool> ag_issued_;  // the all-gather of the access's params is issued
+  std::vector<CommHandle> ag_handle_;
+  std::vector<int> ag_slot_;
+  std::vector<EventPtr> rs_after_;  // the D2H copy of the access's gradient (set = landed)
+  std::vector<void*> rs_dst_;       // where the reduce-scatter writes this rank's shard
+  std::vector<bool> rs_issued_;
+  std::vector<CommHandle> rs_handle_;
+
+  std::thread io_thread_, feeder_thread_, opt_thread_, lander_thread_, comm_thread_;
 };
 
 Status EngineImpl::Init() {
@@ -231,9 +285,10 @@ Status EngineImpl::Init() {
     return Status::InvalidArgument("micro_batches is " + std::to_string(opt_.micro_batches) +
                                    "; it must be >= 1");
   }
-  if (opt_.world_size != 1 || opt_.rank != 0) {
-    return Status::NotSupported("world_size " + std::to_string(opt_.world_size) +
-                                ": multi-rank runs are not wired into the engine yet");
+  if (comm_ && comm_->device_buffers()) {
+    return Status::NotSupported(std::string("the engine's collectives need a host-memory "
+                                            "communicator (gloo); this one is ") +
+                                comm_->backend());
   }
   if (opt_.grad_clip < 0 || !std::isfinite(opt_.grad_clip)) {
     return Status::InvalidArgument("grad_clip must be >= 0");
@@ -295,8 +350,18 @@ Status EngineImpl::Init() {
     STRATA_RETURN_IF_ERROR(dev_->RegisterHostMemory(pool_->base(), pool_->size()));
     registered_with_device_ = true;
   }
-  if (place_.staging_bytes) {
-    STRATA_ASSIGN_OR_RETURN(staging_, pool_->Allocate(place_.staging_bytes, "grad staging"));
+  if (place_.staging_bytes > place_.comm_staging_bytes) {
+    STRATA_ASSIGN_OR_RETURN(
+        staging_,
+        pool_->Allocate(place_.staging_bytes - place_.comm_staging_bytes, "grad staging"));
+  }
+  if (ws_ > 1) {
+    for (void*& g : gather_) {
+      STRATA_ASSIGN_OR_RETURN(g, pool_->Allocate(place_.gather_bytes, "param gather"));
+    }
+    STRATA_ASSIGN_OR_RETURN(grad_full_,
+                            pool_->Allocate(place_.comm_staging_bytes - 2 * place_.gather_bytes,
+                                            "grad landing (reduce-scatter input)"));
   }
   if (place_.cache_capacity) {
     STRATA_ASSIGN_OR_RETURN(void* cache, pool_->Allocate(place_.cache_capacity, "cache"));
@@ -372,6 +437,10 @@ Status EngineImpl::Init() {
 
   if (!opt_.trace_path.empty()) STRATA_RETURN_IF_ERROR(timeline_.OpenTrace(opt_.trace_path));
   dev_->SetObserver([this](const DeviceOpRecord& r) { OnDeviceOp(r); });
+  if (ws_ > 1) {
+    comm_->SetObserver([this](const CommOpRecord& r) { OnCommOp(r); });
+    comm_thread_ = std::thread([this] { CommLoop(); });
+  }
 
   io_thread_ = std::thread([this] { IoLoop(); });
   feeder_thread_ = std::thread([this] { FeederLoop(); });
@@ -386,6 +455,7 @@ EngineImpl::~EngineImpl() {
     shutdown_ = true;
     cv_.notify_all();
   }
+  if (comm_thread_.joinable()) comm_thread_.join();
   if (opt_thread_.joinable()) opt_thread_.join();
   if (lander_thread_.joinable()) lander_thread_.join();
   if (feeder_thread_.joinable()) feeder_thread_.join();
@@ -394,6 +464,16 @@ EngineImpl::~EngineImpl() {
     // Lane work may still reference our buffers and call back into us.
     for (Lane l : {Lane::kCompute, Lane::kH2D, Lane::kD2H}) (void)dev_->SynchronizeLane(l);
     dev_->SetObserver(nullptr);
+    if (ws_ > 1) {
+      // Collectives still queued read and write our buffers: let them finish (a broken
+      // communicator fails them at once; a dead peer within its timeout).
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const CommHandle& h : ag_handle_) (void)h.Wait();
+        for (const CommHandle& h : rs_handle_) (void)h.Wait();
+      }
+      comm_->SetObserver(nullptr);
+    }
     for (DevBuf& d : dbufs_) {
       if (d.ptr) (void)dev_->Free(d.ptr);
     }
@@ -606,7 +686,44 @@ Status EngineImpl::RunFeederAccess(int a) {
     dev_peak_ = std::max(dev_peak_, dev_used_);
     return Status::OK();
   };
-  if (ds.load) {
+  if (ds.load && ws_ > 1) {
+    // The comm thread entered the shard and issued its all-gather into a gather buffer;
+    // the H2D lane waits for the gather, copies the full block, then frees both.
+    const int obj = hplan_.uses[hplan_.h2d_use[a]].objs[0].obj;
+    STRATA_RETURN_IF_ERROR(allocate(ds.param_buffer));
+    CommHandle gathered;
+    int slot;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return bool(ag_issued_[a]); }));
+      gathered = ag_handle_[a];
+      slot = ag_slot_[a];
+      (void)dbufs_[ds.param_buffer].res.To(S::kLoading);
+    }
+    DevBuf& d = dbufs_[ds.param_buffer];
+    STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
+        Lane::kH2D,
+        [this, gathered] {
+          Status st = gathered.Wait();
+          if (!st.ok()) SetError(st);
+          return st;
+        },
+        "wait all-gather"));
+    STRATA_RETURN_IF_ERROR(
+        dev_->CopyToDevice(d.ptr, gather_[slot], param_bytes_[b], "h2d " + layout_[b].name));
+    STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
+        Lane::kH2D,
+        [this, obj, slot] {
+          std::lock_guard<std::mutex> lock(mu_);
+          gather_busy_[slot] = false;
+          return LeaveLocked(obj, false);
+        },
+        "h2d done"));
+    STRATA_ASSIGN_OR_RETURN(EventPtr ev, dev_->Record(Lane::kH2D));
+    std::lock_guard<std::mutex> lock(mu_);
+    d.ready = std::move(ev);
+    (void)d.res.To(S::kReady);
+  } else if (ds.load) {
     const int use = hplan_.h2d_use[a];
     const UseObj uo = hplan_.uses[use].objs[0];
     STRATA_RETURN_IF_ERROR(allocate(ds.param_buffer));
@@ -622,7 +739,7 @@ Status EngineImpl::RunFeederAccess(int a) {
       src = h.buf;
     }
     DevBuf& d = dbufs_[ds.param_buffer];
-    // Copy the shard's bytes; the device buffer is the whole flat block (world size 1).
+    // One rank: the shard is the whole flat block.
     const uint64_t n = std::min<uint64_t>(param_bytes_[b], objs_[uo.obj].bytes);
     STRATA_RETURN_IF_ERROR(dev_->CopyToDevice(d.ptr, src, n, "h2d " + layout_[b].name));
     const int obj = uo.obj;
@@ -665,6 +782,178 @@ void EngineImpl::FeederLoop() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Comm thread (world_size > 1)
+// ---------------------------------------------------------------------------------------
+
+// The order of collectives must be the same on every rank and must never make the comm
+// thread wait for something that itself waits for a later collective. The host plan (the
+// same on every rank: a deterministic function of the same inputs) orders its uses h2d(a),
+// [optimizer steps], grad(a), h2d(a+1), ...; issuing each all-gather at its h2d use and
+// each reduce-scatter at its grad use is safe, since everything a use waits for (earlier
+// uses, and the evictions before its load) comes before it. To overlap the next block's
+// gather with the current block's compute, the all-gather of the next load is moved ahead
+// of the current reduce-scatter when the plan shows that its shard becomes ready without
+// waiting for that reduce-scatter or anything after it (no eviction before its load waits
+// for a later use) — with host budgets above the minimum, nearly always.
+void EngineImpl::BuildCommSequence() {
+  comm_seq_.clear();
+  const HostPlan& p = hplan_;
+  // Global index of the seq-th use of each object.
+  std::unordered_map<int64_t, int> use_of;
+  for (int u = 0; u < int(p.uses.size()); ++u) {
+    for (const UseObj& uo : p.uses[u].objs) use_of[int64_t(uo.obj) * 1000003 + uo.seq] = u;
+  }
+  auto use_index = [&](int obj, int seq) {
+    auto it = use_of.find(int64_t(obj) * 1000003 + seq);
+    return it == use_of.end() ? -1 : it->second;
+  };
+  // The latest use that any host op up to each op waits for.
+  std::vector<int> waits(p.ops.size(), -1);
+  std::unordered_map<int, size_t> load_op;  // use -> its load/alloc op
+  int latest = -1;
+  for (size_t k = 0; k < p.ops.size(); ++k) {
+    const HostOp& op = p.ops[k];
+    if (op.kind == HostOpKind::kEvict && op.uses_before > 0) {
+      latest = std::max(latest, use_index(op.obj, op.uses_before - 1));
+    }
+    if (op.kind != HostOpKind::kEvict && op.use >= 0) load_op[op.use] = k;
+    waits[k] = latest;
+  }
+  // The latest use the shard of use `u` waits for before it is ready.
+  auto ready_after = [&](int u) {
+    int w = -1;
+    for (const UseObj& uo : p.uses[u].objs) {
+      if (uo.seq > 0) w = std::max(w, use_index(uo.obj, uo.seq - 1));
+    }
+    auto it = load_op.find(u);
+    if (it != load_op.end()) w = std::max(w, waits[it->second]);
+    return w;
+  };
+  std::vector<int> loads;
+  for (int a = 0; a < int(schedule_.size()); ++a) {
+    if (p.h2d_use[a] >= 0) loads.push_back(a);
+  }
+  size_t next = 0;
+  int gathers = 0;
+  for (int a = 0; a < int(schedule_.size()); ++a) {
+    while (next < loads.size() && loads[next] <= a) {
+      comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
+    }
+    if (schedule_[a].pass != Pass::kBackward) continue;
+    if (next < loads.size() && ready_after(p.h2d_use[loads[next]]) < p.grad_use[a]) {
+      comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
+    }
+    comm_seq_.push_back(CommItem{CommItem::kReduce, a, 0});
+  }
+  while (next < loads.size()) {
+    comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
+  }
+  comm_seq_.push_back(CommItem{CommItem::kNorm, 0, 0});
+}
+
+void EngineImpl::OnCommOp(const CommOpRecord& r) {
+  bytes_[4] += r.bytes;
+  const std::string label = r.label.empty() ? std::string(r.op) : std::string(r.label);
+  timeline_.Add(TraceLane::kComm, label, r.start, r.end, r.bytes);
+}
+
+Status EngineImpl::RunCommItem(size_t i) {
+  const CommItem& item = comm_seq_[i];
+  const int a = item.access;
+  std::unique_lock<std::mutex> lk(mu_);
+  switch (item.kind) {
+    case CommItem::kGather: {
+      const UseObj uo = hplan_.uses[hplan_.h2d_use[a]].objs[0];
+      HostObj& h = objs_[uo.obj];
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] {
+        return !gather_busy_[item.slot] && h.uses_done >= uo.seq &&
+               (h.res.state == S::kReady || h.res.state == S::kInUse);
+      }));
+      if (!h.res.Enter()) return Status::Aborted("internal: residency of " + ObjName(uo.obj));
+      gather_busy_[item.slot] = true;
+      const int b = schedule_[a].block;
+      const std::string label = "all-gather " + layout_[b].name;
+      CollectiveOptions co;
+      co.label = label;
+      // Bytes: the working dtype's shard (fp32 or bf16), no arithmetic.
+      ag_handle_[a] = comm_->AllGather(h.buf, gather_[item.slot], h.bytes, CommDataType::kByte, co);
+      ag_slot_[a] = item.slot;
+      ag_issued_[a] = true;
+      break;
+    }
+    case CommItem::kReduce: {
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return rs_after_[a] != nullptr; }));
+      const int b = schedule_[a].block;
+      const std::string label = "reduce-scatter " + layout_[b].name;
+      CollectiveOptions co;
+      co.label = label;
+      co.after = rs_after_[a];
+      // Every rank's loss is the mean over its rows: the global gradient is the average.
+      rs_handle_[a] = comm_->ReduceScatter(grad_full_, rs_dst_[a], layout_[b].shard_numel,
+                                           CommDataType::kFloat32, ReduceOp::kAverage, co);
+      rs_issued_[a] = true;
+      break;
+    }
+    case CommItem::kNorm: {
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] {
+        for (int x = 0; x < L_; ++x) {
+          if (!norm_known_[x]) return false;
+        }
+        return true;
+      }));
+      // This rank's sum in block order, then the ranks' sums in rank order: exact doubles
+      // gathered as bytes, so every rank computes the same norm bit for bit.
+      struct Part {
+        double sum_squares;
+        uint64_t non_finite;
+      };
+      Part mine{0, 0};
+      for (int x = 0; x < L_; ++x)
+        mine.sum_squares += norm_sq_[x], mine.non_finite += non_finite_[x];
+      std::vector<Part> all(static_cast<size_t>(ws_));
+      lk.unlock();
+      CollectiveOptions co;
+      co.label = "all-gather grad norm";
+      Status st = comm_->AllGather(&mine, all.data(), sizeof(Part), CommDataType::kByte, co).Wait();
+      lk.lock();
+      if (!st.ok()) return st.Annotate("gradient norm across ranks");
+      double sum = 0;
+      uint64_t bad = 0;
+      for (const Part& p : all) sum += p.sum_squares, bad += p.non_finite;
+      grad_norm_ = std::sqrt(sum) * args_.grad_scale;
+      if (opt_.grad_clip > 0) {
+        skip_update_ = bad > 0;
+        clip_coef_ = grad_norm_ > opt_.grad_clip ? opt_.grad_clip / (grad_norm_ + 1e-6) : 1.0;
+      }
+      norm_final_ = true;
+      break;
+    }
+  }
+  comm_pos_ = i + 1;
+  cv_.notify_all();
+  return Status::OK();
+}
+
+void EngineImpl::CommLoop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return shutdown_ || (step_open_ && generation_ != seen); });
+      if (shutdown_) return;
+      seen = generation_;
+    }
+    for (size_t i = 0; i < comm_seq_.size(); ++i) {
+      Status s = RunCommItem(i);
+      if (!s.ok()) {
+        if (s.code() != StatusCode::kAborted || Error().ok()) SetError(s);
+        break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Optimizer worker
 // ---------------------------------------------------------------------------------------
 
@@ -693,6 +982,7 @@ Status EngineImpl::RunOptimizer(int use_index) {
         norm_sq_[pending_norm] = r->sum_squares;
         non_finite_[pending_norm] = r->non_finite;
         norm_known_[pending_norm] = true;
+        cv_.notify_all();  // the comm thread combines the norms once all are known
         continue;
       }
       if (!error_.ok()) return error_;
@@ -707,7 +997,9 @@ Status EngineImpl::RunOptimizer(int use_index) {
       if (ready && opt_.grad_clip > 0 && !norm_final_) {
         bool all = true;
         for (int x = 0; x < L_; ++x) all = all && norm_known_[x];
-        if (all) {
+        if (all && ws_ > 1) {
+          all = norm_final_;  // the comm thread combines the ranks' norms
+        } else if (all) {
           // Fixed block order: the sum does not depend on which gradient landed first.
           double sum = 0;
           uint64_t bad = 0;
@@ -747,14 +1039,17 @@ Status EngineImpl::RunOptimizer(int use_index) {
     hp.mode = opt_.optimizer == OptimizerKind::kAdamW ? AdamMode::kAdamW : AdamMode::kAdam;
     const float scale = float(args_.grad_scale * (opt_.grad_clip > 0 ? clip_coef_ : 1.0));
     for (const TensorLayout& t : layout_[b].tensors) {
+      // This rank's part of the tensor (all of it with one rank).
+      const auto [lo, hi] = ShardPart(b, t.offset, t.offset + t.numel);
+      if (lo == hi) continue;
       AdamSlice s;
-      s.master = master + t.offset;
-      s.exp_avg = m + t.offset;
-      s.exp_avg_sq = v + t.offset;
-      s.grad = grad + t.offset;
-      s.n = t.numel;
+      s.master = master + lo;
+      s.exp_avg = m + lo;
+      s.exp_avg_sq = v + lo;
+      s.grad = grad + lo;
+      s.n = hi - lo;
       if (param) {
-        s.param_out = param + t.offset;
+        s.param_out = param + lo;
         s.param_out_format = ParamOut::kBf16;
       }
       hp.weight_decay = t.weight_decay ? opt_.weight_decay : 0.0;
@@ -885,7 +1180,20 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   cache_peak_ = cache_used_;
   step_start_ = Clock::now();
   timeline_.BeginStep(step_start_);
-  for (int i = 0; i < 4; ++i) bytes_[i] = 0;
+  for (int i = 0; i < 5; ++i) bytes_[i] = 0;
+  if (ws_ > 1) {
+    BuildCommSequence();
+    const size_t n = schedule_.size();
+    comm_pos_ = 0;
+    gather_busy_[0] = gather_busy_[1] = false;
+    ag_issued_.assign(n, false);
+    ag_handle_.assign(n, CommHandle());
+    ag_slot_.assign(n, 0);
+    rs_after_.assign(n, nullptr);
+    rs_dst_.assign(n, nullptr);
+    rs_issued_.assign(n, false);
+    rs_handle_.assign(n, CommHandle());
+  }
   step_open_ = true;
   ++generation_;
   cv_.notify_all();
@@ -1013,7 +1321,36 @@ Status EngineImpl::RunLanding(const Landing& l) {
   }
   STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kD2H, l.computed));
   const uint64_t bytes = objs_[obj].bytes;
-  STRATA_RETURN_IF_ERROR(dev_->CopyToHost(dst, src, bytes, "d2h grad " + layout_[block].name));
+  if (ws_ > 1) {
+    // The full block lands in grad_full_; the comm thread's reduce-scatter (ordered after
+    // this copy) averages it over the ranks into `dst`. The D2H lane waits for it before
+    // accumulating, which also keeps the next landing out of grad_full_ until it is read.
+    STRATA_RETURN_IF_ERROR(
+        dev_->CopyToHost(grad_full_, src, grad_bytes_[block], "d2h grad " + layout_[block].name));
+    STRATA_ASSIGN_OR_RETURN(EventPtr copied, dev_->Record(Lane::kD2H));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      rs_dst_[a] = dst;
+      rs_after_[a] = std::move(copied);
+      cv_.notify_all();
+    }
+    STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
+        Lane::kD2H,
+        [this, a] {
+          CommHandle reduced;
+          {
+            std::unique_lock<std::mutex> lk(mu_);
+            STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return bool(rs_issued_[a]); }));
+            reduced = rs_handle_[a];
+          }
+          Status st = reduced.Wait();
+          if (!st.ok()) SetError(st);
+          return st;
+        },
+        "wait reduce-scatter"));
+  } else {
+    STRATA_RETURN_IF_ERROR(dev_->CopyToHost(dst, src, bytes, "d2h grad " + layout_[block].name));
+  }
   const BlockLayout* bl = &layout_[block];
   float* acc = static_cast<float*>(objs_[obj].buf);
   const float* landed = static_cast<const float*>(staging_);
@@ -1027,12 +1364,18 @@ Status EngineImpl::RunLanding(const Landing& l) {
         }
         // Padding between and after tensors holds whatever the model left: zero it so it
         // adds nothing to the norm and leaves padded params at zero.
+        // (Full-block offsets, clipped to this rank's shard.)
         uint64_t pos = 0;
+        auto zero = [&](uint64_t begin, uint64_t end) {
+          const auto [lo, hi] = ShardPart(block, begin, end);
+          if (lo < hi) std::memset(acc + lo, 0, (hi - lo) * sizeof(float));
+        };
         for (const TensorLayout& t : bl->tensors) {
-          if (t.offset > pos) std::memset(acc + pos, 0, (t.offset - pos) * sizeof(float));
+          if (t.offset > pos) zero(pos, t.offset);
           pos = t.offset + t.numel;
         }
-        if (n > pos) std::memset(acc + pos, 0, (n - pos) * sizeof(float));
+        if (bl->padded_numel > pos) zero(pos, bl->padded_numel);
+
         std::lock_guard<std::mutex> lock(mu_);
         ++grads_in_[block];
         return LeaveLocked(obj, false);
@@ -1073,7 +1416,7 @@ Result<StepStats> EngineImpl::EndStep() {
   Status s = WaitLocked(lk, [&] {
     return opts_done_ == hplan_.opt_uses.size() && host_cursor_ == hplan_.ops.size() &&
            feeder_pos_ == int(schedule_.size()) && write_queue_.empty() && writes_in_flight_ == 0 &&
-           uses_completed_ == total_uses_;
+           uses_completed_ == total_uses_ && comm_pos_ == comm_seq_.size();
   });
   if (!s.ok()) {
     step_open_ = false;
@@ -1113,9 +1456,9 @@ Result<StepStats> EngineImpl::EndStep() {
   StepStats st;
   st.step = int64_t(step_number);
   st.seconds = std::chrono::duration<double>(end - step_start_).count();
-  const TraceLane lanes[kNumResources] = {TraceLane::kNvmeRead, TraceLane::kNvmeWrite,
-                                          TraceLane::kH2D,      TraceLane::kD2H,
-                                          TraceLane::kCpuOptim, TraceLane::kCompute};
+  const TraceLane lanes[kNumResources] = {
+      TraceLane::kNvmeRead, TraceLane::kNvmeWrite, TraceLane::kH2D, TraceLane::kD2H,
+      TraceLane::kCpuOptim, TraceLane::kCompute,   TraceLane::kComm};
   for (int r = 0; r < kNumResources; ++r) {
     st.busy_seconds[r] = timeline_.BusySeconds(lanes[r], step_start_, end);
     if (st.busy_seconds[r] > st.bound_seconds) {
@@ -1136,8 +1479,8 @@ Result<StepStats> EngineImpl::EndStep() {
   timeline_.AddStallEvents(step_start_, last_compute);
   timeline_.Add(TraceLane::kStep, "step " + std::to_string(step_number), step_start_, end);
   st.efficiency = st.seconds > 0 ? st.bound_seconds / st.seconds : 0;
-  st.bytes = EdgeBytes{bytes_[0], bytes_[1], bytes_[2], bytes_[3]};
-  if (opt_.grad_clip > 0) {
+  st.bytes = EdgeBytes{bytes_[0], bytes_[1], bytes_[2], bytes_[3], bytes_[4]};
+  if (opt_.grad_clip > 0 || ws_ > 1) {  // combined by the optimizer or the comm thread
     st.grad_norm = grad_norm_;
     st.clip_coef = clip_coef_;
     st.skipped = skip_update_;
@@ -1202,12 +1545,14 @@ Status EngineImpl::WriteParams(int block, int tensor, std::span<const float> val
     AlignedBuffer tmp(resident ? 0 : h.bytes);
     void* data = resident ? h.buf : tmp.data;
     if (!resident) STRATA_RETURN_IF_ERROR(ReadObjLocked(obj, data));
+    // This rank's part of the tensor: values[k] is full-block element t.offset + k.
+    const auto [lo, hi] = ShardPart(block, t.offset, t.offset + t.numel);
+    const uint64_t first = lo + uint64_t(rank_) * layout_[block].shard_numel - t.offset;
     if (ObjComponent(obj) == Component::kParam) {
-      uint16_t* p = static_cast<uint16_t*>(data) + t.offset;
-      for (size_t i = 0; i < values.size(); ++i) p[i] = FloatToBf16(values[i]);
-    } else {
-      std::memcpy(static_cast<float*>(data) + t.offset, values.data(),
-                  values.size() * sizeof(float));
+      uint16_t* p = static_cast<uint16_t*>(data) + lo;
+      for (uint64_t i = 0; i < hi - lo; ++i) p[i] = FloatToBf16(values[first + i]);
+    } else if (hi > lo) {
+      std::memcpy(static_cast<float*>(data) + lo, values.data() + first, (hi - lo) * sizeof(float));
     }
     if (h.needs_write && store_) {
       STRATA_RETURN_IF_ERROR(store_->Write(Key(obj), data, h.bytes));
@@ -1242,8 +1587,20 @@ Status EngineImpl::ReadParams(int block, int tensor, std::span<float> out) const
                                    "' has " + std::to_string(t.numel) + " elements, got room for " +
                                    std::to_string(out.size()));
   }
-  std::vector<float> all(layout_[block].shard_numel);
-  STRATA_RETURN_IF_ERROR(ReadComponent(block, Component::kMaster, all));
+  std::vector<float> shard(layout_[block].shard_numel);
+  STRATA_RETURN_IF_ERROR(ReadComponent(block, Component::kMaster, shard));
+  if (ws_ == 1) {
+    std::copy(shard.begin() + t.offset, shard.begin() + t.offset + t.numel, out.begin());
+    return Status::OK();
+  }
+  // A collective: gather every rank's shard of the block.
+  std::vector<float> all(layout_[block].padded_numel);
+  CollectiveOptions co;
+  co.label = "all-gather read params";
+  STRATA_RETURN_IF_ERROR(
+      comm_->AllGather(shard.data(), all.data(), shard.size(), CommDataType::kFloat32, co)
+          .Wait()
+          .Annotate("ReadParams of block '" + layout_[block].name + "'"));
   std::copy(all.begin() + t.offset, all.begin() + t.offset + t.numel, out.begin());
   return Status::OK();
 }
@@ -1270,10 +1627,24 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
 
 Result<std::unique_ptr<Engine>> Engine::Create(std::vector<BlockSpec> blocks,
                                                const EngineOptions& options) {
+  EngineOptions opt = options;
+  if (opt.comm) {
+    if (opt.world_size != 1 && opt.world_size != opt.comm->world_size()) {
+      return Status::InvalidArgument("EngineOptions::world_size " + std::to_string(opt.world_size) +
+                                     " differs from the communicator's " +
+                                     std::to_string(opt.comm->world_size()) +
+                                     "; leave it at 1 (it is taken from the communicator)");
+    }
+    opt.world_size = opt.comm->world_size();
+    opt.rank = opt.comm->rank();
+  } else if (opt.world_size != 1 || opt.rank != 0) {
+    return Status::InvalidArgument("world_size " + std::to_string(opt.world_size) +
+                                   " needs EngineOptions::comm (the communicator of the ranks)");
+  }
   STRATA_ASSIGN_OR_RETURN(
       std::vector<BlockLayout> layout,
-      engine_internal::ComputeLayout(blocks, options.tensor_alignment, options.world_size));
-  auto engine = std::make_unique<engine_internal::EngineImpl>(options, std::move(layout));
+      engine_internal::ComputeLayout(blocks, opt.tensor_alignment, opt.world_size));
+  auto engine = std::make_unique<engine_internal::EngineImpl>(opt, std::move(layout));
   STRATA_RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<Engine>(std::move(engine));
 }

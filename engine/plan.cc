@@ -66,6 +66,8 @@ const char* ResourceName(Resource r) {
       return "cpu_optim";
     case Resource::kCompute:
       return "compute";
+    case Resource::kComm:
+      return "comm";
   }
   return "?";
 }
@@ -511,7 +513,7 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   int largest_block = 0;
   for (int b = 0; b < L; ++b) {
     const uint64_t s = layout[b].shard_numel;
-    // World size 1 today: the device holds the whole flat buffer (= the shard).
+    // The device holds the whole flat buffer (all shards, gathered when world_size > 1).
     param_bytes[b] = layout[b].padded_numel * work_elem;
     grad_bytes[b] = layout[b].padded_numel * 4;
     const uint64_t need = RoundUp(param_bytes[b], 256) + RoundUp(grad_bytes[b], 256);
@@ -542,6 +544,20 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   STRATA_ASSIGN_OR_RETURN(DevicePlan dplan,
                           PlanDevice(schedule, param_bytes, grad_bytes, in.device_budget));
   pp.staging_bytes = opt.micro_batches > 1 ? largest_f32 : 0;
+  if (opt.world_size > 1) {
+    // Multi-rank: two full-block gather buffers (the all-gather of the next block fills
+    // one while the H2D copy of the current one reads the other) and one full-block
+    // gradient landing buffer (the reduce-scatter's input). They are host memory like the
+    // rest, so they count against the host budget.
+    uint64_t gather = 0, landing = 0;
+    for (int b = 0; b < L; ++b) {
+      gather = std::max(gather, RoundUp(param_bytes[b], 4096));
+      landing = std::max(landing, RoundUp(grad_bytes[b], 4096));
+    }
+    pp.comm_staging_bytes = 2 * gather + landing;
+    pp.gather_bytes = gather;
+    pp.staging_bytes += pp.comm_staging_bytes;
+  }
 
   HostPlanInput hin;
   hin.schedule = &schedule;

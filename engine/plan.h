@@ -164,7 +164,11 @@ struct PlacementPlan {
   std::vector<bool> cached;         // per object
   uint64_t cache_capacity = 0;      // host bytes for the cache
   uint64_t staging_bytes = 0;       // fixed staging (gradient accumulation), outside the cache
-  uint64_t resident_bytes = 0;      // host-homed components
+  // Of staging_bytes, multi-rank buffers: 2 x gather_bytes (full-block parameter gathers)
+  // plus one full-block gradient landing buffer. 0 with one rank.
+  uint64_t comm_staging_bytes = 0;
+  uint64_t gather_bytes = 0;
+  uint64_t resident_bytes = 0;  // host-homed components
   bool use_nvme = false;
   uint64_t nvme_bytes = 0;  // bytes of NVMe-homed (or durable) components
   PlacementReport report;

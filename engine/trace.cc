@@ -7,8 +7,8 @@
 namespace strata::engine_internal {
 
 const char* TraceLaneName(TraceLane lane) {
-  static const char* kNames[kNumTraceLanes] = {"nvme_read", "nvme_write", "h2d",   "d2h",
-                                               "cpu_optim", "compute",    "stall", "step"};
+  static const char* kNames[kNumTraceLanes] = {
+      "nvme_read", "nvme_write", "h2d", "d2h", "cpu_optim", "compute", "stall", "step", "comm"};
   return kNames[int(lane)];
 }
 

@@ -2,7 +2,7 @@
 // efficiency) and, optionally, a Chrome trace JSON file that Perfetto / chrome://tracing
 // load, with one lane (thread) per resource and every operation as a complete ("X") event.
 //
-// Lanes: nvme_read, nvme_write, h2d, d2h, cpu_optim, compute (the Resource enum), plus
+// Lanes: nvme_read, nvme_write, h2d, d2h, cpu_optim, compute, comm (the Resource enum), plus
 // stall (compute idle while waiting for data) and step (one event per step). Operations
 // that overlap on one resource (several NVMe reads in flight) go to numbered sub-lanes
 // ("nvme_read #2") so every event stays visible.
@@ -33,9 +33,10 @@ enum class TraceLane : uint8_t {
   kCpuOptim,
   kCompute,
   kStall,
-  kStep
+  kStep,
+  kComm  // collectives (multi-rank)
 };
-inline constexpr int kNumTraceLanes = 8;
+inline constexpr int kNumTraceLanes = 9;
 const char* TraceLaneName(TraceLane lane);
 
 class Timeline {

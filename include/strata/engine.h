@@ -9,7 +9,9 @@
 // layer, the embeddings, ...), each a list of named tensors. A block's tensors are flattened
 // into one flat buffer, each tensor starting at a multiple of `tensor_alignment` elements,
 // and the flat buffer is padded so it splits into `world_size` equal shards (rank r owns
-// shard r; world size 1 today, the layout is already N-rank ready). Per shard the engine
+// shard r and keeps only that shard's states, in its own host budget and NVMe paths; the
+// device gets whole blocks, all-gathered just in time — see EngineOptions::comm). Per
+// shard the engine
 // keeps the components of Component: `param` (working dtype, what the device computes with;
 // it aliases `master` when the working dtype is fp32), `master`, `exp_avg`, `exp_avg_sq`
 // (fp32) and `grad` (fp32, accumulated on the host across micro-batches). A planner puts
@@ -70,6 +72,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/io.h"
 #include "strata/status.h"
@@ -178,8 +181,17 @@ struct EngineOptions {
   std::vector<ScheduleEntry> schedule;
   WorkingDtype dtype = WorkingDtype::kAuto;
   uint32_t tensor_alignment = 64;  // elements; every tensor starts at a multiple of this
-  int world_size = 1;              // shards per block (multi-rank: later)
-  int rank = 0;
+  // Multi-rank runs (ZeRO-3): the communicator that joins the ranks. Not owned; must
+  // outlive the engine. nullptr = a single rank. When set, world_size and rank are taken
+  // from it (a different world_size here is refused), each rank keeps only its shard of
+  // every component, and the engine issues its collectives (all-gathers of parameter
+  // shards, reduce-scatters of gradients, the gradient norm) from its own thread: while a
+  // step is open, nobody else may issue collectives on it. Every rank must run the same
+  // model with the same options (budgets included: they fix the order of collectives).
+  // Host-memory (Gloo) communicators only for now; a device-buffer one (NCCL) is refused.
+  Communicator* comm = nullptr;
+  int world_size = 1;  // shards per block; from `comm` when set
+  int rank = 0;        // this rank's shard; from `comm` when set
 
   // Commit a complete state at every step: components whose home is the host are written
   // to NVMe after their update as well (costs NVMe writes; saves none of the reads), so
@@ -213,6 +225,7 @@ struct EdgeBytes {
   uint64_t nvme_write = 0;
   uint64_t h2d = 0;
   uint64_t d2h = 0;
+  uint64_t comm = 0;  // collectives' bus bytes (CommOpRecord::bytes); 0 with one rank
 };
 
 struct PlacementReport {
@@ -252,9 +265,10 @@ struct BlockView {
 };
 
 // The resources whose busy time bounds a step.
-enum class Resource : uint8_t { kNvmeRead, kNvmeWrite, kH2D, kD2H, kCpuOptim, kCompute };
-inline constexpr int kNumResources = 6;
-const char* ResourceName(Resource r);  // "nvme_read", ..., "cpu_optim", "compute"
+// kComm: the communicator's collectives (time with one in flight), multi-rank runs only.
+enum class Resource : uint8_t { kNvmeRead, kNvmeWrite, kH2D, kD2H, kCpuOptim, kCompute, kComm };
+inline constexpr int kNumResources = 7;
+const char* ResourceName(Resource r);  // "nvme_read", ..., "cpu_optim", "compute", "comm"
 
 struct StepStats {
   int64_t step = 0;  // the step just committed (1-based)
@@ -305,14 +319,17 @@ class Engine {
   virtual int64_t ResumedStep() const = 0;
 
   // Initial values (before the first step) or replacements between steps: sets one tensor
-  // of a block's master weights (and param copy). Elements beyond the tensor, padding, are
+  // of a block's master weights (and param copy); with several ranks, each keeps its shard's
+  // part of `values` (every rank passes the whole tensor). Elements beyond the tensor, padding, are
   // zero. Moments start at zero. InvalidArgument when the size does not match the tensor.
   // The new values are committed by the next BeginStep (or CommitParams).
   virtual Status WriteParams(int block, int tensor, std::span<const float> values) = 0;
   // Commits values set by WriteParams as the state of step ResumedStep() now (optional;
   // BeginStep does it too).
   virtual Status CommitParams() = 0;
-  // Reads one tensor of the fp32 master weights (between steps).
+  // Reads one tensor of the fp32 master weights (between steps). With world_size > 1 it is
+  // a collective (an all-gather of the block's shards): every rank calls it, in the same
+  // order; Comm/Timeout when a rank is lost.
   virtual Status ReadParams(int block, int tensor, std::span<float> out) const = 0;
   // Reads a whole component of a block's shard (shard_numel fp32 values; kParam and
   // kMaster both give the fp32 master weights). For tests and checkpoints; between steps.

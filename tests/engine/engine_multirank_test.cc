@@ -1,0 +1,422 @@
+// Multi-rank engine tests: N forked ranks, each with its own HostDevice, Gloo communicator,
+// host budget and NVMe folder, train a deterministic fake model through the engine with
+// ZeRO-3 sharding; the parent compares each rank's shards with a single-rank run.
+//
+// The fake model's backward writes grad[k] = f(param[k], k, step, micro-batch) on every rank
+// (the same function of the gathered params), so the averaged gradient equals the
+// single-rank one exactly and, without clipping, every rank's shard of the final states
+// must equal the matching slice of the single-rank states bit for bit (a summed instead of
+// averaged reduce-scatter, a wrong shard offset or a stale gather all break that). With
+// clipping the norm is combined in a different order (per rank, then across ranks), so
+// states are compared with a tolerance.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/log.h"
+#include "strata/optim.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = fs::path("/var/tmp") / ("strata_engine_mr_test_" + std::to_string(rd()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Odd sizes, so shard boundaries cut through tensors and padding.
+std::vector<BlockSpec> Model() {
+  std::vector<BlockSpec> specs;
+  const int64_t sizes[][2] = {{17, 3}, {1023, 1}, {15, 9}, {64, 5}, {3000, 1}, {1, 1}};
+  for (int b = 0; b < 4; ++b) {
+    BlockSpec s;
+    s.name = "h." + std::to_string(b);
+    for (int t = 0; t < 2; ++t) {
+      TensorSpec ts;
+      ts.name = "w" + std::to_string(t);
+      const auto& sz = sizes[(b * 2 + t) % 6];
+      ts.shape = {sz[0], sz[1]};
+      ts.weight_decay = t == 0;
+      s.tensors.push_back(ts);
+    }
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+float InitValue(int block, int tensor, size_t i) {
+  return float(std::sin(double(block * 131 + tensor * 17) + double(i) * 0.37)) * 0.5f;
+}
+
+struct RunConfig {
+  int micro_batches = 1;
+  double grad_clip = 0;
+  bool tight = false;  // NVMe + host and device budgets at the planner's minimum
+  WorkingDtype dtype = WorkingDtype::kFp32;
+  int steps = 3;
+};
+
+float Param(const BlockView& v, uint64_t k) {
+  if (v.dtype == WorkingDtype::kBf16) return Bf16ToFloat(static_cast<const uint16_t*>(v.params)[k]);
+  return static_cast<const float*>(v.params)[k];
+}
+
+// What one run produces: per block, master/m/v over the full block (padded_numel of the
+// single-rank layout; for a rank, only its shard's elements are set) and the step norms.
+struct Outcome {
+  std::vector<std::vector<float>> states;  // [block*3 + component][full-block element]
+  std::vector<double> norms;
+  std::vector<std::vector<float>> params;  // ReadParams of every tensor
+};
+
+EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
+  EngineOptions opt;
+  opt.device = device;
+  opt.micro_batches = rc.micro_batches;
+  opt.grad_clip = rc.grad_clip;
+  opt.weight_decay = 0.1;
+  opt.dtype = rc.dtype;
+  opt.nvme_stripe_bytes = 64 << 10;
+  return opt;
+}
+
+// Runs the fake model on `comm` (nullptr: one rank). `dir` holds this rank's NVMe folders.
+Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& dir) {
+  Outcome out;
+  DeviceOptions dopt;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateHostDevice(dopt));
+  EngineOptions opt = BaseOptions(device.get(), rc);
+  opt.comm = comm;
+  if (rc.tight) {
+    // Ask the planner for this rank's minimums, then run at them.
+    EngineOptions probe = opt;
+    probe.host_mem_bytes = 1ull << 34;
+    probe.device_mem_bytes = 1ull << 34;
+    probe.nvme_paths = {dir + "/probe"};
+    fs::create_directories(probe.nvme_paths[0]);
+    uint64_t host_min, device_min;
+    {
+      STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(Model(), probe));
+      device_min = e->Placement().device_min_bytes;
+    }
+    probe.device_mem_bytes = device_min;
+    probe.nvme_paths = {dir + "/probe2"};
+    fs::create_directories(probe.nvme_paths[0]);
+    {
+      STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(Model(), probe));
+      host_min = e->Placement().host_min_bytes;
+    }
+    opt.device_mem_bytes = device_min;
+    opt.host_mem_bytes = host_min;
+    opt.nvme_paths = {dir + "/swap"};
+    fs::create_directories(opt.nvme_paths[0]);
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(Model(), opt));
+  const int L = int(e->Layout().size());
+  for (int b = 0; b < L; ++b) {
+    for (int t = 0; t < int(e->Layout()[b].tensors.size()); ++t) {
+      std::vector<float> v(e->Layout()[b].tensors[t].numel);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = InitValue(b, t, i);
+      STRATA_RETURN_IF_ERROR(e->WriteParams(b, t, v));
+    }
+  }
+  Device& d = *device;
+  for (int64_t step = 1; step <= rc.steps; ++step) {
+    STRATA_RETURN_IF_ERROR(e->BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}));
+    for (int m = 0; m < rc.micro_batches; ++m) {
+      for (int b = 0; b < L; ++b) {
+        STRATA_ASSIGN_OR_RETURN(BlockView v, e->Acquire(b, Pass::kForward));
+        STRATA_RETURN_IF_ERROR(e->Release(b));
+      }
+      for (int b = L - 1; b >= 0; --b) {
+        STRATA_ASSIGN_OR_RETURN(BlockView v, e->Acquire(b, Pass::kBackward));
+        STRATA_ASSIGN_OR_RETURN(float* g, e->GradBuffer(b));
+        STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
+            Lane::kCompute,
+            [v, g, step, m] {
+              for (const TensorLayout& t : v.layout->tensors) {
+                for (uint64_t i = 0; i < t.numel; ++i) {
+                  const uint64_t k = t.offset + i;
+                  g[k] = 0.3f * Param(v, k) +
+                         float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
+                }
+              }
+              return Status::OK();
+            },
+            "backward"));
+        STRATA_RETURN_IF_ERROR(e->SubmitGrads(b));
+        STRATA_RETURN_IF_ERROR(e->Release(b));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(StepStats st, e->EndStep());
+    out.norms.push_back(st.grad_norm);
+    if (comm && comm->world_size() > 1 && st.bytes.comm == 0) {
+      return Status::Aborted("a multi-rank step reported no collective bytes");
+    }
+  }
+  const int rank = comm ? comm->rank() : 0;
+  for (int b = 0; b < L; ++b) {
+    const BlockLayout& bl = e->Layout()[b];
+    for (Component c : {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
+      std::vector<float> shard(bl.shard_numel);
+      STRATA_RETURN_IF_ERROR(e->ReadComponent(b, c, shard));
+      std::vector<float> full(bl.padded_numel, std::nanf(""));
+      std::copy(shard.begin(), shard.end(), full.begin() + uint64_t(rank) * bl.shard_numel);
+      out.states.push_back(std::move(full));
+    }
+    for (int t = 0; t < int(bl.tensors.size()); ++t) {
+      std::vector<float> p(bl.tensors[t].numel);
+      STRATA_RETURN_IF_ERROR(e->ReadParams(b, t, p));  // a collective with several ranks
+      out.params.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+void WriteOutcome(const std::string& path, const Outcome& o) {
+  std::ofstream f(path, std::ios::binary);
+  auto put = [&](const std::vector<std::vector<float>>& vv) {
+    uint64_t n = vv.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    for (const auto& v : vv) {
+      uint64_t m = v.size();
+      f.write(reinterpret_cast<const char*>(&m), 8);
+      f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(m * 4));
+    }
+  };
+  put(o.states);
+  put(o.params);
+  uint64_t n = o.norms.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(reinterpret_cast<const char*>(o.norms.data()), std::streamsize(n * 8));
+}
+
+bool ReadOutcome(const std::string& path, Outcome* o) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  auto get = [&](std::vector<std::vector<float>>* vv) {
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    vv->resize(n);
+    for (auto& v : *vv) {
+      uint64_t m = 0;
+      f.read(reinterpret_cast<char*>(&m), 8);
+      v.resize(m);
+      f.read(reinterpret_cast<char*>(v.data()), std::streamsize(m * 4));
+    }
+  };
+  get(&o->states);
+  get(&o->params);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  o->norms.resize(n);
+  f.read(reinterpret_cast<char*>(o->norms.data()), std::streamsize(n * 8));
+  return bool(f);
+}
+
+// Forks `world` ranks running `rc`; returns each rank's outcome (fails the test on a rank
+// that fails or hangs). world 0: one process without a communicator (the reference; forked
+// too, so the test process itself never starts OpenMP's threads, which a fork would lose).
+std::vector<Outcome> RunRanks(int world, const RunConfig& rc) {
+  const bool reference = world == 0;
+  if (reference) world = 1;
+  TempDir dir;
+  const std::string rdv = dir.path() + "/rendezvous";
+  fs::create_directories(rdv);
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      {
+        CommOptions co;
+        co.rank.rank = r;
+        co.rank.world_size = world;
+        co.rank.local_rank = r;
+        co.rank.local_world_size = world;
+        co.rendezvous.path = rdv;
+        co.timeout = 60s;
+        auto comm =
+            reference ? Result<std::unique_ptr<Communicator>>(nullptr) : CreateGlooCommunicator(co);
+        if (!comm.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", r, comm.status().ToString().c_str());
+          code = 90;
+        } else {
+          const std::string mine = dir.path() + "/rank" + std::to_string(r);
+          fs::create_directories(mine);
+          auto o = Run(rc, comm->get(), mine);
+          if (!o.ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", r, o.status().ToString().c_str());
+            code = 91;
+          } else {
+            WriteOutcome(mine + "/outcome.bin", *o);
+          }
+        }
+      }
+      std::fflush(stderr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<Outcome> out(world);
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  for (int r = 0; r < world; ++r) {
+    int st = 0;
+    for (;;) {
+      if (::waitpid(pids[r], &st, WNOHANG) == pids[r]) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "rank " << r << " still running after the deadline: a hang";
+        for (pid_t p : pids) ::kill(p, SIGKILL);
+        for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+        return {};
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " failed (" << st << ")";
+    EXPECT_TRUE(ReadOutcome(dir.path() + "/rank" + std::to_string(r) + "/outcome.bin", &out[r]))
+        << "rank " << r << " wrote no outcome";
+  }
+  return out;
+}
+
+// Compares each rank's shard with the single-rank states: exactly, or within `rtol`.
+void ExpectShardsMatch(const Outcome& ref, const std::vector<Outcome>& ranks, double rtol) {
+  ASSERT_FALSE(ranks.empty());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const Outcome& o = ranks[r];
+    ASSERT_EQ(o.states.size(), ref.states.size()) << "rank " << r;
+    for (size_t i = 0; i < ref.states.size(); ++i) {
+      const auto& a = ref.states[i];
+      const auto& b = o.states[i];
+      for (size_t k = 0; k < b.size(); ++k) {
+        if (std::isnan(b[k])) continue;  // another rank's shard
+        const float want = k < a.size() ? a[k] : 0.0f;
+        if (rtol == 0) {
+          ASSERT_EQ(std::memcmp(&want, &b[k], 4), 0)
+              << "rank " << r << " block " << i / 3 << " component " << i % 3 << " element " << k
+              << ": " << b[k] << " vs single-rank " << want;
+        } else {
+          ASSERT_NEAR(b[k], want, rtol * std::fabs(want) + 1e-6)
+              << "rank " << r << " block " << i / 3 << " component " << i % 3 << " element " << k;
+        }
+      }
+    }
+    ASSERT_EQ(o.params.size(), ref.params.size());
+    for (size_t i = 0; i < ref.params.size(); ++i) {
+      for (size_t k = 0; k < ref.params[i].size(); ++k) {
+        // (Adam's step is relative to sqrt(v): tiny values get an absolute allowance.)
+        ASSERT_NEAR(o.params[i][k], ref.params[i][k],
+                    rtol * std::fabs(ref.params[i][k]) + (rtol > 0 ? 1e-6 : 0.0))
+            << "ReadParams on rank " << r << ", tensor " << i << " element " << k;
+      }
+    }
+    ASSERT_EQ(o.norms.size(), ref.norms.size());
+    for (size_t s = 0; s < ref.norms.size(); ++s) {
+      EXPECT_NEAR(o.norms[s], ref.norms[s], std::max(rtol, 1e-9) * ref.norms[s])
+          << "rank " << r << " step " << s;
+      // Every rank reports the same norm, bit for bit.
+      EXPECT_EQ(o.norms[s], ranks[0].norms[s]) << "rank " << r << " step " << s;
+    }
+  }
+}
+
+Outcome Reference(const RunConfig& rc) {
+  std::vector<Outcome> o = RunRanks(0, rc);
+  return o.empty() ? Outcome{} : o[0];
+}
+
+class EngineMultirankTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetLogSink([](LogLevel, std::string_view) {});
+  }
+  void TearDown() override { SetLogSink(nullptr); }
+};
+
+TEST_F(EngineMultirankTest, TwoRanksMatchOneRankBitForBit) {
+  RunConfig rc;
+  const Outcome ref = Reference(rc);
+  ExpectShardsMatch(ref, RunRanks(2, rc), 0);
+}
+
+// Three ranks: the average of three equal values (x + x + x) / 3 need not be x exactly, so
+// the comparison allows rounding. Two ranks (below) are exact.
+TEST_F(EngineMultirankTest, ThreeRanksMicroBatchesAtMinimumBudgetsWithNvme) {
+  RunConfig rc;
+  rc.micro_batches = 2;
+  rc.tight = true;
+  const Outcome ref = Reference(RunConfig{.micro_batches = 2});
+  ExpectShardsMatch(ref, RunRanks(3, rc), 1e-5);
+}
+
+TEST_F(EngineMultirankTest, TwoRanksMicroBatchesAtMinimumBudgetsWithNvmeBitForBit) {
+  RunConfig rc;
+  rc.micro_batches = 2;
+  rc.tight = true;
+  const Outcome ref = Reference(RunConfig{.micro_batches = 2});
+  ExpectShardsMatch(ref, RunRanks(2, rc), 0);
+}
+
+TEST_F(EngineMultirankTest, ClippingCombinesTheNormAcrossRanks) {
+  RunConfig rc;
+  rc.grad_clip = 0.05;  // well below the norm: every step clips
+  const Outcome ref = Reference(rc);
+  ASSERT_FALSE(ref.norms.empty());
+  EXPECT_GT(ref.norms[0], 0.05 * 10);
+  ExpectShardsMatch(ref, RunRanks(2, rc), 1e-5);
+}
+
+TEST_F(EngineMultirankTest, Bf16WorkingCopyGathersBytes) {
+  RunConfig rc;
+  rc.dtype = WorkingDtype::kBf16;
+  const Outcome ref = Reference(rc);
+  ExpectShardsMatch(ref, RunRanks(2, rc), 0);
+}
+
+TEST_F(EngineMultirankTest, WorldSizeWithoutCommunicatorIsRefused) {
+  auto device = CreateHostDevice(DeviceOptions{});
+  ASSERT_TRUE(device.ok());
+  EngineOptions opt;
+  opt.device = device->get();
+  opt.world_size = 2;
+  auto e = Engine::Create(Model(), opt);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("comm"), std::string::npos) << e.status().ToString();
+}
+
+}  // namespace
+}  // namespace strata
