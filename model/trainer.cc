@@ -111,7 +111,9 @@ Trainer::Trainer(Engine* engine, Device* device, const Gpt2Config& config,
       options_(options),
       batcher_(batcher),
       specs_(Gpt2BlockSpecs(config)),
-      next_step_(engine->ResumedStep() + 1) {}
+      next_step_(engine->ResumedStep() + 1),
+      rank_(options.comm ? options.comm->rank() : 0),
+      world_(options.comm ? options.comm->world_size() : 1) {}
 
 Status Trainer::InitWeights(const SafetensorsReader* init, uint64_t seed) {
   for (size_t b = 0; b < specs_.size(); ++b) {
@@ -119,10 +121,22 @@ Status Trainer::InitWeights(const SafetensorsReader* init, uint64_t seed) {
       int64_t n = 1;
       for (int64_t d : specs_[b].tensors[t].shape) n *= d;
       std::vector<float> v(static_cast<size_t>(n));
-      if (init != nullptr) {
-        STRATA_RETURN_IF_ERROR(LoadTensor(*init, specs_, b, t, v));
-      } else {
-        InitTensor(config_, specs_, static_cast<int>(b), static_cast<int>(t), seed, v);
+      if (rank_ == 0) {
+        if (init != nullptr) {
+          STRATA_RETURN_IF_ERROR(LoadTensor(*init, specs_, b, t, v));
+        } else {
+          InitTensor(config_, specs_, static_cast<int>(b), static_cast<int>(t), seed, v);
+        }
+      }
+      if (world_ > 1) {
+        CollectiveOptions co;
+        co.label = "broadcast initial weights";
+        STRATA_RETURN_IF_ERROR(
+            options_.comm->Broadcast(v.data(), v.size(), CommDataType::kFloat32, 0, co)
+                .Wait()
+                .Annotate("receiving the initial " +
+                          HfTensorName(specs_, static_cast<int>(b), static_cast<int>(t)) +
+                          " from rank 0"));
       }
       STRATA_RETURN_IF_ERROR(engine_->WriteParams(static_cast<int>(b), static_cast<int>(t), v));
     }
@@ -135,19 +149,34 @@ Result<StepResult> Trainer::Step() {
   r.step = next_step_;
   r.lr = LearningRate(options_, r.step);
   const int M = options_.micro_batches;
-  const size_t N = static_cast<size_t>(options_.batch) * options_.seq_len;
+  if (options_.batch % world_ != 0) {
+    return Status::InvalidArgument("batch " + std::to_string(options_.batch) +
+                                   " rows do not split evenly over " + std::to_string(world_) +
+                                   " ranks");
+  }
+  const int rows = options_.batch / world_;  // this rank's rows of each micro-batch
+  const size_t full = static_cast<size_t>(options_.batch) * options_.seq_len;
+  const size_t N = static_cast<size_t>(rows) * options_.seq_len;
+  const size_t first_token = static_cast<size_t>(rank_) * N;
   STRATA_RETURN_IF_ERROR(engine_->BeginStep({.lr = r.lr, .grad_scale = 1.0 / M}));
   std::vector<double> losses(M, 0.0);
+  std::vector<int32_t> all_in(full), all_tg(full);
   std::vector<int32_t> in(N), tg(N);
+  // This rank's rows of global micro-batch i.
+  auto batch = [&](int64_t i) {
+    batcher_->TrainBatch(i, all_in.data(), all_tg.data());
+    std::copy(all_in.begin() + first_token, all_in.begin() + first_token + N, in.begin());
+    std::copy(all_tg.begin() + first_token, all_tg.begin() + first_token + N, tg.begin());
+  };
   const float dloss = 1.0f / static_cast<float>(N);
   if (device_->Kind() == DeviceKind::kCuda) {
     if (!cuda_model_) {
       STRATA_ASSIGN_OR_RETURN(
-          cuda_model_, Gpt2CudaModel::Create(device_, config_, options_.batch, options_.seq_len,
-                                             options_.recompute, M));
+          cuda_model_,
+          Gpt2CudaModel::Create(device_, config_, rows, options_.seq_len, options_.recompute, M));
     }
     for (int i = 0; i < M; ++i) {
-      batcher_->TrainBatch((r.step - 1) * M + i, in.data(), tg.data());
+      batch((r.step - 1) * M + i);
       STRATA_RETURN_IF_ERROR(
           cuda_model_->ForwardBackward(*engine_, in.data(), tg.data(), dloss, i));
     }
@@ -155,11 +184,11 @@ Result<StepResult> Trainer::Step() {
     STRATA_ASSIGN_OR_RETURN(losses, cuda_model_->Losses(M));
   } else {
     if (!model_) {
-      model_ = std::make_unique<Gpt2Model<float>>(config_, options_.batch, options_.seq_len,
-                                                  options_.recompute);
+      model_ =
+          std::make_unique<Gpt2Model<float>>(config_, rows, options_.seq_len, options_.recompute);
     }
     for (int i = 0; i < M; ++i) {
-      batcher_->TrainBatch((r.step - 1) * M + i, in.data(), tg.data());
+      batch((r.step - 1) * M + i);
       STRATA_RETURN_IF_ERROR(ForwardBackwardEngine(*engine_, *device_, *model_, in.data(),
                                                    tg.data(), dloss, &losses[i]));
     }
@@ -169,6 +198,20 @@ Result<StepResult> Trainer::Step() {
   double sum = 0;
   for (double l : losses) sum += l;
   r.loss = sum / M;
+  if (world_ > 1) {
+    // Every rank has the same number of rows, so the global mean is the mean of the ranks'
+    // means: gathered as exact doubles and summed in rank order (the same on every rank).
+    std::vector<double> all(static_cast<size_t>(world_));
+    CollectiveOptions co;
+    co.label = "all-gather loss";
+    STRATA_RETURN_IF_ERROR(
+        options_.comm->AllGather(&r.loss, all.data(), sizeof(double), CommDataType::kByte, co)
+            .Wait()
+            .Annotate("combining the step's loss across ranks"));
+    double global = 0;
+    for (double l : all) global += l;
+    r.loss = global / world_;
+  }
   ++next_step_;
   return r;
 }

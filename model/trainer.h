@@ -18,6 +18,7 @@
 #include "model/data.h"
 #include "model/gpt2.h"
 #include "model/gpt2_cuda_model.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 
@@ -48,6 +49,11 @@ struct TrainOptions {
   double min_lr_fraction = 0.1;  // cosine decays to lr * this at `steps`
   bool recompute = false;
   int val_batches = 4;  // batches of the held-out tail per validation
+  // Multi-rank data parallelism (the engine's EngineOptions::comm, not owned; nullptr = one
+  // rank). Rank r of N computes rows [r*B/N, (r+1)*B/N) of every micro-batch (B = `batch`,
+  // divisible by N), so the global batches are those of a single-rank run; the engine
+  // averages the gradients, and the reported loss is the mean over the ranks.
+  Communicator* comm = nullptr;
 };
 
 // The learning rate of 1-based step `step`: linear warm-up to `lr` over `warmup` steps,
@@ -56,7 +62,7 @@ double LearningRate(const TrainOptions& options, int64_t step);
 
 struct StepResult {
   int64_t step = 0;
-  double loss = 0;  // mean over the step's micro-batches of their mean token loss
+  double loss = 0;  // mean over the step's micro-batches of their mean token loss (all ranks)
   double lr = 0;
   StepStats stats;
 };
@@ -70,7 +76,9 @@ class Trainer {
 
   // Initial weights of a fresh engine: from `init` (a Hugging Face GPT-2 safetensors file;
   // shapes must match the config) or GPT-2's initialisation from `seed` when init is null.
-  // Errors name the tensor (missing, wrong shape) or the engine's failure.
+  // Errors name the tensor (missing, wrong shape) or the engine's failure. With several
+  // ranks it is collective: rank 0 alone reads or draws every tensor and broadcasts it
+  // (`init` is ignored on the others).
   Status InitWeights(const SafetensorsReader* init, uint64_t seed);
 
   // Runs step engine.ResumedStep()+1 (or the one after the last Step()): micro-batch i of
@@ -94,6 +102,7 @@ class Trainer {
   std::unique_ptr<Gpt2Model<float>> model_;    // HostDevice: CPU ops (created at first use)
   std::unique_ptr<Gpt2CudaModel> cuda_model_;  // CudaDevice: model/cuda/ kernels
   int64_t next_step_;
+  int rank_ = 0, world_ = 1;  // from options.comm
 };
 
 }  // namespace strata::model

@@ -1,5 +1,6 @@
 // `strata train`: trains GPT-2 through the engine, states spilling to pinned host memory and
 // NVMe under the given budgets. See `strata train --help` and issue 5.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "model/gpt2.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "tools/strata/commands.h"
@@ -42,8 +44,23 @@ struct TrainArgs {
   int sample = 0;
   bool recompute = false;
   bool durable = true;
+  std::string rendezvous;
+  double comm_timeout = 0;  // seconds; 0 = STRATA_COMM_TIMEOUT
   CLI::Option* heads_opt = nullptr;
 };
+
+// Replaces {rank} and {local_rank} in a path (each rank's own NVMe folder).
+std::string RankPath(std::string path, const RankInfo& ri) {
+  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", ri.rank},
+                                   std::pair<std::string, int>{"{local_rank}", ri.local_rank}}) {
+    for (size_t p = path.find(key); p != std::string::npos; p = path.find(key, p)) {
+      const std::string v = std::to_string(value);
+      path.replace(p, key.size(), v);
+      p += v.size();
+    }
+  }
+  return path;
+}
 
 // "64M", "1.5G", "4096", "0" -> bytes.
 Result<uint64_t> ParseBytes(const std::string& flag, const std::string& s) {
@@ -101,13 +118,82 @@ std::string Decode(const std::vector<int32_t>& toks, int vocab) {
   return out;
 }
 
+// "rank 2 of 4: " in multi-rank runs, "" otherwise (set once the rank is known).
+std::string g_rank_prefix;
+
 int Fail(const Status& s, const std::string& what) {
-  std::fprintf(stderr, "strata train: %s: %s\n", what.c_str(), s.ToString().c_str());
+  std::fprintf(stderr, "strata train: %s%s: %s\n", g_rank_prefix.c_str(), what.c_str(),
+               s.ToString().c_str());
   return 1;
 }
 
 int RunTrain(const TrainArgs& a) {
   using model::Gpt2Config;
+  // ---- ranks ----
+  RankInfo ri;
+  ri.local_world_size = 1;
+  if (auto r = RankInfoFromEnv(); r.ok()) {
+    ri = *r;
+  } else if (r.status().code() != StatusCode::kNotFound) {
+    return Fail(r.status(), "rank environment");
+  }
+  std::unique_ptr<Communicator> comm;
+  if (ri.world_size > 1) {
+    g_rank_prefix =
+        "rank " + std::to_string(ri.rank) + " of " + std::to_string(ri.world_size) + ": ";
+    if (a.batch % ri.world_size != 0) {
+      return Fail(Status::InvalidArgument(
+                      "--batch " + std::to_string(a.batch) + " does not split over " +
+                      std::to_string(ri.world_size) +
+                      " ranks (each rank takes batch/WORLD_SIZE rows of every micro-batch); "
+                      "use a multiple of " +
+                      std::to_string(ri.world_size)),
+                  "--batch");
+    }
+    std::string where = a.rendezvous;
+    if (where.empty()) {
+      const char* env = std::getenv("STRATA_RENDEZVOUS");
+      where = env ? env : "";
+    }
+    if (where.empty()) {
+      return Fail(Status::InvalidArgument(
+                      "WORLD_SIZE is " + std::to_string(ri.world_size) +
+                      " but no rendezvous was given: pass --rendezvous file:DIR or "
+                      "redis:HOST:PORT (or set STRATA_RENDEZVOUS; `strata launch` does)"),
+                  "--rendezvous");
+    }
+    auto spec = ParseRendezvous(where);
+    if (!spec.ok()) return Fail(spec.status(), "--rendezvous");
+    CommOptions co;
+    co.rank = ri;
+    co.rendezvous = *spec;
+    co.store_prefix = "strata-train";
+    if (a.comm_timeout > 0) {
+      co.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(a.comm_timeout * 1e3)));
+    } else if (a.comm_timeout < 0) {
+      return Fail(Status::InvalidArgument("--comm-timeout " + std::to_string(a.comm_timeout) +
+                                          ": expected a positive number of seconds"),
+                  "--comm-timeout");
+    } else {
+      auto t = CommTimeoutFromEnv();
+      if (!t.ok()) return Fail(t.status(), "STRATA_COMM_TIMEOUT");
+      co.timeout = *t;
+    }
+    auto c = CreateGlooCommunicator(co);
+    if (!c.ok()) return Fail(c.status(), "joining the other ranks");
+    comm = std::move(c).value();
+    // Rank 0 alone reports: the others' standard output goes nowhere (errors still reach
+    // standard error, prefixed with the rank).
+    if (ri.rank != 0) {
+      std::fflush(stdout);
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      if (devnull >= 0) {
+        ::dup2(devnull, STDOUT_FILENO);
+        ::close(devnull);
+      }
+    }
+  }
+  const bool lead = ri.rank == 0;
   // ---- data ----
   model::TokenStream data;
   if (a.data.empty()) {
@@ -120,9 +206,42 @@ int RunTrain(const TrainArgs& a) {
   // ---- model configuration ----
   Gpt2Config cfg;
   std::unique_ptr<model::SafetensorsReader> init;
-  if (!a.init.empty()) {
+  if (!a.init.empty() && !lead) {
+    // Rank 0 reads --init and sends its configuration (and, later, the weights).
+    int32_t msg[6] = {};
+    CollectiveOptions co;
+    co.label = "broadcast --init configuration";
+    if (Status s = comm->Broadcast(msg, sizeof msg, CommDataType::kByte, 0, co).Wait(); !s.ok()) {
+      return Fail(s, "receiving the --init configuration from rank 0");
+    }
+    if (msg[0] != 1) {
+      return Fail(Status::Aborted("rank 0 could not read --init " + a.init), "--init");
+    }
+    cfg.layers = msg[1];
+    cfg.d_model = msg[2];
+    cfg.heads = msg[3];
+    cfg.max_seq = msg[4];
+    cfg.vocab = msg[5];
+    if (a.seq_len > cfg.max_seq) {
+      return Fail(
+          Status::InvalidArgument("--seq-len " + std::to_string(a.seq_len) + " exceeds the " +
+                                  std::to_string(cfg.max_seq) + " rows of wpe.weight in " + a.init),
+          "--seq-len");
+    }
+  } else if (!a.init.empty()) {
+    // With several ranks, the others wait for this configuration (a failure is sent too).
+    auto send = [&](bool ok) {
+      if (!comm) return;
+      int32_t msg[6] = {ok ? 1 : 0, cfg.layers, cfg.d_model, cfg.heads, cfg.max_seq, cfg.vocab};
+      CollectiveOptions co;
+      co.label = "broadcast --init configuration";
+      (void)comm->Broadcast(msg, sizeof msg, CommDataType::kByte, 0, co).Wait();
+    };
     auto r = model::SafetensorsReader::Open(a.init);
-    if (!r.ok()) return Fail(r.status(), "--init");
+    if (!r.ok()) {
+      send(false);
+      return Fail(r.status(), "--init");
+    }
     init = std::make_unique<model::SafetensorsReader>(std::move(r).value());
     int heads = a.heads;
     if (a.heads_opt->count() == 0) {
@@ -134,8 +253,12 @@ int RunTrain(const TrainArgs& a) {
       }
     }
     auto c = model::ConfigFromSafetensors(*init, heads);
-    if (!c.ok()) return Fail(c.status(), "--init " + a.init);
+    if (!c.ok()) {
+      send(false);
+      return Fail(c.status(), "--init " + a.init);
+    }
     cfg = *c;
+    send(true);
     if (a.seq_len > cfg.max_seq) {
       return Fail(
           Status::InvalidArgument("--seq-len " + std::to_string(a.seq_len) + " exceeds the " +
@@ -170,6 +293,7 @@ int RunTrain(const TrainArgs& a) {
   to.warmup = a.warmup;
   to.steps = a.steps;
   to.recompute = a.recompute;
+  to.comm = comm.get();
   if (a.lr_schedule == "cosine") {
     to.schedule = model::LrSchedule::kCosine;
   } else if (a.lr_schedule != "constant") {
@@ -206,14 +330,15 @@ int RunTrain(const TrainArgs& a) {
   if (!hm.ok()) return Fail(hm.status(), "--host-mem");
   eo.device_mem_bytes = *dm;
   eo.host_mem_bytes = *hm;
-  eo.nvme_paths = a.nvme;
+  for (const std::string& p : a.nvme) eo.nvme_paths.push_back(RankPath(p, ri));
+  const std::string resume = RankPath(a.resume, ri);
   if (!a.resume.empty()) {
     eo.resume = true;
     if (eo.nvme_paths.empty()) {
-      eo.nvme_paths = {a.resume};
-    } else if (std::find(eo.nvme_paths.begin(), eo.nvme_paths.end(), a.resume) ==
+      eo.nvme_paths = {resume};
+    } else if (std::find(eo.nvme_paths.begin(), eo.nvme_paths.end(), resume) ==
                eo.nvme_paths.end()) {
-      return Fail(Status::InvalidArgument("--resume " + a.resume +
+      return Fail(Status::InvalidArgument("--resume " + resume +
                                           " is not one of the --nvme folders; pass the folder "
                                           "that holds the swap store"),
                   "--resume");
@@ -225,12 +350,35 @@ int RunTrain(const TrainArgs& a) {
   eo.weight_decay = a.weight_decay;
   eo.grad_clip = a.grad_clip;
   eo.micro_batches = a.micro_batches;
-  eo.trace_path = a.trace;
+  eo.trace_path = RankPath(a.trace, ri);
+  eo.comm = comm.get();
   eo.durable = a.durable && !eo.nvme_paths.empty();
   const std::vector<BlockSpec> specs = model::Gpt2BlockSpecs(cfg);
   auto engine_or = Engine::Create(specs, eo);
   if (!engine_or.ok()) return Fail(engine_or.status(), "engine");
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
+  if (comm) {
+    // Every rank must resume the same step (each rank's store holds its own shard).
+    double mine = static_cast<double>(engine->ResumedStep());
+    std::vector<double> all(static_cast<size_t>(ri.world_size));
+    CollectiveOptions co;
+    co.label = "all-gather resumed step";
+    if (Status s =
+            comm->AllGather(&mine, all.data(), sizeof(double), CommDataType::kByte, co).Wait();
+        !s.ok()) {
+      return Fail(s, "agreeing on the resumed step");
+    }
+    for (int r = 0; r < ri.world_size; ++r) {
+      if (all[r] != mine) {
+        return Fail(
+            Status::InvalidArgument("rank " + std::to_string(r) + " resumes step " +
+                                    std::to_string(static_cast<int64_t>(all[r])) +
+                                    " but this rank step " + std::to_string(engine->ResumedStep()) +
+                                    "; resume every rank from the same run (same world size)"),
+            "--resume");
+      }
+    }
+  }
   model::Trainer trainer(engine.get(), device.get(), cfg, to, &*batcher);
   if (engine->ResumedStep() == 0) {
     if (Status s = trainer.InitWeights(init.get(), a.seed); !s.ok()) {
@@ -262,6 +410,10 @@ int RunTrain(const TrainArgs& a) {
       static_cast<long long>(a.steps), a.lr, a.lr_schedule.c_str(),
       static_cast<long long>(a.warmup), a.recompute ? "recompute" : "no recompute");
   std::printf("# device: %s\n", device->Name().c_str());
+  if (comm) {
+    std::printf("# ranks: %d (%s, gloo over %s); %d rows of each micro-batch per rank\n",
+                ri.world_size, ri.source.c_str(), comm->backend(), a.batch / ri.world_size);
+  }
   // The engine's placement report: where each component lives and why ("# " lines).
   std::string placement = pl.ToString();
   for (size_t p = 0, q; p < placement.size(); p = q + 1) {
@@ -318,7 +470,8 @@ int RunTrain(const TrainArgs& a) {
                   {"host_mem", eo.host_mem_bytes},
                   {"nvme", a.nvme},
                   {"data", data.description},
-                  {"resumed_step", engine->ResumedStep()}};
+                  {"resumed_step", engine->ResumedStep()},
+                  {"world_size", ri.world_size}};
   js["steps"] = nlohmann::json::array();
   const bool tty = isatty(STDOUT_FILENO);
   EdgeBytes total_bytes;
@@ -340,6 +493,7 @@ int RunTrain(const TrainArgs& a) {
     total_bytes.nvme_write += st.bytes.nvme_write;
     total_bytes.h2d += st.bytes.h2d;
     total_bytes.d2h += st.bytes.d2h;
+    total_bytes.comm += st.bytes.comm;
     for (int i = 0; i < kNumResources; ++i) busy[i] += st.busy_seconds[i];
     const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
     const double eta = total_seconds / done * static_cast<double>(a.steps - s);
@@ -354,7 +508,8 @@ int RunTrain(const TrainArgs& a) {
                             {{"nvme_read", st.bytes.nvme_read},
                              {"nvme_write", st.bytes.nvme_write},
                              {"h2d", st.bytes.h2d},
-                             {"d2h", st.bytes.d2h}}}});
+                             {"d2h", st.bytes.d2h},
+                             {"comm", st.bytes.comm}}}});
     char line[256];
     std::snprintf(line, sizeof line,
                   "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  ETA %s",
@@ -395,7 +550,8 @@ int RunTrain(const TrainArgs& a) {
     const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", total_bytes.nvme_read},
                                                       {"nvme_write", total_bytes.nvme_write},
                                                       {"h2d", total_bytes.h2d},
-                                                      {"d2h", total_bytes.d2h}};
+                                                      {"d2h", total_bytes.d2h},
+                                                      {"comm", total_bytes.comm}};
     for (const auto& [name, b] : edges) {
       std::printf(" %-11s %14s %14s\n", name, Bytes(static_cast<double>(b)).c_str(),
                   Bytes(static_cast<double>(b) / done).c_str());
@@ -411,8 +567,10 @@ int RunTrain(const TrainArgs& a) {
   if (!a.save.empty()) {
     auto w = trainer.Weights();
     if (!w.ok()) return Fail(w.status(), "--save");
-    if (Status s = model::SaveWeights(a.save, specs, *w); !s.ok()) return Fail(s, "--save");
-    std::printf("# saved weights to %s\n", a.save.c_str());
+    if (lead) {
+      if (Status s = model::SaveWeights(a.save, specs, *w); !s.ok()) return Fail(s, "--save");
+      std::printf("# saved weights to %s\n", a.save.c_str());
+    }
   }
   if (a.sample > 0) {
     auto w = trainer.Weights();
@@ -423,7 +581,7 @@ int RunTrain(const TrainArgs& a) {
     const auto out = model::Generate(cfg, *w, p, a.sample, 0.0, a.seed);
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
-  if (!a.json.empty()) {
+  if (!a.json.empty() && lead) {
     std::ofstream f(a.json);
     f << js.dump(1) << "\n";
     if (!f) {
@@ -501,7 +659,16 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--host-mem", a->host_mem,
                   "Pinned host memory for states and staging (e.g. 256M; default: unlimited, "
                   "no NVMe)");
-  sub->add_option("--nvme", a->nvme, "Folder for NVMe-resident states (repeatable: striped)");
+  sub->add_option("--nvme", a->nvme,
+                  "Folder for NVMe-resident states (repeatable: striped); {rank} and "
+                  "{local_rank} are replaced by the rank's numbers (one folder per rank)");
+  sub->add_option("--rendezvous", a->rendezvous,
+                  "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "
+                  "ranks meet, file:DIR (a fresh shared folder) or redis:HOST:PORT; default "
+                  "STRATA_RENDEZVOUS");
+  sub->add_option("--comm-timeout", a->comm_timeout,
+                  "Seconds a collective waits for a peer before the run fails naming the lost "
+                  "rank; default STRATA_COMM_TIMEOUT (300)");
   sub->add_flag("--durable,!--no-durable", a->durable,
                 "With --nvme: commit a complete state to NVMe every step (host-resident states "
                 "too), so a killed run can be resumed with --resume (default on)");
