@@ -2,7 +2,8 @@
 // 2 and 4 ranks give the single-rank run's per-step losses (within 1e-5 relative) with and
 // without clipping; two runs with the same world size are bit-identical; a rank killed
 // mid-run makes the others fail, naming it, within --comm-timeout; --resume with the same
-// world size reproduces the uninterrupted losses; a batch that does not split is refused.
+// world size reproduces the uninterrupted losses; a batch that does not split is refused;
+// `strata bench step` across 2 ranks reports the collectives on their own lane.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -250,6 +251,47 @@ TEST_F(TrainMultirankTest, KilledRankIsNamedAndResumeReproducesTheLosses) {
   for (const auto& s : j["steps"]) {
     const int64_t k = s["step"];
     EXPECT_EQ(s["loss"].get<double>(), full[k - 1]) << "step " << k;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// `strata bench step` across 2 ranks: collective bytes and busy time on their own lane
+// (comm), per-rank rows, the data check, and a trace per rank with a comm lane.
+TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
+  ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + "/0 " + dir_ + "/1").c_str()));
+  std::string out;
+  const int rc =
+      Shell(std::string(STRATA_BIN) + " launch -n 2 -- " + STRATA_BIN +
+                Quote({"bench", "step", "--blocks", "4", "--block-bytes", "256K", "--compute-ms",
+                       "1", "--device-mem", "2M", "--host-mem", "3M", "--nvme", dir_ + "/{rank}",
+                       "--steps", "2", "--trace", dir_ + "/trace.{rank}.json", "--json"}) +
+                " | grep '^\\[rank 0\\]' | sed 's/^\\[rank 0\\] //'",
+            &out);
+  ASSERT_EQ(rc, 0) << out;
+  const size_t brace = out.find('{');
+  ASSERT_NE(brace, std::string::npos) << out;
+  const nlohmann::json j = nlohmann::json::parse(out.substr(brace), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["config"]["world_size"], 2);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  for (const auto& s : j["steps"]) {
+    EXPECT_GT(s["bytes"]["comm"].get<uint64_t>(), 0u);
+    EXPECT_GT(s["busy_seconds"]["comm"].get<double>(), 0.0);
+    ASSERT_EQ(s["ranks"].size(), 2u);
+    for (const auto& r : s["ranks"]) {
+      EXPECT_GT(r["comm_bytes"].get<uint64_t>(), 0u);
+      EXPECT_GT(r["efficiency"].get<double>(), 0.0);
+    }
+  }
+  EXPECT_EQ(j["steps"][1]["wrong"], 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string trace = ReadFile(dir_ + "/trace." + std::to_string(r) + ".json");
+    EXPECT_NE(trace.find("\"comm\""), std::string::npos) << "no comm lane in rank " << r;
+    EXPECT_NE(trace.find("all-gather block.1"), std::string::npos);
+    EXPECT_NE(trace.find("reduce-scatter block.1"), std::string::npos);
   }
 }
 

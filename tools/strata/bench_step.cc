@@ -11,6 +11,11 @@
 //
 // Run: strata bench step --blocks 16 --block-bytes 16M --compute-ms 40 \
 //        --device-mem 96M --host-mem 320M --nvme /var/tmp/swap --steps 4 --trace step.json
+//
+// Across ranks (ZeRO-3 sharding over Gloo): strata launch -n 2 -- strata bench step ...
+// --nvme /var/tmp/swap/{rank} --trace step.{rank}.json. Each rank holds its shard; rank 0
+// prints one row per rank and step (the others' figures are gathered), with the
+// collectives' bytes and busy time as their own resource ("comm").
 #include <stdlib.h>
 
 #include <algorithm>
@@ -24,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/io.h"
@@ -48,6 +54,27 @@ struct Flags {
   std::string device = "auto";
   std::string io = "auto";
   int cpu_threads = 0;
+  std::string rendezvous;
+  double comm_timeout = 0;
+};
+
+std::string RankPath(std::string path, const RankInfo& ri) {
+  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", ri.rank},
+                                   std::pair<std::string, int>{"{local_rank}", ri.local_rank}}) {
+    for (size_t p = path.find(key); p != std::string::npos; p = path.find(key, p)) {
+      const std::string v = std::to_string(value);
+      path.replace(p, key.size(), v);
+      p += v.size();
+    }
+  }
+  return path;
+}
+
+// One rank's figures of one step, gathered on rank 0 (plain doubles, sent as bytes).
+struct RankRow {
+  double seconds, bound_seconds, efficiency, stall_seconds, comm_busy_seconds, compute_busy_seconds;
+  double nvme_read, nvme_write, h2d, d2h, comm_bytes;
+  double bound_resource;  // Resource index, or -1 for "nvme"
 };
 
 // "16M", "1.5G", "4096", "64KiB" -> bytes (binary units).
@@ -128,6 +155,38 @@ Status Run(const Flags& f) {
   const uint64_t numel = std::max<uint64_t>(block_bytes / 4, 1);
   STRATA_ASSIGN_OR_RETURN(IoBackendKind io_kind, ParseIoBackendKind(f.io));
 
+  RankInfo ri;
+  if (auto r = RankInfoFromEnv(); r.ok()) {
+    ri = *r;
+  } else if (r.status().code() != StatusCode::kNotFound) {
+    return r.status();
+  }
+  std::unique_ptr<Communicator> comm;
+  if (ri.world_size > 1) {
+    std::string where = f.rendezvous;
+    if (where.empty()) {
+      const char* env = std::getenv("STRATA_RENDEZVOUS");
+      where = env ? env : "";
+    }
+    if (where.empty()) {
+      return Status::InvalidArgument("WORLD_SIZE is " + std::to_string(ri.world_size) +
+                                     " but no rendezvous was given: pass --rendezvous file:DIR "
+                                     "or set STRATA_RENDEZVOUS (strata launch does)");
+    }
+    CommOptions co;
+    co.rank = ri;
+    STRATA_ASSIGN_OR_RETURN(co.rendezvous, ParseRendezvous(where));
+    co.store_prefix = "strata-bench-step";
+    if (f.comm_timeout > 0) {
+      co.timeout = std::chrono::milliseconds(int64_t(f.comm_timeout * 1e3));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(co.timeout, CommTimeoutFromEnv());
+    }
+    STRATA_ASSIGN_OR_RETURN(comm, CreateGlooCommunicator(co));
+  }
+  const bool lead = ri.rank == 0;
+  const int world = ri.world_size;
+
   std::unique_ptr<Device> device;
   DeviceOptions dopt;
   dopt.memory_budget_bytes = device_mem;
@@ -140,7 +199,8 @@ Status Run(const Flags& f) {
   }
 
   TempFolder temp;
-  std::vector<std::string> nvme = f.nvme;
+  std::vector<std::string> nvme;
+  for (const std::string& p : f.nvme) nvme.push_back(RankPath(p, ri));
   if (nvme.empty() && host_mem != 0) {
     STRATA_ASSIGN_OR_RETURN(std::string dir, temp.Make());
     nvme.push_back(dir);
@@ -159,7 +219,8 @@ Status Run(const Flags& f) {
   opt.io.kind = io_kind;
   opt.micro_batches = f.micro_batches;
   opt.grad_clip = f.grad_clip;
-  opt.trace_path = f.trace;
+  opt.trace_path = RankPath(f.trace, ri);
+  opt.comm = comm.get();
   opt.optimizer_threads = f.cpu_threads;
   opt.dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
   auto created = Engine::Create(blocks, opt);
@@ -177,7 +238,11 @@ Status Run(const Flags& f) {
   }
   STRATA_RETURN_IF_ERROR(engine->CommitParams());
 
-  if (!f.json) {
+  if (!f.json && lead) {
+    if (world > 1) {
+      std::printf("# ranks: %d (gloo; each holds 1/%d of every state; rows per rank below)\n",
+                  world, world);
+    }
     std::printf(
         "# strata bench step: %d blocks x %s MiB fp32 params, compute %.1f ms forward / "
         "%.1f ms backward per block, %d micro-batch(es), %d step(s)%s\n",
@@ -190,10 +255,12 @@ Status Run(const Flags& f) {
                   return s;
                 }().c_str());
     std::fputs(place.ToString().c_str(), stdout);
-    std::printf("# %4s %9s %9s %-10s %6s %8s %10s %10s %9s %9s %9s %7s\n", "step", "time_s",
-                "bound_s", "bound_by", "effic", "stall_s", "nvme_rd_MiB", "nvme_wr_MiB", "h2d_MiB",
-                "d2h_MiB", "nvme_GB/s", "#wrong");
-    std::printf("#   (bound_by: the busiest resource; nvme = the drives' read+write busy time)\n");
+    std::printf("# %4s %4s %9s %9s %-10s %6s %8s %10s %10s %9s %9s %9s %9s %7s\n", "step", "rank",
+                "time_s", "bound_s", "bound_by", "effic", "stall_s", "nvme_rd_MiB", "nvme_wr_MiB",
+                "h2d_MiB", "d2h_MiB", "comm_MiB", "comm_s", "#wrong");
+    std::printf(
+        "#   (bound_by: the busiest resource; nvme = the drives' read+write busy time; comm = "
+        "collectives, bus bytes and busy time)\n");
   }
   nlohmann::json steps = nlohmann::json::array();
   const auto fwd = std::chrono::nanoseconds(int64_t(f.compute_ms * 1e6));
@@ -226,28 +293,68 @@ Status Run(const Flags& f) {
     int64_t wrong = -1;
     if (s + 1 == f.steps) {
       wrong = 0;
-      std::vector<float> v(engine->Layout()[0].shard_numel);
+      // This rank's shard: elements [first, first + shard) of each block.
+      const uint64_t shard = engine->Layout()[0].shard_numel;
+      const uint64_t first_elem = uint64_t(ri.rank) * shard;
+      const uint64_t mine = numel > first_elem ? std::min(shard, numel - first_elem) : 0;
+      std::vector<float> v(shard);
       for (int b = 0; b < f.blocks; ++b) {
         bool bad = false;
         STRATA_RETURN_IF_ERROR(engine->ReadComponent(b, Component::kMaster, v));
-        for (uint64_t i = 0; i < numel && !bad; ++i) bad = v[i] != Pattern(b, i);
+        for (uint64_t i = 0; i < mine && !bad; ++i) bad = v[i] != Pattern(b, first_elem + i);
         for (Component c : {Component::kExpAvg, Component::kExpAvgSq}) {
           STRATA_RETURN_IF_ERROR(engine->ReadComponent(b, c, v));
-          for (uint64_t i = 0; i < numel && !bad; ++i) bad = v[i] != 0.0f;
+          for (uint64_t i = 0; i < mine && !bad; ++i) bad = v[i] != 0.0f;
         }
         wrong += bad ? 1 : 0;
       }
     }
-    const double nvme_gbs =
-        st.seconds > 0 ? double(st.bytes.nvme_read + st.bytes.nvme_write) / st.seconds / 1e9 : 0;
-    if (!f.json) {
-      std::printf("  %4" PRId64 " %9.3f %9.3f %-10s %6.3f %8.3f %10s %10s %9s %9s %9.3f %7s\n",
-                  st.step, st.seconds, st.bound_seconds, st.bound_resource.c_str(), st.efficiency,
-                  st.stall_seconds, Mib(st.bytes.nvme_read).c_str(),
-                  Mib(st.bytes.nvme_write).c_str(), Mib(st.bytes.h2d).c_str(),
-                  Mib(st.bytes.d2h).c_str(), nvme_gbs,
-                  wrong < 0 ? "-" : std::to_string(wrong).c_str());
+    // Every rank's figures (one row each), gathered on every rank; rank 0 prints them.
+    RankRow mine_row{st.seconds,
+                     st.bound_seconds,
+                     st.efficiency,
+                     st.stall_seconds,
+                     st.busy_seconds[int(Resource::kComm)],
+                     st.busy_seconds[int(Resource::kCompute)],
+                     double(st.bytes.nvme_read),
+                     double(st.bytes.nvme_write),
+                     double(st.bytes.h2d),
+                     double(st.bytes.d2h),
+                     double(st.bytes.comm),
+                     -1};
+    for (int r = 0; r < kNumResources; ++r) {
+      if (st.bound_resource == ResourceName(Resource(r))) mine_row.bound_resource = r;
+    }
+    std::vector<RankRow> rows(size_t(world), mine_row);
+    std::vector<int64_t> wrongs(size_t(world), wrong);
+    if (comm) {
+      CollectiveOptions co;
+      co.label = "bench: gather rows";
+      STRATA_RETURN_IF_ERROR(
+          comm->AllGather(&mine_row, rows.data(), sizeof(RankRow), CommDataType::kByte, co).Wait());
+      STRATA_RETURN_IF_ERROR(
+          comm->AllGather(&wrong, wrongs.data(), sizeof(int64_t), CommDataType::kByte, co).Wait());
+    }
+    if (!f.json && lead) {
+      for (int r = 0; r < world; ++r) {
+        const RankRow& x = rows[r];
+        const std::string by =
+            x.bound_resource < 0 ? "nvme" : ResourceName(Resource(int(x.bound_resource)));
+        std::printf("  %4" PRId64
+                    " %4d %9.3f %9.3f %-10s %6.3f %8.3f %10s %10s %9s %9s %9s %9.3f %7s\n",
+                    st.step, r, x.seconds, x.bound_seconds, by.c_str(), x.efficiency,
+                    x.stall_seconds, Mib(uint64_t(x.nvme_read)).c_str(),
+                    Mib(uint64_t(x.nvme_write)).c_str(), Mib(uint64_t(x.h2d)).c_str(),
+                    Mib(uint64_t(x.d2h)).c_str(), Mib(uint64_t(x.comm_bytes)).c_str(),
+                    x.comm_busy_seconds, wrongs[r] < 0 ? "-" : std::to_string(wrongs[r]).c_str());
+      }
       std::fflush(stdout);
+    }
+    if (wrong < 0) {
+      for (int64_t w : wrongs) wrong = std::max(wrong, w);
+    } else {
+      wrong = 0;
+      for (int64_t w : wrongs) wrong += w;
     }
     nlohmann::json busy;
     for (int r = 0; r < kNumResources; ++r) busy[ResourceName(Resource(r))] = st.busy_seconds[r];
@@ -266,16 +373,29 @@ Status Run(const Flags& f) {
                       {{"nvme_read", st.bytes.nvme_read},
                        {"nvme_write", st.bytes.nvme_write},
                        {"h2d", st.bytes.h2d},
-                       {"d2h", st.bytes.d2h}}}});
+                       {"d2h", st.bytes.d2h},
+                       {"comm", st.bytes.comm}}}});
+    if (world > 1) {
+      nlohmann::json per_rank = nlohmann::json::array();
+      for (int r = 0; r < world; ++r) {
+        per_rank.push_back({{"rank", r},
+                            {"seconds", rows[r].seconds},
+                            {"bound_seconds", rows[r].bound_seconds},
+                            {"efficiency", rows[r].efficiency},
+                            {"comm_busy_seconds", rows[r].comm_busy_seconds},
+                            {"comm_bytes", uint64_t(rows[r].comm_bytes)}});
+      }
+      steps.back()["ranks"] = per_rank;
+    }
     if (wrong >= 0) steps.back()["wrong"] = wrong;
     if (wrong > 0) {
-      if (f.json) std::printf("%s\n", nlohmann::json{{"steps", steps}}.dump(2).c_str());
+      if (f.json && lead) std::printf("%s\n", nlohmann::json{{"steps", steps}}.dump(2).c_str());
       return Status::Corruption(std::to_string(wrong) +
                                 " block(s) came back different from what was written");
     }
   }
   (void)first;
-  if (f.json) {
+  if (f.json && lead) {
     nlohmann::json out;
     out["config"] = {{"blocks", f.blocks},
                      {"block_bytes", flat_bytes},
@@ -285,7 +405,8 @@ Status Run(const Flags& f) {
                      {"host_mem", host_mem},
                      {"nvme", nvme},
                      {"micro_batches", f.micro_batches},
-                     {"grad_clip", f.grad_clip}};
+                     {"grad_clip", f.grad_clip},
+                     {"world_size", world}};
     nlohmann::json comps = nlohmann::json::array();
     for (const ComponentPlacement& c : place.components) {
       comps.push_back({{"block", c.block},
@@ -342,6 +463,12 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--device", flags->device, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("--io", flags->io, "NVMe backend: auto | uring | posix")->capture_default_str();
+  cmd->add_option("--rendezvous", flags->rendezvous,
+                  "With WORLD_SIZE > 1 (under strata launch): where ranks meet, file:DIR or "
+                  "redis:HOST:PORT; default STRATA_RENDEZVOUS. --nvme and --trace may contain "
+                  "{rank} and {local_rank}");
+  cmd->add_option("--comm-timeout", flags->comm_timeout,
+                  "Seconds a collective waits for a peer (default STRATA_COMM_TIMEOUT)");
   cmd->callback([flags, exit_code] {
     Status s = Run(*flags);
     if (!s.ok()) {
