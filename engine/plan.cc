@@ -557,6 +557,12 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
     pp.comm_staging_bytes = 2 * gather + landing;
     pp.gather_bytes = gather;
     pp.staging_bytes += pp.comm_staging_bytes;
+    pp.report.reasons.push_back(
+        "rank " + std::to_string(opt.rank) + " of " + std::to_string(opt.world_size) +
+        ": holds 1/" + std::to_string(opt.world_size) +
+        " of every state; host staging for the "
+        "collectives: 2 full-block gather buffers of " +
+        FormatBytes(gather) + " and a gradient landing buffer of " + FormatBytes(landing));
   }
 
   HostPlanInput hin;

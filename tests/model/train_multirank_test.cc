@@ -132,6 +132,22 @@ TEST_F(TrainMultirankTest, SameWorldSizeIsBitIdenticalWithSharding) {
   }
 }
 
+// Rank 0 alone reads --init (the others receive the configuration and the weights).
+TEST_F(TrainMultirankTest, InitFromRankZeroMatchesOneRank) {
+  std::string out;
+  const std::vector<std::string> save = {
+      "train",   "--layers", "2",         "--d-model", "32",
+      "--heads", "2",        "--seq-len", "16",        "--batch",
+      "4",       "--steps",  "3",         "--save",    dir_ + "/m.safetensors"};
+  ASSERT_EQ(0, Shell(std::string(STRATA_BIN) + Quote(save), &out)) << out;
+  // The configuration comes from the file (read on rank 0 only; --layers/--d-model of
+  // kModel are ignored with --init).
+  const std::vector<std::string> flags = {"--init", dir_ + "/m.safetensors"};
+  const std::vector<double> one = Train(1, flags, dir_ + "/i1.json");
+  ASSERT_EQ(one.size(), 20u);
+  ExpectClose(one, Train(2, flags, dir_ + "/i2.json"), 1e-5, "2 ranks with --init");
+}
+
 TEST_F(TrainMultirankTest, BatchThatDoesNotSplitIsRefused) {
   std::string out;
   const int rc = Shell(std::string(STRATA_BIN) + " launch -n 3 -- " + STRATA_BIN +

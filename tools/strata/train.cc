@@ -411,8 +411,9 @@ int RunTrain(const TrainArgs& a) {
       static_cast<long long>(a.warmup), a.recompute ? "recompute" : "no recompute");
   std::printf("# device: %s\n", device->Name().c_str());
   if (comm) {
-    std::printf("# ranks: %d (%s, gloo over %s); %d rows of each micro-batch per rank\n",
-                ri.world_size, ri.source.c_str(), comm->backend(), a.batch / ri.world_size);
+    std::printf(
+        "# ranks: %d (from %s variables; %s over TCP); %d rows of each micro-batch per rank\n",
+        ri.world_size, ri.source.c_str(), comm->backend(), a.batch / ri.world_size);
   }
   // The engine's placement report: where each component lives and why ("# " lines).
   std::string placement = pl.ToString();
