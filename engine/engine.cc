@@ -793,8 +793,8 @@ void EngineImpl::FeederLoop() {
 // uses, and the evictions before its load) comes before it. To overlap the next block's
 // gather with the current block's compute, the all-gather of the next load is moved ahead
 // of the current reduce-scatter when the plan shows that its shard becomes ready without
-// waiting for that reduce-scatter or anything after it (no eviction before its load waits
-// for a later use) — with host budgets above the minimum, nearly always.
+// waiting for that reduce-scatter or anything after it, and the host budget cannot make
+// it wait (unlimited, or a plan without evictions; see below).
 void EngineImpl::BuildCommSequence() {
   comm_seq_.clear();
   const HostPlan& p = hplan_;
@@ -833,11 +833,16 @@ void EngineImpl::BuildCommSequence() {
   for (int a = 0; a < int(schedule_.size()); ++a) {
     if (p.h2d_use[a] >= 0) loads.push_back(a);
   }
-  // Reordering is only proven safe when the host plan never evicts (the cache holds the
-  // step): randomised tests at minimum budgets found plans where an eviction chain made the
-  // early gather wait for the reduce-scatter it was moved ahead of.
-  bool lookahead = true;
-  for (const HostOp& op : p.ops) lookahead = lookahead && op.kind != HostOpKind::kEvict;
+  // Reordering is only used where no eviction can make a shard wait: a host plan that never
+  // evicts, or an unlimited host budget (every state at home, the cache has room for every
+  // gradient, so params never wait for cache space). Randomised tests at minimum budgets
+  // found plans where an eviction chain made the early gather wait for the reduce-scatter
+  // it was moved ahead of.
+  bool lookahead = opt_.host_mem_bytes == 0;
+  if (!lookahead) {
+    lookahead = true;
+    for (const HostOp& op : p.ops) lookahead = lookahead && op.kind != HostOpKind::kEvict;
+  }
   size_t next = 0;
   int gathers = 0;
   for (int a = 0; a < int(schedule_.size()); ++a) {
