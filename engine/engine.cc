@@ -160,6 +160,8 @@ class EngineImpl final : public Engine {
   }
 
   void IoLoop();
+  void RunStepWorker(const std::function<size_t()>& count,
+                     const std::function<Status(size_t)>& item);
   void FeederLoop();
   void LanderLoop();
   struct Landing {
@@ -762,7 +764,11 @@ Status EngineImpl::RunFeederAccess(int a) {
   return Status::OK();
 }
 
-void EngineImpl::FeederLoop() {
+// Each step: wait for BeginStep, then run item(0), item(1), ... while i < count(). The first
+// failure is stored and ends this worker's step (an Aborted after another failure is only
+// that failure's echo, so it does not replace it).
+void EngineImpl::RunStepWorker(const std::function<size_t()>& count,
+                               const std::function<Status(size_t)>& item) {
   uint64_t seen = 0;
   for (;;) {
     {
@@ -771,14 +777,19 @@ void EngineImpl::FeederLoop() {
       if (shutdown_) return;
       seen = generation_;
     }
-    for (int a = 0; a < int(schedule_.size()); ++a) {
-      Status s = RunFeederAccess(a);
+    for (size_t i = 0; i < count(); ++i) {
+      Status s = item(i);
       if (!s.ok()) {
         if (s.code() != StatusCode::kAborted || Error().ok()) SetError(s);
         break;
       }
     }
   }
+}
+
+void EngineImpl::FeederLoop() {
+  RunStepWorker([this] { return schedule_.size(); },
+                [this](size_t a) { return RunFeederAccess(int(a)); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -945,22 +956,7 @@ Status EngineImpl::RunCommItem(size_t i) {
 }
 
 void EngineImpl::CommLoop() {
-  uint64_t seen = 0;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return shutdown_ || (step_open_ && generation_ != seen); });
-      if (shutdown_) return;
-      seen = generation_;
-    }
-    for (size_t i = 0; i < comm_seq_.size(); ++i) {
-      Status s = RunCommItem(i);
-      if (!s.ok()) {
-        if (s.code() != StatusCode::kAborted || Error().ok()) SetError(s);
-        break;
-      }
-    }
-  }
+  RunStepWorker([this] { return comm_seq_.size(); }, [this](size_t i) { return RunCommItem(i); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1082,22 +1078,8 @@ Status EngineImpl::RunOptimizer(int use_index) {
 }
 
 void EngineImpl::OptimizerLoop() {
-  uint64_t seen = 0;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return shutdown_ || (step_open_ && generation_ != seen); });
-      if (shutdown_) return;
-      seen = generation_;
-    }
-    for (int u : hplan_.opt_uses) {
-      Status s = RunOptimizer(u);
-      if (!s.ok()) {
-        if (s.code() != StatusCode::kAborted || Error().ok()) SetError(s);
-        break;
-      }
-    }
-  }
+  RunStepWorker([this] { return hplan_.opt_uses.size(); },
+                [this](size_t k) { return RunOptimizer(hplan_.opt_uses[k]); });
 }
 
 // ---------------------------------------------------------------------------------------
