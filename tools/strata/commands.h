@@ -8,12 +8,12 @@
 namespace strata::cli {
 
 // (subcommands are declared here, one line each)
-void AddTrain(CLI::App& app, int* exit_code);     // strata train
-void AddGenerate(CLI::App& app, int* exit_code);  // strata generate
+void AddTrain(CLI::App& app, int* exit_code);         // strata train
+void AddGenerate(CLI::App& app, int* exit_code);      // strata generate
 void AddBenchModel(CLI::App& bench, int* exit_code);  // strata bench model
-void AddBenchIo(CLI::App& bench, int* exit_code);    // strata bench io
-void AddLaunch(CLI::App& app, int* exit_code);       // strata launch -n N -- COMMAND...
-void AddBenchAdam(CLI::App& bench, int* exit_code);  // strata bench adam
-void AddBenchStep(CLI::App& bench, int* exit_code);  // strata bench step
+void AddBenchIo(CLI::App& bench, int* exit_code);     // strata bench io
+void AddLaunch(CLI::App& app, int* exit_code);        // strata launch -n N -- COMMAND...
+void AddBenchAdam(CLI::App& bench, int* exit_code);   // strata bench adam
+void AddBenchStep(CLI::App& bench, int* exit_code);   // strata bench step
 
 }  // namespace strata::cli
