@@ -32,6 +32,7 @@
 #include "strata/engine.h"
 #include "strata/log.h"
 #include "strata/optim.h"
+#include "tests/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -39,21 +40,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::path("/var/tmp") / ("strata_engine_mr_test_" + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
+// A fresh folder under /var/tmp, removed at the end.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("strata_engine_mr_test") {}
 };
 
 // Odd sizes, so shard boundaries cut through tensors and padding, and a block whose

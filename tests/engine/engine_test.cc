@@ -24,27 +24,16 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "strata/optim.h"
+#include "tests/temp_dir.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::path("/var/tmp") / ("strata_engine_test_" + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
+// A fresh folder under /var/tmp, removed at the end.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("strata_engine_test") {}
 };
 
 std::vector<BlockSpec> RandomModel(std::mt19937_64& rng, int blocks) {

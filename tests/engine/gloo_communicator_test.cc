@@ -32,29 +32,16 @@
 
 #include "strata/comm.h"
 #include "strata/device.h"
+#include "tests/temp_dir.h"
 
 namespace strata {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A fresh folder for one run's rendezvous, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/strata_comm_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    EXPECT_NE(p, nullptr) << std::strerror(errno);
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// A fresh folder under /var/tmp, removed at the end.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("strata_comm_test") {}
 };
 
 CommOptions Options(const std::string& dir, int rank, int world,

@@ -16,33 +16,9 @@
 #include <string>
 
 #include "strata/env.h"
+#include "tests/temp_dir.h"
 
 namespace strata::testing {
-
-// A fresh folder under /var/tmp, removed with everything in it when destroyed.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/var/tmp/strata_io_test.XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    if (p == nullptr) {
-      ADD_FAILURE() << "mkdtemp under /var/tmp failed: " << std::strerror(errno);
-    } else {
-      path_ = p;
-    }
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Page-aligned heap memory (O_DIRECT needs aligned buffers), zero-filled.
 class AlignedBuffer {
