@@ -460,6 +460,16 @@ Result<size_t> UringBackend::Poll(std::span<IoCompletion> out, size_t min_comple
   ReapAvailable();
   while (ready_.size() < want) {
     FillQueue();
+    if (in_kernel_ == 0 && !pending_.empty() && options_.sqpoll) {
+      // SQPOLL: the kernel thread can post the completions of a batch (buffered I/O
+      // completes inline) before it publishes the SQ head that frees their entries, so
+      // everything may be reaped while the SQ still looks full. Wait for the space.
+      const int rc = io_uring_sqring_wait(ring_.get());
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
+        return Status::FromErrno(-rc, "io_uring_sqring_wait");
+      }
+      continue;
+    }
     if (in_kernel_ == 0) {
       return Status::IOError("io_uring backend lost track of " +
                              std::to_string(want - ready_.size()) + " requests (internal error)");
