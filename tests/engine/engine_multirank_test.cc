@@ -32,6 +32,7 @@
 #include "strata/engine.h"
 #include "strata/log.h"
 #include "strata/optim.h"
+#include "tests/engine/fake_model.h"
 #include "tests/temp_dir.h"
 
 namespace strata {
@@ -44,6 +45,9 @@ using namespace std::chrono_literals;
 struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("strata_engine_mr_test") {}
 };
+
+using testing::InitValue;
+using testing::Param;
 
 // Odd sizes, so shard boundaries cut through tensors and padding, and a block whose
 // shards beyond rank 0 hold padding only.
@@ -87,10 +91,6 @@ std::vector<BlockSpec> Model() {
   return specs;
 }
 
-float InitValue(int block, int tensor, size_t i) {
-  return float(std::sin(double(block * 131 + tensor * 17) + double(i) * 0.37)) * 0.5f;
-}
-
 struct RunConfig {
   int micro_batches = 1;
   double grad_clip = 0;
@@ -98,11 +98,6 @@ struct RunConfig {
   WorkingDtype dtype = WorkingDtype::kFp32;
   int steps = 3;
 };
-
-float Param(const BlockView& v, uint64_t k) {
-  if (v.dtype == WorkingDtype::kBf16) return Bf16ToFloat(static_cast<const uint16_t*>(v.params)[k]);
-  return static_cast<const float*>(v.params)[k];
-}
 
 // What one run produces: per block, master/m/v over the full block (padded_numel of the
 // single-rank layout; for a rank, only its shard's elements are set) and the step norms.
@@ -167,29 +162,7 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
   for (int64_t step = 1; step <= rc.steps; ++step) {
     STRATA_RETURN_IF_ERROR(e->BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}));
     for (int m = 0; m < rc.micro_batches; ++m) {
-      for (int b = 0; b < L; ++b) {
-        STRATA_ASSIGN_OR_RETURN(BlockView v, e->Acquire(b, Pass::kForward));
-        STRATA_RETURN_IF_ERROR(e->Release(b));
-      }
-      for (int b = L - 1; b >= 0; --b) {
-        STRATA_ASSIGN_OR_RETURN(BlockView v, e->Acquire(b, Pass::kBackward));
-        STRATA_ASSIGN_OR_RETURN(float* g, e->GradBuffer(b));
-        STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
-            Lane::kCompute,
-            [v, g, step, m] {
-              for (const TensorLayout& t : v.layout->tensors) {
-                for (uint64_t i = 0; i < t.numel; ++i) {
-                  const uint64_t k = t.offset + i;
-                  g[k] = 0.3f * Param(v, k) +
-                         float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
-                }
-              }
-              return Status::OK();
-            },
-            "backward"));
-        STRATA_RETURN_IF_ERROR(e->SubmitGrads(b));
-        STRATA_RETURN_IF_ERROR(e->Release(b));
-      }
+      STRATA_RETURN_IF_ERROR(testing::RunFakeMicroBatch(*e, d, step, m));
     }
     STRATA_ASSIGN_OR_RETURN(StepStats st, e->EndStep());
     out.norms.push_back(st.grad_norm);

@@ -24,6 +24,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "strata/optim.h"
+#include "tests/engine/fake_model.h"
 #include "tests/temp_dir.h"
 
 namespace strata {
@@ -35,6 +36,9 @@ namespace fs = std::filesystem;
 struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("strata_engine_test") {}
 };
+
+using testing::InitValue;
+using testing::Param;
 
 std::vector<BlockSpec> RandomModel(std::mt19937_64& rng, int blocks) {
   static const int64_t kOdd[] = {1, 15, 17, 1023, 64, 4096, 3000};
@@ -55,10 +59,6 @@ std::vector<BlockSpec> RandomModel(std::mt19937_64& rng, int blocks) {
     specs.push_back(s);
   }
   return specs;
-}
-
-float InitValue(int block, int tensor, size_t i) {
-  return float(std::sin(double(block * 131 + tensor * 17) + double(i) * 0.37)) * 0.5f;
 }
 
 // One training run's knobs.
@@ -114,12 +114,6 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
   return f;
 }
 
-// Element k of the block's working params, as float.
-float Param(const BlockView& v, uint64_t k) {
-  if (v.dtype == WorkingDtype::kBf16) return Bf16ToFloat(static_cast<const uint16_t*>(v.params)[k]);
-  return static_cast<const float*>(v.params)[k];
-}
-
 // Runs steps first..last (1-based global numbers) of the fake model. Records peaks.
 struct RunRecord {
   uint64_t peak_device = 0, peak_host = 0;
@@ -129,43 +123,10 @@ struct RunRecord {
 Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batches, RunRecord* rec) {
   Engine& e = *f.engine;
   Device& d = *f.device;
-  const int L = int(e.Layout().size());
   for (int64_t step = first; step <= last; ++step) {
     STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}));
     for (int m = 0; m < micro_batches; ++m) {
-      for (int b = 0; b < L; ++b) {
-        STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(b, Pass::kForward));
-        STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
-            Lane::kCompute,
-            [v] {
-              // Touch every element: a forward that reads the params.
-              volatile float s = 0;
-              for (const TensorLayout& t : v.layout->tensors)
-                s = s + Param(v, t.offset + t.numel - 1);
-              return Status::OK();
-            },
-            "forward"));
-        STRATA_RETURN_IF_ERROR(e.Release(b));
-      }
-      for (int b = L - 1; b >= 0; --b) {
-        STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(b, Pass::kBackward));
-        STRATA_ASSIGN_OR_RETURN(float* g, e.GradBuffer(b));
-        STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
-            Lane::kCompute,
-            [v, g, step, m] {
-              for (const TensorLayout& t : v.layout->tensors) {
-                for (uint64_t i = 0; i < t.numel; ++i) {
-                  const uint64_t k = t.offset + i;
-                  g[k] = 0.3f * Param(v, k) +
-                         float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
-                }
-              }
-              return Status::OK();
-            },
-            "backward"));
-        STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
-        STRATA_RETURN_IF_ERROR(e.Release(b));
-      }
+      STRATA_RETURN_IF_ERROR(testing::RunFakeMicroBatch(e, d, step, m));
     }
     STRATA_ASSIGN_OR_RETURN(StepStats st, e.EndStep());
     if (st.step != step) {
