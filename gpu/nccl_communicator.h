@@ -63,12 +63,7 @@ struct NcclCommOptions {
 // Comm for NCCL failures, Cuda for CUDA failures, each naming the call.
 Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptions& options);
 
-// The rendezvous form: rank 0 creates the unique id and stores it under
-// "<options.store_prefix>/nccl_id" in `store`; the other ranks read it (waiting up to
-// options.timeout). Collectives run on `device`'s Lane::kComm stream, so they order with the
-// device's events. InvalidArgument when `device` is not a CUDA device.
-Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommOptions& options,
-                                                             std::shared_ptr<KeyValueStore> store,
-                                                             Device& device);
+// The rendezvous form, CreateNcclCommunicator(const CommOptions&, store, Device&), is public:
+// it is declared in strata/comm.h (and reports NotSupported in a build without CUDA).
 
 }  // namespace strata

@@ -214,7 +214,8 @@ class Communicator {
 
   // Reduce-scatter: `input` holds world_size * count elements; rank r receives in `output`
   // (count elements) the reduction over ranks of input[r*count, (r+1)*count). kFloat32 only;
-  // op kSum or kAverage. `input` is not modified; output must not overlap it.
+  // op kSum or kAverage. `output` may be input + rank*count (in place: only that slot of
+  // `input` changes); otherwise it must not overlap `input`, which is then not modified.
   virtual CommHandle ReduceScatter(const void* input, void* output, size_t count, CommDataType type,
                                    ReduceOp op, const CollectiveOptions& options = {}) = 0;
 
@@ -263,6 +264,24 @@ struct CommOptions {
 // Sets SIGPIPE to ignored when it has its default action (Gloo's socket writes would
 // otherwise let a dying peer kill this process).
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options);
+
+// The NCCL backend (device buffers; gpu/nccl_communicator.h has the details and a form that
+// takes an id shared some other way). Rank 0 creates an ncclUniqueId and stores it under
+// "<options.store_prefix>/nccl_id" in `store` (typically another communicator's store(), e.g.
+// a Gloo one joined first: give this one a distinct store_prefix); the other ranks read it,
+// waiting up to options.timeout. Then every rank joins, blocking until all have (Timeout
+// after options.timeout). Collectives run on `device`'s Lane::kComm stream, so they order
+// with the device's events, and the buffers must be that device's memory. options.rendezvous
+// and options.hostname are not used (the store is the rendezvous). `device` is not owned and
+// must outlive the communicator; store() returns `store`.
+// Errors: NotSupported ("this build has no CUDA/NCCL ...") in a build without CUDA;
+// InvalidArgument when `device` is not a CUDA device (a HostDevice: use Gloo), when `store`
+// is null, or for a bad rank/world size; InvalidArgument from the store when the key is
+// stale (an earlier run's folder); Timeout naming the key when rank 0 never stores the id;
+// Comm (NCCL) or Cuda (CUDA) failures naming the call.
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommOptions& options,
+                                                             std::shared_ptr<KeyValueStore> store,
+                                                             Device& device);
 
 // The comm timeout from STRATA_COMM_TIMEOUT (seconds, may be fractional); InvalidArgument
 // naming the value when it is not a positive number.
