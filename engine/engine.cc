@@ -13,15 +13,27 @@
 //  - the optimizer worker runs the blocks' AdamW steps in plan order (OpenMP inside the
 //    kernel), each as soon as its gradient is final and its states are loaded; it computes
 //    each block's squared gradient norm first (combined in block order for clipping);
-//  - with world_size > 1, the comm thread issues every collective of the step, in an order
-//    fixed at Create from the schedule and the device plan (the same on every rank, since
-//    collectives match by order): the all-gather of each loaded block's parameter shard
-//    into a full-block gather buffer (as soon as the shard is in host memory; the H2D copy
-//    waits on it on the H2D lane), one load ahead of the reduce-scatter of each backward
-//    gradient (the D2H copy lands the full block in a host buffer; the reduce-scatter,
-//    ordered after that copy by CollectiveOptions::after, averages it into this rank's
-//    shard; the accumulation waits on it on the D2H lane), and last the all-gather of the
-//    ranks' squared gradient norms, summed in rank order so every rank gets the same norm.
+//  - with a communicator, the comm thread issues every collective of the step, in an order
+//    fixed at BeginStep from the schedule and the plans (the same on every rank, since
+//    collectives match by order): the all-gather of each loaded block's parameters, one
+//    load ahead of the reduce-scatter of each backward gradient, and last the all-gather of
+//    the ranks' squared gradient norms (on the host communicator), summed in rank order so
+//    every rank gets the same norm. Where they run (EngineOptions::collective_memory):
+//      device memory: the feeder copies this rank's shard into its slot of the block's
+//        device buffer; the all-gather fills the other slots in place on Lane::kComm,
+//        ordered after that copy by CollectiveOptions::after, and compute waits for it by
+//        an event. The reduce-scatter averages the gradient in place in its device buffer
+//        (after the compute that wrote it); the lander copies this rank's shard back after
+//        it. A host communicator (Gloo on a HostDevice) completes on its own thread, so a
+//        host function on Lane::kComm waits for it; NCCL runs on that lane's stream.
+//      host memory: the all-gather fills a full-block pinned gather buffer as soon as the
+//        shard is in host memory, and the H2D lane copies the whole block after it; the
+//        D2H copy lands the whole gradient in a pinned buffer, the reduce-scatter (after
+//        that copy) averages it into this rank's shard, and the accumulation waits for it.
+//  - the watcher waits for every collective the comm thread issued, in order, and stores
+//    the first failure (a lost rank, a timeout). Waiting is what enforces the timeout on
+//    NCCL, whose handles abort the communicator when it passes: a dead peer then ends the
+//    step with an error instead of leaving device work waiting forever.
 // All of them block on one condition variable (or on an I/O completion, or a device
 // event); nothing spins. State shared between them is guarded by mu_.
 //
@@ -33,6 +45,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -74,6 +87,10 @@ class EngineImpl final : public Engine {
       : opt_(options),
         dev_(options.device),
         comm_(options.comm),
+        host_comm_(options.host_comm ? options.host_comm : options.comm),
+        collective_(options.comm != nullptr),
+        device_collectives_(options.comm != nullptr &&
+                            options.collective_memory == CollectiveMemory::kDevice),
         ws_(options.comm ? options.comm->world_size() : 1),
         rank_(options.comm ? options.comm->rank() : 0),
         layout_(std::move(layout)),
@@ -178,6 +195,16 @@ class EngineImpl final : public Engine {
   void CommLoop();
   Status RunCommItem(size_t i);
   void OnCommOp(const CommOpRecord& r);
+  // An event on Lane::kComm that completes with collective `h` (device memory mode).
+  Result<EventPtr> CollectiveDoneEvent(const CommHandle& h, const std::string& label);
+  // Hands an issued collective to the watcher. REQUIRES: mu_ held.
+  void WatchLocked(const CommHandle& h) {
+    watch_.push_back(h);
+    cv_.notify_all();
+  }
+  void WatchLoop();
+  // At Create: every rank must pass the same options (they fix the order of collectives).
+  Status CheckOptionsAgreeAcrossRanks();
   // Fixes the step's order of collectives from its host plan (at BeginStep).
   void BuildCommSequence();
   // The part of [begin, end) (full-block elements) inside this rank's shard, as shard-local
@@ -196,7 +223,10 @@ class EngineImpl final : public Engine {
 
   const EngineOptions opt_;
   Device* const dev_;
-  Communicator* const comm_;  // nullptr with one rank
+  Communicator* const comm_;       // nullptr: one rank, no collectives
+  Communicator* const host_comm_;  // host-memory collectives (norm, ReadParams); or comm_
+  const bool collective_;          // comm_ is set (a 1-rank communicator runs them too)
+  const bool device_collectives_;  // gathers and reduce-scatters in device memory
   const int ws_, rank_;
   const std::vector<BlockLayout> layout_;
   const int L_;
@@ -212,8 +242,8 @@ class EngineImpl final : public Engine {
   bool registered_with_device_ = false;
   std::unique_ptr<SwapStore> store_;
   void* staging_ = nullptr;  // gradient landing buffer for micro-batches after the first
-  // Multi-rank buffers (in the pinned pool): two full-block parameter gather buffers and
-  // one full-block gradient landing buffer (the reduce-scatter's input).
+  // Collectives in host memory (in the pinned pool): two full-block parameter gather
+  // buffers and one full-block gradient landing buffer (the reduce-scatter's input).
   void* gather_[2] = {nullptr, nullptr};
   void* grad_full_ = nullptr;
   // The comm thread's fixed sequence of collectives per step.
@@ -273,12 +303,18 @@ class EngineImpl final : public Engine {
   std::vector<bool> ag_issued_;  // the all-gather of the access's params is issued
   std::vector<CommHandle> ag_handle_;
   std::vector<int> ag_slot_;
-  std::vector<EventPtr> rs_after_;  // the D2H copy of the access's gradient (set = landed)
-  std::vector<void*> rs_dst_;       // where the reduce-scatter writes this rank's shard
+  std::vector<EventPtr>
+      shard_h2d_;  // device memory: H2D copy of this rank's shard (set = enqueued)
+  // What the reduce-scatter waits for (set = it may be issued): the compute that wrote the
+  // gradient (device memory) or its D2H copy (host memory).
+  std::vector<EventPtr> rs_after_;
+  std::vector<void*> rs_dst_;  // host memory: where the reduce-scatter writes this rank's shard
   std::vector<bool> rs_issued_;
   std::vector<CommHandle> rs_handle_;
+  std::vector<EventPtr> rs_done_;  // device memory: Lane::kComm event after the reduce-scatter
+  std::deque<CommHandle> watch_;   // issued collectives the watcher has not waited for
 
-  std::thread io_thread_, feeder_thread_, opt_thread_, lander_thread_, comm_thread_;
+  std::thread io_thread_, feeder_thread_, opt_thread_, lander_thread_, comm_thread_, watch_thread_;
 };
 
 Status EngineImpl::Init() {
@@ -287,11 +323,9 @@ Status EngineImpl::Init() {
     return Status::InvalidArgument("micro_batches is " + std::to_string(opt_.micro_batches) +
                                    "; it must be >= 1");
   }
-  if (comm_ && comm_->device_buffers()) {
-    return Status::NotSupported(std::string("the engine's collectives need a host-memory "
-                                            "communicator (gloo); this one is ") +
-                                comm_->backend());
-  }
+  // First, before anything that could fail on one rank only and leave the others waiting in
+  // a collective.
+  if (collective_ && ws_ > 1) STRATA_RETURN_IF_ERROR(CheckOptionsAgreeAcrossRanks());
   if (opt_.grad_clip < 0 || !std::isfinite(opt_.grad_clip)) {
     return Status::InvalidArgument("grad_clip must be >= 0");
   }
@@ -357,7 +391,7 @@ Status EngineImpl::Init() {
         staging_,
         pool_->Allocate(place_.staging_bytes - place_.comm_staging_bytes, "grad staging"));
   }
-  if (ws_ > 1) {
+  if (collective_ && !device_collectives_) {
     for (void*& g : gather_) {
       STRATA_ASSIGN_OR_RETURN(g, pool_->Allocate(place_.gather_bytes, "param gather"));
     }
@@ -439,9 +473,12 @@ Status EngineImpl::Init() {
 
   if (!opt_.trace_path.empty()) STRATA_RETURN_IF_ERROR(timeline_.OpenTrace(opt_.trace_path));
   dev_->SetObserver([this](const DeviceOpRecord& r) { OnDeviceOp(r); });
-  if (ws_ > 1) {
+  if (collective_) {
     comm_->SetObserver([this](const CommOpRecord& r) { OnCommOp(r); });
+    if (host_comm_ != comm_)
+      host_comm_->SetObserver([this](const CommOpRecord& r) { OnCommOp(r); });
     comm_thread_ = std::thread([this] { CommLoop(); });
+    watch_thread_ = std::thread([this] { WatchLoop(); });
   }
 
   io_thread_ = std::thread([this] { IoLoop(); });
@@ -463,18 +500,22 @@ EngineImpl::~EngineImpl() {
   if (feeder_thread_.joinable()) feeder_thread_.join();
   if (io_thread_.joinable()) io_thread_.join();
   if (dev_) {
-    // Lane work may still reference our buffers and call back into us.
-    for (Lane l : {Lane::kCompute, Lane::kH2D, Lane::kD2H}) (void)dev_->SynchronizeLane(l);
+    // Lane work may still reference our buffers and call back into us. Collectives still
+    // queued read and write our buffers too: the watcher waits for every one of them (a
+    // broken communicator fails them at once; a dead peer within its timeout).
+    if (watch_thread_.joinable()) watch_thread_.join();
+    for (Lane l : {Lane::kCompute, Lane::kH2D, Lane::kD2H, Lane::kComm}) {
+      (void)dev_->SynchronizeLane(l);
+    }
     dev_->SetObserver(nullptr);
-    if (ws_ > 1) {
-      // Collectives still queued read and write our buffers: let them finish (a broken
-      // communicator fails them at once; a dead peer within its timeout).
+    if (collective_) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (const CommHandle& h : ag_handle_) (void)h.Wait();
         for (const CommHandle& h : rs_handle_) (void)h.Wait();
       }
       comm_->SetObserver(nullptr);
+      host_comm_->SetObserver(nullptr);
     }
     for (DevBuf& d : dbufs_) {
       if (d.ptr) (void)dev_->Free(d.ptr);
@@ -688,9 +729,10 @@ Status EngineImpl::RunFeederAccess(int a) {
     dev_peak_ = std::max(dev_peak_, dev_used_);
     return Status::OK();
   };
-  if (ds.load && ws_ > 1) {
-    // The comm thread entered the shard and issued its all-gather into a gather buffer;
-    // the H2D lane waits for the gather, copies the full block, then frees both.
+  if (ds.load && collective_ && !device_collectives_) {
+    // Host memory: the comm thread entered the shard and issued its all-gather into a
+    // gather buffer; the H2D lane waits for the gather, copies the full block, then frees
+    // both.
     const int obj = hplan_.uses[hplan_.h2d_use[a]].objs[0].obj;
     STRATA_RETURN_IF_ERROR(allocate(ds.param_buffer));
     CommHandle gathered;
@@ -741,9 +783,11 @@ Status EngineImpl::RunFeederAccess(int a) {
       src = h.buf;
     }
     DevBuf& d = dbufs_[ds.param_buffer];
-    // One rank: the shard is the whole flat block.
-    const uint64_t n = std::min<uint64_t>(param_bytes_[b], objs_[uo.obj].bytes);
-    STRATA_RETURN_IF_ERROR(dev_->CopyToDevice(d.ptr, src, n, "h2d " + layout_[b].name));
+    // This rank's shard into its slot of the block (one rank: the whole block). With
+    // collectives in device memory, the comm thread then gathers the other slots in place.
+    const uint64_t n = param_bytes_[b] / uint64_t(ws_);
+    char* slot = static_cast<char*>(d.ptr) + uint64_t(rank_) * n;
+    STRATA_RETURN_IF_ERROR(dev_->CopyToDevice(slot, src, n, "h2d " + layout_[b].name));
     const int obj = uo.obj;
     STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
         Lane::kH2D,
@@ -754,7 +798,11 @@ Status EngineImpl::RunFeederAccess(int a) {
         "h2d done"));
     STRATA_ASSIGN_OR_RETURN(EventPtr ev, dev_->Record(Lane::kH2D));
     std::lock_guard<std::mutex> lock(mu_);
-    d.ready = std::move(ev);
+    if (collective_) {
+      shard_h2d_[a] = std::move(ev);  // d.ready: the gather's event, set by the comm thread
+    } else {
+      d.ready = std::move(ev);
+    }
     (void)d.res.To(S::kReady);
   }
   if (ds.grad_buffer >= 0) STRATA_RETURN_IF_ERROR(allocate(ds.grad_buffer));
@@ -793,7 +841,7 @@ void EngineImpl::FeederLoop() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Comm thread (world_size > 1)
+// Comm thread (with a communicator)
 // ---------------------------------------------------------------------------------------
 
 // The order of collectives must be the same on every rank and must never make the comm
@@ -805,7 +853,11 @@ void EngineImpl::FeederLoop() {
 // gather with the current block's compute, the all-gather of the next load is moved ahead
 // of the current reduce-scatter when the plan shows that its shard becomes ready without
 // waiting for that reduce-scatter or anything after it, and the host budget cannot make
-// it wait (unlimited, or a plan without evictions; see below).
+// it wait (unlimited, or a plan without evictions; see below). In device memory a gather
+// also waits for the feeder's H2D copy of the shard, and the feeder frees gradient buffers
+// only once their shard's D2H copy is enqueued, after their reduce-scatter: so the gather
+// may not move ahead of the reduce-scatter of a gradient buffer that the feeder frees on
+// its way to that load.
 void EngineImpl::BuildCommSequence() {
   comm_seq_.clear();
   const HostPlan& p = hplan_;
@@ -854,6 +906,20 @@ void EngineImpl::BuildCommSequence() {
     lookahead = true;
     for (const HostOp& op : p.ops) lookahead = lookahead && op.kind != HostOpKind::kEvict;
   }
+  // Device memory: the latest access whose gradient buffer the feeder frees up to each
+  // access (-1: none).
+  std::vector<int> freed_grad_upto(schedule_.size(), -1);
+  if (device_collectives_) {
+    std::vector<int> grad_access(dplan_.buffers.size(), -1);
+    for (int a = 0; a < int(schedule_.size()); ++a) {
+      if (dplan_.steps[a].grad_buffer >= 0) grad_access[dplan_.steps[a].grad_buffer] = a;
+    }
+    int latest_freed = -1;
+    for (int a = 0; a < int(schedule_.size()); ++a) {
+      for (int f : dplan_.steps[a].frees) latest_freed = std::max(latest_freed, grad_access[f]);
+      freed_grad_upto[a] = latest_freed;
+    }
+  }
   size_t next = 0;
   int gathers = 0;
   for (int a = 0; a < int(schedule_.size()); ++a) {
@@ -861,7 +927,8 @@ void EngineImpl::BuildCommSequence() {
       comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
     }
     if (schedule_[a].pass != Pass::kBackward) continue;
-    if (lookahead && next < loads.size() && ready_after(p.h2d_use[loads[next]]) < p.grad_use[a]) {
+    if (lookahead && next < loads.size() && ready_after(p.h2d_use[loads[next]]) < p.grad_use[a] &&
+        freed_grad_upto[loads[next]] < a) {
       comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
     }
     comm_seq_.push_back(CommItem{CommItem::kReduce, a, 0});
@@ -878,10 +945,64 @@ void EngineImpl::OnCommOp(const CommOpRecord& r) {
   timeline_.Add(TraceLane::kComm, label, r.start, r.end, r.bytes);
 }
 
+Result<EventPtr> EngineImpl::CollectiveDoneEvent(const CommHandle& h, const std::string& label) {
+  if (!comm_->device_buffers()) {
+    // A host communicator completes on its own worker: the lane waits for it there.
+    STRATA_RETURN_IF_ERROR(dev_->EnqueueHostFunction(
+        Lane::kComm, [h] { return h.Wait(); }, "wait " + label));
+  }
+  // A device communicator (NCCL) runs on this lane's stream: the event follows it.
+  return dev_->Record(Lane::kComm);
+}
+
 Status EngineImpl::RunCommItem(size_t i) {
   const CommItem& item = comm_seq_[i];
   const int a = item.access;
   std::unique_lock<std::mutex> lk(mu_);
+  if (device_collectives_ && item.kind != CommItem::kNorm) {
+    const int b = schedule_[a].block;
+    CollectiveOptions co;
+    std::string label;
+    CommHandle h;
+    if (item.kind == CommItem::kGather) {
+      // In place: this rank's slot (copied by the feeder) to every rank's.
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return shard_h2d_[a] != nullptr; }));
+      char* block = static_cast<char*>(dbufs_[dplan_.steps[a].param_buffer].ptr);
+      const uint64_t n = param_bytes_[b] / uint64_t(ws_);
+      label = "all-gather " + layout_[b].name;
+      co.label = label;
+      co.after = shard_h2d_[a];
+      lk.unlock();
+      h = comm_->AllGather(block + uint64_t(rank_) * n, block, n, CommDataType::kByte, co);
+    } else {
+      // In place: the average of every rank's gradient, this rank's shard at its slot.
+      STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return rs_after_[a] != nullptr; }));
+      float* grad = static_cast<float*>(dbufs_[dplan_.steps[a].grad_buffer].ptr);
+      const uint64_t n = layout_[b].shard_numel;
+      label = "reduce-scatter " + layout_[b].name;
+      co.label = label;
+      co.after = rs_after_[a];
+      lk.unlock();
+      h = comm_->ReduceScatter(grad, grad + uint64_t(rank_) * n, n, CommDataType::kFloat32,
+                               ReduceOp::kAverage, co);
+    }
+    Result<EventPtr> done = CollectiveDoneEvent(h, label);
+    lk.lock();
+    WatchLocked(h);
+    if (!done.ok()) return done.status();
+    if (item.kind == CommItem::kGather) {
+      dbufs_[dplan_.steps[a].param_buffer].ready = *done;
+      ag_handle_[a] = h;
+      ag_issued_[a] = true;
+    } else {
+      rs_done_[a] = *done;
+      rs_handle_[a] = h;
+      rs_issued_[a] = true;
+    }
+    comm_pos_ = i + 1;
+    cv_.notify_all();
+    return Status::OK();
+  }
   switch (item.kind) {
     case CommItem::kGather: {
       const UseObj uo = hplan_.uses[hplan_.h2d_use[a]].objs[0];
@@ -898,6 +1019,7 @@ Status EngineImpl::RunCommItem(size_t i) {
       co.label = label;
       // Bytes: the working dtype's shard (fp32 or bf16), no arithmetic.
       ag_handle_[a] = comm_->AllGather(h.buf, gather_[item.slot], h.bytes, CommDataType::kByte, co);
+      WatchLocked(ag_handle_[a]);
       ag_slot_[a] = item.slot;
       ag_issued_[a] = true;
       break;
@@ -912,6 +1034,7 @@ Status EngineImpl::RunCommItem(size_t i) {
       // Every rank's loss is the mean over its rows: the global gradient is the average.
       rs_handle_[a] = comm_->ReduceScatter(grad_full_, rs_dst_[a], layout_[b].shard_numel,
                                            CommDataType::kFloat32, ReduceOp::kAverage, co);
+      WatchLocked(rs_handle_[a]);
       rs_issued_[a] = true;
       break;
     }
@@ -935,7 +1058,8 @@ Status EngineImpl::RunCommItem(size_t i) {
       lk.unlock();
       CollectiveOptions co;
       co.label = "all-gather grad norm";
-      Status st = comm_->AllGather(&mine, all.data(), sizeof(Part), CommDataType::kByte, co).Wait();
+      Status st =
+          host_comm_->AllGather(&mine, all.data(), sizeof(Part), CommDataType::kByte, co).Wait();
       lk.lock();
       if (!st.ok()) return st.Annotate("gradient norm across ranks");
       double sum = 0;
@@ -955,8 +1079,128 @@ Status EngineImpl::RunCommItem(size_t i) {
   return Status::OK();
 }
 
+// Compares, across ranks, every option that fixes the order or the sizes of the collectives
+// or changes the numbers (a rank with other optimizer settings would silently diverge):
+// each rank contributes one fixed-size row of values; every rank finds the same first
+// difference, so they all fail with the same message.
+Status EngineImpl::CheckOptionsAgreeAcrossRanks() {
+  // FNV-1a over the bytes of the model description and the schedule.
+  uint64_t model_hash = 1469598103934665603ull, schedule_hash = model_hash;
+  auto mix = [](uint64_t* h, const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      *h = (*h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  for (const BlockLayout& b : layout_) {
+    mix(&model_hash, b.name.data(), b.name.size() + 1);
+    for (const TensorLayout& t : b.tensors) {
+      mix(&model_hash, t.name.data(), t.name.size() + 1);
+      for (int64_t d : t.shape) mix(&model_hash, &d, sizeof d);
+      mix(&model_hash, &t.offset, sizeof t.offset);
+      const uint8_t wd = t.weight_decay;
+      mix(&model_hash, &wd, 1);
+    }
+  }
+  for (const ScheduleEntry& e : opt_.schedule) {
+    mix(&schedule_hash, &e.block, sizeof e.block);
+    const uint8_t pass = uint8_t(e.pass);
+    mix(&schedule_hash, &pass, 1);
+  }
+  const WorkingDtype dtype =
+      opt_.dtype != WorkingDtype::kAuto
+          ? opt_.dtype
+          : (dev_->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32);
+  enum Shown : uint8_t { kNumber, kReal, kHash, kName };
+  struct Field {
+    const char* name;
+    uint64_t value;
+    Shown shown;
+  };
+  auto real = [](double d) { return std::bit_cast<uint64_t>(d); };
+  const Field fields[] = {
+      {"the model (blocks, tensor names, shapes, weight decay)", model_hash, kHash},
+      {"tensor_alignment", opt_.tensor_alignment, kNumber},
+      {"schedule", schedule_hash, kHash},
+      {"micro_batches", uint64_t(opt_.micro_batches), kNumber},
+      {"device_mem_bytes (--device-mem)", opt_.device_mem_bytes, kNumber},
+      {"host_mem_bytes (--host-mem)", opt_.host_mem_bytes, kNumber},
+      {"the number of NVMe folders (--nvme)", opt_.nvme_paths.size(), kNumber},
+      {"durable", uint64_t(opt_.durable), kNumber},
+      {"resume", uint64_t(opt_.resume), kNumber},
+      {"working dtype", uint64_t(dtype), kName},
+      {"collective memory", uint64_t(opt_.collective_memory), kName},
+      {"optimizer", uint64_t(opt_.optimizer), kName},
+      {"beta1", real(opt_.beta1), kReal},
+      {"beta2", real(opt_.beta2), kReal},
+      {"eps", real(opt_.eps), kReal},
+      {"weight_decay", real(opt_.weight_decay), kReal},
+      {"grad_clip", real(opt_.grad_clip), kReal},
+  };
+  constexpr size_t kFields = sizeof fields / sizeof fields[0];
+  std::vector<uint64_t> mine(kFields), all(kFields * size_t(ws_));
+  for (size_t f = 0; f < kFields; ++f) mine[f] = fields[f].value;
+  CollectiveOptions co;
+  co.label = "all-gather engine options";
+  STRATA_RETURN_IF_ERROR(
+      host_comm_->AllGather(mine.data(), all.data(), kFields * 8, CommDataType::kByte, co)
+          .Wait()
+          .Annotate("comparing the engine options of the ranks"));
+  auto show = [&](const Field& f, uint64_t v) -> std::string {
+    switch (f.shown) {
+      case kNumber:
+        return std::to_string(v);
+      case kReal: {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.17g", std::bit_cast<double>(v));
+        return buf;
+      }
+      case kHash: {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "hash %016llx", static_cast<unsigned long long>(v));
+        return buf;
+      }
+      case kName:
+        if (std::string_view(f.name) == "working dtype") return WorkingDtypeName(WorkingDtype(v));
+        if (std::string_view(f.name) == "collective memory") {
+          return CollectiveMemoryName(CollectiveMemory(v));
+        }
+        return v == uint64_t(OptimizerKind::kAdamW) ? "adamw" : "adam";
+    }
+    return "?";
+  };
+  for (int r = 1; r < ws_; ++r) {
+    for (size_t f = 0; f < kFields; ++f) {
+      const uint64_t v0 = all[f], vr = all[size_t(r) * kFields + f];
+      if (v0 == vr) continue;
+      return Status::InvalidArgument(
+          std::string("the ranks' engine options differ: ") + fields[f].name + " is " +
+          show(fields[f], v0) + " on rank 0 but " + show(fields[f], vr) + " on rank " +
+          std::to_string(r) +
+          "; every rank must run the same model with the same options (budgets included: "
+          "they fix the order of the collectives)");
+    }
+  }
+  return Status::OK();
+}
+
 void EngineImpl::CommLoop() {
   RunStepWorker([this] { return comm_seq_.size(); }, [this](size_t i) { return RunCommItem(i); });
+}
+
+void EngineImpl::WatchLoop() {
+  for (;;) {
+    CommHandle h;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return shutdown_ || !watch_.empty(); });
+      if (watch_.empty()) return;  // shut down, everything waited for
+      h = watch_.front();
+      watch_.pop_front();
+    }
+    Status s = h.Wait();
+    // An Aborted after another failure is only its echo (a broken communicator).
+    if (!s.ok() && (s.code() != StatusCode::kAborted || Error().ok())) SetError(s);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1003,7 +1247,7 @@ Status EngineImpl::RunOptimizer(int use_index) {
       if (ready && opt_.grad_clip > 0 && !norm_final_) {
         bool all = true;
         for (int x = 0; x < L_; ++x) all = all && norm_known_[x];
-        if (all && ws_ > 1) {
+        if (all && collective_) {
           all = norm_final_;  // the comm thread combines the ranks' norms
         } else if (all) {
           // Fixed block order: the sum does not depend on which gradient landed first.
@@ -1173,7 +1417,7 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   step_start_ = Clock::now();
   timeline_.BeginStep(step_start_);
   for (int i = 0; i < 5; ++i) bytes_[i] = 0;
-  if (ws_ > 1) {
+  if (collective_) {
     BuildCommSequence();
     const size_t n = schedule_.size();
     comm_pos_ = 0;
@@ -1185,6 +1429,8 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
     rs_dst_.assign(n, nullptr);
     rs_issued_.assign(n, false);
     rs_handle_.assign(n, CommHandle());
+    shard_h2d_.assign(n, nullptr);
+    rs_done_.assign(n, nullptr);
   }
   step_open_ = true;
   ++generation_;
@@ -1215,7 +1461,10 @@ Result<BlockView> EngineImpl::Acquire(int block, Pass pass) {
           (opt_.schedule.empty() ? " (per micro-batch: forward 0..L-1, then backward L-1..0)"
                                  : " (EngineOptions::schedule)"));
     }
-    STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return feeder_pos_ > a; }));
+    // In device memory the block is ready once its all-gather is issued too.
+    STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] {
+      return feeder_pos_ > a && (!device_collectives_ || !dplan_.steps[a].load || ag_issued_[a]);
+    }));
     DevBuf& d = dbufs_[dplan_.steps[a].param_buffer];
     if (!d.res.Enter()) return Status::Aborted("internal: device residency");
     ready = d.ready;
@@ -1286,6 +1535,7 @@ Status EngineImpl::SubmitGrads(int block) {
   // the host buffer is free, so the model never waits here for host memory.
   STRATA_ASSIGN_OR_RETURN(EventPtr computed, dev_->Record(Lane::kCompute));
   std::lock_guard<std::mutex> lock(mu_);
+  if (device_collectives_) rs_after_[a] = computed;  // the reduce-scatter may start after it
   landings_.push_back(Landing{a, std::move(computed)});
   cv_.notify_all();
   return Status::OK();
@@ -1311,9 +1561,16 @@ Status EngineImpl::RunLanding(const Landing& l) {
     dst = first ? h.buf : staging_;
     src = dbufs_[dplan_.steps[a].grad_buffer].ptr;
   }
-  STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kD2H, l.computed));
+  EventPtr after = l.computed;
+  if (device_collectives_) {
+    // The copy takes this rank's shard of the averaged gradient, after the reduce-scatter.
+    std::unique_lock<std::mutex> lk(mu_);
+    STRATA_RETURN_IF_ERROR(WaitLocked(lk, [&] { return bool(rs_issued_[a]); }));
+    after = rs_done_[a];
+  }
+  STRATA_RETURN_IF_ERROR(dev_->WaitEvent(Lane::kD2H, after));
   const uint64_t bytes = objs_[obj].bytes;
-  if (ws_ > 1) {
+  if (collective_ && !device_collectives_) {
     // The full block lands in grad_full_; the comm thread's reduce-scatter (ordered after
     // this copy) averages it over the ranks into `dst`. The D2H lane waits for it before
     // accumulating, which also keeps the next landing out of grad_full_ until it is read.
@@ -1345,7 +1602,9 @@ Status EngineImpl::RunLanding(const Landing& l) {
         },
         "wait reduce-scatter"));
   } else {
-    STRATA_RETURN_IF_ERROR(dev_->CopyToHost(dst, src, bytes, "d2h grad " + layout_[block].name));
+    // This rank's shard (one rank: the whole block).
+    const char* shard = static_cast<const char*>(src) + uint64_t(rank_) * bytes;
+    STRATA_RETURN_IF_ERROR(dev_->CopyToHost(dst, shard, bytes, "d2h grad " + layout_[block].name));
   }
   const BlockLayout* bl = &layout_[block];
   float* acc = static_cast<float*>(objs_[obj].buf);
@@ -1380,7 +1639,7 @@ Status EngineImpl::RunLanding(const Landing& l) {
   STRATA_ASSIGN_OR_RETURN(EventPtr landed_ev, dev_->Record(Lane::kD2H));
   std::lock_guard<std::mutex> lock(mu_);
   DevBuf& d = dbufs_[dplan_.steps[a].grad_buffer];
-  if (ws_ == 1) d.last = std::move(landed_ev);
+  if (!collective_ || device_collectives_) d.last = std::move(landed_ev);
   d.landing_enqueued = true;
   cv_.notify_all();
   return Status::OK();
@@ -1476,7 +1735,7 @@ Result<StepStats> EngineImpl::EndStep() {
   timeline_.Add(TraceLane::kStep, "step " + std::to_string(step_number), step_start_, end);
   st.efficiency = st.seconds > 0 ? st.bound_seconds / st.seconds : 0;
   st.bytes = EdgeBytes{bytes_[0], bytes_[1], bytes_[2], bytes_[3], bytes_[4]};
-  if (opt_.grad_clip > 0 || ws_ > 1) {  // combined by the optimizer or the comm thread
+  if (opt_.grad_clip > 0 || collective_) {  // combined by the optimizer or the comm thread
     st.grad_norm = grad_norm_;
     st.clip_coef = clip_coef_;
     st.skipped = skip_update_;
@@ -1585,7 +1844,7 @@ Status EngineImpl::ReadParams(int block, int tensor, std::span<float> out) const
   }
   std::vector<float> shard(layout_[block].shard_numel);
   STRATA_RETURN_IF_ERROR(ReadComponent(block, Component::kMaster, shard));
-  if (ws_ == 1) {
+  if (!collective_) {
     std::copy(shard.begin() + t.offset, shard.begin() + t.offset + t.numel, out.begin());
     return Status::OK();
   }
@@ -1594,7 +1853,7 @@ Status EngineImpl::ReadParams(int block, int tensor, std::span<float> out) const
   CollectiveOptions co;
   co.label = "all-gather read params";
   STRATA_RETURN_IF_ERROR(
-      comm_->AllGather(shard.data(), all.data(), shard.size(), CommDataType::kFloat32, co)
+      host_comm_->AllGather(shard.data(), all.data(), shard.size(), CommDataType::kFloat32, co)
           .Wait()
           .Annotate("ReadParams of block '" + layout_[block].name + "'"));
   std::copy(all.begin() + t.offset, all.begin() + t.offset + t.numel, out.begin());
@@ -1633,6 +1892,50 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::vector<BlockSpec> blocks,
     }
     opt.world_size = opt.comm->world_size();
     opt.rank = opt.comm->rank();
+    if (!opt.device) return Status::InvalidArgument("EngineOptions::device is required");
+    const std::string backend = opt.comm->backend();
+    if (opt.host_comm) {
+      if (opt.host_comm->device_buffers()) {
+        return Status::InvalidArgument(
+            std::string("EngineOptions::host_comm must be a host-memory communicator (gloo), "
+                        "not ") +
+            opt.host_comm->backend());
+      }
+      if (opt.host_comm->world_size() != opt.world_size || opt.host_comm->rank() != opt.rank) {
+        return Status::InvalidArgument(
+            "EngineOptions::host_comm is rank " + std::to_string(opt.host_comm->rank()) + " of " +
+            std::to_string(opt.host_comm->world_size()) + " but comm is rank " +
+            std::to_string(opt.rank) + " of " + std::to_string(opt.world_size) +
+            "; both must join the same ranks");
+      }
+    } else if (opt.comm->device_buffers()) {
+      return Status::InvalidArgument(
+          "EngineOptions::comm (" + backend +
+          ") needs device buffers, but the engine's host-side collectives (the gradient norm, "
+          "ReadParams) need host memory: set EngineOptions::host_comm to a host-memory "
+          "communicator (gloo) over the same ranks");
+    }
+    // Whether the communicator can read and write the device's memory: NCCL reaches CUDA
+    // memory; a host communicator reaches a HostDevice's, which is host memory.
+    const bool cuda = opt.device->Kind() == DeviceKind::kCuda;
+    if (opt.comm->device_buffers() && !cuda) {
+      return Status::InvalidArgument("EngineOptions::comm (" + backend +
+                                     ") works on CUDA device memory; this device is " +
+                                     opt.device->Name() + " (use a gloo communicator)");
+    }
+    const bool reaches_device = opt.comm->device_buffers() == cuda;
+    if (opt.collective_memory == CollectiveMemory::kAuto) {
+      opt.collective_memory = reaches_device ? CollectiveMemory::kDevice : CollectiveMemory::kHost;
+    } else if (opt.collective_memory == CollectiveMemory::kDevice && !reaches_device) {
+      return Status::InvalidArgument(
+          "collective memory 'device': a " + backend +
+          " communicator cannot reach CUDA device memory; use an NCCL communicator for comm "
+          "(with gloo as host_comm) or collective memory 'host'");
+    } else if (opt.collective_memory == CollectiveMemory::kHost && opt.comm->device_buffers()) {
+      return Status::InvalidArgument("collective memory 'host': the " + backend +
+                                     " communicator needs device buffers; use 'device' (or "
+                                     "auto), or a gloo communicator");
+    }
   } else if (opt.world_size != 1 || opt.rank != 0) {
     return Status::InvalidArgument("world_size " + std::to_string(opt.world_size) +
                                    " needs EngineOptions::comm (the communicator of the ranks)");

@@ -565,19 +565,21 @@ class GlooCommunicator final : public Communicator {
     }
     const auto* in = static_cast<const float*>(input);
     auto* out = static_cast<float*>(output);
-    if (count > 0 && Overlaps(in, count * world_ * 4, out, count * 4)) {
-      return Invalid("reduce-scatter: output overlaps input");
+    const bool in_place = out == in + static_cast<size_t>(rank_) * count;
+    if (!in_place && count > 0 && Overlaps(in, count * world_ * 4, out, count * 4)) {
+      return Invalid("reduce-scatter: output overlaps input other than at input + rank*count");
     }
     uint64_t bus = count * 4 * static_cast<uint64_t>(world_ - 1);
     return Enqueue("reduce-scatter", options, bus, [=, this](uint32_t) {
       if (count == 0) return;
       if (world_ == 1) {
-        std::memcpy(out, in, count * sizeof(float));
+        if (!in_place) std::memcpy(out, in, count * sizeof(float));
         return;
       }
       // Gloo's ReduceScatterHalvingDoubling works in place on one buffer of world*piece
       // elements and leaves this rank's piece at its front. Pieces bound the scratch
-      // memory and keep Gloo's int element counts in range.
+      // memory and keep Gloo's int element counts in range. In place, piece k of the output
+      // overwrites only input this rank has already copied (its own slot, up to piece k).
       size_t piece_max = std::max<size_t>(1, g_reduce_scatter_max_elements.load() / world_);
       std::vector<float> scratch(std::min(count, piece_max) * world_);
       for (size_t off = 0; off < count; off += piece_max) {

@@ -52,6 +52,18 @@ const char* WorkingDtypeName(WorkingDtype d) {
   return "?";
 }
 
+const char* CollectiveMemoryName(CollectiveMemory m) {
+  switch (m) {
+    case CollectiveMemory::kAuto:
+      return "auto";
+    case CollectiveMemory::kDevice:
+      return "device";
+    case CollectiveMemory::kHost:
+      return "host";
+  }
+  return "?";
+}
+
 const char* ResourceName(Resource r) {
   switch (r) {
     case Resource::kNvmeRead:
@@ -544,11 +556,22 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   STRATA_ASSIGN_OR_RETURN(DevicePlan dplan,
                           PlanDevice(schedule, param_bytes, grad_bytes, in.device_budget));
   pp.staging_bytes = opt.micro_batches > 1 ? largest_f32 : 0;
-  if (opt.world_size > 1) {
-    // Multi-rank: two full-block gather buffers (the all-gather of the next block fills
-    // one while the H2D copy of the current one reads the other) and one full-block
-    // gradient landing buffer (the reduce-scatter's input). They are host memory like the
-    // rest, so they count against the host budget.
+  // Engine::Create resolved kAuto: kDevice or kHost with a communicator.
+  const bool host_collectives = opt.comm && opt.collective_memory == CollectiveMemory::kHost;
+  rep.collective_memory = opt.comm ? opt.collective_memory : CollectiveMemory::kAuto;
+  if (opt.comm && !host_collectives) {
+    pp.report.reasons.push_back(
+        "rank " + std::to_string(opt.rank) + " of " + std::to_string(opt.world_size) +
+        ": holds 1/" + std::to_string(opt.world_size) +
+        " of every state; collectives in device memory, in place (H2D and D2H carry this "
+        "rank's 1/" +
+        std::to_string(opt.world_size) + " of each block; no host staging)");
+  }
+  if (host_collectives) {
+    // Collectives in host memory: two full-block gather buffers (the all-gather of the next
+    // block fills one while the H2D copy of the current one reads the other) and one
+    // full-block gradient landing buffer (the reduce-scatter's input). They are host memory
+    // like the rest, so they count against the host budget.
     uint64_t gather = 0, landing = 0;
     for (int b = 0; b < L; ++b) {
       gather = std::max(gather, RoundUp(param_bytes[b], 4096));
@@ -729,11 +752,14 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
   int device_loads = 0, device_evictions = 0;
   for (int a = 0; a < int(schedule.size()); ++a) {
     if (dplan.steps[a].load) {
-      rep.predicted_bytes.h2d += param_bytes[schedule[a].block];
+      // In device memory, each rank copies its shard and the gather fills in the rest.
+      rep.predicted_bytes.h2d +=
+          param_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
       if (schedule[a].pass == Pass::kBackward) ++device_loads;
     }
     if (schedule[a].pass == Pass::kBackward)
-      rep.predicted_bytes.d2h += grad_bytes[schedule[a].block];
+      rep.predicted_bytes.d2h +=
+          grad_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
     for (int f : dplan.steps[a].frees) device_evictions += dplan.buffers[f].grad ? 0 : 1;
   }
   for (const HostOp& op : steady.ops) {

@@ -133,6 +133,23 @@ const char* WorkingDtypeName(WorkingDtype dtype);  // "auto", "fp32", "bf16"
 
 enum class OptimizerKind : uint8_t { kAdamW, kAdam };
 
+// Where a multi-rank run's parameter all-gathers and gradient reduce-scatters happen.
+//   kDevice: each rank copies only its shard of a block to its slot of the block's device
+//     buffer, and the ranks all-gather the block there, in place, on Lane::kComm (ordered
+//     after those H2D copies by an event; compute waits for the gather by an event). The
+//     gradient is reduce-scattered (averaged) in place in the device gradient buffer, and
+//     only this rank's shard is copied back. H2D and D2H carry 1/N of each block and no
+//     host staging is needed. The communicator must reach device memory: NCCL on a CUDA
+//     device, or a host-memory communicator (Gloo) on a HostDevice, whose "device memory"
+//     is host memory.
+//   kHost: the shards are all-gathered into two pinned host buffers and the whole block is
+//     copied to the device; the whole gradient is copied back and reduce-scattered on the
+//     host. For a host-memory communicator with a CUDA device (Gloo without NCCL).
+//   kAuto: kDevice whenever the communicator can reach the device's memory, else kHost.
+// Both give bit-identical results (the same collectives on the same bytes).
+enum class CollectiveMemory : uint8_t { kAuto, kDevice, kHost };
+const char* CollectiveMemoryName(CollectiveMemory m);  // "auto", "device", "host"
+
 // One access of a micro-batch's schedule (see EngineOptions::schedule).
 struct ScheduleEntry {
   int block = 0;
@@ -191,8 +208,17 @@ struct EngineOptions {
   // shards, reduce-scatters of gradients, the gradient norm) from its own thread: while a
   // step is open, nobody else may issue collectives on it. Every rank must run the same
   // model with the same options (budgets included: they fix the order of collectives).
-  // Host-memory (Gloo) communicators only for now; a device-buffer one (NCCL) is refused.
+  // A communicator with world_size 1 runs the same (trivial) collectives, so one GPU
+  // exercises the NCCL path. At Create the ranks compare the options that must agree
+  // (layout, budgets, micro-batches, schedule, dtype, optimizer settings, ...) and every
+  // rank fails with InvalidArgument naming the first that differs and its values.
   Communicator* comm = nullptr;
+  // A host-memory communicator over the same ranks, for the engine's host-side collectives
+  // (the gradient norm, ReadParams, the start-up options check). nullptr = `comm`, which
+  // then must be a host-memory one; required when `comm` needs device buffers (NCCL).
+  // Not owned; must outlive the engine.
+  Communicator* host_comm = nullptr;
+  CollectiveMemory collective_memory = CollectiveMemory::kAuto;
   int world_size = 1;  // shards per block; from `comm` when set
   int rank = 0;        // this rank's shard; from `comm` when set
 
@@ -241,8 +267,10 @@ struct PlacementReport {
   uint64_t host_cache_bytes = 0;               // the rest: staging and cache for NVMe homes
   uint64_t nvme_bytes = 0;                     // components whose home is NVMe
   WorkingDtype dtype = WorkingDtype::kFp32;    // resolved
-  EdgeBytes predicted_bytes;                   // per step, upper estimate
-  double predicted_bound_seconds = 0;          // from the bandwidths in EngineOptions
+  // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).
+  CollectiveMemory collective_memory = CollectiveMemory::kAuto;
+  EdgeBytes predicted_bytes;           // per step, upper estimate
+  double predicted_bound_seconds = 0;  // from the bandwidths in EngineOptions
   std::string predicted_bound_resource;
   std::vector<std::string> reasons;  // one line per decision, for people
   std::string ToString() const;      // multi-line summary for printing

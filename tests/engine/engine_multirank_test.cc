@@ -97,6 +97,9 @@ struct RunConfig {
   bool tight = false;  // NVMe + host and device budgets at the planner's minimum
   WorkingDtype dtype = WorkingDtype::kFp32;
   int steps = 3;
+  // Where the collectives run. On a HostDevice both work (auto picks device memory).
+  CollectiveMemory memory = CollectiveMemory::kAuto;
+  bool one_rank_comm = false;  // RunRanks(1, ...): a communicator of one rank
 };
 
 // What one run produces: per block, master/m/v over the full block (padded_numel of the
@@ -105,6 +108,7 @@ struct Outcome {
   std::vector<std::vector<float>> states;  // [block*3 + component][full-block element]
   std::vector<double> norms;
   std::vector<std::vector<float>> params;  // ReadParams of every tensor
+  uint64_t h2d = 0, d2h = 0;               // bytes copied over all steps
 };
 
 EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
@@ -115,6 +119,7 @@ EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
   opt.weight_decay = 0.1;
   opt.dtype = rc.dtype;
   opt.nvme_stripe_bytes = 64 << 10;
+  opt.collective_memory = rc.memory;
   return opt;
 }
 
@@ -169,6 +174,23 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
     if (comm && comm->world_size() > 1 && st.bytes.comm == 0) {
       return Status::Aborted("a multi-rank step reported no collective bytes");
     }
+    if (comm && e->Placement().collective_memory != (rc.memory == CollectiveMemory::kHost
+                                                         ? CollectiveMemory::kHost
+                                                         : CollectiveMemory::kDevice)) {
+      return Status::Aborted(std::string("collective memory resolved to ") +
+                             CollectiveMemoryName(e->Placement().collective_memory));
+    }
+    // The copies are the planned ones (the device plan is fixed; the prediction divides by
+    // the world size in device memory).
+    if (st.bytes.h2d != e->Placement().predicted_bytes.h2d ||
+        st.bytes.d2h != e->Placement().predicted_bytes.d2h) {
+      return Status::Aborted("copied h2d " + std::to_string(st.bytes.h2d) + " / d2h " +
+                             std::to_string(st.bytes.d2h) + " bytes, planned " +
+                             std::to_string(e->Placement().predicted_bytes.h2d) + " / " +
+                             std::to_string(e->Placement().predicted_bytes.d2h));
+    }
+    out.h2d += st.bytes.h2d;
+    out.d2h += st.bytes.d2h;
   }
   const int rank = comm ? comm->rank() : 0;
   for (int b = 0; b < L; ++b) {
@@ -205,6 +227,8 @@ void WriteOutcome(const std::string& path, const Outcome& o) {
   uint64_t n = o.norms.size();
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(reinterpret_cast<const char*>(o.norms.data()), std::streamsize(n * 8));
+  f.write(reinterpret_cast<const char*>(&o.h2d), 8);
+  f.write(reinterpret_cast<const char*>(&o.d2h), 8);
 }
 
 bool ReadOutcome(const std::string& path, Outcome* o) {
@@ -227,6 +251,8 @@ bool ReadOutcome(const std::string& path, Outcome* o) {
   f.read(reinterpret_cast<char*>(&n), 8);
   o->norms.resize(n);
   f.read(reinterpret_cast<char*>(o->norms.data()), std::streamsize(n * 8));
+  f.read(reinterpret_cast<char*>(&o->h2d), 8);
+  f.read(reinterpret_cast<char*>(&o->d2h), 8);
   return bool(f);
 }
 
@@ -234,7 +260,7 @@ bool ReadOutcome(const std::string& path, Outcome* o) {
 // that fails or hangs). world 0: one process without a communicator (the reference; forked
 // too, so the test process itself never starts OpenMP's threads, which a fork would lose).
 std::vector<Outcome> RunRanks(int world, const RunConfig& rc) {
-  const bool reference = world == 0;
+  const bool reference = world == 0 || (world == 1 && !rc.one_rank_comm);
   if (reference) world = 1;
   TempDir dir;
   const std::string rdv = dir.path() + "/rendezvous";
@@ -357,6 +383,50 @@ TEST_F(EngineMultirankTest, TwoRanksMatchOneRankBitForBit) {
   ExpectShardsMatch(ref, RunRanks(2, rc), 0);
 }
 
+// Collectives in host memory (pinned gather buffers, the path of gloo with a CUDA device) and
+// in device memory give the same bits; device memory copies 1/N of the bytes each way.
+TEST_F(EngineMultirankTest, HostAndDeviceCollectiveMemoryAgreeAndDeviceCopiesOneShard) {
+  RunConfig rc;
+  const Outcome ref = Reference(rc);
+  rc.memory = CollectiveMemory::kHost;
+  const std::vector<Outcome> host = RunRanks(2, rc);
+  rc.memory = CollectiveMemory::kDevice;
+  const std::vector<Outcome> device = RunRanks(2, rc);
+  ExpectShardsMatch(ref, host, 0);
+  ExpectShardsMatch(ref, device, 0);
+  ASSERT_EQ(host.size(), 2u);
+  ASSERT_EQ(device.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(device[r].h2d, 0u);
+    EXPECT_EQ(device[r].h2d * 2, host[r].h2d) << "rank " << r;
+    EXPECT_EQ(device[r].d2h * 2, host[r].d2h) << "rank " << r;
+  }
+}
+
+TEST_F(EngineMultirankTest, HostCollectiveMemoryAtMinimumBudgetsWithNvmeBitForBit) {
+  RunConfig rc;
+  rc.micro_batches = 2;
+  rc.tight = true;
+  rc.memory = CollectiveMemory::kHost;
+  const Outcome ref = Reference(RunConfig{.micro_batches = 2});
+  ExpectShardsMatch(ref, RunRanks(2, rc), 0);
+}
+
+// A communicator of one rank runs the same (trivial) collectives: how a single GPU tests the
+// NCCL path. It must change nothing.
+TEST_F(EngineMultirankTest, OneRankCommunicatorMatchesNoCommunicator) {
+  for (CollectiveMemory m : {CollectiveMemory::kDevice, CollectiveMemory::kHost}) {
+    SCOPED_TRACE(CollectiveMemoryName(m));
+    RunConfig rc;
+    rc.micro_batches = 2;
+    rc.grad_clip = 0.05;
+    const Outcome ref = Reference(rc);
+    rc.memory = m;
+    rc.one_rank_comm = true;
+    ExpectShardsMatch(ref, RunRanks(1, rc), 0);
+  }
+}
+
 // Three ranks: the average of three equal values (x + x + x) / 3 need not be x exactly, so
 // the comparison allows rounding. Two ranks (below) are exact.
 TEST_F(EngineMultirankTest, ThreeRanksMicroBatchesAtMinimumBudgetsWithNvme) {
@@ -407,6 +477,7 @@ TEST_F(EngineMultirankTest, RandomModelsAndBudgetsMatchOneRank) {
     rc.micro_batches = 1 + int(rng() % 2);
     rc.grad_clip = (rng() % 2) ? 0.05 : 0.0;
     rc.tight = (rng() % 3) != 0;
+    rc.memory = (rng() % 3) == 0 ? CollectiveMemory::kHost : CollectiveMemory::kDevice;
     rc.steps = 2;
     RunConfig ref_rc = rc;
     ref_rc.tight = false;
@@ -415,6 +486,73 @@ TEST_F(EngineMultirankTest, RandomModelsAndBudgetsMatchOneRank) {
     g_model_seed = -1;
     if (HasFailure()) break;
   }
+}
+
+// Rank 1 passes another host budget: every rank refuses at Create, naming the option, its
+// values and the rank, instead of deadlocking later on mismatched collectives.
+TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
+  TempDir dir;
+  const std::string rdv = dir.path() + "/rendezvous";
+  fs::create_directories(rdv);
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < 2; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      std::string message = "no error";
+      {
+        CommOptions co;
+        co.rank = RankInfo{r, 2, r, 2, "test"};
+        co.rendezvous.path = rdv;
+        co.timeout = 60s;
+        auto comm = CreateGlooCommunicator(co);
+        auto device = CreateHostDevice(DeviceOptions{});
+        if (!comm.ok() || !device.ok()) ::_exit(90);
+        EngineOptions opt = BaseOptions(device->get(), RunConfig{});
+        opt.comm = comm->get();
+        opt.host_mem_bytes = r == 0 ? (64u << 20) : (32u << 20);
+        auto e = Engine::Create(Model(), opt);
+        if (!e.ok()) message = e.status().ToString();
+      }
+      std::ofstream(dir.path() + "/msg" + std::to_string(r)) << message;
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) {
+    int st = 0;
+    ::waitpid(p, &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(dir.path() + "/msg" + std::to_string(r));
+    const std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + msg);
+    EXPECT_NE(msg.find("InvalidArgument"), std::string::npos);
+    EXPECT_NE(msg.find("host_mem_bytes"), std::string::npos);
+    EXPECT_NE(msg.find("67108864 on rank 0 but 33554432 on rank 1"), std::string::npos);
+  }
+}
+
+// An explicit host communicator (here the same gloo one) is accepted; auto on a HostDevice
+// resolves to device memory.
+TEST_F(EngineMultirankTest, ExplicitHostCommAndAutoCollectiveMemory) {
+  TempDir dir;
+  CommOptions co;
+  co.rank = RankInfo{0, 1, 0, 1, "test"};
+  co.rendezvous.path = dir.path();
+  co.store_prefix = "a";
+  auto comm = CreateGlooCommunicator(co);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  auto device = CreateHostDevice(DeviceOptions{});
+  ASSERT_TRUE(device.ok());
+  EngineOptions opt = BaseOptions(device->get(), RunConfig{});
+  opt.comm = comm->get();
+  opt.host_comm = comm->get();
+  auto e = Engine::Create(Model(), opt);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ((*e)->Placement().collective_memory, CollectiveMemory::kDevice);
 }
 
 TEST_F(EngineMultirankTest, WorldSizeWithoutCommunicatorIsRefused) {

@@ -208,6 +208,25 @@ int CollectivesBody(Communicator& comm, uint64_t seed) {
                     count, i, out[i], want);
       }
     }
+    // reduce-scatter in place: the result lands in this rank's slot; the other slots keep
+    // their input
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<float> buf(count * n);
+      for (size_t i = 0; i < count * n; ++i) buf[i] = Value(seed, c + 150, me, i);
+      CHILD_OK(
+          comm.ReduceScatter(buf.data(), buf.data() + me * count, count, CommDataType::kFloat32, op)
+              .Wait());
+      for (size_t i = 0; i < count * n; ++i) {
+        float want = Value(seed, c + 150, me, i);
+        if (i / count == size_t(me)) {
+          float sum = 0;
+          for (int r = 0; r < n; ++r) sum += Value(seed, c + 150, r, i);
+          want = op == ReduceOp::kSum ? sum : sum / static_cast<float>(n);
+        }
+        CHILD_CHECK(buf[i] == want, "in-place reduce-scatter %s count %zu i %zu: %g != %g",
+                    ReduceOpName(op), count, i, buf[i], want);
+      }
+    }
     // all-reduce sum / avg / max, alternating in place and out of place
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
       bool in_place = op != ReduceOp::kAverage;
@@ -351,6 +370,12 @@ TEST(GlooCommunicator, PiecewiseReduceScatterMatchesReference) {
         for (int r = 0; r < n; ++r) sum += Value(seed, int(count), r, me * count + i);
         CHILD_CHECK(out[i] == sum, "count %zu i %zu: %g != %g", count, i, out[i], sum);
       }
+      // In place, piece by piece: each piece overwrites only input already read.
+      CHILD_OK(comm.ReduceScatter(in.data(), in.data() + me * count, count, CommDataType::kFloat32,
+                                  ReduceOp::kSum)
+                   .Wait());
+      CHILD_CHECK(std::equal(out.begin(), out.end(), in.begin() + me * count),
+                  "in-place piecewise reduce-scatter of %zu differs", count);
     }
     return 0;
   });
@@ -587,6 +612,16 @@ TEST(GlooCommunicator, SingleRankRunsLocallyAndRejectsBadArguments) {
                   .Wait()
                   .ok());
   EXPECT_EQ(out, in);
+  ASSERT_TRUE((*comm)
+                  ->ReduceScatter(in.data(), in.data(), 3, CommDataType::kFloat32, ReduceOp::kSum)
+                  .Wait()
+                  .ok());  // in place with one rank: nothing moves
+  EXPECT_EQ(out, in);
+  EXPECT_EQ((*comm)
+                ->ReduceScatter(in.data(), in.data() + 1, 2, CommDataType::kFloat32, ReduceOp::kSum)
+                .Wait()
+                .code(),
+            StatusCode::kInvalidArgument);  // overlapping, but not at rank * count
   EXPECT_EQ((*comm)
                 ->ReduceScatter(in.data(), out.data(), 3, CommDataType::kByte, ReduceOp::kSum)
                 .Wait()
