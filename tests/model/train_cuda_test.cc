@@ -1,13 +1,16 @@
 // GPT-2 through the engine on a CUDA device (bf16 kernels of model/cuda/): the loss follows
 // the CPU (fp32) run within bf16 rounding, and an offloaded CUDA run (tiny device and host
-// budgets, states on NVMe) gives the GPU-resident run's losses bit for bit. Skipped where no
-// GPU is present; compiled everywhere.
+// budgets, states on NVMe) gives the GPU-resident run's losses bit for bit, and so does a run
+// whose engine all-gathers and reduce-scatters through a one-rank NCCL communicator in device
+// memory (the multi-GPU path, on one GPU). Skipped where no GPU is present; compiled
+// everywhere.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 
 #include "model/trainer.h"
+#include "strata/comm.h"
 
 namespace strata::model {
 namespace {
@@ -39,13 +42,31 @@ class TrainCudaTest : public ::testing::Test {
   }
 
   std::vector<double> Run(bool cuda, uint64_t device_mem, uint64_t host_mem,
-                          const std::string& nvme) {
+                          const std::string& nvme, bool nccl = false) {
     std::vector<double> losses;
     auto dev = cuda ? CreateCudaDevice({}) : CreateHostDevice({});
     EXPECT_TRUE(dev.ok()) << dev.status().ToString();
     if (!dev.ok()) return losses;
     EngineOptions eo;
     eo.device = dev->get();
+    std::unique_ptr<Communicator> gloo, device_comm;
+    if (nccl) {
+      CommOptions co;
+      co.rendezvous.path = dir_ + "/rendezvous" + std::to_string(rendezvous_++);  // fresh
+      EXPECT_EQ(0, std::system(("mkdir -p " + co.rendezvous.path).c_str()));
+      co.timeout = std::chrono::seconds(60);
+      auto g = CreateGlooCommunicator(co);
+      EXPECT_TRUE(g.ok()) << g.status().ToString();
+      if (!g.ok()) return losses;
+      gloo = std::move(g).value();
+      co.store_prefix = "nccl";
+      auto n = CreateNcclCommunicator(co, gloo->store(), **dev);
+      EXPECT_TRUE(n.ok()) << n.status().ToString();
+      if (!n.ok()) return losses;
+      device_comm = std::move(n).value();
+      eo.comm = device_comm.get();
+      eo.host_comm = gloo.get();
+    }
     eo.device_mem_bytes = device_mem;
     eo.host_mem_bytes = host_mem;
     if (!nvme.empty()) eo.nvme_paths = {nvme};
@@ -56,6 +77,9 @@ class TrainCudaTest : public ::testing::Test {
     auto e = Engine::Create(Gpt2BlockSpecs(cfg_), eo);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     if (!e.ok()) return losses;
+    if (nccl) {
+      EXPECT_EQ((*e)->Placement().collective_memory, CollectiveMemory::kDevice);
+    }
     Trainer t(e->get(), dev->get(), cfg_, opt_, batcher_.get());
     EXPECT_TRUE(t.InitWeights(nullptr, 3).ok());
     for (int s = 0; s < opt_.steps; ++s) {
@@ -72,6 +96,7 @@ class TrainCudaTest : public ::testing::Test {
   TokenStream data_;
   std::unique_ptr<Batcher> batcher_;
   std::string dir_;
+  int rendezvous_ = 0;
 };
 
 TEST_F(TrainCudaTest, FollowsTheCpuRunAndOffloadingChangesNoBit) {
@@ -101,6 +126,30 @@ TEST_F(TrainCudaTest, FollowsTheCpuRunAndOffloadingChangesNoBit) {
   ASSERT_EQ(0, std::system(("rm -rf " + nvme + " && mkdir -p " + nvme).c_str()));
   const std::vector<double> off = Run(true, device_min, 2 * host_min, nvme);
   EXPECT_EQ(off, gpu);
+}
+
+// The engine's collectives on NCCL (device memory, Lane::kComm stream, ordered by events after
+// the shard copies and before compute): with one rank they move nothing, so every loss must
+// equal the run without a communicator, bit for bit; a missing or misplaced event shows as
+// a stale block or gradient.
+TEST_F(TrainCudaTest, OneRankNcclCollectivesChangeNoBit) {
+  const std::vector<double> plain = Run(true, 0, 0, "");
+  const std::vector<double> nccl = Run(true, 0, 0, "", /*nccl=*/true);
+  ASSERT_EQ(plain.size(), 4u);
+  EXPECT_EQ(nccl, plain);
+  // At the device minimum every block is copied and gathered again in backward.
+  uint64_t device_min = 0;
+  {
+    auto dev = CreateCudaDevice({});
+    ASSERT_TRUE(dev.ok());
+    EngineOptions eo;
+    eo.device = dev->get();
+    eo.micro_batches = opt_.micro_batches;
+    auto e = Engine::Create(Gpt2BlockSpecs(cfg_), eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    device_min = (*e)->Placement().device_min_bytes;
+  }
+  EXPECT_EQ(Run(true, device_min, 0, "", /*nccl=*/true), plain);
 }
 
 }  // namespace
