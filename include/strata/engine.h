@@ -51,9 +51,10 @@
 // Numerics: the result does not depend on the budgets, the tiers or the timing — an
 // offloaded run is bit-identical to the same run with unlimited budgets (same kernels,
 // same order; the gradient norm is combined in block order). With several ranks the
-// gradient is the average over ranks (Gloo's reduce-scatter, a fixed order) and the norm
-// is each rank's block-order sum combined in rank order, so a run is bit-identical to a
-// rerun with the same world size and equals the single-rank run up to that rounding.
+// gradient is the average over ranks (the communicator's reduce-scatter, a fixed order for a fixed
+// world and topology) and the norm is each rank's block-order sum combined in rank order, so a run
+// is bit-identical to a rerun with the same world size and equals the single-rank run up to that
+// rounding.
 //
 // Failures: a background failure (an NVMe read or write, a device copy, the optimizer) is
 // stored and returned by the next Acquire, SubmitGrads or EndStep, and by Error(); after
