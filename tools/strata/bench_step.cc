@@ -9,6 +9,9 @@
 // self-checking: after the last step every block's master weights must equal what was
 // written at the start and both moments must be zero; #wrong counts blocks that differ.
 //
+// Compare where the collectives run on the same machine with --collective-memory device vs
+// host (and, on GPUs, --comm-backend nccl vs gloo).
+//
 // Run: strata bench step --blocks 16 --block-bytes 16M --compute-ms 40 \
 //        --device-mem 96M --host-mem 320M --nvme /var/tmp/swap --steps 4 --trace step.json
 //
@@ -56,6 +59,8 @@ struct Flags {
   int cpu_threads = 0;
   std::string rendezvous;
   double comm_timeout = 0;
+  std::string comm_backend = "auto";       // auto, gloo or nccl
+  std::string collective_memory = "auto";  // auto, device or host
 };
 
 std::string RankPath(std::string path, const RankInfo& ri) {
@@ -144,6 +149,15 @@ class TempFolder {
   std::string path_;
 };
 
+// --collective-memory's value; InvalidArgument naming the flag otherwise.
+Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text) {
+  for (CollectiveMemory m :
+       {CollectiveMemory::kAuto, CollectiveMemory::kDevice, CollectiveMemory::kHost}) {
+    if (text == CollectiveMemoryName(m)) return m;
+  }
+  return Status::InvalidArgument("--collective-memory " + text + ": expected auto, device or host");
+}
+
 Status Run(const Flags& f) {
   if (f.blocks < 1) return Status::InvalidArgument("--blocks must be >= 1");
   if (f.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
@@ -154,6 +168,21 @@ Status Run(const Flags& f) {
   STRATA_ASSIGN_OR_RETURN(uint64_t host_mem, ParseBytes("--host-mem", f.host_mem));
   const uint64_t numel = std::max<uint64_t>(block_bytes / 4, 1);
   STRATA_ASSIGN_OR_RETURN(IoBackendKind io_kind, ParseIoBackendKind(f.io));
+  if (f.device != "auto" && f.device != "cpu" && f.device != "cuda") {
+    return Status::InvalidArgument("--device " + f.device + ": use auto, cpu or cuda");
+  }
+  if (f.comm_backend != "auto" && f.comm_backend != "gloo" && f.comm_backend != "nccl") {
+    return Status::InvalidArgument("--comm-backend " + f.comm_backend +
+                                   ": expected auto, gloo or nccl");
+  }
+  if (f.comm_backend == "nccl" && (f.device == "cpu" || (f.device == "auto" && !CudaAvailable()))) {
+    return Status::InvalidArgument(
+        "--comm-backend nccl needs a CUDA device (NCCL moves GPU memory), but --device " +
+        f.device + (f.device == "auto" ? " finds no GPU" : " is the host") +
+        "; pass --device cuda on a machine with a GPU, or --comm-backend gloo");
+  }
+  STRATA_ASSIGN_OR_RETURN(CollectiveMemory collective_memory,
+                          ParseCollectiveMemory(f.collective_memory));
 
   RankInfo ri;
   if (auto r = RankInfoFromEnv(); r.ok()) {
@@ -161,19 +190,28 @@ Status Run(const Flags& f) {
   } else if (r.status().code() != StatusCode::kNotFound) {
     return r.status();
   }
+  // `comm` is the Gloo communicator (host memory); the NCCL one, when used, is created once
+  // the CUDA device exists (below). With one rank, --comm-backend nccl still runs the engine's
+  // collectives through a one-rank NCCL communicator (its Gloo partner then meets in a
+  // temporary folder), so one GPU measures that path.
   std::unique_ptr<Communicator> comm;
-  if (ri.world_size > 1) {
+  CommOptions co;
+  TempFolder one_rank_rendezvous;
+  if (ri.world_size > 1 || f.comm_backend == "nccl") {
     std::string where = f.rendezvous;
     if (where.empty()) {
       const char* env = std::getenv("STRATA_RENDEZVOUS");
       where = env ? env : "";
+    }
+    if (where.empty() && ri.world_size == 1) {
+      STRATA_ASSIGN_OR_RETURN(std::string dir, one_rank_rendezvous.Make());
+      where = "file:" + dir;
     }
     if (where.empty()) {
       return Status::InvalidArgument("WORLD_SIZE is " + std::to_string(ri.world_size) +
                                      " but no rendezvous was given: pass --rendezvous file:DIR "
                                      "or set STRATA_RENDEZVOUS (strata launch does)");
     }
-    CommOptions co;
     co.rank = ri;
     STRATA_ASSIGN_OR_RETURN(co.rendezvous, ParseRendezvous(where));
     co.store_prefix = "strata-bench-step";
@@ -190,12 +228,37 @@ Status Run(const Flags& f) {
   std::unique_ptr<Device> device;
   DeviceOptions dopt;
   dopt.memory_budget_bytes = device_mem;
+  // Each rank of a host drives its own GPU: the one numbered by its local rank.
+  dopt.cuda_device = ri.local_rank;
   if (f.device == "cuda" || (f.device == "auto" && CudaAvailable())) {
-    STRATA_ASSIGN_OR_RETURN(device, CreateCudaDevice(dopt));
-  } else if (f.device == "cpu" || f.device == "auto") {
-    STRATA_ASSIGN_OR_RETURN(device, CreateHostDevice(dopt));
+    auto d = CreateCudaDevice(dopt);
+    if (!d.ok()) {
+      return Status(d.status())
+          .Annotate("--device " + f.device + " (GPU " + std::to_string(ri.local_rank) +
+                    (world > 1 ? ", this rank's local rank" : "") + ")");
+    }
+    device = std::move(d).value();
   } else {
-    return Status::InvalidArgument("--device " + f.device + ": use auto, cpu or cuda");
+    STRATA_ASSIGN_OR_RETURN(device, CreateHostDevice(dopt));
+  }
+  const bool cuda = device->Kind() == DeviceKind::kCuda;
+  if (f.comm_backend == "nccl" && !cuda) {
+    return Status::InvalidArgument(
+        "--comm-backend nccl needs a CUDA device (NCCL moves GPU memory), but --device " +
+        f.device + " found none; pass --comm-backend gloo");
+  }
+  // The NCCL communicator lives on the device's comm stream: declared after the device so
+  // that it goes first, and before the engine, which uses it until it is destroyed.
+  std::unique_ptr<Communicator> nccl;
+  if (comm && (f.comm_backend == "nccl" || (f.comm_backend == "auto" && cuda))) {
+    CommOptions nco = co;
+    nco.store_prefix = "strata-bench-step-nccl";
+    auto n = CreateNcclCommunicator(nco, comm->store(), *device);
+    if (!n.ok()) {
+      return Status(n.status())
+          .Annotate("--comm-backend " + f.comm_backend + ": joining the other ranks' GPUs");
+    }
+    nccl = std::move(n).value();
   }
 
   TempFolder temp;
@@ -220,13 +283,19 @@ Status Run(const Flags& f) {
   opt.micro_batches = f.micro_batches;
   opt.grad_clip = f.grad_clip;
   opt.trace_path = RankPath(f.trace, ri);
-  opt.comm = comm.get();
+  opt.comm = nccl ? nccl.get() : comm.get();
+  opt.host_comm = nccl ? comm.get() : nullptr;  // nullptr: opt.comm (Gloo) does both
+  opt.collective_memory = collective_memory;
   opt.optimizer_threads = f.cpu_threads;
   opt.dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
   auto created = Engine::Create(blocks, opt);
   if (!created.ok()) return created.status();
   std::unique_ptr<Engine> engine = std::move(created).value();
   const PlacementReport& place = engine->Placement();
+  const char* comm_backend = opt.comm ? opt.comm->backend() : "none";
+  const char* host_comm_backend = comm ? comm->backend() : "none";
+  // The engine resolves auto (to device or host) when there are collectives.
+  const char* memory = CollectiveMemoryName(place.collective_memory);
 
   const uint64_t flat_bytes = engine->Layout()[0].padded_numel * 4;
   // Zeros on the host, copied over each gradient on the compute lane (works on any device).
@@ -239,9 +308,14 @@ Status Run(const Flags& f) {
   STRATA_RETURN_IF_ERROR(engine->CommitParams());
 
   if (!f.json && lead) {
-    if (world > 1) {
-      std::printf("# ranks: %d (gloo; each holds 1/%d of every state; rows per rank below)\n",
-                  world, world);
+    if (comm) {
+      const std::string backends =
+          nccl ? std::string(comm_backend) + ", host-side collectives on " + host_comm_backend
+               : std::string(comm_backend);
+      std::printf(
+          "# ranks: %d (%s; collectives in %s memory; each holds 1/%d of every state; rows per "
+          "rank below)\n",
+          world, backends.c_str(), memory, world);
     }
     std::printf(
         "# strata bench step: %d blocks x %s MiB fp32 params, compute %.1f ms forward / "
@@ -406,7 +480,10 @@ Status Run(const Flags& f) {
                      {"nvme", nvme},
                      {"micro_batches", f.micro_batches},
                      {"grad_clip", f.grad_clip},
-                     {"world_size", world}};
+                     {"world_size", world},
+                     {"comm_backend", comm_backend},
+                     {"host_comm_backend", host_comm_backend},
+                     {"collective_memory", memory}};
     nlohmann::json comps = nlohmann::json::array();
     for (const ComponentPlacement& c : place.components) {
       comps.push_back({{"block", c.block},
@@ -469,6 +546,17 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
                   "{rank} and {local_rank}");
   cmd->add_option("--comm-timeout", flags->comm_timeout,
                   "Seconds a collective waits for a peer (default STRATA_COMM_TIMEOUT)");
+  cmd->add_option("--comm-backend", flags->comm_backend,
+                  "What the engine's all-gathers and reduce-scatters run on: gloo (TCP, host "
+                  "memory; any device), nccl (GPU memory; needs a CUDA device; with one rank it "
+                  "still runs them) or auto (nccl on a CUDA device, else gloo). Gloo always "
+                  "joins the ranks for the host-side collectives; each rank uses GPU LOCAL_RANK")
+      ->capture_default_str();
+  cmd->add_option("--collective-memory", flags->collective_memory,
+                  "Where the collectives run: device (in device memory; 1/N of each block over "
+                  "H2D/D2H), host (in pinned host buffers; whole blocks over H2D/D2H) or auto "
+                  "(device whenever the communicator reaches device memory)")
+      ->capture_default_str();
   cmd->callback([flags, exit_code] {
     Status s = Run(*flags);
     if (!s.ok()) {

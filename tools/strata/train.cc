@@ -4,13 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "model/data.h"
@@ -45,7 +49,9 @@ struct TrainArgs {
   bool recompute = false;
   bool durable = true;
   std::string rendezvous;
-  double comm_timeout = 0;  // seconds; 0 = STRATA_COMM_TIMEOUT
+  double comm_timeout = 0;                 // seconds; 0 = STRATA_COMM_TIMEOUT
+  std::string comm_backend = "auto";       // auto, gloo or nccl
+  std::string collective_memory = "auto";  // auto, device or host
   CLI::Option* heads_opt = nullptr;
 };
 
@@ -118,6 +124,38 @@ std::string Decode(const std::vector<int32_t>& toks, int vocab) {
   return out;
 }
 
+// A folder under /tmp removed (with what is in it) when this goes out of scope: the
+// rendezvous of a one-rank run's communicators when none was given.
+class TempFolder {
+ public:
+  ~TempFolder() {
+    if (!path_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(path_, ec);
+    }
+  }
+  Result<std::string> Make() {
+    char tmpl[] = "/tmp/strata-train-rdzv-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      return Status::FromErrno(errno, "creating a rendezvous folder under /tmp");
+    }
+    path_ = tmpl;
+    return path_;
+  }
+
+ private:
+  std::string path_;
+};
+
+// --collective-memory's value; InvalidArgument naming the flag otherwise.
+Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text) {
+  for (CollectiveMemory m :
+       {CollectiveMemory::kAuto, CollectiveMemory::kDevice, CollectiveMemory::kHost}) {
+    if (text == CollectiveMemoryName(m)) return m;
+  }
+  return Status::InvalidArgument("--collective-memory " + text + ": expected auto, device or host");
+}
+
 // "rank 2 of 4: " in multi-rank runs, "" otherwise (set once the rank is known).
 std::string g_rank_prefix;
 
@@ -129,6 +167,33 @@ int Fail(const Status& s, const std::string& what) {
 
 int RunTrain(const TrainArgs& a) {
   using model::Gpt2Config;
+  // ---- flags that decide the collectives (checked before any rank joins the others) ----
+  if (a.device != "auto" && a.device != "cpu" && a.device != "cuda") {
+    return Fail(Status::InvalidArgument("--device " + a.device + ": expected auto, cpu or cuda"),
+                "--device");
+  }
+  if (a.comm_backend != "auto" && a.comm_backend != "gloo" && a.comm_backend != "nccl") {
+    return Fail(Status::InvalidArgument("--comm-backend " + a.comm_backend +
+                                        ": expected auto, gloo or nccl"),
+                "--comm-backend");
+  }
+  // auto stays on the CPU for now: the CUDA model path has compiled but has not yet run on
+  // a GPU in this project's tests; --device cuda selects it explicitly.
+  const bool want_cuda = a.device == "cuda";
+  if (a.comm_backend == "nccl" && !want_cuda) {
+    return Fail(Status::InvalidArgument(
+                    "--comm-backend nccl needs --device cuda (NCCL moves GPU memory), but "
+                    "--device is " +
+                    a.device + (a.device == "auto" ? " (the CPU)" : "") +
+                    "; pass --device cuda, or --comm-backend gloo (or auto) for a CPU run"),
+                "--comm-backend");
+  }
+  // NCCL joins the engine's collectives on a CUDA device; Gloo always carries the trainer's
+  // own collectives (the --init broadcast, the loss) and the engine's host-side ones.
+  const bool use_nccl = a.comm_backend == "nccl" || (a.comm_backend == "auto" && want_cuda);
+  auto collective_memory = ParseCollectiveMemory(a.collective_memory);
+  if (!collective_memory.ok()) return Fail(collective_memory.status(), "--collective-memory");
+
   // ---- ranks ----
   RankInfo ri;
   ri.local_world_size = 1;
@@ -137,10 +202,19 @@ int RunTrain(const TrainArgs& a) {
   } else if (r.status().code() != StatusCode::kNotFound) {
     return Fail(r.status(), "rank environment");
   }
+  // `comm` is the Gloo communicator (host memory); the NCCL one, when used, is created once
+  // the CUDA device exists (below). With one rank there are no collectives, except that
+  // --comm-backend nccl still runs the engine's through a one-rank NCCL communicator, so one
+  // GPU exercises that path (its Gloo partner then meets in a temporary folder).
   std::unique_ptr<Communicator> comm;
-  if (ri.world_size > 1) {
-    g_rank_prefix =
-        "rank " + std::to_string(ri.rank) + " of " + std::to_string(ri.world_size) + ": ";
+  CommOptions co;
+  TempFolder one_rank_rendezvous;
+  const bool one_rank_nccl = ri.world_size == 1 && a.comm_backend == "nccl";
+  if (ri.world_size > 1 || one_rank_nccl) {
+    if (ri.world_size > 1) {
+      g_rank_prefix =
+          "rank " + std::to_string(ri.rank) + " of " + std::to_string(ri.world_size) + ": ";
+    }
     if (a.batch % ri.world_size != 0) {
       return Fail(Status::InvalidArgument(
                       "--batch " + std::to_string(a.batch) + " does not split over " +
@@ -155,6 +229,11 @@ int RunTrain(const TrainArgs& a) {
       const char* env = std::getenv("STRATA_RENDEZVOUS");
       where = env ? env : "";
     }
+    if (where.empty() && one_rank_nccl) {
+      auto dir = one_rank_rendezvous.Make();
+      if (!dir.ok()) return Fail(dir.status(), "--comm-backend nccl");
+      where = "file:" + *dir;
+    }
     if (where.empty()) {
       return Fail(Status::InvalidArgument(
                       "WORLD_SIZE is " + std::to_string(ri.world_size) +
@@ -164,7 +243,6 @@ int RunTrain(const TrainArgs& a) {
     }
     auto spec = ParseRendezvous(where);
     if (!spec.ok()) return Fail(spec.status(), "--rendezvous");
-    CommOptions co;
     co.rank = ri;
     co.rendezvous = *spec;
     co.store_prefix = "strata-train";
@@ -306,21 +384,30 @@ int RunTrain(const TrainArgs& a) {
 
   // ---- device and engine ----
   std::unique_ptr<Device> device;
-  // auto stays on the CPU for now: the CUDA model path has compiled but has not yet run on
-  // a GPU in this project's tests; --device cuda selects it explicitly.
-  const bool want_cuda = a.device == "cuda";
-  if (a.device != "auto" && a.device != "cpu" && a.device != "cuda") {
-    return Fail(Status::InvalidArgument("--device " + a.device + ": expected auto, cpu or cuda"),
-                "--device");
-  }
   if (want_cuda) {
-    auto d = CreateCudaDevice({});
-    if (!d.ok()) return Fail(d.status(), "--device cuda");
+    // Each rank of a host drives its own GPU: the one numbered by its local rank.
+    DeviceOptions dopt;
+    dopt.cuda_device = ri.local_rank;
+    auto d = CreateCudaDevice(dopt);
+    if (!d.ok()) {
+      return Fail(d.status(), "--device cuda (GPU " + std::to_string(ri.local_rank) +
+                                  (ri.world_size > 1 ? ", this rank's local rank" : "") + ")");
+    }
     device = std::move(d).value();
   } else {
     auto d = CreateHostDevice({});
     if (!d.ok()) return Fail(d.status(), "host device");
     device = std::move(d).value();
+  }
+  // The NCCL communicator lives on the device's comm stream: declared after the device so
+  // that it goes first, and before the engine, which uses it until it is destroyed.
+  std::unique_ptr<Communicator> nccl;
+  if (use_nccl && comm) {
+    CommOptions nco = co;
+    nco.store_prefix = "strata-train-nccl";
+    auto n = CreateNcclCommunicator(nco, comm->store(), *device);
+    if (!n.ok()) return Fail(n.status(), "--comm-backend nccl: joining the other ranks' GPUs");
+    nccl = std::move(n).value();
   }
   EngineOptions eo;
   eo.device = device.get();
@@ -351,7 +438,9 @@ int RunTrain(const TrainArgs& a) {
   eo.grad_clip = a.grad_clip;
   eo.micro_batches = a.micro_batches;
   eo.trace_path = RankPath(a.trace, ri);
-  eo.comm = comm.get();
+  eo.comm = nccl ? nccl.get() : comm.get();
+  eo.host_comm = nccl ? comm.get() : nullptr;  // nullptr: eo.comm (Gloo) does both
+  eo.collective_memory = *collective_memory;
   eo.durable = a.durable && !eo.nvme_paths.empty();
   const std::vector<BlockSpec> specs = model::Gpt2BlockSpecs(cfg);
   auto engine_or = Engine::Create(specs, eo);
@@ -410,10 +499,22 @@ int RunTrain(const TrainArgs& a) {
       static_cast<long long>(a.steps), a.lr, a.lr_schedule.c_str(),
       static_cast<long long>(a.warmup), a.recompute ? "recompute" : "no recompute");
   std::printf("# device: %s\n", device->Name().c_str());
+  // What the engine's collectives ran on, and where; the host communicator only when it is
+  // another one.
+  const char* comm_backend = eo.comm ? eo.comm->backend() : "none";
+  const char* host_comm_backend = comm ? comm->backend() : "none";
+  // The engine resolves auto (to device or host) when there are collectives.
+  const CollectiveMemory memory = pl.collective_memory;
   if (comm) {
-    std::printf(
-        "# ranks: %d (from %s variables; %s over TCP); %d rows of each micro-batch per rank\n",
-        ri.world_size, ri.source.c_str(), comm->backend(), a.batch / ri.world_size);
+    const std::string backends = nccl ? std::string(comm_backend) + ", host-side collectives on " +
+                                            host_comm_backend + " over TCP"
+                                      : std::string(comm_backend) + " over TCP";
+    const std::string where =
+        std::string("collectives in ") + CollectiveMemoryName(memory) + " memory";
+    const std::string source =
+        ri.source.empty() ? std::string("one rank") : "from " + ri.source + " variables";
+    std::printf("# ranks: %d (%s; %s; %s); %d rows of each micro-batch per rank\n", ri.world_size,
+                source.c_str(), backends.c_str(), where.c_str(), a.batch / ri.world_size);
   }
   // The engine's placement report: where each component lives and why ("# " lines).
   std::string placement = pl.ToString();
@@ -472,7 +573,10 @@ int RunTrain(const TrainArgs& a) {
                   {"nvme", a.nvme},
                   {"data", data.description},
                   {"resumed_step", engine->ResumedStep()},
-                  {"world_size", ri.world_size}};
+                  {"world_size", ri.world_size},
+                  {"comm_backend", comm_backend},
+                  {"host_comm_backend", host_comm_backend},
+                  {"collective_memory", CollectiveMemoryName(memory)}};
   js["steps"] = nlohmann::json::array();
   const bool tty = isatty(STDOUT_FILENO);
   EdgeBytes total_bytes;
@@ -670,6 +774,21 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds a collective waits for a peer before the run fails naming the lost "
                   "rank; default STRATA_COMM_TIMEOUT (300)");
+  sub->add_option("--comm-backend", a->comm_backend,
+                  "With several ranks, what the engine's parameter all-gathers and gradient "
+                  "reduce-scatters run on: gloo (TCP, host memory; works with any device), "
+                  "nccl (GPU memory; needs --device cuda; with one rank it still runs them, "
+                  "trivially, so one GPU exercises NCCL) or auto (nccl with --device cuda, "
+                  "else gloo). Gloo always joins the ranks and carries the host-side "
+                  "collectives; with --device cuda each rank uses GPU LOCAL_RANK")
+      ->capture_default_str();
+  sub->add_option("--collective-memory", a->collective_memory,
+                  "Where the engine gathers parameters and reduces gradients across ranks: "
+                  "device (in device memory: each rank copies only its 1/N of a block over "
+                  "H2D and back over D2H), host (in pinned host buffers: whole blocks cross "
+                  "H2D/D2H), or auto (device whenever the communicator reaches device memory: "
+                  "NCCL on a GPU, Gloo on the CPU device). Same results either way")
+      ->capture_default_str();
   sub->add_flag("--durable,!--no-durable", a->durable,
                 "With --nvme: commit a complete state to NVMe every step (host-resident states "
                 "too), so a killed run can be resumed with --resume (default on)");

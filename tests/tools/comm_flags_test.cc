@@ -1,0 +1,113 @@
+// Tests of the flags that choose how `strata train` and `strata bench step` run their
+// collectives (--comm-backend, --collective-memory): bad values are refused with a message
+// naming the flag and the value, and NCCL without a CUDA device is refused before any rank
+// tries to meet the others. Each case is one short process of the built strata binary
+// (STRATA_CLI_PATH); none needs a GPU.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `args` through the shell with a hang guard (coreutils timeout), without the rank
+// variables of an enclosing launcher (this must be a one-rank run).
+CliRun Shell(const std::string& args) {
+  const std::string cmd =
+      "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u STRATA_RENDEZVOUS "
+      "timeout -s KILL 60 " +
+      std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
+  CliRun run;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return run;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) run.output.append(buf.data(), n);
+  const int st = ::pclose(p);
+  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return run;
+}
+
+bool Contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+// A model small enough that a run which got past the flags would finish in well under a
+// second: the refusals below must come from the flag checks, not from anything slower.
+const char* kTinyTrain =
+    "train --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --steps 1 ";
+const char* kTinyBench = "bench step --blocks 2 --block-bytes 64K --compute-ms 0 --steps 1 ";
+
+TEST(CommFlags, TrainRefusesABadCommBackend) {
+  const CliRun r = Shell(std::string(kTinyTrain) + "--comm-backend mpi");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--comm-backend mpi: expected auto, gloo or nccl")) << r.output;
+}
+
+TEST(CommFlags, TrainRefusesABadCollectiveMemory) {
+  const CliRun r = Shell(std::string(kTinyTrain) + "--collective-memory gpu");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--collective-memory gpu: expected auto, device or host"))
+      << r.output;
+}
+
+TEST(CommFlags, TrainRefusesNcclWithoutACudaDevice) {
+  for (const char* device : {"cpu", "auto"}) {
+    const CliRun r = Shell(std::string(kTinyTrain) + "--comm-backend nccl --device " + device);
+    EXPECT_NE(r.exit_code, 0) << device << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "--comm-backend nccl needs --device cuda")) << r.output;
+    EXPECT_TRUE(Contains(r.output, std::string("--device is ") + device)) << r.output;
+    // Refused before the run starts: no step line, no start-up report.
+    EXPECT_FALSE(Contains(r.output, "step ")) << r.output;
+    EXPECT_FALSE(Contains(r.output, "# strata train")) << r.output;
+  }
+}
+
+TEST(CommFlags, TrainAcceptsEveryGoodValueOnOneRank) {
+  // With one rank there are no collectives: every value but nccl (which needs a GPU) runs.
+  for (const char* flags :
+       {"--comm-backend gloo --collective-memory host",
+        "--comm-backend auto --collective-memory device", "--collective-memory auto"}) {
+    const CliRun r = Shell(std::string(kTinyTrain) + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "step     1/1")) << flags << "\n" << r.output;
+  }
+}
+
+TEST(CommFlags, BenchStepRefusesBadValues) {
+  const CliRun backend = Shell(std::string(kTinyBench) + "--comm-backend tcp");
+  EXPECT_NE(backend.exit_code, 0) << backend.output;
+  EXPECT_TRUE(Contains(backend.output, "--comm-backend tcp: expected auto, gloo or nccl"))
+      << backend.output;
+  const CliRun memory = Shell(std::string(kTinyBench) + "--collective-memory pinned");
+  EXPECT_NE(memory.exit_code, 0) << memory.output;
+  EXPECT_TRUE(Contains(memory.output, "--collective-memory pinned: expected auto, device or host"))
+      << memory.output;
+}
+
+TEST(CommFlags, BenchStepRefusesNcclOnTheHostDevice) {
+  const CliRun r = Shell(std::string(kTinyBench) + "--comm-backend nccl --device cpu");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--comm-backend nccl needs a CUDA device")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--device cpu")) << r.output;
+  EXPECT_FALSE(Contains(r.output, "#wrong")) << r.output;  // no bench ran
+}
+
+TEST(CommFlags, HelpExplainsTheFlags) {
+  for (const char* cmd : {"train --help", "bench step --help"}) {
+    const CliRun r = Shell(cmd);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "--comm-backend")) << cmd;
+    EXPECT_TRUE(Contains(r.output, "--collective-memory")) << cmd;
+    EXPECT_TRUE(Contains(r.output, "LOCAL_RANK")) << cmd;
+  }
+}
+
+}  // namespace
