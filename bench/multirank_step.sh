@@ -4,6 +4,8 @@
 # (median of steps 2..N of each run), and how much of each rank's all-gathers ran under
 # compute (bench/trace_overlap.py on the 2-rank traces).
 #   bench/multirank_step.sh STRATA_BIN ROUNDS [extra bench-step flags]
+# e.g. `--collective-memory host` or `device` (the default on CPU) to compare where the
+# gathers and reduce-scatters run.
 set -euo pipefail
 S=${1:?strata binary}; ROUNDS=${2:-3}; shift 2 || true
 DIR=$(mktemp -d /var/tmp/strata-mr-bench-XXXXXX)
@@ -22,6 +24,10 @@ for r in range(len(ranks)):
     med = lambda k: statistics.median(x[k] for x in rows)
     print("rank %d: step_s %.3f  efficiency %.3f  comm_busy_s %.3f  comm_MiB %.1f" %
           (r, med("seconds"), med("efficiency"), med("comm_busy_seconds"), med("comm_bytes") / 2**20))
+print("rank 0: h2d_MiB %.1f  d2h_MiB %.1f  per step; collective memory %s" %
+      (statistics.median(s["bytes"]["h2d"] for s in steps) / 2**20,
+       statistics.median(s["bytes"]["d2h"] for s in steps) / 2**20,
+       j.get("config", {}).get("collective_memory", "?")))
 PY
 }
 for ((i = 1; i <= ROUNDS; i++)); do
