@@ -33,6 +33,7 @@
 #include "io/uring_backend.h"
 #include "strata/io.h"
 #include "strata/status.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -58,44 +59,6 @@ const char* ModeName(Mode m) {
 }
 bool IsWrite(Mode m) { return m == Mode::kWrite || m == Mode::kRandWrite; }
 bool IsRandom(Mode m) { return m == Mode::kRandRead || m == Mode::kRandWrite; }
-
-// "4K", "1M", "1.5G", "4096", "64KiB" -> bytes (binary units).
-Result<uint64_t> ParseBytes(const std::string& flag, const std::string& text) {
-  std::string s = text;
-  auto fail = [&] {
-    return Status::InvalidArgument(flag + " " + text +
-                                   " is not a size; use a number with an optional K, M, G or T "
-                                   "suffix (binary units), e.g. 4K, 1M, 8G");
-  };
-  if (s.empty()) return fail();
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (...) {
-    return fail();
-  }
-  std::string suffix = s.substr(pos);
-  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (suffix.size() >= 2 && suffix.substr(suffix.size() - 2) == "IB") {
-    suffix = suffix.substr(0, suffix.size() - 2);
-  } else if (!suffix.empty() && suffix.back() == 'B') {
-    suffix.pop_back();
-  }
-  double mult = 1;
-  if (suffix == "K")
-    mult = 1024.0;
-  else if (suffix == "M")
-    mult = 1024.0 * 1024;
-  else if (suffix == "G")
-    mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "T")
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (!suffix.empty())
-    return fail();
-  if (v < 0 || v * mult > 9.0e18) return fail();
-  return static_cast<uint64_t>(v * mult + 0.5);
-}
 
 std::string HumanBytes(uint64_t b) {
   char buf[64];

@@ -19,14 +19,10 @@
 // --nvme /var/tmp/swap/{rank} --trace step.{rank}.json. Each rank holds its shard; rank 0
 // prints one row per rank and step (the others' figures are gathered), with the
 // collectives' bytes and busy time as their own resource ("comm").
-#include <stdlib.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,6 +33,7 @@
 #include "strata/engine.h"
 #include "strata/io.h"
 #include "strata/status.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -63,62 +60,12 @@ struct Flags {
   std::string collective_memory = "auto";  // auto, device or host
 };
 
-std::string RankPath(std::string path, const RankInfo& ri) {
-  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", ri.rank},
-                                   std::pair<std::string, int>{"{local_rank}", ri.local_rank}}) {
-    for (size_t p = path.find(key); p != std::string::npos; p = path.find(key, p)) {
-      const std::string v = std::to_string(value);
-      path.replace(p, key.size(), v);
-      p += v.size();
-    }
-  }
-  return path;
-}
-
 // One rank's figures of one step, gathered on rank 0 (plain doubles, sent as bytes).
 struct RankRow {
   double seconds, bound_seconds, efficiency, stall_seconds, comm_busy_seconds, compute_busy_seconds;
   double nvme_read, nvme_write, h2d, d2h, comm_bytes;
   double bound_resource;  // Resource index, or -1 for "nvme"
 };
-
-// "16M", "1.5G", "4096", "64KiB" -> bytes (binary units).
-Result<uint64_t> ParseBytes(const std::string& flag, const std::string& text) {
-  auto fail = [&] {
-    return Status::InvalidArgument(flag + " " + text +
-                                   " is not a size; use a number with an optional K, M, G or T "
-                                   "suffix (binary units), e.g. 512K, 96M, 2G");
-  };
-  if (text.empty()) return fail();
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (...) {
-    return fail();
-  }
-  std::string suffix = text.substr(pos);
-  for (char& c : suffix) c = char(std::toupper(static_cast<unsigned char>(c)));
-  if (suffix.size() >= 2 && suffix.substr(suffix.size() - 2) == "IB") {
-    suffix.resize(suffix.size() - 2);
-  } else if (suffix.size() >= 1 && suffix.back() == 'B') {
-    suffix.pop_back();
-  }
-  double mult = 1;
-  if (suffix == "K") {
-    mult = 1024.0;
-  } else if (suffix == "M") {
-    mult = 1024.0 * 1024;
-  } else if (suffix == "G") {
-    mult = 1024.0 * 1024 * 1024;
-  } else if (suffix == "T") {
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  } else if (!suffix.empty()) {
-    return fail();
-  }
-  if (v < 0) return fail();
-  return uint64_t(v * mult);
-}
 
 std::string Mib(uint64_t bytes) {
   char buf[32];
@@ -128,34 +75,6 @@ std::string Mib(uint64_t bytes) {
 
 float Pattern(int block, uint64_t i) {
   return float(int((i * 2654435761u + block * 97) % 2001) - 1000) * 1e-3f;
-}
-
-class TempFolder {
- public:
-  ~TempFolder() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path_, ec);
-    }
-  }
-  Result<std::string> Make() {
-    char tmpl[] = "/var/tmp/strata-bench-step-XXXXXX";
-    if (!mkdtemp(tmpl)) return Status::FromErrno(errno, "creating a folder under /var/tmp");
-    path_ = tmpl;
-    return path_;
-  }
-
- private:
-  std::string path_;
-};
-
-// --collective-memory's value; InvalidArgument naming the flag otherwise.
-Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text) {
-  for (CollectiveMemory m :
-       {CollectiveMemory::kAuto, CollectiveMemory::kDevice, CollectiveMemory::kHost}) {
-    if (text == CollectiveMemoryName(m)) return m;
-  }
-  return Status::InvalidArgument("--collective-memory " + text + ": expected auto, device or host");
 }
 
 Status Run(const Flags& f) {
@@ -171,10 +90,7 @@ Status Run(const Flags& f) {
   if (f.device != "auto" && f.device != "cpu" && f.device != "cuda") {
     return Status::InvalidArgument("--device " + f.device + ": use auto, cpu or cuda");
   }
-  if (f.comm_backend != "auto" && f.comm_backend != "gloo" && f.comm_backend != "nccl") {
-    return Status::InvalidArgument("--comm-backend " + f.comm_backend +
-                                   ": expected auto, gloo or nccl");
-  }
+  STRATA_RETURN_IF_ERROR(CheckCommBackend(f.comm_backend));
   if (f.comm_backend == "nccl" && (f.device == "cpu" || (f.device == "auto" && !CudaAvailable()))) {
     return Status::InvalidArgument(
         "--comm-backend nccl needs a CUDA device (NCCL moves GPU memory), but --device " +
@@ -194,34 +110,16 @@ Status Run(const Flags& f) {
   // the CUDA device exists (below). With one rank, --comm-backend nccl still runs the engine's
   // collectives through a one-rank NCCL communicator (its Gloo partner then meets in a
   // temporary folder), so one GPU measures that path.
-  std::unique_ptr<Communicator> comm;
-  CommOptions co;
-  TempFolder one_rank_rendezvous;
+  JoinedRanks ranks;
   if (ri.world_size > 1 || f.comm_backend == "nccl") {
-    std::string where = f.rendezvous;
-    if (where.empty()) {
-      const char* env = std::getenv("STRATA_RENDEZVOUS");
-      where = env ? env : "";
-    }
-    if (where.empty() && ri.world_size == 1) {
-      STRATA_ASSIGN_OR_RETURN(std::string dir, one_rank_rendezvous.Make());
-      where = "file:" + dir;
-    }
-    if (where.empty()) {
-      return Status::InvalidArgument("WORLD_SIZE is " + std::to_string(ri.world_size) +
-                                     " but no rendezvous was given: pass --rendezvous file:DIR "
-                                     "or set STRATA_RENDEZVOUS (strata launch does)");
-    }
-    co.rank = ri;
-    STRATA_ASSIGN_OR_RETURN(co.rendezvous, ParseRendezvous(where));
-    co.store_prefix = "strata-bench-step";
-    if (f.comm_timeout > 0) {
-      co.timeout = std::chrono::milliseconds(int64_t(f.comm_timeout * 1e3));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(co.timeout, CommTimeoutFromEnv());
-    }
-    STRATA_ASSIGN_OR_RETURN(comm, CreateGlooCommunicator(co));
+    JoinOptions jo;
+    jo.rendezvous = f.rendezvous;
+    jo.timeout_seconds = f.comm_timeout;
+    jo.store_prefix = "strata-bench-step";
+    jo.one_rank_folder_prefix = "/var/tmp/strata-bench-step-";
+    STRATA_ASSIGN_OR_RETURN(ranks, JoinRanks(ri, jo, /*failed_step=*/nullptr));
   }
+  Communicator* const comm = ranks.gloo.get();
   const bool lead = ri.rank == 0;
   const int world = ri.world_size;
 
@@ -250,10 +148,8 @@ Status Run(const Flags& f) {
   // The NCCL communicator lives on the device's comm stream: declared after the device so
   // that it goes first, and before the engine, which uses it until it is destroyed.
   std::unique_ptr<Communicator> nccl;
-  if (comm && (f.comm_backend == "nccl" || (f.comm_backend == "auto" && cuda))) {
-    CommOptions nco = co;
-    nco.store_prefix = "strata-bench-step-nccl";
-    auto n = CreateNcclCommunicator(nco, comm->store(), *device);
+  {
+    auto n = CreateEngineNccl(ranks, f.comm_backend, *device);
     if (!n.ok()) {
       return Status(n.status())
           .Annotate("--comm-backend " + f.comm_backend + ": joining the other ranks' GPUs");
@@ -261,11 +157,11 @@ Status Run(const Flags& f) {
     nccl = std::move(n).value();
   }
 
-  TempFolder temp;
+  TempFolder temp;  // the NVMe folder when none was given
   std::vector<std::string> nvme;
   for (const std::string& p : f.nvme) nvme.push_back(RankPath(p, ri));
   if (nvme.empty() && host_mem != 0) {
-    STRATA_ASSIGN_OR_RETURN(std::string dir, temp.Make());
+    STRATA_ASSIGN_OR_RETURN(std::string dir, temp.Make("/var/tmp/strata-bench-step-"));
     nvme.push_back(dir);
   }
 
@@ -283,8 +179,8 @@ Status Run(const Flags& f) {
   opt.micro_batches = f.micro_batches;
   opt.grad_clip = f.grad_clip;
   opt.trace_path = RankPath(f.trace, ri);
-  opt.comm = nccl ? nccl.get() : comm.get();
-  opt.host_comm = nccl ? comm.get() : nullptr;  // nullptr: opt.comm (Gloo) does both
+  opt.comm = nccl ? nccl.get() : comm;
+  opt.host_comm = nccl ? comm : nullptr;  // nullptr: opt.comm (Gloo) does both
   opt.collective_memory = collective_memory;
   opt.optimizer_threads = f.cpu_threads;
   opt.dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device

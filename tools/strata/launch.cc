@@ -24,11 +24,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -119,13 +119,15 @@ int RunLaunch(const LaunchArgs& args) {
 
   std::string tmp_root = "/tmp";
   if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') tmp_root = t;
-  std::string tmpl = tmp_root + "/strata-launch-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
+  // Removed when RunLaunch returns, however it returns (the ranks have exited by then, or
+  // were never started).
+  TempFolder rdzv;
+  if (Result<std::string> made = rdzv.Make(tmp_root + "/strata-launch-"); !made.ok()) {
     std::fprintf(stderr, "strata launch: cannot create a rendezvous folder under %s: %s\n",
-                 tmp_root.c_str(), std::strerror(errno));
+                 tmp_root.c_str(), std::strerror(made.status().err_no()));
     return 1;
   }
-  const std::string rdzv_dir = tmpl;
+  const std::string& rdzv_dir = rdzv.path();
   const std::string world = std::to_string(args.nproc);
 
   std::vector<char*> argv;
@@ -194,10 +196,9 @@ int RunLaunch(const LaunchArgs& args) {
     }
   };
 
-  // Until every rank has exited: forward output, reap ranks, escalate after a failure.
-  // Pipes can outlive a rank (a grandchild holding them), so the loop ends on exits, and
-  // the remaining output is drained afterwards with a bound.
-  while (running > 0) {
+  // Waits up to 50 ms for output on the open streams (just sleeps when none is open) and
+  // forwards what came; a stream that ended is closed.
+  auto forward_output = [&] {
     std::vector<pollfd> fds;
     std::vector<Stream*> polled;
     for (Stream& s : streams) {
@@ -206,17 +207,20 @@ int RunLaunch(const LaunchArgs& args) {
         polled.push_back(&s);
       }
     }
-    int n = ::poll(fds.data(), fds.size(), 50);
-    if (n > 0) {
-      for (size_t i = 0; i < fds.size(); ++i) {
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-          if (!Pump(args, *polled[i])) {
-            ::close(polled[i]->fd);
-            polled[i]->fd = -1;
-          }
-        }
+    if (::poll(fds.data(), fds.size(), 50) <= 0) return;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Pump(args, *polled[i])) {
+        ::close(polled[i]->fd);
+        polled[i]->fd = -1;
       }
     }
+  };
+
+  // Until every rank has exited: forward output, reap ranks, escalate after a failure.
+  // Pipes can outlive a rank (a grandchild holding them), so the loop ends on exits, and
+  // the remaining output is drained afterwards with a bound.
+  while (running > 0) {
+    forward_output();
     if (g_signal != 0 && !forwarded_signal) {
       forwarded_signal = true;
       std::fprintf(stderr, "strata launch: got signal %d; stopping the ranks\n",
@@ -281,24 +285,10 @@ int RunLaunch(const LaunchArgs& args) {
 
   // Drain what the ranks wrote last (bounded: a leftover grandchild may keep a pipe open).
   auto drain_end = Clock::now() + std::chrono::seconds(2);
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<Stream*> polled;
-    for (Stream& s : streams) {
-      if (s.fd >= 0) {
-        fds.push_back(pollfd{s.fd, POLLIN, 0});
-        polled.push_back(&s);
-      }
-    }
-    if (fds.empty() || Clock::now() >= drain_end) break;
-    if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Pump(args, *polled[i])) {
-        ::close(polled[i]->fd);
-        polled[i]->fd = -1;
-      }
-    }
-  }
+  auto any_open = [&] {
+    return std::any_of(streams.begin(), streams.end(), [](const Stream& s) { return s.fd >= 0; });
+  };
+  while (any_open() && Clock::now() < drain_end) forward_output();
   for (Stream& s : streams) {
     if (s.fd >= 0) {
       if (!s.partial.empty()) Emit(args, s, s.partial + "\n");
@@ -307,9 +297,6 @@ int RunLaunch(const LaunchArgs& args) {
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
-  std::error_code ec;
-  std::filesystem::remove_all(rdzv_dir, ec);
-
   if (first_failed) {
     const Rank& r = ranks[*first_failed];
     std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", *first_failed, args.nproc,

@@ -4,17 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "model/data.h"
@@ -25,6 +20,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -54,39 +50,6 @@ struct TrainArgs {
   std::string collective_memory = "auto";  // auto, device or host
   CLI::Option* heads_opt = nullptr;
 };
-
-// Replaces {rank} and {local_rank} in a path (each rank's own NVMe folder).
-std::string RankPath(std::string path, const RankInfo& ri) {
-  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", ri.rank},
-                                   std::pair<std::string, int>{"{local_rank}", ri.local_rank}}) {
-    for (size_t p = path.find(key); p != std::string::npos; p = path.find(key, p)) {
-      const std::string v = std::to_string(value);
-      path.replace(p, key.size(), v);
-      p += v.size();
-    }
-  }
-  return path;
-}
-
-// "64M", "1.5G", "4096", "0" -> bytes.
-Result<uint64_t> ParseBytes(const std::string& flag, const std::string& s) {
-  if (s.empty()) return uint64_t{0};
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  double mult = 1;
-  std::string suffix(end);
-  if (suffix == "K" || suffix == "KiB" || suffix == "k")
-    mult = 1024.0;
-  else if (suffix == "M" || suffix == "MiB")
-    mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB")
-    mult = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty() || end == s.c_str() || v < 0) {
-    return Status::InvalidArgument(flag + " " + s +
-                                   ": expected a byte count such as 4096, 64M or 1.5G");
-  }
-  return static_cast<uint64_t>(v * mult);
-}
 
 std::string Bytes(double b) {
   char buf[64];
@@ -124,38 +87,6 @@ std::string Decode(const std::vector<int32_t>& toks, int vocab) {
   return out;
 }
 
-// A folder under /tmp removed (with what is in it) when this goes out of scope: the
-// rendezvous of a one-rank run's communicators when none was given.
-class TempFolder {
- public:
-  ~TempFolder() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path_, ec);
-    }
-  }
-  Result<std::string> Make() {
-    char tmpl[] = "/tmp/strata-train-rdzv-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) {
-      return Status::FromErrno(errno, "creating a rendezvous folder under /tmp");
-    }
-    path_ = tmpl;
-    return path_;
-  }
-
- private:
-  std::string path_;
-};
-
-// --collective-memory's value; InvalidArgument naming the flag otherwise.
-Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text) {
-  for (CollectiveMemory m :
-       {CollectiveMemory::kAuto, CollectiveMemory::kDevice, CollectiveMemory::kHost}) {
-    if (text == CollectiveMemoryName(m)) return m;
-  }
-  return Status::InvalidArgument("--collective-memory " + text + ": expected auto, device or host");
-}
-
 // "rank 2 of 4: " in multi-rank runs, "" otherwise (set once the rank is known).
 std::string g_rank_prefix;
 
@@ -172,11 +103,7 @@ int RunTrain(const TrainArgs& a) {
     return Fail(Status::InvalidArgument("--device " + a.device + ": expected auto, cpu or cuda"),
                 "--device");
   }
-  if (a.comm_backend != "auto" && a.comm_backend != "gloo" && a.comm_backend != "nccl") {
-    return Fail(Status::InvalidArgument("--comm-backend " + a.comm_backend +
-                                        ": expected auto, gloo or nccl"),
-                "--comm-backend");
-  }
+  if (Status s = CheckCommBackend(a.comm_backend); !s.ok()) return Fail(s, "--comm-backend");
   // auto stays on the CPU for now: the CUDA model path has compiled but has not yet run on
   // a GPU in this project's tests; --device cuda selects it explicitly.
   const bool want_cuda = a.device == "cuda";
@@ -188,9 +115,6 @@ int RunTrain(const TrainArgs& a) {
                     "; pass --device cuda, or --comm-backend gloo (or auto) for a CPU run"),
                 "--comm-backend");
   }
-  // NCCL joins the engine's collectives on a CUDA device; Gloo always carries the trainer's
-  // own collectives (the --init broadcast, the loss) and the engine's host-side ones.
-  const bool use_nccl = a.comm_backend == "nccl" || (a.comm_backend == "auto" && want_cuda);
   auto collective_memory = ParseCollectiveMemory(a.collective_memory);
   if (!collective_memory.ok()) return Fail(collective_memory.status(), "--collective-memory");
 
@@ -202,13 +126,12 @@ int RunTrain(const TrainArgs& a) {
   } else if (r.status().code() != StatusCode::kNotFound) {
     return Fail(r.status(), "rank environment");
   }
-  // `comm` is the Gloo communicator (host memory); the NCCL one, when used, is created once
-  // the CUDA device exists (below). With one rank there are no collectives, except that
-  // --comm-backend nccl still runs the engine's through a one-rank NCCL communicator, so one
-  // GPU exercises that path (its Gloo partner then meets in a temporary folder).
-  std::unique_ptr<Communicator> comm;
-  CommOptions co;
-  TempFolder one_rank_rendezvous;
+  // `ranks.gloo` (`comm` below) is the Gloo communicator (host memory); the NCCL one, when
+  // used, is created once the CUDA device exists (below). With one rank there are no
+  // collectives, except that --comm-backend nccl still runs the engine's through a one-rank
+  // NCCL communicator, so one GPU exercises that path (its Gloo partner then meets in a
+  // temporary folder).
+  JoinedRanks ranks;
   const bool one_rank_nccl = ri.world_size == 1 && a.comm_backend == "nccl";
   if (ri.world_size > 1 || one_rank_nccl) {
     if (ri.world_size > 1) {
@@ -224,42 +147,15 @@ int RunTrain(const TrainArgs& a) {
                       std::to_string(ri.world_size)),
                   "--batch");
     }
-    std::string where = a.rendezvous;
-    if (where.empty()) {
-      const char* env = std::getenv("STRATA_RENDEZVOUS");
-      where = env ? env : "";
-    }
-    if (where.empty() && one_rank_nccl) {
-      auto dir = one_rank_rendezvous.Make();
-      if (!dir.ok()) return Fail(dir.status(), "--comm-backend nccl");
-      where = "file:" + *dir;
-    }
-    if (where.empty()) {
-      return Fail(Status::InvalidArgument(
-                      "WORLD_SIZE is " + std::to_string(ri.world_size) +
-                      " but no rendezvous was given: pass --rendezvous file:DIR or "
-                      "redis:HOST:PORT (or set STRATA_RENDEZVOUS; `strata launch` does)"),
-                  "--rendezvous");
-    }
-    auto spec = ParseRendezvous(where);
-    if (!spec.ok()) return Fail(spec.status(), "--rendezvous");
-    co.rank = ri;
-    co.rendezvous = *spec;
-    co.store_prefix = "strata-train";
-    if (a.comm_timeout > 0) {
-      co.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(a.comm_timeout * 1e3)));
-    } else if (a.comm_timeout < 0) {
-      return Fail(Status::InvalidArgument("--comm-timeout " + std::to_string(a.comm_timeout) +
-                                          ": expected a positive number of seconds"),
-                  "--comm-timeout");
-    } else {
-      auto t = CommTimeoutFromEnv();
-      if (!t.ok()) return Fail(t.status(), "STRATA_COMM_TIMEOUT");
-      co.timeout = *t;
-    }
-    auto c = CreateGlooCommunicator(co);
-    if (!c.ok()) return Fail(c.status(), "joining the other ranks");
-    comm = std::move(c).value();
+    JoinOptions jo;
+    jo.rendezvous = a.rendezvous;
+    jo.timeout_seconds = a.comm_timeout;
+    jo.store_prefix = "strata-train";
+    jo.one_rank_folder_prefix = "/tmp/strata-train-rdzv-";
+    std::string failed_step;
+    auto joined = JoinRanks(ri, jo, &failed_step);
+    if (!joined.ok()) return Fail(joined.status(), failed_step);
+    ranks = std::move(joined).value();
     // Rank 0 alone reports: the others' standard output goes nowhere (errors still reach
     // standard error, prefixed with the rank).
     if (ri.rank != 0) {
@@ -271,6 +167,7 @@ int RunTrain(const TrainArgs& a) {
       }
     }
   }
+  Communicator* const comm = ranks.gloo.get();  // nullptr: one rank, no collectives
   const bool lead = ri.rank == 0;
   // ---- data ----
   model::TokenStream data;
@@ -371,7 +268,7 @@ int RunTrain(const TrainArgs& a) {
   to.warmup = a.warmup;
   to.steps = a.steps;
   to.recompute = a.recompute;
-  to.comm = comm.get();
+  to.comm = comm;
   if (a.lr_schedule == "cosine") {
     to.schedule = model::LrSchedule::kCosine;
   } else if (a.lr_schedule != "constant") {
@@ -399,24 +296,29 @@ int RunTrain(const TrainArgs& a) {
     if (!d.ok()) return Fail(d.status(), "host device");
     device = std::move(d).value();
   }
-  // The NCCL communicator lives on the device's comm stream: declared after the device so
-  // that it goes first, and before the engine, which uses it until it is destroyed.
+  // NCCL joins the engine's collectives on a CUDA device; Gloo always carries the trainer's
+  // own collectives (the --init broadcast, the loss) and the engine's host-side ones. The
+  // NCCL communicator lives on the device's comm stream: declared after the device so that
+  // it goes first, and before the engine, which uses it until it is destroyed.
   std::unique_ptr<Communicator> nccl;
-  if (use_nccl && comm) {
-    CommOptions nco = co;
-    nco.store_prefix = "strata-train-nccl";
-    auto n = CreateNcclCommunicator(nco, comm->store(), *device);
+  {
+    auto n = CreateEngineNccl(ranks, a.comm_backend, *device);
     if (!n.ok()) return Fail(n.status(), "--comm-backend nccl: joining the other ranks' GPUs");
     nccl = std::move(n).value();
   }
   EngineOptions eo;
   eo.device = device.get();
-  auto dm = ParseBytes("--device-mem", a.device_mem);
-  if (!dm.ok()) return Fail(dm.status(), "--device-mem");
-  auto hm = ParseBytes("--host-mem", a.host_mem);
-  if (!hm.ok()) return Fail(hm.status(), "--host-mem");
-  eo.device_mem_bytes = *dm;
-  eo.host_mem_bytes = *hm;
+  // An empty budget (the default) is unlimited.
+  if (!a.device_mem.empty()) {
+    auto dm = ParseBytes("--device-mem", a.device_mem);
+    if (!dm.ok()) return Fail(dm.status(), "--device-mem");
+    eo.device_mem_bytes = *dm;
+  }
+  if (!a.host_mem.empty()) {
+    auto hm = ParseBytes("--host-mem", a.host_mem);
+    if (!hm.ok()) return Fail(hm.status(), "--host-mem");
+    eo.host_mem_bytes = *hm;
+  }
   for (const std::string& p : a.nvme) eo.nvme_paths.push_back(RankPath(p, ri));
   const std::string resume = RankPath(a.resume, ri);
   if (!a.resume.empty()) {
@@ -438,8 +340,8 @@ int RunTrain(const TrainArgs& a) {
   eo.grad_clip = a.grad_clip;
   eo.micro_batches = a.micro_batches;
   eo.trace_path = RankPath(a.trace, ri);
-  eo.comm = nccl ? nccl.get() : comm.get();
-  eo.host_comm = nccl ? comm.get() : nullptr;  // nullptr: eo.comm (Gloo) does both
+  eo.comm = nccl ? nccl.get() : comm;
+  eo.host_comm = nccl ? comm : nullptr;  // nullptr: eo.comm (Gloo) does both
   eo.collective_memory = *collective_memory;
   eo.durable = a.durable && !eo.nvme_paths.empty();
   const std::vector<BlockSpec> specs = model::Gpt2BlockSpecs(cfg);
