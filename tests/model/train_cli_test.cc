@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.h"
+#include "tests/tools/cli_run.h"
+
 namespace {
 
 const std::vector<std::string> kModel = {
@@ -22,13 +25,6 @@ const std::vector<std::string> kModel = {
 
 class TrainCliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/var/tmp/strata-cli-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str())); }
-
   // Starts strata with `args`; returns its pid and a read end of its stdout.
   pid_t Spawn(std::vector<std::string> args, int* out_fd) {
     int p[2];
@@ -38,27 +34,24 @@ class TrainCliTest : public ::testing::Test {
       dup2(p[1], 1);
       close(p[0]);
       close(p[1]);
-      std::vector<char*> argv = {const_cast<char*>(STRATA_BIN)};
+      std::vector<char*> argv = {const_cast<char*>(STRATA_CLI_PATH)};
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(STRATA_BIN, argv.data());
+      execv(STRATA_CLI_PATH, argv.data());
       _exit(127);
     }
     close(p[1]);
     *out_fd = p[0];
     return pid;
   }
-  // Runs to completion; returns the exit code and stdout+stderr.
+  // Runs to completion; returns the exit code and appends stdout+stderr to *out.
   int Run(const std::vector<std::string>& args, std::string* out) {
-    std::string cmd = STRATA_BIN;
-    for (const auto& a : args) cmd += " '" + a + "'";
-    cmd += " 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-    const int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    strata::testing::CliRunOptions options;
+    options.timeout_s = 300;
+    const strata::testing::CliRun r =
+        strata::testing::RunCli(strata::testing::ShellQuote(args), options);
+    *out += r.output;
+    return r.exit_code;
   }
   std::vector<std::string> Args(std::vector<std::string> extra) {
     std::vector<std::string> a = {"train"};
@@ -70,7 +63,8 @@ class TrainCliTest : public ::testing::Test {
     std::ifstream f(p);
     return nlohmann::json::parse(f);
   }
-  std::string dir_;
+  strata::testing::TempDir tmp_{"strata-cli"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {

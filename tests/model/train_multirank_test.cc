@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "tests/temp_dir.h"
+#include "tests/tools/cli_run.h"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -29,29 +32,17 @@ const std::vector<std::string> kModel = {"--layers", "2",         "--d-model", "
                                          "2",        "--seq-len", "16",        "--batch", "4",
                                          "--steps",  "20",        "--lr",      "3e-3"};
 
-std::string Quote(const std::vector<std::string>& args) {
-  std::string s;
-  for (const auto& a : args) s += " '" + a + "'";
-  return s;
-}
+using strata::testing::ShellQuote;
 
 class TrainMultirankTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/var/tmp/strata-mr-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str())); }
-
-  // Runs a shell command; returns its exit code, stdout+stderr in *out.
-  int Shell(const std::string& cmd, std::string* out) {
-    FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-    const int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  // Runs `strata <args>` (shell text); returns its exit code, stdout+stderr appended to *out.
+  int Strata(const std::string& args, std::string* out) {
+    strata::testing::CliRunOptions options;
+    options.timeout_s = 300;
+    const strata::testing::CliRun r = strata::testing::RunCli(args, options);
+    *out += r.output;
+    return r.exit_code;
   }
   // `strata train` with `ranks` ranks (1: plain) and the extra flags; the per-step losses.
   std::vector<double> Train(int ranks, const std::vector<std::string>& extra,
@@ -61,12 +52,10 @@ class TrainMultirankTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back("--json");
     args.push_back(json);
-    std::string cmd = STRATA_BIN;
-    if (ranks > 1) {
-      cmd += " launch -n " + std::to_string(ranks) + " -- " + STRATA_BIN;
-    }
+    std::string launch;
+    if (ranks > 1) launch = "launch -n " + std::to_string(ranks) + " -- " + STRATA_CLI_PATH;
     std::string out;
-    const int rc = Shell(cmd + Quote(args), &out);
+    const int rc = Strata(launch + ShellQuote(args), &out);
     EXPECT_EQ(rc, 0) << out;
     std::vector<double> losses;
     std::ifstream f(json);
@@ -79,7 +68,8 @@ class TrainMultirankTest : public ::testing::Test {
     for (const auto& s : j["steps"]) losses.push_back(s["loss"].get<double>());
     return losses;
   }
-  std::string dir_;
+  strata::testing::TempDir tmp_{"strata-mr"};
+  const std::string dir_ = tmp_.path();
 };
 
 void ExpectClose(const std::vector<double>& ref, const std::vector<double>& got, double rtol,
@@ -139,7 +129,7 @@ TEST_F(TrainMultirankTest, InitFromRankZeroMatchesOneRank) {
       "train",   "--layers", "2",         "--d-model", "32",
       "--heads", "2",        "--seq-len", "16",        "--batch",
       "4",       "--steps",  "3",         "--save",    dir_ + "/m.safetensors"};
-  ASSERT_EQ(0, Shell(std::string(STRATA_BIN) + Quote(save), &out)) << out;
+  ASSERT_EQ(0, Strata(ShellQuote(save), &out)) << out;
   // The configuration comes from the file (read on rank 0 only; --layers/--d-model of
   // kModel are ignored with --init).
   const std::vector<std::string> flags = {"--init", dir_ + "/m.safetensors"};
@@ -150,10 +140,10 @@ TEST_F(TrainMultirankTest, InitFromRankZeroMatchesOneRank) {
 
 TEST_F(TrainMultirankTest, BatchThatDoesNotSplitIsRefused) {
   std::string out;
-  const int rc = Shell(std::string(STRATA_BIN) + " launch -n 3 -- " + STRATA_BIN +
-                           Quote({"train", "--layers", "1", "--d-model", "32", "--heads", "2",
-                                  "--seq-len", "16", "--batch", "4", "--steps", "1"}),
-                       &out);
+  const int rc = Strata(std::string("launch -n 3 -- ") + STRATA_CLI_PATH +
+                            ShellQuote({"train", "--layers", "1", "--d-model", "32", "--heads", "2",
+                                        "--seq-len", "16", "--batch", "4", "--steps", "1"}),
+                        &out);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("--batch 4 does not split over 3 ranks"), std::string::npos) << out;
 }
@@ -177,10 +167,10 @@ pid_t SpawnRank(int rank, int world, const std::string& rdv, const std::vector<s
     close(p[0]);
     close(p[1]);
     std::vector<std::string> a = args;
-    std::vector<char*> argv = {const_cast<char*>(STRATA_BIN)};
+    std::vector<char*> argv = {const_cast<char*>(STRATA_CLI_PATH)};
     for (auto& s : a) argv.push_back(s.data());
     argv.push_back(nullptr);
-    execv(STRATA_BIN, argv.data());
+    execv(STRATA_CLI_PATH, argv.data());
     _exit(127);
   }
   close(p[1]);
@@ -255,8 +245,7 @@ TEST_F(TrainMultirankTest, KilledRankIsNamedAndResumeReproducesTheLosses) {
   rargs.insert(rargs.end(), resume.begin(), resume.end());
   rargs.insert(rargs.end(), {"--json", dir_ + "/resumed.json"});
   std::string out;
-  ASSERT_EQ(0,
-            Shell(std::string(STRATA_BIN) + " launch -n 2 -- " + STRATA_BIN + Quote(rargs), &out))
+  ASSERT_EQ(0, Strata(std::string("launch -n 2 -- ") + STRATA_CLI_PATH + ShellQuote(rargs), &out))
       << out;
   std::ifstream f(dir_ + "/resumed.json");
   const nlohmann::json j = nlohmann::json::parse(f);
@@ -278,15 +267,20 @@ namespace {
 // (comm), per-rank rows, the data check, and a trace per rank with a comm lane.
 TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
   ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + "/0 " + dir_ + "/1").c_str()));
-  std::string out;
-  const int rc =
-      Shell(std::string(STRATA_BIN) + " launch -n 2 -- " + STRATA_BIN +
-                Quote({"bench", "step", "--blocks", "4", "--block-bytes", "256K", "--compute-ms",
-                       "1", "--device-mem", "2M", "--host-mem", "3M", "--nvme", dir_ + "/{rank}",
-                       "--steps", "2", "--trace", dir_ + "/trace.{rank}.json", "--json"}) +
-                " | grep '^\\[rank 0\\]' | sed 's/^\\[rank 0\\] //'",
-            &out);
-  ASSERT_EQ(rc, 0) << out;
+  // Rank 0's standard output alone (--output rank0), so that its JSON parses; standard
+  // error apart.
+  strata::testing::CliRunOptions options;
+  options.stderr_to = strata::testing::CliStderr::kFile;
+  options.stderr_path = dir_ + "/stderr";
+  options.timeout_s = 300;
+  const strata::testing::CliRun run = strata::testing::RunCli(
+      std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH +
+          ShellQuote({"bench", "step", "--blocks", "4", "--block-bytes", "256K", "--compute-ms",
+                      "1", "--device-mem", "2M", "--host-mem", "3M", "--nvme", dir_ + "/{rank}",
+                      "--steps", "2", "--trace", dir_ + "/trace.{rank}.json", "--json"}),
+      options);
+  const std::string& out = run.output;
+  ASSERT_EQ(run.exit_code, 0) << out << run.err;
   const size_t brace = out.find('{');
   ASSERT_NE(brace, std::string::npos) << out;
   const nlohmann::json j = nlohmann::json::parse(out.substr(brace), nullptr, false);

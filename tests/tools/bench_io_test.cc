@@ -5,10 +5,8 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,38 +16,22 @@
 #include <string>
 
 #include "tests/io/io_test_util.h"
+#include "tests/tools/cli_run.h"
 
 namespace strata {
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using testing::CliRun;
+using testing::Contains;
 
+// `strata <args>`: standard output in `output`, standard error apart in `err`.
 CliRun Strata(const std::string& args) {
   testing::TempDir tmp;
-  const std::string err_file = tmp.File("stderr");
-  const std::string cmd =
-      "timeout -s KILL 300 " + std::string(STRATA_CLI_PATH) + " " + args + " 2>" + err_file;
-  CliRun run;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) run.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (FILE* e = std::fopen(err_file.c_str(), "r")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), e)) > 0) run.err.append(buf.data(), n);
-    std::fclose(e);
-  }
-  return run;
-}
-
-bool Contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
+  testing::CliRunOptions options;
+  options.stderr_to = testing::CliStderr::kFile;
+  options.stderr_path = tmp.File("stderr");
+  options.timeout_s = 300;
+  return testing::RunCli(args, options);
 }
 
 size_t FilesIn(const std::string& dir) {
@@ -62,13 +44,13 @@ TEST(BenchIo, TableHasConfigLinesARowPerCaseAndNoWrongBlocks) {
   testing::TempDir dir;
   CliRun r = Strata("bench io --path " + dir.path() +
                     " --size 8M --block 1M --qd 4 --iters 1 --warmup 1 --mode write --mode read");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_TRUE(Contains(r.out, "# strata bench io")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "# backend: ")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "bw(GB/s)")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "#wrong")) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
+  EXPECT_TRUE(Contains(r.output, "# strata bench io")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "# backend: ")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "bw(GB/s)")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "#wrong")) << r.output;
   int rows = 0;
-  std::istringstream lines(r.out);
+  std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {
     if (line.empty() || line.find('#') != std::string::npos) continue;
     char mode[32];
@@ -95,8 +77,8 @@ TEST(BenchIo, JsonStripesOverSeveralPathsWithRandomModes) {
   CliRun r = Strata("bench io --path " + a.path() + " --path " + b.path() +
                     " --size 16M --block 256K --qd 8 --iters 2 --warmup 0 --mode randwrite "
                     "--mode randread --backend posix --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  nlohmann::json doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
+  nlohmann::json doc = nlohmann::json::parse(r.output);
   ASSERT_EQ(doc["runs"].size(), 2u);
   EXPECT_EQ(doc["runs"][0]["mode"], "randwrite");
   EXPECT_EQ(doc["runs"][1]["mode"], "randread");
@@ -118,8 +100,8 @@ TEST(BenchIo, JsonStripesOverSeveralPathsWithRandomModes) {
 TEST(BenchIo, SweepPrintsTheBestSettingAsEngineJson) {
   testing::TempDir dir;
   CliRun r = Strata("bench io --path " + dir.path() + " --size 8M --sweep --mode read");
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  std::string body = r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
+  std::string body = r.output;
   while (!body.empty() && body.back() == '\n') body.pop_back();
   const std::string last = body.substr(body.rfind('\n') + 1);  // the JSON is the last line
   nlohmann::json best = nlohmann::json::parse(last);
@@ -129,7 +111,7 @@ TEST(BenchIo, SweepPrintsTheBestSettingAsEngineJson) {
   EXPECT_TRUE(qds.count(best["io"]["queue_depth"].get<uint32_t>())) << last;
   EXPECT_TRUE(best["io"]["backend"] == "uring" || best["io"]["backend"] == "posix") << last;
   size_t rows = 0;
-  std::istringstream lines(r.out);
+  std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {
     rows += line.find('#') == std::string::npos && Contains(line, " read ");
   }
@@ -215,10 +197,10 @@ TEST(BenchIo, TmpfsFallsBackToBufferedAndContinues) {
   ASSERT_EQ(::mkdir(shm.c_str(), 0755), 0);
   CliRun r = Strata("bench io --path " + shm + " --size 8M --iters 1 --warmup 0");
   std::filesystem::remove_all(shm);
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.output << r.err;
   EXPECT_TRUE(Contains(r.err, "tmpfs")) << r.err;
   EXPECT_TRUE(Contains(r.err, "buffered")) << r.err;
-  EXPECT_TRUE(Contains(r.out, "buffered")) << r.out;  // the # file line says so too
+  EXPECT_TRUE(Contains(r.output, "buffered")) << r.output;  // the # file line says so too
 }
 
 }  // namespace

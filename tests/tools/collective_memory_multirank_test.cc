@@ -6,81 +6,51 @@
 // `strata bench step` takes the same flag and its data check stays clean in both modes.
 // Runs the built strata binary (STRATA_CLI_PATH).
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
+
+#include "tests/temp_dir.h"
+#include "tests/tools/cli_run.h"
 
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout
-};
-
-// Runs `args` through the shell with a hang guard (coreutils timeout): standard output is
-// returned, standard error goes to `err_path` (so that JSON on stdout stays parseable).
-CliRun Shell(const std::string& args, const std::string& err_path) {
-  const std::string cmd =
-      "timeout -s KILL 120 " + std::string(STRATA_CLI_PATH) + " " + args + " 2>" + err_path;
-  CliRun run;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) run.output.append(buf.data(), n);
-  const int st = ::pclose(p);
-  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return run;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+using strata::testing::CliRun;
 
 class CollectiveMemoryTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/var/tmp/strata-cm-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str())); }
-
   // `strata launch -n 2 -- strata <args> --collective-memory <memory>`; the JSON rank 0
   // wrote to `json` (train) or printed (bench step, `json` empty).
   nlohmann::json Run(const std::string& args, const std::string& memory, const std::string& json) {
     const std::string strata = STRATA_CLI_PATH;
-    const std::string err = dir_ + "/stderr";
-    CliRun r = Shell("launch -n 2 --output rank0 -- " + strata + " " + args +
-                         " --collective-memory " + memory + (json.empty() ? "" : " --json " + json),
-                     err);
-    EXPECT_EQ(r.exit_code, 0) << r.output << ReadFile(err);
+    // Standard error apart, so that the JSON on standard output stays parseable.
+    strata::testing::CliRunOptions options;
+    options.stderr_to = strata::testing::CliStderr::kFile;
+    options.stderr_path = dir_.File("stderr");
+    const CliRun r = strata::testing::RunCli("launch -n 2 --output rank0 -- " + strata + " " +
+                                                 args + " --collective-memory " + memory +
+                                                 (json.empty() ? "" : " --json " + json),
+                                             options);
+    EXPECT_EQ(r.exit_code, 0) << r.output << r.err;
     if (r.exit_code != 0) return nlohmann::json();
     if (json.empty()) {
       const size_t brace = r.output.find('{');
       if (brace == std::string::npos) {
-        ADD_FAILURE() << "no JSON in\n" << r.output << ReadFile(err);
+        ADD_FAILURE() << "no JSON in\n" << r.output << r.err;
         return nlohmann::json();
       }
       return nlohmann::json::parse(r.output.substr(brace), nullptr, /*allow_exceptions=*/false);
     }
     std::ifstream f(json);
     if (!f) {
-      ADD_FAILURE() << "no " << json << "\n" << r.output << ReadFile(err);
+      ADD_FAILURE() << "no " << json << "\n" << r.output << r.err;
       return nlohmann::json();
     }
     return nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
   }
 
-  std::string dir_;
+  strata::testing::TempDir dir_{"strata-cm"};
 };
 
 TEST_F(CollectiveMemoryTest, TrainLossesAreBitIdenticalInHostAndDeviceMemory) {
@@ -89,8 +59,8 @@ TEST_F(CollectiveMemoryTest, TrainLossesAreBitIdenticalInHostAndDeviceMemory) {
   const std::string model =
       "train --layers 2 --d-model 32 --heads 2 --seq-len 16 --batch 4 --micro-batches 2 "
       "--steps 8 --lr 3e-3 --grad-clip 0.5";
-  const nlohmann::json host = Run(model, "host", dir_ + "/host.json");
-  const nlohmann::json device = Run(model, "device", dir_ + "/device.json");
+  const nlohmann::json host = Run(model, "host", dir_.File("host.json"));
+  const nlohmann::json device = Run(model, "device", dir_.File("device.json"));
   ASSERT_TRUE(host.is_object() && device.is_object());
   // Each run reports the mode the engine used (and the backend: Gloo on the CPU).
   EXPECT_EQ(host["config"]["collective_memory"], "host");

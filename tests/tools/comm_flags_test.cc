@@ -4,39 +4,23 @@
 // tries to meet the others. Each case is one short process of the built strata binary
 // (STRATA_CLI_PATH); none needs a GPU.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
+
+#include "tests/tools/cli_run.h"
 
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using strata::testing::CliRun;
+using strata::testing::Contains;
 
-// Runs `args` through the shell with a hang guard (coreutils timeout), without the rank
-// variables of an enclosing launcher (this must be a one-rank run).
+// One run of the binary, without the rank variables of an enclosing launcher (this must be
+// a one-rank run).
 CliRun Shell(const std::string& args) {
-  const std::string cmd =
-      "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u STRATA_RENDEZVOUS "
-      "timeout -s KILL 60 " +
-      std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
-  CliRun run;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) run.output.append(buf.data(), n);
-  const int st = ::pclose(p);
-  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return run;
-}
-
-bool Contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
+  strata::testing::CliRunOptions options;
+  options.timeout_s = 60;
+  options.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRATA_RENDEZVOUS"};
+  return strata::testing::RunCli(args, options);
 }
 
 // A model small enough that a run which got past the flags would finish in well under a

@@ -3,10 +3,8 @@
 // communicator from the environment launch sets up.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -14,34 +12,21 @@
 #include <vector>
 
 #include "strata/comm.h"
+#include "tests/tools/cli_run.h"
 
 namespace strata {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together, or only stdout
-};
+using testing::CliRun;
+using testing::Contains;
 
-// Runs `args` through the shell with a hang guard (coreutils timeout), capturing output.
-CliRun Shell(const std::string& args, bool with_stderr = true) {
-  std::string cmd = "timeout -s KILL 120 " + std::string(STRATA_CLI_PATH) + " " + args +
-                    (with_stderr ? " 2>&1" : " 2>/dev/null");
-  CliRun run;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) run.output.append(buf.data(), n);
-  int st = ::pclose(p);
-  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return run;
-}
-
-bool Contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
+// `strata <args>`, standard error merged into the output unless `stderr_to` says otherwise.
+CliRun Shell(const std::string& args, testing::CliStderr stderr_to = testing::CliStderr::kMerged) {
+  testing::CliRunOptions options;
+  options.stderr_to = stderr_to;
+  return testing::RunCli(args, options);
 }
 
 std::string Self() {
@@ -74,7 +59,7 @@ TEST(Launch, SetsRankVariablesAndPrefixesOutput) {
 
 TEST(Launch, Rank0OutputModeForwardsOnlyRank0Stdout) {
   CliRun r = Shell("launch -n 2 --output rank0 -- sh -c 'echo out$RANK; echo err$RANK >&2'",
-                   /*with_stderr=*/false);
+                   testing::CliStderr::kDiscarded);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "out0\n");
 }
