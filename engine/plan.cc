@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -613,6 +614,23 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
     hin.cached = cached;
     return MinCacheCapacity(hin);
   };
+  // The cache capacity to run with, given `room` for it: the most it can use (whole pages,
+  // never more than everything it could hold at once) when the host plan works there, else
+  // the smallest capacity that works. A plan's feasibility is not monotonic in the capacity
+  // (first-fit placement and Belady's evictions both change with it), so a minimum that
+  // works does not make every larger capacity work. nullopt when nothing within `room`
+  // works.
+  auto capacity_for = [&](const std::vector<bool>& cached,
+                          uint64_t room) -> Result<std::optional<uint64_t>> {
+    hin.cached = cached;
+    uint64_t cacheable = 0;
+    for (int o = 0; o < n_obj; ++o) cacheable += cached[o] ? pp.obj_bytes[o] : 0;
+    hin.capacity = std::min(room, cacheable) / 4096 * 4096;
+    if (PlanHost(hin).ok()) return std::optional<uint64_t>(hin.capacity);
+    STRATA_ASSIGN_OR_RETURN(const uint64_t least, MinCacheCapacity(hin));
+    if (least <= room) return std::optional<uint64_t>(least);
+    return std::optional<uint64_t>();
+  };
   std::vector<bool> cached_host = pp.cached;  // only grads in the cache
   STRATA_ASSIGN_OR_RETURN(uint64_t cache_min_host, cache_min_with(cached_host));
   const uint64_t all_host_min = state_bytes + cache_min_host + pp.staging_bytes;
@@ -635,10 +653,13 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
     pp.resident_bytes = state_bytes;
     uint64_t all_grads = 0;
     for (int b = 0; b < L; ++b) all_grads += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
-    pp.cache_capacity =
-        opt.host_mem_bytes
-            ? std::min(opt.host_mem_bytes - state_bytes - pp.staging_bytes, all_grads)
-            : all_grads;
+    STRATA_ASSIGN_OR_RETURN(
+        const std::optional<uint64_t> capacity,
+        capacity_for(cached_host, opt.host_mem_bytes
+                                      ? opt.host_mem_bytes - state_bytes - pp.staging_bytes
+                                      : all_grads));
+    if (!capacity) return Status::Aborted("internal: the validated gradient cache does not fit");
+    pp.cache_capacity = *capacity;
     rep.host_min_bytes = all_host_min;
     why.push_back("every component's home is host memory (" +
                   std::string(opt.host_mem_bytes ? "the host budget holds them all"
@@ -674,26 +695,29 @@ Result<PlacementPlan> PlanPlacement(const PlacementInput& in) {
       cached[o] = false;
       resident += pp.obj_bytes[o];
     }
-    // Fewer cached objects never need more cache, but check, and back off if the rounding
-    // of the search disagrees.
+    // The cache gets the rest of the budget. Fewer cached objects rarely need more cache,
+    // but when no capacity that fits works, give a host home back to NVMe and retry; with
+    // every state cached, the minimum found above fits by construction.
     for (;;) {
-      hin.cached = cached;
-      hin.capacity = budget - resident;
-      if (PlanHost(hin).ok()) break;
+      STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> capacity,
+                              capacity_for(cached, budget - resident));
+      if (capacity) {
+        pp.cache_capacity = *capacity;
+        break;
+      }
       int last = -1;
       for (int o : state_objs) {
         if (!cached[o]) last = o;
       }
-      if (last < 0) return Status::OutOfMemory("host budget too small (planner)");
+      if (last < 0) {
+        return Status::Aborted("internal: no host cache capacity within " + FormatBytes(budget) +
+                               " works, though " + FormatBytes(cache_min_nvme) + " did");
+      }
       cached[last] = true;
       resident -= pp.obj_bytes[last];
     }
     pp.cached = cached;
     pp.resident_bytes = resident;
-    // The cache never needs more than everything it could hold at once.
-    uint64_t cacheable = 0;
-    for (int o = 0; o < n_obj; ++o) cacheable += cached[o] ? pp.obj_bytes[o] : 0;
-    pp.cache_capacity = std::min(budget - resident, cacheable);
     pp.use_nvme = true;
     std::vector<int> host_blocks[kNumComponents], nvme_blocks[kNumComponents];
     for (int o : state_objs) {
