@@ -12,7 +12,7 @@
 // Compare where the collectives run on the same machine with --collective-memory device vs
 // host (and, on GPUs, --comm-backend nccl vs gloo).
 //
-// Run: strata bench step --blocks 16 --block-bytes 16M --compute-ms 40 \
+// Run (one line): strata bench step --blocks 16 --block-bytes 16M --compute-ms 40
 //        --device-mem 96M --host-mem 320M --nvme /var/tmp/swap --steps 4 --trace step.json
 //
 // Across ranks (ZeRO-3 sharding over Gloo): strata launch -n 2 -- strata bench step ...
