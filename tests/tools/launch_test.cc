@@ -119,7 +119,9 @@ TEST(LaunchChild, AllReduceRanks) {
     // fail a survivor's barrier instead of the all-reduce under test).
     if (info->rank == 1) {
       for (int r = 0; r < info->world_size; ++r) {
-        if (r != 1) ASSERT_TRUE((*comm)->store()->Get("ready/" + std::to_string(r), 30s).ok());
+        if (r != 1) {
+          ASSERT_TRUE((*comm)->store()->Get("ready/" + std::to_string(r), 30s).ok());
+        }
       }
       ::raise(SIGKILL);
     }

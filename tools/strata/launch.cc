@@ -187,7 +187,10 @@ int RunLaunch(const LaunchArgs& args) {
   std::vector<int> failures;        // failed ranks in the order they were reaped
   std::optional<Clock::time_point> decide_at;
   constexpr auto kSettle = std::chrono::milliseconds(500);
-  std::optional<Clock::time_point> term_at, kill_at;
+  // When to escalate (kNever: not scheduled). Plain time points, not optionals: GCC 12 warns
+  // that a checked optional time point may be used uninitialized.
+  constexpr Clock::time_point kNever = Clock::time_point::max();
+  Clock::time_point term_at = kNever, kill_at = kNever;
   bool forwarded_signal = false;
   int running = args.nproc;
   auto signal_all = [&](int sig) {
@@ -269,15 +272,15 @@ int RunLaunch(const LaunchArgs& args) {
       first_failed = order.front();
     }
     auto now = Clock::now();
-    if (term_at && now >= *term_at && running > 0) {
-      term_at.reset();
+    if (now >= term_at && running > 0) {
+      term_at = kNever;
       std::fprintf(stderr, "strata launch: grace period over; sending SIGTERM to %d rank(s)\n",
                    running);
       signal_all(SIGTERM);
       kill_at = now + std::chrono::seconds(5);
     }
-    if (kill_at && now >= *kill_at && running > 0) {
-      kill_at.reset();
+    if (now >= kill_at && running > 0) {
+      kill_at = kNever;
       std::fprintf(stderr, "strata launch: sending SIGKILL to %d rank(s)\n", running);
       signal_all(SIGKILL);
     }
