@@ -511,7 +511,9 @@ TEST(GlooCommunicator, StalledRankMakesOthersTimeOut) {
       },
       nullptr, 60s, victim);
   for (int r = 0; r < world; ++r) {
-    if (r != victim) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
+    if (r != victim) {
+      EXPECT_EQ(results[r].exit_code, 0) << "rank " << r;
+    }
   }
 }
 

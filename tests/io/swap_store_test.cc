@@ -906,8 +906,12 @@ TEST_P(SwapStoreBackendTest, FaultInjectionNeverReturnsWrongBytes) {
   const FaultCounters counters = fault->counters();
   EXPECT_GT(counters.total(), 0u);
   EXPECT_GT(good_reads, 0u);
-  if (counters.flipped_reads > 0) EXPECT_GT(corrupt_reads, 0u);
-  if (counters.eio + counters.enospc > 0) EXPECT_GT(failed_writes + bad_reads, 0u);
+  if (counters.flipped_reads > 0) {
+    EXPECT_GT(corrupt_reads, 0u);
+  }
+  if (counters.eio + counters.enospc > 0) {
+    EXPECT_GT(failed_writes + bad_reads, 0u);
+  }
   std::printf(
       "faults: eio %llu enospc %llu short %llu eagain %llu flips r/w %llu/%llu; "
       "failed writes %llu, failed reads %llu (corrupt %llu), good reads %llu\n",

@@ -38,7 +38,9 @@ class TrainCudaTest : public ::testing::Test {
     batcher_ = std::make_unique<Batcher>(*b);
   }
   void TearDown() override {
-    if (!dir_.empty()) EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str()));
+    if (!dir_.empty()) {
+      EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str()));
+    }
   }
 
   std::vector<double> Run(bool cuda, uint64_t device_mem, uint64_t host_mem,

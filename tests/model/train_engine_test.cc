@@ -77,7 +77,9 @@ class TrainEngineTest : public ::testing::Test {
     if (!e.ok()) return losses;
     if (placement) *placement = (*e)->Placement();
     Trainer t(e->get(), dev->get(), cfg_, o, batcher_.get());
-    if ((*e)->ResumedStep() == 0) EXPECT_TRUE(t.InitWeights(nullptr, 7).ok());
+    if ((*e)->ResumedStep() == 0) {
+      EXPECT_TRUE(t.InitWeights(nullptr, 7).ok());
+    }
     while (t.next_step() <= last) {
       auto r = t.Step();
       EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -87,7 +89,9 @@ class TrainEngineTest : public ::testing::Test {
     if (!save.empty()) {
       auto w = t.Weights();
       EXPECT_TRUE(w.ok()) << w.status().ToString();
-      if (w.ok()) EXPECT_TRUE(SaveWeights(save, t.specs(), *w).ok());
+      if (w.ok()) {
+        EXPECT_TRUE(SaveWeights(save, t.specs(), *w).ok());
+      }
     }
     return losses;
   }

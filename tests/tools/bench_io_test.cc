@@ -159,7 +159,9 @@ TEST(BenchIo, UnwritablePath) {
   CliRun r;
   if (immutable) r = Strata("bench io --path " + ro + " --size 8M");
   flags &= ~FS_IMMUTABLE_FL;
-  if (immutable) EXPECT_EQ(::ioctl(fd, FS_IOC_SETFLAGS, &flags), 0);
+  if (immutable) {
+    EXPECT_EQ(::ioctl(fd, FS_IOC_SETFLAGS, &flags), 0);
+  }
   ::close(fd);
   if (!immutable) GTEST_SKIP() << "cannot make a folder immutable here";
   EXPECT_NE(r.exit_code, 0);
