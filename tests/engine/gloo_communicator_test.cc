@@ -532,8 +532,8 @@ TEST(GlooCommunicator, MissingRankTimesOutNamingIt) {
 TEST(GlooCommunicator, StaleRendezvousFolderIsReported) {
   TempDir dir;
   {
-    auto store =
-        OpenKeyValueStore(RendezvousSpec{RendezvousSpec::Kind::kFile, dir.path()}, "strata");
+    auto store = OpenKeyValueStore(
+        RendezvousSpec{.kind = RendezvousSpec::Kind::kFile, .path = dir.path()}, "strata");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     ASSERT_TRUE((*store)->Set("join/0", "1").ok());
   }
@@ -567,7 +567,8 @@ TEST(GlooCommunicator, LoopbackHostIsRefusedWhenRanksSpanHosts) {
 
 TEST(GlooCommunicator, KeyValueStoreExchangesBytesAndTimesOut) {
   TempDir dir;
-  auto store = OpenKeyValueStore(RendezvousSpec{RendezvousSpec::Kind::kFile, dir.path()}, "kv");
+  auto store = OpenKeyValueStore(
+      RendezvousSpec{.kind = RendezvousSpec::Kind::kFile, .path = dir.path()}, "kv");
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   std::string id(128, '\0');  // like an ncclUniqueId: binary, with NULs
   for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 7);
