@@ -37,6 +37,13 @@
 namespace strata {
 namespace {
 
+RendezvousSpec FileRendezvous(const std::string& dir) {
+  RendezvousSpec spec;
+  spec.kind = RendezvousSpec::Kind::kFile;
+  spec.path = dir;
+  return spec;
+}
+
 using namespace std::chrono_literals;
 
 // A fresh folder under /var/tmp, removed at the end.
@@ -532,8 +539,7 @@ TEST(GlooCommunicator, MissingRankTimesOutNamingIt) {
 TEST(GlooCommunicator, StaleRendezvousFolderIsReported) {
   TempDir dir;
   {
-    auto store = OpenKeyValueStore(
-        RendezvousSpec{.kind = RendezvousSpec::Kind::kFile, .path = dir.path()}, "strata");
+    auto store = OpenKeyValueStore(FileRendezvous(dir.path()), "strata");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     ASSERT_TRUE((*store)->Set("join/0", "1").ok());
   }
@@ -567,8 +573,7 @@ TEST(GlooCommunicator, LoopbackHostIsRefusedWhenRanksSpanHosts) {
 
 TEST(GlooCommunicator, KeyValueStoreExchangesBytesAndTimesOut) {
   TempDir dir;
-  auto store = OpenKeyValueStore(
-      RendezvousSpec{.kind = RendezvousSpec::Kind::kFile, .path = dir.path()}, "kv");
+  auto store = OpenKeyValueStore(FileRendezvous(dir.path()), "kv");
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   std::string id(128, '\0');  // like an ncclUniqueId: binary, with NULs
   for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 7);
