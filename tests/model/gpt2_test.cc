@@ -305,7 +305,7 @@ TEST(Gpt2Model, ReadsHuggingFaceStyleFiles) {
   EXPECT_EQ(c->vocab, 5);
   std::vector<float> v(8 * 24);
   ASSERT_TRUE(LoadTensor(*f, specs, 1, kAttnW, v).ok());
-  EXPECT_EQ(v[7], 0.5f + 16 + kAttnW);
+  EXPECT_EQ(v[7], 0.5f + 16 + static_cast<float>(int(kAttnW)));
   EXPECT_EQ(0, std::system(("rm -rf " + std::string(tmpl)).c_str()));
 }
 
