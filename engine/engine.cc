@@ -1110,7 +1110,7 @@ Status EngineImpl::CheckOptionsAgreeAcrossRanks() {
       opt_.dtype != WorkingDtype::kAuto
           ? opt_.dtype
           : (dev_->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32);
-  enum Shown : uint8_t { kNumber, kReal, kHash, kName };
+  enum Shown : uint8_t { kNumber, kReal, kHash, kDtype, kMemory, kOptimizer };
   struct Field {
     const char* name;
     uint64_t value;
@@ -1127,9 +1127,9 @@ Status EngineImpl::CheckOptionsAgreeAcrossRanks() {
       {"the number of NVMe folders (--nvme)", opt_.nvme_paths.size(), kNumber},
       {"durable", uint64_t(opt_.durable), kNumber},
       {"resume", uint64_t(opt_.resume), kNumber},
-      {"working dtype", uint64_t(dtype), kName},
-      {"collective memory", uint64_t(opt_.collective_memory), kName},
-      {"optimizer", uint64_t(opt_.optimizer), kName},
+      {"working dtype", uint64_t(dtype), kDtype},
+      {"collective memory", uint64_t(opt_.collective_memory), kMemory},
+      {"optimizer", uint64_t(opt_.optimizer), kOptimizer},
       {"beta1", real(opt_.beta1), kReal},
       {"beta2", real(opt_.beta2), kReal},
       {"eps", real(opt_.eps), kReal},
@@ -1159,11 +1159,11 @@ Status EngineImpl::CheckOptionsAgreeAcrossRanks() {
         std::snprintf(buf, sizeof buf, "hash %016llx", static_cast<unsigned long long>(v));
         return buf;
       }
-      case kName:
-        if (std::string_view(f.name) == "working dtype") return WorkingDtypeName(WorkingDtype(v));
-        if (std::string_view(f.name) == "collective memory") {
-          return CollectiveMemoryName(CollectiveMemory(v));
-        }
+      case kDtype:
+        return WorkingDtypeName(WorkingDtype(v));
+      case kMemory:
+        return CollectiveMemoryName(CollectiveMemory(v));
+      case kOptimizer:
         return v == uint64_t(OptimizerKind::kAdamW) ? "adamw" : "adam";
     }
     return "?";
