@@ -276,6 +276,38 @@ struct CopyRow {
   uint64_t wrong;
 };
 
+// --query: the device as the CUDA runtime sees it, one JSON line (no nvidia-smi needed).
+// Exit 0 with a device, 3 without one.
+int Query() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  nlohmann::json doc = {{"device_count", err == cudaSuccess ? count : 0},
+                        {"driver_version", driver},
+                        {"runtime_version", runtime},
+                        {"devices", nlohmann::json::array()}};
+  if (err != cudaSuccess) doc["error"] = cudaGetErrorString(err);
+  for (int i = 0; err == cudaSuccess && i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(i) == cudaSuccess) cudaMemGetInfo(&free_bytes, &total_bytes);
+    doc["devices"].push_back(
+        {{"ordinal", i},
+         {"name", prop.name},
+         {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
+         {"multiprocessors", prop.multiProcessorCount},
+         {"memory_bytes", prop.totalGlobalMem},
+         {"free_bytes", free_bytes},
+         {"l2_bytes", prop.l2CacheSize},
+         {"pci_bus", prop.pciBusID}});
+  }
+  std::printf("%s\n", doc.dump().c_str());
+  return err == cudaSuccess && count > 0 ? 0 : 3;
+}
+
 int Run(const Config& cfg) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -504,6 +536,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--copy-mib", cfg.copy_mib, "MiB per copy case")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the results as JSON to this file");
+  bool query = false;
+  app.add_flag("--query", query,
+               "print the CUDA devices, driver and runtime versions as one JSON line and exit "
+               "(3 when no device is present)");
   CLI11_PARSE(app, argc, argv);
+  if (query) return strata::model::cuda_ops::Query();
   return strata::model::cuda_ops::Run(cfg);
 }

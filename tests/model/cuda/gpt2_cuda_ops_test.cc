@@ -144,8 +144,10 @@ class GpuOpsTest : public ::testing::Test {
     const double atol = atol_rms * rms + 1e-6;
     size_t bad = 0;
     std::string first;
+    double needed_rtol = 0.0;  // the smallest rtol that passes with this atol
     for (size_t i = 0; i < ref.size(); ++i) {
       const double err = std::fabs(double(got[i]) - ref[i]);
+      if (err > atol) needed_rtol = std::max(needed_rtol, (err - atol) / std::fabs(ref[i]));
       if (!(err <= atol + rtol * std::fabs(ref[i]))) {  // NaN counts as a violation
         if (++bad <= 5) {
           first += " [" + std::to_string(i) + "] gpu=" + std::to_string(got[i]) +
@@ -153,6 +155,10 @@ class GpuOpsTest : public ::testing::Test {
         }
       }
     }
+    // One line per comparison, read by tools/gpu_check.sh: the measured error against the
+    // tolerance this test allows.
+    std::printf("[tolerance] %s needed_rtol=%.3g rtol=%.3g atol=%.3g n=%zu\n", what.c_str(),
+                needed_rtol, double(rtol), atol, ref.size());
     EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size()
                        << " elements out of tolerance (rtol=" << rtol << " atol=" << atol
                        << ", rms(ref)=" << rms << ", seed=" << seed_ << "):" << first;
