@@ -7,7 +7,10 @@
 #   here:   cmake --preset release && cmake --build --preset release
 #           tools/gpu_check.sh --bundle build/release          # -> build/gpu-bundle (bin/, lib/)
 #           tools/gpu_check.sh --dry-run                       # the same sequence, no GPU needed
-#   there:  tools/gpu_check.sh                                 # carry build/gpu-bundle
+#   there:  tools/gpu_check.sh --out "$OUT"                    # carry build/gpu-bundle
+#
+# --from DIR names another bundle folder (for --bundle: where to write it). The dry run is also
+# a CTest test (gpu_check_dry_run) wherever the CUDA targets are built.
 #
 # The bundle holds the binaries below, stripped, and the shared libraries they need that are not
 # part of the base system or of the CUDA installation the GPU machine already has (liburing,
@@ -33,11 +36,10 @@
 #            NCCL) at GPT-2 small's geometry
 #
 # Sizing on one H200 (the whole run must fit in 10 minutes with room to rerun once; device time
-# is 15 minutes a session, start-up included):
-#   device ~2 s, tests ~60 s (ops test ~20 s, train_cuda_test ~30 s), bench ~30 s,
-#   train ~60 s small (3 runs of 40 steps at 8 x 256 and two one-step probes) and ~90 s
-#   GPT-2 small (2 runs of 8 steps and two probes; the offloaded one bound by the disk) —
-#   about 4-5 minutes in all, each run boxed at 2-5 minutes so one hang cannot eat the budget.
+# is 15 minutes a session, start-up included). Estimated before the first run: device ~2 s,
+# tests ~60 s, bench ~30 s, train ~150 s. Measured on the first run (2026-12-01, H200, driver
+# 580.159.04): the whole script took 65 s, start-up of the machine ~30 s more. Each command is
+# boxed at 1-5 minutes so one hang cannot eat the budget; the worst case stays under 10.
 #
 # Output: $OUT/gpu_check.json (everything measured) and $OUT/gpu_check.txt (the PASS/FAIL
 # lines and tables), plus $OUT/gpu_check.log (every command's full output). OUT defaults to
@@ -51,7 +53,7 @@ bundle=build/gpu-bundle
 bundle_from=
 out=${OUT:-build/gpu-check}
 
-usage() { sed -n '2,44p' "$0"; }
+usage() { sed -n '2,48p' "$0"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) mode=dry ;;
@@ -90,12 +92,15 @@ if [ "$mode" = bundle ]; then
         fi
       done
   done
+  git rev-parse HEAD >"$bundle/COMMIT" 2>/dev/null || echo unknown >"$bundle/COMMIT"
+  git status --porcelain 2>/dev/null | grep -q . && echo "(with uncommitted changes)" >>"$bundle/COMMIT"
   echo "gpu_check.sh: bundle $bundle: $(du -sh "$bundle" | cut -f1) ($(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc -l) libraries: $(ls "$bundle/lib" | tr '\n' ' '))"
   exit 0
 fi
 
 [ -d "$bundle/bin" ] || { echo "gpu_check.sh: no bundle at $bundle (make one with --bundle BUILD)" >&2; exit 2; }
-bin=$root/$bundle/bin
+bundle=$(cd "$bundle" && pwd)
+bin=$bundle/bin
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 txt=$out/gpu_check.txt log=$out/gpu_check.log
@@ -106,7 +111,7 @@ results=$work/results.jsonl  # one JSON object per step, merged at the end
 say() { echo "$*" | tee -a "$txt"; }
 
 # Library search path: the bundle first, then wherever this machine keeps CUDA's libraries.
-libdirs=("$root/$bundle/lib")
+libdirs=("$bundle/lib")
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib \
          /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
   [ -d "$d" ] && libdirs+=("$d")
@@ -135,7 +140,15 @@ pass=0 fail=0
 record() {  # record STEP STATUS JSON-OBJECT
   local step=$1 status=$2 json=${3:-"{}"}
   if [ "$status" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
-  printf '{"step":"%s","status":"%s","data":%s}\n' "$step" "$status" "$json" >>"$results"
+  # One compact line per step (the data may be pretty-printed or, after a failure, not JSON).
+  "${PYTHON:-python3}" -c '
+import json, sys
+try:
+    data = json.loads(sys.argv[3])
+except ValueError:
+    data = {"unparsed": sys.argv[3]}
+print(json.dumps({"step": sys.argv[1], "status": sys.argv[2], "data": data}))' \
+    "$step" "$status" "$json" >>"$results"
 }
 
 # Every binary present, and every library it needs resolved (the dry run's whole check, and
@@ -169,7 +182,7 @@ run() {
 }
 
 say "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) mode=$mode bundle=$bundle host=$(hostname)"
-say "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+say "# bundle built from commit $(tr '\n' ' ' <"$bundle/COMMIT" 2>/dev/null || echo unknown)"
 
 if [ "$mode" = dry ]; then
   check_libs

@@ -5,8 +5,12 @@
 // Inputs are drawn in fp32, rounded to bf16 and uploaded; the CPU reference runs on the same
 // rounded values, so the differences measured are the GPU path's own (bf16 outputs and
 // intermediates, fp32 accumulation in another order). Tolerance per element:
-// |gpu - ref| <= atol + rtol·|ref| with rtol 2e-2 for single ops and atol a small fraction of the
-// reference's RMS (gradients that are sums of many terms can cancel to near zero).
+// |gpu - ref| <= atol + rtol·|ref| with rtol 1e-2 for single ops and the whole block, and atol a
+// small fraction of the reference's RMS (gradients that are sums of many terms can cancel to
+// near zero). The rtols are measured, not guessed: on an H200 (2026-12-01) the largest rtol any
+// comparison needed was 4.6e-3 for a single op (cross-entropy dlogits; most ops 1e-3 or less)
+// and 2.3e-3 for the whole block (attn.c_attn.weight's gradient). Each comparison prints its
+// own figure as a "[tolerance]" line, which tools/gpu_check.sh collects.
 //
 // Needs a GPU: every test skips (GTEST_SKIP) where cudaGetDeviceCount finds none.
 // Run: cmake --build build/cuda --target model_gpt2_cuda_ops_test &&
@@ -136,7 +140,7 @@ class GpuOpsTest : public ::testing::Test {
   // Element-wise |got - ref| <= atol + rtol·|ref| with atol = atol_rms · RMS(ref); reports
   // the number of violations, the worst few and the seed.
   void ExpectClose(const std::string& what, const std::vector<float>& got,
-                   const std::vector<float>& ref, float rtol = 2e-2f, float atol_rms = 1e-2f) {
+                   const std::vector<float>& ref, float rtol = 1e-2f, float atol_rms = 1e-2f) {
     ASSERT_EQ(got.size(), ref.size()) << what;
     double sq = 0.0;
     for (float r : ref) sq += double(r) * r;
@@ -511,8 +515,8 @@ TEST_F(GpuOpsTest, WholeBlock) {
   ASSERT_OK(BlockBackward(*ctx_, s, gp, gg, d_x->get(), act, d_dy->get(), d_dx.get(), scratch));
   ASSERT_CUDA(cudaStreamSynchronize(stream_));
 
-  ExpectClose("block y", DownloadBf16(d_y), y, 5e-2f, 3e-2f);
-  ExpectClose("block dx", DownloadBf16(d_dx), dx, 5e-2f, 3e-2f);
+  ExpectClose("block y", DownloadBf16(d_y), y, 1e-2f, 3e-2f);
+  ExpectClose("block dx", DownloadBf16(d_dx), dx, 1e-2f, 3e-2f);
   // Each parameter tensor separately, so that a failure names it.
   const std::vector<float> got = Download(d_grads);
   const auto gt = BlockTensors<const float>::Carve(got.data(), C);
@@ -537,7 +541,7 @@ TEST_F(GpuOpsTest, WholeBlock) {
   };
   for (const auto& p : pieces) {
     ExpectClose(std::string("block grad ") + p.name, std::vector<float>(p.g, p.g + p.n),
-                std::vector<float>(p.r, p.r + p.n), 5e-2f, 3e-2f);
+                std::vector<float>(p.r, p.r + p.n), 1e-2f, 3e-2f);
   }
 }
 
