@@ -10,7 +10,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(STRATA_LIBRARY_MODULES strata_engine strata_io strata_cpu_optim strata_gpu)
-foreach(m strata_comm strata_nccl)
+foreach(m strata_comm)
   if(TARGET ${m})
     list(APPEND STRATA_LIBRARY_MODULES ${m})
   endif()

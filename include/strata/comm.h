@@ -4,9 +4,9 @@
 // A Communicator joins `world_size` ranks, one per process. Each collective is issued on
 // every rank, in the same order, with the same sizes; it runs asynchronously and returns a
 // CommHandle whose Wait() gives its Status. Two backends implement it:
-//   - Gloo (engine/gloo_communicator.h): TCP between hosts, buffers in host memory. Used by
+//   - Gloo (comm/gloo_communicator.h): TCP between hosts, buffers in host memory. Used by
 //     HostDevice runs and for host-side reductions.
-//   - NCCL (gpu/nccl_communicator.h): buffers in device memory; collectives run on the
+//   - NCCL (comm/nccl_communicator.h): buffers in device memory; collectives run on the
 //     device's Lane::kComm stream, so `CollectiveOptions::after` becomes a stream wait.
 // Both meet through a KeyValueStore (the rendezvous: a folder every rank sees, or a Redis
 // server): Gloo exchanges its TCP addresses there, NCCL its ncclUniqueId.
@@ -265,7 +265,7 @@ struct CommOptions {
 // otherwise let a dying peer kill this process).
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options);
 
-// The NCCL backend (device buffers; gpu/nccl_communicator.h has the details and a form that
+// The NCCL backend (device buffers; comm/nccl_communicator.h has the details and a form that
 // takes an id shared some other way). Rank 0 creates an ncclUniqueId and stores it under
 // "<options.store_prefix>/nccl_id" in `store` (typically another communicator's store(), e.g.
 // a Gloo one joined first: give this one a distinct store_prefix); the other ranks read it,

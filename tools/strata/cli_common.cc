@@ -13,25 +13,6 @@
 #include <utility>
 
 namespace strata::cli {
-namespace {
-
-// --comm-timeout (seconds; 0 = STRATA_COMM_TIMEOUT). Rounded up, so that a fraction of a
-// millisecond does not become no timeout at all.
-Result<std::chrono::milliseconds> CommTimeout(double seconds, std::string* failed_step) {
-  if (seconds > 0) {
-    return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1e3)));
-  }
-  if (seconds < 0) {
-    *failed_step = "--comm-timeout";
-    return Status::InvalidArgument("--comm-timeout " + std::to_string(seconds) +
-                                   ": expected a positive number of seconds");
-  }
-  auto from_env = CommTimeoutFromEnv();
-  if (!from_env.ok()) *failed_step = "STRATA_COMM_TIMEOUT";
-  return from_env;
-}
-
-}  // namespace
 
 Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text) {
   auto fail = [&] {
@@ -94,86 +75,6 @@ Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text) {
 Status CheckCommBackend(const std::string& text) {
   if (text == "auto" || text == "gloo" || text == "nccl") return Status::OK();
   return Status::InvalidArgument("--comm-backend " + text + ": expected auto, gloo or nccl");
-}
-
-TempFolder::TempFolder(TempFolder&& other) noexcept : path_(std::exchange(other.path_, {})) {}
-
-TempFolder& TempFolder::operator=(TempFolder&& other) noexcept {
-  if (this != &other) {
-    Remove();
-    path_ = std::exchange(other.path_, {});
-  }
-  return *this;
-}
-
-Result<std::string> TempFolder::Make(const std::string& prefix) {
-  Remove();
-  std::string tmpl = prefix + "XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    // mkdtemp may have filled in the Xs already: name the template as given.
-    return Status::FromErrno(errno, "creating the temporary folder " + prefix + "XXXXXX");
-  }
-  path_ = tmpl;
-  return path_;
-}
-
-void TempFolder::Remove() {
-  if (path_.empty()) return;
-  std::error_code ec;  // best effort: a folder left behind must not fail the run
-  std::filesystem::remove_all(path_, ec);
-  path_.clear();
-}
-
-Result<JoinedRanks> JoinRanks(const RankInfo& rank, const JoinOptions& options,
-                              std::string* failed_step) {
-  std::string ignored;
-  if (failed_step == nullptr) failed_step = &ignored;
-  JoinedRanks joined;
-  std::string where = options.rendezvous;
-  if (where.empty()) {
-    const char* env = std::getenv("STRATA_RENDEZVOUS");
-    where = env ? env : "";
-  }
-  if (where.empty() && rank.world_size == 1) {
-    auto dir = joined.folder.Make(options.one_rank_folder_prefix);
-    if (!dir.ok()) {
-      *failed_step = "--comm-backend nccl";
-      return dir.status();
-    }
-    where = "file:" + *dir;
-  }
-  if (where.empty()) {
-    *failed_step = "--rendezvous";
-    return Status::InvalidArgument(
-        "WORLD_SIZE is " + std::to_string(rank.world_size) +
-        " but no rendezvous was given: pass --rendezvous file:DIR or redis:HOST:PORT (or set "
-        "STRATA_RENDEZVOUS; `strata launch` does)");
-  }
-  auto spec = ParseRendezvous(where);
-  if (!spec.ok()) {
-    *failed_step = "--rendezvous";
-    return spec.status();
-  }
-  joined.options.rank = rank;
-  joined.options.rendezvous = *spec;
-  joined.options.store_prefix = options.store_prefix;
-  STRATA_ASSIGN_OR_RETURN(joined.options.timeout,
-                          CommTimeout(options.timeout_seconds, failed_step));
-  *failed_step = "joining the other ranks";
-  STRATA_ASSIGN_OR_RETURN(joined.gloo, CreateGlooCommunicator(joined.options));
-  failed_step->clear();
-  return joined;
-}
-
-Result<std::unique_ptr<Communicator>> CreateEngineNccl(const JoinedRanks& ranks,
-                                                       const std::string& comm_backend,
-                                                       Device& device) {
-  const bool wanted =
-      comm_backend == "nccl" || (comm_backend == "auto" && device.Kind() == DeviceKind::kCuda);
-  if (ranks.gloo == nullptr || !wanted) return std::unique_ptr<Communicator>();
-  CommOptions options = ranks.options;
-  options.store_prefix = ranks.options.store_prefix + "-nccl";
-  return CreateNcclCommunicator(options, ranks.gloo->store(), device);
 }
 
 }  // namespace strata::cli

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/messages.h"
 #include "model/data.h"
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
@@ -183,20 +184,15 @@ int RunTrain(const TrainArgs& a) {
   std::unique_ptr<model::SafetensorsReader> init;
   if (!a.init.empty() && !lead) {
     // Rank 0 reads --init and sends its configuration (and, later, the weights).
-    int32_t msg[6] = {};
-    CollectiveOptions co;
-    co.label = "broadcast --init configuration";
-    if (Status s = comm->Broadcast(msg, sizeof msg, CommDataType::kByte, 0, co).Wait(); !s.ok()) {
-      return Fail(s, "receiving the --init configuration from rank 0");
+    auto shared =
+        ShareFromRoot<Gpt2Config>(*comm, 0, std::nullopt, "broadcast --init configuration");
+    if (!shared.ok()) {
+      return Fail(shared.status(), "receiving the --init configuration from rank 0");
     }
-    if (msg[0] != 1) {
+    if (!shared->has_value()) {
       return Fail(Status::Aborted("rank 0 could not read --init " + a.init), "--init");
     }
-    cfg.layers = msg[1];
-    cfg.d_model = msg[2];
-    cfg.heads = msg[3];
-    cfg.max_seq = msg[4];
-    cfg.vocab = msg[5];
+    cfg = **shared;
     if (a.seq_len > cfg.max_seq) {
       return Fail(
           Status::InvalidArgument("--seq-len " + std::to_string(a.seq_len) + " exceeds the " +
@@ -207,10 +203,8 @@ int RunTrain(const TrainArgs& a) {
     // With several ranks, the others wait for this configuration (a failure is sent too).
     auto send = [&](bool ok) {
       if (!comm) return;
-      int32_t msg[6] = {ok ? 1 : 0, cfg.layers, cfg.d_model, cfg.heads, cfg.max_seq, cfg.vocab};
-      CollectiveOptions co;
-      co.label = "broadcast --init configuration";
-      (void)comm->Broadcast(msg, sizeof msg, CommDataType::kByte, 0, co).Wait();
+      (void)ShareFromRoot(*comm, 0, ok ? std::optional<Gpt2Config>(cfg) : std::nullopt,
+                          "broadcast --init configuration");
     };
     auto r = model::SafetensorsReader::Open(a.init);
     if (!r.ok()) {
@@ -350,24 +344,9 @@ int RunTrain(const TrainArgs& a) {
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
   if (comm) {
     // Every rank must resume the same step (each rank's store holds its own shard).
-    double mine = static_cast<double>(engine->ResumedStep());
-    std::vector<double> all(static_cast<size_t>(ri.world_size));
-    CollectiveOptions co;
-    co.label = "all-gather resumed step";
-    if (Status s =
-            comm->AllGather(&mine, all.data(), sizeof(double), CommDataType::kByte, co).Wait();
-        !s.ok()) {
-      return Fail(s, "agreeing on the resumed step");
-    }
-    for (int r = 0; r < ri.world_size; ++r) {
-      if (all[r] != mine) {
-        return Fail(
-            Status::InvalidArgument("rank " + std::to_string(r) + " resumes step " +
-                                    std::to_string(static_cast<int64_t>(all[r])) +
-                                    " but this rank step " + std::to_string(engine->ResumedStep()) +
-                                    "; resume every rank from the same run (same world size)"),
-            "--resume");
-      }
+    if (Status s = AgreeOnResumedStep(*comm, engine->ResumedStep()); !s.ok()) {
+      return Fail(s, s.code() == StatusCode::kInvalidArgument ? "--resume"
+                                                              : "agreeing on the resumed step");
     }
   }
   model::Trainer trainer(engine.get(), device.get(), cfg, to, &*batcher);

@@ -1,4 +1,6 @@
-// Gloo backend of strata::Communicator. See engine/gloo_communicator.h for the design.
+// Gloo backend of strata::Communicator: the collective worker. See comm/gloo_communicator.h
+// for the design; the stores are in comm/gloo_store.*, naming a lost rank in
+// comm/gloo_forensics.*.
 //
 // Worker loop (GlooCommunicator::Run): pops one Op at a time in issue order; if the
 // communicator is already broken the op fails with Aborted and the original cause, else it
@@ -7,7 +9,7 @@
 // exception becomes a Status (Timeout / Comm / InvalidArgument), decorated with the lost
 // rank when it can be inferred. The first failure breaks the communicator for good, since
 // the ranks may now disagree on which collective they are in.
-#include "engine/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 
 #include <arpa/inet.h>
 #include <gloo/allgather.h>
@@ -15,15 +17,12 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/config.h>
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,404 +32,26 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
-#if GLOO_USE_REDIS
-#define HIREDIS_NESTED_INCLUDE 1
-#include <gloo/rendezvous/redis_store.h>
-#endif
 
+#include "comm/gloo_forensics.h"
+#include "comm/gloo_store.h"
 #include "strata/comm.h"
 #include "strata/env.h"
 #include "strata/log.h"
 
 namespace strata {
-namespace gloo_internal {
-
-bool HasRedis() { return GLOO_USE_REDIS != 0; }
-
-std::optional<int> FindRankInMessage(std::string_view message,
-                                     const std::vector<std::vector<std::string>>& endpoints) {
-  for (size_t r = 0; r < endpoints.size(); ++r) {
-    for (const std::string& addr : endpoints[r]) {
-      if (addr.empty()) continue;
-      for (size_t pos = message.find(addr); pos != std::string_view::npos;
-           pos = message.find(addr, pos + 1)) {
-        size_t after = pos + addr.size();
-        if (after < message.size() && message[after] >= '0' && message[after] <= '9') continue;
-        return static_cast<int>(r);
-      }
-    }
-  }
-  return std::nullopt;
-}
-
-std::vector<std::string> LocalTcpEndpoints(int* established) {
-  if (established != nullptr) *established = 0;
-  // Socket inodes this process holds.
-  std::set<std::string> inodes;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    std::error_code ec2;
-    std::string target = std::filesystem::read_symlink(entry.path(), ec2).string();
-    if (!ec2 && target.starts_with("socket:[") && target.ends_with("]")) {
-      inodes.insert(target.substr(8, target.size() - 9));
-    }
-  }
-  std::vector<std::string> out;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(table);
-    std::string line;
-    std::getline(f, line);  // header
-    const bool v6 = std::string_view(table).ends_with("6");
-    while (std::getline(f, line)) {
-      std::istringstream in(line);
-      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
-      if (!(in >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >>
-            inode)) {
-        continue;
-      }
-      if (!inodes.count(inode)) continue;
-      if (established != nullptr && st == "01") ++*established;
-      size_t colon = local.find(':');
-      if (colon == std::string::npos) continue;
-      std::string hex = local.substr(0, colon);
-      unsigned port = std::stoul(local.substr(colon + 1), nullptr, 16);
-      char text[INET6_ADDRSTRLEN] = {};
-      // The kernel prints the address as 32-bit words in host byte order.
-      if (!v6 && hex.size() == 8) {
-        in_addr a;
-        a.s_addr = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
-        ::inet_ntop(AF_INET, &a, text, sizeof(text));
-      } else if (v6 && hex.size() == 32) {
-        in6_addr a;
-        for (int w = 0; w < 4; ++w) {
-          uint32_t word = static_cast<uint32_t>(std::stoul(hex.substr(w * 8, 8), nullptr, 16));
-          std::memcpy(reinterpret_cast<char*>(&a) + w * 4, &word, 4);
-        }
-        ::inet_ntop(AF_INET6, &a, text, sizeof(text));
-      } else {
-        continue;
-      }
-      out.push_back("[" + std::string(text) + "]:" + std::to_string(port));
-      // Gloo's Address::str() prints sin_port without ntohs(): list that form as well.
-      unsigned swapped = ((port & 0xff) << 8) | (port >> 8);
-      if (swapped != port) out.push_back("[" + std::string(text) + "]:" + std::to_string(swapped));
-    }
-  }
-  return out;
-}
-
-std::string ProcessIdentity() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  std::ifstream f("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return std::string(host) + " " + std::to_string(::getpid()) + " " + StartTimeFromStat(stat);
-}
-
-std::string StartTimeFromStat(const std::string& stat) {
-  // Fields after the command name (which may contain spaces) start at ") ": state is field
-  // 3, starttime field 22 of proc(5).
-  size_t close = stat.rfind(") ");
-  if (close == std::string::npos) return "";
-  std::istringstream in(stat.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && (in >> field); ++i) {
-    if (i == 22) return field;
-  }
-  return "";
-}
-
-bool ProcessIsGone(const std::string& identity) {
-  std::istringstream in(identity);
-  std::string host, pid_s, start;
-  if (!(in >> host >> pid_s >> start)) return false;
-  char me[256] = {};
-  ::gethostname(me, sizeof(me) - 1);
-  if (host != me) return false;  // another host: cannot tell from here
-  std::ifstream f("/proc/" + pid_s + "/stat");
-  if (!f) return true;  // no such process
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (StartTimeFromStat(stat) != start) return true;  // the pid was reused
-  size_t close = stat.rfind(") ");
-  char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
-  return state == 'Z' || state == 'X';  // exited, not yet reaped
-}
-
-namespace {
-
-// Gloo's tcp Address::str() reads "[127.0.0.1]:897" (a pair's address may append "$seq");
-// the peer named in error messages uses the same form, so matching uses it as is.
-std::string ListenAddressFromPairAddress(std::string s) {
-  size_t dollar = s.find('$');
-  if (dollar != std::string::npos) s.resize(dollar);
-  return s;
-}
-
-// "[127.0.0.1]:897" -> "127.0.0.1": the host is what helps a user find the lost rank (the
-// port Gloo prints is in network byte order, so it would only mislead).
-std::string ReadableHost(const std::string& s) {
-  size_t open = s.find('[');
-  size_t close = s.find(']');
-  if (open == std::string::npos || close == std::string::npos || close < open) return s;
-  return s.substr(open + 1, close - open - 1);
-}
-
-// Drops Gloo's "[/path/to/file.cc:123] " source prefixes, which mean nothing to users.
-std::string CleanGlooMessage(std::string_view what) {
-  std::string out;
-  size_t i = 0;
-  while (i < what.size()) {
-    if (what[i] == '[') {
-      size_t close = what.find(']', i);
-      if (close != std::string_view::npos) {
-        std::string_view inside = what.substr(i + 1, close - i - 1);
-        if (inside.find(".cc:") != std::string_view::npos ||
-            inside.find(".h:") != std::string_view::npos) {
-          i = close + 1;
-          while (i < what.size() && what[i] == ' ') ++i;
-          continue;
-        }
-      }
-    }
-    out.push_back(what[i++]);
-  }
-  return out;
-}
-
-bool LooksLikeTimeout(std::string_view msg) {
-  return msg.find("imed out") != std::string_view::npos ||
-         msg.find("imeout") != std::string_view::npos;
-}
-
-}  // namespace
-}  // namespace gloo_internal
-
 namespace {
 
 using namespace std::chrono_literals;
 using gloo_internal::CleanGlooMessage;
-
-// ------------------------------------------------------------------------------------------
-// Store
-// ------------------------------------------------------------------------------------------
-
-// FileStore::check is protected; the error reporting needs a non-blocking existence check.
-class CheckableFileStore : public gloo::rendezvous::FileStore {
- public:
-  using FileStore::FileStore;
-  bool Has(const std::string& key) { return check({key}); }
-};
-
-// The raw Gloo store plus a non-blocking existence check, shared by the KeyValueStore
-// wrapper and the Gloo rendezvous. Gloo's stores are not thread-safe: calls go through mu.
-struct StoreCore {
-  std::mutex mu;
-  std::unique_ptr<gloo::rendezvous::Store> store;
-  std::function<bool(const std::string&)> has;  // REQUIRES: mu held
-  std::string where;                            // "file:/x" for messages
-};
-
-// Values get a one-byte tag because FileStore refuses to read back an empty file.
-constexpr char kValueTag = 'v';
-
-class GlooKeyValueStore final : public KeyValueStore {
- public:
-  GlooKeyValueStore(std::shared_ptr<StoreCore> core, std::string prefix)
-      : core_(std::move(core)), prefix_(std::move(prefix)) {}
-
-  Status Set(const std::string& key, std::string_view value) override {
-    std::string full = prefix_ + "/" + key;
-    std::vector<char> data;
-    data.reserve(value.size() + 1);
-    data.push_back(kValueTag);
-    data.insert(data.end(), value.begin(), value.end());
-    std::lock_guard<std::mutex> lock(core_->mu);
-    try {
-      if (core_->has(full)) {
-        return Status::InvalidArgument("key '" + full + "' already exists in rendezvous " +
-                                       core_->where +
-                                       ": left over from an earlier run? use a fresh folder "
-                                       "(or another store prefix) per run");
-      }
-      core_->store->set(full, data);
-    } catch (const std::exception& e) {
-      return Status::IOError("setting key '" + full + "' in rendezvous " + core_->where + ": " +
-                             CleanGlooMessage(e.what()));
-    }
-    return Status::OK();
-  }
-
-  Result<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override {
-    std::string full = prefix_ + "/" + key;
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    // Polls rather than calling Store::wait, so that the lock is not held while waiting and
-    // the timeout has millisecond resolution (FileStore::wait counts whole seconds).
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(core_->mu);
-        try {
-          if (core_->has(full)) {
-            std::vector<char> data = core_->store->get(full);
-            if (data.empty() || data[0] != kValueTag) {
-              return Status::Corruption("key '" + full + "' in rendezvous " + core_->where +
-                                        " was not written by strata");
-            }
-            return std::string(data.begin() + 1, data.end());
-          }
-        } catch (const std::exception& e) {
-          return Status::IOError("reading key '" + full + "' from rendezvous " + core_->where +
-                                 ": " + CleanGlooMessage(e.what()));
-        }
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return Status::Timeout("key '" + full + "' did not appear in rendezvous " + core_->where +
-                               " within " + std::to_string(timeout.count()) + " ms");
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-
-  // Non-blocking: the value when present.
-  std::optional<std::string> TryGet(const std::string& key) {
-    Result<std::string> r = Get(key, 0ms);
-    if (!r.ok()) return std::nullopt;
-    return *r;
-  }
-
- private:
-  std::shared_ptr<StoreCore> core_;
-  std::string prefix_;
-};
-
-// Adapts StoreCore (with its lock) to gloo::rendezvous::Store for connectFullMesh.
-class LockedGlooStore final : public gloo::rendezvous::Store {
- public:
-  LockedGlooStore(std::shared_ptr<StoreCore> core, std::string prefix)
-      : core_(std::move(core)), prefix_(std::move(prefix)) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    std::lock_guard<std::mutex> lock(core_->mu);
-    core_->store->set(prefix_ + "/" + key, data);
-  }
-  std::vector<char> get(const std::string& key) override {
-    wait({key}, kDefaultTimeout);
-    std::lock_guard<std::mutex> lock(core_->mu);
-    return core_->store->get(prefix_ + "/" + key);
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, kDefaultTimeout); }
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(core_->mu);
-        bool all = true;
-        for (const std::string& k : keys) all = all && core_->has(prefix_ + "/" + k);
-        if (all) return;
-      }
-      if (timeout != gloo::kNoTimeout && std::chrono::steady_clock::now() >= deadline) {
-        throw gloo::IoException("Wait timeout for rendezvous key(s) in " + core_->where);
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-
- private:
-  std::shared_ptr<StoreCore> core_;
-  std::string prefix_;
-};
-
-// Connects to host:port and closes again (5 s at most); IOError naming `what` otherwise.
-[[maybe_unused]] Status ProbeTcp(const std::string& host, int port, const std::string& what) {
-  addrinfo hints = {};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) {
-    return Status::IOError(what + ": host '" + host + "' does not resolve (" + gai_strerror(rc) +
-                           ")");
-  }
-  int last_err = ECONNREFUSED;
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      last_err = errno;
-      continue;
-    }
-    int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (r != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      r = ::poll(&p, 1, 5000) == 1 ? 0 : -1;
-      int err = r == 0 ? 0 : ETIMEDOUT;
-      socklen_t len = sizeof(err);
-      if (r == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      r = err == 0 ? 0 : -1;
-      errno = err;
-    }
-    last_err = errno;
-    ::close(fd);
-    if (r == 0) {
-      ::freeaddrinfo(res);
-      return Status::OK();
-    }
-  }
-  ::freeaddrinfo(res);
-  return Status::FromErrno(last_err, "connecting to " + what + " (is the server running there?)")
-      .WithErrno(last_err);
-}
-
-Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
-  auto core = std::make_shared<StoreCore>();
-  core->where = spec.ToString();
-  if (spec.kind == RendezvousSpec::Kind::kFile) {
-    if (::access(spec.path.c_str(), F_OK) != 0) {
-      return Status::FromErrno(errno, "rendezvous folder " + spec.path +
-                                          " (create it, on a file system every rank sees)")
-          .WithPath(spec.path);
-    }
-    if (::access(spec.path.c_str(), W_OK | X_OK) != 0) {
-      return Status::FromErrno(errno, "rendezvous folder " + spec.path + " is not writable")
-          .WithPath(spec.path);
-    }
-    try {
-      auto fs = std::make_unique<CheckableFileStore>(spec.path);
-      CheckableFileStore* raw = fs.get();
-      core->has = [raw](const std::string& key) { return raw->Has(key); };
-      core->store = std::move(fs);
-    } catch (const std::exception& e) {
-      return Status::IOError("opening rendezvous folder " + spec.path + ": " +
-                             CleanGlooMessage(e.what()))
-          .WithPath(spec.path);
-    }
-    return core;
-  }
-#if GLOO_USE_REDIS
-  // RedisStore's constructor leaks its hiredis context when the server is unreachable;
-  // probing first also gives a plain errno message.
-  STRATA_RETURN_IF_ERROR(ProbeTcp(spec.host, spec.port, "Redis rendezvous " + spec.ToString()));
-  try {
-    auto rs = std::make_unique<gloo::rendezvous::RedisStore>(spec.host, spec.port);
-    gloo::rendezvous::RedisStore* raw = rs.get();
-    core->has = [raw](const std::string& key) { return raw->check({key}); };
-    core->store = std::move(rs);
-  } catch (const std::exception& e) {
-    return Status::IOError("connecting to Redis rendezvous " + spec.ToString() + ": " +
-                           CleanGlooMessage(e.what()) + " (is redis-server running there?)");
-  }
-  return core;
-#else
-  return Status::NotSupported("rendezvous " + spec.ToString() +
-                              ": this build's Gloo has no Redis support; use file:DIR on a "
-                              "folder every rank sees");
-#endif
-}
+using gloo_internal::GlooKeyValueStore;
+using gloo_internal::LockedGlooStore;
+using gloo_internal::OpenStoreCore;
+using gloo_internal::StoreCore;
 
 // ------------------------------------------------------------------------------------------
 // Handles and ops
@@ -488,11 +109,10 @@ class GlooCommunicator final : public Communicator {
         world_(options.rank.world_size),
         timeout_(options.timeout),
         core_(std::move(core)),
-        kv_(std::move(kv)),
+        kv_(kv),
         context_(std::move(context)),
-        addresses_(std::move(addresses)),
-        endpoints_(std::move(endpoints)),
-        identities_(std::move(identities)) {
+        forensics_(rank_, world_, timeout_, std::move(kv), std::move(addresses),
+                   std::move(endpoints), std::move(identities)) {
     worker_ = std::thread([this] { Run(); });
   }
 
@@ -747,83 +367,7 @@ class GlooCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       what = e.what();
     }
-    return Failure(op.name, what);
-  }
-
-  // Turns a Gloo exception message into a Status naming the lost rank when possible, and
-  // reports it through the store so ranks that only saw a timeout can name it too.
-  Status Failure(const char* op_name, const std::string& what) {
-    std::string msg = CleanGlooMessage(what);
-    bool timeout = gloo_internal::LooksLikeTimeout(msg);
-    // Reports already in the store come first: once the ranks next to a dead one give up,
-    // their own exits look like failures to the rest ("connection reset by rank 3"), so a
-    // rank's own reading of its message can blame a survivor; the first reports cannot.
-    int reporter = -1;
-    // A rank on this host whose process is gone is the surest answer; then what other
-    // ranks reported; then the peer this rank's own message names.
-    std::optional<int> lost = DeadLocalRank();
-    if (!lost) lost = ReportedLostRank(&reporter);
-    if (!lost) {
-      // A peer that has itself reported a failure is alive and gave up: its closing the
-      // connection is a consequence, not the cause.
-      std::optional<int> named = gloo_internal::FindRankInMessage(what, endpoints_);
-      if (named && !kv_->TryGet("err/" + std::to_string(*named))) lost = named;
-    }
-    kv_->Set("err/" + std::to_string(rank_), std::to_string(lost ? *lost : -1)).ok();
-    if (!lost) {
-      // Ranks connected to the dead one report within moments of its death; a rank that
-      // timed out has waited far longer than that, so a short look suffices.
-      auto deadline = std::chrono::steady_clock::now() +
-                      std::min<std::chrono::milliseconds>(timeout_ / 4 + 1ms, 2000ms);
-      while (!lost && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(20ms);
-        lost = DeadLocalRank();
-        if (!lost) lost = ReportedLostRank(&reporter);
-      }
-    }
-    std::string text = std::string(op_name) + " on rank " + std::to_string(rank_) + " of " +
-                       std::to_string(world_) + " failed: ";
-    if (lost) {
-      text += "lost rank " + std::to_string(*lost) + " (" + "host " +
-              gloo_internal::ReadableHost(addresses_[*lost]) + ")";
-      if (reporter >= 0) text += " as reported by rank " + std::to_string(reporter);
-      text += timeout ? " (no data within the comm timeout of " + std::to_string(timeout_.count()) +
-                            " ms); "
-                      : "; ";
-    } else if (timeout) {
-      text += "no data from a peer within the comm timeout of " + std::to_string(timeout_.count()) +
-              " ms (a rank died, hangs or is slow); ";
-    }
-    text += msg;
-    return timeout ? Status::Timeout(text) : Status::Comm(text);
-  }
-
-  // The lowest-numbered other rank on this host whose process has exited without
-  // reporting a failure of its own (a rank that reported gave up after a loss; its exit is
-  // a consequence), if any.
-  std::optional<int> DeadLocalRank() {
-    for (int r = 0; r < world_; ++r) {
-      if (r != rank_ && gloo_internal::ProcessIsGone(identities_[r]) &&
-          !kv_->TryGet("err/" + std::to_string(r))) {
-        return r;
-      }
-    }
-    return std::nullopt;
-  }
-
-  // The lost rank named by the lowest-numbered other rank that reported one, if any.
-  std::optional<int> ReportedLostRank(int* reporter) {
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) continue;
-      std::optional<std::string> v = kv_->TryGet("err/" + std::to_string(r));
-      if (!v) continue;
-      int l = std::atoi(v->c_str());
-      if (l >= 0 && l < world_ && l != rank_) {
-        *reporter = r;
-        return l;
-      }
-    }
-    return std::nullopt;
+    return forensics_.Failure(op.name, what);
   }
 
   const int rank_;
@@ -832,12 +376,8 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<StoreCore> core_;
   std::shared_ptr<GlooKeyValueStore> kv_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::vector<std::string> addresses_;  // rank r's listening address, "[ip]:port"
-  // Every TCP endpoint of rank r (its listening address and the local ends of its
-  // connections): Gloo names a peer by whichever end it sees.
-  std::vector<std::vector<std::string>> endpoints_;
-  // "host pid starttime" of each rank, to check whether ranks on this host are gone.
-  std::vector<std::string> identities_;
+  // Names the lost rank when a collective fails (worker thread only).
+  gloo_internal::PeerLossForensics forensics_;
 
   std::mutex mu_;
   std::condition_variable cv_;

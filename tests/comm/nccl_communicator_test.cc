@@ -1,7 +1,7 @@
 // The NCCL communicator. Argument checks run everywhere (label unit); the collectives need
 // a GPU and skip without one. One GPU runs a one-rank communicator; two or more GPUs also
 // run a two-rank one (one thread per rank and GPU; NCCL forbids two ranks on one GPU).
-#include "gpu/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 
 #include <gtest/gtest.h>
 

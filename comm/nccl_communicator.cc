@@ -1,4 +1,4 @@
-#include "gpu/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -4,7 +4,7 @@
 // which makes the reference comparison bit-exact. A killed rank must make the others fail
 // (naming it), never hang: the parent kills every child still running after a deadline and
 // fails the test.
-#include "engine/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

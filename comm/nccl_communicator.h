@@ -1,8 +1,10 @@
 // The NCCL backend of strata::Communicator (strata/comm.h): collectives between GPUs, with
 // buffers in device memory, issued on one CUDA stream (a CudaDevice's Lane::kComm stream, or
 // one the caller names). Internal header; it includes neither CUDA nor NCCL headers, so it
-// can be included anywhere, but its functions exist only in CUDA builds (library
-// strata_nccl, target present when STRATA_HAVE_CUDA).
+// can be included anywhere, but its functions exist only in CUDA builds (strata_comm compiles
+// this backend when STRATA_HAVE_CUDA; otherwise comm/nccl_unavailable.cc answers NotSupported
+// for the public rendezvous form). Ranks meet through a KeyValueStore alone: the
+// rendezvous form reads rank 0's unique id from the store; nothing else is exchanged.
 //
 // How it runs: each collective is enqueued on the stream (after a cudaStreamWaitEvent on
 // CollectiveOptions::after when that is a CUDA event; any other event is waited for on the

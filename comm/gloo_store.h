@@ -1,0 +1,75 @@
+// The rendezvous stores of the Gloo backend: a folder every rank sees (Gloo's FileStore) or
+// a Redis server (Gloo's RedisStore), behind strata's KeyValueStore (what OpenKeyValueStore
+// returns and Communicator::store() hands out) and behind gloo::rendezvous::Store (what
+// Gloo's full-mesh connect reads and writes). Both wrappers share one StoreCore, whose lock
+// serialises every call: Gloo's stores are not thread-safe.
+//
+// Internal to comm/: includes Gloo headers, so only comm/'s Gloo files include it.
+#pragma once
+
+#include <gloo/rendezvous/store.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/status.h"
+
+namespace strata::gloo_internal {
+
+// The raw Gloo store plus a non-blocking existence check, shared by the KeyValueStore
+// wrapper and the Gloo rendezvous. Gloo's stores are not thread-safe: calls go through mu.
+struct StoreCore {
+  std::mutex mu;
+  std::unique_ptr<gloo::rendezvous::Store> store;
+  std::function<bool(const std::string&)> has;  // REQUIRES: mu held
+  std::string where;                            // "file:/x" for messages
+};
+
+// Opens the folder or connects to the Redis server `spec` names. NotFound/IOError naming
+// the folder (missing, not writable) or the server (unreachable); NotSupported for redis:
+// when this build's Gloo lacks Redis.
+Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec);
+
+// strata's KeyValueStore over a StoreCore; every key is prefixed with "<prefix>/". Keys are
+// written once: Set refuses an existing key (a stale folder from an earlier run).
+class GlooKeyValueStore final : public KeyValueStore {
+ public:
+  GlooKeyValueStore(std::shared_ptr<StoreCore> core, std::string prefix)
+      : core_(std::move(core)), prefix_(std::move(prefix)) {}
+
+  Status Set(const std::string& key, std::string_view value) override;
+  Result<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override;
+  // Non-blocking: the value when present.
+  std::optional<std::string> TryGet(const std::string& key);
+
+ private:
+  std::shared_ptr<StoreCore> core_;
+  std::string prefix_;
+};
+
+// Adapts StoreCore (with its lock) to gloo::rendezvous::Store for connectFullMesh; keys are
+// prefixed with "<prefix>/". Throws what Gloo's stores throw (gloo::IoException on a wait
+// past its timeout), as Gloo expects of a Store.
+class LockedGlooStore final : public gloo::rendezvous::Store {
+ public:
+  LockedGlooStore(std::shared_ptr<StoreCore> core, std::string prefix)
+      : core_(std::move(core)), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, kDefaultTimeout); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  std::shared_ptr<StoreCore> core_;
+  std::string prefix_;
+};
+
+}  // namespace strata::gloo_internal

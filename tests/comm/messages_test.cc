@@ -1,0 +1,128 @@
+// comm/messages.h over real Gloo ranks (forked processes on loopback): a root's outcome
+// reaches every rank, typed all-gathers arrive in rank order, and the resumed-step agreement
+// names the rank that differs.
+#include "comm/messages.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tests/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Shape {
+  int32_t layers, d_model;
+  double lr;
+};
+
+// Forks `world` ranks joined over Gloo in a fresh folder; each runs `body` and exits with
+// its return value (0 = its checks passed). Returns the exit codes.
+std::vector<int> RunRanks(int world, const std::function<int(Communicator&)>& body) {
+  testing::TempDir dir("strata_messages_test");
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 90;
+      {
+        CommOptions o;
+        o.rank.rank = r;
+        o.rank.world_size = world;
+        o.rank.local_rank = r;
+        o.rank.local_world_size = world;
+        o.rendezvous.kind = RendezvousSpec::Kind::kFile;
+        o.rendezvous.path = dir.path();
+        o.timeout = 30s;
+        auto comm = CreateGlooCommunicator(o);
+        if (comm.ok()) {
+          code = body(**comm);
+        } else {
+          std::fprintf(stderr, "rank %d: %s\n", r, comm.status().ToString().c_str());
+        }
+      }
+      std::fflush(stderr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    codes.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  }
+  return codes;
+}
+
+#define CHILD_CHECK(cond)                                                      \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      std::fprintf(stderr, "rank %d: check failed: %s\n", comm.rank(), #cond); \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+TEST(CommMessages, ShareFromRootDeliversTheValueOrTheFailure) {
+  auto codes = RunRanks(3, [](Communicator& comm) {
+    const bool root = comm.rank() == 1;
+    // The root's value reaches everyone; the others' arguments are ignored.
+    std::optional<Shape> mine =
+        root ? std::optional<Shape>(Shape{6, 384, 0.5}) : std::optional<Shape>(Shape{-1, -1, -1});
+    auto got = ShareFromRoot(comm, 1, mine, "test: share shape");
+    CHILD_CHECK(got.ok());
+    CHILD_CHECK(got->has_value());
+    CHILD_CHECK((*got)->layers == 6 && (*got)->d_model == 384 && (*got)->lr == 0.5);
+    // A root that failed: every rank learns it, even those that passed a value.
+    auto failed = ShareFromRoot(comm, 1, root ? std::nullopt : mine, "test: share failure");
+    CHILD_CHECK(failed.ok());
+    CHILD_CHECK(!failed->has_value());
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+TEST(CommMessages, AllGatherMessagesArriveInRankOrder) {
+  auto codes = RunRanks(3, [](Communicator& comm) {
+    Shape mine{comm.rank(), 100 + comm.rank(), comm.rank() * 0.25};
+    auto all = AllGatherMessages(comm, mine, "test: gather shapes");
+    CHILD_CHECK(all.ok());
+    CHILD_CHECK(all->size() == 3);
+    for (int r = 0; r < 3; ++r) {
+      CHILD_CHECK((*all)[r].layers == r && (*all)[r].d_model == 100 + r);
+      CHILD_CHECK((*all)[r].lr == r * 0.25);
+    }
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+TEST(CommMessages, ResumedStepAgreementNamesTheRankThatDiffers) {
+  auto codes = RunRanks(3, [](Communicator& comm) {
+    CHILD_CHECK(AgreeOnResumedStep(comm, 7).ok());
+    // Rank 2 resumes another step: every rank fails, naming the first that differs from it.
+    const int64_t step = comm.rank() == 2 ? 5 : 7;
+    Status s = AgreeOnResumedStep(comm, step);
+    CHILD_CHECK(s.code() == StatusCode::kInvalidArgument);
+    const std::string expected = comm.rank() == 2 ? "rank 0 resumes step 7 but this rank step 5"
+                                                  : "rank 2 resumes step 5 but this rank step 7";
+    CHILD_CHECK(s.message().find(expected) != std::string::npos);
+    CHILD_CHECK(s.message().find("same world size") != std::string::npos);
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+}  // namespace
+}  // namespace strata
