@@ -69,7 +69,7 @@ done
 # The binaries the check runs, by their path in a build folder.
 tests=(tests/gpu/gpu_device_test tests/gpu/gpu_cuda_device_gpu_test
        tests/comm/comm_nccl_communicator_test tests/model/cuda/model_gpt2_cuda_ops_test
-       tests/model/train_cuda_test)
+       tests/trainer/train_cuda_test)
 tools=(bench/gpu_model_bench tools/strata)
 
 # Libraries the GPU machine provides (its CUDA install or driver) and the base system's.

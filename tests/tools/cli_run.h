@@ -1,6 +1,6 @@
 // RunCli: runs the built `strata` binary as a test's subject, through the shell (popen) with
 // a hang guard (coreutils `timeout -s KILL`), and returns its exit code and what it printed.
-// Header-only, for the CLI's end-to-end tests (tests/tools/, tests/model/); the binary is the
+// Header-only, for the CLI's end-to-end tests (tests/tools/, tests/trainer/); the binary is the
 // STRATA_CLI_PATH compile definition their CMakeLists.txt set. Each call is independent;
 // safe to call from any test thread, though the command sees this process's environment.
 #pragma once

@@ -17,7 +17,7 @@
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
 #include "model/safetensors.h"
-#include "model/trainer.h"
+#include "trainer/trainer.h"
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
@@ -254,7 +254,7 @@ int RunTrain(const TrainArgs& a) {
                                         "and --steps >= 0"),
                 "flags");
   }
-  model::TrainOptions to;
+  trainer::TrainOptions to;
   to.seq_len = a.seq_len;
   to.batch = a.batch;
   to.micro_batches = a.micro_batches;
@@ -264,7 +264,7 @@ int RunTrain(const TrainArgs& a) {
   to.recompute = a.recompute;
   to.comm = comm;
   if (a.lr_schedule == "cosine") {
-    to.schedule = model::LrSchedule::kCosine;
+    to.schedule = trainer::LrSchedule::kCosine;
   } else if (a.lr_schedule != "constant") {
     return Fail(
         Status::InvalidArgument("--lr-schedule " + a.lr_schedule + ": expected constant or cosine"),
@@ -349,7 +349,7 @@ int RunTrain(const TrainArgs& a) {
                                                               : "agreeing on the resumed step");
     }
   }
-  model::Trainer trainer(engine.get(), device.get(), cfg, to, &*batcher);
+  trainer::Trainer trainer(engine.get(), device.get(), cfg, to, &*batcher);
   if (engine->ResumedStep() == 0) {
     if (Status s = trainer.InitWeights(init.get(), a.seed); !s.ok()) {
       return Fail(s, init ? "--init " + a.init : "initialising weights");

@@ -1,14 +1,22 @@
 // The Trainer and the engine driver against PlainEngine (plain buffers): the driver feeds
 // the engine exactly the gradient of the plain forward/backward, the loss falls on the
 // built-in corpus, micro-batches average, and the learning-rate schedule.
-#include "model/trainer.h"
+#include "trainer/trainer.h"
 
 #include <gtest/gtest.h>
 
-#include "tests/model/plain_engine.h"
+#include "tests/trainer/plain_engine.h"
 
 namespace strata::model {
 namespace {
+
+using trainer::ForwardBackwardEngine;
+using trainer::LearningRate;
+using trainer::LrSchedule;
+using trainer::ReadWeights;
+using trainer::StepResult;
+using trainer::Trainer;
+using trainer::TrainOptions;
 
 struct Rig {
   Gpt2Config cfg;

@@ -9,11 +9,19 @@
 
 #include <cmath>
 
-#include "model/trainer.h"
 #include "strata/comm.h"
+#include "trainer/trainer.h"
 
 namespace strata::model {
 namespace {
+
+using trainer::ForwardBackwardEngine;
+using trainer::LearningRate;
+using trainer::LrSchedule;
+using trainer::ReadWeights;
+using trainer::StepResult;
+using trainer::Trainer;
+using trainer::TrainOptions;
 
 class TrainCudaTest : public ::testing::Test {
  protected:

@@ -1,8 +1,12 @@
-#include "model/trainer.h"
+#include "trainer/trainer.h"
 
 #include <cmath>
 
-namespace strata::model {
+namespace strata::trainer {
+
+using model::BlockPtrs;
+using model::HfTensorName;
+using model::PlainLayout;
 
 Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& model,
                              const int32_t* inputs, const int32_t* targets, float dloss,
@@ -230,4 +234,4 @@ Result<double> Trainer::ValidationLoss() {
   return sum / options_.val_batches;
 }
 
-}  // namespace strata::model
+}  // namespace strata::trainer

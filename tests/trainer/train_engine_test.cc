@@ -8,10 +8,18 @@
 #include <fstream>
 #include <iterator>
 
-#include "model/trainer.h"
+#include "trainer/trainer.h"
 
 namespace strata::model {
 namespace {
+
+using trainer::ForwardBackwardEngine;
+using trainer::LearningRate;
+using trainer::LrSchedule;
+using trainer::ReadWeights;
+using trainer::StepResult;
+using trainer::Trainer;
+using trainer::TrainOptions;
 
 struct RunConfig {
   uint64_t device_mem = 0, host_mem = 0;

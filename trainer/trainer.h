@@ -22,7 +22,14 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 
-namespace strata::model {
+namespace strata::trainer {
+
+using model::Batcher;
+using model::Gpt2Config;
+using model::Gpt2CudaModel;
+using model::Gpt2Model;
+using model::HostWeights;
+using model::SafetensorsReader;
 
 // One micro-batch's forward and backward inside an open step (see the header comment).
 // *loss receives the micro-batch's mean token loss once the compute lane has run it
@@ -105,4 +112,4 @@ class Trainer {
   int rank_ = 0, world_ = 1;  // from options.comm
 };
 
-}  // namespace strata::model
+}  // namespace strata::trainer
