@@ -41,6 +41,18 @@ Result<RankInfo> RankFromEnvOrSingle() {
   return ri;
 }
 
+std::string RankPath(std::string path, const RankInfo& rank) {
+  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", rank.rank},
+                                   std::pair<std::string, int>{"{local_rank}", rank.local_rank}}) {
+    for (size_t p = path.find(key); p != std::string::npos; p = path.find(key, p)) {
+      const std::string v = std::to_string(value);
+      path.replace(p, key.size(), v);
+      p += v.size();
+    }
+  }
+  return path;
+}
+
 TempFolder::TempFolder(TempFolder&& other) noexcept : path_(std::exchange(other.path_, {})) {}
 
 TempFolder& TempFolder::operator=(TempFolder&& other) noexcept {

@@ -44,6 +44,10 @@ class TempFolder {
   std::string path_;
 };
 
+// `path` with every {rank} and {local_rank} replaced by the rank's numbers, so that one
+// flag value names each rank's own folder or file (--nvme /nvme/{rank}). Never fails.
+std::string RankPath(std::string path, const RankInfo& rank);
+
 // This process's rank from the launcher's environment (RankInfoFromEnv); a single rank
 // (world size 1, local world size 1) when no launcher variable is set. Errors:
 // RankInfoFromEnv's InvalidArgument for set but inconsistent variables.

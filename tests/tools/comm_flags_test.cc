@@ -79,8 +79,9 @@ TEST(CommFlags, BenchStepRefusesBadValues) {
 TEST(CommFlags, BenchStepRefusesNcclOnTheHostDevice) {
   const CliRun r = Shell(std::string(kTinyBench) + "--comm-backend nccl --device cpu");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(Contains(r.output, "--comm-backend nccl needs a CUDA device")) << r.output;
-  EXPECT_TRUE(Contains(r.output, "--device cpu")) << r.output;
+  // The same refusal as `strata train`'s: one run-setup path.
+  EXPECT_TRUE(Contains(r.output, "--comm-backend nccl needs --device cuda")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--device is cpu")) << r.output;
   EXPECT_FALSE(Contains(r.output, "#wrong")) << r.output;  // no bench ran
 }
 

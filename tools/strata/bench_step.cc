@@ -35,6 +35,8 @@
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/run_flags.h"
+#include "trainer/run_setup.h"
 
 namespace strata::cli {
 namespace {
@@ -43,21 +45,9 @@ struct Flags {
   int blocks = 16;
   std::string block_bytes = "16M";
   double compute_ms = 40;
-  std::string device_mem = "0";
-  std::string host_mem = "0";
-  std::vector<std::string> nvme;
   int steps = 3;
-  int micro_batches = 1;
-  double grad_clip = 0;
-  std::string trace;
   bool json = false;
-  std::string device = "auto";
-  std::string io = "auto";
-  int cpu_threads = 0;
-  std::string rendezvous;
-  double comm_timeout = 0;
-  std::string comm_backend = "auto";       // auto, gloo or nccl
-  std::string collective_memory = "auto";  // auto, device or host
+  RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
 };
 
 // One rank's figures of one step, gathered on rank 0 (plain doubles, sent as bytes).
@@ -77,113 +67,58 @@ float Pattern(int block, uint64_t i) {
   return float(int((i * 2654435761u + block * 97) % 2001) - 1000) * 1e-3f;
 }
 
-Status Run(const Flags& f) {
+// The run's shared settings (those of `strata train`), then ranks, device and the engine's
+// options through the trainer's one run-setup path. Errors name the flag in *what.
+Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOptions* opt,
+             TempFolder* temp, std::string* what) {
+  trainer::RunConfig config;
+  STRATA_RETURN_IF_ERROR(ApplyRunFlags(f.run, &config, what));
+  // The device holds only the engine's buffers here, so its budget caps it too.
+  config.cap_device_allocations = true;
+  // A zero gradient with no weight decay leaves every parameter unchanged, which the
+  // self-check relies on; decay costs the same time, so the step still models training.
+  config.weight_decay = 0;
+  // Not durable: the bench measures steps, not commits for --resume.
+  config.durable = false;
+  STRATA_ASSIGN_OR_RETURN(*setup, trainer::RunSetup::Begin(config, what));
+  STRATA_RETURN_IF_ERROR(
+      (*setup)->Start({"strata-bench-step", "/var/tmp/strata-bench-step-"}, what));
+  STRATA_ASSIGN_OR_RETURN(*opt, (*setup)->MakeEngineOptions(what));
+  if (opt->nvme_paths.empty() && opt->host_mem_bytes != 0) {
+    *what = "--nvme";  // the NVMe folder when none was given
+    STRATA_ASSIGN_OR_RETURN(std::string dir, temp->Make("/var/tmp/strata-bench-step-"));
+    opt->nvme_paths.push_back(dir);
+  }
+  opt->dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
+  what->clear();
+  return Status::OK();
+}
+
+Status Run(const Flags& f, std::string* what) {
   if (f.blocks < 1) return Status::InvalidArgument("--blocks must be >= 1");
   if (f.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
-  if (f.micro_batches < 1) return Status::InvalidArgument("--micro-batches must be >= 1");
   if (f.compute_ms < 0) return Status::InvalidArgument("--compute-ms must be >= 0");
   STRATA_ASSIGN_OR_RETURN(uint64_t block_bytes, ParseBytes("--block-bytes", f.block_bytes));
-  STRATA_ASSIGN_OR_RETURN(uint64_t device_mem, ParseBytes("--device-mem", f.device_mem));
-  STRATA_ASSIGN_OR_RETURN(uint64_t host_mem, ParseBytes("--host-mem", f.host_mem));
   const uint64_t numel = std::max<uint64_t>(block_bytes / 4, 1);
-  STRATA_ASSIGN_OR_RETURN(IoBackendKind io_kind, ParseIoBackendKind(f.io));
-  if (f.device != "auto" && f.device != "cpu" && f.device != "cuda") {
-    return Status::InvalidArgument("--device " + f.device + ": use auto, cpu or cuda");
-  }
-  STRATA_RETURN_IF_ERROR(CheckCommBackend(f.comm_backend));
-  if (f.comm_backend == "nccl" && (f.device == "cpu" || (f.device == "auto" && !CudaAvailable()))) {
-    return Status::InvalidArgument(
-        "--comm-backend nccl needs a CUDA device (NCCL moves GPU memory), but --device " +
-        f.device + (f.device == "auto" ? " finds no GPU" : " is the host") +
-        "; pass --device cuda on a machine with a GPU, or --comm-backend gloo");
-  }
-  STRATA_ASSIGN_OR_RETURN(CollectiveMemory collective_memory,
-                          ParseCollectiveMemory(f.collective_memory));
-
-  RankInfo ri;
-  if (auto r = RankInfoFromEnv(); r.ok()) {
-    ri = *r;
-  } else if (r.status().code() != StatusCode::kNotFound) {
-    return r.status();
-  }
-  // `comm` is the Gloo communicator (host memory); the NCCL one, when used, is created once
-  // the CUDA device exists (below). With one rank, --comm-backend nccl still runs the engine's
-  // collectives through a one-rank NCCL communicator (its Gloo partner then meets in a
-  // temporary folder), so one GPU measures that path.
-  JoinedRanks ranks;
-  if (ri.world_size > 1 || f.comm_backend == "nccl") {
-    JoinOptions jo;
-    jo.rendezvous = f.rendezvous;
-    jo.timeout_seconds = f.comm_timeout;
-    jo.store_prefix = "strata-bench-step";
-    jo.one_rank_folder_prefix = "/var/tmp/strata-bench-step-";
-    STRATA_ASSIGN_OR_RETURN(ranks, JoinRanks(ri, jo, /*failed_step=*/nullptr));
-  }
-  Communicator* const comm = ranks.gloo.get();
+  std::unique_ptr<trainer::RunSetup> setup;
+  EngineOptions opt;
+  TempFolder temp;  // the NVMe folder when none was given
+  STRATA_RETURN_IF_ERROR(Setup(f, &setup, &opt, &temp, what));
+  const RankInfo& ri = setup->rank();
+  Device* const device = &setup->device();
+  Communicator* const comm = setup->host_comm();
   const bool lead = ri.rank == 0;
   const int world = ri.world_size;
-
-  std::unique_ptr<Device> device;
-  DeviceOptions dopt;
-  dopt.memory_budget_bytes = device_mem;
-  // Each rank of a host drives its own GPU: the one numbered by its local rank.
-  dopt.cuda_device = ri.local_rank;
-  if (f.device == "cuda" || (f.device == "auto" && CudaAvailable())) {
-    auto d = CreateCudaDevice(dopt);
-    if (!d.ok()) {
-      return Status(d.status())
-          .Annotate("--device " + f.device + " (GPU " + std::to_string(ri.local_rank) +
-                    (world > 1 ? ", this rank's local rank" : "") + ")");
-    }
-    device = std::move(d).value();
-  } else {
-    STRATA_ASSIGN_OR_RETURN(device, CreateHostDevice(dopt));
-  }
-  const bool cuda = device->Kind() == DeviceKind::kCuda;
-  if (f.comm_backend == "nccl" && !cuda) {
-    return Status::InvalidArgument(
-        "--comm-backend nccl needs a CUDA device (NCCL moves GPU memory), but --device " +
-        f.device + " found none; pass --comm-backend gloo");
-  }
-  // The NCCL communicator lives on the device's comm stream: declared after the device so
-  // that it goes first, and before the engine, which uses it until it is destroyed.
-  std::unique_ptr<Communicator> nccl;
-  {
-    auto n = CreateEngineNccl(ranks, f.comm_backend, *device);
-    if (!n.ok()) {
-      return Status(n.status())
-          .Annotate("--comm-backend " + f.comm_backend + ": joining the other ranks' GPUs");
-    }
-    nccl = std::move(n).value();
-  }
-
-  TempFolder temp;  // the NVMe folder when none was given
-  std::vector<std::string> nvme;
-  for (const std::string& p : f.nvme) nvme.push_back(RankPath(p, ri));
-  if (nvme.empty() && host_mem != 0) {
-    STRATA_ASSIGN_OR_RETURN(std::string dir, temp.Make("/var/tmp/strata-bench-step-"));
-    nvme.push_back(dir);
-  }
+  const std::vector<std::string>& nvme = opt.nvme_paths;
+  const uint64_t device_mem = opt.device_mem_bytes, host_mem = opt.host_mem_bytes;
+  const int micro_batches = opt.micro_batches;
+  const double grad_clip = opt.grad_clip;
 
   std::vector<BlockSpec> blocks;
   for (int b = 0; b < f.blocks; ++b) {
     blocks.push_back(
         BlockSpec{"block." + std::to_string(b), {TensorSpec{"w", {int64_t(numel)}, true}}});
   }
-  EngineOptions opt;
-  opt.device = device.get();
-  opt.device_mem_bytes = device_mem;
-  opt.host_mem_bytes = host_mem;
-  opt.nvme_paths = nvme;
-  opt.io.kind = io_kind;
-  opt.micro_batches = f.micro_batches;
-  opt.grad_clip = f.grad_clip;
-  opt.trace_path = RankPath(f.trace, ri);
-  opt.comm = nccl ? nccl.get() : comm;
-  opt.host_comm = nccl ? comm : nullptr;  // nullptr: opt.comm (Gloo) does both
-  opt.collective_memory = collective_memory;
-  opt.optimizer_threads = f.cpu_threads;
-  opt.dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
   auto created = Engine::Create(blocks, opt);
   if (!created.ok()) return created.status();
   std::unique_ptr<Engine> engine = std::move(created).value();
@@ -206,8 +141,9 @@ Status Run(const Flags& f) {
   if (!f.json && lead) {
     if (comm) {
       const std::string backends =
-          nccl ? std::string(comm_backend) + ", host-side collectives on " + host_comm_backend
-               : std::string(comm_backend);
+          setup->nccl()
+              ? std::string(comm_backend) + ", host-side collectives on " + host_comm_backend
+              : std::string(comm_backend);
       std::printf(
           "# ranks: %d (%s; collectives in %s memory; each holds 1/%d of every state; rows per "
           "rank below)\n",
@@ -216,9 +152,10 @@ Status Run(const Flags& f) {
     std::printf(
         "# strata bench step: %d blocks x %s MiB fp32 params, compute %.1f ms forward / "
         "%.1f ms backward per block, %d micro-batch(es), %d step(s)%s\n",
-        f.blocks, Mib(flat_bytes).c_str(), f.compute_ms, 2 * f.compute_ms, f.micro_batches, f.steps,
-        f.grad_clip > 0 ? (", grad clip " + std::to_string(f.grad_clip)).c_str() : "");
-    std::printf("# device %s, nvme %s\n", device->Name().c_str(),
+        f.blocks, Mib(flat_bytes).c_str(), f.compute_ms, 2 * f.compute_ms, micro_batches, f.steps,
+        grad_clip > 0 ? (", grad clip " + std::to_string(grad_clip)).c_str() : "");
+    const std::string note = setup->DeviceNote().empty() ? "" : " (" + setup->DeviceNote() + ")";
+    std::printf("# device %s%s, nvme %s\n", device->Name().c_str(), note.c_str(),
                 nvme.empty() ? "none" : [&] {
                   std::string s;
                   for (const auto& p : nvme) s += (s.empty() ? "" : ", ") + p;
@@ -238,7 +175,7 @@ Status Run(const Flags& f) {
   const int64_t first = engine->ResumedStep() + 1;
   for (int s = 0; s < f.steps; ++s) {
     STRATA_RETURN_IF_ERROR(engine->BeginStep(StepArgs{.lr = 1e-3}));
-    for (int m = 0; m < f.micro_batches; ++m) {
+    for (int m = 0; m < micro_batches; ++m) {
       for (int b = 0; b < f.blocks; ++b) {
         STRATA_RETURN_IF_ERROR(engine->Acquire(b, Pass::kForward).status());
         if (fwd.count() > 0) {
@@ -374,8 +311,8 @@ Status Run(const Flags& f) {
                      {"device_mem", device_mem},
                      {"host_mem", host_mem},
                      {"nvme", nvme},
-                     {"micro_batches", f.micro_batches},
-                     {"grad_clip", f.grad_clip},
+                     {"micro_batches", micro_batches},
+                     {"grad_clip", grad_clip},
                      {"world_size", world},
                      {"comm_backend", comm_backend},
                      {"host_comm_backend", host_comm_backend},
@@ -414,49 +351,20 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
                   "Device compute per block: forward this many ms, backward twice that "
                   "(emulated on the compute lane; 0 = I/O-bound)")
       ->capture_default_str();
-  cmd->add_option("--device-mem", flags->device_mem,
-                  "Device memory budget for params and gradient buffers (0 = unlimited)")
-      ->capture_default_str();
-  cmd->add_option("--host-mem", flags->host_mem,
-                  "Pinned host memory budget (0 = unlimited: everything stays in host memory)")
-      ->capture_default_str();
-  cmd->add_option("--nvme", flags->nvme,
-                  "Folder for the NVMe tier; repeat to stripe over drives (default: a temporary "
-                  "folder under /var/tmp, removed at exit)");
   cmd->add_option("--steps", flags->steps, "Steps to run")->capture_default_str();
-  cmd->add_option("--micro-batches", flags->micro_batches,
-                  "Micro-batches per step (gradients accumulate on the host)")
-      ->capture_default_str();
-  cmd->add_option("--grad-clip", flags->grad_clip, "Clip the global gradient norm (0 = off)")
-      ->capture_default_str();
-  cmd->add_option("--trace", flags->trace, "Write a Chrome/Perfetto trace JSON to this file");
   cmd->add_flag("--json", flags->json, "Machine-readable output");
-  cmd->add_option("--cpu-threads", flags->cpu_threads,
-                  "OpenMP threads of the CPU optimizer (0 = one per core)")
-      ->capture_default_str();
-  cmd->add_option("--device", flags->device, "auto | cpu | cuda")->capture_default_str();
-  cmd->add_option("--io", flags->io, "NVMe backend: auto | uring | posix")->capture_default_str();
-  cmd->add_option("--rendezvous", flags->rendezvous,
-                  "With WORLD_SIZE > 1 (under strata launch): where ranks meet, file:DIR or "
-                  "redis:HOST:PORT; default STRATA_RENDEZVOUS. --nvme and --trace may contain "
-                  "{rank} and {local_rank}");
-  cmd->add_option("--comm-timeout", flags->comm_timeout,
-                  "Seconds a collective waits for a peer (default STRATA_COMM_TIMEOUT)");
-  cmd->add_option("--comm-backend", flags->comm_backend,
-                  "What the engine's all-gathers and reduce-scatters run on: gloo (TCP, host "
-                  "memory; any device), nccl (GPU memory; needs a CUDA device; with one rank it "
-                  "still runs them) or auto (nccl on a CUDA device, else gloo). Gloo always "
-                  "joins the ranks for the host-side collectives; each rank uses GPU LOCAL_RANK")
-      ->capture_default_str();
-  cmd->add_option("--collective-memory", flags->collective_memory,
-                  "Where the collectives run: device (in device memory; 1/N of each block over "
-                  "H2D/D2H), host (in pinned host buffers; whole blocks over H2D/D2H) or auto "
-                  "(device whenever the communicator reaches device memory)")
-      ->capture_default_str();
+  // The flags of every engine run, with `strata train`'s defaults: a bench step models a
+  // training step.
+  AddRunFlags(cmd, &flags->run,
+              "Folder for the NVMe tier; repeat to stripe over drives; {rank} and {local_rank} "
+              "are replaced by the rank's numbers (default with a finite --host-mem: a "
+              "temporary folder under /var/tmp, removed at exit)");
   cmd->callback([flags, exit_code] {
-    Status s = Run(*flags);
+    std::string what;  // the flag or step that failed, when known
+    Status s = Run(*flags, &what);
     if (!s.ok()) {
-      std::fprintf(stderr, "strata bench step: %s\n", s.ToString().c_str());
+      std::fprintf(stderr, "strata bench step: %s%s%s\n", what.c_str(), what.empty() ? "" : ": ",
+                   s.ToString().c_str());
       *exit_code = 1;
     }
   });

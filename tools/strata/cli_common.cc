@@ -52,29 +52,4 @@ Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text) {
   return static_cast<uint64_t>(v * mult + 0.5);
 }
 
-std::string RankPath(std::string path, const RankInfo& rank) {
-  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", rank.rank},
-                                   std::pair<std::string, int>{"{local_rank}", rank.local_rank}}) {
-    for (size_t p = path.find(key); p != std::string::npos; p = path.find(key, p)) {
-      const std::string v = std::to_string(value);
-      path.replace(p, key.size(), v);
-      p += v.size();
-    }
-  }
-  return path;
-}
-
-Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text) {
-  for (CollectiveMemory m :
-       {CollectiveMemory::kAuto, CollectiveMemory::kDevice, CollectiveMemory::kHost}) {
-    if (text == CollectiveMemoryName(m)) return m;
-  }
-  return Status::InvalidArgument("--collective-memory " + text + ": expected auto, device or host");
-}
-
-Status CheckCommBackend(const std::string& text) {
-  if (text == "auto" || text == "gloo" || text == "nccl") return Status::OK();
-  return Status::InvalidArgument("--comm-backend " + text + ": expected auto, gloo or nccl");
-}
-
 }  // namespace strata::cli

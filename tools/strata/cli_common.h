@@ -1,6 +1,6 @@
-// Helpers shared by the `strata` subcommands (tools/strata/*.cc): byte sizes and the
-// collective flags parsed from the command line, and per-rank paths. Joining the ranks
-// (JoinRanks, CreateEngineNccl, TempFolder) is in comm/join.h.
+// Helpers shared by the `strata` subcommands (tools/strata/*.cc): byte sizes parsed from the
+// command line. Joining the ranks (JoinRanks, CreateEngineNccl, TempFolder, RankPath) is in
+// comm/join.h; the flags every run shares, in run_flags.h.
 //
 // Internal to the CLI, not a library API. Nothing here prints: each function returns a
 // Status whose message names the flag and the value, and the subcommand reports it in its
@@ -26,17 +26,5 @@ namespace strata::cli {
 // nearest byte. Errors: InvalidArgument "<flag> <text> is not a size; ..." for an empty,
 // negative, malformed or out-of-range (over 9e18 bytes) value, or an unknown suffix.
 Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text);
-
-// `path` with every {rank} and {local_rank} replaced by the rank's numbers, so that one
-// flag value names each rank's own folder or file (--nvme /nvme/{rank}). Never fails.
-std::string RankPath(std::string path, const RankInfo& rank);
-
-// --collective-memory's value. Errors: InvalidArgument "--collective-memory <text>:
-// expected auto, device or host".
-Result<CollectiveMemory> ParseCollectiveMemory(const std::string& text);
-
-// Checks --comm-backend's value. Errors: InvalidArgument "--comm-backend <text>: expected
-// auto, gloo or nccl".
-Status CheckCommBackend(const std::string& text);
 
 }  // namespace strata::cli

@@ -1,0 +1,43 @@
+// The flags every engine run shares (`strata train`, `strata bench step`), registered once
+// with one help text and one default each, and turned into the trainer's RunConfig (the one
+// place that becomes EngineOptions: trainer/run_setup.h).
+//
+// Internal to the CLI. Nothing here prints.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/status.h"
+#include "trainer/run_setup.h"
+
+namespace strata::cli {
+
+// The shared flags as the command line gives them (sizes and choices as text). The
+// defaults are RunConfig's.
+struct RunFlags {
+  std::string device = trainer::DeviceChoiceName(trainer::RunConfig{}.device);
+  std::string device_mem, host_mem;  // "" (or 0): unlimited
+  std::vector<std::string> nvme;
+  int micro_batches = trainer::RunConfig{}.micro_batches;
+  double grad_clip = trainer::RunConfig{}.grad_clip;
+  std::string trace;
+  std::string io = IoBackendKindName(trainer::RunConfig{}.io);
+  int cpu_threads = trainer::RunConfig{}.cpu_threads;
+  std::string rendezvous;
+  double comm_timeout = trainer::RunConfig{}.comm_timeout_seconds;  // seconds; 0: the variable
+  std::string comm_backend = trainer::CommBackendChoiceName(trainer::RunConfig{}.comm_backend);
+  std::string collective_memory = CollectiveMemoryName(trainer::RunConfig{}.collective_memory);
+};
+
+// Registers the shared flags on `cmd`, writing into `flags` (which must outlive `cmd`'s
+// parse). `nvme_help` is the subcommand's --nvme text (what it does without the flag).
+void AddRunFlags(CLI::App* cmd, RunFlags* flags, const std::string& nvme_help);
+
+// Sets the fields of `config` that the shared flags give. Errors (with *failed set to the
+// flag): the flag's parse error ("--device-mem lots is not a size; ...", "--device gpu:
+// expected auto, cpu or cuda", ...).
+Status ApplyRunFlags(const RunFlags& flags, trainer::RunConfig* config, std::string* failed);
+
+}  // namespace strata::cli

@@ -1,0 +1,261 @@
+// What `strata train` prints; see train_report.h.
+#include "tools/strata/train_report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "model/gemm_profile.h"
+
+namespace strata::cli {
+namespace {
+
+std::string Bytes(double b) {
+  char buf[64];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+std::string Duration(double s) {
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+int64_t TokensPerStep(const trainer::TrainOptions& t) {
+  return static_cast<int64_t>(t.batch) * t.seq_len * t.micro_batches;
+}
+
+// The ranks line: how many, from where, what the collectives run on and in which memory.
+void PrintRanks(const TrainReportInputs& in) {
+  const trainer::RunSetup& setup = *in.setup;
+  const RankInfo& ri = setup.rank();
+  // What the engine's collectives ran on, and where; the host communicator only when it is
+  // another one.
+  const char* comm_backend = setup.engine_comm()->backend();
+  const char* host_comm_backend = setup.host_comm()->backend();
+  // The engine resolves auto (to device or host) when there are collectives.
+  const CollectiveMemory memory = in.engine->Placement().collective_memory;
+  const std::string backends = setup.nccl()
+                                   ? std::string(comm_backend) + ", host-side collectives on " +
+                                         host_comm_backend + " over TCP"
+                                   : std::string(comm_backend) + " over TCP";
+  const std::string where =
+      std::string("collectives in ") + CollectiveMemoryName(memory) + " memory";
+  const std::string source =
+      ri.source.empty() ? std::string("one rank") : "from " + ri.source + " variables";
+  std::printf("# ranks: %d (%s; %s; %s); %d rows of each micro-batch per rank\n", ri.world_size,
+              source.c_str(), backends.c_str(), where.c_str(), in.train->batch / ri.world_size);
+}
+
+// The predicted bound: the engine predicts the transfers; the compute side is predicted
+// here by timing the model's own GEMMs (the bulk of its FLOPs) once on this machine.
+void PrintPredictedBound(const TrainReportInputs& in) {
+  const PlacementReport& pl = in.engine->Placement();
+  const trainer::TrainOptions& t = *in.train;
+  double compute_s = 0;
+  if (in.setup->device().Kind() == DeviceKind::kHost) {
+    model::GemmRunner gemms(model::ModelGemms(*in.model, t.batch, t.seq_len));
+    gemms.Run();  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    gemms.Run();
+    compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() *
+                t.micro_batches;
+  }
+  std::printf(
+      "# predicted bound per step: %.4f s (%s); transfers %.4f s (%s), compute >= "
+      "%.4f s (the model's GEMMs alone, timed now)\n",
+      std::max(compute_s, pl.predicted_bound_seconds),
+      compute_s > pl.predicted_bound_seconds ? "compute" : pl.predicted_bound_resource.c_str(),
+      pl.predicted_bound_seconds, pl.predicted_bound_resource.c_str(), compute_s);
+}
+
+}  // namespace
+
+nlohmann::json PrintStartup(const TrainReportInputs& in) {
+  const model::Gpt2Config& cfg = *in.model;
+  const trainer::TrainOptions& t = *in.train;
+  const trainer::RunSetup& setup = *in.setup;
+  const trainer::RunConfig& rc = setup.config();
+  const Engine& engine = *in.engine;
+  const uint64_t params = model::Gpt2NumParams(cfg);
+  const PlacementReport& pl = engine.Placement();
+  uint64_t state_bytes = 0;
+  for (const ComponentPlacement& c : pl.components) state_bytes += c.bytes;
+  std::printf("# strata train: GPT-2 %d layers, d_model %d, %d heads, seq %d, vocab %d\n",
+              cfg.layers, cfg.d_model, cfg.heads, t.seq_len, cfg.vocab);
+  std::printf("# parameters: %llu (%s fp32); model + optimizer states: %s\n",
+              static_cast<unsigned long long>(params), Bytes(params * 4.0).c_str(),
+              Bytes(static_cast<double>(state_bytes)).c_str());
+  std::printf("# data: %s; %lld training / %lld held-out tokens\n", in.data->description.c_str(),
+              static_cast<long long>(in.batcher->train_tokens()),
+              static_cast<long long>(in.batcher->val_tokens()));
+  std::printf(
+      "# batch: %d rows x %d tokens x %d micro-batches = %lld tokens/step; %lld steps; "
+      "lr %g (%s, warmup %lld); %s\n",
+      t.batch, t.seq_len, t.micro_batches, static_cast<long long>(TokensPerStep(t)),
+      static_cast<long long>(t.steps), t.lr, in.lr_schedule.c_str(),
+      static_cast<long long>(t.warmup), t.recompute ? "recompute" : "no recompute");
+  if (setup.DeviceNote().empty()) {
+    std::printf("# device: %s\n", setup.device().Name().c_str());
+  } else {
+    std::printf("# device: %s (%s)\n", setup.device().Name().c_str(), setup.DeviceNote().c_str());
+  }
+  if (setup.host_comm() != nullptr) PrintRanks(in);
+  // The engine's placement report: where each component lives and why ("# " lines).
+  std::string placement = pl.ToString();
+  for (size_t p = 0, q; p < placement.size(); p = q + 1) {
+    q = placement.find('\n', p);
+    if (q == std::string::npos) q = placement.size();
+    const std::string line = placement.substr(p, q - p);
+    if (!line.empty()) std::printf("%s%s\n", line[0] == '#' ? "" : "# ", line.c_str());
+  }
+  PrintPredictedBound(in);
+  if (engine.ResumedStep() > 0) {
+    std::printf("# resumed at step %lld\n", static_cast<long long>(engine.ResumedStep()));
+  }
+  std::fflush(stdout);
+
+  const Communicator* engine_comm = setup.engine_comm();
+  const Communicator* host_comm = setup.host_comm();
+  return {{"layers", cfg.layers},
+          {"d_model", cfg.d_model},
+          {"heads", cfg.heads},
+          {"seq_len", t.seq_len},
+          {"vocab", cfg.vocab},
+          {"params", params},
+          {"batch", t.batch},
+          {"micro_batches", t.micro_batches},
+          {"steps", t.steps},
+          {"lr", t.lr},
+          {"lr_schedule", in.lr_schedule},
+          {"warmup", t.warmup},
+          {"weight_decay", rc.weight_decay},
+          {"beta1", rc.beta1},
+          {"beta2", rc.beta2},
+          {"eps", rc.eps},
+          {"grad_clip", rc.grad_clip},
+          {"seed", in.seed},
+          {"recompute", t.recompute},
+          {"device", setup.device().Name()},
+          {"device_mem", rc.device_mem_bytes},
+          {"host_mem", rc.host_mem_bytes},
+          {"nvme", in.nvme},
+          {"data", in.data->description},
+          {"resumed_step", engine.ResumedStep()},
+          {"world_size", setup.rank().world_size},
+          {"comm_backend", engine_comm ? engine_comm->backend() : "none"},
+          {"host_comm_backend", host_comm ? host_comm->backend() : "none"},
+          {"collective_memory", CollectiveMemoryName(pl.collective_memory)}};
+}
+
+Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
+                nlohmann::json* steps_json, TrainTotals* totals, std::string* what) {
+  const int64_t last = in.train->steps;
+  const double tokens_per_step = static_cast<double>(TokensPerStep(*in.train));
+  const bool tty = isatty(STDOUT_FILENO);
+  for (int64_t s = trainer.next_step(); s <= last; ++s) {
+    auto r = trainer.Step();
+    if (!r.ok()) {
+      if (tty) std::printf("\n");
+      *what = "step " + std::to_string(s);
+      return r.status();
+    }
+    const StepStats& st = r->stats;
+    ++totals->steps;
+    totals->losses.push_back(r->loss);
+    totals->seconds += st.seconds;
+    totals->bytes.nvme_read += st.bytes.nvme_read;
+    totals->bytes.nvme_write += st.bytes.nvme_write;
+    totals->bytes.h2d += st.bytes.h2d;
+    totals->bytes.d2h += st.bytes.d2h;
+    totals->bytes.comm += st.bytes.comm;
+    for (int i = 0; i < kNumResources; ++i) totals->busy[i] += st.busy_seconds[i];
+    const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
+    const double eta = totals->seconds / totals->steps * static_cast<double>(last - s);
+    steps_json->push_back({{"step", s},
+                           {"loss", r->loss},
+                           {"seconds", st.seconds},
+                           {"tokens_per_s", tps},
+                           {"efficiency", st.efficiency},
+                           {"lr", r->lr},
+                           {"grad_norm", st.grad_norm},
+                           {"bytes",
+                            {{"nvme_read", st.bytes.nvme_read},
+                             {"nvme_write", st.bytes.nvme_write},
+                             {"h2d", st.bytes.h2d},
+                             {"d2h", st.bytes.d2h},
+                             {"comm", st.bytes.comm}}}});
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  ETA %s",
+                  static_cast<long long>(s), static_cast<long long>(last), r->loss, tps,
+                  st.efficiency, st.bound_resource.c_str(), Duration(eta).c_str());
+    if (tty) {
+      const int width = 20;
+      const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last));
+      std::printf("\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
+                  std::string(width - filled, ' ').c_str(), line);
+    } else {
+      std::printf("%s\n", line);
+    }
+    std::fflush(stdout);
+    if (val_every > 0 && (s % val_every == 0 || s == last)) {
+      auto v = trainer.ValidationLoss();
+      if (!v.ok()) {
+        *what = "validation";
+        return v.status();
+      }
+      if (tty) std::printf("\n");
+      std::printf("val step %lld  loss %.4f\n", static_cast<long long>(s), *v);
+      steps_json->back()["val_loss"] = *v;
+    }
+  }
+  if (tty && totals->steps > 0) std::printf("\n");
+  return Status::OK();
+}
+
+void PrintTotals(const TrainTotals& t) {
+  if (t.steps == 0) return;
+  std::printf("# %lld steps in %.2f s (%.3f s/step)\n", static_cast<long long>(t.steps), t.seconds,
+              t.seconds / t.steps);
+  // The first step's loss against the mean of the last (up to) 10: one number that says
+  // whether training worked, robust to the noise of single batches.
+  const size_t tail = std::min<size_t>(10, t.losses.size());
+  double last = 0;
+  for (size_t i = t.losses.size() - tail; i < t.losses.size(); ++i) last += t.losses[i];
+  last /= static_cast<double>(tail);
+  std::printf("# loss: first step %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n",
+              t.losses.front(), tail, last, 100.0 * (last - t.losses.front()) / t.losses.front());
+  std::printf("#%-11s %14s %14s\n", "edge", "bytes", "per_step");
+  const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", t.bytes.nvme_read},
+                                                    {"nvme_write", t.bytes.nvme_write},
+                                                    {"h2d", t.bytes.h2d},
+                                                    {"d2h", t.bytes.d2h},
+                                                    {"comm", t.bytes.comm}};
+  for (const auto& [name, b] : edges) {
+    std::printf(" %-11s %14s %14s\n", name, Bytes(static_cast<double>(b)).c_str(),
+                Bytes(static_cast<double>(b) / t.steps).c_str());
+  }
+  std::printf("#%-11s %10s %10s\n", "resource", "busy_s", "busy_%");
+  for (int i = 0; i < kNumResources; ++i) {
+    std::printf(" %-11s %10.3f %10.1f\n", ResourceName(static_cast<Resource>(i)), t.busy[i],
+                t.seconds > 0 ? 100.0 * t.busy[i] / t.seconds : 0.0);
+  }
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,133 @@
+// One run-setup path for everything that runs the engine: `strata train`, `strata bench
+// step`, the tests and language bindings. RunConfig holds the settings a run shares, with
+// their one set of defaults; RunSetup turns it into this rank's identity, the joined ranks
+// (Gloo, and NCCL for the engine's collectives on a GPU), the device, and EngineOptions.
+//
+// The device rule, the same everywhere: --device auto is the CUDA device when a GPU is
+// present at run time, otherwise the host device (HostDevice); cpu and cuda force one.
+// DeviceNote() says which auto picked, for the start-up report.
+//
+// Errors name the flag (in the CLI's language) through `failed`, the step that failed
+// ("--device", "--comm-backend", "--rendezvous", "joining the other ranks", ...), which a
+// subcommand prints before the Status. Nothing here prints.
+//
+// Thread safety: a RunSetup belongs to the thread that drives the run. It owns the device
+// and the communicators; the engine made from EngineOptions() must be destroyed first.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/join.h"
+#include "strata/comm.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/io.h"
+#include "strata/status.h"
+
+namespace strata::trainer {
+
+enum class DeviceChoice : uint8_t { kAuto, kCpu, kCuda };
+enum class CommBackendChoice : uint8_t { kAuto, kGloo, kNccl };
+
+// --device: auto, cpu or cuda. InvalidArgument "--device <text>: expected auto, cpu or cuda".
+Result<DeviceChoice> ParseDeviceChoice(std::string_view text);
+const char* DeviceChoiceName(DeviceChoice choice);
+// --comm-backend: auto, gloo or nccl. InvalidArgument "--comm-backend <text>: expected auto,
+// gloo or nccl".
+Result<CommBackendChoice> ParseCommBackendChoice(std::string_view text);
+const char* CommBackendChoiceName(CommBackendChoice choice);
+// --collective-memory: auto, device or host. InvalidArgument "--collective-memory <text>:
+// expected auto, device or host".
+Result<CollectiveMemory> ParseCollectiveMemory(std::string_view text);
+
+// The settings every run shares, with the defaults of `strata train` (the main job): `strata
+// bench step` models a training step, so it measures with the same ones.
+struct RunConfig {
+  DeviceChoice device = DeviceChoice::kAuto;
+  uint64_t device_mem_bytes = 0;  // the engine's device budget; 0 = unlimited
+  // Also cap every allocation on the device at device_mem_bytes (DeviceOptions): `bench
+  // step`, whose device holds nothing but the engine's buffers. `train` does not: its
+  // model's activations live on the device too, outside the engine's budget.
+  bool cap_device_allocations = false;
+  uint64_t host_mem_bytes = 0;  // pinned host budget; 0 = unlimited
+  // NVMe folders; {rank} and {local_rank} are replaced by this rank's numbers.
+  std::vector<std::string> nvme;
+  std::string resume;   // folder to resume from (one of nvme, or nvme itself when empty)
+  bool durable = true;  // with nvme: commit a complete state every step
+  IoBackendKind io = IoBackendKind::kAuto;
+  int cpu_threads = 0;  // OpenMP threads of the CPU optimizer; 0 = one per core
+  int micro_batches = 1;
+  // AdamW. weight_decay applies to tensors marked for it.
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double grad_clip = 1.0;  // global gradient-norm clip; 0 = off
+  std::string trace;       // Chrome trace file; {rank}/{local_rank} replaced
+  // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).
+  std::string rendezvous;           // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
+  double comm_timeout_seconds = 0;  // 0 = STRATA_COMM_TIMEOUT
+  CommBackendChoice comm_backend = CommBackendChoice::kAuto;
+  CollectiveMemory collective_memory = CollectiveMemory::kAuto;
+  // Rows per micro-batch that the ranks split (each takes batch/WORLD_SIZE); 0 = the run
+  // has no rows to split (bench step). Must be a multiple of the world size.
+  int batch = 0;
+};
+
+// What a subcommand calls its rendezvous keys and its one-rank rendezvous folder.
+struct RunNames {
+  std::string store_prefix;            // "strata-train"
+  std::string one_rank_folder_prefix;  // "/tmp/strata-train-rdzv-"
+};
+
+class RunSetup {
+ public:
+  // Checks the settings that decide the collectives (before any rank joins the others) and
+  // discovers this rank from the launcher's environment (one rank without one).
+  // Errors (with *failed): "--comm-backend" (nccl with --device cpu, or auto finding no
+  // GPU), "rank environment" (inconsistent launcher variables), "--batch" (not a multiple
+  // of the world size).
+  static Result<std::unique_ptr<RunSetup>> Begin(const RunConfig& config, std::string* failed);
+
+  // Joins the other ranks when the run needs communicators (several ranks, or
+  // --comm-backend nccl on one), then opens the device (this rank's GPU LOCAL_RANK, or the
+  // host device) and, on a CUDA device with --comm-backend nccl or auto, the NCCL
+  // communicator for the engine's collectives. Errors (with *failed): JoinRanks' steps,
+  // "--device cuda (GPU n...)", "host device", "--comm-backend nccl: joining the other
+  // ranks' GPUs".
+  Status Start(const RunNames& names, std::string* failed);
+
+  // The engine's options from the config: the device and budgets, this rank's NVMe folders
+  // and trace file, resume, the optimizer, and the communicators. Call after Start.
+  // Errors (with *failed): "--resume" when the folder is not one of the --nvme folders.
+  Result<EngineOptions> MakeEngineOptions(std::string* failed) const;
+
+  const RunConfig& config() const { return config_; }
+  const RankInfo& rank() const { return rank_; }
+  // After Start:
+  Device& device() const { return *device_; }
+  // The Gloo communicator (host memory): the trainer's own collectives and the engine's
+  // host-side ones. nullptr: one rank, no collectives.
+  Communicator* host_comm() const { return ranks_.gloo.get(); }
+  // What carries the engine's collectives: NCCL when made, else Gloo (or nullptr).
+  Communicator* engine_comm() const { return nccl_ ? nccl_.get() : host_comm(); }
+  bool nccl() const { return nccl_ != nullptr; }
+  // How --device was resolved: "--device auto: a GPU is present" / "--device auto: no GPU,
+  // the host device"; "" when --device named the device.
+  const std::string& DeviceNote() const { return device_note_; }
+
+ private:
+  RunSetup() = default;
+
+  RunConfig config_;
+  RankInfo rank_;
+  // Destroyed in reverse order: the NCCL communicator (on the device's comm stream) before
+  // the device, and both before the Gloo ranks it met through.
+  JoinedRanks ranks_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> nccl_;
+  std::string device_note_;
+};
+
+}  // namespace strata::trainer
