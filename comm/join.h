@@ -1,7 +1,8 @@
 // Joining the ranks of a run from a command line's flags: rank discovery, the rendezvous, the
 // Gloo communicator that carries the host-side collectives, and the NCCL one for the engine's
 // collectives on a CUDA device (meeting the others through the Gloo communicator's store).
-// What `strata train`, `strata bench step` and the trainer's run set-up share.
+// The trainer's run set-up (trainer/run_setup.h), which `strata train` and `strata bench
+// step` share, calls these; `strata launch` uses TempFolder for its rendezvous folder.
 //
 // Nothing here prints: each function returns a Status whose message names the flag and the
 // value, and the caller reports it in its own style. No shared state: the functions may be
