@@ -69,99 +69,94 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     return Status::OK();
   }
 
-  Status ForwardBackward(Engine& engine, const int32_t* inputs, const int32_t* targets, float dloss,
-                         int micro) override {
+  Status SetTokens(const int32_t* inputs, const int32_t* targets) override {
+    const size_t N = static_cast<size_t>(B_) * T_;
+    cudaStream_t s = ctx_->stream();
+    // Pageable copies are staged by the driver before returning, so the host buffers may be
+    // reused at once; the stream orders them before the kernels.
+    STRATA_RETURN_IF_ERROR(co::CudaStatus(
+        cudaMemcpyAsync(tokens_, inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        "copy tokens"));
+    return co::CudaStatus(
+        cudaMemcpyAsync(targets_, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        "copy targets");
+  }
+
+  Status Forward(int b, const BlockView& v) override {
+    const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
+    cudaStream_t s = ctx_->stream();
+    STRATA_RETURN_IF_ERROR(CheckView(v));
+    const Bf16* p = static_cast<const Bf16*>(v.params);
+    const BlockLayout& lay = *v.layout;
+    auto P = [&](int t) { return p + lay.tensors[t].offset; };
+    if (b == 0) {
+      STRATA_RETURN_IF_ERROR(co::CudaStatus(
+          cudaMemcpyAsync(wte_copy_, P(kWte), static_cast<size_t>(V) * C * sizeof(Bf16),
+                          cudaMemcpyDeviceToDevice, s),
+          "copy wte for the tied head"));
+      return co::EmbeddingForward(*ctx_, X(0), static_cast<int32_t*>(tokens_), P(kWte), P(kWpe), B_,
+                                  T_, C);
+    }
+    if (b <= L) return LayerForward(b - 1, Params(p, lay));
+    return co::LayerNormForward(*ctx_, Lnf(), F32(lnf_mean_), F32(lnf_rstd_), X(L), P(kLnfW),
+                                P(kLnfB), N, C);
+  }
+
+  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro) override {
     if (micro < 0 || micro >= micro_slots_) {
       return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
     }
     const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
     const size_t NC = static_cast<size_t>(N) * C;
     cudaStream_t s = ctx_->stream();
-    // The token ids: pageable copies are staged by the driver before returning, so the host
-    // buffers may be reused at once; the stream orders them before the kernels.
-    STRATA_RETURN_IF_ERROR(co::CudaStatus(
-        cudaMemcpyAsync(tokens_, inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
-        "copy tokens"));
-    STRATA_RETURN_IF_ERROR(co::CudaStatus(
-        cudaMemcpyAsync(targets_, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
-        "copy targets"));
-    // Forward 0, 1..L, L+1.
-    for (int b = 0; b <= L + 1; ++b) {
-      STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kForward));
-      STRATA_RETURN_IF_ERROR(CheckView(v));
-      const Bf16* p = static_cast<const Bf16*>(v.params);
-      const BlockLayout& lay = *v.layout;
-      auto P = [&](int t) { return p + lay.tensors[t].offset; };
-      if (b == 0) {
-        STRATA_RETURN_IF_ERROR(co::CudaStatus(
-            cudaMemcpyAsync(wte_copy_, P(kWte), static_cast<size_t>(V) * C * sizeof(Bf16),
-                            cudaMemcpyDeviceToDevice, s),
-            "copy wte for the tied head"));
-        STRATA_RETURN_IF_ERROR(co::EmbeddingForward(*ctx_, X(0), static_cast<int32_t*>(tokens_),
-                                                    P(kWte), P(kWpe), B_, T_, C));
-      } else if (b <= L) {
-        STRATA_RETURN_IF_ERROR(LayerForward(b - 1, Params(p, lay)));
-      } else {
-        STRATA_RETURN_IF_ERROR(co::LayerNormForward(*ctx_, Lnf(), F32(lnf_mean_), F32(lnf_rstd_),
-                                                    X(L), P(kLnfW), P(kLnfB), N, C));
-      }
-      STRATA_RETURN_IF_ERROR(engine.Release(b));
-    }
-    // Backward L+1 (head and loss first), L..1, 0.
-    for (int b = L + 1; b >= 0; --b) {
-      STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kBackward));
-      STRATA_RETURN_IF_ERROR(CheckView(v));
-      STRATA_ASSIGN_OR_RETURN(float* g, engine.GradBuffer(b));
-      const Bf16* p = static_cast<const Bf16*>(v.params);
-      const BlockLayout& lay = *v.layout;
-      auto P = [&](int t) { return p + lay.tensors[t].offset; };
-      auto G = [&](int t) { return g + lay.tensors[t].offset; };
+    STRATA_RETURN_IF_ERROR(CheckView(v));
+    const Bf16* p = static_cast<const Bf16*>(v.params);
+    const BlockLayout& lay = *v.layout;
+    auto P = [&](int t) { return p + lay.tensors[t].offset; };
+    auto G = [&](int t) { return g + lay.tensors[t].offset; };
+    STRATA_RETURN_IF_ERROR(
+        co::CudaStatus(cudaMemsetAsync(g, 0, lay.padded_numel * sizeof(float), s), "zero grads"));
+    if (b == L + 1) {
+      Bf16* logits = static_cast<Bf16*>(logits_);
       STRATA_RETURN_IF_ERROR(
-          co::CudaStatus(cudaMemsetAsync(g, 0, lay.padded_numel * sizeof(float), s), "zero grads"));
-      if (b == L + 1) {
-        Bf16* logits = static_cast<Bf16*>(logits_);
-        STRATA_RETURN_IF_ERROR(
-            co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, V));
-        STRATA_RETURN_IF_ERROR(
-            co::SoftmaxCrossEntropyForward(*ctx_, logits, F32(losses_), F32(mean_losses_) + micro,
-                                           logits, static_cast<int32_t*>(targets_), N, V));
-        STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyBackward(
-            *ctx_, logits, logits, static_cast<int32_t*>(targets_), N, V, dloss));
-        STRATA_RETURN_IF_ERROR(Zero(dlnf_, NC * sizeof(Bf16)));
-        STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(V) * C * sizeof(float)));
-        STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), F32(dwte_head_),
-                                                  logits, Lnf(), static_cast<Bf16*>(wte_copy_), N,
-                                                  C, V));
-        STRATA_RETURN_IF_ERROR(Zero(dres_, NC * sizeof(Bf16)));
-        STRATA_RETURN_IF_ERROR(co::LayerNormBackward(
-            *ctx_, static_cast<Bf16*>(dres_), G(kLnfW), G(kLnfB), static_cast<Bf16*>(dlnf_), X(L),
-            P(kLnfW), F32(lnf_mean_), F32(lnf_rstd_), N, C));
-      } else if (b >= 1) {
-        const int l = b - 1;
-        const co::BlockParams bp = Params(p, lay);
-        if (recompute_) STRATA_RETURN_IF_ERROR(LayerForward(l, bp));
-        co::BlockGrads bg;
-        bg.ln1_w = G(kLn1W), bg.ln1_b = G(kLn1B), bg.qkv_w = G(kAttnW), bg.qkv_b = G(kAttnB);
-        bg.attn_proj_w = G(kAttnProjW), bg.attn_proj_b = G(kAttnProjB);
-        bg.ln2_w = G(kLn2W), bg.ln2_b = G(kLn2B), bg.fc_w = G(kFcW), bg.fc_b = G(kFcB);
-        bg.fc_proj_w = G(kFcProjW), bg.fc_proj_b = G(kFcProjB);
-        // dx accumulates and must not alias dy: ping-pong between two buffers.
-        STRATA_RETURN_IF_ERROR(Zero(dres2_, NC * sizeof(Bf16)));
-        STRATA_RETURN_IF_ERROR(
-            co::BlockBackward(*ctx_, shape_, bp, bg, X(l), acts_[recompute_ ? 0 : l],
-                              static_cast<Bf16*>(dres_), static_cast<Bf16*>(dres2_), scratch_));
-        std::swap(dres_, dres2_);
-      } else {
-        STRATA_RETURN_IF_ERROR(co::CudaStatus(
-            cudaMemcpyAsync(G(kWte), dwte_head_, static_cast<size_t>(V) * C * sizeof(float),
-                            cudaMemcpyDeviceToDevice, s),
-            "add the head's wte gradient"));
-        STRATA_RETURN_IF_ERROR(co::EmbeddingBackward(*ctx_, G(kWte), G(kWpe),
-                                                     static_cast<Bf16*>(dres_),
-                                                     static_cast<int32_t*>(tokens_), B_, T_, C, V));
-      }
-      STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
-      STRATA_RETURN_IF_ERROR(engine.Release(b));
+          co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, V));
+      STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyForward(*ctx_, logits, F32(losses_),
+                                                            F32(mean_losses_) + micro, logits,
+                                                            static_cast<int32_t*>(targets_), N, V));
+      STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyBackward(
+          *ctx_, logits, logits, static_cast<int32_t*>(targets_), N, V, dloss));
+      STRATA_RETURN_IF_ERROR(Zero(dlnf_, NC * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(V) * C * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), F32(dwte_head_),
+                                                logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C,
+                                                V));
+      STRATA_RETURN_IF_ERROR(Zero(dres_, NC * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(co::LayerNormBackward(*ctx_, static_cast<Bf16*>(dres_), G(kLnfW),
+                                                   G(kLnfB), static_cast<Bf16*>(dlnf_), X(L),
+                                                   P(kLnfW), F32(lnf_mean_), F32(lnf_rstd_), N, C));
+    } else if (b >= 1) {
+      const int l = b - 1;
+      const co::BlockParams bp = Params(p, lay);
+      if (recompute_) STRATA_RETURN_IF_ERROR(LayerForward(l, bp));
+      co::BlockGrads bg;
+      bg.ln1_w = G(kLn1W), bg.ln1_b = G(kLn1B), bg.qkv_w = G(kAttnW), bg.qkv_b = G(kAttnB);
+      bg.attn_proj_w = G(kAttnProjW), bg.attn_proj_b = G(kAttnProjB);
+      bg.ln2_w = G(kLn2W), bg.ln2_b = G(kLn2B), bg.fc_w = G(kFcW), bg.fc_b = G(kFcB);
+      bg.fc_proj_w = G(kFcProjW), bg.fc_proj_b = G(kFcProjB);
+      // dx accumulates and must not alias dy: ping-pong between two buffers.
+      STRATA_RETURN_IF_ERROR(Zero(dres2_, NC * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(co::BlockBackward(*ctx_, shape_, bp, bg, X(l),
+                                               acts_[recompute_ ? 0 : l], static_cast<Bf16*>(dres_),
+                                               static_cast<Bf16*>(dres2_), scratch_));
+      std::swap(dres_, dres2_);
+    } else {
+      STRATA_RETURN_IF_ERROR(co::CudaStatus(
+          cudaMemcpyAsync(G(kWte), dwte_head_, static_cast<size_t>(V) * C * sizeof(float),
+                          cudaMemcpyDeviceToDevice, s),
+          "add the head's wte gradient"));
+      STRATA_RETURN_IF_ERROR(co::EmbeddingBackward(*ctx_, G(kWte), G(kWpe),
+                                                   static_cast<Bf16*>(dres_),
+                                                   static_cast<int32_t*>(tokens_), B_, T_, C, V));
     }
     return Status::OK();
   }

@@ -1,5 +1,6 @@
-// GPT-2 on a CUDA device through the engine: the same blocks, order and tied-embedding
-// handling as the CPU path (gpt2.h, trainer.h), with the kernels of model/cuda/ (bf16
+// GPT-2 on a CUDA device through the engine: the CUDA implementation of Gpt2Backend
+// (gpt2_backend.h), the same blocks, order and tied-embedding handling as the CPU reference
+// beside it (gpt2_cpu_model.h), with the kernels of model/cuda/ (bf16
 // weights and activations, fp32 accumulation, fp32 parameter gradients). Work is enqueued on
 // the device's compute-lane stream right after each Acquire; the engine orders it after the
 // block's H2D copy. Activations live in device memory the model allocates from the Device
@@ -14,25 +15,22 @@
 #include <vector>
 
 #include "model/gpt2.h"
+#include "model/gpt2_backend.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 
 namespace strata::model {
 
-class Gpt2CudaModel {
+class Gpt2CudaModel : public Gpt2Backend {
  public:
   // Allocates the activations for micro-batches of B x T (and up to `micro_batches` loss
-  // slots). NotSupported in a build without the CUDA model; OutOfMemory from the device.
+  // slots). NotSupported in a build without the CUDA model; InvalidArgument for a device
+  // that is not CUDA; OutOfMemory from the device.
   static Result<std::unique_ptr<Gpt2CudaModel>> Create(Device* device, const Gpt2Config& config,
                                                        int B, int T, bool recompute,
                                                        int micro_batches);
-  virtual ~Gpt2CudaModel() = default;
-  // One micro-batch's forward and backward inside an open step (loss slot `micro`), as
-  // ForwardBackwardEngine does on the CPU. Errors from the engine or a kernel launch.
-  virtual Status ForwardBackward(Engine& engine, const int32_t* inputs, const int32_t* targets,
-                                 float dloss, int micro) = 0;
-  // Waits for the compute lane and returns the mean losses of micro-batches [0, n).
-  virtual Result<std::vector<double>> Losses(int n) = 0;
+  // SetTokens, Forward, Backward and Losses: Gpt2Backend's, in bf16 (the engine's working
+  // dtype must be bf16: NotSupported otherwise); errors from a kernel launch name it.
 };
 
 }  // namespace strata::model

@@ -2,11 +2,34 @@
 
 #include <cmath>
 
+#include "comm/messages.h"
+#include "model/gpt2_cpu_model.h"
+
 namespace strata::trainer {
 
 using model::BlockPtrs;
 using model::HfTensorName;
 using model::PlainLayout;
+
+Status ForwardBackward(Engine& engine, model::Gpt2Backend& backend, int layers,
+                       const int32_t* inputs, const int32_t* targets, float dloss, int micro) {
+  STRATA_RETURN_IF_ERROR(backend.SetTokens(inputs, targets));
+  // Forward: 0, 1..L, L+1.
+  for (int b = 0; b <= layers + 1; ++b) {
+    STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kForward));
+    STRATA_RETURN_IF_ERROR(backend.Forward(b, v));
+    STRATA_RETURN_IF_ERROR(engine.Release(b));
+  }
+  // Backward: L+1 (with the LM head and the loss first), L..1, 0.
+  for (int b = layers + 1; b >= 0; --b) {
+    STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kBackward));
+    STRATA_ASSIGN_OR_RETURN(float* grad, engine.GradBuffer(b));
+    STRATA_RETURN_IF_ERROR(backend.Backward(b, v, grad, dloss, micro));
+    STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
+    STRATA_RETURN_IF_ERROR(engine.Release(b));
+  }
+  return Status::OK();
+}
 
 Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& model,
                              const int32_t* inputs, const int32_t* targets, float dloss,
@@ -16,69 +39,9 @@ Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& m
         "the GPT-2 model computes on the CPU (HostDevice) only in this build; run with "
         "--device cpu");
   }
-  const int L = model.config().layers;
-  const size_t N = static_cast<size_t>(model.B()) * model.T();
-  Gpt2Model<float>* m = &model;
-  // The closures run later on the compute lane, after the work enqueued before them (the
-  // previous micro-batch's backward still reads its tokens), so the tokens travel by value.
-  std::vector<int32_t> in(inputs, inputs + N), tg(targets, targets + N);
-  STRATA_RETURN_IF_ERROR(device.EnqueueHostFunction(
-      Lane::kCompute,
-      [m, in = std::move(in), tg = std::move(tg)] {
-        m->SetTokens(in.data(), tg.data());
-        return Status::OK();
-      },
-      "tokens"));
-  auto acquire = [&](int b, Pass pass) -> Result<BlockPtrs<float>> {
-    STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, pass));
-    if (v.dtype != WorkingDtype::kFp32) {
-      return Status::NotSupported("the engine's working dtype is " +
-                                  std::string(WorkingDtypeName(v.dtype)) +
-                                  "; the CPU model computes in fp32");
-    }
-    return BlockPtrs<float>{static_cast<const float*>(v.params), nullptr, v.layout};
-  };
-  auto enqueue = [&](std::function<void()> fn, const char* label) {
-    return device.EnqueueHostFunction(
-        Lane::kCompute,
-        [fn = std::move(fn)] {
-          fn();
-          return Status::OK();
-        },
-        label);
-  };
-  // Forward: 0, 1..L, L+1.
-  for (int b = 0; b <= L + 1; ++b) {
-    STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, acquire(b, Pass::kForward));
-    if (b == 0) {
-      STRATA_RETURN_IF_ERROR(enqueue([m, p] { m->EmbedForward(p); }, "forward embed"));
-    } else if (b <= L) {
-      STRATA_RETURN_IF_ERROR(enqueue([m, p, b] { m->LayerForward(b - 1, p); }, "forward layer"));
-    } else {
-      STRATA_RETURN_IF_ERROR(enqueue([m, p] { m->FinalForward(p); }, "forward ln_f"));
-    }
-    STRATA_RETURN_IF_ERROR(engine.Release(b));
-  }
-  // Backward: L+1 (with the LM head and the loss first), L..1, 0.
-  for (int b = L + 1; b >= 0; --b) {
-    STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, acquire(b, Pass::kBackward));
-    STRATA_ASSIGN_OR_RETURN(p.g, engine.GradBuffer(b));
-    if (b == L + 1) {
-      STRATA_RETURN_IF_ERROR(enqueue(
-          [m, p, dloss, loss] {
-            *loss = m->Head(/*backward=*/true, dloss);
-            m->FinalBackward(p);
-          },
-          "head + backward ln_f"));
-    } else if (b >= 1) {
-      STRATA_RETURN_IF_ERROR(enqueue([m, p, b] { m->LayerBackward(b - 1, p); }, "backward layer"));
-    } else {
-      STRATA_RETURN_IF_ERROR(enqueue([m, p] { m->EmbedBackward(p); }, "backward embed"));
-    }
-    STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
-    STRATA_RETURN_IF_ERROR(engine.Release(b));
-  }
-  return Status::OK();
+  // The backend enqueues closures over `model` and `loss` only, so it may go at once.
+  model::Gpt2CpuModel cpu(&device, &model, loss, 1);
+  return ForwardBackward(engine, cpu, model.config().layers, inputs, targets, dloss, 0);
 }
 
 Result<HostWeights> ReadWeights(const Engine& engine, const std::vector<BlockSpec>& specs) {
@@ -173,47 +136,35 @@ Result<StepResult> Trainer::Step() {
     std::copy(all_tg.begin() + first_token, all_tg.begin() + first_token + N, tg.begin());
   };
   const float dloss = 1.0f / static_cast<float>(N);
-  if (device_->Kind() == DeviceKind::kCuda) {
-    if (!cuda_model_) {
+  if (!backend_) {
+    // The CUDA kernels on a CudaDevice, the CPU ops on a HostDevice: one walk drives either.
+    if (device_->Kind() == DeviceKind::kCuda) {
       STRATA_ASSIGN_OR_RETURN(
-          cuda_model_,
+          backend_,
           Gpt2CudaModel::Create(device_, config_, rows, options_.seq_len, options_.recompute, M));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(backend_,
+                              model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
+                                                          options_.recompute, M));
     }
-    for (int i = 0; i < M; ++i) {
-      batch((r.step - 1) * M + i);
-      STRATA_RETURN_IF_ERROR(
-          cuda_model_->ForwardBackward(*engine_, in.data(), tg.data(), dloss, i));
-    }
-    STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
-    STRATA_ASSIGN_OR_RETURN(losses, cuda_model_->Losses(M));
-  } else {
-    if (!model_) {
-      model_ =
-          std::make_unique<Gpt2Model<float>>(config_, rows, options_.seq_len, options_.recompute);
-    }
-    for (int i = 0; i < M; ++i) {
-      batch((r.step - 1) * M + i);
-      STRATA_RETURN_IF_ERROR(ForwardBackwardEngine(*engine_, *device_, *model_, in.data(),
-                                                   tg.data(), dloss, &losses[i]));
-    }
-    STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
-    STRATA_RETURN_IF_ERROR(device_->SynchronizeLane(Lane::kCompute));
   }
+  for (int i = 0; i < M; ++i) {
+    batch((r.step - 1) * M + i);
+    STRATA_RETURN_IF_ERROR(
+        ForwardBackward(*engine_, *backend_, config_.layers, in.data(), tg.data(), dloss, i));
+  }
+  STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
+  STRATA_ASSIGN_OR_RETURN(losses, backend_->Losses(M));
   double sum = 0;
   for (double l : losses) sum += l;
   r.loss = sum / M;
   if (world_ > 1) {
     // Every rank has the same number of rows, so the global mean is the mean of the ranks'
     // means: gathered as exact doubles and summed in rank order (the same on every rank).
-    std::vector<double> all(static_cast<size_t>(world_));
-    CollectiveOptions co;
-    co.label = "all-gather loss";
-    STRATA_RETURN_IF_ERROR(
-        options_.comm->AllGather(&r.loss, all.data(), sizeof(double), CommDataType::kByte, co)
-            .Wait()
-            .Annotate("combining the step's loss across ranks"));
+    auto all = AllGatherMessages(*options_.comm, r.loss, "all-gather loss");
+    if (!all.ok()) return Status(all.status()).Annotate("combining the step's loss across ranks");
     double global = 0;
-    for (double l : all) global += l;
+    for (double l : *all) global += l;
     r.loss = global / world_;
   }
   ++next_step_;

@@ -17,6 +17,7 @@
 
 #include "model/data.h"
 #include "model/gpt2.h"
+#include "model/gpt2_backend.h"
 #include "model/gpt2_cuda_model.h"
 #include "strata/comm.h"
 #include "strata/device.h"
@@ -31,7 +32,15 @@ using model::Gpt2Model;
 using model::HostWeights;
 using model::SafetensorsReader;
 
-// One micro-batch's forward and backward inside an open step (see the header comment).
+// The one block walk: one micro-batch's forward and backward inside an open step, on any
+// Gpt2Backend (the CPU reference or the CUDA model): blocks acquired in forward order
+// 0..L+1 and backward order L+1..0, each block's compute enqueued right after its Acquire,
+// each gradient handed back with SubmitGrads. `micro` is the backend's loss slot. Errors:
+// the engine's or the backend's, as they come.
+Status ForwardBackward(Engine& engine, model::Gpt2Backend& backend, int layers,
+                       const int32_t* inputs, const int32_t* targets, float dloss, int micro);
+
+// ForwardBackward on the CPU reference over the caller's model, for tests.
 // *loss receives the micro-batch's mean token loss once the compute lane has run it
 // (after SynchronizeLane(kCompute) or EndStep). dloss scales each token's loss gradient
 // (1/(B*T) for the mean). NotSupported when the device is not a HostDevice computing in
@@ -106,8 +115,8 @@ class Trainer {
   TrainOptions options_;
   const Batcher* batcher_;
   std::vector<BlockSpec> specs_;
-  std::unique_ptr<Gpt2Model<float>> model_;    // HostDevice: CPU ops (created at first use)
-  std::unique_ptr<Gpt2CudaModel> cuda_model_;  // CudaDevice: model/cuda/ kernels
+  // The CPU ops on a HostDevice, the model/cuda/ kernels on a CudaDevice (made at first use).
+  std::unique_ptr<model::Gpt2Backend> backend_;
   int64_t next_step_;
   int rank_ = 0, world_ = 1;  // from options.comm
 };

@@ -1,0 +1,96 @@
+// GPT-2 through the engine on the host device; see gpt2_cpu_model.h.
+#include "model/gpt2_cpu_model.h"
+
+#include <string>
+#include <utility>
+
+namespace strata::model {
+
+Result<std::unique_ptr<Gpt2CpuModel>> Gpt2CpuModel::Create(Device* device, const Gpt2Config& config,
+                                                           int B, int T, bool recompute,
+                                                           int micro_batches) {
+  if (device->Kind() != DeviceKind::kHost) {
+    return Status::InvalidArgument("Gpt2CpuModel needs the host device, got " + device->Name());
+  }
+  auto model = std::make_unique<Gpt2Model<float>>(config, B, T, recompute);
+  std::vector<double> losses(static_cast<size_t>(micro_batches), 0.0);
+  auto m = std::make_unique<Gpt2CpuModel>(device, model.get(), losses.data(), micro_batches);
+  m->own_model_ = std::move(model);
+  m->own_losses_ = std::move(losses);  // the vector's buffer moves with it
+  return m;
+}
+
+Status Gpt2CpuModel::SetTokens(const int32_t* inputs, const int32_t* targets) {
+  const size_t N = static_cast<size_t>(model_->B()) * model_->T();
+  Gpt2Model<float>* m = model_;
+  // The closures run later on the compute lane, after the work enqueued before them (the
+  // previous micro-batch's backward still reads its tokens), so the tokens travel by value.
+  std::vector<int32_t> in(inputs, inputs + N), tg(targets, targets + N);
+  return device_->EnqueueHostFunction(
+      Lane::kCompute,
+      [m, in = std::move(in), tg = std::move(tg)] {
+        m->SetTokens(in.data(), tg.data());
+        return Status::OK();
+      },
+      "tokens");
+}
+
+Result<BlockPtrs<float>> Gpt2CpuModel::Ptrs(const BlockView& v) const {
+  if (v.dtype != WorkingDtype::kFp32) {
+    return Status::NotSupported("the engine's working dtype is " +
+                                std::string(WorkingDtypeName(v.dtype)) +
+                                "; the CPU model computes in fp32");
+  }
+  return BlockPtrs<float>{static_cast<const float*>(v.params), nullptr, v.layout};
+}
+
+Status Gpt2CpuModel::Enqueue(std::function<void()> fn, const char* label) {
+  return device_->EnqueueHostFunction(
+      Lane::kCompute,
+      [fn = std::move(fn)] {
+        fn();
+        return Status::OK();
+      },
+      label);
+}
+
+Status Gpt2CpuModel::Forward(int b, const BlockView& params) {
+  STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, Ptrs(params));
+  Gpt2Model<float>* m = model_;
+  const int L = m->config().layers;
+  if (b == 0) return Enqueue([m, p] { m->EmbedForward(p); }, "forward embed");
+  if (b <= L) return Enqueue([m, p, b] { m->LayerForward(b - 1, p); }, "forward layer");
+  return Enqueue([m, p] { m->FinalForward(p); }, "forward ln_f");
+}
+
+Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float dloss, int micro) {
+  if (micro < 0 || micro >= slots_) {
+    return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
+  }
+  STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, Ptrs(params));
+  p.g = grad;
+  Gpt2Model<float>* m = model_;
+  const int L = m->config().layers;
+  if (b == L + 1) {
+    double* loss = losses_ + micro;
+    return Enqueue(
+        [m, p, dloss, loss] {
+          *loss = m->Head(/*backward=*/true, dloss);
+          m->FinalBackward(p);
+        },
+        "head + backward ln_f");
+  }
+  if (b >= 1) return Enqueue([m, p, b] { m->LayerBackward(b - 1, p); }, "backward layer");
+  return Enqueue([m, p] { m->EmbedBackward(p); }, "backward embed");
+}
+
+Result<std::vector<double>> Gpt2CpuModel::Losses(int n) {
+  STRATA_RETURN_IF_ERROR(device_->SynchronizeLane(Lane::kCompute));
+  if (n < 0 || n > slots_) {
+    return Status::InvalidArgument(std::to_string(n) + " losses asked of " +
+                                   std::to_string(slots_) + " slots");
+  }
+  return std::vector<double>(losses_, losses_ + n);
+}
+
+}  // namespace strata::model

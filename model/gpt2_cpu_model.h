@@ -1,0 +1,47 @@
+// GPT-2 through the engine on the host device: the CPU reference of the Gpt2Backend
+// interface (gpt2_backend.h), beside the CUDA model of the same shape (gpt2_cuda_model.h).
+// Each block's work is the fp32 op of Gpt2Model<float> (gpt2.h), enqueued as a host function
+// on the device's compute lane right after the engine's Acquire.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/gpt2.h"
+#include "model/gpt2_backend.h"
+#include "strata/device.h"
+
+namespace strata::model {
+
+class Gpt2CpuModel final : public Gpt2Backend {
+ public:
+  // A model of its own for micro-batches of B x T, with `micro_batches` loss slots.
+  // InvalidArgument unless `device` is a host device (a CUDA device: Gpt2CudaModel).
+  static Result<std::unique_ptr<Gpt2CpuModel>> Create(Device* device, const Gpt2Config& config,
+                                                      int B, int T, bool recompute,
+                                                      int micro_batches);
+  // Over the caller's `model` and loss slots (`slots` of them at `losses`, written when the
+  // compute lane runs the head). Both must outlive the work enqueued through this object
+  // (until the compute lane is synchronised), not this object itself.
+  Gpt2CpuModel(Device* device, Gpt2Model<float>* model, double* losses, int slots)
+      : device_(device), model_(model), losses_(losses), slots_(slots) {}
+
+  Status SetTokens(const int32_t* inputs, const int32_t* targets) override;
+  Status Forward(int block, const BlockView& params) override;
+  Status Backward(int block, const BlockView& params, float* grad, float dloss, int micro) override;
+  Result<std::vector<double>> Losses(int n) override;
+
+ private:
+  Result<BlockPtrs<float>> Ptrs(const BlockView& v) const;
+  Status Enqueue(std::function<void()> fn, const char* label);
+
+  Device* device_;
+  Gpt2Model<float>* model_;
+  double* losses_;
+  int slots_;
+  // What Create made (empty when the caller's are used).
+  std::unique_ptr<Gpt2Model<float>> own_model_;
+  std::vector<double> own_losses_;
+};
+
+}  // namespace strata::model
