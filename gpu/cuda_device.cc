@@ -10,7 +10,6 @@
 
 namespace strata {
 
-using gpu_internal::FormatBytes;
 
 Status CudaStatus(cudaError_t err, std::string_view call) {
   return Status::Cuda(std::string(call) + ": " + cudaGetErrorString(err) + " (" +
@@ -149,8 +148,8 @@ Status CudaDevice::Init(const DeviceOptions& options) {
   budget_bytes_ = options.memory_budget_bytes;
   reported_budget_ = budget_bytes_ != 0 ? budget_bytes_ : total_bytes;
   if (budget_bytes_ > total_bytes) {
-    LogWarning(name_ + ": the device memory budget (" + FormatBytes(budget_bytes_) +
-               ") exceeds the GPU's memory (" + FormatBytes(total_bytes) +
+    LogWarning(name_ + ": the device memory budget (" + FormatBytesExact(budget_bytes_) +
+               ") exceeds the GPU's memory (" + FormatBytesExact(total_bytes) +
                "); allocations will fail at the GPU's limit first");
   }
 
@@ -242,8 +241,8 @@ Result<void*> CudaDevice::Allocate(size_t bytes) {
     if (err == cudaErrorMemoryAllocation) {
       size_t free_bytes = 0, total_bytes = 0;
       (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-      return Status::OutOfMemory(name_ + ": the GPU has no room for " + FormatBytes(bytes) + " (" +
-                                 FormatBytes(free_bytes) + " free of " + FormatBytes(total_bytes) +
+      return Status::OutOfMemory(name_ + ": the GPU has no room for " + FormatBytesExact(bytes) + " (" +
+                                 FormatBytesExact(free_bytes) + " free of " + FormatBytesExact(total_bytes) +
                                  "; other processes may hold GPU memory); lower the device "
                                  "memory budget or free GPU memory");
     }
@@ -296,7 +295,7 @@ Status CudaDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_v
       return Status::OK();
     }
   }
-  return Status::InvalidArgument(name_ + ": " + std::string(what) + " of " + FormatBytes(bytes) +
+  return Status::InvalidArgument(name_ + ": " + std::string(what) + " of " + FormatBytesExact(bytes) +
                                  ": the device range is not inside one live allocation of "
                                  "this device (host pointer passed as device pointer, or a "
                                  "freed/overrun buffer?)");
@@ -311,7 +310,7 @@ Status CudaDevice::RegisterHostMemory(void* ptr, size_t bytes) {
   cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return CudaStatus(err, "cudaHostRegister(" + FormatBytes(bytes) + ")")
+    return CudaStatus(err, "cudaHostRegister(" + FormatBytesExact(bytes) + ")")
         .Annotate("registering the pinned pool with CUDA");
   }
   return Status::OK();

@@ -9,7 +9,6 @@
 
 namespace strata {
 
-using gpu_internal::AlignUp;
 using gpu_internal::kDeviceAlignment;
 
 // An event of a HostDevice lane: completed by the lane's worker when it reaches the event,
@@ -87,12 +86,12 @@ Result<void*> HostDevice::Allocate(size_t bytes) {
   }
   // A zero-byte request still gets a distinct, freeable pointer.
   void* ptr =
-      std::aligned_alloc(kDeviceAlignment, AlignUp(bytes == 0 ? 1 : bytes, kDeviceAlignment));
+      std::aligned_alloc(kDeviceAlignment, RoundUp(bytes == 0 ? 1 : bytes, kDeviceAlignment));
   std::lock_guard<std::mutex> lock(mem_mu_);
   if (ptr == nullptr) {
     in_use_bytes_ -= bytes;
     return Status::OutOfMemory("host device: host RAM exhausted allocating " +
-                               gpu_internal::FormatBytes(bytes) +
+                               FormatBytesExact(bytes) +
                                " (within the device budget); lower the device memory budget "
                                "or free host memory");
   }
@@ -148,7 +147,7 @@ Status HostDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_v
     }
   }
   return Status::InvalidArgument("host device: " + std::string(what) + " of " +
-                                 gpu_internal::FormatBytes(bytes) +
+                                 FormatBytesExact(bytes) +
                                  ": the device range is not inside one live allocation of "
                                  "this device (host pointer passed as device pointer, or a "
                                  "freed/overrun buffer?)");

@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "strata/bytes.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -32,30 +33,14 @@ namespace {
 
 constexpr uint64_t kPage = 4096;
 
-uint64_t RoundUpPage(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
-
-std::string Bytes(uint64_t n) {
-  char buf[64];
-  if (n >= (1ull << 30)) {
-    std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(n) / (1ull << 30));
-  } else if (n >= (1ull << 20)) {
-    std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(n) / (1ull << 20));
-  } else if (n >= (1ull << 10)) {
-    std::snprintf(buf, sizeof(buf), "%.2f KiB", static_cast<double>(n) / (1ull << 10));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(n));
-  }
-  return std::string(buf) + " (" + std::to_string(n) + " bytes)";
-}
-
 std::string MemlockAdvice(uint64_t bytes, int err) {
   struct rlimit rl {};
   std::string limit = "unknown";
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-    limit = rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : Bytes(rl.rlim_cur);
+    limit = rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : FormatBytesExact(rl.rlim_cur);
   }
-  return "cannot lock " + Bytes(bytes) + " of pinned memory (mlock: " + std::strerror(err) +
-         "); RLIMIT_MEMLOCK is " + limit +
+  return "cannot lock " + FormatBytesExact(bytes) +
+         " of pinned memory (mlock: " + std::strerror(err) + "); RLIMIT_MEMLOCK is " + limit +
          ". Raise it: `ulimit -l unlimited` in the shell that starts strata, a line "
          "`<user> - memlock unlimited` in /etc/security/limits.conf (then log in again), "
          "or LimitMEMLOCK=infinity in the systemd unit; or lower the pinned budget";
@@ -87,11 +72,11 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions& 
   if (options.budget_bytes == 0) {
     return Status::InvalidArgument("pinned pool budget is 0 bytes; give a budget > 0");
   }
-  const uint64_t size = RoundUpPage(options.budget_bytes);
+  const uint64_t size = RoundUp(options.budget_bytes, kPage);
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
     int err = errno;
-    return Status::OutOfMemory("cannot map a pinned pool of " + Bytes(size) +
+    return Status::OutOfMemory("cannot map a pinned pool of " + FormatBytesExact(size) +
                                " (mmap: " + std::strerror(err) +
                                "); lower the pinned budget or free host memory")
         .WithErrno(err);
@@ -131,16 +116,16 @@ bool PinnedPool::Contains(const void* ptr, uint64_t bytes) const {
 
 std::string PinnedPool::DescribeUseLocked(size_t top_owners) const {
   const uint64_t largest = ranges_.LargestFree();
-  std::string s = "in use " + Bytes(in_use_) + " of a budget of " + Bytes(size_) + " by " +
-                  std::to_string(allocated_.size()) + " allocation(s); largest free range " +
-                  Bytes(largest);
+  std::string s = "in use " + FormatBytesExact(in_use_) + " of a budget of " +
+                  FormatBytesExact(size_) + " by " + std::to_string(allocated_.size()) +
+                  " allocation(s); largest free range " + FormatBytesExact(largest);
   std::vector<std::pair<std::string, uint64_t>> owners(owner_bytes_.begin(), owner_bytes_.end());
   std::sort(owners.begin(), owners.end(),
             [](const auto& a, const auto& b) { return a.second > b.second; });
   if (!owners.empty()) {
     s += "; top owners:";
     for (size_t i = 0; i < owners.size() && i < top_owners; ++i) {
-      s += (i ? ", " : " ") + owners[i].first + " " + Bytes(owners[i].second);
+      s += (i ? ", " : " ") + owners[i].first + " " + FormatBytesExact(owners[i].second);
     }
     if (owners.size() > top_owners) {
       s += ", and " + std::to_string(owners.size() - top_owners) + " more";
@@ -150,7 +135,7 @@ std::string PinnedPool::DescribeUseLocked(size_t top_owners) const {
 }
 
 Result<void*> PinnedPool::Allocate(uint64_t bytes, std::string_view owner) {
-  const uint64_t need = RoundUpPage(std::max<uint64_t>(bytes, 1));
+  const uint64_t need = RoundUp(std::max<uint64_t>(bytes, 1), kPage);
   std::lock_guard<std::mutex> lock(mu_);
   if (std::optional<uint64_t> found = ranges_.Allocate(need)) {
     const uint64_t off = *found;
@@ -163,7 +148,7 @@ Result<void*> PinnedPool::Allocate(uint64_t bytes, std::string_view owner) {
     return static_cast<void*>(static_cast<char*>(base_) + off);
   }
   std::string why = in_use_ + need <= size_ ? " (enough bytes are free, but fragmented)" : "";
-  return Status::OutOfMemory("pinned pool cannot allocate " + Bytes(need) + " for '" +
+  return Status::OutOfMemory("pinned pool cannot allocate " + FormatBytesExact(need) + " for '" +
                              std::string(owner) + "'" + why + ": " + DescribeUseLocked(5) +
                              ". Raise the pinned budget or lower prefetch depth / buffer "
                              "sizes");
@@ -171,7 +156,7 @@ Result<void*> PinnedPool::Allocate(uint64_t bytes, std::string_view owner) {
 
 Result<PinnedBuffer> PinnedPool::AllocateBuffer(uint64_t bytes, std::string_view owner) {
   STRATA_ASSIGN_OR_RETURN(void* p, Allocate(bytes, owner));
-  uint64_t size = RoundUpPage(std::max<uint64_t>(bytes, 1));
+  uint64_t size = RoundUp(std::max<uint64_t>(bytes, 1), kPage);
   return PinnedBuffer(this, p, size);
 }
 

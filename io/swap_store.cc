@@ -33,10 +33,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "io/manifest.h"
+#include "strata/bytes.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -51,20 +53,6 @@ constexpr uint64_t kBlock = kIoAlignment;
 constexpr uint64_t kDefaultStripe = 1 << 20;
 constexpr const char* kManifestName = "strata.manifest";
 constexpr const char* kLockName = "strata.lock";
-
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
-std::string Bytes(uint64_t n) {
-  char buf[64];
-  if (n >= (1ull << 30)) {
-    std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(n) / (1ull << 30));
-  } else if (n >= (1ull << 20)) {
-    std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(n) / (1ull << 20));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.2f KiB", static_cast<double>(n) / (1ull << 10));
-  }
-  return std::string(buf) + " (" + std::to_string(n) + " bytes)";
-}
 
 std::string Hex(uint64_t v) {
   char buf[24];
@@ -359,9 +347,9 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
           for (const auto& f : fs.folders) s += (s.empty() ? "" : ", ") + f;
           return s + " (one file system)";
         }();
-    return Status::NoSpace(who + " cannot hold the swap files: " + Bytes(fs.free) + " free, " +
-                           Bytes(fs.need) + " needed (capacity " + Bytes(capacity_) + " over " +
-                           std::to_string(n) +
+    return Status::NoSpace(who + " cannot hold the swap files: " + FormatBytesExact(fs.free) +
+                           " free, " + FormatBytesExact(fs.need) + " needed (capacity " +
+                           FormatBytesExact(capacity_) + " over " + std::to_string(n) +
                            " folder(s)); free space there, lower the swap capacity, or add "
                            "swap folders on other drives")
         .WithPath(fs.folders[0]);
@@ -381,7 +369,8 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     ps->direct = backend_->IsDirect(ps->handle);
     Status s = backend_->Allocate(ps->handle, file_bytes_);
     if (!s.ok()) {
-      return s.Annotate("preallocating swap file " + ps->file + " (" + Bytes(file_bytes_) + ")");
+      return s.Annotate("preallocating swap file " + ps->file + " (" +
+                        FormatBytesExact(file_bytes_) + ")");
     }
   }
 
@@ -474,10 +463,11 @@ Result<uint64_t> SwapStore::AllocateLocked(uint64_t bytes, std::string_view key)
     return *offset;
   }
   const uint64_t largest = ranges_.LargestFree();
-  return Status::NoSpace("swap store is full: no room for " + Bytes(bytes) + " of extent '" +
-                         std::string(key) + "'; capacity " + Bytes(capacity_) + ", in use " +
-                         Bytes(in_use_) + " (committed " + Bytes(committed_bytes_) +
-                         "), largest free range " + Bytes(largest) +
+  return Status::NoSpace("swap store is full: no room for " + FormatBytesExact(bytes) +
+                         " of extent '" + std::string(key) + "'; capacity " +
+                         FormatBytesExact(capacity_) + ", in use " + FormatBytesExact(in_use_) +
+                         " (committed " + FormatBytesExact(committed_bytes_) +
+                         "), largest free range " + FormatBytesExact(largest) +
                          ". Commit to release superseded versions, or raise the capacity");
 }
 

@@ -140,9 +140,9 @@ TEST_P(DeviceTest, BudgetIsEnforcedWithAnActionableMessage) {
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kOutOfMemory);
   const std::string& msg = b.status().message();
-  EXPECT_NE(msg.find("cannot allocate 614400 bytes"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("budget is 1048576 bytes"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("614400 bytes (600.00 KiB) are in use"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot allocate 600.0 KiB (614400 bytes)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("budget is 1.0 MiB (1048576 bytes)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("600.0 KiB (614400 bytes) are in use"), std::string::npos) << msg;
   EXPECT_NE(msg.find("raise the device memory budget"), std::string::npos) << msg;
   // A refused request changes nothing.
   EXPECT_EQ(dev->MemoryStats().in_use_bytes, 600u * 1024);

@@ -123,13 +123,13 @@ TEST(PinnedPoolTest, OutOfMemorySaysRequestUseAndOwners) {
   ASSERT_FALSE(r.ok());
   const std::string& m = r.status().message();
   EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
-  EXPECT_NE(m.find("cannot allocate 16.00 KiB (16384 bytes) for 'prefetch'"), std::string::npos)
+  EXPECT_NE(m.find("cannot allocate 16.0 KiB (16384 bytes) for 'prefetch'"), std::string::npos)
       << m;
-  EXPECT_NE(m.find("in use 52.00 KiB (53248 bytes) of a budget of 64.00 KiB (65536 bytes)"),
+  EXPECT_NE(m.find("in use 52.0 KiB (53248 bytes) of a budget of 64.0 KiB (65536 bytes)"),
             std::string::npos)
       << m;
-  EXPECT_NE(m.find("top owners: params 32.00 KiB (32768 bytes), grads 16.00 KiB (16384 "
-                   "bytes), scratch 4.00 KiB (4096 bytes)"),
+  EXPECT_NE(m.find("top owners: params 32.0 KiB (32768 bytes), grads 16.0 KiB (16384 "
+                   "bytes), scratch 4.0 KiB (4096 bytes)"),
             std::string::npos)
       << m;
   EXPECT_EQ(m.find("fragmented"), std::string::npos) << m;
@@ -139,7 +139,7 @@ TEST(PinnedPoolTest, OutOfMemorySaysRequestUseAndOwners) {
   r = pool->Allocate(20 * kKiB, "prefetch");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("fragmented"), std::string::npos);
-  EXPECT_NE(r.status().message().find("largest free range 16.00 KiB"), std::string::npos)
+  EXPECT_NE(r.status().message().find("largest free range 16.0 KiB"), std::string::npos)
       << r.status().message();
   // The budget is never exceeded by a successful allocation either.
   auto fits = pool->AllocateBuffer(16 * kKiB, "prefetch");
@@ -282,7 +282,7 @@ TEST(PinnedPoolTest, MemlockLimitGivesAdviceThenUnlockedMemory) {
   });
   ASSERT_EQ(rc, 0) << out;
   for (const char* want :
-       {"cannot lock 64.00 MiB (67108864 bytes) of pinned memory", "RLIMIT_MEMLOCK is 8.00 MiB",
+       {"cannot lock 64.0 MiB (67108864 bytes) of pinned memory", "RLIMIT_MEMLOCK is 8.0 MiB",
         "ulimit -l", "/etc/security/limits.conf", "LimitMEMLOCK=", "continuing with unlocked"}) {
     EXPECT_NE(out.find(want), std::string::npos) << want << " not in:\n" << out;
   }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "io/uring_backend.h"
+#include "strata/bytes.h"
 #include "strata/io.h"
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
@@ -59,22 +60,6 @@ const char* ModeName(Mode m) {
 }
 bool IsWrite(Mode m) { return m == Mode::kWrite || m == Mode::kRandWrite; }
 bool IsRandom(Mode m) { return m == Mode::kRandRead || m == Mode::kRandWrite; }
-
-std::string HumanBytes(uint64_t b) {
-  char buf[64];
-  if (b >= (1ull << 30) && b % (1ull << 30) == 0) {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " GiB", b >> 30);
-  } else if (b >= (1ull << 20) && b % (1ull << 20) == 0) {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " MiB", b >> 20);
-  } else if (b >= 1024 && b % 1024 == 0) {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " KiB", b >> 10);
-  } else if (b >= (1ull << 30)) {
-    std::snprintf(buf, sizeof buf, "%.1f GiB", double(b) / double(1ull << 30));
-  } else {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", b);
-  }
-  return buf;
-}
 
 // Buffers beyond the queue depth that hold completed reads while they are verified. A poll
 // usually returns a few completions; 8 spares cover that without doubling the pinned arena
@@ -254,7 +239,7 @@ Status IoBench::Setup(const std::vector<uint64_t>& blocks, const std::vector<uin
       }
       if (needed > free_bytes) {
         return Status::NoSpace("--path " + p + " has " + std::to_string(free_bytes) +
-                               " bytes free (" + HumanBytes(free_bytes) +
+                               " bytes free (" + FormatBytes(free_bytes) +
                                "), but the benchmark needs " + std::to_string(needed) +
                                " bytes there; use a smaller --size or another --path")
             .WithPath(p);
@@ -502,11 +487,11 @@ void IoBench::PrintConfig(FILE* out) const {
       backend_name_.c_str(), flags_.backend.c_str(), caps_ & kIoCapFixedBuffers ? "yes" : "no",
       caps_ & kIoCapFixedFiles ? "yes" : "no", caps_ & kIoCapSqpoll ? "yes" : "no");
   for (const FileInfo& f : files_) {
-    std::fprintf(out, "# file: %s (%s, %s)\n", f.path.c_str(), HumanBytes(per_file_).c_str(),
+    std::fprintf(out, "# file: %s (%s, %s)\n", f.path.c_str(), FormatBytes(per_file_).c_str(),
                  f.direct ? "O_DIRECT" : "buffered; reads after fdatasync + fadvise(DONTNEED)");
   }
   std::fprintf(out, "# bytes per pass: %" PRIu64 " (%s), striped over %zu file(s) block by block\n",
-               total_, HumanBytes(total_).c_str(), files_.size());
+               total_, FormatBytes(total_).c_str(), files_.size());
   std::fprintf(out,
                "# passes: %d warmup + %d measured per case; data seed %" PRIu64
                "; every block verified (#wrong)\n",

@@ -8,22 +8,10 @@
 #include <cstdio>
 
 #include "model/gemm_profile.h"
+#include "strata/bytes.h"
 
 namespace strata::cli {
 namespace {
-
-std::string Bytes(double b) {
-  char buf[64];
-  if (b >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  else if (b >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
-  else if (b >= 1024.0)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f B", b);
-  return buf;
-}
 
 std::string Duration(double s) {
   char buf[32];
@@ -99,8 +87,8 @@ nlohmann::json PrintStartup(const TrainReportInputs& in) {
   std::printf("# strata train: GPT-2 %d layers, d_model %d, %d heads, seq %d, vocab %d\n",
               cfg.layers, cfg.d_model, cfg.heads, t.seq_len, cfg.vocab);
   std::printf("# parameters: %llu (%s fp32); model + optimizer states: %s\n",
-              static_cast<unsigned long long>(params), Bytes(params * 4.0).c_str(),
-              Bytes(static_cast<double>(state_bytes)).c_str());
+              static_cast<unsigned long long>(params), FormatBytes(params * 4).c_str(),
+              FormatBytes(state_bytes).c_str());
   std::printf("# data: %s; %lld training / %lld held-out tokens\n", in.data->description.c_str(),
               static_cast<long long>(in.batcher->train_tokens()),
               static_cast<long long>(in.batcher->val_tokens()));
@@ -248,8 +236,8 @@ void PrintTotals(const TrainTotals& t) {
                                                     {"d2h", t.bytes.d2h},
                                                     {"comm", t.bytes.comm}};
   for (const auto& [name, b] : edges) {
-    std::printf(" %-11s %14s %14s\n", name, Bytes(static_cast<double>(b)).c_str(),
-                Bytes(static_cast<double>(b) / t.steps).c_str());
+    std::printf(" %-11s %14s %14s\n", name, FormatBytes(b).c_str(),
+                FormatBytes(b / uint64_t(std::max<int64_t>(t.steps, 1))).c_str());
   }
   std::printf("#%-11s %10s %10s\n", "resource", "busy_s", "busy_%");
   for (int i = 0; i < kNumResources; ++i) {
