@@ -345,9 +345,8 @@ Status EngineImpl::Init() {
   kernel_options_.threads = opt_.optimizer_threads;
   device_budget_ = opt_.device_mem_bytes;
 
-  PlacementInput pin{&layout_, &opt_, dtype_, device_budget_};
-  STRATA_ASSIGN_OR_RETURN(place_, PlanPlacement(pin));
-  STRATA_ASSIGN_OR_RETURN(schedule_, BuildSchedule(L_, opt_));
+  STRATA_ASSIGN_OR_RETURN(place_, PlanPlacement(layout_, PlanOptionsFrom(opt_, dtype_)));
+  STRATA_ASSIGN_OR_RETURN(schedule_, BuildSchedule(L_, opt_.schedule, opt_.micro_batches));
   for (const BlockLayout& b : layout_) {
     param_bytes_.push_back(b.padded_numel * (separate_ ? 2 : 4));
     grad_bytes_.push_back(b.padded_numel * 4);

@@ -11,21 +11,47 @@
 // allocators check them again). The same simulation, run at Create with trial budgets,
 // gives the minimum budgets an impossible configuration is refused with.
 //
-// Plain functions over values; safe from any thread.
+// Plain functions over values (no engine state, no EngineOptions: PlanOptions is the narrow
+// view the planner reads); safe from any thread. plan.cc holds the layout, the schedule and
+// the per-tier simulations; plan_placement.cc the homes and the minimum budgets.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "strata/bytes.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 
 namespace strata::engine_internal {
 
-inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-// "1.5 MiB"
-std::string FormatBytes(uint64_t bytes);
+// What the planner reads of a run: the part of EngineOptions that shapes the plans, resolved
+// (no kAuto dtype; collective memory resolved with a communicator).
+struct PlanOptions {
+  std::vector<ScheduleEntry> schedule;  // one micro-batch's access order; empty = standard
+  int micro_batches = 1;
+  bool clip = false;  // gradient clipping: every update waits for the global norm
+  WorkingDtype dtype = WorkingDtype::kFp32;  // resolved: kFp32 or kBf16
+  uint64_t device_budget = 0;                // 0 = unlimited
+  uint64_t host_budget = 0;                  // 0 = unlimited
+  bool nvme = false;                         // NVMe paths were given
+  bool durable = false;                      // every step commits the states to NVMe (resume too)
+  int rank = 0;
+  int world_size = 1;
+  // kDevice or kHost with a communicator; kAuto without one (no collectives).
+  CollectiveMemory collectives = CollectiveMemory::kAuto;
+  // Bandwidths for the predicted transfer bound (bytes/s); 0 = the defaults
+  // (2e9, 1.5e9, 10e9, 10e9).
+  double nvme_read_bps = 0;
+  double nvme_write_bps = 0;
+  double h2d_bps = 0;
+  double d2h_bps = 0;
+};
+
+// The planner's view of `options` (validated and resolved by Engine::Create) with the
+// working dtype `dtype` resolved for the device.
+PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype);
 
 // Lays out `blocks`; InvalidArgument naming the block/tensor for empty names, duplicate
 // names, non-positive dimensions or an alignment of 0.
@@ -41,10 +67,11 @@ struct Access {
 };
 // Per micro-batch: forward 0..L-1, then backward L-1..0.
 std::vector<Access> StandardSchedule(int blocks, int micro_batches);
-// options.schedule repeated per micro-batch, or the standard order when it is empty.
-// InvalidArgument when a block is missing, repeated in a pass, out of range, or has its
-// backward before its forward.
-Result<std::vector<Access>> BuildSchedule(int blocks, const EngineOptions& options);
+// `order` (one micro-batch) repeated per micro-batch, or the standard order when it is
+// empty. InvalidArgument when a block is missing, repeated in a pass, out of range, or has
+// its backward before its forward.
+Result<std::vector<Access>> BuildSchedule(int blocks, const std::vector<ScheduleEntry>& order,
+                                          int micro_batches);
 std::string DescribeAccess(const Access& a);
 
 // ---------------------------------------------------------------------------------------
@@ -151,13 +178,6 @@ Result<HostPlan> PlanHost(const HostPlanInput& in);
 // Placement
 // ---------------------------------------------------------------------------------------
 
-struct PlacementInput {
-  const std::vector<BlockLayout>* layout = nullptr;
-  const EngineOptions* options = nullptr;
-  WorkingDtype dtype = WorkingDtype::kFp32;
-  uint64_t device_budget = 0;  // resolved (0 = unlimited)
-};
-
 struct PlacementPlan {
   std::vector<Tier> home;           // per object (grads: kHost)
   std::vector<uint64_t> obj_bytes;  // per object, pool-rounded; 0 for absent components
@@ -174,7 +194,12 @@ struct PlacementPlan {
   PlacementReport report;
 };
 
-// Chooses homes and the cache size, or refuses with the figures that would work.
-Result<PlacementPlan> PlanPlacement(const PlacementInput& in);
+// Chooses homes and the cache size, or refuses with OutOfMemory naming the figures that
+// would work. The minimums it reports (report.device_min_bytes, report.host_min_bytes) are
+// thresholds with a guarantee: every budget below one is refused and every budget at or
+// above it plans (device and host plans, first step and steady state) within the budget.
+// tests/engine/plan_test.cc checks this over random models, schedules and budgets.
+Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
+                                    const PlanOptions& options);
 
 }  // namespace strata::engine_internal

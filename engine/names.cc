@@ -1,0 +1,106 @@
+// Names of the public enums (strata/engine.h) and the placement report's text.
+#include <cstdio>
+#include <sstream>
+
+#include "strata/bytes.h"
+#include "strata/engine.h"
+
+namespace strata {
+
+const char* ComponentName(Component c) {
+  switch (c) {
+    case Component::kParam:
+      return "param";
+    case Component::kMaster:
+      return "master";
+    case Component::kExpAvg:
+      return "exp_avg";
+    case Component::kExpAvgSq:
+      return "exp_avg_sq";
+    case Component::kGrad:
+      return "grad";
+  }
+  return "?";
+}
+
+const char* TierName(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+const char* WorkingDtypeName(WorkingDtype d) {
+  switch (d) {
+    case WorkingDtype::kAuto:
+      return "auto";
+    case WorkingDtype::kFp32:
+      return "fp32";
+    case WorkingDtype::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+const char* CollectiveMemoryName(CollectiveMemory m) {
+  switch (m) {
+    case CollectiveMemory::kAuto:
+      return "auto";
+    case CollectiveMemory::kDevice:
+      return "device";
+    case CollectiveMemory::kHost:
+      return "host";
+  }
+  return "?";
+}
+
+const char* ResourceName(Resource r) {
+  switch (r) {
+    case Resource::kNvmeRead:
+      return "nvme_read";
+    case Resource::kNvmeWrite:
+      return "nvme_write";
+    case Resource::kH2D:
+      return "h2d";
+    case Resource::kD2H:
+      return "d2h";
+    case Resource::kCpuOptim:
+      return "cpu_optim";
+    case Resource::kCompute:
+      return "compute";
+    case Resource::kComm:
+      return "comm";
+  }
+  return "?";
+}
+
+std::string PlacementReport::ToString() const {
+  std::ostringstream os;
+  os << "# placement: working dtype " << WorkingDtypeName(dtype) << "\n";
+  os << "#   device budget " << (device_budget_bytes ? FormatBytes(device_budget_bytes) : "none")
+     << " (minimum " << FormatBytes(device_min_bytes) << ")\n";
+  os << "#   host budget " << (host_budget_bytes ? FormatBytes(host_budget_bytes) : "unlimited")
+     << " (minimum " << FormatBytes(host_min_bytes) << "): homes "
+     << FormatBytes(host_resident_bytes) << ", cache/staging " << FormatBytes(host_cache_bytes)
+     << "\n";
+  os << "#   nvme " << FormatBytes(nvme_bytes) << "\n";
+  for (const std::string& r : reasons) os << "#   " << r << "\n";
+  os << "#   predicted per step: nvme_read " << FormatBytes(predicted_bytes.nvme_read)
+     << ", nvme_write " << FormatBytes(predicted_bytes.nvme_write) << ", h2d "
+     << FormatBytes(predicted_bytes.h2d) << ", d2h " << FormatBytes(predicted_bytes.d2h);
+  if (predicted_bound_seconds > 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "; transfer bound %.3f s (%s, compute not included)",
+                  predicted_bound_seconds, predicted_bound_resource.c_str());
+    os << buf;
+  }
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace strata

@@ -1,0 +1,431 @@
+// Placement: the home of every component, the host cache's capacity and the minimum budgets.
+//
+// The minimums are thresholds, not optima. Whether a host plan fits a capacity is not
+// monotonic in the capacity (first-fit placement and Belady's evictions both change with
+// it), so the bisection in MinCacheCapacity finds a capacity that plans, not necessarily the
+// smallest one. What holds, and what tests/engine/plan_test.cc checks over random models,
+// schedules and budgets: every budget below a reported minimum is refused, and every budget
+// at or above it plans, because the cache is never given a capacity that was not planned
+// (CapacityFor falls back to the bisection's result, which fits whenever the minimum does).
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "engine/plan.h"
+
+namespace strata::engine_internal {
+
+PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
+  PlanOptions p;
+  p.schedule = options.schedule;
+  p.micro_batches = options.micro_batches;
+  p.clip = options.grad_clip > 0;
+  p.dtype = dtype;
+  p.device_budget = options.device_mem_bytes;
+  p.host_budget = options.host_mem_bytes;
+  p.nvme = !options.nvme_paths.empty();
+  p.durable = options.durable || options.resume;
+  p.rank = options.rank;
+  p.world_size = options.world_size;
+  p.collectives = options.comm ? options.collective_memory : CollectiveMemory::kAuto;
+  p.nvme_read_bps = options.nvme_read_bps;
+  p.nvme_write_bps = options.nvme_write_bps;
+  p.h2d_bps = options.h2d_bps;
+  p.d2h_bps = options.d2h_bps;
+  return p;
+}
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+// A cache capacity (whole pages) for which PlanHost succeeds: bisection between 0 and
+// everything cacheable, keeping the upper end at a capacity that planned. Feasibility is not
+// monotonic, so the result is a capacity that works, possibly above the smallest that does.
+// OutOfMemory when even everything cacheable does not plan.
+Result<uint64_t> MinCacheCapacity(HostPlanInput in) {
+  uint64_t lo = 0, hi = 0;
+  for (size_t o = 0; o < in.cached.size(); ++o) hi += in.cached[o] ? in.obj_bytes[o] : 0;
+  in.capacity = hi;
+  STRATA_RETURN_IF_ERROR(PlanHost(in).status());
+  while (hi - lo > kPage) {
+    const uint64_t mid = RoundUp((lo + hi) / 2, kPage);
+    if (mid >= hi) break;
+    in.capacity = mid;
+    if (PlanHost(in).ok()) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return hi;
+}
+
+// The cache capacity to run with, given `room` for it: the most it can use (whole pages,
+// never more than everything it could hold at once) when the host plan works there, else
+// MinCacheCapacity's result when that fits the room. nullopt when neither does.
+Result<std::optional<uint64_t>> CapacityFor(HostPlanInput in, const std::vector<bool>& cached,
+                                            uint64_t room) {
+  in.cached = cached;
+  uint64_t cacheable = 0;
+  for (size_t o = 0; o < cached.size(); ++o) cacheable += cached[o] ? in.obj_bytes[o] : 0;
+  in.capacity = std::min(room, cacheable) / kPage * kPage;
+  if (PlanHost(in).ok()) return std::optional<uint64_t>(in.capacity);
+  STRATA_ASSIGN_OR_RETURN(const uint64_t least, MinCacheCapacity(in));
+  if (least <= room) return std::optional<uint64_t>(least);
+  return std::optional<uint64_t>();
+}
+
+std::string BlockList(const std::vector<int>& blocks) {
+  // "0-5, 9"
+  std::string s;
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i;
+    while (j + 1 < blocks.size() && blocks[j + 1] == blocks[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(blocks[i]);
+    if (j > i) {
+      s += '-';
+      s += std::to_string(blocks[j]);
+    }
+    i = j + 1;
+  }
+  return s;
+}
+
+// What the steps of PlanPlacement share.
+struct Placer {
+  Placer(const std::vector<BlockLayout>& l, const PlanOptions& o)
+      : layout(l), opt(o), blocks(int(l.size())), separate(o.dtype != WorkingDtype::kFp32) {}
+
+  const std::vector<BlockLayout>& layout;
+  const PlanOptions& opt;
+  const int blocks;
+  const bool separate;  // the param component exists
+  std::vector<uint64_t> param_bytes, grad_bytes;
+  uint64_t largest_f32 = 0;     // the largest fp32 state object
+  std::vector<int> state_objs;  // master/param first (most traffic saved per byte), then moments
+  uint64_t state_bytes = 0;
+  std::vector<Access> schedule;
+  DevicePlan device;
+  HostPlanInput hin;
+  PlacementPlan pp;
+
+  Status SizeObjects();
+  void AddCommStaging();
+  Status PlaceAllOnHost(uint64_t cache_min_host);
+  Status PlaceWithNvme();
+  Status PredictTraffic();
+};
+
+// Object sizes, the device minimum and the device plan.
+Status Placer::SizeObjects() {
+  const uint64_t work_elem = separate ? 2 : 4;
+  const int n_obj = blocks * kNumComponents;
+  pp.home.assign(n_obj, Tier::kHost);
+  pp.obj_bytes.assign(n_obj, 0);
+  pp.cached.assign(n_obj, false);
+  param_bytes.assign(blocks, 0);
+  grad_bytes.assign(blocks, 0);
+  uint64_t device_min = 0;
+  int largest_block = 0;
+  for (int b = 0; b < blocks; ++b) {
+    const uint64_t s = layout[b].shard_numel;
+    // The device holds the whole flat buffer (all shards, gathered when world_size > 1).
+    param_bytes[b] = layout[b].padded_numel * work_elem;
+    grad_bytes[b] = layout[b].padded_numel * 4;
+    const uint64_t need = RoundUp(param_bytes[b], 256) + RoundUp(grad_bytes[b], 256);
+    if (need > device_min) device_min = need, largest_block = b;
+    const uint64_t f32 = RoundUp(s * 4, kPage);
+    largest_f32 = std::max(largest_f32, f32);
+    for (Component c :
+         {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kGrad}) {
+      pp.obj_bytes[ObjIndex(b, c)] = f32;
+    }
+    if (separate) pp.obj_bytes[ObjIndex(b, Component::kParam)] = RoundUp(s * 2, kPage);
+    pp.cached[ObjIndex(b, Component::kGrad)] = true;
+  }
+  PlacementReport& rep = pp.report;
+  rep.dtype = opt.dtype;
+  rep.device_budget_bytes = opt.device_budget;
+  rep.device_min_bytes = device_min;
+  rep.host_budget_bytes = opt.host_budget;
+  if (opt.device_budget && opt.device_budget < device_min) {
+    return Status::OutOfMemory("device budget " + FormatBytes(opt.device_budget) +
+                               " is smaller than block '" + layout[largest_block].name +
+                               "' needs during backward (params " +
+                               FormatBytes(param_bytes[largest_block]) + " + gradient buffer " +
+                               FormatBytes(grad_bytes[largest_block]) + "); need at least " +
+                               FormatBytesExact(device_min));
+  }
+  STRATA_ASSIGN_OR_RETURN(schedule, BuildSchedule(blocks, opt.schedule, opt.micro_batches));
+  STRATA_ASSIGN_OR_RETURN(device, PlanDevice(schedule, param_bytes, grad_bytes, opt.device_budget));
+  for (int b = 0; b < blocks; ++b) {
+    if (separate) state_objs.push_back(ObjIndex(b, Component::kParam));
+    state_objs.push_back(ObjIndex(b, Component::kMaster));
+  }
+  for (int b = 0; b < blocks; ++b) {
+    state_objs.push_back(ObjIndex(b, Component::kExpAvg));
+    state_objs.push_back(ObjIndex(b, Component::kExpAvgSq));
+  }
+  for (int o : state_objs) state_bytes += pp.obj_bytes[o];
+  return Status::OK();
+}
+
+// Staging outside the cache: gradient accumulation, and the collectives' host buffers.
+void Placer::AddCommStaging() {
+  pp.staging_bytes = opt.micro_batches > 1 ? largest_f32 : 0;
+  PlacementReport& rep = pp.report;
+  rep.collective_memory = opt.collectives;
+  const std::string ranks = "rank " + std::to_string(opt.rank) + " of " +
+                            std::to_string(opt.world_size) + ": holds 1/" +
+                            std::to_string(opt.world_size) + " of every state; ";
+  if (opt.collectives == CollectiveMemory::kDevice) {
+    rep.reasons.push_back(ranks +
+                          "collectives in device memory, in place (H2D and D2H carry this "
+                          "rank's 1/" +
+                          std::to_string(opt.world_size) + " of each block; no host staging)");
+  }
+  if (opt.collectives != CollectiveMemory::kHost) return;
+  // Collectives in host memory: two full-block gather buffers (the all-gather of the next
+  // block fills one while the H2D copy of the current one reads the other) and one
+  // full-block gradient landing buffer (the reduce-scatter's input). They are host memory
+  // like the rest, so they count against the host budget.
+  uint64_t gather = 0, landing = 0;
+  for (int b = 0; b < blocks; ++b) {
+    gather = std::max(gather, RoundUp(param_bytes[b], kPage));
+    landing = std::max(landing, RoundUp(grad_bytes[b], kPage));
+  }
+  pp.comm_staging_bytes = 2 * gather + landing;
+  pp.gather_bytes = gather;
+  pp.staging_bytes += pp.comm_staging_bytes;
+  rep.reasons.push_back(
+      ranks + "host staging for the collectives: 2 full-block gather buffers of " +
+      FormatBytes(gather) + " and a gradient landing buffer of " + FormatBytes(landing));
+}
+
+// Every state's home is host memory; only gradients go through the cache.
+Status Placer::PlaceAllOnHost(uint64_t cache_min_host) {
+  PlacementReport& rep = pp.report;
+  const uint64_t all_host_min = state_bytes + cache_min_host + pp.staging_bytes;
+  rep.host_min_bytes = all_host_min;
+  if (opt.host_budget != 0 && opt.host_budget < all_host_min) {
+    return Status::OutOfMemory("host budget " + FormatBytes(opt.host_budget) +
+                               " cannot hold the model states without NVMe: they need " +
+                               FormatBytes(state_bytes) + " plus " +
+                               FormatBytes(cache_min_host + pp.staging_bytes) +
+                               " for gradients; need at least " + FormatBytesExact(all_host_min) +
+                               ", or give NVMe paths (--nvme)");
+  }
+  if (opt.durable && !opt.nvme) {
+    return Status::InvalidArgument("durable/resume needs NVMe paths to commit the state to");
+  }
+  pp.resident_bytes = state_bytes;
+  uint64_t all_grads = 0;
+  for (int b = 0; b < blocks; ++b) all_grads += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
+  STRATA_ASSIGN_OR_RETURN(
+      const std::optional<uint64_t> capacity,
+      CapacityFor(hin, pp.cached,
+                  opt.host_budget ? opt.host_budget - state_bytes - pp.staging_bytes : all_grads));
+  if (!capacity) return Status::Aborted("internal: the validated gradient cache does not fit");
+  pp.cache_capacity = *capacity;
+  rep.reasons.push_back(
+      "every component's home is host memory (" +
+      std::string(opt.host_budget ? "the host budget holds them all" : "no host budget given") +
+      ")" + (opt.durable ? "; each step also commits them to NVMe" : ""));
+  return Status::OK();
+}
+
+// States live on NVMe and in the host cache; what the budget holds beyond the cache's
+// minimum and a prefetch window becomes host homes.
+Status Placer::PlaceWithNvme() {
+  PlacementReport& rep = pp.report;
+  std::vector<bool> cached_all = pp.cached;
+  for (int o : state_objs) cached_all[o] = true;
+  hin.cached = cached_all;
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_nvme, MinCacheCapacity(hin));
+  const uint64_t host_min = cache_min_nvme + pp.staging_bytes;
+  rep.host_min_bytes = host_min;
+  if (opt.host_budget < host_min) {
+    return Status::OutOfMemory(
+        "host budget " + FormatBytes(opt.host_budget) +
+        " is too small even with every state on NVMe: the host must stage the optimizer "
+        "step of the largest block (master, exp_avg, exp_avg_sq and gradient, " +
+        FormatBytes(4 * largest_f32) + ")" +
+        (hin.clip || opt.micro_batches > 1
+             ? " while holding every block's gradient until the update"
+             : std::string()) +
+        (pp.staging_bytes ? " plus " + FormatBytes(pp.staging_bytes) + " of staging" : "") +
+        "; need at least " + FormatBytesExact(host_min));
+  }
+  // Keep a prefetch window beyond the minimum (two more optimizer steps' states, so the
+  // reads of the next updates overlap the writes of the last ones), then give host
+  // homes to the components that save the most NVMe traffic per byte.
+  const uint64_t budget = opt.host_budget - pp.staging_bytes;
+  const uint64_t window = std::min(budget, cache_min_nvme + 6 * largest_f32);
+  std::vector<bool> cached = cached_all;
+  uint64_t resident = 0;
+  for (int o : state_objs) {
+    if (resident + pp.obj_bytes[o] + window > budget) continue;
+    cached[o] = false;
+    resident += pp.obj_bytes[o];
+  }
+  // The cache gets the rest of the budget. Fewer cached objects rarely need more cache,
+  // but when no capacity that fits works, give a host home back to NVMe and retry; with
+  // every state cached, the minimum found above fits by construction.
+  for (;;) {
+    STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> capacity,
+                            CapacityFor(hin, cached, budget - resident));
+    if (capacity) {
+      pp.cache_capacity = *capacity;
+      break;
+    }
+    int last = -1;
+    for (int o : state_objs) {
+      if (!cached[o]) last = o;
+    }
+    if (last < 0) {
+      return Status::Aborted("internal: no host cache capacity within " + FormatBytes(budget) +
+                             " works, though " + FormatBytes(cache_min_nvme) + " did");
+    }
+    cached[last] = true;
+    resident -= pp.obj_bytes[last];
+  }
+  pp.cached = cached;
+  pp.resident_bytes = resident;
+  pp.use_nvme = true;
+  std::vector<int> host_blocks[kNumComponents], nvme_blocks[kNumComponents];
+  for (int o : state_objs) {
+    (cached[o] ? nvme_blocks : host_blocks)[int(ObjComponent(o))].push_back(ObjBlock(o));
+  }
+  rep.reasons.push_back(
+      "host cache " + FormatBytes(pp.cache_capacity) + " (minimum " + FormatBytes(cache_min_nvme) +
+      ": the largest optimizer step's master, moments and gradient" +
+      (hin.clip || opt.micro_batches > 1 ? ", plus every gradient held to the update" : "") +
+      "); the rest of the budget holds components at home");
+  for (Component c :
+       {Component::kParam, Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
+    if (!host_blocks[int(c)].empty()) {
+      rep.reasons.push_back(std::string(ComponentName(c)) + " of blocks " +
+                            BlockList(host_blocks[int(c)]) + ": home host (" +
+                            (c == Component::kExpAvg || c == Component::kExpAvgSq
+                                 ? "saves one NVMe read and one write per step"
+                                 : "saves up to three NVMe reads and one write per step") +
+                            ")");
+    }
+    if (!nvme_blocks[int(c)].empty()) {
+      rep.reasons.push_back(std::string(ComponentName(c)) + " of blocks " +
+                            BlockList(nvme_blocks[int(c)]) +
+                            ": home NVMe (no host budget left; cached in host while in use)");
+    }
+  }
+  return Status::OK();
+}
+
+// Predicted traffic: replay the steady-state plan.
+Status Placer::PredictTraffic() {
+  PlacementReport& rep = pp.report;
+  const bool host_collectives = opt.collectives == CollectiveMemory::kHost;
+  hin.cached = pp.cached;
+  hin.capacity = pp.cache_capacity;
+  STRATA_ASSIGN_OR_RETURN(HostPlan first, PlanHost(hin));
+  HostPlanInput next = hin;
+  next.start_resident = first.end_resident;
+  next.start_offset = first.offset;
+  auto steady_or = PlanHost(next);
+  const HostPlan& steady = steady_or.ok() ? *steady_or : first;
+  int device_loads = 0;
+  for (int a = 0; a < int(schedule.size()); ++a) {
+    if (device.steps[a].load) {
+      // In device memory, each rank copies its shard and the gather fills in the rest.
+      rep.predicted_bytes.h2d +=
+          param_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
+      if (schedule[a].pass == Pass::kBackward) ++device_loads;
+    }
+    if (schedule[a].pass == Pass::kBackward)
+      rep.predicted_bytes.d2h +=
+          grad_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
+  }
+  for (const HostOp& op : steady.ops) {
+    if (op.kind == HostOpKind::kLoad && pp.home[op.obj] == Tier::kNvme) {
+      rep.predicted_bytes.nvme_read += pp.obj_bytes[op.obj];
+    }
+  }
+  for (int u : steady.opt_uses) {
+    for (const UseObj& uo : steady.uses[u].objs) {
+      if (ObjComponent(uo.obj) != Component::kGrad && pp.obj_bytes[uo.obj] &&
+          (pp.home[uo.obj] == Tier::kNvme || opt.durable)) {
+        rep.predicted_bytes.nvme_write += pp.obj_bytes[uo.obj];
+      }
+    }
+  }
+  rep.reasons.push_back("device: " + std::to_string(device_loads) + " of " +
+                        std::to_string(blocks) +
+                        " blocks' params copied again in backward per micro-batch set (" +
+                        (opt.device_budget ? "budget holds " + FormatBytes(opt.device_budget)
+                                           : std::string("no device budget")) +
+                        "; evicting the block needed farthest ahead)");
+  const double rd = opt.nvme_read_bps > 0 ? opt.nvme_read_bps : 2e9;
+  const double wr = opt.nvme_write_bps > 0 ? opt.nvme_write_bps : 1.5e9;
+  const double h2d = opt.h2d_bps > 0 ? opt.h2d_bps : 10e9;
+  const double d2h = opt.d2h_bps > 0 ? opt.d2h_bps : 10e9;
+  const std::pair<double, const char*> times[] = {
+      {rep.predicted_bytes.nvme_read / rd, "nvme_read"},
+      {rep.predicted_bytes.nvme_write / wr, "nvme_write"},
+      {rep.predicted_bytes.h2d / h2d, "h2d"},
+      {rep.predicted_bytes.d2h / d2h, "d2h"}};
+  for (const auto& [t, name] : times) {
+    if (t > rep.predicted_bound_seconds) {
+      rep.predicted_bound_seconds = t;
+      rep.predicted_bound_resource = name;
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
+                                    const PlanOptions& opt) {
+  Placer p(layout, opt);
+  STRATA_RETURN_IF_ERROR(p.SizeObjects());
+  p.AddCommStaging();
+  p.hin.schedule = &p.schedule;
+  p.hin.device = &p.device;
+  p.hin.blocks = p.blocks;
+  p.hin.micro_batches = opt.micro_batches;
+  p.hin.clip = opt.clip;
+  p.hin.separate_param = p.separate;
+  p.hin.obj_bytes = p.pp.obj_bytes;
+  p.hin.cached = p.pp.cached;  // only gradients in the cache
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, MinCacheCapacity(p.hin));
+  PlacementPlan& pp = p.pp;
+  if (opt.host_budget == 0 || !opt.nvme) {
+    STRATA_RETURN_IF_ERROR(p.PlaceAllOnHost(cache_min_host));
+  } else {
+    STRATA_RETURN_IF_ERROR(p.PlaceWithNvme());
+  }
+  pp.use_nvme = pp.use_nvme || opt.durable;
+  for (int o : p.state_objs) {
+    pp.home[o] = pp.cached[o] ? Tier::kNvme : Tier::kHost;
+    if (pp.home[o] == Tier::kNvme || opt.durable) pp.nvme_bytes += pp.obj_bytes[o];
+  }
+  // Objects are whole 4 KiB pages, so a partial page of cache is never used; dropping it
+  // keeps the pinned pool (which rounds up to pages) inside the budget.
+  pp.cache_capacity = pp.cache_capacity / kPage * kPage;
+  PlacementReport& rep = pp.report;
+  rep.host_resident_bytes = pp.resident_bytes;
+  rep.host_cache_bytes = pp.cache_capacity + pp.staging_bytes;
+  rep.nvme_bytes = pp.nvme_bytes;
+  for (int b = 0; b < p.blocks; ++b) {
+    for (int c = 0; c < kNumComponents; ++c) {
+      const int o = ObjIndex(b, Component(c));
+      if (pp.obj_bytes[o] == 0) continue;
+      rep.components.push_back(ComponentPlacement{b, Component(c), pp.home[o], pp.obj_bytes[o]});
+    }
+  }
+  STRATA_RETURN_IF_ERROR(p.PredictTraffic());
+  return std::move(pp);
+}
+
+}  // namespace strata::engine_internal
