@@ -247,11 +247,6 @@ class EngineImpl final : public Engine {
   void* gather_[2] = {nullptr, nullptr};
   void* grad_full_ = nullptr;
   // The comm thread's fixed sequence of collectives per step.
-  struct CommItem {
-    enum Kind : uint8_t { kGather, kReduce, kNorm } kind = kGather;
-    int access = 0;
-    int slot = 0;  // kGather: gather buffer
-  };
   std::vector<CommItem> comm_seq_;
   // The cache: one pinned region; the host plan places objects inside it (exact offsets, so
   // the simulated footprint and fragmentation are the real ones).
@@ -843,99 +838,12 @@ void EngineImpl::FeederLoop() {
 // Comm thread (with a communicator)
 // ---------------------------------------------------------------------------------------
 
-// The order of collectives must be the same on every rank and must never make the comm
-// thread wait for something that itself waits for a later collective. The host plan (the
-// same on every rank: a deterministic function of the same inputs) orders its uses h2d(a),
-// [optimizer steps], grad(a), h2d(a+1), ...; issuing each all-gather at its h2d use and
-// each reduce-scatter at its grad use is safe, since everything a use waits for (earlier
-// uses, and the evictions before its load) comes before it. To overlap the next block's
-// gather with the current block's compute, the all-gather of the next load is moved ahead
-// of the current reduce-scatter when the plan shows that its shard becomes ready without
-// waiting for that reduce-scatter or anything after it, and the host budget cannot make
-// it wait (unlimited, or a plan without evictions; see below). In device memory a gather
-// also waits for the feeder's H2D copy of the shard, and the feeder frees gradient buffers
-// only once their shard's D2H copy is enqueued, after their reduce-scatter: so the gather
-// may not move ahead of the reduce-scatter of a gradient buffer that the feeder frees on
-// its way to that load.
+// The comm thread's collectives for the step, in the planner's order (PlanCommSequence).
 void EngineImpl::BuildCommSequence() {
-  comm_seq_.clear();
-  const HostPlan& p = hplan_;
-  // Global index of the seq-th use of each object.
-  std::unordered_map<int64_t, int> use_of;
-  for (int u = 0; u < int(p.uses.size()); ++u) {
-    for (const UseObj& uo : p.uses[u].objs) use_of[int64_t(uo.obj) * 1000003 + uo.seq] = u;
-  }
-  auto use_index = [&](int obj, int seq) {
-    auto it = use_of.find(int64_t(obj) * 1000003 + seq);
-    return it == use_of.end() ? -1 : it->second;
-  };
-  // The latest use that any host op up to each op waits for.
-  std::vector<int> waits(p.ops.size(), -1);
-  std::unordered_map<int, size_t> load_op;  // use -> its load/alloc op
-  int latest = -1;
-  for (size_t k = 0; k < p.ops.size(); ++k) {
-    const HostOp& op = p.ops[k];
-    if (op.kind == HostOpKind::kEvict && op.uses_before > 0) {
-      latest = std::max(latest, use_index(op.obj, op.uses_before - 1));
-    }
-    if (op.kind != HostOpKind::kEvict && op.use >= 0) load_op[op.use] = k;
-    waits[k] = latest;
-  }
-  // The latest use the shard of use `u` waits for before it is ready.
-  auto ready_after = [&](int u) {
-    int w = -1;
-    for (const UseObj& uo : p.uses[u].objs) {
-      if (uo.seq > 0) w = std::max(w, use_index(uo.obj, uo.seq - 1));
-    }
-    auto it = load_op.find(u);
-    if (it != load_op.end()) w = std::max(w, waits[it->second]);
-    return w;
-  };
-  std::vector<int> loads;
-  for (int a = 0; a < int(schedule_.size()); ++a) {
-    if (p.h2d_use[a] >= 0) loads.push_back(a);
-  }
-  // Reordering is only used where no eviction can make a shard wait: a host plan that never
-  // evicts, or an unlimited host budget (every state at home, the cache has room for every
-  // gradient, so params never wait for cache space). Randomised tests at minimum budgets
-  // found plans where an eviction chain made the early gather wait for the reduce-scatter
-  // it was moved ahead of.
-  bool lookahead = opt_.host_mem_bytes == 0;
-  if (!lookahead) {
-    lookahead = true;
-    for (const HostOp& op : p.ops) lookahead = lookahead && op.kind != HostOpKind::kEvict;
-  }
-  // Device memory: the latest access whose gradient buffer the feeder frees up to each
-  // access (-1: none).
-  std::vector<int> freed_grad_upto(schedule_.size(), -1);
-  if (device_collectives_) {
-    std::vector<int> grad_access(dplan_.buffers.size(), -1);
-    for (int a = 0; a < int(schedule_.size()); ++a) {
-      if (dplan_.steps[a].grad_buffer >= 0) grad_access[dplan_.steps[a].grad_buffer] = a;
-    }
-    int latest_freed = -1;
-    for (int a = 0; a < int(schedule_.size()); ++a) {
-      for (int f : dplan_.steps[a].frees) latest_freed = std::max(latest_freed, grad_access[f]);
-      freed_grad_upto[a] = latest_freed;
-    }
-  }
-  size_t next = 0;
-  int gathers = 0;
-  for (int a = 0; a < int(schedule_.size()); ++a) {
-    while (next < loads.size() && loads[next] <= a) {
-      comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
-    }
-    if (schedule_[a].pass != Pass::kBackward) continue;
-    if (lookahead && next < loads.size() && ready_after(p.h2d_use[loads[next]]) < p.grad_use[a] &&
-        freed_grad_upto[loads[next]] < a) {
-      comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
-    }
-    comm_seq_.push_back(CommItem{CommItem::kReduce, a, 0});
-  }
-  while (next < loads.size()) {
-    comm_seq_.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
-  }
-  comm_seq_.push_back(CommItem{CommItem::kNorm, 0, 0});
+  CommSequenceOptions co;
+  co.host_budget_unlimited = opt_.host_mem_bytes == 0;
+  co.device_collectives = device_collectives_;
+  comm_seq_ = PlanCommSequence(schedule_, dplan_, hplan_, co);
 }
 
 void EngineImpl::OnCommOp(const CommOpRecord& r) {

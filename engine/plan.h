@@ -13,7 +13,8 @@
 //
 // Plain functions over values (no engine state, no EngineOptions: PlanOptions is the narrow
 // view the planner reads); safe from any thread. plan.cc holds the layout, the schedule and
-// the per-tier simulations; plan_placement.cc the homes and the minimum budgets.
+// the per-tier simulations; plan_placement.cc the homes and the minimum budgets;
+// plan_comm.cc the order of the collectives.
 #pragma once
 
 #include <cstdint>
@@ -201,5 +202,35 @@ struct PlacementPlan {
 // tests/engine/plan_test.cc checks this over random models, schedules and budgets.
 Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                     const PlanOptions& options);
+
+// ---------------------------------------------------------------------------------------
+// Collectives (multi-rank)
+// ---------------------------------------------------------------------------------------
+
+// One collective of the step, in the order the comm thread issues them.
+struct CommItem {
+  enum Kind : uint8_t {
+    kGather,  // all-gather of the params loaded for `access` (into gather buffer `slot`)
+    kReduce,  // reduce-scatter of the gradient of backward `access`
+    kNorm,    // the global gradient norm (last)
+  } kind = kGather;
+  int access = 0;
+  int slot = 0;  // kGather: which of the two gather buffers (alternating)
+  bool operator==(const CommItem&) const = default;
+};
+
+struct CommSequenceOptions {
+  bool host_budget_unlimited = false;  // no host budget: params never wait for cache space
+  bool device_collectives = false;     // collectives run in device memory
+};
+
+// The step's collectives: one gather per param load (access order), one reduce-scatter per
+// backward access (access order), then the norm. The same on every rank (a function of
+// rank-independent plans), and never makes the comm thread wait for something that waits
+// for a later collective; a gather moves ahead of a reduce-scatter only where the plans
+// show it cannot wait for it.
+std::vector<CommItem> PlanCommSequence(const std::vector<Access>& schedule,
+                                       const DevicePlan& device, const HostPlan& host,
+                                       const CommSequenceOptions& options);
 
 }  // namespace strata::engine_internal
