@@ -90,9 +90,12 @@ struct Residency {
     return true;
   }
 
-  // A user starts: kReady/kDirty/kInUse -> kInUse.
+  // A user starts: kReady/kDirty/kInUse -> kInUse. A copy entered while kDirty (its write
+  // not yet submitted) is dirty again when its users are done, whatever they did.
   [[nodiscard]] bool Enter() {
+    const bool was_dirty = state == ResidencyState::kDirty;
     if (state != ResidencyState::kInUse && !To(ResidencyState::kInUse)) return false;
+    dirty_pending |= was_dirty;
     ++users;
     return true;
   }

@@ -1,0 +1,127 @@
+// The residency state machine (engine/residency.h): every transition, legal and illegal,
+// and the user counting of Enter/Leave.
+#include "engine/residency.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <utility>
+
+namespace strata::engine_internal {
+namespace {
+
+using S = ResidencyState;
+constexpr S kAll[] = {S::kAbsent, S::kLoading, S::kReady, S::kInUse, S::kDirty, S::kWriting};
+
+// The machine drawn in residency.h, edge by edge.
+const std::set<std::pair<S, S>> kEdges = {
+    {S::kAbsent, S::kLoading},  // load submitted
+    {S::kAbsent, S::kReady},    // allocated for a use that writes every byte
+    {S::kLoading, S::kReady},   // load done
+    {S::kReady, S::kInUse},     // first user starts
+    {S::kReady, S::kAbsent},    // evicted (no user, not dirty)
+    {S::kInUse, S::kInUse},     // another user starts
+    {S::kInUse, S::kReady},     // last user done, content unchanged
+    {S::kInUse, S::kDirty},     // last user done, content changed
+    {S::kDirty, S::kWriting},   // write submitted
+    {S::kDirty, S::kInUse},     // used again before its write
+    {S::kWriting, S::kReady},   // write done
+};
+
+TEST(ResidencyTest, EveryTransitionIsAllowedExactlyWhenTheMachineHasIt) {
+  for (S from : kAll) {
+    for (S to : kAll) {
+      const bool want = kEdges.count({from, to}) > 0;
+      SCOPED_TRACE(std::string(ResidencyStateName(from)) + " -> " + ResidencyStateName(to));
+      EXPECT_EQ(Residency::Allowed(from, to), want);
+      Residency r;
+      r.state = from;
+      EXPECT_EQ(r.To(to), want);
+      // A refused transition changes nothing.
+      EXPECT_EQ(r.state, want ? to : from);
+    }
+  }
+}
+
+TEST(ResidencyTest, StateNamesAreDistinct) {
+  std::set<std::string> names;
+  for (S s : kAll) names.insert(ResidencyStateName(s));
+  EXPECT_EQ(names.size(), std::size(kAll));
+  EXPECT_STREQ(ResidencyStateName(S::kInUse), "in_use");
+}
+
+TEST(ResidencyTest, ALoadedCopyIsUsedAndEvicted) {
+  Residency r;
+  EXPECT_EQ(r.state, S::kAbsent);
+  ASSERT_TRUE(r.To(S::kLoading));
+  EXPECT_FALSE(r.Enter()) << "a copy still loading cannot be used";
+  EXPECT_EQ(r.users, 0);
+  ASSERT_TRUE(r.To(S::kReady));
+  ASSERT_TRUE(r.Enter());
+  ASSERT_TRUE(r.Enter());
+  EXPECT_EQ(r.users, 2);
+  EXPECT_FALSE(r.To(S::kAbsent)) << "a copy in use cannot be evicted";
+  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true));
+  EXPECT_EQ(r.state, S::kInUse);
+  ASSERT_TRUE(r.Leave(false, true));
+  EXPECT_EQ(r.state, S::kReady);
+  EXPECT_EQ(r.users, 0);
+  ASSERT_TRUE(r.To(S::kAbsent));
+}
+
+TEST(ResidencyTest, AModifiedCopyIsDirtyUntilItsWriteCompletes) {
+  Residency r;
+  ASSERT_TRUE(r.To(S::kReady));  // allocated for a writing use
+  ASSERT_TRUE(r.Enter());
+  ASSERT_TRUE(r.Enter());
+  // One user modifies, the other does not: the copy is dirty once the last one leaves.
+  ASSERT_TRUE(r.Leave(/*modified=*/true, /*needs_write=*/true));
+  EXPECT_EQ(r.state, S::kInUse);
+  ASSERT_TRUE(r.Leave(false, true));
+  EXPECT_EQ(r.state, S::kDirty);
+  EXPECT_FALSE(r.To(S::kAbsent)) << "a dirty copy cannot be dropped";
+  EXPECT_FALSE(r.To(S::kReady)) << "a dirty copy must be written first";
+  // Used again before its write was submitted (a reader): still dirty afterwards, or the
+  // write would find it kReady and an eviction could drop it unwritten.
+  ASSERT_TRUE(r.Enter());
+  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true));
+  EXPECT_EQ(r.state, S::kDirty) << "a reader of a dirty copy cleared its dirty mark";
+  ASSERT_TRUE(r.To(S::kWriting));
+  EXPECT_FALSE(r.Enter()) << "a copy being written cannot be used";
+  EXPECT_FALSE(r.To(S::kAbsent));
+  ASSERT_TRUE(r.To(S::kReady));
+  ASSERT_TRUE(r.To(S::kAbsent));
+}
+
+TEST(ResidencyTest, AModifiedCopyWithoutAnNvmeHomeStaysReady) {
+  Residency r;
+  r.state = S::kReady;
+  ASSERT_TRUE(r.Enter());
+  ASSERT_TRUE(r.Leave(/*modified=*/true, /*needs_write=*/false));
+  EXPECT_EQ(r.state, S::kReady);
+}
+
+TEST(ResidencyTest, LeaveWithoutAUserIsRefused) {
+  for (S s : kAll) {
+    Residency r;
+    r.state = s;
+    EXPECT_FALSE(r.Leave(false, false)) << ResidencyStateName(s);
+    EXPECT_EQ(r.state, s);
+    EXPECT_EQ(r.users, 0);
+  }
+}
+
+TEST(ResidencyTest, EnterIsRefusedWhereTheMachineHasNoUse) {
+  for (S s : kAll) {
+    Residency r;
+    r.state = s;
+    const bool want = s == S::kReady || s == S::kDirty || s == S::kInUse;
+    EXPECT_EQ(r.Enter(), want) << ResidencyStateName(s);
+    EXPECT_EQ(r.users, want ? 1 : 0);
+    EXPECT_EQ(r.state, want ? S::kInUse : s);
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine_internal
