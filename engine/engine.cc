@@ -290,7 +290,6 @@ class EngineImpl final : public Engine {
   Clock::time_point step_start_;
 
   CpuKernelOptions kernel_options_;
-  std::atomic<uint64_t> bytes_[5] = {};  // nvme_read, nvme_write, h2d, d2h, comm
 
   // Multi-rank step state (guarded by mu_), indexed by access.
   size_t comm_pos_ = 0;  // items of comm_seq_ issued (or finished, for kNorm)
@@ -528,11 +527,9 @@ void EngineImpl::OnDeviceOp(const DeviceOpRecord& r) {
       break;
     case Lane::kH2D:
       lane = TraceLane::kH2D;
-      bytes_[2] += r.bytes;
       break;
     case Lane::kD2H:
       lane = TraceLane::kD2H;
-      bytes_[3] += r.bytes;
       break;
     default:
       return;
@@ -676,7 +673,6 @@ void EngineImpl::IoLoop() {
         if (f.write) --writes_in_flight_;
         continue;
       }
-      bytes_[f.write ? 1 : 0] += h.bytes;
       if (f.write) {
         --writes_in_flight_;
         h.on_nvme = true;
@@ -847,7 +843,6 @@ void EngineImpl::BuildCommSequence() {
 }
 
 void EngineImpl::OnCommOp(const CommOpRecord& r) {
-  bytes_[4] += r.bytes;
   const std::string label = r.label.empty() ? std::string(r.op) : std::string(r.label);
   timeline_.Add(TraceLane::kComm, label, r.start, r.end, r.bytes);
 }
@@ -1323,7 +1318,6 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   cache_peak_ = cache_used_;
   step_start_ = Clock::now();
   timeline_.BeginStep(step_start_);
-  for (int i = 0; i < 5; ++i) bytes_[i] = 0;
   if (collective_) {
     BuildCommSequence();
     const size_t n = schedule_.size();
@@ -1618,30 +1612,12 @@ Result<StepStats> EngineImpl::EndStep() {
   StepStats st;
   st.step = int64_t(step_number);
   st.seconds = std::chrono::duration<double>(end - step_start_).count();
-  const TraceLane lanes[kNumResources] = {
-      TraceLane::kNvmeRead, TraceLane::kNvmeWrite, TraceLane::kH2D, TraceLane::kD2H,
-      TraceLane::kCpuOptim, TraceLane::kCompute,   TraceLane::kComm};
-  for (int r = 0; r < kNumResources; ++r) {
-    st.busy_seconds[r] = timeline_.BusySeconds(lanes[r], step_start_, end);
-    if (st.busy_seconds[r] > st.bound_seconds) {
-      st.bound_seconds = st.busy_seconds[r];
-      st.bound_resource = ResourceName(Resource(r));
-    }
-  }
-  // Reads and writes share the same drives: the drives' busy time is the union of both,
-  // and it bounds the step like any single resource.
-  st.nvme_busy_seconds =
-      timeline_.BusySeconds2(TraceLane::kNvmeRead, TraceLane::kNvmeWrite, step_start_, end);
-  if (st.nvme_busy_seconds > st.bound_seconds) {
-    st.bound_seconds = st.nvme_busy_seconds;
-    st.bound_resource = "nvme";
-  }
+  timeline_.StepUsage(step_start_, end, &st);  // busy table, bound, per-edge bytes
   Clock::time_point last_compute;
   st.stall_seconds = timeline_.ComputeIdleSeconds(step_start_, end, &last_compute);
   timeline_.AddStallEvents(step_start_, last_compute);
   timeline_.Add(TraceLane::kStep, "step " + std::to_string(step_number), step_start_, end);
   st.efficiency = st.seconds > 0 ? st.bound_seconds / st.seconds : 0;
-  st.bytes = EdgeBytes{bytes_[0], bytes_[1], bytes_[2], bytes_[3], bytes_[4]};
   if (opt_.grad_clip > 0 || collective_) {  // combined by the optimizer or the comm thread
     st.grad_norm = grad_norm_;
     st.clip_coef = clip_coef_;

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <iterator>
 
 namespace strata::engine_internal {
 
 const char* TraceLaneName(TraceLane lane) {
-  static const char* kNames[kNumTraceLanes] = {
-      "nvme_read", "nvme_write", "h2d", "d2h", "cpu_optim", "compute", "stall", "step", "comm"};
-  return kNames[int(lane)];
+  if (int(lane) < kNumResources) return ResourceName(Resource(lane));
+  return lane == TraceLane::kStall ? "stall" : "step";
 }
 
 Timeline::Timeline() : origin_(Clock::now()) {}
@@ -97,6 +97,7 @@ void Timeline::Add(TraceLane lane, std::string_view label, Clock::time_point sta
                    Clock::time_point end, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   intervals_[int(lane)].push_back({start, end});
+  bytes_[int(lane)] += bytes;
   if (file_) WriteEventLocked(lane, label, start, end, bytes);
 }
 
@@ -106,6 +107,26 @@ void Timeline::BeginStep(Clock::time_point start) {
     // Keep intervals still running across the boundary.
     std::erase_if(v, [&](const Interval& i) { return i.end < start; });
   }
+  std::fill(std::begin(bytes_), std::end(bytes_), 0);
+}
+
+void Timeline::StepUsage(Clock::time_point from, Clock::time_point to, StepStats* st) const {
+  for (int r = 0; r < kNumResources; ++r) {
+    st->busy_seconds[r] = BusySeconds(LaneOf(Resource(r)), from, to);
+    if (st->busy_seconds[r] > st->bound_seconds) {
+      st->bound_seconds = st->busy_seconds[r];
+      st->bound_resource = ResourceName(Resource(r));
+    }
+  }
+  st->nvme_busy_seconds = BusySeconds2(TraceLane::kNvmeRead, TraceLane::kNvmeWrite, from, to);
+  if (st->nvme_busy_seconds > st->bound_seconds) {
+    st->bound_seconds = st->nvme_busy_seconds;
+    st->bound_resource = "nvme";
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto of = [&](Resource r) { return bytes_[int(r)]; };
+  st->bytes = EdgeBytes{of(Resource::kNvmeRead), of(Resource::kNvmeWrite), of(Resource::kH2D),
+                        of(Resource::kD2H), of(Resource::kComm)};
 }
 
 std::vector<Timeline::Interval> Timeline::MergedLocked(TraceLane lane, Clock::time_point from,

@@ -1,11 +1,12 @@
-// Timeline recording: the busy intervals of every resource (for the step's lower bound and
-// efficiency) and, optionally, a Chrome trace JSON file that Perfetto / chrome://tracing
-// load, with one lane (thread) per resource and every operation as a complete ("X") event.
+// Timeline recording: the busy intervals and transferred bytes of every resource (for the
+// step's busy table, lower bound, efficiency and per-edge bytes) and, optionally, a Chrome
+// trace JSON file that Perfetto / chrome://tracing load, with one lane (thread) per resource
+// and every operation as a complete ("X") event.
 //
-// Lanes: nvme_read, nvme_write, h2d, d2h, cpu_optim, compute, comm (the Resource enum), plus
-// stall (compute idle while waiting for data) and step (one event per step). Operations
-// that overlap on one resource (several NVMe reads in flight) go to numbered sub-lanes
-// ("nvme_read #2") so every event stays visible.
+// Lanes: one per Resource (strata/engine.h: the same order and names), plus stall (compute
+// idle while waiting for data) and step (one event per step). Operations that overlap on
+// one resource (several NVMe reads in flight) go to numbered sub-lanes ("nvme_read #2") so
+// every event stays visible.
 //
 // Thread safety: all methods may be called from any thread (one mutex).
 #pragma once
@@ -25,18 +26,21 @@ namespace strata::engine_internal {
 
 using Clock = std::chrono::steady_clock;
 
+// The first kNumResources lanes are the Resources, value for value; then the timeline's own.
 enum class TraceLane : uint8_t {
-  kNvmeRead,
-  kNvmeWrite,
-  kH2D,
-  kD2H,
-  kCpuOptim,
-  kCompute,
-  kStall,
-  kStep,
-  kComm  // collectives (multi-rank)
+  kNvmeRead = uint8_t(Resource::kNvmeRead),
+  kNvmeWrite = uint8_t(Resource::kNvmeWrite),
+  kH2D = uint8_t(Resource::kH2D),
+  kD2H = uint8_t(Resource::kD2H),
+  kCpuOptim = uint8_t(Resource::kCpuOptim),
+  kCompute = uint8_t(Resource::kCompute),
+  kComm = uint8_t(Resource::kComm),  // collectives (multi-rank)
+  kStall = kNumResources,            // compute idle, waiting for data
+  kStep,                             // one event per step
 };
-inline constexpr int kNumTraceLanes = 9;
+inline constexpr int kNumTraceLanes = kNumResources + 2;
+constexpr TraceLane LaneOf(Resource r) { return TraceLane(uint8_t(r)); }
+static_assert(int(TraceLane::kComm) == kNumResources - 1, "a Resource without a lane");
 const char* TraceLaneName(TraceLane lane);
 
 class Timeline {
@@ -49,12 +53,16 @@ class Timeline {
   // Finishes the JSON (closing brackets) and closes the file. Safe to call twice.
   Status CloseTrace();
 
-  // Records one finished operation.
+  // Records one finished operation; `bytes` counts toward the lane's bytes of the step.
   void Add(TraceLane lane, std::string_view label, Clock::time_point start, Clock::time_point end,
            uint64_t bytes = 0);
 
-  // Starts collecting busy intervals for a new step (drops older ones).
+  // Starts collecting busy intervals and bytes for a new step (drops older ones).
   void BeginStep(Clock::time_point start);
+  // The step's use of each resource within [from, to]: stats->busy_seconds (per Resource),
+  // nvme_busy_seconds (reads and writes share the drives: the union of both), the busiest
+  // of these as bound_seconds/bound_resource, and the per-edge bytes since BeginStep.
+  void StepUsage(Clock::time_point from, Clock::time_point to, StepStats* stats) const;
   // Busy seconds of `lane` within [from, to]: the length of the union of its intervals.
   double BusySeconds(TraceLane lane, Clock::time_point from, Clock::time_point to) const;
   // Busy seconds of the union of two lanes (reads and writes sharing the same drives).
@@ -77,6 +85,7 @@ class Timeline {
   const Clock::time_point origin_;
   mutable std::mutex mu_;
   std::vector<Interval> intervals_[kNumTraceLanes];
+  uint64_t bytes_[kNumTraceLanes] = {};  // since BeginStep
   std::FILE* file_ = nullptr;
   std::string path_;
   bool first_event_ = true;
