@@ -33,7 +33,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>

@@ -44,7 +44,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <condition_variable>

@@ -8,7 +8,6 @@
 // at or above it plans, because the cache is never given a capacity that was not planned
 // (CapacityFor falls back to the bisection's result, which fits whenever the minimum does).
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 
 #include "engine/plan.h"

@@ -386,7 +386,6 @@ unsigned UringBackend::FillQueue() {
       } else {
         io_uring_prep_write(sqe, fd, buf, len, off);
       }
-      ++plain_buffer_ops_;
     }
     if (f.fixed_slot >= 0) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(sqe, slot);

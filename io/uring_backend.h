@@ -55,10 +55,9 @@ class UringBackend final : public IoBackend {
   Result<size_t> Poll(std::span<IoCompletion> out, size_t min_complete) override;
   size_t InFlight() const override { return in_flight_; }
 
-  // Requests served through a registered buffer / a plain buffer so far (for tests and
-  // `strata bench io`, which report whether the fast path was taken).
+  // Requests served through a registered buffer so far (for tests and `strata bench io`,
+  // which report whether the fast path was taken).
   uint64_t fixed_buffer_ops() const { return fixed_buffer_ops_; }
-  uint64_t plain_buffer_ops() const { return plain_buffer_ops_; }
   // Times a short transfer or -EAGAIN was requeued.
   uint64_t requeues() const { return requeues_; }
 
@@ -114,7 +113,6 @@ class UringBackend final : public IoBackend {
   size_t in_flight_ = 0;            // accepted by Submit, not yet returned by Poll
 
   uint64_t fixed_buffer_ops_ = 0;
-  uint64_t plain_buffer_ops_ = 0;
   uint64_t requeues_ = 0;
 };
 

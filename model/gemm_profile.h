@@ -7,7 +7,6 @@
 // Thread safety: GemmRunner owns its scratch buffers; one thread per runner.
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "model/gpt2.h"

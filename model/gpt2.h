@@ -45,7 +45,6 @@ struct Gpt2Config {
   int vocab = 256;
   // InvalidArgument naming the bad value (d_model not divisible by heads, values < 1).
   Status Validate() const;
-  int NumBlocks() const { return layers + 2; }
 };
 
 // Tensor indices inside a transformer block ("h.{l}"), in BlockSpec order.

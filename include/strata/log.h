@@ -55,7 +55,6 @@ inline void Log(LogLevel level, std::string_view message) {
                static_cast<int>(message.size()), message.data());
 }
 inline void LogWarning(std::string_view m) { Log(LogLevel::kWarning, m); }
-inline void LogInfo(std::string_view m) { Log(LogLevel::kInfo, m); }
 inline void LogDebug(std::string_view m) { Log(LogLevel::kDebug, m); }
 
 }  // namespace strata

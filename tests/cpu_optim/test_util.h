@@ -6,8 +6,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "strata/optim.h"

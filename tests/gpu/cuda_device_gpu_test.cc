@@ -5,7 +5,6 @@
 
 #include <set>
 #include <string>
-#include <vector>
 
 #include "strata/device.h"
 

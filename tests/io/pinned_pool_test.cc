@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>

@@ -9,12 +9,10 @@
 // sample of elements is replayed with the scalar kernel and compared bit for bit (#wrong).
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
