@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tiered engine's step benchmarks (bench/PERFORMANCE.md, "Tiered engine (issue 4)").
+# The tiered engine's step benchmarks (bench/PERFORMANCE.md, "Tiered engine").
 #
 # Runs, ROUNDS times in alternation, on a HostDevice:
 #   offloaded compute-bound : 16 blocks x 16 MiB, 40 ms/80 ms per block, device 64 MiB,

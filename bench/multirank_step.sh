@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-rank (issue 6) step benchmark: 1 rank vs 2 ranks (ZeRO-3 over Gloo on loopback) of
+# Multi-rank step benchmark: 1 rank vs 2 ranks (ZeRO-3 over Gloo on loopback) of
 # the same synthetic step, alternating per round; per-rank step time and efficiency
 # (median of steps 2..N of each run), and how much of each rank's all-gathers ran under
 # compute (bench/trace_overlap.py on the 2-rank traces).

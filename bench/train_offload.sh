@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Offloaded vs in-memory `strata train` on the same model (issue 5, "Performance"): the step
-# time ratio (bound: <= 1.15) and the efficiency the offloaded run reports (bound: >= 0.85).
+# Offloaded vs in-memory `strata train` on the same model (bench/PERFORMANCE.md, "Model and
+# strata train"): the step time ratio (bound: <= 1.15) and the efficiency the offloaded run
+# reports (bound: >= 0.85).
 # Runs are interleaved (mem, offloaded, mem, ...) so both see the same machine; each figure
 # is the median over steps 6..N (after the first steps' warm-up), then the median of REPS runs.
 #

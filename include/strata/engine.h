@@ -68,7 +68,6 @@
 // stops after finishing in-flight work.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -261,9 +260,9 @@ struct EdgeBytes {
 struct PlacementReport {
   std::vector<ComponentPlacement> components;  // every block x component of this rank
   uint64_t device_budget_bytes = 0;            // 0 = none
-  uint64_t device_min_bytes = 0;               // smallest device budget that would work
+  uint64_t device_min_bytes = 0;               // below: refused; at or above: works
   uint64_t host_budget_bytes = 0;              // 0 = unlimited
-  uint64_t host_min_bytes = 0;                 // smallest host budget that would work
+  uint64_t host_min_bytes = 0;                 // below: refused; at or above: works
   uint64_t host_resident_bytes = 0;            // components whose home is the host
   uint64_t host_cache_bytes = 0;               // the rest: staging and cache for NVMe homes
   uint64_t nvme_bytes = 0;                     // components whose home is NVMe
