@@ -339,12 +339,10 @@ Status EngineImpl::Init() {
   device_budget_ = opt_.device_mem_bytes;
 
   STRATA_ASSIGN_OR_RETURN(place_, PlanPlacement(layout_, PlanOptionsFrom(opt_, dtype_)));
-  STRATA_ASSIGN_OR_RETURN(schedule_, BuildSchedule(L_, opt_.schedule, opt_.micro_batches));
-  for (const BlockLayout& b : layout_) {
-    param_bytes_.push_back(b.padded_numel * (separate_ ? 2 : 4));
-    grad_bytes_.push_back(b.padded_numel * 4);
-  }
-  STRATA_ASSIGN_OR_RETURN(dplan_, PlanDevice(schedule_, param_bytes_, grad_bytes_, device_budget_));
+  schedule_ = place_.schedule;
+  param_bytes_ = place_.param_bytes;
+  grad_bytes_ = place_.grad_bytes;
+  dplan_ = place_.device;
 
   objs_.resize(size_t(L_) * kNumComponents);
   for (int o = 0; o < int(objs_.size()); ++o) {
@@ -1254,20 +1252,10 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
     STRATA_RETURN_IF_ERROR(CommitLocked(lk, uint64_t(resumed_step_ + step_)));
   }
   params_dirty_ = false;
-  HostPlanInput hin;
-  hin.schedule = &schedule_;
-  hin.device = &dplan_;
-  hin.blocks = L_;
-  hin.micro_batches = opt_.micro_batches;
-  hin.clip = opt_.grad_clip > 0;
-  hin.separate_param = separate_;
-  hin.obj_bytes = place_.obj_bytes;
-  hin.cached = place_.cached;
-  hin.capacity = place_.cache_capacity;
+  HostPlanInput hin = HostInputFor(place_);
   for (int o = 0; o < int(objs_.size()); ++o) {
     if (objs_[o].cached && objs_[o].res.state != S::kAbsent) hin.start_resident.push_back(o);
   }
-  hin.start_offset.assign(objs_.size(), 0);
   for (int o = 0; o < int(objs_.size()); ++o) hin.start_offset[o] = objs_[o].offset;
   auto plan = PlanHost(hin);
   if (!plan.ok()) {

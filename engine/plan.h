@@ -193,12 +193,26 @@ struct PlacementPlan {
   bool use_nvme = false;
   uint64_t nvme_bytes = 0;  // bytes of NVMe-homed (or durable) components
   PlacementReport report;
+  // What the executors follow: the step's accesses, the device plan, and per block the
+  // device bytes of its params (working dtype) and of its gradient buffer (fp32).
+  std::vector<Access> schedule;
+  DevicePlan device;
+  std::vector<uint64_t> param_bytes, grad_bytes;
+  int micro_batches = 1;
+  bool clip = false;
+  bool separate_param = false;
 };
+
+// The host plan input of a step under `placement` starting from an empty cache (the one
+// PlanPlacement validated); the caller adds what the last step left resident. Points into
+// `placement`, which must outlive it.
+HostPlanInput HostInputFor(const PlacementPlan& placement);
 
 // Chooses homes and the cache size, or refuses with OutOfMemory naming the figures that
 // would work. The minimums it reports (report.device_min_bytes, report.host_min_bytes) are
 // thresholds with a guarantee: every budget below one is refused and every budget at or
-// above it plans (device and host plans, first step and steady state) within the budget.
+// above it plans (device and host plans; HostInputFor's first step, and every later step
+// at least from an empty cache) within the budget.
 // tests/engine/plan_test.cc checks this over random models, schedules and budgets.
 Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                     const PlanOptions& options);

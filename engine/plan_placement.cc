@@ -34,6 +34,21 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   return p;
 }
 
+HostPlanInput HostInputFor(const PlacementPlan& pp) {
+  HostPlanInput hin;
+  hin.schedule = &pp.schedule;
+  hin.device = &pp.device;
+  hin.blocks = int(pp.param_bytes.size());
+  hin.micro_batches = pp.micro_batches;
+  hin.clip = pp.clip;
+  hin.separate_param = pp.separate_param;
+  hin.obj_bytes = pp.obj_bytes;
+  hin.cached = pp.cached;
+  hin.capacity = pp.cache_capacity;
+  hin.start_offset.assign(pp.obj_bytes.size(), 0);
+  return hin;
+}
+
 namespace {
 
 constexpr uint64_t kPage = 4096;
@@ -424,6 +439,13 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
     }
   }
   STRATA_RETURN_IF_ERROR(p.PredictTraffic());
+  pp.schedule = std::move(p.schedule);
+  pp.device = std::move(p.device);
+  pp.param_bytes = std::move(p.param_bytes);
+  pp.grad_bytes = std::move(p.grad_bytes);
+  pp.micro_batches = opt.micro_batches;
+  pp.clip = opt.clip;
+  pp.separate_param = p.separate;
   return std::move(pp);
 }
 

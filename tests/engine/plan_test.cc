@@ -509,23 +509,6 @@ RandomCase MakeRandomCase(std::mt19937_64& rng) {
   return c;
 }
 
-// The host plan input the engine builds from a placement (engine BeginStep).
-HostPlanInput EngineHostInput(const PlacementPlan& pp, const std::vector<Access>& schedule,
-                              const DevicePlan& device, const PlanOptions& o, int blocks) {
-  HostPlanInput hin;
-  hin.schedule = &schedule;
-  hin.device = &device;
-  hin.blocks = blocks;
-  hin.micro_batches = o.micro_batches;
-  hin.clip = o.clip;
-  hin.separate_param = o.dtype != WorkingDtype::kFp32;
-  hin.obj_bytes = pp.obj_bytes;
-  hin.cached = pp.cached;
-  hin.capacity = pp.cache_capacity;
-  hin.start_offset.assign(pp.obj_bytes.size(), 0);
-  return hin;
-}
-
 // Plans at these budgets as the engine does (placement, device plan, three steps of host
 // plans carrying the cache over, the collectives) and checks every plan by replay.
 void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
@@ -544,11 +527,14 @@ void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
     pb.push_back(b.padded_numel * (o.dtype == WorkingDtype::kFp32 ? 4 : 2));
     gb.push_back(b.padded_numel * 4);
   }
-  auto device = PlanDevice(*schedule, pb, gb, o.device_budget);
-  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  // What the executors follow comes with the placement.
+  ASSERT_EQ(pp->schedule, *schedule);
+  ASSERT_EQ(pp->param_bytes, pb);
+  ASSERT_EQ(pp->grad_bytes, gb);
+  const DevicePlan* device = &pp->device;
   ASSERT_EQ(CheckDevicePlan(*schedule, pb, gb, o.device_budget, *device), "");
   if (o.device_budget) EXPECT_GE(o.device_budget, rep.device_min_bytes);
-  HostPlanInput hin = EngineHostInput(*pp, *schedule, *device, o, L);
+  HostPlanInput hin = HostInputFor(*pp);
   for (int step = 0; step < 3; ++step) {
     auto plan = PlanHost(hin);
     if (!plan.ok()) {
@@ -656,14 +642,7 @@ TEST(PlanPlacementTest, HostFeasibilityIsNotMonotonicInTheCapacity) {
     auto pp = PlanPlacement(c.layout, c.options);
     ASSERT_TRUE(pp.ok());
     const int L = int(c.layout.size());
-    auto schedule = BuildSchedule(L, c.options.schedule, c.options.micro_batches);
-    std::vector<uint64_t> pb, gb;
-    for (const BlockLayout& b : c.layout) {
-      pb.push_back(b.padded_numel * (c.options.dtype == WorkingDtype::kFp32 ? 4 : 2));
-      gb.push_back(b.padded_numel * 4);
-    }
-    auto device = PlanDevice(*schedule, pb, gb, 0);
-    HostPlanInput hin = EngineHostInput(*pp, *schedule, *device, c.options, L);
+    HostPlanInput hin = HostInputFor(*pp);
     std::fill(hin.cached.begin(), hin.cached.end(), true);
     for (int b = 0; b < L; ++b) {
       if (c.options.dtype == WorkingDtype::kFp32)
@@ -703,24 +682,19 @@ TEST(PlanCommTest, EveryRankPlansTheSameCollectivesInTheSameOrder) {
     o.host_budget = uint64_t(1) << 50;
     auto roomy = PlanPlacement(c.layout, o);
     ASSERT_TRUE(roomy.ok()) << c.text << ": " << roomy.status().ToString();
-    o.host_budget = rng() % 3 == 0 ? 0 : roomy->report.host_min_bytes + rng() % 65536;
+    // The host minimum depends on the device budget (which params are copied again).
     o.device_budget = rng() % 2 ? 0 : roomy->report.device_min_bytes;
+    roomy = PlanPlacement(c.layout, o);
+    ASSERT_TRUE(roomy.ok()) << c.text << ": " << roomy.status().ToString();
+    o.host_budget = rng() % 3 == 0 ? 0 : roomy->report.host_min_bytes + rng() % 65536;
     std::vector<CommItem> first;
     for (int rank = 0; rank < o.world_size; ++rank) {
       o.rank = rank;
       auto pp = PlanPlacement(c.layout, o);
       ASSERT_TRUE(pp.ok()) << c.text << ": " << pp.status().ToString();
-      const int L = int(c.layout.size());
-      auto schedule = BuildSchedule(L, o.schedule, o.micro_batches);
-      std::vector<uint64_t> pb, gb;
-      for (const BlockLayout& b : c.layout) {
-        pb.push_back(b.padded_numel * (o.dtype == WorkingDtype::kFp32 ? 4 : 2));
-        gb.push_back(b.padded_numel * 4);
-      }
-      auto device = PlanDevice(*schedule, pb, gb, o.device_budget);
-      ASSERT_TRUE(device.ok());
-      HostPlanInput hin = EngineHostInput(*pp, *schedule, *device, o, L);
-      auto host = PlanHost(hin);
+      const std::vector<Access>* schedule = &pp->schedule;
+      const DevicePlan* device = &pp->device;
+      auto host = PlanHost(HostInputFor(*pp));
       ASSERT_TRUE(host.ok()) << c.text << ": " << host.status().ToString();
       CommSequenceOptions co;
       co.host_budget_unlimited = o.host_budget == 0;
