@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "strata/bytes.h"
+
 namespace strata::swap_internal {
 namespace {
 
@@ -112,7 +114,7 @@ Result<Manifest> DecodeManifest(std::string_view bytes, const std::string& path)
         !r.Get(&e.offset) || !r.Get(&e.length) || !r.Get(&e.checksum) || !r.Get(&e.step)) {
       return bad("truncated entry " + std::to_string(i) + " of " + std::to_string(count));
     }
-    const uint64_t span = (e.length + 4095) / 4096 * 4096;
+    const uint64_t span = RoundUp(e.length, 4096);
     if (e.offset % 4096 != 0 || e.length > m.capacity_bytes || e.offset > m.capacity_bytes - span) {
       return bad("entry '" + e.key + "' lies outside the capacity");
     }

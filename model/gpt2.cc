@@ -8,6 +8,7 @@
 #include <random>
 
 #include "model/gpt2_ops.h"
+#include "strata/bytes.h"
 
 namespace strata::model {
 namespace {
@@ -83,7 +84,7 @@ std::vector<BlockLayout> PlainLayout(const std::vector<BlockSpec>& specs, uint32
     l.name = b.name;
     uint64_t off = 0;
     for (const TensorSpec& t : b.tensors) {
-      off = (off + alignment - 1) / alignment * alignment;
+      off = RoundUp(off, alignment);
       const uint64_t n = static_cast<uint64_t>(Numel(t.shape));
       l.tensors.push_back({t.name, t.shape, off, n, t.weight_decay});
       off += n;

@@ -6,12 +6,12 @@
 
 #include <cuda_runtime.h>
 
+#include "strata/bytes.h"
+
 namespace strata::model::cuda_ops {
 namespace {
 
 constexpr size_t kAlign = 256;
-
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Hands out consecutive 256-byte-aligned pieces of one buffer (or just counts when base is
 // null).
@@ -21,7 +21,7 @@ class Carver {
   template <typename T>
   T* Take(size_t count) {
     T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += AlignUp(count * sizeof(T));
+    used_ += RoundUp(count * sizeof(T), kAlign);
     return p;
   }
   size_t used() const { return used_; }
