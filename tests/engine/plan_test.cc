@@ -533,7 +533,9 @@ void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
   ASSERT_EQ(pp->grad_bytes, gb);
   const DevicePlan* device = &pp->device;
   ASSERT_EQ(CheckDevicePlan(*schedule, pb, gb, o.device_budget, *device), "");
-  if (o.device_budget) EXPECT_GE(o.device_budget, rep.device_min_bytes);
+  if (o.device_budget) {
+    EXPECT_GE(o.device_budget, rep.device_min_bytes);
+  }
   HostPlanInput hin = HostInputFor(*pp);
   for (int step = 0; step < 3; ++step) {
     auto plan = PlanHost(hin);
