@@ -4,6 +4,7 @@
 #include <string>
 
 #include "model/gpt2.h"
+#include "model/tokenizer.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/model_file.h"
 
@@ -11,7 +12,7 @@ namespace strata::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string init, prompt = "The ";
+  std::string init, tokenizer, prompt = "The ";
   int tokens = 100;
   model::SamplingOptions sampling;
   int heads = 0;
@@ -26,19 +27,34 @@ int RunGenerate(const GenerateArgs& a) {
   auto file = LoadModelFile(a.init, a.heads);
   if (!file.ok()) return fail(file.status());
   const model::Gpt2Config& cfg = file->config;
-  if (cfg.vocab < 256) {
-    return fail(Status::InvalidArgument("the model's vocabulary (" + std::to_string(cfg.vocab) +
-                                        ") is not byte-level; --prompt needs vocab >= 256"));
-  }
   std::vector<int32_t> prompt;
-  for (unsigned char c : a.prompt) prompt.push_back(c);
-  const auto out = model::Generate(cfg, file->weights, prompt, a.tokens, a.sampling);
   std::string text;
-  for (int32_t t : out) {
-    if (t < 256) {
-      text.push_back(static_cast<char>(t));
-    } else {
-      text += "<" + std::to_string(t) + ">";
+  if (!a.tokenizer.empty()) {
+    auto tok = model::Tokenizer::Load(a.tokenizer);
+    if (!tok.ok()) return fail(tok.status());
+    if (tok->vocab_size() > cfg.vocab) {
+      return fail(Status::InvalidArgument(
+          "--tokenizer " + a.tokenizer + " has " + std::to_string(tok->vocab_size()) +
+          " tokens but the model in --init " + a.init + " only " + std::to_string(cfg.vocab) +
+          "; give the tokenizer the model was trained with"));
+    }
+    auto ids = tok->Encode(a.prompt);
+    if (!ids.ok()) return fail(ids.status());
+    prompt = std::move(ids).value();
+    text = tok->Decode(model::Generate(cfg, file->weights, prompt, a.tokens, a.sampling));
+  } else {
+    if (cfg.vocab < 256) {
+      return fail(Status::InvalidArgument(
+          "the model's vocabulary (" + std::to_string(cfg.vocab) +
+          ") is not byte-level; --prompt needs vocab >= 256 (or a --tokenizer)"));
+    }
+    for (unsigned char c : a.prompt) prompt.push_back(c);
+    for (int32_t t : model::Generate(cfg, file->weights, prompt, a.tokens, a.sampling)) {
+      if (t < 256) {
+        text.push_back(static_cast<char>(t));
+      } else {
+        text += "<" + std::to_string(t) + ">";
+      }
     }
   }
   std::printf("%s\n", text.c_str());
@@ -66,9 +82,11 @@ void AddSamplingFlags(CLI::App& sub, model::SamplingOptions* s) {
 
 void AddGenerate(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<GenerateArgs>();
-  CLI::App* sub =
-      app.add_subcommand("generate", "Print text continued by a GPT-2 model (byte-level tokens)");
+  CLI::App* sub = app.add_subcommand("generate", "Print text continued by a GPT-2 model");
   sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file")->required();
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "Hugging Face tokenizer.json (GPT-2 byte-level BPE) for the prompt and the "
+                  "output (default: bytes are tokens)");
   sub->add_option("--prompt", a->prompt, "Text to continue")->capture_default_str();
   sub->add_option("--tokens", a->tokens, "Tokens to generate")->capture_default_str();
   AddSamplingFlags(*sub, &a->sampling);

@@ -1,11 +1,14 @@
 // Reading a GPT-2 safetensors file (--init) into host memory for the subcommands that run
-// the model outside the engine (`strata generate`, `strata eval`). Internal to the CLI;
-// nothing here prints, and the result belongs to the caller.
+// the model outside the engine (`strata generate`, `strata eval`), and a --data file through
+// an optional --tokenizer. Internal to the CLI; nothing here prints, and the results belong
+// to the caller.
 #pragma once
 
 #include <string>
 
+#include "model/data.h"
 #include "model/gpt2.h"
+#include "model/tokenizer.h"
 #include "strata/status.h"
 
 namespace strata::cli {
@@ -20,5 +23,12 @@ struct ModelFile {
 // IOError, Corruption naming the path), ConfigFromSafetensors's and LoadTensor's (naming
 // the tensor that is missing or has the wrong shape).
 Result<ModelFile> LoadModelFile(const std::string& path, int heads);
+
+// The tokens of --data `path`: an llm.c token file as it is; any other file is text, split
+// into bytes, or encoded by `tokenizer` when not null (the stream's vocab is then the
+// tokenizer's). An empty path is the built-in corpus (bytes). *is_text (when not null) says
+// whether the tokens came from text. Errors: LoadTokens's, or the tokenizer's Encode error.
+Result<model::TokenStream> LoadDataFile(const std::string& path, const model::Tokenizer* tokenizer,
+                                        bool* is_text = nullptr);
 
 }  // namespace strata::cli
