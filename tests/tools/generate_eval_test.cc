@@ -1,4 +1,4 @@
-// Tests of `strata generate` through the built binary (STRATA_CLI_PATH), on
+// Tests of `strata generate` and `strata eval` through the built binary (STRATA_CLI_PATH), on
 // a small GPT-2 written here (model/gpt2's initialisation, scaled so that its predictions are
 // far from uniform) and a small byte-level BPE tokenizer.json.
 #include <gtest/gtest.h>
@@ -114,6 +114,52 @@ TEST(GenerateCli, TokenizerEncodesThePromptAndDecodesTheOutput) {
                                      merged);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_TRUE(Contains(bad.output, "--tokenizer")) << bad.output;
+}
+
+// eval --seq-len 1 predicts each held-out token from the one before it: the mean of those
+// losses, computed here one token at a time, must be what eval reports.
+TEST(EvalCli, ScoresEveryHeldOutTokenOnce) {
+  testing::TempDir tmp;
+  const TinyModel m = WriteModel(tmp.File("m.safetensors"), 256);
+  std::string text;
+  for (int i = 0; text.size() < 500; ++i)
+    text += "to the line " + std::to_string(i * 37 % 101) + "\n";
+  std::ofstream(tmp.File("data.txt")) << text;
+  const size_t begin = text.size() - static_cast<size_t>(text.size() * 0.1);
+  double nats = 0;
+  model::Gpt2Model<float> one(m.cfg, 1, 1, false);
+  for (size_t i = begin; i + 1 < text.size(); ++i) {
+    const int32_t in = static_cast<unsigned char>(text[i]);
+    const int32_t tg = static_cast<unsigned char>(text[i + 1]);
+    nats += model::ForwardPlain(one, m.w.layouts, m.w.Ptrs(), &in, &tg);
+  }
+  const int64_t n = static_cast<int64_t>(text.size() - begin - 1);
+  for (const std::string& seq : {"1", "3", "8"}) {
+    const std::string args = "eval --init " + tmp.File("m.safetensors") + " --data " +
+                             tmp.File("data.txt") + " --seq-len " + seq + " --batch 2";
+    const CliRun r = Strata(args + " --json -");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["tokens"].get<int64_t>(), n) << "seq-len " << seq;
+    EXPECT_EQ(j["bytes"].get<int64_t>(), n);
+    const double loss = j["loss"].get<double>();
+    EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+    EXPECT_NEAR(j["bits_per_byte"].get<double>(), loss / std::log(2.0), 1e-9);
+    if (seq == "1") EXPECT_NEAR(loss, nats / n, 1e-5);
+    // The same figures on the report's line.
+    const CliRun human = Strata(args);
+    EXPECT_TRUE(Contains(human.output, "tokens " + std::to_string(n))) << human.output;
+  }
+  // With the tokenizer, bytes are the decoded length of the predicted tokens, fewer tokens.
+  WriteModel(tmp.File("m257.safetensors"), 257);
+  WriteTokenizer(tmp.File("tokenizer.json"));
+  const CliRun t =
+      Strata("eval --init " + tmp.File("m257.safetensors") + " --data " + tmp.File("data.txt") +
+             " --tokenizer " + tmp.File("tokenizer.json") + " --json " + tmp.File("e.json"));
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  nlohmann::json j;
+  std::ifstream(tmp.File("e.json")) >> j;
+  EXPECT_GT(j["bytes"].get<int64_t>(), j["tokens"].get<int64_t>());
 }
 
 }  // namespace
