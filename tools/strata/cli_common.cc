@@ -4,13 +4,13 @@
 #include <stdlib.h>
 
 #include <cctype>
-#include <fstream>
-#include <cstdio>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 #include <utility>
 
