@@ -52,7 +52,7 @@ trap cleanup EXIT
 
 strata_cmd() {  # backend mode
   echo "$strata bench io --path $dir --size $size --block $bs --qd $qd --mode $2" \
-       "--backend $1 --direct --iters 2 --warmup 1 --json"
+       "--backend $1 --direct --iters 2 --warmup 1 --json -"
 }
 fio_cmd() {  # rw
   echo "fio --name=cmp --filename=$dir/fio.dat --size=$size --bs=$bs --iodepth=$qd --rw=$1" \
@@ -67,7 +67,7 @@ import json, sys
 r = json.load(sys.stdin)["runs"][0]
 if r["wrong"]:
     sys.exit("strata bench io reported %d wrong blocks" % r["wrong"])
-print(r["gbps"])'
+print(r["MBps"] / 1e3)'
 }
 # Lets the drive (and on a VM the host's cache) finish the previous run's writes, so that
 # no contender reads while another's writes are still being flushed.

@@ -182,6 +182,7 @@ struct Gpt2Model<F>::Acts {
         fch_gelu;
   };
   std::vector<int32_t> inputs, targets;
+  bool has_targets = false;        // the last SetTokens gave targets: Head computes the loss
   std::vector<std::vector<F>> xs;  // residual stream: input of layer l, xs[L] = output
   std::vector<Layer> layers;       // one per layer, or one shared scratch with recompute
   std::vector<F> tmp;              // [N,C] projection outputs before the residual add
@@ -238,6 +239,7 @@ template <typename F>
 void Gpt2Model<F>::SetTokens(const int32_t* inputs, const int32_t* targets) {
   const size_t N = static_cast<size_t>(B_) * T_;
   std::copy(inputs, inputs + N, a_->inputs.begin());
+  a_->has_targets = targets != nullptr;
   if (targets != nullptr) std::copy(targets, targets + N, a_->targets.begin());
 }
 
@@ -286,7 +288,7 @@ double Gpt2Model<F>::Head(bool backward, F dloss) {
   Acts& a = *a_;
   const int N = B_ * T_, C = config_.d_model, V = config_.vocab;
   LmHeadForward(a.logits.data(), a.lnf.data(), a.wte_copy.data(), N, C, V);
-  if (a.targets.empty()) return 0;
+  if (!a.has_targets) return 0;  // forward only: keep the logits
   last_loss_ = SoftmaxCrossEntropyForward(a.logits.data(), a.losses.data(), a.logits.data(),
                                           a.targets.data(), N, V);
   if (backward) {
@@ -417,32 +419,77 @@ Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
   return WriteSafetensors(path, ts);
 }
 
+Status SamplingOptions::Validate() const {
+  if (!(temperature >= 0)) {
+    return Status::InvalidArgument("--temperature " + std::to_string(temperature) +
+                                   ": expected 0 (greedy) or a positive number");
+  }
+  if (top_k < 0) {
+    return Status::InvalidArgument("--top-k " + std::to_string(top_k) +
+                                   ": expected 0 (every token) or a positive count");
+  }
+  if (!(top_p > 0 && top_p <= 1)) {
+    return Status::InvalidArgument("--top-p " + std::to_string(top_p) +
+                                   ": expected a probability mass in (0, 1]");
+  }
+  return Status::OK();
+}
+
+std::vector<double> SamplingDistribution(std::span<const float> logits, const SamplingOptions& s) {
+  const size_t V = logits.size();
+  std::vector<double> p(V, 0.0);
+  if (V == 0) return p;
+  const size_t argmax = std::max_element(logits.begin(), logits.end()) - logits.begin();
+  if (s.temperature <= 0 || s.top_k == 1) {
+    p[argmax] = 1;
+    return p;
+  }
+  const double mx = logits[argmax];
+  double sum = 0;
+  for (size_t v = 0; v < V; ++v) sum += p[v] = std::exp((logits[v] - mx) / s.temperature);
+  for (double& x : p) x /= sum;
+  // Most probable first (ties by id, so the cut is deterministic); keep the top k, then the
+  // shortest prefix of those whose mass reaches top_p.
+  std::vector<size_t> order(V);
+  for (size_t v = 0; v < V; ++v) order[v] = v;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return p[x] > p[y]; });
+  size_t keep = s.top_k > 0 ? std::min<size_t>(V, s.top_k) : V;
+  if (s.top_p < 1) {
+    double mass = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      mass += p[order[i]];
+      if (mass >= s.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += p[order[i]];
+  for (size_t i = keep; i < V; ++i) p[order[i]] = 0;
+  for (double& x : p) x /= kept;
+  return p;
+}
+
 std::vector<int32_t> Generate(const Gpt2Config& cfg, const HostWeights& w, std::vector<int32_t> seq,
-                              int tokens, double temperature, uint64_t seed) {
-  std::mt19937_64 rng(seed);
+                              int tokens, const SamplingOptions& sampling) {
+  std::mt19937_64 rng(sampling.seed);
   const std::vector<const float*> params = w.Ptrs();
-  if (seq.empty()) seq.push_back('\n');
+  if (seq.empty()) seq.push_back('\n' < cfg.vocab ? '\n' : 0);
   for (int i = 0; i < tokens; ++i) {
     const int T = std::min<int>(static_cast<int>(seq.size()), cfg.max_seq);
     Gpt2Model<float> m(cfg, 1, T, /*recompute=*/false);
     ForwardPlain(m, w.layouts, params, seq.data() + seq.size() - T, nullptr);
     const float* row = m.logits() + static_cast<size_t>(T - 1) * cfg.vocab;
+    const std::vector<double> p =
+        SamplingDistribution(std::span<const float>(row, cfg.vocab), sampling);
+    // Inverse CDF; the last token with mass catches what rounding leaves over.
+    double u = std::uniform_real_distribution<double>(0, 1)(rng);
     int next = 0;
-    if (temperature <= 0) {
-      next = static_cast<int>(std::max_element(row, row + cfg.vocab) - row);
-    } else {
-      const float mx = *std::max_element(row, row + cfg.vocab);
-      std::vector<double> p(cfg.vocab);
-      double sum = 0;
-      for (int v = 0; v < cfg.vocab; ++v) sum += p[v] = std::exp((row[v] - mx) / temperature);
-      double u = std::uniform_real_distribution<double>(0, sum)(rng);
-      next = cfg.vocab - 1;
-      for (int v = 0; v < cfg.vocab; ++v) {
-        if ((u -= p[v]) <= 0) {
-          next = v;
-          break;
-        }
-      }
+    for (int v = 0; v < cfg.vocab; ++v) {
+      if (p[v] == 0) continue;
+      next = v;
+      if ((u -= p[v]) < 0) break;
     }
     seq.push_back(next);
   }

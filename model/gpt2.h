@@ -132,7 +132,8 @@ class Gpt2Model {
   void EmbedBackward(const BlockPtrs<F>& b);
 
   double last_loss() const { return last_loss_; }
-  // Logits of the last Head() call ([B*T, V]; probabilities after a backward Head).
+  // Logits of the last Head() call ([B*T, V]); probabilities instead when SetTokens was
+  // given targets (the loss is computed in place).
   const F* logits() const;
 
  private:
@@ -168,11 +169,30 @@ struct HostWeights {
 Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
                    const HostWeights& w);
 
-// Continues `prompt` by `tokens` tokens: greedy when temperature <= 0, else sampled from
-// softmax(logits / temperature) with a generator seeded by `seed`. The context is the last
-// config.max_seq tokens.
+// How Generate picks each next token from the model's logits l (the flags of `strata
+// generate` and `train --sample`).
+struct SamplingOptions {
+  double temperature = 0;  // 0: greedy (argmax); > 0: sample from softmax(l / temperature)
+  int top_k = 0;           // > 0: only the k most probable tokens; 0: every token
+  double top_p = 1;        // < 1: only the most probable tokens whose mass reaches top_p
+  uint64_t seed = 1;       // of the generator that draws the tokens
+  // InvalidArgument naming the flag (--temperature, --top-k, --top-p) of a value out of range.
+  Status Validate() const;
+};
+
+// The distribution the next token is drawn from: softmax(logits / temperature), cut to the
+// top_k most probable tokens, then to the shortest most-probable prefix of those whose mass
+// is >= top_p, renormalised (ties ordered by id). One-hot at the argmax (first on ties)
+// when greedy or top_k == 1. REQUIRES: options.Validate().ok().
+std::vector<double> SamplingDistribution(std::span<const float> logits,
+                                         const SamplingOptions& options);
+
+// Continues `prompt` by `tokens` tokens, each drawn from SamplingDistribution of the
+// model's logits at the last position, with one generator seeded by options.seed for the
+// whole sequence. The context is the last config.max_seq tokens; an empty prompt starts
+// from '\n' (token 0 when vocab <= 10). REQUIRES: options.Validate().ok().
 std::vector<int32_t> Generate(const Gpt2Config& config, const HostWeights& w,
-                              std::vector<int32_t> prompt, int tokens, double temperature,
-                              uint64_t seed);
+                              std::vector<int32_t> prompt, int tokens,
+                              const SamplingOptions& options);
 
 }  // namespace strata::model

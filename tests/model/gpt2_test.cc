@@ -309,5 +309,137 @@ TEST(Gpt2Model, ReadsHuggingFaceStyleFiles) {
   EXPECT_EQ(0, std::system(("rm -rf " + std::string(tmpl)).c_str()));
 }
 
+// The model's distribution of the token after `prompt`, from the loss (not from logits()):
+// the loss with target v at the last position is -log p(v) plus terms that do not depend
+// on v, so p(v)^(1/T) normalised is what sampling at temperature T must follow.
+std::vector<double> NextTokenDistribution(const Gpt2Config& cfg, const Weights<float>& w,
+                                          const std::vector<int32_t>& prompt, double T) {
+  const int n = static_cast<int>(prompt.size());
+  Gpt2Model<float> m(cfg, 1, n, false);
+  std::vector<double> logp(cfg.vocab);
+  std::vector<int32_t> targets(n, 0);
+  for (int v = 0; v < cfg.vocab; ++v) {
+    targets[n - 1] = v;
+    logp[v] = -n * ForwardPlain(m, w.layouts, w.P(), prompt.data(), targets.data());
+  }
+  const double mx = *std::max_element(logp.begin(), logp.end());
+  std::vector<double> p(cfg.vocab);
+  double sum = 0;
+  for (int v = 0; v < cfg.vocab; ++v) sum += p[v] = std::exp((logp[v] - mx) / T);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+// Pearson's chi-square of `counts` against `p` (cells with p == 0 must be empty).
+double ChiSquare(const std::vector<int>& counts, const std::vector<double>& p, int n) {
+  double chi2 = 0;
+  for (size_t v = 0; v < p.size(); ++v) {
+    if (p[v] == 0) {
+      EXPECT_EQ(counts[v], 0) << "token " << v << " is outside the kept set";
+      continue;
+    }
+    const double e = p[v] * n;
+    chi2 += (counts[v] - e) * (counts[v] - e) / e;
+  }
+  return chi2;
+}
+
+TEST(Generate, SamplingFollowsTheModelsDistribution) {
+  const Gpt2Config cfg = Tiny();  // vocab 11: chi-square with 10 degrees of freedom
+  Weights<float> w(cfg, 5);
+  HostWeights hw;
+  hw.layouts = w.layouts;
+  for (const auto& b : w.p) hw.blocks.emplace_back(b.begin(), b.end());
+  const std::vector<int32_t> prompt = {3, 1, 4};
+  constexpr int kDraws = 4000;
+  for (double T : {1.0, 0.6}) {
+    const std::vector<double> p = NextTokenDistribution(cfg, w, prompt, T);
+    // A peaked distribution, so that sampling from anything else (softmax of
+    // probabilities, which is near uniform) would be far off.
+    ASSERT_GT(*std::max_element(p.begin(), p.end()), 3.0 / cfg.vocab);
+    std::vector<int> counts(cfg.vocab, 0);
+    for (int i = 0; i < kDraws; ++i) {
+      SamplingOptions s;
+      s.temperature = T;
+      s.seed = 1000 + i;  // fixed seeds: the test is deterministic
+      const auto out = Generate(cfg, hw, prompt, 1, s);
+      ASSERT_EQ(out.size(), prompt.size() + 1);
+      ++counts[out.back()];
+    }
+    // 10 degrees of freedom: P(chi2 > 35.6) = 1e-4 for the right distribution.
+    EXPECT_LT(ChiSquare(counts, p, kDraws), 35.6) << "temperature " << T;
+  }
+}
+
+TEST(Generate, TopKAndTopPSampleOnlyTheKeptTokensInProportion) {
+  const Gpt2Config cfg = Tiny();
+  Weights<float> w(cfg, 5);
+  HostWeights hw;
+  hw.layouts = w.layouts;
+  for (const auto& b : w.p) hw.blocks.emplace_back(b.begin(), b.end());
+  const std::vector<int32_t> prompt = {3, 1, 4};
+  const std::vector<double> full = NextTokenDistribution(cfg, w, prompt, 1.0);
+  std::vector<int> order(cfg.vocab);
+  for (int v = 0; v < cfg.vocab; ++v) order[v] = v;
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return full[x] > full[y]; });
+  struct Case {
+    int top_k;
+    double top_p;
+    int kept;  // how many of the most probable tokens remain
+  };
+  int reach = 0;  // tokens needed to reach 60% of the mass
+  for (double mass = 0; mass < 0.6;) mass += full[order[reach++]];
+  ASSERT_LT(reach, cfg.vocab);
+  for (const Case& c : {Case{3, 1.0, 3}, Case{0, 0.6, reach}, Case{1, 1.0, 1}}) {
+    std::vector<double> p(cfg.vocab, 0.0);
+    double kept = 0;
+    for (int i = 0; i < c.kept; ++i) kept += full[order[i]];
+    for (int i = 0; i < c.kept; ++i) p[order[i]] = full[order[i]] / kept;
+    constexpr int kDraws = 2000;
+    std::vector<int> counts(cfg.vocab, 0);
+    for (int i = 0; i < kDraws; ++i) {
+      SamplingOptions s;
+      s.temperature = 1.0;
+      s.top_k = c.top_k;
+      s.top_p = c.top_p;
+      s.seed = 7 + i;
+      ++counts[Generate(cfg, hw, prompt, 1, s).back()];
+    }
+    // c.kept - 1 degrees of freedom (at most 10): 35.6 is a P = 1e-4 bound or looser.
+    EXPECT_LT(ChiSquare(counts, p, kDraws), 35.6) << "top-k " << c.top_k << " top-p " << c.top_p;
+  }
+}
+
+TEST(Generate, SamplingDistributionCutsAndRenormalises) {
+  const std::vector<float> logits = {0.0f, std::log(4.0f), std::log(2.0f), std::log(2.0f), 0.0f};
+  // softmax: 1/10, 4/10, 2/10, 2/10, 1/10.
+  SamplingOptions s;
+  s.temperature = 1;
+  auto p = SamplingDistribution(logits, s);
+  EXPECT_NEAR(p[1], 0.4, 1e-6);
+  EXPECT_NEAR(p[4], 0.1, 1e-6);
+  s.top_k = 2;  // tokens 1 and 2 (the tie 2/3 goes to the lower id)
+  p = SamplingDistribution(logits, s);
+  EXPECT_NEAR(p[1], 4.0 / 6, 1e-6);
+  EXPECT_NEAR(p[2], 2.0 / 6, 1e-6);
+  EXPECT_EQ(p[3], 0.0);
+  s.top_k = 0;
+  s.top_p = 0.7;  // 0.4 + 0.2 = 0.6 < 0.7, + 0.2 = 0.8: three tokens
+  p = SamplingDistribution(logits, s);
+  EXPECT_NEAR(p[1], 0.5, 1e-6);
+  EXPECT_NEAR(p[3], 0.25, 1e-6);
+  EXPECT_EQ(p[0], 0.0);
+  s.top_p = 1;
+  s.temperature = 0.5;  // squares the probabilities: 1, 16, 4, 4, 1 over 26
+  p = SamplingDistribution(logits, s);
+  EXPECT_NEAR(p[1], 16.0 / 26, 1e-6);
+  s.temperature = 0;  // greedy
+  p = SamplingDistribution(logits, s);
+  EXPECT_EQ(p[1], 1.0);
+  EXPECT_FALSE(SamplingOptions{.top_p = 0}.Validate().ok());
+  EXPECT_FALSE(SamplingOptions{.top_k = -1}.Validate().ok());
+  EXPECT_FALSE(SamplingOptions{.temperature = -1}.Validate().ok());
+}
+
 }  // namespace
 }  // namespace strata::model

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -47,24 +48,38 @@ TEST(BenchIo, TableHasConfigLinesARowPerCaseAndNoWrongBlocks) {
   ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
   EXPECT_TRUE(Contains(r.output, "# strata bench io")) << r.output;
   EXPECT_TRUE(Contains(r.output, "# backend: ")) << r.output;
-  EXPECT_TRUE(Contains(r.output, "bw(GB/s)")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "MB/s")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "MiB/s")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "usr%")) << r.output;
   EXPECT_TRUE(Contains(r.output, "#wrong")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "#   read 1MiB qd 4: p1 ")) << r.output;
+  EXPECT_TRUE(Contains(r.output, " p99.99 ")) << r.output;
   int rows = 0;
   std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {
     if (line.empty() || line.find('#') != std::string::npos) continue;
-    char mode[32];
-    unsigned long long block, qd, bytes, wrong;
-    double secs, gbps, iops, p50, p99;
-    ASSERT_EQ(std::sscanf(line.c_str(), "%31s %llu %llu %llu %lf %lf %lf %lf %lf %llu", mode,
-                          &block, &qd, &bytes, &secs, &gbps, &iops, &p50, &p99, &wrong),
-              10)
+    char mode[32], block[32];
+    unsigned long long qd, jobs, bytes, wrong;
+    double secs, mbps, mibps, iops, mean, stdev, min, p50, p99, max, usr, sys;
+    ASSERT_EQ(std::sscanf(line.c_str(),
+                          "%31s %31s %llu %llu %llu %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf "
+                          "%lf %llu",
+                          mode, block, &qd, &jobs, &bytes, &secs, &mbps, &mibps, &iops, &mean,
+                          &stdev, &min, &p50, &p99, &max, &usr, &sys, &wrong),
+              18)
         << line;
-    EXPECT_EQ(block, 1u << 20);
+    EXPECT_STREQ(block, "1MiB");
     EXPECT_EQ(qd, 4u);
+    EXPECT_EQ(jobs, 1u);
     EXPECT_EQ(bytes, 8u << 20);
-    EXPECT_GT(gbps, 0.0);
+    EXPECT_GT(mbps, 0.0);
+    EXPECT_NEAR(mibps, mbps * 1e6 / (1 << 20), 0.1 + mbps * 1e-3);
+    EXPECT_LE(min, p50);
     EXPECT_LE(p50, p99);
+    EXPECT_LE(p99, max);
+    EXPECT_LE(min, mean);
+    EXPECT_LE(mean, max);
+    EXPECT_GE(usr + sys, 0.0);
     EXPECT_EQ(wrong, 0u);
     ++rows;
   }
@@ -76,46 +91,96 @@ TEST(BenchIo, JsonStripesOverSeveralPathsWithRandomModes) {
   testing::TempDir a, b;
   CliRun r = Strata("bench io --path " + a.path() + " --path " + b.path() +
                     " --size 16M --block 256K --qd 8 --iters 2 --warmup 0 --mode randwrite "
-                    "--mode randread --backend posix --json");
+                    "--mode randread --backend posix --json -");
   ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
-  nlohmann::json doc = nlohmann::json::parse(r.output);
+  nlohmann::json doc = nlohmann::json::parse(r.output);  // only JSON on standard output
+  EXPECT_TRUE(Contains(r.err, "# strata bench io")) << "the table goes to standard error";
   ASSERT_EQ(doc["runs"].size(), 2u);
   EXPECT_EQ(doc["runs"][0]["mode"], "randwrite");
   EXPECT_EQ(doc["runs"][1]["mode"], "randread");
   for (const auto& run : doc["runs"]) {
-    for (const char* key : {"mode", "block_bytes", "queue_depth", "bytes", "seconds", "gbps",
-                            "iops", "lat_p50_us", "lat_p99_us", "wrong"}) {
+    for (const char* key :
+         {"mode", "block_bytes", "queue_depth", "jobs", "bytes", "seconds", "MBps", "MiBps", "iops",
+          "lat_us", "cpu_usr_pct", "cpu_sys_pct", "wrong"}) {
       EXPECT_TRUE(run.contains(key)) << key;
     }
     EXPECT_EQ(run["block_bytes"], 256 * 1024);
     EXPECT_EQ(run["queue_depth"], 8);
     EXPECT_EQ(run["bytes"], 2 * (16u << 20));
+    EXPECT_EQ(run["requests"], 2 * 64);
     EXPECT_EQ(run["wrong"], 0);
+    const auto& lat = run["lat_us"];
+    double prev = lat["min"].get<double>();
+    for (const char* p :
+         {"p1", "p5", "p10", "p20", "p50", "p80", "p90", "p95", "p99", "p99.9", "p99.99"}) {
+      ASSERT_TRUE(lat["percentiles"].contains(p)) << p;
+      EXPECT_GE(lat["percentiles"][p].get<double>(), prev) << p;
+      prev = lat["percentiles"][p].get<double>();
+    }
+    EXPECT_LE(prev, lat["max"].get<double>());
   }
+  EXPECT_EQ(doc["runs"][0]["bytes_read"], 0);
+  EXPECT_EQ(doc["runs"][1]["bytes_read"], 2 * (16u << 20));
   EXPECT_EQ(doc["config"]["backend"], "posix");
   EXPECT_EQ(doc["config"]["files"].size(), 2u);
   EXPECT_EQ(FilesIn(a.path()) + FilesIn(b.path()), 0u);
 }
 
-TEST(BenchIo, SweepPrintsTheBestSettingAsEngineJson) {
+// randrw reads about --rwmixread percent of the blocks and checks all of them; --numjobs
+// runs that many jobs, each over its own --size; --runtime measures whole passes for at
+// least that long.
+TEST(BenchIo, MixedReadWriteJobsAndRuntime) {
   testing::TempDir dir;
-  CliRun r = Strata("bench io --path " + dir.path() + " --size 8M --sweep --mode read");
+  CliRun r = Strata("bench io --path " + dir.path() +
+                    " --size 8M --block 64K --qd 8 --iters 2 --warmup 0 --mode randrw "
+                    "--rwmixread 70 --numjobs 2 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
-  std::string body = r.output;
-  while (!body.empty() && body.back() == '\n') body.pop_back();
-  const std::string last = body.substr(body.rfind('\n') + 1);  // the JSON is the last line
-  nlohmann::json best = nlohmann::json::parse(last);
+  nlohmann::json run = nlohmann::json::parse(r.output)["runs"][0];
+  EXPECT_EQ(run["jobs"], 2);
+  EXPECT_EQ(run["bytes"], 2 * 2 * (8u << 20));  // 2 jobs x 2 passes
+  const double reads = run["bytes_read"].get<double>() / run["bytes"].get<double>();
+  EXPECT_GT(reads, 0.6);  // 512 requests at 70%: 0.6..0.8 with overwhelming probability
+  EXPECT_LT(reads, 0.8);
+  EXPECT_EQ(run["wrong"], 0);
+  r = Strata("bench io --path " + dir.path() +
+             " --size 4M --block 64K --qd 4 --warmup 0 --mode read --runtime 0.3 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
+  run = nlohmann::json::parse(r.output)["runs"][0];
+  EXPECT_GE(run["seconds"].get<double>(), 0.3);
+  EXPECT_EQ(run["bytes"].get<uint64_t>() % (4u << 20), 0u);
+  EXPECT_EQ(FilesIn(dir.path()), 0u);
+  r = Strata("bench io --path " + dir.path() + " --mode rw --rwmixread 101");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.err, "--rwmixread")) << r.err;
+}
+
+TEST(BenchIo, SweepRepeatsUntilStableAndWritesTheIoConfig) {
+  testing::TempDir dir;
+  const std::string cfg = dir.File("io.json");
+  CliRun r = Strata("bench io --path " + dir.path() + " --size 8M --sweep --mode read " +
+                    "--io-config " + cfg);
+  ASSERT_EQ(r.exit_code, 0) << r.output << r.err;
+  std::ifstream f(cfg);
+  nlohmann::json best = nlohmann::json::parse(f);
   const std::set<uint64_t> blocks = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
   const std::set<uint32_t> qds = {1, 4, 16, 64};
-  EXPECT_TRUE(blocks.count(best["io"]["block_bytes"].get<uint64_t>())) << last;
-  EXPECT_TRUE(qds.count(best["io"]["queue_depth"].get<uint32_t>())) << last;
-  EXPECT_TRUE(best["io"]["backend"] == "uring" || best["io"]["backend"] == "posix") << last;
+  EXPECT_TRUE(blocks.count(best["io"]["block_bytes"].get<uint64_t>())) << best;
+  EXPECT_TRUE(qds.count(best["io"]["queue_depth"].get<uint32_t>())) << best;
+  EXPECT_TRUE(best["io"]["backend"] == "uring" || best["io"]["backend"] == "posix") << best;
+  const int rounds = best["measured"]["rounds"].get<int>();
+  EXPECT_GE(rounds, best["measured"]["stable"].get<bool>() ? 3 : 8);
+  EXPECT_TRUE(Contains(r.output, "# best: block ")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "median(MB/s)")) << r.output;
   size_t rows = 0;
   std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {
     rows += line.find('#') == std::string::npos && Contains(line, " read ");
   }
   EXPECT_EQ(rows, blocks.size() * qds.size());
+  EXPECT_EQ(FilesIn(dir.path()), 1u) << "only the --io-config file stays";
+  r = Strata("bench io --path " + dir.path() + " --io-config " + cfg);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.err, "--sweep")) << r.err;
 }
 
 TEST(BenchIo, BlockNotAMultipleOf4KWithDirect) {

@@ -108,7 +108,7 @@ TEST(Trainer, LossFallsOnTheBuiltInCorpus) {
   ASSERT_TRUE(w.ok());
   const std::string text = "The ";
   std::vector<int32_t> prompt(text.begin(), text.end());
-  const auto out = Generate(s.cfg, *w, prompt, 20, 0.0, 1);
+  const auto out = Generate(s.cfg, *w, prompt, 20, SamplingOptions{});
   EXPECT_EQ(out.size(), prompt.size() + 20);
   for (int32_t t : out) EXPECT_TRUE(t >= 0 && t < 256);
 }

@@ -1,77 +1,35 @@
-// `strata bench io`: bandwidth, IOPS and latency of the NVMe swap path, through the same
-// IoBackend the engine uses, in the manner of fio and nccl-tests.
+// `strata bench io`: bandwidth, IOPS, latency and CPU cost of the NVMe swap path, through
+// the same IoBackend the engine uses, in the manner of fio and nccl-tests.
 //
-// Files (one per --path: several drives are striped, block k going to file k mod N) are
-// preallocated, laid out with a seeded pattern, then read and written in blocks of --block
-// bytes with --qd requests in flight. Every run checks its data: each 4 KiB sector carries a
-// tag derived from (seed, file, offset) plus a seeded body, reads verify every sector as it
-// arrives, and write runs are read back afterwards; #wrong counts blocks with any bad byte.
-// Reads never come from the page cache: O_DIRECT, or with --no-direct fdatasync +
-// posix_fadvise(DONTNEED) before each pass. --sweep tries block sizes × queue depths and
-// prints the best setting as the engine's JSON.
+// --numjobs jobs (io_bench.h), each with its own files (one per --path: several drives are
+// striped, block k going to file k mod N) and its own thread and queue, run every case
+// side by side; their measured passes start together. Every block is checked (#wrong).
+// --sweep tries block sizes x queue depths in rounds, after a warm-up round, until the best
+// setting has stayed the same for three rounds (or --sweep-rounds ran out), prints the
+// spread of each setting over the rounds and writes the best as --io-config FILE.
 //
 // Run: strata bench io --path /nvme0 --path /nvme1 --size 4G --mode read --mode write
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
+#include <barrier>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "io/uring_backend.h"
-#include "strata/bytes.h"
 #include "strata/io.h"
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/io_bench.h"
 
 namespace strata::cli {
 namespace {
 
-constexpr uint64_t kSector = 4096;
-constexpr uint64_t kTagBytes = 16;
-
-enum class Mode { kRead, kWrite, kRandRead, kRandWrite };
-
-const char* ModeName(Mode m) {
-  switch (m) {
-    case Mode::kRead:
-      return "read";
-    case Mode::kWrite:
-      return "write";
-    case Mode::kRandRead:
-      return "randread";
-    case Mode::kRandWrite:
-      return "randwrite";
-  }
-  return "?";
-}
-bool IsWrite(Mode m) { return m == Mode::kWrite || m == Mode::kRandWrite; }
-bool IsRandom(Mode m) { return m == Mode::kRandRead || m == Mode::kRandWrite; }
-
-// Buffers beyond the queue depth that hold completed reads while they are verified. A poll
-// usually returns a few completions; 8 spares cover that without doubling the pinned arena
-// of a deep queue (with fewer free buffers than completions the refill just waits for them).
-uint32_t SpareBuffers(uint32_t qd) { return std::min<uint32_t>(qd, 8); }
-
-uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+constexpr double kPercentiles[] = {1, 5, 10, 20, 50, 80, 90, 95, 99, 99.9, 99.99};
 
 struct Flags {
   std::vector<std::string> paths;
@@ -85,448 +43,374 @@ struct Flags {
   bool fixed_buffers = true;
   int iters = 3;
   int warmup = 1;
+  double runtime = 0;
+  int numjobs = 1;
+  int rwmixread = 50;
   bool sweep = false;
-  bool json = false;
+  int sweep_rounds = 8;
+  std::string json, io_config;
   uint64_t seed = 1;
 };
 
-struct RunResult {
-  Mode mode;
-  uint64_t block;
-  uint32_t qd;
-  uint64_t bytes = 0;
-  double seconds = 0;
-  double lat_p50_us = 0, lat_p99_us = 0;
-  uint64_t wrong = 0;
-  double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
-  double iops() const { return seconds > 0 ? (bytes / block) / seconds : 0; }
+struct Latency {
+  double mean = 0, stdev = 0, min = 0, max = 0;
+  std::vector<double> pct;  // at kPercentiles
 };
 
-// Page-aligned anonymous memory for the I/O buffers.
-class Arena {
- public:
-  ~Arena() {
-    if (data_) ::munmap(data_, size_);
+// Nearest-rank percentiles of `lat` (sorted here).
+Latency Summarize(std::vector<float>& lat) {
+  Latency l;
+  if (lat.empty()) return l;
+  std::sort(lat.begin(), lat.end());
+  double sum = 0, sq = 0;
+  for (float x : lat) sum += x;
+  l.mean = sum / double(lat.size());
+  for (float x : lat) sq += (x - l.mean) * (x - l.mean);
+  l.stdev = lat.size() > 1 ? std::sqrt(sq / double(lat.size() - 1)) : 0;
+  l.min = lat.front();
+  l.max = lat.back();
+  for (double p : kPercentiles) {
+    const double rank = std::ceil(p / 100.0 * double(lat.size()));
+    l.pct.push_back(lat[std::clamp<size_t>(size_t(rank), 1, lat.size()) - 1]);
   }
-  Status Map(size_t size) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) {
-      return Status::FromErrno(errno, "mmap " + std::to_string(size) + " bytes of I/O buffers");
+  return l;
+}
+
+// One case over all jobs.
+struct CaseResult {
+  IoMode mode = IoMode::kRead;
+  uint64_t block = 0;
+  uint32_t qd = 0;
+  int jobs = 1;
+  uint64_t bytes = 0, bytes_read = 0, requests = 0, wrong = 0;
+  double seconds = 0;  // the longest job's measured time: the jobs start together
+  double usr_s = 0, sys_s = 0;
+  Latency lat;
+  double mbps() const { return seconds > 0 ? double(bytes) / seconds / 1e6 : 0; }
+  double mibps() const { return seconds > 0 ? double(bytes) / seconds / (1 << 20) : 0; }
+  double iops() const { return seconds > 0 ? double(requests) / seconds : 0; }
+  double usr_pct() const { return seconds > 0 ? 100 * usr_s / seconds : 0; }
+  double sys_pct() const { return seconds > 0 ? 100 * sys_s / seconds : 0; }
+};
+
+// The jobs of a run, set up once and driven case by case.
+class JobSet {
+ public:
+  Status Setup(const Flags& f, IoBackendKind kind, uint64_t bytes, uint64_t max_block,
+               uint32_t max_qd) {
+    for (int j = 0; j < f.numjobs; ++j) {
+      IoJobOptions o{.paths = f.paths,
+                     .bytes = bytes,
+                     .backend = kind,
+                     .backend_flag = f.backend,
+                     .direct = f.direct,
+                     .sqpoll = f.sqpoll,
+                     .fixed_buffers = f.fixed_buffers,
+                     .seed = f.seed,
+                     .job = j,
+                     .jobs = f.numjobs,
+                     .rwmixread = f.rwmixread};
+      jobs_.push_back(std::make_unique<IoBench>(o));
+      STRATA_RETURN_IF_ERROR(jobs_.back()->Setup(max_block, max_qd));
     }
-    data_ = static_cast<char*>(p);
-    size_ = size;
     return Status::OK();
   }
-  char* data() const { return data_; }
-  size_t size() const { return size_; }
+
+  Result<CaseResult> Run(const IoCase& c) {
+    const size_t n = jobs_.size();
+    // The jobs' measured passes start together; a job that fails before it gets there
+    // drops out of the barrier so that the others do not wait for it.
+    std::barrier start(static_cast<std::ptrdiff_t>(n));
+    std::vector<Result<IoJobResult>> results(n, Status::Aborted("not run"));
+    auto run_job = [&](size_t j) {
+      bool arrived = false;
+      IoCase mine = c;
+      mine.before_measured = [&] {
+        arrived = true;
+        start.arrive_and_wait();
+      };
+      results[j] = jobs_[j]->Run(mine);
+      if (!arrived) start.arrive_and_drop();
+    };
+    std::vector<std::thread> threads;
+    for (size_t j = 1; j < n; ++j) threads.emplace_back(run_job, j);
+    run_job(0);
+    for (auto& t : threads) t.join();
+    CaseResult r;
+    r.mode = c.mode;
+    r.block = c.block;
+    r.qd = c.qd;
+    r.jobs = static_cast<int>(n);
+    std::vector<float> lat;
+    for (auto& jr : results) {
+      if (!jr.ok()) return jr.status();
+      r.bytes += jr->bytes;
+      r.bytes_read += jr->bytes_read;
+      r.requests += jr->requests;
+      r.wrong += jr->wrong;
+      r.seconds = std::max(r.seconds, jr->seconds);
+      r.usr_s += jr->usr_s;
+      r.sys_s += jr->sys_s;
+      lat.insert(lat.end(), jr->latencies_us.begin(), jr->latencies_us.end());
+    }
+    r.lat = Summarize(lat);
+    return r;
+  }
+
+  const IoBench& first() const { return *jobs_.front(); }
 
  private:
-  char* data_ = nullptr;
-  size_t size_ = 0;
+  std::vector<std::unique_ptr<IoBench>> jobs_;
 };
 
-class IoBench {
- public:
-  explicit IoBench(const Flags& f) : flags_(f) {}
-  ~IoBench() { RemoveFiles(); }
-
-  // Validates the flags, checks free space and lays out the files. Nothing is written
-  // before every check has passed.
-  Status Setup(const std::vector<uint64_t>& blocks, const std::vector<uint32_t>& qds);
-  // Runs `warmup` + `iters` passes of one case; the result covers the measured passes.
-  Result<RunResult> Run(Mode mode, uint64_t block, uint32_t qd, int iters, int warmup);
-  void PrintConfig(FILE* out) const;
-  std::string backend_name() const { return backend_name_; }
-  nlohmann::json ConfigJson() const;
-
- private:
-  struct FileInfo {
-    std::string path;
-    int handle = -1;
-    bool direct = false;
-  };
-  Result<std::unique_ptr<IoBackend>> MakeBackend(uint32_t qd);
-  Status OpenFiles(IoBackend& b, std::vector<int>* handles);
-  // One pass over every block. `latencies` gets one entry (us) per request.
-  Status Pass(IoBackend& b, const std::vector<int>& handles, Mode mode, uint64_t block, uint32_t qd,
-              uint64_t pass_seed, std::vector<float>* latencies, uint64_t* wrong);
-  void Stamp(char* buf, uint64_t len, size_t file, uint64_t offset) const;
-  bool Verify(const char* buf, uint64_t len, size_t file, uint64_t offset) const;
-  Status DropCache(IoBackend& b, const std::vector<int>& handles);
-  void RemoveFiles();
-
-  Flags flags_;
-  uint64_t total_ = 0;     // bytes per pass, all files
-  uint64_t per_file_ = 0;  // bytes per file
-  std::vector<FileInfo> files_;
-  std::vector<std::string> created_;
-  Arena arena_;
-  std::vector<char> body_;  // the seeded sector body (kSector - kTagBytes bytes)
-  IoBackendKind kind_ = IoBackendKind::kAuto;
-  std::string backend_name_;
-  uint32_t caps_ = 0;
-  bool laid_out_ = false;
-};
-
-Status IoBench::Setup(const std::vector<uint64_t>& blocks, const std::vector<uint32_t>& qds) {
-  if (flags_.paths.empty()) {
-    return Status::InvalidArgument(
-        "give at least one --path: a folder on the drive to measure (repeat --path to stripe "
-        "over several drives)");
-  }
-  STRATA_ASSIGN_OR_RETURN(kind_, ParseIoBackendKind(flags_.backend));
-  STRATA_ASSIGN_OR_RETURN(uint64_t size, ParseBytes("--size", flags_.size));
-  uint64_t max_block = 0;
-  for (uint64_t b : blocks) {
-    if (b == 0) return Status::InvalidArgument("--block 0 is invalid; use e.g. 1M");
-    if (flags_.direct && b % kIoAlignment != 0) {
-      return Status::InvalidArgument("--block " + std::to_string(b) +
-                                     " bytes is not a multiple of 4096, which O_DIRECT "
-                                     "needs; use a multiple of 4K (e.g. 1M) or pass --no-direct");
-    }
-    if (b % kSector != 0) {
-      return Status::InvalidArgument("--block " + std::to_string(b) +
-                                     " bytes: the data check works in 4096-byte sectors; use a "
-                                     "multiple of 4K");
-    }
-    max_block = std::max(max_block, b);
-  }
-  uint32_t max_qd = 0;
-  for (uint32_t q : qds) {
-    if (q == 0) {
-      return Status::InvalidArgument(
-          "--qd 0 is invalid: the queue depth is how many requests are in flight; use 1 or "
-          "more (32 suits NVMe)");
-    }
-    max_qd = std::max(max_qd, q);
-  }
-  const uint64_t unit = max_block * flags_.paths.size();
-  total_ = size / unit * unit;
-  if (total_ == 0) {
-    return Status::InvalidArgument("--size " + flags_.size + " is smaller than one block (" +
-                                   std::to_string(max_block) +
-                                   " bytes) per path; use a larger "
-                                   "--size or a smaller --block");
-  }
-  per_file_ = total_ / flags_.paths.size();
-
-  // Every path: exists, is a folder, has room. Checked for all before anything is written.
-  std::vector<std::string> names;
-  for (size_t i = 0; i < flags_.paths.size(); ++i) {
-    const std::string& p = flags_.paths[i];
-    struct stat st;
-    if (::stat(p.c_str(), &st) != 0) {
-      return Status::FromErrno(errno, "--path " + p +
-                                          " cannot be used (create the folder "
-                                          "first or pick another)")
-          .WithPath(p);
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      return Status::InvalidArgument("--path " + p +
-                                     " is not a folder; give the folder in "
-                                     "which the benchmark may create its files")
-          .WithPath(p);
-    }
-    struct statvfs vfs;
-    if (::statvfs(p.c_str(), &vfs) == 0) {
-      const uint64_t free_bytes = uint64_t(vfs.f_bavail) * vfs.f_frsize;
-      uint64_t needed = 0;
-      for (size_t j = 0; j < flags_.paths.size(); ++j) {
-        struct stat sj;
-        if (::stat(flags_.paths[j].c_str(), &sj) == 0 && sj.st_dev == st.st_dev)
-          needed += per_file_;
-      }
-      if (needed > free_bytes) {
-        return Status::NoSpace("--path " + p + " has " + std::to_string(free_bytes) +
-                               " bytes free (" + FormatBytes(free_bytes) +
-                               "), but the benchmark needs " + std::to_string(needed) +
-                               " bytes there; use a smaller --size or another --path")
-            .WithPath(p);
-      }
-    }
-    names.push_back((std::filesystem::path(p) /
-                     ("strata_bench_io." + std::to_string(::getpid()) + "." + std::to_string(i)))
-                        .string());
-  }
-
-  // The sector body: seeded bytes shared by every sector (the tag makes each sector unique).
-  body_.resize(kSector - kTagBytes);
-  std::mt19937_64 rng(flags_.seed);
-  for (size_t i = 0; i < body_.size(); i += 8) {
-    uint64_t v = rng();
-    std::memcpy(body_.data() + i, &v, std::min<size_t>(8, body_.size() - i));
-  }
-
-  // Spare buffers beyond the queue depth: Pass() refills the queue before verifying
-  // completed reads.
-  STRATA_RETURN_IF_ERROR(arena_.Map(size_t(max_block) * (max_qd + SpareBuffers(max_qd))));
-  // Sector bodies go into the buffers once; writes then only restamp the tags.
-  for (uint64_t off = 0; off < arena_.size(); off += kSector) {
-    std::memcpy(arena_.data() + off + kTagBytes, body_.data(), body_.size());
-  }
-
-  // Create and preallocate the files with the backend the runs will use.
-  STRATA_ASSIGN_OR_RETURN(auto backend, MakeBackend(max_qd));
-  backend_name_ = std::string(backend->Name());
-  caps_ = backend->Capabilities();
-  for (const std::string& name : names) {
-    Result<int> h = backend->OpenFile(name, OpenOptions{.create = true, .direct = flags_.direct});
-    if (!h.ok()) {
-      Status s = h.status();
-      return s.Annotate("--path " + std::filesystem::path(name).parent_path().string() +
-                        " is not usable");
-    }
-    created_.push_back(name);
-    FileInfo fi;
-    fi.path = name;
-    fi.direct = backend->IsDirect(*h);
-    files_.push_back(fi);
-    STRATA_RETURN_IF_ERROR(backend->Allocate(*h, per_file_));
-    STRATA_RETURN_IF_ERROR(backend->CloseFile(*h));
-  }
-  return Status::OK();
+std::string Compact(uint64_t bytes) {  // "1MiB": HumanBytes without the space, for columns
+  std::string s = HumanBytes(bytes);
+  s.erase(std::remove(s.begin(), s.end(), ' '), s.end());
+  return s;
 }
 
-Result<std::unique_ptr<IoBackend>> IoBench::MakeBackend(uint32_t qd) {
-  IoBackendOptions o;
-  o.kind = kind_;
-  o.queue_depth = qd;
-  o.direct = flags_.direct;
-  o.fixed_buffers = flags_.fixed_buffers;
-  o.fixed_files = true;
-  o.sqpoll = flags_.sqpoll;
-  Result<std::unique_ptr<IoBackend>> b = CreateIoBackend(o);
-  if (!b.ok()) {
-    Status s = b.status();
-    return s.Annotate("--backend " + flags_.backend);
-  }
-  if (flags_.fixed_buffers) {
-    BufferRegion r{arena_.data(), arena_.size()};
-    STRATA_RETURN_IF_ERROR((*b)->RegisterBuffers({&r, 1}));
-  }
-  return b;
-}
-
-Status IoBench::OpenFiles(IoBackend& b, std::vector<int>* handles) {
-  for (const FileInfo& f : files_) {
-    STRATA_ASSIGN_OR_RETURN(int h, b.OpenFile(f.path, OpenOptions{.direct = flags_.direct}));
-    handles->push_back(h);
-  }
-  return Status::OK();
-}
-
-void IoBench::Stamp(char* buf, uint64_t len, size_t file, uint64_t offset) const {
-  for (uint64_t s = 0; s < len; s += kSector) {
-    const uint64_t tag = Mix(flags_.seed ^ Mix((uint64_t(file) << 48) ^ (offset + s)));
-    const uint64_t tags[2] = {tag, ~tag};
-    std::memcpy(buf + s, tags, kTagBytes);
-  }
-}
-
-bool IoBench::Verify(const char* buf, uint64_t len, size_t file, uint64_t offset) const {
-  for (uint64_t s = 0; s < len; s += kSector) {
-    const uint64_t tag = Mix(flags_.seed ^ Mix((uint64_t(file) << 48) ^ (offset + s)));
-    const uint64_t tags[2] = {tag, ~tag};
-    if (std::memcmp(buf + s, tags, kTagBytes) != 0) return false;
-    if (std::memcmp(buf + s + kTagBytes, body_.data(), body_.size()) != 0) return false;
-  }
-  return true;
-}
-
-Status IoBench::DropCache(IoBackend& b, const std::vector<int>& handles) {
-  for (size_t i = 0; i < files_.size(); ++i) {
-    if (files_[i].direct) continue;
-    STRATA_RETURN_IF_ERROR(b.Sync(handles[i]));
-    // The backend owns its descriptors; a second one reaches the same page cache.
-    const int fd = ::open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open " + files_[i].path);
-    const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-    if (rc != 0) return Status::FromErrno(rc, "posix_fadvise(DONTNEED) " + files_[i].path);
-  }
-  return Status::OK();
-}
-
-Status IoBench::Pass(IoBackend& b, const std::vector<int>& handles, Mode mode, uint64_t block,
-                     uint32_t qd, uint64_t pass_seed, std::vector<float>* latencies,
-                     uint64_t* wrong) {
-  const uint64_t nblocks = total_ / block;
-  const size_t nfiles = files_.size();
-  std::vector<uint64_t> order(nblocks);
-  std::iota(order.begin(), order.end(), 0);
-  if (IsRandom(mode)) std::shuffle(order.begin(), order.end(), std::mt19937_64(pass_seed));
-  const bool write = IsWrite(mode);
-  const IoOp op = write ? IoOp::kWrite : IoOp::kRead;
-
-  // Buffers are not tied to queue slots: there are qd + SpareBuffers(qd) of them, so the
-  // queue is refilled to qd (resubmit first) while the blocks that just completed are still
-  // being verified. Verifying 1 MiB takes the submitting thread tens of microseconds; done
-  // before the resubmission it would leave those slots idle meanwhile.
-  using Clock = std::chrono::steady_clock;
-  const uint32_t nbufs = qd + SpareBuffers(qd);
-  std::vector<Clock::time_point> started(nbufs);
-  std::vector<uint64_t> buf_block(nbufs);
-  std::vector<uint32_t> free_bufs(nbufs);
-  std::iota(free_bufs.rbegin(), free_bufs.rend(), 0u);
-  std::vector<uint32_t> to_verify;  // completed reads, buffers not yet checked
-  to_verify.reserve(qd);
-  auto verify_completed = [&] {
-    for (uint32_t buf_index : to_verify) {
-      const uint64_t k = buf_block[buf_index];
-      if (!Verify(arena_.data() + uint64_t(buf_index) * block, block, k % nfiles,
-                  (k / nfiles) * block)) {
-        ++*wrong;
-      }
-      free_bufs.push_back(buf_index);
-    }
-    to_verify.clear();
-  };
-  std::vector<IoRequest> batch;
-  batch.reserve(qd);
-  std::vector<IoCompletion> out(qd);
-  uint64_t next = 0, done = 0;
-  Status first_error;
-  while (done < nblocks) {
-    batch.clear();
-    const auto now = Clock::now();
-    while (next < nblocks && b.InFlight() + batch.size() < qd && !free_bufs.empty() &&
-           first_error.ok()) {
-      const uint32_t buf_index = free_bufs.back();
-      free_bufs.pop_back();
-      const uint64_t k = order[next++];
-      const size_t file = k % nfiles;
-      const uint64_t off = (k / nfiles) * block;
-      char* buf = arena_.data() + uint64_t(buf_index) * block;
-      if (write) Stamp(buf, block, file, off);
-      buf_block[buf_index] = k;
-      started[buf_index] = now;
-      batch.push_back(IoRequest{op, handles[file], off, buf, block, buf_index});
-    }
-    if (!batch.empty()) STRATA_RETURN_IF_ERROR(b.Submit(batch));
-    // The queue is full again; check what completed while the new requests run.
-    verify_completed();
-    if (b.InFlight() == 0) break;  // stopped early after an error
-    STRATA_ASSIGN_OR_RETURN(size_t n, b.Poll(out, 1));
-    const auto end = Clock::now();
-    for (size_t i = 0; i < n; ++i) {
-      const auto buf_index = static_cast<uint32_t>(out[i].user_data);
-      latencies->push_back(
-          std::chrono::duration<float, std::micro>(end - started[buf_index]).count());
-      if (!out[i].status.ok() && first_error.ok()) first_error = out[i].status;
-      if (!write && out[i].status.ok()) {
-        to_verify.push_back(buf_index);
-      } else {
-        free_bufs.push_back(buf_index);
-      }
-      ++done;
-    }
-  }
-  verify_completed();  // the last completions: the loop ends once every block completed
-  return first_error;
-}
-
-Result<RunResult> IoBench::Run(Mode mode, uint64_t block, uint32_t qd, int iters, int warmup) {
-  STRATA_ASSIGN_OR_RETURN(auto backend, MakeBackend(qd));
-  std::vector<int> handles;
-  STRATA_RETURN_IF_ERROR(OpenFiles(*backend, &handles));
-  std::vector<float> lat, scratch;
-  uint64_t wrong = 0, ignored = 0;
-  if (!IsWrite(mode) && !laid_out_) {
-    // Reads need the pattern on disk: lay it out once, unmeasured.
-    STRATA_RETURN_IF_ERROR(Pass(*backend, handles, Mode::kWrite, block, qd, 0, &scratch, &ignored));
-    for (int h : handles) STRATA_RETURN_IF_ERROR(backend->Sync(h));
-    laid_out_ = true;
-  }
-  RunResult r{mode, block, qd};
-  for (int it = -warmup; it < iters; ++it) {
-    if (!IsWrite(mode)) STRATA_RETURN_IF_ERROR(DropCache(*backend, handles));
-    std::vector<float>* sink = it < 0 ? &scratch : &lat;
-    uint64_t* wrong_sink = it < 0 ? &ignored : &wrong;
-    const auto t0 = std::chrono::steady_clock::now();
-    STRATA_RETURN_IF_ERROR(
-        Pass(*backend, handles, mode, block, qd, flags_.seed + 1000 + it, sink, wrong_sink));
-    if (IsWrite(mode)) {
-      // Buffered writes only count once they are on the device.
-      for (size_t i = 0; i < files_.size(); ++i) {
-        if (!files_[i].direct) STRATA_RETURN_IF_ERROR(backend->Sync(handles[i]));
-      }
-    }
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (it >= 0) {
-      r.seconds += secs;
-      r.bytes += total_;
-    }
-  }
-  if (IsWrite(mode)) {
-    // Check what the write runs left on disk (unmeasured).
-    laid_out_ = true;
-    STRATA_RETURN_IF_ERROR(DropCache(*backend, handles));
-    STRATA_RETURN_IF_ERROR(Pass(*backend, handles, Mode::kRead, block, qd, 0, &scratch, &wrong));
-  }
-  r.wrong = wrong;
-  if (!lat.empty()) {
-    std::sort(lat.begin(), lat.end());
-    r.lat_p50_us = lat[lat.size() / 2];
-    r.lat_p99_us = lat[std::min(lat.size() - 1, size_t(double(lat.size()) * 0.99))];
-  }
-  for (int h : handles) (void)backend->CloseFile(h);
-  return r;
-}
-
-void IoBench::RemoveFiles() {
-  for (const std::string& f : created_) ::unlink(f.c_str());
-  created_.clear();
-}
-
-void IoBench::PrintConfig(FILE* out) const {
+void PrintConfig(FILE* out, const Flags& f, const JobSet& jobs) {
+  const IoBench& b = jobs.first();
+  const uint32_t caps = b.capabilities();
   std::fprintf(out, "# strata bench io\n");
   std::fprintf(
       out, "# backend: %s (requested %s); fixed buffers: %s, fixed files: %s, sqpoll: %s\n",
-      backend_name_.c_str(), flags_.backend.c_str(), caps_ & kIoCapFixedBuffers ? "yes" : "no",
-      caps_ & kIoCapFixedFiles ? "yes" : "no", caps_ & kIoCapSqpoll ? "yes" : "no");
-  for (const FileInfo& f : files_) {
-    std::fprintf(out, "# file: %s (%s, %s)\n", f.path.c_str(), FormatBytes(per_file_).c_str(),
-                 f.direct ? "O_DIRECT" : "buffered; reads after fdatasync + fadvise(DONTNEED)");
+      b.backend_name().c_str(), f.backend.c_str(), caps & kIoCapFixedBuffers ? "yes" : "no",
+      caps & kIoCapFixedFiles ? "yes" : "no", caps & kIoCapSqpoll ? "yes" : "no");
+  for (const auto& file : b.files()) {
+    std::fprintf(out, "# file: %s (%s, %s)%s\n", file.path.c_str(),
+                 HumanBytes(b.bytes_per_pass() / b.files().size()).c_str(),
+                 file.direct ? "O_DIRECT" : "buffered; reads after fdatasync + fadvise(DONTNEED)",
+                 f.numjobs > 1 ? " and the same for each job" : "");
   }
-  std::fprintf(out, "# bytes per pass: %" PRIu64 " (%s), striped over %zu file(s) block by block\n",
-               total_, FormatBytes(total_).c_str(), files_.size());
   std::fprintf(out,
-               "# passes: %d warmup + %d measured per case; data seed %" PRIu64
-               "; every block verified (#wrong)\n",
-               flags_.warmup, flags_.iters, flags_.seed);
-  std::fprintf(out, "# bw in GB/s = 1e9 bytes/s; latency from submission to completion\n#\n");
+               "# bytes per pass: %" PRIu64
+               " (%s) per job, %d job(s), striped over %zu file(s) "
+               "block by block; rw/randrw: %d%% reads\n",
+               b.bytes_per_pass(), HumanBytes(b.bytes_per_pass()).c_str(), f.numjobs,
+               b.files().size(), f.rwmixread);
+  if (f.runtime > 0) {
+    std::fprintf(out, "# passes: %d warmup, then measured ones for %.1f s per case", f.warmup,
+                 f.runtime);
+  } else {
+    std::fprintf(out, "# passes: %d warmup + %d measured per case", f.warmup, f.iters);
+  }
+  std::fprintf(out, "; data seed %" PRIu64 "; every block verified (#wrong)\n", f.seed);
+  std::fprintf(out,
+               "# MB/s = 1e6 bytes/s, MiB/s = 2^20 bytes/s; latency from submission to "
+               "completion; usr/sys: CPU time of the submitting threads over wall time\n#\n");
 }
 
-nlohmann::json IoBench::ConfigJson() const {
-  nlohmann::json paths = nlohmann::json::array();
-  for (const FileInfo& f : files_) paths.push_back({{"file", f.path}, {"direct", f.direct}});
-  return {{"backend", backend_name_},
-          {"files", paths},
-          {"bytes_per_pass", total_},
-          {"iters", flags_.iters},
-          {"warmup", flags_.warmup},
-          {"fixed_buffers", bool(caps_ & kIoCapFixedBuffers)},
-          {"sqpoll", bool(caps_ & kIoCapSqpoll)},
-          {"seed", flags_.seed}};
+void PrintHeader(FILE* out) {
+  std::fprintf(out, "%10s %7s %4s %4s %12s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %6s %6s %6s\n",
+               "#mode", "block", "qd", "jobs", "bytes", "time(s)", "MB/s", "MiB/s", "IOPS",
+               "mean(us)", "stdev(us)", "min(us)", "p50(us)", "p99(us)", "max(us)", "usr%", "sys%",
+               "#wrong");
 }
 
-void PrintHeader() {
-  std::printf("%10s %10s %4s %14s %9s %9s %10s %9s %9s %7s\n", "#mode", "block(B)", "qd", "bytes",
-              "time(s)", "bw(GB/s)", "IOPS", "p50(us)", "p99(us)", "#wrong");
+void PrintRow(FILE* out, const CaseResult& r) {
+  std::fprintf(
+      out,
+      "%10s %7s %4u %4d %12" PRIu64
+      " %8.3f %9.1f %9.1f %9.0f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %6.1f %6.1f %6" PRIu64 "\n",
+      IoModeName(r.mode), Compact(r.block).c_str(), r.qd, r.jobs, r.bytes, r.seconds, r.mbps(),
+      r.mibps(), r.iops(), r.lat.mean, r.lat.stdev, r.lat.min, r.lat.pct.empty() ? 0 : r.lat.pct[4],
+      r.lat.pct.empty() ? 0 : r.lat.pct[8], r.lat.max, r.usr_pct(), r.sys_pct(), r.wrong);
+  std::fflush(out);
 }
-void PrintRow(const RunResult& r) {
-  std::printf("%10s %10" PRIu64 " %4u %14" PRIu64 " %9.3f %9.3f %10.0f %9.1f %9.1f %7" PRIu64 "\n",
-              ModeName(r.mode), r.block, r.qd, r.bytes, r.seconds, r.gbps(), r.iops(), r.lat_p50_us,
-              r.lat_p99_us, r.wrong);
-  std::fflush(stdout);
+
+void PrintPercentiles(FILE* out, const std::vector<CaseResult>& rows) {
+  std::fprintf(out, "# latency percentiles (us):\n");
+  for (const CaseResult& r : rows) {
+    std::string line = "#   " + std::string(IoModeName(r.mode)) + " " + Compact(r.block) + " qd " +
+                       std::to_string(r.qd) + ":";
+    char buf[48];
+    for (size_t i = 0; i < r.lat.pct.size(); ++i) {
+      std::snprintf(buf, sizeof buf, " p%g %.1f", kPercentiles[i], r.lat.pct[i]);
+      line += buf;
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  }
 }
-nlohmann::json RowJson(const RunResult& r) {
-  return {{"mode", ModeName(r.mode)}, {"block_bytes", r.block},     {"queue_depth", r.qd},
-          {"bytes", r.bytes},         {"seconds", r.seconds},       {"gbps", r.gbps()},
-          {"iops", r.iops()},         {"lat_p50_us", r.lat_p50_us}, {"lat_p99_us", r.lat_p99_us},
+
+nlohmann::json RowJson(const CaseResult& r) {
+  nlohmann::json pct = nlohmann::json::object();
+  for (size_t i = 0; i < r.lat.pct.size(); ++i) {
+    char key[16];
+    std::snprintf(key, sizeof key, "p%g", kPercentiles[i]);
+    pct[key] = r.lat.pct[i];
+  }
+  return {{"mode", IoModeName(r.mode)},
+          {"block_bytes", r.block},
+          {"queue_depth", r.qd},
+          {"jobs", r.jobs},
+          {"bytes", r.bytes},
+          {"bytes_read", r.bytes_read},
+          {"bytes_written", r.bytes - r.bytes_read},
+          {"requests", r.requests},
+          {"seconds", r.seconds},
+          {"MBps", r.mbps()},
+          {"MiBps", r.mibps()},
+          {"iops", r.iops()},
+          {"lat_us",
+           {{"mean", r.lat.mean},
+            {"stdev", r.lat.stdev},
+            {"min", r.lat.min},
+            {"max", r.lat.max},
+            {"percentiles", pct}}},
+          {"cpu_usr_pct", r.usr_pct()},
+          {"cpu_sys_pct", r.sys_pct()},
           {"wrong", r.wrong}};
+}
+
+// The sweep's settings and, per setting, the bandwidth of each round (bytes over time
+// across the swept modes, as a swap that reads and writes).
+struct Setting {
+  uint64_t block;
+  uint32_t qd;
+  std::vector<double> mbps;  // one per round
+  double Median() const {
+    std::vector<double> v = mbps;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+  }
+  double Min() const { return mbps.empty() ? 0 : *std::min_element(mbps.begin(), mbps.end()); }
+  double Max() const { return mbps.empty() ? 0 : *std::max_element(mbps.begin(), mbps.end()); }
+};
+
+size_t Best(const std::vector<Setting>& s) {
+  size_t best = 0;
+  for (size_t i = 1; i < s.size(); ++i) {
+    if (s[i].Median() > s[best].Median()) best = i;
+  }
+  return best;
+}
+
+struct SweepOutcome {
+  std::vector<Setting> settings;
+  std::vector<CaseResult> rows;  // the last round's cases
+  int rounds = 0;
+  bool stable = false;
+};
+
+// A warm-up round (unmeasured passes), then measured rounds of one pass per case until the
+// best setting by median has been the same after three rounds in a row.
+Result<SweepOutcome> Sweep(JobSet& jobs, const Flags& f, const std::vector<IoMode>& modes,
+                           FILE* out) {
+  SweepOutcome s;
+  for (uint64_t b : {64ull << 10, 256ull << 10, 1ull << 20, 4ull << 20}) {
+    for (uint32_t q : {1u, 4u, 16u, 64u}) s.settings.push_back({b, q, {}});
+  }
+  size_t same = 0, last_best = SIZE_MAX;
+  for (int round = 0; round < f.sweep_rounds && !s.stable; ++round) {
+    s.rows.clear();
+    for (Setting& st : s.settings) {
+      double bytes = 0, secs = 0;
+      for (IoMode m : modes) {
+        IoCase c;
+        c.mode = m;
+        c.block = st.block;
+        c.qd = st.qd;
+        c.warmup = round == 0 ? 1 : 0;  // iters 1
+        STRATA_ASSIGN_OR_RETURN(CaseResult r, jobs.Run(c));
+        bytes += double(r.bytes);
+        secs += r.seconds;
+        s.rows.push_back(r);
+      }
+      st.mbps.push_back(secs > 0 ? bytes / secs / 1e6 : 0);
+    }
+    s.rounds = round + 1;
+    const size_t best = Best(s.settings);
+    same = best == last_best ? same + 1 : 1;
+    last_best = best;
+    s.stable = same >= 3;
+    std::fprintf(out, "# sweep round %d: best so far %s qd %u (median %.1f MB/s)\n", s.rounds,
+                 Compact(s.settings[best].block).c_str(), s.settings[best].qd,
+                 s.settings[best].Median());
+  }
+  return s;
+}
+
+nlohmann::json SweepJson(const SweepOutcome& s, const Flags& f, const std::string& backend) {
+  nlohmann::json settings = nlohmann::json::array();
+  for (const Setting& st : s.settings) {
+    settings.push_back({{"block_bytes", st.block},
+                        {"queue_depth", st.qd},
+                        {"median_MBps", st.Median()},
+                        {"min_MBps", st.Min()},
+                        {"max_MBps", st.Max()},
+                        {"MBps_per_round", st.mbps}});
+  }
+  const Setting& b = s.settings[Best(s.settings)];
+  return {{"rounds", s.rounds},
+          {"stable", s.stable},
+          {"settings", settings},
+          {"io",
+           {{"block_bytes", b.block},
+            {"queue_depth", b.qd},
+            {"backend",
+             f.backend == "auto" ? std::string(backend == "posix" ? "posix" : "uring") : f.backend},
+            {"direct", f.direct}}}};
+}
+
+// Prints each setting's spread and the choice, with how far the runner-up is.
+void PrintSweep(FILE* out, const SweepOutcome& s) {
+  std::fprintf(out, "#\n# sweep: %d round(s), %s\n", s.rounds,
+               s.stable ? "the best setting stayed the same for the last 3"
+                        : "NOT stable: the best setting still changed (raise --sweep-rounds or "
+                          "--size)");
+  std::fprintf(out, "# %7s %4s %12s %12s %12s\n", "block", "qd", "median(MB/s)", "min(MB/s)",
+               "max(MB/s)");
+  for (const Setting& st : s.settings) {
+    std::fprintf(out, "# %7s %4u %12.1f %12.1f %12.1f\n", Compact(st.block).c_str(), st.qd,
+                 st.Median(), st.Min(), st.Max());
+  }
+  const size_t best = Best(s.settings);
+  size_t second = best == 0 ? 1 : 0;
+  for (size_t i = 0; i < s.settings.size(); ++i) {
+    if (i != best && s.settings[i].Median() > s.settings[second].Median()) second = i;
+  }
+  const Setting &b = s.settings[best], &r = s.settings[second];
+  std::fprintf(out,
+               "# best: block %s, qd %u: median %.1f MB/s (%.1f..%.1f); runner-up %s qd %u: "
+               "%.1f MB/s%s\n",
+               HumanBytes(b.block).c_str(), b.qd, b.Median(), b.Min(), b.Max(),
+               HumanBytes(r.block).c_str(), r.qd, r.Median(),
+               r.Max() >= b.Min() ? " (within the spread: either is as good)" : "");
+}
+
+Status CheckFlags(const Flags& f, uint64_t block) {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
+  if (f.paths.empty()) {
+    return bad(
+        "give at least one --path: a folder on the drive to measure (repeat --path to stripe "
+        "over several drives)");
+  }
+  if (block == 0) return bad("--block 0 is invalid; use e.g. 1M");
+  if (f.direct && block % kIoAlignment != 0) {
+    return bad("--block " + std::to_string(block) +
+               " bytes is not a multiple of 4096, which O_DIRECT needs; use a multiple of 4K "
+               "(e.g. 1M) or pass --no-direct");
+  }
+  if (block % 4096 != 0) {
+    return bad("--block " + std::to_string(block) +
+               " bytes: the data check works in 4096-byte sectors; use a multiple of 4K");
+  }
+  if (f.qd == 0) {
+    return bad(
+        "--qd 0 is invalid: the queue depth is how many requests are in flight; use 1 or more "
+        "(32 suits NVMe)");
+  }
+  if (f.iters < 1) return bad("--iters must be at least 1");
+  if (f.warmup < 0) return bad("--warmup must be 0 or more");
+  if (f.numjobs < 1) return bad("--numjobs must be at least 1");
+  if (f.rwmixread < 0 || f.rwmixread > 100) return bad("--rwmixread is a percentage: 0..100");
+  if (!(f.runtime >= 0)) return bad("--runtime must be 0 (off) or a number of seconds");
+  if (f.sweep_rounds < 1) return bad("--sweep-rounds must be at least 1");
+  if (!f.io_config.empty() && !f.sweep) {
+    return bad("--io-config FILE is written by --sweep; add --sweep");
+  }
+  return Status::OK();
 }
 
 int RunBenchIo(const Flags& flags) {
@@ -534,99 +418,96 @@ int RunBenchIo(const Flags& flags) {
     std::fprintf(stderr, "strata bench io: error: %s\n", s.ToString().c_str());
     return 1;
   };
-  std::vector<Mode> modes;
+  // With --json -, standard output carries only the JSON; the table goes to standard error.
+  FILE* const out = flags.json == "-" ? stderr : stdout;
+  std::vector<IoMode> modes;
   for (const std::string& m :
        flags.modes.empty() ? std::vector<std::string>{"write", "read"} : flags.modes) {
-    if (m == "read")
-      modes.push_back(Mode::kRead);
-    else if (m == "write")
-      modes.push_back(Mode::kWrite);
-    else if (m == "randread")
-      modes.push_back(Mode::kRandRead);
-    else if (m == "randwrite")
-      modes.push_back(Mode::kRandWrite);
-    else {
-      return fail(Status::InvalidArgument("--mode " + m +
-                                          " is not a mode; use read, write, randread or "
-                                          "randwrite"));
-    }
+    Result<IoMode> mode = ParseIoMode(m);
+    if (!mode.ok()) return fail(mode.status());
+    modes.push_back(*mode);
   }
-  if (flags.iters < 1) return fail(Status::InvalidArgument("--iters must be at least 1"));
-  if (flags.warmup < 0) return fail(Status::InvalidArgument("--warmup must be 0 or more"));
   Result<uint64_t> block = ParseBytes("--block", flags.block);
   if (!block.ok()) return fail(block.status());
+  Result<uint64_t> size = ParseBytes("--size", flags.size);
+  if (!size.ok()) return fail(size.status());
+  if (Status s = CheckFlags(flags, *block); !s.ok()) return fail(s);
+  Result<IoBackendKind> kind = ParseIoBackendKind(flags.backend);
+  if (!kind.ok()) return fail(kind.status());
 
-  std::vector<uint64_t> blocks = {*block};
-  std::vector<uint32_t> qds = {flags.qd};
-  Flags f = flags;
+  uint64_t bytes = *size, max_block = *block;
+  uint32_t max_qd = flags.qd;
   if (flags.sweep) {
-    blocks = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
-    qds = {1, 4, 16, 64};
-    // Seconds, not minutes: a small file and one measured pass per case.
-    Result<uint64_t> size = ParseBytes("--size", flags.size);
-    if (!size.ok()) return fail(size.status());
-    if (*size > (256ull << 20)) f.size = "256M";
-    f.iters = 1;
-    f.warmup = 0;
+    max_block = 4 << 20;
+    max_qd = 64;
+    bytes = std::min<uint64_t>(bytes, 256ull << 20);  // seconds per round, not minutes
   }
-  IoBench bench(f);
-  if (Status s = bench.Setup(blocks, qds); !s.ok()) return fail(s);
-  if (!flags.json) {
-    bench.PrintConfig(stdout);
-    PrintHeader();
+  JobSet jobs;
+  if (Status s = jobs.Setup(flags, *kind, bytes, max_block, max_qd); !s.ok()) return fail(s);
+  PrintConfig(out, flags, jobs);
+  nlohmann::json doc = {{"config",
+                         {{"backend", jobs.first().backend_name()},
+                          {"bytes_per_pass", jobs.first().bytes_per_pass()},
+                          {"jobs", flags.numjobs},
+                          {"iters", flags.iters},
+                          {"warmup", flags.warmup},
+                          {"runtime_s", flags.runtime},
+                          {"rwmixread", flags.rwmixread},
+                          {"seed", flags.seed}}}};
+  for (const auto& f : jobs.first().files()) {
+    doc["config"]["files"].push_back({{"file", f.path}, {"direct", f.direct}});
   }
-  nlohmann::json runs = nlohmann::json::array();
-  std::vector<RunResult> results;
-  int rc = 0;
-  for (uint64_t b : blocks) {
-    for (uint32_t q : qds) {
-      for (Mode m : modes) {
-        Result<RunResult> r = bench.Run(m, b, q, f.iters, f.warmup);
-        if (!r.ok()) return fail(r.status());
-        if (r->wrong > 0) rc = 1;
-        results.push_back(*r);
-        runs.push_back(RowJson(*r));
-        if (!flags.json) PrintRow(*r);
-      }
-    }
-  }
-  nlohmann::json doc = {{"runs", runs}, {"config", bench.ConfigJson()}};
+  std::vector<CaseResult> rows;
   if (flags.sweep) {
-    // Best setting: the one moving the most data per second across the swept modes
-    // (harmonic combination: total bytes over total time, as a swap that reads and writes).
-    double best = -1;
-    uint64_t best_block = 0;
-    uint32_t best_qd = 0;
-    for (uint64_t b : blocks) {
-      for (uint32_t q : qds) {
-        double bytes = 0, secs = 0;
-        for (const RunResult& r : results) {
-          if (r.block == b && r.qd == q) bytes += double(r.bytes), secs += r.seconds;
-        }
-        const double bw = secs > 0 ? bytes / secs : 0;
-        if (bw > best) best = bw, best_block = b, best_qd = q;
+    Result<SweepOutcome> s = Sweep(jobs, flags, modes, out);
+    if (!s.ok()) return fail(s.status());
+    rows = s->rows;
+    doc["sweep"] = SweepJson(*s, flags, jobs.first().backend_name());
+    PrintHeader(out);
+    for (const CaseResult& r : rows) PrintRow(out, r);
+    PrintSweep(out, *s);
+    if (!flags.io_config.empty()) {
+      const nlohmann::json cfg = {{"io", doc["sweep"]["io"]},
+                                  {"measured",
+                                   {{"rounds", s->rounds},
+                                    {"stable", s->stable},
+                                    {"median_MBps", s->settings[Best(s->settings)].Median()},
+                                    {"paths", flags.paths}}}};
+      if (Status st = WriteOutput("--io-config", flags.io_config, cfg.dump(2) + "\n"); !st.ok()) {
+        return fail(st);
       }
+      std::fprintf(out, "# wrote the best setting to %s\n", flags.io_config.c_str());
     }
-    nlohmann::json io = {
-        {"io",
-         {{"block_bytes", best_block},
-          {"queue_depth", best_qd},
-          {"backend", flags.backend == "auto"
-                          ? std::string(bench.backend_name() == "posix" ? "posix" : "uring")
-                          : flags.backend},
-          {"direct", flags.direct}}}};
-    doc["best"] = io;
-    if (!flags.json) {
-      std::string swept;
-      for (Mode m : modes) swept += std::string(swept.empty() ? "" : "+") + ModeName(m);
-      std::printf("# best: block %" PRIu64 " B, qd %u: %.3f GB/s over %s (bytes / time)\n",
-                  best_block, best_qd, best / 1e9, swept.c_str());
-      std::printf("%s\n", io.dump().c_str());
+  } else {
+    PrintHeader(out);
+    for (IoMode m : modes) {
+      IoCase c;
+      c.mode = m;
+      c.block = *block;
+      c.qd = flags.qd;
+      c.iters = flags.iters;
+      c.warmup = flags.warmup;
+      c.runtime_s = flags.runtime;
+      Result<CaseResult> r = jobs.Run(c);
+      if (!r.ok()) return fail(r.status());
+      rows.push_back(*r);
+      PrintRow(out, *r);
     }
   }
-  if (flags.json) std::printf("%s\n", doc.dump(2).c_str());
-  if (rc != 0) std::fprintf(stderr, "strata bench io: error: data check failed (#wrong > 0)\n");
-  return rc;
+  PrintPercentiles(out, rows);
+  uint64_t wrong = 0;
+  for (const CaseResult& r : rows) {
+    doc["runs"].push_back(RowJson(r));
+    wrong += r.wrong;
+  }
+  if (!flags.json.empty()) {
+    if (Status s = WriteOutput("--json", flags.json, doc.dump(2) + "\n"); !s.ok()) return fail(s);
+  }
+  if (wrong > 0) {
+    std::fprintf(stderr, "strata bench io: error: data check failed (#wrong > 0)\n");
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -634,35 +515,59 @@ int RunBenchIo(const Flags& flags) {
 void AddBenchIo(CLI::App& bench, int* exit_code) {
   auto flags = std::make_shared<Flags>();
   CLI::App* io = bench.add_subcommand(
-      "io", "Bandwidth, IOPS and latency of the NVMe swap path (io_uring or pread/pwrite)");
+      "io",
+      "Bandwidth, IOPS, latency and CPU cost of the NVMe swap path (io_uring or "
+      "pread/pwrite)");
   io->add_option("-p,--path", flags->paths,
                  "folder on a drive to measure; repeat for several drives (files are striped "
                  "over them block by block)");
   io->add_option("-s,--size", flags->size,
-                 "bytes per pass over all paths, with K/M/G/T suffix (binary)")
+                 "bytes per pass and job over all paths, with K/M/G/T suffix (binary)")
       ->capture_default_str();
   io->add_option("-b,--block", flags->block,
                  "bytes per request (multiple of 4K with O_DIRECT), with K/M/G suffix")
       ->capture_default_str();
-  io->add_option("-q,--qd", flags->qd, "queue depth: requests in flight")->capture_default_str();
+  io->add_option("-q,--qd", flags->qd, "queue depth: requests in flight per job")
+      ->capture_default_str();
   io->add_option("-m,--mode", flags->modes,
-                 "read, write, randread or randwrite; repeat for several (default: write read)");
+                 "read, write, randread, randwrite, rw or randrw (mixed by --rwmixread); "
+                 "repeat for several (default: write read)");
+  io->add_option("--rwmixread", flags->rwmixread, "percent of reads in rw and randrw")
+      ->capture_default_str();
+  io->add_option("--numjobs", flags->numjobs,
+                 "jobs side by side, each with its own files, thread and queue")
+      ->capture_default_str();
   io->add_option("--backend", flags->backend,
                  "I/O backend: auto (io_uring, else pread/pwrite), uring or posix")
       ->capture_default_str();
   io->add_flag("--direct,!--no-direct", flags->direct,
-               "O_DIRECT (default); --no-direct uses the page cache, dropped before reads");
-  io->add_flag("--sqpoll", flags->sqpoll, "io_uring kernel submission-queue polling thread");
+               "O_DIRECT; --no-direct uses the page cache, dropped before reads")
+      ->capture_default_str();
+  io->add_flag("--sqpoll", flags->sqpoll, "io_uring kernel submission-queue polling thread")
+      ->capture_default_str();
   io->add_flag("--fixed-buffers,!--no-fixed-buffers", flags->fixed_buffers,
-               "register the I/O buffers with io_uring (default on)");
+               "register the I/O buffers with io_uring")
+      ->capture_default_str();
   io->add_option("-i,--iters", flags->iters, "measured passes per case")->capture_default_str();
   io->add_option("-w,--warmup", flags->warmup, "unmeasured passes before them")
       ->capture_default_str();
+  io->add_option("--runtime", flags->runtime,
+                 "seconds: measure whole passes until this much time has passed, instead of "
+                 "--iters (0: off)")
+      ->capture_default_str();
   io->add_flag("--sweep", flags->sweep,
-               "try block sizes 64K..4M x queue depths 1..64 on a small file (seconds) and "
-               "print the best setting as the engine's JSON");
+               "try block sizes 64K..4M x queue depths 1..64 on at most 256M, in rounds after a "
+               "warm-up, until the best setting is stable; print the spread")
+      ->capture_default_str();
+  io->add_option("--sweep-rounds", flags->sweep_rounds, "most measured rounds of --sweep")
+      ->capture_default_str();
+  io->add_option("--io-config", flags->io_config,
+                 "with --sweep: write the best setting (block, queue depth, backend, direct) "
+                 "as JSON to FILE");
   io->add_option("--seed", flags->seed, "seed of the data pattern")->capture_default_str();
-  io->add_flag("--json", flags->json, "print one JSON object instead of the table");
+  io->add_option("--json", flags->json,
+                 "write the configuration and every case as JSON to FILE (-: standard output; "
+                 "the table then goes to standard error)");
   io->callback([flags, exit_code] { *exit_code = RunBenchIo(*flags); });
 }
 

@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 #include <utility>
 
@@ -50,6 +52,24 @@ Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text) {
   // Written so that NaN fails too; 9e18 stays below 2^63, where the conversion is exact.
   if (!(v >= 0 && v * mult <= 9.0e18)) return fail();
   return static_cast<uint64_t>(v * mult + 0.5);
+}
+
+Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return Status::OK();
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) {
+    return Status::IOError(std::string(flag) + " " + path +
+                           ": cannot write the file; check that its folder exists and is "
+                           "writable")
+        .WithPath(path);
+  }
+  return Status::OK();
 }
 
 }  // namespace strata::cli

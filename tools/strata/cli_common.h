@@ -27,4 +27,8 @@ namespace strata::cli {
 // negative, malformed or out-of-range (over 9e18 bytes) value, or an unknown suffix.
 Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text);
 
+// Writes `text` to the file a --json-style flag names, or to standard output when `path`
+// is "-". Errors: IOError naming `flag` and the path when the file cannot be written.
+Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text);
+
 }  // namespace strata::cli

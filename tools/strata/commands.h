@@ -5,6 +5,10 @@
 
 #include <CLI/CLI.hpp>
 
+namespace strata::model {
+struct SamplingOptions;
+}
+
 namespace strata::cli {
 
 // (subcommands are declared here, one line each)
@@ -15,5 +19,10 @@ void AddBenchIo(CLI::App& bench, int* exit_code);     // strata bench io
 void AddLaunch(CLI::App& app, int* exit_code);        // strata launch -n N -- COMMAND...
 void AddBenchAdam(CLI::App& bench, int* exit_code);   // strata bench adam
 void AddBenchStep(CLI::App& bench, int* exit_code);   // strata bench step
+void AddEval(CLI::App& app, int* exit_code);          // strata eval
+
+// --temperature, --top-k and --top-p on `sub` (generate, train --sample), stored in *s, which
+// must outlive the parse; ranges are checked by CLI11 as the flags are read.
+void AddSamplingFlags(CLI::App& sub, model::SamplingOptions* s);
 
 }  // namespace strata::cli

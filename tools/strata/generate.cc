@@ -4,17 +4,17 @@
 #include <string>
 
 #include "model/gpt2.h"
-#include "model/safetensors.h"
+#include "model/tokenizer.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/model_file.h"
 
 namespace strata::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string init, prompt = "The ";
+  std::string init, tokenizer, prompt = "The ";
   int tokens = 100;
-  double temperature = 0;
-  uint64_t seed = 1;
+  model::SamplingOptions sampling;
   int heads = 0;
 };
 
@@ -23,43 +23,38 @@ int RunGenerate(const GenerateArgs& a) {
     std::fprintf(stderr, "strata generate: %s\n", s.ToString().c_str());
     return 1;
   };
-  auto r = model::SafetensorsReader::Open(a.init);
-  if (!r.ok()) return fail(r.status());
-  int heads = a.heads;
-  if (heads == 0) {
-    const model::TensorEntry* wte =
-        r->Find("wte.weight") ? r->Find("wte.weight") : r->Find("transformer.wte.weight");
-    heads = (wte && wte->shape.size() == 2 && wte->shape[1] % 64 == 0)
-                ? static_cast<int>(wte->shape[1] / 64)
-                : 1;
-  }
-  auto cfg = model::ConfigFromSafetensors(*r, heads);
-  if (!cfg.ok()) return fail(cfg.status());
-  const auto specs = model::Gpt2BlockSpecs(*cfg);
-  model::HostWeights w;
-  w.layouts = model::PlainLayout(specs, 1);
-  for (size_t b = 0; b < specs.size(); ++b) {
-    w.blocks.emplace_back(w.layouts[b].padded_numel);
-    for (size_t t = 0; t < specs[b].tensors.size(); ++t) {
-      const TensorLayout& tl = w.layouts[b].tensors[t];
-      Status s = model::LoadTensor(*r, specs, b, t,
-                                   std::span<float>(w.blocks[b].data() + tl.offset, tl.numel));
-      if (!s.ok()) return fail(s);
-    }
-  }
-  if (cfg->vocab < 256) {
-    return fail(Status::InvalidArgument("the model's vocabulary (" + std::to_string(cfg->vocab) +
-                                        ") is not byte-level; --prompt needs vocab >= 256"));
-  }
+  if (Status s = a.sampling.Validate(); !s.ok()) return fail(s);
+  auto file = LoadModelFile(a.init, a.heads);
+  if (!file.ok()) return fail(file.status());
+  const model::Gpt2Config& cfg = file->config;
   std::vector<int32_t> prompt;
-  for (unsigned char c : a.prompt) prompt.push_back(c);
-  const auto out = model::Generate(*cfg, w, prompt, a.tokens, a.temperature, a.seed);
   std::string text;
-  for (int32_t t : out) {
-    if (t < 256) {
-      text.push_back(static_cast<char>(t));
-    } else {
-      text += "<" + std::to_string(t) + ">";
+  if (!a.tokenizer.empty()) {
+    auto tok = model::Tokenizer::Load(a.tokenizer);
+    if (!tok.ok()) return fail(tok.status());
+    if (tok->vocab_size() > cfg.vocab) {
+      return fail(Status::InvalidArgument(
+          "--tokenizer " + a.tokenizer + " has " + std::to_string(tok->vocab_size()) +
+          " tokens but the model in --init " + a.init + " only " + std::to_string(cfg.vocab) +
+          "; give the tokenizer the model was trained with"));
+    }
+    auto ids = tok->Encode(a.prompt);
+    if (!ids.ok()) return fail(ids.status());
+    prompt = std::move(ids).value();
+    text = tok->Decode(model::Generate(cfg, file->weights, prompt, a.tokens, a.sampling));
+  } else {
+    if (cfg.vocab < 256) {
+      return fail(Status::InvalidArgument(
+          "the model's vocabulary (" + std::to_string(cfg.vocab) +
+          ") is not byte-level; --prompt needs vocab >= 256 (or a --tokenizer)"));
+    }
+    for (unsigned char c : a.prompt) prompt.push_back(c);
+    for (int32_t t : model::Generate(cfg, file->weights, prompt, a.tokens, a.sampling)) {
+      if (t < 256) {
+        text.push_back(static_cast<char>(t));
+      } else {
+        text += "<" + std::to_string(t) + ">";
+      }
     }
   }
   std::printf("%s\n", text.c_str());
@@ -68,17 +63,34 @@ int RunGenerate(const GenerateArgs& a) {
 
 }  // namespace
 
+void AddSamplingFlags(CLI::App& sub, model::SamplingOptions* s) {
+  sub.add_option("--temperature", s->temperature,
+                 "0: greedy (the most probable token); > 0: sample from softmax(logits / "
+                 "temperature)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub.add_option("--top-k", s->top_k,
+                 "Sample only among the k most probable tokens (0: all; 1: greedy)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub.add_option("--top-p", s->top_p,
+                 "Sample only among the most probable tokens whose probabilities add up to this "
+                 "(nucleus sampling; 1: all)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+}
+
 void AddGenerate(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<GenerateArgs>();
-  CLI::App* sub =
-      app.add_subcommand("generate", "Print text continued by a GPT-2 model (byte-level tokens)");
+  CLI::App* sub = app.add_subcommand("generate", "Print text continued by a GPT-2 model");
   sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file")->required();
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "Hugging Face tokenizer.json (GPT-2 byte-level BPE) for the prompt and the "
+                  "output (default: bytes are tokens)");
   sub->add_option("--prompt", a->prompt, "Text to continue")->capture_default_str();
   sub->add_option("--tokens", a->tokens, "Tokens to generate")->capture_default_str();
-  sub->add_option("--temperature", a->temperature,
-                  "0: greedy; > 0: sample from softmax(logits / temperature)")
-      ->capture_default_str();
-  sub->add_option("--seed", a->seed, "Seed of the sampling")->capture_default_str();
+  AddSamplingFlags(*sub, &a->sampling);
+  sub->add_option("--seed", a->sampling.seed, "Seed of the sampling")->capture_default_str();
   sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
   sub->callback([a, exit_code] { *exit_code = RunGenerate(*a); });
 }

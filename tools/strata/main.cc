@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   strata::cli::AddBenchStep(*bench, &exit_code);
   strata::cli::AddTrain(app, &exit_code);
   strata::cli::AddGenerate(app, &exit_code);
+  strata::cli::AddEval(app, &exit_code);
   strata::cli::AddBenchModel(*bench, &exit_code);
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
       ->callback([] {

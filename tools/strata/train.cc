@@ -50,6 +50,7 @@ struct TrainArgs {
   RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ...
   std::string json;
   int sample = 0;
+  model::SamplingOptions sampling;  // of --sample; its seed is --seed
   bool recompute = false;
   bool durable = trainer::RunConfig{}.durable;
   CLI::Option* heads_opt = nullptr;
@@ -224,7 +225,9 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
     const std::string prompt = "The ";
     std::vector<int32_t> p(prompt.begin(), prompt.end());
     if (cfg.vocab < 256) p = {0};
-    const auto out = model::Generate(cfg, w, p, a.sample, 0.0, a.seed);
+    model::SamplingOptions sampling = a.sampling;
+    sampling.seed = a.seed;
+    const auto out = model::Generate(cfg, w, p, a.sample, sampling);
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
   if (!a.json.empty() && lead) {
@@ -364,6 +367,7 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
+  AddSamplingFlags(*sub, &a->sampling);
   sub->callback([a, sub, config, exit_code] {
     if (!config->empty()) {
       std::vector<CLI::ConfigItem> items;
