@@ -424,4 +424,11 @@ Status ConvertFromFloat(const float* src, void* dst, FloatFormat dst_format, siz
   return Status::OK();
 }
 
+Status AdamTrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
+  return cpu_optim::TrafficStep(slice, options);
+}
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out) {
+  return cpu_optim::AdamBytesPerParam(grad_format, param_out);
+}
+
 }  // namespace strata

@@ -158,4 +158,12 @@ float Bf16ToFloat(uint16_t bits);
 uint16_t FloatToFp16(float value);
 float Fp16ToFloat(uint16_t bits);
 
+// For benchmarks (`strata bench adam`): the memory-traffic bound of AdamStep. AdamTrafficStep
+// makes exactly AdamStep's loads and stores over `slice` (one fma per element, no Adam math),
+// with its argument checks and threading, and leaves the values as they were (param_out gets
+// truncated bits). AdamBytesPerParam: the DRAM bytes one AdamStep moves per parameter with these
+// formats (each array read once, the fp32 ones written once, the copy written once).
+[[nodiscard]] Status AdamTrafficStep(const AdamSlice& slice, const CpuKernelOptions& options = {});
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out);
+
 }  // namespace strata

@@ -1,7 +1,7 @@
 // `strata bench adam`: throughput of the CPU AdamW kernel against its memory-bandwidth
 // bound, and (--mode step) one whole fused optimizer step against the four-pass sequence.
 //
-// Bound: cpu_optim::TrafficStep, a kernel with exactly AdamStep's loads and stores (same
+// Bound: AdamTrafficStep (strata/optim.h), a kernel with exactly AdamStep's loads and stores (same
 // arrays, widths, order and threading) whose arithmetic is one fma per stream that adds 0,
 // timed alternately with AdamStep on the same buffers in the same run, so a shared,
 // noisy machine slows both alike. ratio = median of paired (bound time / kernel time) (1.0 = at the
@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "cpu_optim/kernels.h"
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/commands.h"
@@ -261,7 +260,7 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
     ++t;
     double a = 0, b = 0;
     auto kernel = [&] { return TimeIt([&] { return AdamStep(slice, Hyper(t), scale, opt); }); };
-    auto bound = [&] { return TimeIt([&] { return cpu_optim::TrafficStep(slice, opt); }); };
+    auto bound = [&] { return TimeIt([&] { return AdamTrafficStep(slice, opt); }); };
     if (k % 2 == 0) {  // alternate the order: neither side always runs after the other
       STRATA_ASSIGN_OR_RETURN(a, kernel());
       STRATA_ASSIGN_OR_RETURN(b, bound());
@@ -287,7 +286,7 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
                  Median(kt),
                  Median(bt),
                  Median(ratios),
-                 cpu_optim::AdamBytesPerParam(gf, o),
+                 AdamBytesPerParam(gf, o),
                  sample.Wrong(s, o != ParamOut::kNone)};
   return Status::OK();
 }
@@ -359,8 +358,8 @@ Status RunStepCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, int threads,
                  Median(ft),
                  Median(pt),
                  Median(ratios),
-                 g + cpu_optim::AdamBytesPerParam(gf, ParamOut::kBf16),
-                 g + 2 * g + cpu_optim::AdamBytesPerParam(gf, ParamOut::kNone) + 4 + 2,
+                 g + AdamBytesPerParam(gf, ParamOut::kBf16),
+                 g + 2 * g + AdamBytesPerParam(gf, ParamOut::kNone) + 4 + 2,
                  sample.Wrong(s, true) + non_finite};
   return Status::OK();
 }
@@ -427,7 +426,7 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
   if (!step_mode) {
     std::fprintf(
         out,
-        "# bound: same loads/stores as the kernel (cpu_optim::TrafficStep), one fma per "
+        "# bound: same loads/stores as the kernel (AdamTrafficStep), one fma per "
         "stream; timed alternately with it; ratio = median of paired (bound time / kernel time)\n");
     std::fprintf(out,
                  "# #wrong: sampled elements differing (bitwise) from a scalar-kernel replay\n");
