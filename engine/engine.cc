@@ -1,6 +1,6 @@
 // The engine's executors: they run the plans of engine/plan.h against the real tiers.
 //
-// Threads (DESIGN.md "Concurrency"):
+// Threads (docs/design.md "One step, and who owns what"):
 //  - the model's thread calls the step API (Acquire/Release/GradBuffer/SubmitGrads);
 //  - the I/O thread owns the SwapStore (one IoBackend ring, one submitting thread): it runs
 //    the host plan's operations in order (evict, load = NVMe read, allocate) and submits

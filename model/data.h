@@ -6,7 +6,7 @@
 // tokens), or the built-in corpus: English-like sentences from a small grammar, generated
 // deterministically from a seed (no download).
 //
-// Batches (DESIGN.md): batch i (counting micro-batches from 0), row r starts at
+// Batches: batch i (counting micro-batches from 0), row r starts at
 // o = ((i*B + r) * T) mod (N - T - 1) within the stream's training range; inputs are
 // tokens [o, o+T), targets [o+1, o+T+1). The last `val_fraction` of the stream is held out
 // for validation and never appears in a training batch.

@@ -1,4 +1,4 @@
-// GPT-2: the reference workload `strata train` runs (DESIGN.md "model/"), written against the
+// GPT-2: the reference workload `strata train` runs (docs/design.md "Modules"), written against the
 // public API only.
 //
 // The model is an ordered list of engine blocks:

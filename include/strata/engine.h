@@ -5,7 +5,7 @@
 // of every block as soon as that block's gradient is final, overlapped with the rest of
 // backward.
 //
-// Data model (DESIGN.md "Data model"): a model is an ordered list of blocks (a transformer
+// Data model (docs/design.md "Data model"): a model is an ordered list of blocks (a transformer
 // layer, the embeddings, ...), each a list of named tensors. A block's tensors are flattened
 // into one flat buffer, each tensor starting at a multiple of `tensor_alignment` elements,
 // and the flat buffer is padded so it splits into `world_size` equal shards (rank r owns
@@ -18,7 +18,7 @@
 // each component's home in host memory or on NVMe (Placement() says which and why);
 // cached copies live in faster tiers while they are in use.
 //
-// One training step (DESIGN.md "One step"), as the model drives it:
+// One training step (docs/design.md "One step, and who owns what"), as the model drives it:
 //
 //   engine->BeginStep({.lr = lr});
 //   for each micro-batch:
