@@ -420,7 +420,10 @@ Status EngineImpl::Init() {
       STRATA_ASSIGN_OR_RETURN(backend, CreateIoBackend(opt_.io));
       STRATA_ASSIGN_OR_RETURN(backend, opt_.wrap_backend(std::move(backend)));
     }
-    if (opt_.resume) sopt.capacity_bytes = 0;  // keep the stored size
+    if (opt_.resume) {
+      sopt.max_capacity_bytes = sopt.capacity_bytes;  // a manifest may not ask for more
+      sopt.capacity_bytes = 0;                        // keep the stored size
+    }
     auto store = SwapStore::Open(sopt, std::move(backend));
     if (!store.ok()) {
       Status s = store.status();

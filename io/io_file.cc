@@ -17,12 +17,42 @@
 namespace strata::io_internal {
 namespace {
 
-int OpenRetryingEintr(const std::string& path, int flags) {
+int OpenRetryingEintr(const std::string& path, int flags, const OpenOptions& options) {
+  const int dir = options.dir_fd >= 0 ? options.dir_fd : AT_FDCWD;
   int fd;
   do {
-    fd = ::open(path.c_str(), flags, 0644);
+    fd = ::openat(dir, path.c_str(), flags, static_cast<mode_t>(options.mode));
   } while (fd < 0 && errno == EINTR);
   return fd;
+}
+
+// The path messages show: a name relative to OpenOptions::dir_fd gets the folder's path.
+std::string DisplayPath(const std::string& path, const OpenOptions& options) {
+  if (options.dir_fd < 0 || path.empty() || path[0] == '/') return path;
+  char buf[4096];
+  const std::string link = "/proc/self/fd/" + std::to_string(options.dir_fd);
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf));
+  if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf)) return path;
+  std::string folder(buf, static_cast<size_t>(n));
+  return folder.back() == '/' ? folder + path : folder + "/" + path;
+}
+
+// With OpenOptions::no_follow: the open file must be a regular file with one link.
+Status CheckPlainFile(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat " + path).WithPath(path);
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument("refusing " + path +
+                                   ": it is not a regular file; remove it or pick another folder")
+        .WithPath(path);
+  }
+  if (st.st_nlink > 1) {
+    return Status::InvalidArgument("refusing " + path + ": it has " + std::to_string(st.st_nlink) +
+                                   " hard links, so writing it would change a file elsewhere; "
+                                   "remove it or pick another folder")
+        .WithPath(path);
+  }
+  return Status::OK();
 }
 
 // Why a file system should not be used with O_DIRECT, or nullptr when it can be.
@@ -63,6 +93,14 @@ Status OpenError(int err, const std::string& path, const OpenOptions& options) {
     case EISDIR:
       what = "cannot open " + path + ": it is a folder, not a file";
       break;
+    case ELOOP:
+      what = "refusing " + path +
+             ": it is a symbolic link, which could lead outside its folder; remove it or pick "
+             "another folder";
+      break;
+    case EEXIST:
+      what = "cannot create " + path + ": a file of that name already exists";
+      break;
     default:
       what = "cannot open " + path;
   }
@@ -76,34 +114,46 @@ Result<FileEntry> OpenFileEntry(const std::string& path, const OpenOptions& opti
   if (path.empty()) return Status::InvalidArgument("cannot open a file with an empty path");
   int flags = O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
   if (options.create && !options.read_only) flags |= O_CREAT;
+  if (options.create && !options.read_only && options.exclusive) flags |= O_EXCL;
+  // O_NONBLOCK: opening a FIFO planted under the name must not hang; regular files ignore it.
+  if (options.no_follow) flags |= O_NOFOLLOW | O_NONBLOCK;
   const bool want_direct = allow_direct && options.direct;
 
   FileEntry entry;
-  entry.path = path;
+  entry.path = DisplayPath(path, options);
   entry.read_only = options.read_only;
-  int fd = OpenRetryingEintr(path, flags | (want_direct ? O_DIRECT : 0));
+  int fd = OpenRetryingEintr(path, flags | (want_direct ? O_DIRECT : 0), options);
   std::string fallback_reason;
   if (fd < 0 && want_direct && errno == EINVAL) {
     // The file system refuses O_DIRECT at open (older tmpfs, some FUSE and network mounts).
-    fd = OpenRetryingEintr(path, flags);
+    fd = OpenRetryingEintr(path, flags, options);
     if (fd >= 0) fallback_reason = "its file system does not support O_DIRECT";
   }
-  if (fd < 0) return OpenError(errno, path, options);
+  if (fd < 0) return OpenError(errno, entry.path, options);
   struct stat st;
   if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     ::close(fd);
-    return OpenError(EISDIR, path, options);
+    return OpenError(EISDIR, entry.path, options);
+  }
+  if (options.no_follow) {
+    Status plain = CheckPlainFile(fd, entry.path);
+    if (!plain.ok()) {
+      ::close(fd);
+      return plain;
+    }
+    // O_NONBLOCK was for the open only: io_uring would hand -EAGAIN back for such a file.
+    (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   }
   entry.fd = fd;
   entry.direct = want_direct && fallback_reason.empty();
   if (entry.direct) {
     if (const char* fs = InMemoryFileSystem(fd)) {
       // Re-open without O_DIRECT so the file's flags match what IsDirect() reports.
-      int buffered = OpenRetryingEintr(path, flags & ~O_CREAT);
+      int buffered = OpenRetryingEintr(path, flags & ~(O_CREAT | O_EXCL | O_NONBLOCK), options);
       if (buffered < 0) {
         int err = errno;
         ::close(fd);
-        return OpenError(err, path, options);
+        return OpenError(err, entry.path, options);
       }
       ::close(fd);
       entry.fd = buffered;
@@ -116,13 +166,13 @@ Result<FileEntry> OpenFileEntry(const std::string& path, const OpenOptions& opti
     // often through several backends, and one line says all there is to say.
     static std::mutex mu;
     static std::set<std::string> warned_folders;
-    const std::string folder = std::filesystem::path(path).parent_path().string();
+    const std::string folder = std::filesystem::path(entry.path).parent_path().string();
     bool first;
     {
       std::lock_guard<std::mutex> lock(mu);
       first = warned_folders.insert(folder).second;
     }
-    std::string msg = "path " + path + ": " + fallback_reason +
+    std::string msg = "path " + entry.path + ": " + fallback_reason +
                       "; O_DIRECT is not used there, using buffered I/O";
     if (first) {
       LogWarning(msg);

@@ -52,6 +52,7 @@ namespace {
 constexpr uint64_t kBlock = kIoAlignment;
 constexpr uint64_t kDefaultStripe = 1 << 20;
 constexpr const char* kManifestName = "strata.manifest";
+constexpr const char* kManifestTmpName = "strata.manifest.tmp";
 constexpr const char* kLockName = "strata.lock";
 
 std::string Hex(uint64_t v) {
@@ -70,11 +71,24 @@ struct AlignedFree {
 };
 using AlignedBlock = std::unique_ptr<char, AlignedFree>;
 
-Result<std::string> ReadWholeFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Reads `name` in the folder `dir_fd` (shown as `path`), refusing a link or non-regular file.
+Result<std::string> ReadWholeFile(int dir_fd, const char* name, const std::string& path) {
+  int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
+    if (err == ELOOP) {
+      return Status::InvalidArgument("refusing " + path +
+                                     ": it is a symbolic link; the store opens only its own "
+                                     "regular files. Remove it")
+          .WithPath(path);
+    }
     return Status::FromErrno(err, "opening " + path).WithPath(path);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return Status::InvalidArgument("refusing " + path + ": it is not a regular file; remove it")
+        .WithPath(path);
   }
   std::string out;
   char buf[1 << 16];
@@ -147,7 +161,10 @@ struct SwapStore::Op {
 
 struct SwapStore::PathState {
   std::string folder;
-  std::string file;
+  std::string file;       // folder + "/" + file_name, for messages
+  std::string file_name;  // opened relative to dir_fd
+  int dir_fd = -1;        // the folder, opened once: every file is opened relative to it
+  int lock_fd = -1;       // the folder's lock file, flock'ed for the store's life
   int handle = -1;
   bool direct = false;
   uint64_t bytes_read = 0;  // guarded by mu_
@@ -201,6 +218,69 @@ Status SwapStore::CheckFolders(bool manifest_exists) {
   return Status::OK();
 }
 
+// Opens each folder once (every file of the store is then opened relative to it, so a
+// folder renamed or replaced later is not followed), refuses a folder given twice, and locks
+// every folder: two stores sharing any folder would overwrite each other's files. The lock
+// file holds the pid of its holder, for the message a second process gets.
+Status SwapStore::OpenFolders() {
+  const size_t n = options_.paths.size();
+  std::map<std::pair<dev_t, ino_t>, std::string> seen;
+  for (size_t i = 0; i < n; ++i) {
+    auto ps = std::make_unique<PathState>();
+    ps->folder = options_.paths[i];
+    ps->file_name = "strata.swap." + std::to_string(i) + "-of-" + std::to_string(n);
+    ps->file = JoinPath(ps->folder, ps->file_name);
+    PathState& p = *ps;
+    paths_.push_back(std::move(ps));
+    p.dir_fd = open(p.folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (p.dir_fd < 0) return Status::FromErrno(errno, "opening swap folder " + p.folder);
+    struct stat st {};
+    if (fstat(p.dir_fd, &st) != 0) return Status::FromErrno(errno, "swap folder " + p.folder);
+    auto [it, fresh] = seen.emplace(std::make_pair(st.st_dev, st.st_ino), p.folder);
+    if (!fresh) {
+      return Status::InvalidArgument("swap folders " + it->second + " and " + p.folder +
+                                     " are the same folder; give each --nvme folder once")
+          .WithPath(p.folder);
+    }
+    const std::string lock_path = JoinPath(p.folder, kLockName);
+    p.lock_fd =
+        openat(p.dir_fd, kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (p.lock_fd < 0) {
+      int err = errno;
+      if (err == ELOOP) {
+        return Status::InvalidArgument("refusing lock file " + lock_path +
+                                       ": it is a symbolic link; remove it")
+            .WithPath(lock_path);
+      }
+      return Status::FromErrno(err, "creating lock file " + lock_path).WithPath(lock_path);
+    }
+    struct stat lst {};
+    if (fstat(p.lock_fd, &lst) != 0 || !S_ISREG(lst.st_mode)) {
+      return Status::InvalidArgument("refusing lock file " + lock_path +
+                                     ": it is not a regular file; remove it")
+          .WithPath(lock_path);
+    }
+    if (flock(p.lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      char buf[64] = {};
+      const ssize_t got = pread(p.lock_fd, buf, sizeof(buf) - 1, 0);
+      std::string holder = got > 0 ? std::string(buf, static_cast<size_t>(got)) : "";
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      return Status::IOError("swap folder " + p.folder + " is in use by another process" +
+                             (holder.empty() ? "" : " (" + holder + ")") + " holding " + lock_path +
+                             "; stop it or use another folder")
+          .WithPath(lock_path)
+          .WithErrno(err);
+    }
+    const std::string me = "pid " + std::to_string(getpid()) + "\n";
+    if (ftruncate(p.lock_fd, 0) != 0 ||
+        pwrite(p.lock_fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+      LogWarning("could not record the pid in lock file " + lock_path);
+    }
+  }
+  return Status::OK();
+}
+
 Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   const size_t n = options_.paths.size();
   if (n == 0) return Status::InvalidArgument("swap store: no swap folder given");
@@ -213,34 +293,22 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   manifest_path_ = JoinPath(folder0, kManifestName);
   STRATA_RETURN_IF_ERROR(CheckFolders(false));
 
-  // One process per store: a second writer would interleave manifests.
-  std::string lock_path = JoinPath(folder0, kLockName);
-  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) {
-    int err = errno;
-    return Status::FromErrno(err, "creating lock file " + lock_path).WithPath(lock_path);
-  }
-  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    return Status::IOError("swap store in " + folder0 + " is in use by another process (lock " +
-                           lock_path + "); stop it or use another folder")
-        .WithPath(lock_path)
-        .WithErrno(err);
-  }
+  STRATA_RETURN_IF_ERROR(OpenFolders());
+  const int dir0 = paths_[0]->dir_fd;
 
   // The manifest, when there is one, fixes the geometry.
   std::optional<Manifest> manifest;
   struct stat mst {};
-  if (stat(manifest_path_.c_str(), &mst) == 0) {
-    STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(manifest_path_));
+  if (fstatat(dir0, kManifestName, &mst, AT_SYMLINK_NOFOLLOW) == 0) {
+    STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(dir0, kManifestName, manifest_path_));
     STRATA_ASSIGN_OR_RETURN(Manifest m, swap_internal::DecodeManifest(bytes, manifest_path_));
     manifest = std::move(m);
   } else if (!options_.create) {
     return Status::NotFound("no swap store in " + folder0 + " (no " + manifest_path_ +
-                            "); open it with create to make one")
+                            "); start a fresh run there (without --resume)")
         .WithPath(manifest_path_);
   }
-  (void)unlink((manifest_path_ + ".tmp").c_str());  // a Commit cut short; never read
+  (void)unlinkat(dir0, kManifestTmpName, 0);  // a Commit cut short; never read
 
   if (manifest) {
     if (manifest->num_paths != n) {
@@ -258,6 +326,17 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     stripe_ = manifest->stripe_bytes;
     capacity_ = options_.capacity_bytes ? RoundUp(options_.capacity_bytes, kBlock)
                                         : manifest->capacity_bytes;
+    if (options_.capacity_bytes == 0 && options_.max_capacity_bytes != 0) {
+      // The stored capacity is only trusted up to what the caller allows, and never below
+      // what the committed extents need.
+      uint64_t committed_end = 0;
+      for (const ManifestEntry& e : manifest->entries) {
+        if (e.offset > capacity_ || RoundUp(e.length, kBlock) > capacity_ - e.offset) continue;
+        committed_end = std::max(committed_end, e.offset + RoundUp(e.length, kBlock));
+      }
+      capacity_ = std::min(capacity_,
+                           std::max(RoundUp(options_.max_capacity_bytes, kBlock), committed_end));
+    }
     for (const ManifestEntry& e : manifest->entries) {
       if (e.offset + RoundUp(e.length, kBlock) > capacity_) {
         return Status::InvalidArgument(
@@ -278,14 +357,6 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   }
   const uint64_t stripes = (capacity_ + stripe_ - 1) / stripe_;
   file_bytes_ = (stripes + n - 1) / n * stripe_;
-
-  for (size_t i = 0; i < n; ++i) {
-    auto ps = std::make_unique<PathState>();
-    ps->folder = options_.paths[i];
-    ps->file =
-        JoinPath(ps->folder, "strata.swap." + std::to_string(i) + "-of-" + std::to_string(n));
-    paths_.push_back(std::move(ps));
-  }
 
   // Existing data files must cover every committed extent ("swap files that come back
   // short" are caught here, not as checksum errors later).
@@ -312,7 +383,15 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     const PathState& ps = *paths_[i];
     struct stat fst {};
     uint64_t have = 0;
-    if (stat(ps.file.c_str(), &fst) == 0) {
+    if (fstatat(ps.dir_fd, ps.file_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (!S_ISREG(fst.st_mode)) {
+        return Status::InvalidArgument(
+                   "refusing swap file " + ps.file + ": it is " +
+                   (S_ISLNK(fst.st_mode) ? "a symbolic link" : "not a regular file") +
+                   "; the store writes only its own regular files. Remove it or use another "
+                   "folder")
+            .WithPath(ps.file);
+      }
       have = static_cast<uint64_t>(fst.st_blocks) * 512;
       if (static_cast<uint64_t>(fst.st_size) < needed_end[i]) {
         return Status::Corruption(
@@ -330,7 +409,7 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     }
     struct stat dst {};
     struct statvfs vfs {};
-    if (stat(ps.folder.c_str(), &dst) != 0 || statvfs(ps.folder.c_str(), &vfs) != 0) {
+    if (fstat(ps.dir_fd, &dst) != 0 || fstatvfs(ps.dir_fd, &vfs) != 0) {
       int err = errno;
       return Status::FromErrno(err, "statvfs " + ps.folder).WithPath(ps.folder);
     }
@@ -365,7 +444,15 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     OpenOptions oo;
     oo.create = true;
     oo.direct = options_.backend.direct;
-    STRATA_ASSIGN_OR_RETURN(ps->handle, backend_->OpenFile(ps->file, oo));
+    oo.dir_fd = ps->dir_fd;
+    oo.no_follow = true;
+    oo.mode = 0600;
+    // A new file is created, never taken over; an existing one must be a plain file.
+    struct stat fst {};
+    oo.exclusive = fstatat(ps->dir_fd, ps->file_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0;
+    auto handle = backend_->OpenFile(ps->file_name, oo);
+    if (!handle.ok()) return handle.status();
+    ps->handle = *handle;
     ps->direct = backend_->IsDirect(ps->handle);
     Status s = backend_->Allocate(ps->handle, file_bytes_);
     if (!s.ok()) {
@@ -429,7 +516,10 @@ SwapStore::~SwapStore() {
     // operations' bounce blocks go away with ops_.
     backend_.reset();
   }
-  if (lock_fd_ >= 0) close(lock_fd_);
+  for (auto& ps : paths_) {
+    if (ps->lock_fd >= 0) close(ps->lock_fd);
+    if (ps->dir_fd >= 0) close(ps->dir_fd);
+  }
 }
 
 void SwapStore::MapRange(uint64_t offset, uint64_t length, std::vector<Chunk>* out) const {
@@ -804,12 +894,15 @@ Status SwapStore::Delete(std::string_view key) {
 
 Status SwapStore::WriteManifest(const Manifest& manifest) {
   const std::string bytes = swap_internal::EncodeManifest(manifest);
+  const int dir0 = paths_[0]->dir_fd;
   const std::string tmp = manifest_path_ + ".tmp";
   auto fail = [&](int err, const std::string& what, const std::string& path) {
-    (void)unlink(tmp.c_str());
+    (void)unlinkat(dir0, kManifestTmpName, 0);
     return Status::FromErrno(err, what + " " + path).WithPath(path);
   };
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  (void)unlinkat(dir0, kManifestTmpName, 0);
+  int fd =
+      openat(dir0, kManifestTmpName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return fail(errno, "creating swap manifest", tmp);
   size_t done = 0;
   while (done < bytes.size()) {
@@ -829,17 +922,11 @@ Status SwapStore::WriteManifest(const Manifest& manifest) {
   }
   close(fd);
   Hook("manifest_temp_written");
-  if (rename(tmp.c_str(), manifest_path_.c_str()) != 0) {
+  if (renameat(dir0, kManifestTmpName, dir0, kManifestName) != 0) {
     return fail(errno, "renaming swap manifest over", manifest_path_);
   }
   Hook("manifest_renamed");
-  const std::string& folder = options_.paths[0];
-  int dfd = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return fail(errno, "opening swap folder", folder);
-  int rc = fsync(dfd);
-  int err = errno;
-  close(dfd);
-  if (rc != 0) return fail(err, "fsync of swap folder", folder);
+  if (fsync(dir0) != 0) return fail(errno, "fsync of swap folder", options_.paths[0]);
   return Status::OK();
 }
 

@@ -3,7 +3,11 @@
 //
 // Layout. The store spans one or more folders (one per NVMe drive). Folder i holds one data
 // file, "strata.swap.<i>-of-<n>", preallocated (fallocate) at Open; folder 0 also holds the
-// manifest "strata.manifest" and a lock file. The files form one logical address space cut
+// manifest "strata.manifest". Every folder holds a lock file "strata.lock" (flock'ed for the
+// store's life, naming the holder's pid): two stores can never share a folder. Every file is
+// opened relative to its folder's descriptor with O_NOFOLLOW; a symbolic link, a
+// non-regular file or a hard-linked file under a store name is refused, new files are
+// created O_EXCL, and store files are created 0600. The files form one logical address space cut
 // into fixed stripes (SwapStoreOptions::stripe_bytes): logical stripe s lives in file
 // s % n at offset (s / n) * stripe. An extent is a 4 KiB-aligned range of that space, so an
 // extent larger than a stripe is spread over the drives and its pieces are in flight
@@ -101,6 +105,10 @@ struct SwapStoreOptions {
   // store is created; 0 on re-open keeps the stored capacity; another value resizes the
   // files (refused if a committed extent would fall outside).
   uint64_t capacity_bytes = 0;
+  // On re-open with capacity_bytes 0: the most capacity the stored value may give (0 = no
+  // limit), so a manifest cannot make the store preallocate more than the caller would ask
+  // for; the committed extents' end is always honoured.
+  uint64_t max_capacity_bytes = 0;
   // Stripe size, a multiple of 4 KiB. 0 = 1 MiB for a new store, the stored value on
   // re-open (a different non-zero value is refused: it would change the layout).
   uint64_t stripe_bytes = 0;
@@ -238,6 +246,7 @@ class SwapStore {
   explicit SwapStore(const SwapStoreOptions& options);
   Status Init(std::unique_ptr<IoBackend> backend);
   Status CheckFolders(bool manifest_exists);
+  Status OpenFolders();
   void Hook(std::string_view point) const;
 
   // Splits logical [offset, offset + length) into per-file pieces.
@@ -264,7 +273,6 @@ class SwapStore {
   uint64_t capacity_ = 0;  // logical, multiple of 4 KiB
   uint64_t file_bytes_ = 0;
   std::string manifest_path_;
-  int lock_fd_ = -1;
 
   mutable std::mutex io_mu_;  // serialises backend use; taken before mu_
   std::unique_ptr<IoBackend> backend_;

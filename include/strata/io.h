@@ -73,6 +73,15 @@ struct OpenOptions {
   bool create = false;     // create when missing
   bool read_only = false;  // open O_RDONLY
   bool direct = true;      // ask for O_DIRECT (and the backend's options must allow it)
+  // Open `path` relative to this open folder (openat) instead of the working folder; the
+  // caller keeps it open for the call. -1: `path` as given.
+  int dir_fd = -1;
+  // Refuse (InvalidArgument naming the path) a symbolic link, anything but a regular file,
+  // and a regular file with more than one hard link: the file cannot lead outside its folder.
+  bool no_follow = false;
+  // With create: the file must not exist yet (O_EXCL); IOError with EEXIST when it does.
+  bool exclusive = false;
+  uint32_t mode = 0644;  // permission bits of a created file (the umask still applies)
 };
 
 struct BufferRegion {
