@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -63,6 +64,43 @@ Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
     done += static_cast<size_t>(r);
   }
   ::close(fd);
+  return Status::OK();
+}
+
+// The tensors' byte ranges must tile the data section: no two overlap (one write would
+// change two tensors), and no byte lies outside every tensor (hidden data).
+Status CheckLayout(const std::map<std::string, TensorEntry>& tensors, uint64_t data_size,
+                   const std::string& path) {
+  std::vector<std::pair<uint64_t, const std::string*>> by_begin;
+  for (const auto& [name, t] : tensors) {
+    if (t.end > t.begin) by_begin.emplace_back(t.begin, &name);
+  }
+  std::sort(by_begin.begin(), by_begin.end());
+  uint64_t covered = 0;
+  const std::string* prev = nullptr;
+  for (const auto& [begin, name] : by_begin) {
+    const TensorEntry& t = tensors.at(*name);
+    if (begin < covered) {
+      return Status::Corruption("safetensors file " + path + ": tensors " + *prev + " and " +
+                                *name + " overlap (bytes " + std::to_string(begin) + " to " +
+                                std::to_string(std::min(covered, t.end)) + " of the data section)")
+          .WithPath(path);
+    }
+    if (begin > covered) {
+      return Status::Corruption("safetensors file " + path + ": bytes " + std::to_string(covered) +
+                                " to " + std::to_string(begin) +
+                                " of the data section belong to no tensor")
+          .WithPath(path);
+    }
+    covered = t.end;
+    prev = name;
+  }
+  if (covered != data_size) {
+    return Status::Corruption("safetensors file " + path + ": the last " +
+                              std::to_string(data_size - covered) +
+                              " bytes of the data section belong to no tensor")
+        .WithPath(path);
+  }
   return Status::OK();
 }
 
@@ -137,7 +175,16 @@ Result<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
     }
     const size_t eb = DtypeBytes(t.dtype);
     if (eb == 0) return corrupt("tensor " + name + ": unknown dtype " + t.dtype);
-    const uint64_t want = static_cast<uint64_t>(t.NumElements()) * eb;
+    // The byte size in overflow-safe arithmetic: a shape whose product wraps must not match.
+    uint64_t want = eb;
+    bool overflow = false;
+    for (int64_t d : t.shape) {
+      overflow = overflow || __builtin_mul_overflow(want, static_cast<uint64_t>(d), &want);
+    }
+    if (overflow) {
+      return corrupt("tensor " + name + ": shape " + ShapeString(t.shape) +
+                     " has more bytes than 64 bits can count");
+    }
     if (t.end - t.begin != want) {
       return corrupt("tensor " + name + ": " + t.dtype + " " + ShapeString(t.shape) + " needs " +
                      std::to_string(want) + " bytes, data_offsets give " +
@@ -145,6 +192,7 @@ Result<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
     }
     r.tensors_.emplace(name, std::move(t));
   }
+  STRATA_RETURN_IF_ERROR(CheckLayout(r.tensors_, data_size, path));
   r.data_.assign(bytes.begin() + 8 + static_cast<int64_t>(header_len), bytes.end());
   return r;
 }

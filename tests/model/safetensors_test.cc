@@ -106,6 +106,23 @@ TEST_F(SafetensorsTest, MalformedFilesNameTheProblem) {
        "non-negative"},
       {"unknown dtype", R"({"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})", "xxxx",
        "unknown dtype"},
+      {"overlapping tensors",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       std::string(12, 'x'), "tensors a and b overlap"},
+      {"same range twice",
+       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       "xxxx", "overlap"},
+      {"hole between tensors",
+       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+       std::string(12, 'x'), "bytes 4 to 8 of the data section belong to no tensor"},
+      {"trailing bytes", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       std::string(12, 'x'), "last 8 bytes of the data section belong to no tensor"},
+      {"shape overflows 64 bits",
+       R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}})", "",
+       "more bytes than 64 bits"},
   };
   for (const BadCase& c : cases) {
     WriteRaw(Path("bad.safetensors"), c.header, c.data);
