@@ -1,15 +1,24 @@
 #include "model/data.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+
+#include "strata/log.h"
 
 namespace strata::model {
 namespace {
 
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int kLlmcHeaderInts = 256;
+// Above this share of control bytes a "text" file is almost surely binary.
+constexpr double kMaxNonTextShare = 0.05;
 
 // splitmix64: a tiny, portable generator, so the corpus is the same on every platform.
 struct Rng {
@@ -147,13 +156,58 @@ TokenStream DefaultCorpus() {
   return s;
 }
 
-Result<TokenStream> LoadTokens(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    return Status::FromErrno(errno ? errno : ENOENT, "open data file " + path).WithPath(path);
+namespace {
+
+// The whole of `path`, which must be a regular file (a folder, a FIFO or a device is
+// refused by name rather than read until something gives way).
+Result<std::string> ReadDataFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    return Status::FromErrno(err, "open data file " + path).WithPath(path);
   }
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) return Status::IOError("read data file " + path).WithPath(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
+    ::close(fd);
+    return Status::InvalidArgument("data file " + path + " is " +
+                                   (dir ? "a folder" : "not a regular file") +
+                                   "; give a text file or an llm.c token file")
+        .WithPath(path);
+  }
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(err, "read data file " + path).WithPath(path);
+    }
+    if (n == 0) break;
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+// The share of bytes that plain text (UTF-8 included) never holds: control characters other
+// than tab, newline, carriage return and form feed.
+double NonTextShare(const std::string& bytes) {
+  if (bytes.empty()) return 0;
+  size_t odd = 0;
+  for (unsigned char c : bytes) {
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f') || c == 0x7f) ++odd;
+  }
+  return static_cast<double>(odd) / static_cast<double>(bytes.size());
+}
+
+}  // namespace
+
+Result<TokenStream> LoadTokens(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadDataFile(path));
   TokenStream s;
   int32_t header[kLlmcHeaderInts] = {};
   if (bytes.size() >= sizeof(int32_t)) std::memcpy(header, bytes.data(), sizeof(int32_t));
@@ -190,6 +244,13 @@ Result<TokenStream> LoadTokens(const std::string& path) {
     s.vocab = max_tok + 1;
     s.description = "llm.c token file " + path + " (" + std::to_string(count) + " tokens)";
     return s;
+  }
+  const double odd = NonTextShare(bytes);
+  if (odd > kMaxNonTextShare) {
+    LogWarning("data file " + path +
+               " does not look like text: " + std::to_string(static_cast<int>(odd * 100)) +
+               "% of its bytes are control characters; training on its raw bytes anyway (give "
+               "a text file or an llm.c token file)");
   }
   s.tokens.assign(bytes.begin(), bytes.end());
   for (int32_t& t : s.tokens) t &= 0xff;

@@ -1,7 +1,11 @@
 // strata: the command-line tool. `strata --help` lists the subcommands; each has --help.
 #include <cstdio>
+#include <exception>
+#include <new>
+#include <string_view>
 
 #include "strata/env.h"
+#include "strata/optim.h"
 #include "tools/strata/commands.h"
 
 int main(int argc, char** argv) {
@@ -31,10 +35,34 @@ int main(int argc, char** argv) {
         }
       });
 
+  // STRATA_CPU_ISA is checked before anything starts, not when the first optimizer step
+  // runs (`strata env` still lists the variables whatever their values).
+  if (!(argc > 1 && std::string_view(argv[1]) == "env") &&
+      !strata::EnvGet("STRATA_CPU_ISA").empty()) {
+    const auto isa = strata::ResolveCpuIsa(strata::CpuIsa::kAuto);
+    if (!isa.ok()) {
+      std::fprintf(stderr, "strata: %s\n", isa.status().message().c_str());
+      return 1;
+    }
+  }
+
+  // No exception leaves main: the library returns Status, so one reaching here is a defect
+  // on some path; it still ends as one line and exit code 1, never an abort with a core.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "strata: error: out of memory; lower --batch, --seq-len or the model size, or "
+                 "raise the memory limit\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: error: %s (unexpected exception; please report it)\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "strata: error: unexpected exception; please report it\n");
+    return 1;
   }
   return exit_code;
 }

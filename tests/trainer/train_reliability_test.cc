@@ -1,0 +1,116 @@
+// `strata train` against bad input, end to end through the binary: every bad flag, file or
+// environment value is one clear line and exit code 1 before any work starts (never an
+// abort, a hang or a crash), and outputs never land outside the path named.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/temp_dir.h"
+#include "tests/tools/cli_run.h"
+
+namespace {
+
+using strata::testing::Contains;
+using strata::testing::RunCli;
+using strata::testing::ShellQuote;
+
+// The issue's `T`, two steps.
+const std::vector<std::string> kTiny = {
+    "train", "--layers",   "2",  "--d-model", "64", "--heads", "2",   "--seq-len", "32", "--batch",
+    "4",     "--host-mem", "2M", "--steps",   "2",  "--lr",    "1e-3"};
+
+class TrainReliabilityTest : public ::testing::Test {
+ protected:
+  // Runs kTiny + extra; `env` ("NAME=value") is set for the command only.
+  strata::testing::CliRun Train(const std::vector<std::string>& extra,
+                                const std::string& env = "") {
+    // A flag already in kTiny takes the new value (CLI11 refuses a flag given twice).
+    std::vector<std::string> args = kTiny;
+    for (size_t i = 0; i < extra.size(); ++i) {
+      auto it = std::find(args.begin(), args.end(), extra[i]);
+      if (it != args.end() && i + 1 < extra.size() && extra[i].rfind("--", 0) == 0 &&
+          it + 1 != args.end()) {
+        *(it + 1) = extra[++i];
+      } else {
+        args.push_back(extra[i]);
+      }
+    }
+    strata::testing::CliRunOptions o;
+    o.timeout_s = 120;
+    std::string name;
+    if (!env.empty()) {
+      name = env.substr(0, env.find('='));
+      ::setenv(name.c_str(), env.substr(env.find('=') + 1).c_str(), 1);
+    }
+    auto r = RunCli(ShellQuote(args), o);
+    if (!name.empty()) ::unsetenv(name.c_str());
+    return r;
+  }
+  static std::string ReadAll(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  // Lines of output that are not '#' comments.
+  static std::vector<std::string> Messages(const std::string& out) {
+    std::vector<std::string> lines;
+    size_t pos = 0;
+    while (pos < out.size()) {
+      size_t end = out.find('\n', pos);
+      if (end == std::string::npos) end = out.size();
+      std::string line = out.substr(pos, end - pos);
+      if (!line.empty() && line[0] != '#') lines.push_back(line);
+      pos = end + 1;
+    }
+    return lines;
+  }
+  strata::testing::TempDir tmp_{"strata-rel"};
+  const std::string dir_ = tmp_.path();
+};
+
+TEST_F(TrainReliabilityTest, DataThatIsNotAFileIsOneLineNotAnAbort) {
+  for (const std::string& data : {dir_, std::string("/proc/self/mem")}) {
+    const auto r = Train({"--data", data});
+    EXPECT_EQ(r.exit_code, 1) << data << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "--data")) << r.output;
+    EXPECT_TRUE(Contains(r.output, data)) << r.output;
+    EXPECT_FALSE(Contains(r.output, "terminate called")) << r.output;
+  }
+}
+
+TEST_F(TrainReliabilityTest, HugeBatchIsRefusedNotAnAbort) {
+  const auto r = Train({"--batch", "2000000000"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_FALSE(Contains(r.output, "terminate called")) << r.output;
+  EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
+}
+
+TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
+  const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "STRATA_CPU_ISA='avx9000'")) << r.output;
+  EXPECT_FALSE(Contains(r.output, "step")) << r.output;  // before anything ran
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/strata.manifest"));
+}
+
+TEST_F(TrainReliabilityTest, RandomBytesAsTextWarn) {
+  std::string junk(64 * 1024, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (char& c : junk) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  std::ofstream(dir_ + "/junk.bin", std::ios::binary) << junk;
+  const auto r = Train({"--data", dir_ + "/junk.bin", "--steps", "1"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "does not look like text")) << r.output;
+}
+
+}  // namespace
