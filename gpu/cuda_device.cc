@@ -10,7 +10,6 @@
 
 namespace strata {
 
-
 Status CudaStatus(cudaError_t err, std::string_view call) {
   return Status::Cuda(std::string(call) + ": " + cudaGetErrorString(err) + " (" +
                       cudaGetErrorName(err) + ")");
@@ -241,8 +240,9 @@ Result<void*> CudaDevice::Allocate(size_t bytes) {
     if (err == cudaErrorMemoryAllocation) {
       size_t free_bytes = 0, total_bytes = 0;
       (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-      return Status::OutOfMemory(name_ + ": the GPU has no room for " + FormatBytesExact(bytes) + " (" +
-                                 FormatBytesExact(free_bytes) + " free of " + FormatBytesExact(total_bytes) +
+      return Status::OutOfMemory(name_ + ": the GPU has no room for " + FormatBytesExact(bytes) +
+                                 " (" + FormatBytesExact(free_bytes) + " free of " +
+                                 FormatBytesExact(total_bytes) +
                                  "; other processes may hold GPU memory); lower the device "
                                  "memory budget or free GPU memory");
     }
@@ -295,7 +295,8 @@ Status CudaDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_v
       return Status::OK();
     }
   }
-  return Status::InvalidArgument(name_ + ": " + std::string(what) + " of " + FormatBytesExact(bytes) +
+  return Status::InvalidArgument(name_ + ": " + std::string(what) + " of " +
+                                 FormatBytesExact(bytes) +
                                  ": the device range is not inside one live allocation of "
                                  "this device (host pointer passed as device pointer, or a "
                                  "freed/overrun buffer?)");

@@ -12,7 +12,8 @@
 // handed to the kernel.
 //
 // Thread safety: none. One ring per instance, one instance per submitting thread: the
-// thread that calls Submit also calls Poll and reaps its own completions (docs/design.md "The NVMe tier").
+// thread that calls Submit also calls Poll and reaps its own completions (docs/design.md "The NVMe
+// tier").
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-
 #include "strata/comm.h"
 #include "trainer/trainer.h"
 
