@@ -421,7 +421,7 @@ TEST(EngineFaultTest, ShortTransfersEagainAndDelaysAreInvisible) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = FixedModel();
   auto ref = Reference(specs, 3, 2, 0);
-  ASSERT_TRUE(ref.ok());
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   TempDir dir;
   RunConfig rc = TightNvme(specs, dir.path(), 2);
   FaultInjectionOptions fo;
