@@ -59,7 +59,7 @@ class DeviceMemoryCollectives final : public RankCollectives {
 
  protected:
   // In place: this rank's slot (copied by the feeder) to every rank's.
-  Status IssueGatherLocked(MutexLock& lk, const CommItem& item) override REQUIRES(ctx_.mu) {
+  Status IssueGatherLocked(const CommItem& item) override REQUIRES(ctx_.mu) {
     const int a = item.access;
     const int b = ctx_.schedule[a].block;
     STRATA_RETURN_IF_ERROR(
@@ -71,11 +71,11 @@ class DeviceMemoryCollectives final : public RankCollectives {
     CollectiveOptions co;
     co.label = label;
     co.after = shard_h2d_[a];
-    lk.Unlock();
+    ctx_.mu.Unlock();
     CommHandle h =
         ctx_.comm->AllGather(block + uint64_t(ctx_.rank) * n, block, n, CommDataType::kByte, co);
     Result<EventPtr> done = DoneEvent(h, label);
-    lk.Lock();
+    ctx_.mu.Lock();
     WatchLocked(h);
     if (!done.ok()) return done.status();
     device_.SetReadyLocked(id, *done);
@@ -85,7 +85,7 @@ class DeviceMemoryCollectives final : public RankCollectives {
   }
 
   // In place: the average of every rank's gradient, this rank's shard at its slot.
-  Status IssueReduceLocked(MutexLock& lk, const CommItem& item) override REQUIRES(ctx_.mu) {
+  Status IssueReduceLocked(const CommItem& item) override REQUIRES(ctx_.mu) {
     const int a = item.access;
     const int b = ctx_.schedule[a].block;
     STRATA_RETURN_IF_ERROR(
@@ -96,11 +96,11 @@ class DeviceMemoryCollectives final : public RankCollectives {
     CollectiveOptions co;
     co.label = label;
     co.after = rs_after_[a];
-    lk.Unlock();
+    ctx_.mu.Unlock();
     CommHandle h = ctx_.comm->ReduceScatter(grad, grad + uint64_t(ctx_.rank) * n, n,
                                             CommDataType::kFloat32, ReduceOp::kAverage, co);
     Result<EventPtr> done = DoneEvent(h, label);
-    lk.Lock();
+    ctx_.mu.Lock();
     WatchLocked(h);
     if (!done.ok()) return done.status();
     rs_done_[a] = *done;

@@ -104,7 +104,7 @@ class HostMemoryCollectives final : public RankCollectives {
   }
 
  protected:
-  Status IssueGatherLocked(MutexLock& /*lk*/, const CommItem& item) override REQUIRES(ctx_.mu) {
+  Status IssueGatherLocked(const CommItem& item) override REQUIRES(ctx_.mu) {
     const int a = item.access;
     const UseObj uo = ctx_.hplan.uses[ctx_.hplan.h2d_use[a]].objs[0];
     STRATA_RETURN_IF_ERROR(ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) {
@@ -126,7 +126,7 @@ class HostMemoryCollectives final : public RankCollectives {
     return Status::OK();
   }
 
-  Status IssueReduceLocked(MutexLock& /*lk*/, const CommItem& item) override REQUIRES(ctx_.mu) {
+  Status IssueReduceLocked(const CommItem& item) override REQUIRES(ctx_.mu) {
     const int a = item.access;
     STRATA_RETURN_IF_ERROR(
         ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return rs_after_[a] != nullptr; }));

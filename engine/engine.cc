@@ -70,7 +70,7 @@ class EngineImpl final : public Engine {
   // schedule's next access. Returns that access.
   Result<int> CheckAcquireLocked(int block, Pass pass) const REQUIRES(ctx_.mu);
   // EndStep, once every part finished the step: free the device copies and commit.
-  Status FinishStepLocked(MutexLock& lk, uint64_t step_number) REQUIRES(ctx_.mu);
+  Status FinishStepLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   StepStats StatsLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   void OnDeviceOp(const DeviceOpRecord& r);
   Status CheckBlockTensor(int block, int tensor) const;
@@ -230,7 +230,7 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   const int64_t done = ctx_.resumed_step + ctx_.step;
   if (params_dirty_ && host_.has_store() &&
       (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < done)) {
-    STRATA_RETURN_IF_ERROR(host_.CommitLocked(lk, uint64_t(done)));
+    STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(done)));
   }
   params_dirty_ = false;
   STRATA_ASSIGN_OR_RETURN(ctx_.hplan, PlanStepLocked());
@@ -370,18 +370,18 @@ Result<StepStats> EngineImpl::EndStep() {
     return s;
   }
   const uint64_t step_number = uint64_t(ctx_.resumed_step + ctx_.step);
-  STRATA_RETURN_IF_ERROR(FinishStepLocked(lk, step_number));
+  STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number));
   return StatsLocked(step_number);
 }
 
-Status EngineImpl::FinishStepLocked(MutexLock& lk, uint64_t step_number) {
-  lk.Unlock();
+Status EngineImpl::FinishStepLocked(uint64_t step_number) {
+  ctx_.mu.Unlock();
   // Updates made every device copy stale: free them (their last users are done by now,
   // since every gradient has landed; synchronise anyway for the forward-only buffers).
   Status sync = ctx_.dev->SynchronizeLane(Lane::kCompute);
   Status freed = device_.FreeAll();
   if (sync.ok()) sync = freed;
-  lk.Lock();
+  ctx_.mu.Lock();
   ctx_.step_open = false;
   if (!sync.ok()) {
     ctx_.SetErrorLocked(sync);
@@ -389,7 +389,7 @@ Status EngineImpl::FinishStepLocked(MutexLock& lk, uint64_t step_number) {
   }
   // The commit flushes the drives (fdatasync) and writes the manifest: NVMe write time.
   const Clock::time_point commit_start = Clock::now();
-  Status s = host_.CommitLocked(lk, step_number);
+  Status s = host_.CommitLocked(step_number);
   if (host_.has_store()) {
     ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(step_number),
                       commit_start, Clock::now());
@@ -466,7 +466,7 @@ Status EngineImpl::CommitParams() {
         "CommitParams: step " + std::to_string(step) +
         " is already committed; new values are committed with the next step");
   }
-  STRATA_RETURN_IF_ERROR(host_.CommitLocked(lk, step));
+  STRATA_RETURN_IF_ERROR(host_.CommitLocked(step));
   params_dirty_ = false;
   return Status::OK();
 }

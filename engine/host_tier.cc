@@ -398,11 +398,11 @@ Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
   return Status::OK();
 }
 
-Status HostTier::CommitLocked(MutexLock& lk, uint64_t step) {
+Status HostTier::CommitLocked(uint64_t step) {
   if (!store_) return Status::OK();
-  lk.Unlock();
+  ctx_.mu.Unlock();
   Status s = store_->Commit(step);
-  lk.Lock();
+  ctx_.mu.Lock();
   return s;
 }
 

@@ -100,7 +100,7 @@ class HostTier {
   bool has_store() const { return store_ != nullptr; }
   std::optional<uint64_t> CommittedStep() const { return store_->CommittedStep(); }
   // Commits the store's pending versions as `step` (drops mu around the flush).
-  Status CommitLocked(MutexLock& lk, uint64_t step) REQUIRES(ctx_.mu);
+  Status CommitLocked(uint64_t step) REQUIRES(ctx_.mu);
 
  private:
   void IoLoop() EXCLUDES(ctx_.mu);

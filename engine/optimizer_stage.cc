@@ -51,17 +51,17 @@ GradNormResult OptimizerStage::NormLocked() {
   return norm_;
 }
 
-Result<bool> OptimizerStage::ComputeOneNormLocked(MutexLock& lk) {
+Result<bool> OptimizerStage::ComputeOneNormLocked() {
   int x = 0;
   while (x < ctx_.L && (norm_known_[x] || grads_in_[x] != ctx_.opt.micro_batches)) ++x;
   if (x == ctx_.L) return false;
   const float* grad = static_cast<const float*>(host_.Obj(ObjIndex(x, Component::kGrad)).buf);
   const size_t n = ctx_.layout[x].shard_numel;
-  lk.Unlock();
+  ctx_.mu.Unlock();
   const Clock::time_point t0 = Clock::now();
   auto r = GradNormSquared(grad, FloatFormat::kFp32, n, ctx_.kernel_options);
   ctx_.timeline.Add(TraceLane::kCpuOptim, "norm " + ctx_.layout[x].name, t0, Clock::now());
-  lk.Lock();
+  ctx_.mu.Lock();
   if (!r.ok()) return Status(r.status()).Annotate("gradient norm");
   norm_sq_[x] = r->sum_squares;
   non_finite_[x] = r->non_finite;
@@ -70,11 +70,11 @@ Result<bool> OptimizerStage::ComputeOneNormLocked(MutexLock& lk) {
   return true;
 }
 
-Status OptimizerStage::WaitForUpdateLocked(MutexLock& lk, const HostUse& u) {
+Status OptimizerStage::WaitForUpdateLocked(const HostUse& u) {
   const int b = u.block;
   for (;;) {
     // Norms of blocks whose gradient is final, computed while waiting (clipping needs all).
-    STRATA_ASSIGN_OR_RETURN(const bool computed, ComputeOneNormLocked(lk));
+    STRATA_ASSIGN_OR_RETURN(const bool computed, ComputeOneNormLocked());
     if (computed) continue;
     if (!ctx_.error.ok()) return ctx_.error;
     if (ctx_.shutdown) return Status::Aborted("engine is shutting down");
@@ -102,7 +102,7 @@ Status OptimizerStage::RunUpdate(int use_index) {
   const int g = ObjIndex(b, Component::kGrad);
   {
     MutexLock lk(&ctx_.mu);
-    STRATA_RETURN_IF_ERROR(WaitForUpdateLocked(lk, u));
+    STRATA_RETURN_IF_ERROR(WaitForUpdateLocked(u));
     for (const UseObj& uo : u.objs) {
       if (host_.Obj(uo.obj).exists) STRATA_RETURN_IF_ERROR(host_.EnterLocked(uo.obj));
     }

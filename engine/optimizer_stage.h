@@ -72,10 +72,10 @@ class OptimizerStage {
   // The AdamW step of host use `use_index` (one block).
   Status RunUpdate(int use_index) EXCLUDES(ctx_.mu);
   // Waits until the update of `u` may run, computing final gradients' norms meanwhile.
-  Status WaitForUpdateLocked(MutexLock& lk, const HostUse& u) REQUIRES(ctx_.mu);
+  Status WaitForUpdateLocked(const HostUse& u) REQUIRES(ctx_.mu);
   // Computes the squared norm of one final gradient whose norm is unknown; false when
   // there is none.
-  Result<bool> ComputeOneNormLocked(MutexLock& lk) REQUIRES(ctx_.mu);
+  Result<bool> ComputeOneNormLocked() REQUIRES(ctx_.mu);
   Status AdamBlock(int block, bool* applied) EXCLUDES(ctx_.mu);
 
   EngineContext& ctx_;

@@ -59,16 +59,16 @@ void RankCollectives::BuildSequence() {
 
 Status RankCollectives::RunItem(size_t i) {
   const CommItem& item = seq_[i];
-  MutexLock lk(&ctx_.mu);
+  MutexLock lock(&ctx_.mu);
   switch (item.kind) {
     case CommItem::kGather:
-      STRATA_RETURN_IF_ERROR(IssueGatherLocked(lk, item));
+      STRATA_RETURN_IF_ERROR(IssueGatherLocked(item));
       break;
     case CommItem::kReduce:
-      STRATA_RETURN_IF_ERROR(IssueReduceLocked(lk, item));
+      STRATA_RETURN_IF_ERROR(IssueReduceLocked(item));
       break;
     case CommItem::kNorm:
-      STRATA_RETURN_IF_ERROR(CombineNormLocked(lk));
+      STRATA_RETURN_IF_ERROR(CombineNormLocked());
       break;
   }
   comm_pos_ = i + 1;
@@ -78,18 +78,18 @@ Status RankCollectives::RunItem(size_t i) {
 
 // This rank's sum in block order, then the ranks' sums in rank order: exact doubles
 // gathered as bytes, so every rank computes the same norm bit for bit.
-Status RankCollectives::CombineNormLocked(MutexLock& lk) {
+Status RankCollectives::CombineNormLocked() {
   STRATA_RETURN_IF_ERROR(
       ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return optimizer_.AllNormsKnownLocked(); }));
   const NormPart mine = optimizer_.LocalNormPartLocked();
   std::vector<NormPart> all(static_cast<size_t>(ctx_.ws));
-  lk.Unlock();
+  ctx_.mu.Unlock();
   CollectiveOptions co;
   co.label = "all-gather grad norm";
   Status st =
       ctx_.host_comm->AllGather(&mine, all.data(), sizeof(NormPart), CommDataType::kByte, co)
           .Wait();
-  lk.Lock();
+  ctx_.mu.Lock();
   if (!st.ok()) return st.Annotate("gradient norm across ranks");
   optimizer_.FinalizeNormLocked(all);
   return Status::OK();

@@ -46,9 +46,9 @@ class RankCollectives : public Collectives {
         optimizer_(optimizer),
         gather_waits_for_grad_frees_(gather_waits_for_grad_frees) {}
 
-  // Issue the item's collective (the comm thread, mu held; it may wait and drop mu).
-  virtual Status IssueGatherLocked(MutexLock& lk, const CommItem& item) REQUIRES(ctx_.mu) = 0;
-  virtual Status IssueReduceLocked(MutexLock& lk, const CommItem& item) REQUIRES(ctx_.mu) = 0;
+  // Issue the item's collective (the comm thread, mu held; it may wait, and drop mu).
+  virtual Status IssueGatherLocked(const CommItem& item) REQUIRES(ctx_.mu) = 0;
+  virtual Status IssueReduceLocked(const CommItem& item) REQUIRES(ctx_.mu) = 0;
   // Hands an issued collective to the watcher.
   void WatchLocked(const CommHandle& h) REQUIRES(ctx_.mu) {
     watch_.push_back(h);
@@ -70,7 +70,7 @@ class RankCollectives : public Collectives {
  private:
   void BuildSequence();
   Status RunItem(size_t i) EXCLUDES(ctx_.mu);
-  Status CombineNormLocked(MutexLock& lk) REQUIRES(ctx_.mu);
+  Status CombineNormLocked() REQUIRES(ctx_.mu);
   void WatchLoop() EXCLUDES(ctx_.mu);
   void OnCommOp(const CommOpRecord& r);
 

@@ -83,8 +83,9 @@ class SCOPED_CAPABILITY MutexLock {
 class CondVar {
  public:
   explicit CondVar(Mutex* mu) : mu_(mu) {}
-  // Atomically releases the mutex and waits; holds it again on return.
-  void Wait() REQUIRES(mu_) {
+  // Atomically releases the mutex and waits; holds it again on return. REQUIRES: the
+  // mutex is held (not annotated: callers reach it under other names).
+  void Wait() {
     std::unique_lock<std::mutex> lk(mu_->mu_, std::adopt_lock);
     cv_.wait(lk);
     lk.release();
