@@ -132,18 +132,22 @@ struct EngineContext {
   }
 
   // The loop of a step worker: each step, wait for BeginStep, then run item(0), item(1), ...
-  // while i < count(). The first failure is stored and ends this worker's step.
+  // up to count() (read when the step is picked up: after its last item the worker must not
+  // read the plan, which the next BeginStep may be writing). The first failure is stored and
+  // ends this worker's step.
   void RunStepWorker(const std::function<size_t()>& count,
                      const std::function<Status(size_t)>& item) EXCLUDES(mu) {
     uint64_t seen = 0;
     for (;;) {
+      size_t n;
       {
         MutexLock lock(&mu);
         while (!shutdown && !(step_open && generation != seen)) cv.Wait();
         if (shutdown) return;
         seen = generation;
+        n = count();
       }
-      for (size_t i = 0; i < count(); ++i) {
+      for (size_t i = 0; i < n; ++i) {
         Status s = item(i);
         if (!s.ok()) {
           SetWorkerError(std::move(s));
