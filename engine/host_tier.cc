@@ -118,9 +118,11 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   sopt.create = !opt.resume;
   sopt.backend = opt.io;
   std::unique_ptr<IoBackend> backend;
-  if (opt.wrap_backend) {
-    STRATA_ASSIGN_OR_RETURN(backend, CreateIoBackend(opt.io));
-    STRATA_ASSIGN_OR_RETURN(backend, opt.wrap_backend(std::move(backend)));
+  if (opt.io_backend_factory) {  // else the store makes CreateIoBackend(opt.io)
+    STRATA_ASSIGN_OR_RETURN(backend, opt.io_backend_factory(opt.io));
+    if (!backend) {
+      return Status::InvalidArgument("EngineOptions::io_backend_factory returned no backend");
+    }
   }
   if (opt.resume) {
     sopt.max_capacity_bytes = sopt.capacity_bytes;  // a manifest may not ask for more
