@@ -193,8 +193,12 @@ Result<DevicePlan> PlanDevice(const std::vector<Access>& schedule,
   return p;
 }
 
-Result<HostPlan> PlanHost(const HostPlanInput& in) {
-  HostPlan p;
+namespace {
+
+// The step's uses of host copies in the order the executors meet them (p.uses, h2d_use,
+// grad_use, opt_uses).
+void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
+  HostPlan& p = *plan;
   const std::vector<Access>& schedule = *in.schedule;
   const int n_access = int(schedule.size());
   const int n_obj = in.blocks * kNumComponents;
@@ -251,8 +255,13 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
   for (int b : final_order) {
     p.opt_uses.push_back(add_use(UseKind::kOpt, b, n_access - 1, opt_objs(b)));
   }
+}
 
-  // Belady simulation of the cache.
+// The Belady simulation of the cache over p.uses: the host ops (p.ops), every cached
+// object's offset, the peak, and what stays resident after the step.
+Status SimulateHostCache(const HostPlanInput& in, HostPlan* plan) {
+  HostPlan& p = *plan;
+  const int n_obj = in.blocks * kNumComponents;
   const int n_use = int(p.uses.size());
   std::vector<std::vector<int>> positions(n_obj);
   for (int i = 0; i < n_use; ++i) {
@@ -353,6 +362,15 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
       p.end_resident.push_back(o);
     }
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<HostPlan> PlanHost(const HostPlanInput& in) {
+  HostPlan p;
+  PlanHostUses(in, &p);
+  STRATA_RETURN_IF_ERROR(SimulateHostCache(in, &p));
   return p;
 }
 

@@ -1,7 +1,9 @@
 // Residency: the one state machine that says where a copy of a component is and what may
 // be done with it. Every cached copy — a block's params in device memory, a component's
 // host copy in the pinned pool — carries one Residency, and every change goes through
-// Residency::To(), which refuses transitions the machine does not have.
+// Residency::To(), which refuses transitions the machine does not have: a refusal is an
+// internal error (a bug in the engine), returned as an Aborted status that the caller
+// annotates with the copy's name and surfaces as the engine's error, never dropped.
 //
 //                      load submitted           load done
 //        +--------> kAbsent ----------> kLoading ----------> kReady <------------------+
@@ -32,11 +34,18 @@
 // engine stores the error and every waiter on that copy returns it. Partial I/O never shows
 // here: the SwapStore reports a transfer only when all of it moved.
 //
-// Concurrency: a Residency is plain data guarded by the engine's mutex; waiters use the
-// engine's condition variable.
+// Gradient buffers in device memory use the same machine: allocated -> kReady; SubmitGrads
+// hands the buffer to the lander (kInUse) until the D2H copy out of it is enqueued (kReady
+// again), so "kReady and no later access" is when the feeder may free any device buffer.
+//
+// Concurrency: a Residency is plain data guarded by the engine's mutex (EngineContext::mu);
+// waiters use the engine's condition variable.
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "strata/status.h"
 
 namespace strata::engine_internal {
 
@@ -83,32 +92,44 @@ struct Residency {
     return false;
   }
 
-  // Returns false (and changes nothing) for a transition the machine does not have.
-  [[nodiscard]] bool To(ResidencyState to) {
-    if (!Allowed(state, to)) return false;
+  // Changes nothing and returns Aborted for a transition the machine does not have.
+  [[nodiscard]] Status To(ResidencyState to) {
+    if (!Allowed(state, to)) return Refused(to);
     state = to;
-    return true;
+    return Status::OK();
   }
 
   // A user starts: kReady/kDirty/kInUse -> kInUse. A copy entered while kDirty (its write
   // not yet submitted) is dirty again when its users are done, whatever they did.
-  [[nodiscard]] bool Enter() {
+  [[nodiscard]] Status Enter() {
     const bool was_dirty = state == ResidencyState::kDirty;
-    if (state != ResidencyState::kInUse && !To(ResidencyState::kInUse)) return false;
+    if (state != ResidencyState::kInUse) STRATA_RETURN_IF_ERROR(To(ResidencyState::kInUse));
     dirty_pending |= was_dirty;
     ++users;
-    return true;
+    return Status::OK();
   }
-  // A user ends; `modified` marks the content changed (it must reach NVMe before eviction).
-  [[nodiscard]] bool Leave(bool modified, bool needs_write) {
-    if (state != ResidencyState::kInUse || users <= 0) return false;
+  // A user ends; `modified` marks the content changed (it must reach NVMe before eviction
+  // when `needs_write`).
+  [[nodiscard]] Status Leave(bool modified, bool needs_write) {
+    if (state != ResidencyState::kInUse || users <= 0) {
+      return Status::Aborted(std::string("internal: residency: a user leaves a copy in state ") +
+                             ResidencyStateName(state) + " with " + std::to_string(users) +
+                             " users");
+    }
     dirty_pending |= modified && needs_write;
-    if (--users > 0) return true;
+    if (--users > 0) return Status::OK();
     const bool d = dirty_pending;
     dirty_pending = false;
     return To(d ? ResidencyState::kDirty : ResidencyState::kReady);
   }
   bool dirty_pending = false;
+
+ private:
+  Status Refused(ResidencyState to) const {
+    return Status::Aborted(std::string("internal: residency transition ") +
+                           ResidencyStateName(state) + " -> " + ResidencyStateName(to) +
+                           " refused");
+  }
 };
 
 }  // namespace strata::engine_internal

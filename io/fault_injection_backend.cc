@@ -195,4 +195,21 @@ Result<size_t> FaultInjectionBackend::Poll(std::span<IoCompletion> out, size_t m
   return n;
 }
 
+std::unique_ptr<IoBackend> CreateFaultInjectionBackend(std::unique_ptr<IoBackend> inner,
+                                                       const FaultInjectionOptions& options) {
+  return std::make_unique<FaultInjectionBackend>(std::move(inner), options);
+}
+
+const FaultCounters* InjectedFaults(const IoBackend& backend) {
+  const auto* f = dynamic_cast<const FaultInjectionBackend*>(&backend);
+  return f ? &f->counters() : nullptr;
+}
+
+IoBackendFactory FaultInjectionFactory(const FaultInjectionOptions& faults) {
+  return [faults](const IoBackendOptions& options) -> Result<std::unique_ptr<IoBackend>> {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> inner, CreateIoBackend(options));
+    return CreateFaultInjectionBackend(std::move(inner), faults);
+  };
+}
+
 }  // namespace strata

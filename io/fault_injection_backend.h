@@ -1,21 +1,6 @@
-// FaultInjectionBackend: an IoBackend that wraps another and injects faults, for tests.
-//
-// Each request draws, from a seeded std::mt19937_64, whether it suffers one of: EIO, ENOSPC
-// (writes), a short transfer, -EAGAIN, a delay, or a flipped bit in the data read or
-// written. The wrapper behaves as a correct backend must in front of such a kernel:
-//  - EIO / ENOSPC: the request never reaches the inner backend; its completion is an
-//    IOError / NoSpace status (errno, path unknown to the wrapper, offset).
-//  - short transfer: only a prefix is sent to the inner backend; when it completes the
-//    wrapper sends the remainder, and reports OK only when both parts moved every byte.
-//  - EAGAIN: the request is held back and resubmitted at the next Poll (a retry, not an
-//    error).
-//  - delay: the submitting thread sleeps delay_us before handing the request on.
-//  - flipped bit on read: after the inner read succeeds one bit of the caller's buffer is
-//    inverted and the completion is still OK — silent corruption, which only a checksum
-//    (SwapStore's XXH3) can catch. Flipped bit on write: a copy of the data with one bit
-//    inverted is written instead, so the *file* holds the corruption; the caller's buffer
-//    is not touched.
-// Counters say how many of each were injected, so a test can assert it saw the fault.
+// FaultInjectionBackend: the fault-injecting IoBackend of strata/fault_injection.h (what it
+// injects and how it behaves is documented there). The class is the io module's own; code
+// outside io/ makes one with CreateFaultInjectionBackend or FaultInjectionFactory.
 //
 // Ownership: owns the inner backend. Thread safety: as the inner backend (one submitting
 // thread); counters() may be read by that thread.
@@ -29,34 +14,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "strata/fault_injection.h"
 #include "strata/io.h"
 
 namespace strata {
-
-struct FaultInjectionOptions {
-  uint64_t seed = 1;            // same seed + same calls = same faults
-  double eio = 0.0;             // probability per request of an EIO completion
-  double enospc = 0.0;          // per write request (and per Allocate) of ENOSPC
-  double short_transfer = 0.0;  // per request of a short transfer (completed by the wrapper)
-  double eagain = 0.0;          // per request of -EAGAIN (retried by the wrapper)
-  double delay = 0.0;           // per request of a sleep of delay_us before submission
-  uint32_t delay_us = 200;
-  double flip_read = 0.0;   // per read of one flipped bit in the returned data
-  double flip_write = 0.0;  // per write of one flipped bit in the data written
-};
-
-struct FaultCounters {
-  uint64_t eio = 0;
-  uint64_t enospc = 0;
-  uint64_t short_transfers = 0;
-  uint64_t eagain = 0;
-  uint64_t delays = 0;
-  uint64_t flipped_reads = 0;
-  uint64_t flipped_writes = 0;
-  uint64_t total() const {
-    return eio + enospc + short_transfers + eagain + delays + flipped_reads + flipped_writes;
-  }
-};
 
 class FaultInjectionBackend final : public IoBackend {
  public:

@@ -174,9 +174,10 @@ struct EngineOptions {
   // Stripe size across nvme_paths (bytes, multiple of 4 KiB).
   uint64_t nvme_stripe_bytes = 1 << 20;
   IoBackendOptions io;  // backend for the NVMe tier (kind auto: io_uring, else posix)
-  // Test hook: wraps the backend the engine creates (fault injection). Called once, on the
-  // I/O thread's backend. Not owned data; may be empty.
-  std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> wrap_backend;
+  // Makes the NVMe tier's backend from `io` (called once, when Create opens the tier); empty:
+  // CreateIoBackend. E.g. FaultInjectionFactory (strata/fault_injection.h) to test a
+  // program against failing or misbehaving drives.
+  IoBackendFactory io_backend_factory;
 
   // Optimizer hyper-parameters (the learning rate is given per step in StepArgs).
   OptimizerKind optimizer = OptimizerKind::kAdamW;

@@ -3,9 +3,9 @@
 // A backend opens files, takes batches of reads and writes (file, offset, length, buffer),
 // and hands back completions. Three implementations: UringBackend (io_uring with O_DIRECT,
 // registered buffers and files, batched submission), PosixBackend (pread/pwrite on a oneTBB
-// worker pool; chosen at run time when io_uring cannot be set up) and FaultInjectionBackend
-// (wraps another backend and injects EIO, short transfers, EAGAIN, ENOSPC, delays and flipped
-// bits; for tests). The base class gives every backend a synchronous default, so a backend
+// worker pool; chosen at run time when io_uring cannot be set up) and a fault-injecting wrapper
+// (strata/fault_injection.h: EIO, short transfers, EAGAIN, ENOSPC, delays and flipped bits,
+// for tests). The base class gives every backend a synchronous default, so a backend
 // with no asynchronous machinery is complete on day one.
 //
 // Thread safety: a backend instance is used by ONE submitting thread at a time (io_uring:
@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -145,6 +146,12 @@ class IoBackend {
 // when io_uring cannot be set up (ENOSYS, EPERM, kernel.io_uring_disabled). kUring fails
 // with NotSupported naming the reason when io_uring is unavailable.
 Result<std::unique_ptr<IoBackend>> CreateIoBackend(const IoBackendOptions& options);
+
+// Makes the backend for one submitting thread from the options it is given: where a user of
+// backends takes one (EngineOptions::io_backend_factory) to put its own in place of
+// CreateIoBackend's, e.g. FaultInjectionFactory (strata/fault_injection.h).
+using IoBackendFactory =
+    std::function<Result<std::unique_ptr<IoBackend>>(const IoBackendOptions& options)>;
 
 // "auto" | "uring" | "posix" -> kind; InvalidArgument otherwise.
 Result<IoBackendKind> ParseIoBackendKind(std::string_view name);

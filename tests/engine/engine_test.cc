@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "io/fault_injection_backend.h"
 #include "strata/device.h"
+#include "strata/fault_injection.h"
 #include "strata/log.h"
 #include "strata/optim.h"
 #include "tests/engine/fake_model.h"
@@ -72,7 +72,7 @@ struct RunConfig {
   bool resume = false;
   WorkingDtype dtype = WorkingDtype::kFp32;
   std::vector<ScheduleEntry> schedule;  // empty = standard
-  std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> wrap;
+  IoBackendFactory io_factory;          // empty = the default backend
 };
 
 struct Fixture {
@@ -97,7 +97,7 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
   opt.weight_decay = 0.1;
   opt.durable = rc.durable;
   opt.resume = rc.resume;
-  opt.wrap_backend = rc.wrap;
+  opt.io_backend_factory = rc.io_factory;
   opt.dtype = rc.dtype;
   opt.schedule = rc.schedule;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
@@ -287,16 +287,6 @@ std::vector<BlockSpec> FixedModel() {
           BlockSpec{"h.1", {TensorSpec{"w", {15, 15}, true}, TensorSpec{"ln", {1}, false}}}};
 }
 
-std::function<Result<std::unique_ptr<IoBackend>>(std::unique_ptr<IoBackend>)> Faults(
-    FaultInjectionOptions fo, FaultCounters* counters_out = nullptr) {
-  return
-      [fo, counters_out](std::unique_ptr<IoBackend> inner) -> Result<std::unique_ptr<IoBackend>> {
-        auto f = std::make_unique<FaultInjectionBackend>(std::move(inner), fo);
-        (void)counters_out;
-        return std::unique_ptr<IoBackend>(std::move(f));
-      };
-}
-
 RunConfig TightNvme(const std::vector<BlockSpec>& specs, const std::string& dir, int mb = 1,
                     double clip = 0) {
   const uint64_t device_min = Minimums(specs, mb, clip, dir).device_min_bytes;
@@ -330,7 +320,7 @@ TEST(EngineFaultTest, ReadErrorSurfacesAndResumeContinuesFromLastCommit) {
     bad.resume = true;
     FaultInjectionOptions fo;
     fo.eio = 1.0;
-    bad.wrap = Faults(fo);
+    bad.io_factory = FaultInjectionFactory(fo);
     auto f = MakeEngine(specs, bad);
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     EXPECT_EQ(f->engine->ResumedStep(), 2);
@@ -375,7 +365,7 @@ TEST(EngineFaultTest, WriteErrorLeavesLastCommitIntact) {
     FaultInjectionOptions fo;
     fo.seed = 7;
     fo.enospc = 0.5;  // writes fail with ENOSPC about half the time
-    bad.wrap = Faults(fo);
+    bad.io_factory = FaultInjectionFactory(fo);
     auto f = MakeEngine(specs, bad);
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     Status s = RunSteps(*f, 2, 3, 1, nullptr);
@@ -408,7 +398,7 @@ TEST(EngineFaultTest, FlippedBitsOnReadAreCaughtAsCorruption) {
   bad.resume = true;
   FaultInjectionOptions fo;
   fo.flip_read = 1.0;
-  bad.wrap = Faults(fo);
+  bad.io_factory = FaultInjectionFactory(fo);
   auto f = MakeEngine(specs, bad);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   Status s = RunSteps(*f, 2, 2, 1, nullptr);
@@ -421,7 +411,7 @@ TEST(EngineFaultTest, ShortTransfersEagainAndDelaysAreInvisible) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = FixedModel();
   auto ref = Reference(specs, 3, 2, 0);
-  ASSERT_TRUE(ref.ok());
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   TempDir dir;
   RunConfig rc = TightNvme(specs, dir.path(), 2);
   FaultInjectionOptions fo;
@@ -429,7 +419,12 @@ TEST(EngineFaultTest, ShortTransfersEagainAndDelaysAreInvisible) {
   fo.short_transfer = 0.3;
   fo.eagain = 0.3;
   fo.delay = 0.1;
-  rc.wrap = Faults(fo);
+  const IoBackend* backend = nullptr;  // the engine's, to read its counters
+  rc.io_factory = [fo, &backend](const IoBackendOptions& io) -> Result<std::unique_ptr<IoBackend>> {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> b, FaultInjectionFactory(fo)(io));
+    backend = b.get();
+    return b;
+  };
   auto f = MakeEngine(specs, rc);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   Status s = RunSteps(*f, 1, 3, 2, nullptr);
@@ -437,6 +432,13 @@ TEST(EngineFaultTest, ShortTransfersEagainAndDelaysAreInvisible) {
   auto got = States(*f->engine);
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(BitIdentical(*ref, *got));
+  // The faults happened (between steps the engine's I/O thread is idle).
+  ASSERT_NE(backend, nullptr);
+  const FaultCounters* injected = InjectedFaults(*backend);
+  ASSERT_NE(injected, nullptr);
+  EXPECT_GT(injected->short_transfers, 0u);
+  EXPECT_GT(injected->eagain, 0u);
+  EXPECT_GT(injected->delays, 0u);
   SetLogSink(nullptr);
 }
 

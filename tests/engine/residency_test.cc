@@ -1,5 +1,5 @@
 // The residency state machine (engine/residency.h): every transition, legal and illegal,
-// and the user counting of Enter/Leave.
+// and the user counting of Enter/Leave; a refusal is an Aborted status and changes nothing.
 #include "engine/residency.h"
 
 #include <gtest/gtest.h>
@@ -37,7 +37,16 @@ TEST(ResidencyTest, EveryTransitionIsAllowedExactlyWhenTheMachineHasIt) {
       EXPECT_EQ(Residency::Allowed(from, to), want);
       Residency r;
       r.state = from;
-      EXPECT_EQ(r.To(to), want);
+      const Status st = r.To(to);
+      EXPECT_EQ(st.ok(), want);
+      // A refusal is an internal error naming both states.
+      if (!want) {
+        EXPECT_EQ(st.code(), StatusCode::kAborted);
+        EXPECT_NE(st.message().find(std::string(ResidencyStateName(from)) + " -> " +
+                                    ResidencyStateName(to)),
+                  std::string::npos)
+            << st.ToString();
+      }
       // A refused transition changes nothing.
       EXPECT_EQ(r.state, want ? to : from);
     }
@@ -54,51 +63,51 @@ TEST(ResidencyTest, StateNamesAreDistinct) {
 TEST(ResidencyTest, ALoadedCopyIsUsedAndEvicted) {
   Residency r;
   EXPECT_EQ(r.state, S::kAbsent);
-  ASSERT_TRUE(r.To(S::kLoading));
-  EXPECT_FALSE(r.Enter()) << "a copy still loading cannot be used";
+  ASSERT_TRUE(r.To(S::kLoading).ok());
+  EXPECT_FALSE(r.Enter().ok()) << "a copy still loading cannot be used";
   EXPECT_EQ(r.users, 0);
-  ASSERT_TRUE(r.To(S::kReady));
-  ASSERT_TRUE(r.Enter());
-  ASSERT_TRUE(r.Enter());
+  ASSERT_TRUE(r.To(S::kReady).ok());
+  ASSERT_TRUE(r.Enter().ok());
+  ASSERT_TRUE(r.Enter().ok());
   EXPECT_EQ(r.users, 2);
-  EXPECT_FALSE(r.To(S::kAbsent)) << "a copy in use cannot be evicted";
-  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true));
+  EXPECT_FALSE(r.To(S::kAbsent).ok()) << "a copy in use cannot be evicted";
+  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true).ok());
   EXPECT_EQ(r.state, S::kInUse);
-  ASSERT_TRUE(r.Leave(false, true));
+  ASSERT_TRUE(r.Leave(false, true).ok());
   EXPECT_EQ(r.state, S::kReady);
   EXPECT_EQ(r.users, 0);
-  ASSERT_TRUE(r.To(S::kAbsent));
+  ASSERT_TRUE(r.To(S::kAbsent).ok());
 }
 
 TEST(ResidencyTest, AModifiedCopyIsDirtyUntilItsWriteCompletes) {
   Residency r;
-  ASSERT_TRUE(r.To(S::kReady));  // allocated for a writing use
-  ASSERT_TRUE(r.Enter());
-  ASSERT_TRUE(r.Enter());
+  ASSERT_TRUE(r.To(S::kReady).ok());  // allocated for a writing use
+  ASSERT_TRUE(r.Enter().ok());
+  ASSERT_TRUE(r.Enter().ok());
   // One user modifies, the other does not: the copy is dirty once the last one leaves.
-  ASSERT_TRUE(r.Leave(/*modified=*/true, /*needs_write=*/true));
+  ASSERT_TRUE(r.Leave(/*modified=*/true, /*needs_write=*/true).ok());
   EXPECT_EQ(r.state, S::kInUse);
-  ASSERT_TRUE(r.Leave(false, true));
+  ASSERT_TRUE(r.Leave(false, true).ok());
   EXPECT_EQ(r.state, S::kDirty);
-  EXPECT_FALSE(r.To(S::kAbsent)) << "a dirty copy cannot be dropped";
-  EXPECT_FALSE(r.To(S::kReady)) << "a dirty copy must be written first";
+  EXPECT_FALSE(r.To(S::kAbsent).ok()) << "a dirty copy cannot be dropped";
+  EXPECT_FALSE(r.To(S::kReady).ok()) << "a dirty copy must be written first";
   // Used again before its write was submitted (a reader): still dirty afterwards, or the
   // write would find it kReady and an eviction could drop it unwritten.
-  ASSERT_TRUE(r.Enter());
-  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true));
+  ASSERT_TRUE(r.Enter().ok());
+  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true).ok());
   EXPECT_EQ(r.state, S::kDirty) << "a reader of a dirty copy cleared its dirty mark";
-  ASSERT_TRUE(r.To(S::kWriting));
-  EXPECT_FALSE(r.Enter()) << "a copy being written cannot be used";
-  EXPECT_FALSE(r.To(S::kAbsent));
-  ASSERT_TRUE(r.To(S::kReady));
-  ASSERT_TRUE(r.To(S::kAbsent));
+  ASSERT_TRUE(r.To(S::kWriting).ok());
+  EXPECT_FALSE(r.Enter().ok()) << "a copy being written cannot be used";
+  EXPECT_FALSE(r.To(S::kAbsent).ok());
+  ASSERT_TRUE(r.To(S::kReady).ok());
+  ASSERT_TRUE(r.To(S::kAbsent).ok());
 }
 
 TEST(ResidencyTest, AModifiedCopyWithoutAnNvmeHomeStaysReady) {
   Residency r;
   r.state = S::kReady;
-  ASSERT_TRUE(r.Enter());
-  ASSERT_TRUE(r.Leave(/*modified=*/true, /*needs_write=*/false));
+  ASSERT_TRUE(r.Enter().ok());
+  ASSERT_TRUE(r.Leave(/*modified=*/true, /*needs_write=*/false).ok());
   EXPECT_EQ(r.state, S::kReady);
 }
 
@@ -106,7 +115,7 @@ TEST(ResidencyTest, LeaveWithoutAUserIsRefused) {
   for (S s : kAll) {
     Residency r;
     r.state = s;
-    EXPECT_FALSE(r.Leave(false, false)) << ResidencyStateName(s);
+    EXPECT_FALSE(r.Leave(false, false).ok()) << ResidencyStateName(s);
     EXPECT_EQ(r.state, s);
     EXPECT_EQ(r.users, 0);
   }
@@ -117,7 +126,7 @@ TEST(ResidencyTest, EnterIsRefusedWhereTheMachineHasNoUse) {
     Residency r;
     r.state = s;
     const bool want = s == S::kReady || s == S::kDirty || s == S::kInUse;
-    EXPECT_EQ(r.Enter(), want) << ResidencyStateName(s);
+    EXPECT_EQ(r.Enter().ok(), want) << ResidencyStateName(s);
     EXPECT_EQ(r.users, want ? 1 : 0);
     EXPECT_EQ(r.state, want ? S::kInUse : s);
   }

@@ -1,10 +1,12 @@
 // Uses the installed public API only: a HostDevice, an Engine over two one-tensor blocks with
 // a host budget that sends the optimizer states to NVMe, one training step with gradient 1
 // everywhere. AdamW's first step moves every weight by -lr (m̂ = 1, v̂ = 1): the program checks
-// that and exits 0, or prints what differs and exits 1.
+// that and exits 0, or prints what differs and exits 1. The NVMe tier's backend is the
+// shipped fault injector, splitting and retrying requests (which must change nothing).
 //   strata_consumer NVME_DIR
 #include <strata/device.h>
 #include <strata/engine.h>
+#include <strata/fault_injection.h>
 #include <strata/version.h>
 
 #include <cmath>
@@ -35,6 +37,10 @@ int main(int argc, char** argv) {
   options.device = device->get();
   options.host_mem_bytes = 2 << 20;  // under the 2.5 MiB of states: some go to NVMe
   options.nvme_paths = {argv[1]};
+  strata::FaultInjectionOptions faults;
+  faults.short_transfer = 0.5;
+  faults.eagain = 0.5;
+  options.io_backend_factory = strata::FaultInjectionFactory(faults);
   auto engine = strata::Engine::Create(blocks, options);
   if (!engine.ok()) return Fail("Engine::Create", engine.status());
   strata::Engine& e = **engine;

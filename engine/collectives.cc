@@ -1,0 +1,155 @@
+// The collectives of one rank without a communicator, the choice of the implementation,
+// and the check that every rank passes the same options.
+#include "engine/collectives.h"
+
+#include <bit>
+#include <cstdio>
+#include <cstring>
+
+#include "engine/rank_collectives.h"
+
+namespace strata::engine_internal {
+namespace {
+
+// One rank: the shard is the whole block; plain copies, the norm combined locally.
+class NoCollectives final : public Collectives {
+ public:
+  NoCollectives(EngineContext& ctx, DeviceTier& device) : Collectives(ctx), device_(device) {}
+  Result<EventPtr> FillParams(int a, void* dst) override {
+    return device_.CopyShardToDevice(a, dst);
+  }
+  Result<EventPtr> LandGrad(int a, const void* src, void* dst, const EventPtr& computed) override {
+    const int b = ctx_.schedule[a].block;
+    const uint64_t bytes = ctx_.layout[b].shard_numel * 4;
+    STRATA_RETURN_IF_ERROR(ctx_.dev->WaitEvent(Lane::kD2H, computed));
+    STRATA_RETURN_IF_ERROR(
+        ctx_.dev->CopyToHost(dst, src, bytes, "d2h grad " + ctx_.layout[b].name));
+    return EventPtr();
+  }
+  Status AllGatherHost(const float* shard, float* all, uint64_t n,
+                       const std::string&) const override {
+    std::memcpy(all, shard, n * sizeof(float));
+    return Status::OK();
+  }
+
+ private:
+  DeviceTier& device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collectives> CreateCollectives(EngineContext& ctx, HostTier& host,
+                                               DeviceTier& device, OptimizerStage& optimizer) {
+  if (!ctx.comm) return std::make_unique<NoCollectives>(ctx, device);
+  if (ctx.opt.collective_memory == CollectiveMemory::kDevice) {
+    return CreateDeviceMemoryCollectives(ctx, host, device, optimizer);
+  }
+  return CreateHostMemoryCollectives(ctx, host, device, optimizer);
+}
+
+// Compares, across ranks, every option that fixes the order or the sizes of the collectives
+// or changes the numbers (a rank with other optimizer settings would silently diverge):
+// each rank contributes one fixed-size row of values; every rank finds the same first
+// difference, so they all fail with the same message.
+Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
+  const EngineOptions& opt = ctx.opt;
+  // FNV-1a over the bytes of the model description and the schedule.
+  uint64_t model_hash = 1469598103934665603ull, schedule_hash = model_hash;
+  auto mix = [](uint64_t* h, const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      *h = (*h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  for (const BlockLayout& b : ctx.layout) {
+    mix(&model_hash, b.name.data(), b.name.size() + 1);
+    for (const TensorLayout& t : b.tensors) {
+      mix(&model_hash, t.name.data(), t.name.size() + 1);
+      for (int64_t d : t.shape) mix(&model_hash, &d, sizeof d);
+      mix(&model_hash, &t.offset, sizeof t.offset);
+      const uint8_t wd = t.weight_decay;
+      mix(&model_hash, &wd, 1);
+    }
+  }
+  for (const ScheduleEntry& e : opt.schedule) {
+    mix(&schedule_hash, &e.block, sizeof e.block);
+    const uint8_t pass = uint8_t(e.pass);
+    mix(&schedule_hash, &pass, 1);
+  }
+  const WorkingDtype dtype =
+      opt.dtype != WorkingDtype::kAuto
+          ? opt.dtype
+          : (ctx.dev->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32);
+  enum Shown : uint8_t { kNumber, kReal, kHash, kDtype, kMemory, kOptimizer };
+  struct Field {
+    const char* name;
+    uint64_t value;
+    Shown shown;
+  };
+  auto real = [](double d) { return std::bit_cast<uint64_t>(d); };
+  const Field fields[] = {
+      {"the model (blocks, tensor names, shapes, weight decay)", model_hash, kHash},
+      {"tensor_alignment", opt.tensor_alignment, kNumber},
+      {"schedule", schedule_hash, kHash},
+      {"micro_batches", uint64_t(opt.micro_batches), kNumber},
+      {"device_mem_bytes (--device-mem)", opt.device_mem_bytes, kNumber},
+      {"host_mem_bytes (--host-mem)", opt.host_mem_bytes, kNumber},
+      {"the number of NVMe folders (--nvme)", opt.nvme_paths.size(), kNumber},
+      {"durable", uint64_t(opt.durable), kNumber},
+      {"resume", uint64_t(opt.resume), kNumber},
+      {"working dtype", uint64_t(dtype), kDtype},
+      {"collective memory", uint64_t(opt.collective_memory), kMemory},
+      {"optimizer", uint64_t(opt.optimizer), kOptimizer},
+      {"beta1", real(opt.beta1), kReal},
+      {"beta2", real(opt.beta2), kReal},
+      {"eps", real(opt.eps), kReal},
+      {"weight_decay", real(opt.weight_decay), kReal},
+      {"grad_clip", real(opt.grad_clip), kReal},
+  };
+  constexpr size_t kFields = sizeof fields / sizeof fields[0];
+  std::vector<uint64_t> mine(kFields), all(kFields * size_t(ctx.ws));
+  for (size_t f = 0; f < kFields; ++f) mine[f] = fields[f].value;
+  CollectiveOptions co;
+  co.label = "all-gather engine options";
+  STRATA_RETURN_IF_ERROR(
+      ctx.host_comm->AllGather(mine.data(), all.data(), kFields * 8, CommDataType::kByte, co)
+          .Wait()
+          .Annotate("comparing the engine options of the ranks"));
+  auto show = [&](const Field& f, uint64_t v) -> std::string {
+    switch (f.shown) {
+      case kNumber:
+        return std::to_string(v);
+      case kReal: {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.17g", std::bit_cast<double>(v));
+        return buf;
+      }
+      case kHash: {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "hash %016llx", static_cast<unsigned long long>(v));
+        return buf;
+      }
+      case kDtype:
+        return WorkingDtypeName(WorkingDtype(v));
+      case kMemory:
+        return CollectiveMemoryName(CollectiveMemory(v));
+      case kOptimizer:
+        return v == uint64_t(OptimizerKind::kAdamW) ? "adamw" : "adam";
+    }
+    return "?";
+  };
+  for (int r = 1; r < ctx.ws; ++r) {
+    for (size_t f = 0; f < kFields; ++f) {
+      const uint64_t v0 = all[f], vr = all[size_t(r) * kFields + f];
+      if (v0 == vr) continue;
+      return Status::InvalidArgument(
+          std::string("the ranks' engine options differ: ") + fields[f].name + " is " +
+          show(fields[f], v0) + " on rank 0 but " + show(fields[f], vr) + " on rank " +
+          std::to_string(r) +
+          "; every rank must run the same model with the same options (budgets included: "
+          "they fix the order of the collectives)");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace strata::engine_internal

@@ -1,0 +1,411 @@
+#include "engine/host_tier.h"
+
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "strata/log.h"
+
+namespace strata::engine_internal {
+namespace {
+
+using S = ResidencyState;
+
+// Plain 4 KiB-aligned memory for between-step utilities (WriteParams, ReadComponent):
+// not part of the pinned budget, which covers the steady state of a step.
+struct AlignedBuffer {
+  explicit AlignedBuffer(uint64_t bytes)
+      : data(std::aligned_alloc(4096, RoundUp(std::max<uint64_t>(bytes, 1), 4096))) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  void* data;
+};
+
+}  // namespace
+
+// Runs before any thread starts.
+Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
+  const PlacementPlan& place = ctx_.place;
+  objs_.resize(size_t(ctx_.L) * kNumComponents);
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    HostObj& h = objs_[o];
+    const Component c = ObjComponent(o);
+    h.exists = place.obj_bytes[o] > 0;
+    if (!h.exists) continue;
+    h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * (c == Component::kParam ? 2 : 4);
+    h.cached = place.cached[o];
+    h.needs_write = c != Component::kGrad && (place.home[o] == Tier::kNvme || ctx_.durable);
+  }
+
+  // Pinned pool: homes + cache + staging.
+  const uint64_t pool_bytes = place.resident_bytes + place.cache_capacity + place.staging_bytes;
+  PinnedPoolOptions popt;
+  popt.budget_bytes = std::max<uint64_t>(pool_bytes, 4096);
+  struct rlimit rl {};
+  const bool can_lock = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+                        (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= popt.budget_bytes);
+  popt.lock = can_lock;
+  if (!can_lock) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      LogWarning("pinned host memory of " + FormatBytes(popt.budget_bytes) +
+                 " exceeds RLIMIT_MEMLOCK (" + FormatBytes(rl.rlim_cur) +
+                 "); using unlocked memory (raise it with `ulimit -l` or LimitMEMLOCK=)");
+    });
+  }
+  STRATA_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(popt));
+  if (ctx_.dev->Kind() == DeviceKind::kCuda) {
+    STRATA_RETURN_IF_ERROR(ctx_.dev->RegisterHostMemory(pool_->base(), pool_->size()));
+    registered_with_device_ = true;
+  }
+  if (place.staging_bytes > place.comm_staging_bytes) {
+    STRATA_ASSIGN_OR_RETURN(
+        staging_, pool_->Allocate(place.staging_bytes - place.comm_staging_bytes, "grad staging"));
+  }
+  return Status::OK();
+}
+
+// Runs before any thread starts.
+Status HostTier::InitObjects() NO_THREAD_SAFETY_ANALYSIS {
+  const PlacementPlan& place = ctx_.place;
+  if (place.cache_capacity) {
+    STRATA_ASSIGN_OR_RETURN(void* cache, pool_->Allocate(place.cache_capacity, "cache"));
+    cache_base_ = static_cast<char*>(cache);
+  }
+  host_fixed_ = place.staging_bytes + place.resident_bytes;
+
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    HostObj& h = objs_[o];
+    if (!h.exists || h.cached) continue;
+    STRATA_ASSIGN_OR_RETURN(h.buf, pool_->Allocate(h.bytes, ctx_.Key(o)));
+    std::memset(h.buf, 0, h.bytes);
+    STRATA_RETURN_IF_ERROR(h.res.To(S::kReady).Annotate(ctx_.ObjName(o)));
+  }
+  if (!place.use_nvme) return Status::OK();
+  if (ctx_.opt.nvme_paths.empty()) {
+    return Status::InvalidArgument("the placement needs NVMe but no NVMe paths were given");
+  }
+  STRATA_RETURN_IF_ERROR(OpenStore());
+  const auto committed = store_->CommittedStep();
+  if (ctx_.opt.resume) {
+    if (!committed) {
+      return Status::NotFound("resume: the store in " + ctx_.opt.nvme_paths[0] +
+                              " has no committed step");
+    }
+    ctx_.resumed_step = int64_t(*committed);
+    return ResumeFromStore();
+  }
+  if (committed) {
+    return Status::InvalidArgument(
+        "NVMe folder " + ctx_.opt.nvme_paths[0] + " already holds a committed engine state (step " +
+        std::to_string(*committed) +
+        "); resume it (EngineOptions::resume, --resume) or use an empty folder");
+  }
+  return Status::OK();
+}
+
+Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
+  const EngineOptions& opt = ctx_.opt;
+  SwapStoreOptions sopt;
+  sopt.paths = opt.nvme_paths;
+  // A committed and a pending version of every component, plus room for fragmentation.
+  sopt.capacity_bytes =
+      2 * ctx_.place.nvme_bytes + 2 * opt.nvme_stripe_bytes * sopt.paths.size() + (16ull << 20);
+  sopt.stripe_bytes = opt.nvme_stripe_bytes;
+  sopt.create = !opt.resume;
+  sopt.backend = opt.io;
+  std::unique_ptr<IoBackend> backend;
+  if (opt.io_backend_factory) {  // else the store makes CreateIoBackend(opt.io)
+    STRATA_ASSIGN_OR_RETURN(backend, opt.io_backend_factory(opt.io));
+    if (!backend) {
+      return Status::InvalidArgument("EngineOptions::io_backend_factory returned no backend");
+    }
+  }
+  if (opt.resume) {
+    sopt.max_capacity_bytes = sopt.capacity_bytes;  // a manifest may not ask for more
+    sopt.capacity_bytes = 0;                        // keep the stored size
+  }
+  auto store = SwapStore::Open(sopt, std::move(backend));
+  if (!store.ok()) {
+    Status s = store.status();
+    if (opt.resume && s.code() == StatusCode::kNotFound) {
+      s.Annotate("resume: no committed engine state in " + opt.nvme_paths[0]);
+    }
+    return s;
+  }
+  store_ = std::move(store).value();
+  const BufferRegion region{pool_->base(), pool_->size()};
+  return store_->RegisterBuffers(std::span<const BufferRegion>(&region, 1));
+}
+
+Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    HostObj& h = objs_[o];
+    if (!h.needs_write) continue;
+    auto info = store_->Lookup(ctx_.Key(o));
+    if (!info || info->length != h.bytes) {
+      return Status::Corruption("resume: the committed state in " + ctx_.opt.nvme_paths[0] +
+                                " has no " + ctx_.ObjName(o) + " of " + std::to_string(h.bytes) +
+                                " bytes (key " + ctx_.Key(o) +
+                                "); was it written by a different "
+                                "model or placement?");
+    }
+    h.on_nvme = true;
+    if (!h.cached) STRATA_RETURN_IF_ERROR(store_->Read(ctx_.Key(o), h.buf, h.bytes).status());
+  }
+  return Status::OK();
+}
+
+void HostTier::UnregisterFromDevice() {
+  if (registered_with_device_) (void)ctx_.dev->UnregisterHostMemory(pool_->base());
+  registered_with_device_ = false;
+}
+
+void HostTier::PlanStartLocked(std::vector<int>* resident, std::vector<uint64_t>* offsets) const {
+  offsets->assign(objs_.size(), 0);
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    if (objs_[o].cached && objs_[o].res.state != S::kAbsent) resident->push_back(o);
+    (*offsets)[o] = objs_[o].offset;
+  }
+}
+
+void HostTier::BeginStepLocked() {
+  host_cursor_ = 0;
+  total_uses_ = 0;
+  for (const HostUse& u : ctx_.hplan.uses) {
+    for (const UseObj& uo : u.objs) total_uses_ += objs_[uo.obj].exists ? 1 : 0;
+  }
+  uses_completed_ = 0;
+  for (HostObj& h : objs_) h.uses_done = 0;
+  pool_->ResetPeak();
+  cache_peak_ = cache_used_;
+}
+
+Status HostTier::EnterLocked(int obj) { return objs_[obj].res.Enter().Annotate(ctx_.ObjName(obj)); }
+
+Status HostTier::LeaveLocked(int obj, bool modified) {
+  HostObj& o = objs_[obj];
+  STRATA_RETURN_IF_ERROR(o.res.Leave(modified, o.needs_write).Annotate(ctx_.ObjName(obj)));
+  if (o.res.state == S::kDirty) write_queue_.push_back(obj);
+  o.uses_done++;
+  uses_completed_++;
+  ctx_.NotifyLocked();
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------
+// I/O thread
+// ---------------------------------------------------------------------------------------
+
+// Places a load or an allocation at its offset in the cache; false (error stored) when the
+// plan places it over a live copy.
+bool HostTier::PlaceLocked(const HostOp& op) {
+  HostObj& h = objs_[op.obj];
+  h.offset = op.offset;
+  h.buf = cache_base_ + h.offset;
+  cache_used_ += RoundUp(h.bytes, 4096);
+  cache_peak_ = std::max(cache_peak_, cache_used_);
+  // The plan never places two live objects on one range; a violation would corrupt data
+  // silently, so it is checked (one pass over the objects per placement).
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    const HostObj& x = objs_[o];
+    if (o == op.obj || !x.cached || x.res.state == S::kAbsent) continue;
+    if (x.offset < h.offset + RoundUp(h.bytes, 4096) &&
+        h.offset < x.offset + RoundUp(x.bytes, 4096)) {
+      ctx_.SetErrorLocked(Status::Aborted("internal: host plan places " + ctx_.Key(op.obj) +
+                                          " over live " + ctx_.Key(o)));
+      return false;
+    }
+  }
+  return true;
+}
+
+bool HostTier::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
+                               std::vector<int>* read_objs) {
+  HostObj& h = objs_[op.obj];
+  auto transition = [&](S to) REQUIRES(ctx_.mu) {
+    Status s = h.res.To(to);
+    if (!s.ok()) ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(op.obj)));
+    return s.ok();
+  };
+  switch (op.kind) {
+    case HostOpKind::kEvict: {
+      if (h.uses_done < op.uses_before || h.res.state != S::kReady) return false;
+      cache_used_ -= RoundUp(h.bytes, 4096);
+      h.buf = nullptr;
+      if (!transition(S::kAbsent)) return false;
+      ctx_.NotifyLocked();
+      return true;
+    }
+    case HostOpKind::kLoad:
+    case HostOpKind::kAlloc: {
+      if (!PlaceLocked(op)) return false;
+      if (op.kind == HostOpKind::kAlloc || !h.on_nvme || !store_) {
+        // Allocated for a use that writes it, or never written: zeros, as Create promised.
+        if (op.kind == HostOpKind::kLoad || ObjComponent(op.obj) == Component::kParam) {
+          std::memset(h.buf, 0, h.bytes);
+        }
+        if (!transition(S::kReady)) return false;
+        ctx_.NotifyLocked();
+        return true;
+      }
+      if (!transition(S::kLoading)) return false;
+      reads->push_back(SwapOp{IoOp::kRead, ctx_.Key(op.obj), h.buf, h.bytes});
+      read_objs->push_back(op.obj);
+      return true;
+    }
+  }
+  return false;
+}
+
+void HostTier::IoLoop() {
+  struct InFlight {
+    int obj;
+    bool write;
+    Clock::time_point start;
+  };
+  std::unordered_map<SwapTicket, InFlight> in_flight;
+  std::vector<SwapCompletion> done(64);
+  for (;;) {
+    std::vector<SwapOp> ops;
+    std::vector<int> op_objs;
+    std::vector<bool> op_write;
+    {
+      MutexLock lock(&ctx_.mu);
+      for (;;) {
+        if (ctx_.shutdown && in_flight.empty()) return;
+        bool progressed = false;
+        if (ctx_.error.ok() && !ctx_.shutdown) {
+          while (!write_queue_.empty()) {
+            const int obj = write_queue_.front();
+            write_queue_.pop_front();
+            HostObj& h = objs_[obj];
+            Status s = h.res.To(S::kWriting);
+            if (!s.ok()) {
+              ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));
+              break;
+            }
+            ops.push_back(SwapOp{IoOp::kWrite, ctx_.Key(obj), h.buf, h.bytes});
+            op_objs.push_back(obj);
+            op_write.push_back(true);
+            ++writes_in_flight_;
+          }
+          while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
+            if (!TryHostOpLocked(ctx_.hplan.ops[host_cursor_], &ops, &op_objs)) break;
+            op_write.resize(ops.size(), false);
+            ++host_cursor_;
+            progressed = true;
+          }
+        }
+        if (progressed) ctx_.NotifyLocked();
+        if (!ops.empty() || !in_flight.empty()) break;
+        if (progressed) continue;
+        ctx_.cv.Wait();
+      }
+    }
+    if (!ops.empty()) {
+      const Clock::time_point now = Clock::now();
+      auto tickets = store_ ? store_->Submit(ops)
+                            : Result<std::vector<SwapTicket>>(
+                                  Status::Aborted("internal: NVMe operation without a store"));
+      if (!tickets.ok()) {
+        ctx_.SetError(Status(tickets.status()).Annotate("submitting NVMe I/O"));
+        continue;
+      }
+      for (size_t i = 0; i < ops.size(); ++i) {
+        in_flight[(*tickets)[i]] = InFlight{op_objs[i], op_write[i], now};
+      }
+    }
+    if (in_flight.empty()) continue;
+    auto n = store_->Poll(std::span<SwapCompletion>(done), 1);
+    const Clock::time_point now = Clock::now();
+    if (!n.ok()) {
+      ctx_.SetError(Status(n.status()).Annotate("waiting for NVMe I/O"));
+      // The backend failed: nothing more will complete.
+      in_flight.clear();
+      continue;
+    }
+    MutexLock lock(&ctx_.mu);
+    for (size_t i = 0; i < *n; ++i) {
+      SwapCompletion& c = done[i];
+      auto it = in_flight.find(c.ticket);
+      if (it == in_flight.end()) continue;
+      const InFlight f = it->second;
+      in_flight.erase(it);
+      HostObj& h = objs_[f.obj];
+      ctx_.timeline.Add(f.write ? TraceLane::kNvmeWrite : TraceLane::kNvmeRead,
+                        (f.write ? "write " : "read ") + ctx_.Key(f.obj), f.start, now, h.bytes);
+      if (f.write) --writes_in_flight_;
+      if (!c.status.ok()) {
+        ctx_.SetErrorLocked(
+            Status(c.status).Annotate(std::string(f.write ? "writing " : "reading ") +
+                                      ctx_.ObjName(f.obj) + " (key " + ctx_.Key(f.obj) + ")"));
+        continue;
+      }
+      if (f.write) h.on_nvme = true;
+      Status s = h.res.To(S::kReady);
+      if (!s.ok()) ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(f.obj)));
+    }
+    ctx_.NotifyLocked();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Between steps
+// ---------------------------------------------------------------------------------------
+
+Status HostTier::ReadObjLocked(int obj, void* dst) const {
+  const HostObj& h = objs_[obj];
+  if (h.buf && h.res.state != S::kAbsent && h.res.state != S::kLoading) {
+    std::memcpy(dst, h.buf, h.bytes);
+    return Status::OK();
+  }
+  if (!h.on_nvme || !store_) {
+    std::memset(dst, 0, h.bytes);
+    return Status::OK();
+  }
+  AlignedBuffer tmp(h.bytes);
+  STRATA_RETURN_IF_ERROR(store_->Read(ctx_.Key(obj), tmp.data, RoundUp(h.bytes, 4096)).status());
+  std::memcpy(dst, tmp.data, h.bytes);
+  return Status::OK();
+}
+
+Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
+                                   std::span<const float> values) {
+  std::vector<int> targets = {ObjIndex(block, Component::kMaster)};
+  if (ctx_.separate) targets.push_back(ObjIndex(block, Component::kParam));
+  for (int obj : targets) {
+    HostObj& h = objs_[obj];
+    const bool resident = h.buf && h.res.state == S::kReady;
+    AlignedBuffer tmp(resident ? 0 : h.bytes);
+    void* data = resident ? h.buf : tmp.data;
+    if (!resident) STRATA_RETURN_IF_ERROR(ReadObjLocked(obj, data));
+    // This rank's part of the tensor: values[k] is full-block element t.offset + k.
+    const auto [lo, hi] = ctx_.ShardPart(block, t.offset, t.offset + t.numel);
+    const uint64_t first = lo + uint64_t(ctx_.rank) * ctx_.layout[block].shard_numel - t.offset;
+    if (ObjComponent(obj) == Component::kParam) {
+      uint16_t* p = static_cast<uint16_t*>(data) + lo;
+      for (uint64_t i = 0; i < hi - lo; ++i) p[i] = FloatToBf16(values[first + i]);
+    } else if (hi > lo) {
+      std::memcpy(static_cast<float*>(data) + lo, values.data() + first, (hi - lo) * sizeof(float));
+    }
+    if (h.needs_write && store_) {
+      STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(obj), data, h.bytes));
+      h.on_nvme = true;
+    }
+  }
+  return Status::OK();
+}
+
+Status HostTier::CommitLocked(uint64_t step) {
+  if (!store_) return Status::OK();
+  ctx_.mu.Unlock();
+  Status s = store_->Commit(step);
+  ctx_.mu.Lock();
+  return s;
+}
+
+}  // namespace strata::engine_internal

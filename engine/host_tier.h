@@ -1,0 +1,136 @@
+// HostTier: the pinned host tier and the NVMe behind it. It owns the pinned pool, the host
+// copy of every component (HostObj: its residency, its buffer, whether the store holds a
+// version), the cache region the host plan places copies in, the SwapStore, and the write
+// queue of updated components; its I/O thread runs the host plan (evict, load = NVMe read,
+// allocate) in order and submits the writes.
+//
+// Threads: Init, the between-step calls and BeginStepLocked run on the model's thread
+// with no step open; the I/O thread runs IoLoop; every other part enters and leaves host
+// copies (EnterLocked/LeaveLocked) from its own thread.
+// Lock: the fields below are guarded by the shared EngineContext::mu; the SwapStore and
+// the pool are called without it (the store only from the I/O thread during a step, and
+// from the model's thread between steps).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_context.h"
+#include "engine/residency.h"
+#include "io/pinned_pool.h"
+#include "io/swap_store.h"
+
+namespace strata::engine_internal {
+
+// One component of one block in host memory.
+struct HostObj {
+  // Fixed by the placement at Init.
+  bool exists = false;       // the component exists (kParam only with a separate dtype)
+  bool cached = false;       // lives in the cache (NVMe home, or a gradient), not at home
+  bool needs_write = false;  // updates go to NVMe (NVMe home, or durable)
+  uint64_t bytes = 0;        // logical bytes (shard elements x element size)
+  // State of the pinned copy.
+  Residency res;
+  void* buf = nullptr;
+  uint64_t offset = 0;  // place in the cache region (cached objects)
+  int uses_done = 0;    // uses of this step completed
+  // State of the NVMe copy: the store holds a version (else the content is zeros).
+  bool on_nvme = false;
+};
+
+class HostTier {
+ public:
+  explicit HostTier(EngineContext& ctx) : ctx_(ctx) {}
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
+
+  // Init, first part: the pinned pool (registered with a CUDA device) and the gradient
+  // staging buffer. Allocate() works after it.
+  Status InitPool();
+  Result<void*> Allocate(uint64_t bytes, const std::string& name) {
+    return pool_->Allocate(bytes, name);
+  }
+  // Init, second part: the cache, the home copies, the SwapStore (and a resumed state).
+  Status InitObjects() EXCLUDES(ctx_.mu);
+  void Start() {
+    io_thread_ = std::thread([this] { IoLoop(); });
+  }
+  void Join() {
+    if (io_thread_.joinable()) io_thread_.join();
+  }
+  void UnregisterFromDevice();
+  void CloseStore() { store_.reset(); }
+
+  // ---- Step (mu held). ----
+  // The host plan's start: the cached copies resident now and every copy's offset.
+  void PlanStartLocked(std::vector<int>* resident, std::vector<uint64_t>* offsets) const
+      REQUIRES(ctx_.mu);
+  void BeginStepLocked() REQUIRES(ctx_.mu);
+  // Every host op ran, every use completed, every write landed.
+  bool StepDoneLocked() const REQUIRES(ctx_.mu) {
+    return host_cursor_ == ctx_.hplan.ops.size() && write_queue_.empty() &&
+           writes_in_flight_ == 0 && uses_completed_ == total_uses_;
+  }
+  uint64_t PeakBytesLocked() const REQUIRES(ctx_.mu) { return host_fixed_ + cache_peak_; }
+
+  // ---- Uses of host copies, by any part (mu held). ----
+  const HostObj& Obj(int obj) const REQUIRES(ctx_.mu) { return objs_[obj]; }
+  // The copy may serve its `seq`-th use of the step: the uses before it are done and it is
+  // in memory.
+  bool UsableLocked(int obj, int seq) const REQUIRES(ctx_.mu) {
+    const HostObj& h = objs_[obj];
+    return h.uses_done >= seq &&
+           (h.res.state == ResidencyState::kReady || h.res.state == ResidencyState::kInUse);
+  }
+  Status EnterLocked(int obj) REQUIRES(ctx_.mu);
+  // Ends a use; a modified copy that must reach NVMe joins the write queue.
+  Status LeaveLocked(int obj, bool modified) REQUIRES(ctx_.mu);
+  // Where a gradient lands for a micro-batch after the first.
+  void* staging() const { return staging_; }
+
+  // ---- Between steps (model thread, no step open). ----
+  // Reads the whole component into `dst` (fp32 or bf16 bytes).
+  Status ReadObjLocked(int obj, void* dst) const REQUIRES(ctx_.mu);
+  // Writes the full-block elements [t.offset, t.offset + values.size()) of the block's
+  // master (and working-dtype param) copies: this rank's part of them.
+  Status WriteTensorLocked(int block, const TensorLayout& t, std::span<const float> values)
+      REQUIRES(ctx_.mu);
+  bool has_store() const { return store_ != nullptr; }
+  std::optional<uint64_t> CommittedStep() const { return store_->CommittedStep(); }
+  // Commits the store's pending versions as `step` (drops mu around the flush).
+  Status CommitLocked(uint64_t step) REQUIRES(ctx_.mu);
+
+ private:
+  void IoLoop() EXCLUDES(ctx_.mu);
+  // Runs host op `op` if its dependencies are met; false when it must wait (or failed: then
+  // the error is stored).
+  bool TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads, std::vector<int>* read_objs)
+      REQUIRES(ctx_.mu);
+  bool PlaceLocked(const HostOp& op) REQUIRES(ctx_.mu);
+  Status ResumeFromStore() EXCLUDES(ctx_.mu);
+  Status OpenStore() EXCLUDES(ctx_.mu);
+
+  EngineContext& ctx_;
+  std::unique_ptr<PinnedPool> pool_;
+  bool registered_with_device_ = false;
+  std::unique_ptr<SwapStore> store_;
+  void* staging_ = nullptr;  // gradient landing buffer for micro-batches after the first
+  // The cache: one pinned region; the host plan places objects inside it (exact offsets, so
+  // the simulated footprint and fragmentation are the real ones).
+  char* cache_base_ = nullptr;
+  uint64_t host_fixed_ = 0;  // staging and homes: the pool outside the cache
+
+  std::vector<HostObj> objs_ GUARDED_BY(ctx_.mu);
+  uint64_t cache_used_ GUARDED_BY(ctx_.mu) = 0;
+  uint64_t cache_peak_ GUARDED_BY(ctx_.mu) = 0;
+  size_t host_cursor_ GUARDED_BY(ctx_.mu) = 0;  // host plan ops run
+  int64_t total_uses_ GUARDED_BY(ctx_.mu) = 0;
+  int64_t uses_completed_ GUARDED_BY(ctx_.mu) = 0;
+  std::deque<int> write_queue_ GUARDED_BY(ctx_.mu);
+  int writes_in_flight_ GUARDED_BY(ctx_.mu) = 0;
+  std::thread io_thread_;
+};
+
+}  // namespace strata::engine_internal

@@ -1,0 +1,180 @@
+#include "engine/optimizer_stage.h"
+
+#include <cmath>
+
+namespace strata::engine_internal {
+
+void OptimizerStage::BeginStepLocked() {
+  opts_done_ = 0;
+  grads_in_.assign(ctx_.L, 0);
+  norm_sq_.assign(ctx_.L, 0);
+  non_finite_.assign(ctx_.L, 0);
+  norm_known_.assign(ctx_.L, false);
+  norm_ = GradNormResult{};
+  norm_final_ = false;
+}
+
+bool OptimizerStage::AllNormsKnownLocked() const {
+  for (int x = 0; x < ctx_.L; ++x) {
+    if (!norm_known_[x]) return false;
+  }
+  return true;
+}
+
+NormPart OptimizerStage::LocalNormPartLocked() const {
+  NormPart mine;
+  for (int x = 0; x < ctx_.L; ++x) {
+    mine.sum_squares += norm_sq_[x];
+    mine.non_finite += non_finite_[x];
+  }
+  return mine;
+}
+
+void OptimizerStage::FinalizeNormLocked(std::span<const NormPart> parts) {
+  double sum = 0;
+  uint64_t bad = 0;
+  for (const NormPart& p : parts) sum += p.sum_squares, bad += p.non_finite;
+  norm_.grad_norm = std::sqrt(sum) * ctx_.args.grad_scale;
+  const double clip = ctx_.opt.grad_clip;
+  if (clip > 0) {
+    norm_.skipped = bad > 0;
+    norm_.clip_coef = norm_.grad_norm > clip ? clip / (norm_.grad_norm + 1e-6) : 1.0;
+  }
+  norm_final_ = true;
+}
+
+GradNormResult OptimizerStage::NormLocked() {
+  if (!norm_final_) {
+    const NormPart mine = LocalNormPartLocked();
+    FinalizeNormLocked(std::span<const NormPart>(&mine, 1));
+  }
+  return norm_;
+}
+
+Result<bool> OptimizerStage::ComputeOneNormLocked() {
+  int x = 0;
+  while (x < ctx_.L && (norm_known_[x] || grads_in_[x] != ctx_.opt.micro_batches)) ++x;
+  if (x == ctx_.L) return false;
+  const float* grad = static_cast<const float*>(host_.Obj(ObjIndex(x, Component::kGrad)).buf);
+  const size_t n = ctx_.layout[x].shard_numel;
+  ctx_.mu.Unlock();
+  const Clock::time_point t0 = Clock::now();
+  auto r = GradNormSquared(grad, FloatFormat::kFp32, n, ctx_.kernel_options);
+  ctx_.timeline.Add(TraceLane::kCpuOptim, "norm " + ctx_.layout[x].name, t0, Clock::now());
+  ctx_.mu.Lock();
+  if (!r.ok()) return Status(r.status()).Annotate("gradient norm");
+  norm_sq_[x] = r->sum_squares;
+  non_finite_[x] = r->non_finite;
+  norm_known_[x] = true;
+  ctx_.NotifyLocked();  // the collectives combine the ranks' norms once all are known
+  return true;
+}
+
+Status OptimizerStage::WaitForUpdateLocked(const HostUse& u) {
+  const int b = u.block;
+  for (;;) {
+    // Norms of blocks whose gradient is final, computed while waiting (clipping needs all).
+    STRATA_ASSIGN_OR_RETURN(const bool computed, ComputeOneNormLocked());
+    if (computed) continue;
+    if (!ctx_.error.ok()) return ctx_.error;
+    if (ctx_.shutdown) return Status::Aborted("engine is shutting down");
+    bool ready = grads_in_[b] == ctx_.opt.micro_batches && norm_known_[b];
+    for (const UseObj& uo : u.objs) {
+      if (host_.Obj(uo.obj).exists) ready = ready && host_.UsableLocked(uo.obj, uo.seq);
+    }
+    if (ready && ctx_.opt.grad_clip > 0 && !norm_final_) {
+      // Clipping scales every update by the step's norm: wait for all of it.
+      if (ranks_combine_norm_ || !AllNormsKnownLocked()) {
+        ready = false;
+      } else {
+        const NormPart mine = LocalNormPartLocked();
+        FinalizeNormLocked(std::span<const NormPart>(&mine, 1));
+      }
+    }
+    if (ready) return Status::OK();
+    ctx_.cv.Wait();
+  }
+}
+
+Status OptimizerStage::RunUpdate(int use_index) {
+  const HostUse& u = ctx_.hplan.uses[use_index];
+  const int b = u.block;
+  const int g = ObjIndex(b, Component::kGrad);
+  {
+    MutexLock lk(&ctx_.mu);
+    STRATA_RETURN_IF_ERROR(WaitForUpdateLocked(u));
+    for (const UseObj& uo : u.objs) {
+      if (host_.Obj(uo.obj).exists) STRATA_RETURN_IF_ERROR(host_.EnterLocked(uo.obj));
+    }
+  }
+  bool applied = false;
+  Status status = AdamBlock(b, &applied);
+  MutexLock lock(&ctx_.mu);
+  if (!status.ok()) return status.Annotate("optimizer step of block '" + ctx_.layout[b].name + "'");
+  for (const UseObj& uo : u.objs) {
+    if (!host_.Obj(uo.obj).exists) continue;
+    STRATA_RETURN_IF_ERROR(host_.LeaveLocked(uo.obj, applied && uo.obj != g));
+  }
+  ++opts_done_;
+  ctx_.NotifyLocked();
+  return Status::OK();
+}
+
+// The block's AdamW step over this rank's part of each tensor, unless the step is skipped
+// (a non-finite gradient with clipping on).
+Status OptimizerStage::AdamBlock(int b, bool* applied) {
+  const EngineOptions& opt = ctx_.opt;
+  void *master_buf, *m_buf, *v_buf, *grad_buf, *param_buf;
+  GradNormResult norm;
+  {
+    MutexLock lock(&ctx_.mu);
+    auto buf = [&](Component c) REQUIRES(ctx_.mu) { return host_.Obj(ObjIndex(b, c)).buf; };
+    master_buf = buf(Component::kMaster);
+    m_buf = buf(Component::kExpAvg);
+    v_buf = buf(Component::kExpAvgSq);
+    grad_buf = buf(Component::kGrad);
+    param_buf = ctx_.separate ? buf(Component::kParam) : nullptr;
+    norm = norm_;
+  }
+  float* master = static_cast<float*>(master_buf);
+  float* m = static_cast<float*>(m_buf);
+  float* v = static_cast<float*>(v_buf);
+  const float* grad = static_cast<const float*>(grad_buf);
+  uint16_t* param = static_cast<uint16_t*>(param_buf);
+  const Clock::time_point t0 = Clock::now();
+  Status status;
+  *applied = !(opt.grad_clip > 0 && norm.skipped);
+  if (*applied) {
+    AdamHyperParams hp;
+    hp.lr = ctx_.args.lr;
+    hp.beta1 = opt.beta1;
+    hp.beta2 = opt.beta2;
+    hp.eps = opt.eps;
+    hp.step = ctx_.resumed_step + ctx_.step;
+    hp.mode = opt.optimizer == OptimizerKind::kAdamW ? AdamMode::kAdamW : AdamMode::kAdam;
+    const float scale = float(ctx_.args.grad_scale * (opt.grad_clip > 0 ? norm.clip_coef : 1.0));
+    for (const TensorLayout& t : ctx_.layout[b].tensors) {
+      // This rank's part of the tensor (all of it with one rank).
+      const auto [lo, hi] = ctx_.ShardPart(b, t.offset, t.offset + t.numel);
+      if (lo == hi) continue;
+      AdamSlice s;
+      s.master = master + lo;
+      s.exp_avg = m + lo;
+      s.exp_avg_sq = v + lo;
+      s.grad = grad + lo;
+      s.n = hi - lo;
+      if (param) {
+        s.param_out = param + lo;
+        s.param_out_format = ParamOut::kBf16;
+      }
+      hp.weight_decay = t.weight_decay ? opt.weight_decay : 0.0;
+      status = AdamStep(s, hp, scale, ctx_.kernel_options);
+      if (!status.ok()) break;
+    }
+  }
+  ctx_.timeline.Add(TraceLane::kCpuOptim, "adam " + ctx_.layout[b].name, t0, Clock::now(),
+                    ctx_.layout[b].shard_numel * 4);
+  return status;
+}
+
+}  // namespace strata::engine_internal

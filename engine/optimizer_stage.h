@@ -1,0 +1,94 @@
+// OptimizerStage: the step's gradient norm, clipping and AdamW update. It owns the per-block
+// gradient state (landings counted, squared norms, non-finite counts), the combined norm
+// and clip coefficient, and the optimizer thread, which runs the blocks' AdamW steps in the
+// host plan's order, each as soon as its gradient is final and its states are loaded,
+// computing each final gradient's squared norm while it waits.
+//
+// The norm is combined in one place, FinalizeNormLocked: this rank's part is the sum of the
+// blocks' squared norms in block order (the sum does not depend on which gradient landed
+// first); the parts of the ranks are summed in rank order (every rank gets the same norm
+// bit for bit). With one rank the optimizer thread combines it (when clipping needs it
+// before the updates) or EndStep does; with ranks, the collectives' last item gathers the
+// parts and combines them (ranks_combine_norm).
+//
+// Lock: the fields are guarded by the shared EngineContext::mu. The norm and AdamW kernels
+// run without it, on buffers the host tier keeps entered for them.
+#pragma once
+
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_context.h"
+#include "engine/host_tier.h"
+
+namespace strata::engine_internal {
+
+// One rank's part of the gradient norm (exact doubles: gathered as bytes across ranks).
+struct NormPart {
+  double sum_squares = 0;
+  uint64_t non_finite = 0;
+};
+
+// The step's combined norm, as StepStats reports it.
+struct GradNormResult {
+  double grad_norm = 0;
+  double clip_coef = 1;
+  bool skipped = false;
+};
+
+class OptimizerStage {
+ public:
+  OptimizerStage(EngineContext& ctx, HostTier& host, bool ranks_combine_norm)
+      : ctx_(ctx), host_(host), ranks_combine_norm_(ranks_combine_norm) {}
+  OptimizerStage(const OptimizerStage&) = delete;
+  OptimizerStage& operator=(const OptimizerStage&) = delete;
+
+  void Start() {
+    thread_ = std::thread([this] {
+      ctx_.RunStepWorker([this] { return ctx_.hplan.opt_uses.size(); },
+                         [this](size_t k) { return RunUpdate(ctx_.hplan.opt_uses[k]); });
+    });
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void BeginStepLocked() REQUIRES(ctx_.mu);
+  bool StepDoneLocked() const REQUIRES(ctx_.mu) { return opts_done_ == ctx_.hplan.opt_uses.size(); }
+  // The lander: one more micro-batch's gradient of `block` accumulated.
+  void GradLandedLocked(int block) REQUIRES(ctx_.mu) { ++grads_in_[block]; }
+
+  // The norm.
+  bool AllNormsKnownLocked() const REQUIRES(ctx_.mu);
+  // This rank's part: the blocks' sums in block order. REQUIRES: AllNormsKnownLocked().
+  NormPart LocalNormPartLocked() const REQUIRES(ctx_.mu);
+  // Combines the ranks' parts (in rank order) into the step's norm and clip coefficient.
+  void FinalizeNormLocked(std::span<const NormPart> parts) REQUIRES(ctx_.mu);
+  // At EndStep: the step's norm (combined now if nothing needed it before).
+  GradNormResult NormLocked() REQUIRES(ctx_.mu);
+
+ private:
+  // The AdamW step of host use `use_index` (one block).
+  Status RunUpdate(int use_index) EXCLUDES(ctx_.mu);
+  // Waits until the update of `u` may run, computing final gradients' norms meanwhile.
+  Status WaitForUpdateLocked(const HostUse& u) REQUIRES(ctx_.mu);
+  // Computes the squared norm of one final gradient whose norm is unknown; false when
+  // there is none.
+  Result<bool> ComputeOneNormLocked() REQUIRES(ctx_.mu);
+  Status AdamBlock(int block, bool* applied) EXCLUDES(ctx_.mu);
+
+  EngineContext& ctx_;
+  HostTier& host_;
+  const bool ranks_combine_norm_;
+  std::vector<int> grads_in_ GUARDED_BY(ctx_.mu);  // gradient landings completed per block
+  std::vector<double> norm_sq_ GUARDED_BY(ctx_.mu);
+  std::vector<uint64_t> non_finite_ GUARDED_BY(ctx_.mu);
+  std::vector<bool> norm_known_ GUARDED_BY(ctx_.mu);
+  GradNormResult norm_ GUARDED_BY(ctx_.mu);
+  bool norm_final_ GUARDED_BY(ctx_.mu) = false;
+  size_t opts_done_ GUARDED_BY(ctx_.mu) = 0;
+  std::thread thread_;
+};
+
+}  // namespace strata::engine_internal
