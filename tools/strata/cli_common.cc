@@ -10,9 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 #include <utility>
+
+#include "strata/atomic_file.h"
 
 namespace strata::cli {
 
@@ -60,16 +61,8 @@ Status WriteOutput(std::string_view flag, const std::string& path, const std::st
     std::fflush(stdout);
     return Status::OK();
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) {
-    return Status::IOError(std::string(flag) + " " + path +
-                           ": cannot write the file; check that its folder exists and is "
-                           "writable")
-        .WithPath(path);
-  }
-  return Status::OK();
+  STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));  // names the flag
+  return WriteFileAtomic(path, text);
 }
 
 }  // namespace strata::cli

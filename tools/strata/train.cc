@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,6 +20,7 @@
 #include "model/data.h"
 #include "model/gpt2.h"
 #include "model/safetensors.h"
+#include "strata/atomic_file.h"
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
@@ -231,12 +231,8 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
   if (!a.json.empty() && lead) {
-    std::ofstream f(a.json);
-    f << js.dump(1) << "\n";
-    if (!f) {
-      *what = "--json";
-      return Status::IOError("cannot write " + a.json).WithPath(a.json);
-    }
+    *what = "--json";
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(a.json, js.dump(1) + "\n"));
   }
   return Status::OK();
 }
