@@ -90,6 +90,22 @@ TEST_F(TrainReliabilityTest, HugeBatchIsRefusedNotAnAbort) {
   EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
 }
 
+// Sizes that overflow 64 bits (the planner spun forever) or exceed the host (memory grew
+// without a message) are refused before anything is planned, with the numbers.
+TEST_F(TrainReliabilityTest, OversizedRunsAreRefusedUpFrontWithTheNumbers) {
+  const std::vector<std::vector<std::string>> cases = {{"--d-model", "2000000000"},
+                                                       {"--layers", "2000000"},
+                                                       {"--layers", "2000000", "--nvme", dir_},
+                                                       {"--batch", "2000000000"}};
+  for (const auto& c : cases) {
+    const auto r = Train(c);
+    EXPECT_EQ(r.exit_code, 1) << c[0] << " " << c[1] << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "TiB")) << r.output;
+    EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/strata.manifest"));
+}
+
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
   const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
   EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -19,6 +19,7 @@
 #include "comm/messages.h"
 #include "model/data.h"
 #include "model/gpt2.h"
+#include "model/run_size.h"
 #include "model/safetensors.h"
 #include "strata/atomic_file.h"
 #include "strata/comm.h"
@@ -207,6 +208,20 @@ Status MakeTrainOptions(const TrainArgs& a, const model::Gpt2Config& cfg,
   return Status::OK();
 }
 
+// The run's sizes in overflow-safe arithmetic, against this host, before anything is
+// allocated or planned.
+Status CheckRunSize(const TrainArgs& a, const model::Gpt2Config& cfg,
+                    const trainer::RunSetup& setup, std::string* what) {
+  *what = "model size";
+  const int rows = a.batch / std::max(1, setup.rank().world_size);
+  STRATA_ASSIGN_OR_RETURN(model::RunSize size,
+                          model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute));
+  return model::CheckRunSize(
+      size, {.host_memory_bytes = model::HostMemoryBytes(),
+             .cpu_model = setup.device().Kind() != DeviceKind::kCuda,
+             .have_nvme = !setup.config().nvme.empty() || !setup.config().resume.empty()});
+}
+
 // After training: --save (rank 0 writes), --sample, --json (rank 0 writes).
 Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
                     const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
@@ -261,6 +276,7 @@ Status Train(const TrainArgs& a, std::string* what) {
   STRATA_RETURN_IF_ERROR(ModelConfig(a, comm, &cfg, &init, what));
   trainer::TrainOptions to;
   STRATA_RETURN_IF_ERROR(MakeTrainOptions(a, cfg, data, comm, &to, what));
+  STRATA_RETURN_IF_ERROR(CheckRunSize(a, cfg, *setup, what));
   *what = "--data";
   STRATA_ASSIGN_OR_RETURN(model::Batcher batcher,
                           model::Batcher::Create(&data, a.batch, a.seq_len));
