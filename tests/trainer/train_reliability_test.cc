@@ -106,6 +106,41 @@ TEST_F(TrainReliabilityTest, OversizedRunsAreRefusedUpFrontWithTheNumbers) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/strata.manifest"));
 }
 
+// Every value that can be checked before the first step is refused then, naming the flag,
+// before the store is created (a folder holding a store then refuses a fresh run): before,
+// --lr nan failed at step 1 and the rest ran to the end, outputs failing after the last step.
+TEST_F(TrainReliabilityTest, BadFlagsAreRefusedBeforeTheStoreIsCreated) {
+  const std::string missing = dir_ + "/missing/out";
+  const std::vector<std::vector<std::string>> cases = {
+      {"--lr", "nan"},           {"--lr", "-1"},         {"--warmup", "-3"},
+      {"--val-every", "-1"},     {"--sample", "-5"},     {"--sample", "3", "--temperature", "nan"},
+      {"--beta1", "nan"},        {"--beta2", "1"},       {"--eps", "-1"},
+      {"--weight-decay", "nan"}, {"--grad-clip", "nan"}, {"--save", missing},
+      {"--json", missing},       {"--trace", missing},   {"--save", dir_},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const std::string nvme = dir_ + "/nvme" + std::to_string(i++);
+    std::filesystem::create_directory(nvme);
+    std::vector<std::string> args = c;
+    args.insert(args.end(), {"--nvme", nvme});
+    const auto r = Train(args);
+    const std::string flag = c.size() > 2 ? c[2] : c[0];
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, flag + " ")) << r.output;
+    EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
+    EXPECT_TRUE(std::filesystem::is_empty(nvme)) << flag << ": the store was created";
+  }
+}
+
+TEST_F(TrainReliabilityTest, DurableWithoutNvmeIsRefused) {
+  const auto r = Train({"--durable"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--durable")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--nvme")) << r.output;
+  EXPECT_TRUE(Train({"--no-durable"}).exit_code == 0);
+}
+
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
   const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
   EXPECT_EQ(r.exit_code, 1) << r.output;

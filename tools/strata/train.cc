@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -55,6 +56,7 @@ struct TrainArgs {
   bool recompute = false;
   bool durable = trainer::RunConfig{}.durable;
   CLI::Option* heads_opt = nullptr;
+  CLI::Option* durable_opt = nullptr;
 };
 
 std::string Decode(const std::vector<int32_t>& toks, int vocab) {
@@ -76,6 +78,66 @@ int Fail(const Status& s, const std::string& what) {
   std::fprintf(stderr, "strata train: %s%s: %s\n", g_rank_prefix.c_str(), what.c_str(),
                s.ToString().c_str());
   return 1;
+}
+
+// Every range that can be checked before anything runs, so that a bad value never leaves
+// a store behind (a folder holding one refuses a fresh run). NaN fails every check.
+Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
+  struct Check {
+    const char* flag;
+    double value;
+    bool ok;
+    const char* expected;
+  };
+  const auto finite_ge0 = [](double v) { return v >= 0 && std::isfinite(v); };
+  const Check checks[] = {
+      {"--lr", a.lr, finite_ge0(a.lr), "a finite learning rate >= 0"},
+      {"--warmup", double(a.warmup), a.warmup >= 0, "a step count >= 0 (0: none)"},
+      {"--val-every", double(a.val_every), a.val_every >= 0, "a step count >= 0 (0: off)"},
+      {"--sample", double(a.sample), a.sample >= 0, "a token count >= 0 (0: none)"},
+      {"--steps", double(a.steps), a.steps >= 0, "a step count >= 0"},
+      {"--beta1", a.beta1, a.beta1 >= 0 && a.beta1 < 1, "a number in [0, 1)"},
+      {"--beta2", a.beta2, a.beta2 >= 0 && a.beta2 < 1, "a number in [0, 1)"},
+      {"--eps", a.eps, finite_ge0(a.eps), "a finite number >= 0"},
+      {"--weight-decay", a.weight_decay, finite_ge0(a.weight_decay), "a finite number >= 0"},
+      {"--grad-clip", a.run.grad_clip, finite_ge0(a.run.grad_clip),
+       "a finite gradient norm >= 0 (0: off)"},
+      {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
+       "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
+  };
+  for (const Check& c : checks) {
+    if (c.ok) continue;
+    *what = c.flag;
+    char value[32];
+    std::snprintf(value, sizeof(value), "%g", c.value);
+    return Status::InvalidArgument(std::string(c.flag) + " " + value + ": expected " + c.expected);
+  }
+  *what = "sampling";  // the message names the flag
+  STRATA_RETURN_IF_ERROR(a.sampling.Validate());
+  if (a.durable && a.durable_opt->count() > 0 && a.run.nvme.empty() && a.resume.empty()) {
+    *what = "--durable";
+    return Status::InvalidArgument(
+        "--durable commits the state to NVMe every step and needs --nvme folders; add --nvme "
+        "DIR, or drop --durable");
+  }
+  what->clear();
+  return Status::OK();
+}
+
+// The outputs this rank writes after training can be written: their folders exist and are
+// writable (checked before the store is created, not after the last step).
+Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what) {
+  const std::pair<const char*, std::string> outputs[] = {
+      {"--save", rank.rank == 0 ? a.save : ""},
+      {"--json", rank.rank == 0 ? a.json : ""},
+      {"--trace", a.run.trace.empty() ? "" : RankPath(a.run.trace, rank)}};
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    *what = flag;
+    STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));
+  }
+  what->clear();
+  return Status::OK();
 }
 
 // The run's shared settings from the flags.
@@ -253,11 +315,13 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
 }
 
 Status Train(const TrainArgs& a, std::string* what) {
+  STRATA_RETURN_IF_ERROR(CheckTrainFlags(a, what));
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(MakeRunConfig(a, &config, what));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<trainer::RunSetup> setup,
                           trainer::RunSetup::Begin(config, what));
   const RankInfo& ri = setup->rank();
+  STRATA_RETURN_IF_ERROR(CheckOutputs(a, ri, what));
   if (ri.world_size > 1) {
     g_rank_prefix =
         "rank " + std::to_string(ri.rank) + " of " + std::to_string(ri.world_size) + ": ";
@@ -373,9 +437,10 @@ void AddTrain(CLI::App& app, int* exit_code) {
   AddRunFlags(sub, &a->run,
               "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
               "are replaced by the rank's numbers (one folder per rank)");
-  sub->add_flag("--durable,!--no-durable", a->durable,
-                "With --nvme: commit a complete state to NVMe every step (host-resident states "
-                "too), so a killed run can be resumed with --resume (default on)");
+  a->durable_opt =
+      sub->add_flag("--durable,!--no-durable", a->durable,
+                    "With --nvme: commit a complete state to NVMe every step (host-resident states "
+                    "too), so a killed run can be resumed with --resume (default on)");
   sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
