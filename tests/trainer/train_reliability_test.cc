@@ -141,6 +141,20 @@ TEST_F(TrainReliabilityTest, DurableWithoutNvmeIsRefused) {
   EXPECT_TRUE(Train({"--no-durable"}).exit_code == 0);
 }
 
+// A budget of 0 used to mean unlimited without a word; the word says it now and 0 is refused.
+TEST_F(TrainReliabilityTest, ZeroBudgetIsRefusedAndUnlimitedIsAWord) {
+  for (const std::string flag : {"--host-mem", "--device-mem"}) {
+    const auto zero = Train({flag, "0"});
+    EXPECT_EQ(zero.exit_code, 1) << flag << "\n" << zero.output;
+    EXPECT_TRUE(Contains(zero.output, flag + " 0")) << zero.output;
+    EXPECT_TRUE(Contains(zero.output, "unlimited")) << zero.output;
+    const auto unlimited = Train({flag, "unlimited", "--steps", "1"});
+    EXPECT_EQ(unlimited.exit_code, 0) << flag << "\n" << unlimited.output;
+  }
+  const auto help = RunCli("train --help");
+  EXPECT_TRUE(Contains(help.output, "unlimited")) << help.output;
+}
+
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
   const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
   EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -55,6 +55,17 @@ Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text) {
   return static_cast<uint64_t>(v * mult + 0.5);
 }
 
+Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text) {
+  if (text == "unlimited") return uint64_t{0};
+  STRATA_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes(flag, text));
+  if (bytes == 0) {
+    return Status::InvalidArgument(std::string(flag) + " " + text +
+                                   ": a budget of 0 bytes holds nothing; give a size (e.g. "
+                                   "256M) or the word unlimited");
+  }
+  return bytes;
+}
+
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text) {
   if (path == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
