@@ -155,6 +155,23 @@ TEST_F(TrainReliabilityTest, ZeroBudgetIsRefusedAndUnlimitedIsAWord) {
   EXPECT_TRUE(Contains(help.output, "unlimited")) << help.output;
 }
 
+// --steps counts the resumed steps: resuming with --steps at or below the stored step trains
+// nothing, and says so (before, it ran 0 steps without a word).
+TEST_F(TrainReliabilityTest, ResumeWithStepsAtOrBelowTheStoredStepSaysSo) {
+  const std::string nvme = dir_ + "/n";
+  std::filesystem::create_directory(nvme);
+  ASSERT_EQ(Train({"--nvme", nvme, "--steps", "3"}).exit_code, 0);
+  for (const std::string steps : {"3", "2"}) {
+    const auto r = Train({"--nvme", nvme, "--resume", nvme, "--steps", steps});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "--steps " + steps)) << r.output;
+    EXPECT_TRUE(Contains(r.output, "already holds step 3")) << r.output;
+  }
+  const auto more = Train({"--nvme", nvme, "--resume", nvme, "--steps", "4"});
+  EXPECT_EQ(more.exit_code, 0) << more.output;
+  EXPECT_FALSE(Contains(more.output, "nothing to train")) << more.output;
+}
+
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
   const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
   EXPECT_EQ(r.exit_code, 1) << r.output;

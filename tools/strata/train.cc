@@ -26,6 +26,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/log.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/train_report.h"
@@ -354,6 +355,13 @@ Status Train(const TrainArgs& a, std::string* what) {
     Status s = AgreeOnResumedStep(*comm, engine->ResumedStep());
     *what = s.code() == StatusCode::kInvalidArgument ? "--resume" : "agreeing on the resumed step";
     STRATA_RETURN_IF_ERROR(s);
+  }
+  if (engine->ResumedStep() > 0 && a.steps <= engine->ResumedStep()) {
+    // --steps counts the resumed steps: a user who meant "this many more" trains nothing.
+    LogWarning("--steps " + std::to_string(a.steps) + " counts the resumed steps too, and " +
+               a.resume + " already holds step " + std::to_string(engine->ResumedStep()) +
+               ": nothing to train; give --steps above " + std::to_string(engine->ResumedStep()) +
+               " to train further");
   }
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
