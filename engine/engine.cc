@@ -457,10 +457,10 @@ Status EngineImpl::Init() {
         if (!h.cached) STRATA_RETURN_IF_ERROR(store_->Read(Key(o), h.buf, h.bytes).status());
       }
     } else if (committed) {
-      return Status::InvalidArgument(
-          "NVMe folder " + opt_.nvme_paths[0] + " already holds a committed engine state (step " +
-          std::to_string(*committed) +
-          "); resume it (EngineOptions::resume, --resume) or use an empty folder");
+      return Status::InvalidArgument("NVMe folder " + opt_.nvme_paths[0] +
+                                     " already holds a committed engine state (step " +
+                                     std::to_string(*committed) + "); resume it with --resume " +
+                                     opt_.nvme_paths[0] + ", or use an empty folder");
     }
   }
 

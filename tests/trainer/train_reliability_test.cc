@@ -172,6 +172,28 @@ TEST_F(TrainReliabilityTest, ResumeWithStepsAtOrBelowTheStoredStepSaysSo) {
   EXPECT_FALSE(Contains(more.output, "nothing to train")) << more.output;
 }
 
+// Errors that reach the user name the flag to change, not the library's API (before: "resume
+// it (EngineOptions::resume, --resume)", "engine: OutOfMemory: device budget ...").
+TEST_F(TrainReliabilityTest, MessagesNameFlagsNotTheApi) {
+  const std::string nvme = dir_ + "/n", empty = dir_ + "/e";
+  std::filesystem::create_directory(nvme);
+  std::filesystem::create_directory(empty);
+  ASSERT_EQ(Train({"--nvme", nvme}).exit_code, 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nvme", nvme}, "--resume " + nvme},
+      {{"--nvme", empty, "--resume", empty}, "--resume " + empty},
+      {{"--device-mem", "1K"}, "--device-mem"},
+      {{"--host-mem", "1K"}, "--host-mem"},
+  };
+  for (const auto& [args, flag] : cases) {
+    const auto r = Train(args);
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, flag)) << r.output;
+    EXPECT_FALSE(Contains(r.output, "Options::")) << r.output;
+    EXPECT_FALSE(Contains(r.output, "=true")) << r.output;
+  }
+}
+
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
   const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
   EXPECT_EQ(r.exit_code, 1) << r.output;

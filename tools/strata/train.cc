@@ -347,9 +347,15 @@ Status Train(const TrainArgs& a, std::string* what) {
                           model::Batcher::Create(&data, a.batch, a.seq_len));
 
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
-  *what = "engine";
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          Engine::Create(model::Gpt2BlockSpecs(cfg), eo));
+  auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
+  if (!created.ok()) {
+    // The flags that decide what failed: the budgets, or the store being resumed.
+    *what = created.status().code() == StatusCode::kOutOfMemory
+                ? "budgets (--device-mem, --host-mem, --nvme)"
+                : (a.resume.empty() ? "engine" : "--resume " + a.resume);
+    return created.status();
+  }
+  std::unique_ptr<Engine> engine = std::move(created).value();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
     Status s = AgreeOnResumedStep(*comm, engine->ResumedStep());
