@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/manifest.h"
 #include "tests/temp_dir.h"
 #include "tests/tools/cli_run.h"
 
@@ -192,6 +193,53 @@ TEST_F(TrainReliabilityTest, MessagesNameFlagsNotTheApi) {
     EXPECT_FALSE(Contains(r.output, "Options::")) << r.output;
     EXPECT_FALSE(Contains(r.output, "=true")) << r.output;
   }
+}
+
+// Under a permissive umask the store's files (swap files, manifest, lock) are private and the
+// outputs (--save, --json, --trace) are 0644; a manifest rewritten to claim a huge capacity
+// cannot make a resumed run preallocate it.
+TEST_F(TrainReliabilityTest, FileModesAndNoInflatedPreallocation) {
+  const std::string nvme = dir_ + "/n";
+  std::filesystem::create_directory(nvme);
+  const std::vector<std::string> outputs = {dir_ + "/w.safetensors", dir_ + "/r.json",
+                                            dir_ + "/t.json"};
+  const mode_t old = ::umask(0);
+  const auto r =
+      Train({"--nvme", nvme, "--save", outputs[0], "--json", outputs[1], "--trace", outputs[2]});
+  ::umask(old);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto mode = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 0777;
+  };
+  int store_files = 0;
+  uint64_t swap_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(nvme)) {
+    EXPECT_EQ(mode(e.path().string()), 0600u) << e.path();
+    if (e.path().filename().string().rfind("strata.swap.", 0) == 0) {
+      swap_bytes += std::filesystem::file_size(e.path());
+    }
+    ++store_files;
+  }
+  EXPECT_GE(store_files, 3);  // a swap file, the manifest, the lock
+  for (const std::string& out : outputs) EXPECT_EQ(mode(out), 0644u) << out;
+
+  const std::string manifest = nvme + "/strata.manifest";
+  auto m = strata::swap_internal::DecodeManifest(ReadAll(manifest), manifest);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  m->capacity_bytes = 1ull << 30;  // checksum and all
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc)
+      << strata::swap_internal::EncodeManifest(*m);
+  const auto resumed = Train({"--nvme", nvme, "--resume", nvme, "--steps", "3"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  uint64_t resumed_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(nvme)) {
+    if (e.path().filename().string().rfind("strata.swap.", 0) == 0) {
+      resumed_bytes += std::filesystem::file_size(e.path());
+    }
+  }
+  EXPECT_LE(resumed_bytes, swap_bytes);
 }
 
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
