@@ -265,4 +265,20 @@ TEST_F(TrainReliabilityTest, RandomBytesAsTextWarn) {
   EXPECT_TRUE(Contains(r.output, "does not look like text")) << r.output;
 }
 
+// A file with llm.c's magic is a token file: a version other than 1, or a header cut short,
+// is an error naming the file, never trained on as text.
+TEST_F(TrainReliabilityTest, LlmcMagicWithAWrongVersionIsAnError) {
+  const int32_t header[256] = {20240520, 2, 64};
+  std::string bytes(reinterpret_cast<const char*>(header), sizeof(header));
+  bytes.append(128, 'a');
+  std::ofstream(dir_ + "/v2.bin", std::ios::binary) << bytes;
+  std::ofstream(dir_ + "/short.bin", std::ios::binary) << bytes.substr(0, 12);
+  for (const std::string& name : {"v2.bin", "short.bin"}) {
+    const auto r = Train({"--data", dir_ + "/" + name, "--steps", "1"});
+    EXPECT_EQ(r.exit_code, 1) << name << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "llm.c token file")) << r.output;
+    EXPECT_TRUE(Contains(r.output, name)) << r.output;
+  }
+}
+
 }  // namespace
