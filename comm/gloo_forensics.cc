@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -168,6 +169,15 @@ std::string CleanGlooMessage(std::string_view what) {
   return out;
 }
 
+namespace {
+// "5 s", "2.5 s", "0.25 s".
+std::string Seconds(std::chrono::milliseconds t) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", static_cast<double>(t.count()) / 1000.0);
+  return buf;
+}
+}  // namespace
+
 bool LooksLikeTimeout(std::string_view msg) {
   return msg.find("imed out") != std::string_view::npos ||
          msg.find("imeout") != std::string_view::npos;
@@ -203,6 +213,8 @@ Status PeerLossForensics::Failure(const char* op_name, const std::string& what) 
     std::optional<int> named = FindRankInMessage(what, endpoints_);
     if (named && !kv_->TryGet("err/" + std::to_string(*named))) lost = named;
   }
+  // A peer named by a timeout, not known to be gone: it sent nothing (it may hang).
+  const bool named_on_timeout = lost && timeout && reporter < 0 && !DeadLocalRank();
   kv_->Set("err/" + std::to_string(rank_), std::to_string(lost ? *lost : -1)).ok();
   if (!lost) {
     // Ranks connected to the dead one report within moments of its death; a rank that
@@ -215,9 +227,19 @@ Status PeerLossForensics::Failure(const char* op_name, const std::string& what) 
       if (!lost) lost = ReportedLostRank(&reporter);
     }
   }
+  // Nothing found lost, and the wait timed out: a rank alive but silent (hung, stopped or
+  // far behind) is the one other rank that reported no failure of its own, since every
+  // rank waiting on it times out and reports.
+  std::optional<int> silent;
+  if (named_on_timeout) silent = lost;
+  if (!lost && timeout) silent = SilentRank();
   std::string text = std::string(op_name) + " on rank " + std::to_string(rank_) + " of " +
                      std::to_string(world_) + " failed: ";
-  if (lost) {
+  if (silent) {
+    text += "rank " + std::to_string(*silent) + " sent nothing for " + Seconds(timeout_) +
+            " (the comm timeout, --comm-timeout; host " + ReadableHost(addresses_[*silent]) +
+            "): it died, hangs or is far behind; ";
+  } else if (lost) {
     text += "lost rank " + std::to_string(*lost) + " (" + "host " +
             ReadableHost(addresses_[*lost]) + ")";
     if (reporter >= 0) text += " as reported by rank " + std::to_string(reporter);
@@ -230,6 +252,17 @@ Status PeerLossForensics::Failure(const char* op_name, const std::string& what) 
   }
   text += msg;
   return timeout ? Status::Timeout(text) : Status::Comm(text);
+}
+
+// The one other rank that reported no failure when every other one did, if exactly one.
+std::optional<int> PeerLossForensics::SilentRank() {
+  std::optional<int> silent;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || kv_->TryGet("err/" + std::to_string(r))) continue;
+    if (silent) return std::nullopt;  // two or more: no single culprit
+    silent = r;
+  }
+  return silent;
 }
 
 // The lowest-numbered other rank on this host whose process has exited without

@@ -79,6 +79,8 @@ class PeerLossForensics {
   std::optional<int> DeadLocalRank();
   // The lost rank named by the lowest-numbered other rank that reported one, if any.
   std::optional<int> ReportedLostRank(int* reporter);
+  // The one other rank that has reported no failure, if exactly one has not.
+  std::optional<int> SilentRank();
 
   const int rank_;
   const int world_;

@@ -101,8 +101,8 @@ Status HostTier::InitObjects() NO_THREAD_SAFETY_ANALYSIS {
   if (committed) {
     return Status::InvalidArgument(
         "NVMe folder " + ctx_.opt.nvme_paths[0] + " already holds a committed engine state (step " +
-        std::to_string(*committed) +
-        "); resume it (EngineOptions::resume, --resume) or use an empty folder");
+        std::to_string(*committed) + "); resume it with --resume " + ctx_.opt.nvme_paths[0] +
+        ", or use an empty folder");
   }
   return Status::OK();
 }

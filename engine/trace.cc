@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <iterator>
 
+#include "strata/atomic_file.h"
+
 namespace strata::engine_internal {
 
 const char* TraceLaneName(TraceLane lane) {
@@ -17,8 +19,10 @@ Timeline::~Timeline() { (void)CloseTrace(); }
 
 Status Timeline::OpenTrace(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
-  file_ = std::fopen(path.c_str(), "w");
-  if (!file_) return Status::FromErrno(errno, "opening trace file " + path).WithPath(path);
+  auto out = AtomicFile::Create(path);
+  if (!out.ok()) return out.status();
+  out_ = std::move(*out);
+  file_ = out_->stream();
   path_ = path;
   std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", file_);
   std::fprintf(file_,
@@ -32,10 +36,10 @@ Status Timeline::CloseTrace() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return Status::OK();
   std::fputs("\n]}\n", file_);
-  const bool bad = std::ferror(file_) != 0;
-  const int rc = std::fclose(file_);
   file_ = nullptr;
-  if (bad || rc != 0) return Status::IOError("writing trace file " + path_).WithPath(path_);
+  Status s = out_->Commit();
+  out_.reset();
+  if (!s.ok()) return s.Annotate("writing trace file " + path_);
   return Status::OK();
 }
 

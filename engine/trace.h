@@ -14,11 +14,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "strata/atomic_file.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 
@@ -86,7 +88,8 @@ class Timeline {
   mutable std::mutex mu_;
   std::vector<Interval> intervals_[kNumTraceLanes];
   uint64_t bytes_[kNumTraceLanes] = {};  // since BeginStep
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<AtomicFile> out_;      // the trace file until CloseTrace renames it in place
+  std::FILE* file_ = nullptr;            // out_'s stream
   std::string path_;
   bool first_event_ = true;
   // Per lane: end time of each sub-lane's last event (to place overlapping events).

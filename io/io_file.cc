@@ -77,8 +77,7 @@ Status OpenError(int err, const std::string& path, const OpenOptions& options) {
         what = "cannot open " + path + ": folder " + parent.string() +
                " does not exist; create it or pick another path";
       } else {
-        what = "cannot open " + path + ": file does not exist" +
-               (options.create ? "" : " (open it with create=true to make it)");
+        what = "cannot open " + path + ": file does not exist; give the path of an existing file";
       }
       break;
     }

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "strata/atomic_file.h"
+
 namespace strata::model {
 namespace {
 
@@ -257,30 +259,19 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   header["__metadata__"] = {{"format", "pt"}};
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return Status::FromErrno(errno, "create " + tmp).WithPath(tmp);
+  STRATA_ASSIGN_OR_RETURN(auto out, AtomicFile::Create(path));
   uint8_t len[8];
   for (int i = 0; i < 8; ++i)
     len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  STRATA_RETURN_IF_ERROR(out->Write({reinterpret_cast<const char*>(len), 8}));
+  STRATA_RETURN_IF_ERROR(out->Write(h));
   for (const TensorToWrite& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    if (!ok) break;
-    ok = n == 0 || std::fwrite(t.data, 4, static_cast<size_t>(n), f) == static_cast<size_t>(n);
+    STRATA_RETURN_IF_ERROR(out->Write(
+        {reinterpret_cast<const char*>(t.data), static_cast<size_t>(n) * sizeof(float)}));
   }
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return Status::FromErrno(write_errno ? write_errno : EIO, "write " + tmp).WithPath(tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::FromErrno(errno, "rename " + tmp + " to " + path).WithPath(path);
-  }
+  STRATA_RETURN_IF_ERROR(out->Commit());
   return Status::OK();
 }
 

@@ -59,9 +59,10 @@ struct TensorToWrite {
   const float* data = nullptr;  // product(shape) elements
 };
 
-// Writes `tensors` as F32 to `path` (through path + ".tmp" and a rename, so a crash never
-// leaves a half-written file under the final name). The output is a function of the inputs
-// only (keys sorted, fixed padding): equal weights give byte-identical files.
+// Writes `tensors` as F32 to `path` through an AtomicFile (temporary in the same folder,
+// fsync, rename, folder fsync: a crash or power cut leaves the old file or the new one; the
+// file is 0644 whatever the umask; a folder or link at `path` is refused). The output is a function
+// of the inputs only (keys sorted, fixed padding): equal weights give byte-identical files.
 // IOError/NoSpace with the path on failure; InvalidArgument for duplicate names.
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
 

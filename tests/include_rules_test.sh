@@ -7,7 +7,7 @@
 #   io cpu_optim gpu the bottom modules: only the public API and themselves
 #   comm             the public API, itself, and gpu/ (NCCL runs on the CUDA device)
 #   engine           the public API, itself, and io/'s module interface (SwapStore, PinnedPool,
-#                    RangeAllocator, AtomicFile)
+#                    RangeAllocator)
 #   model            the public API and itself (the GPT-2 workload is written against the public
 #                    API, as outside code would be)
 #   trainer          the public API, model/, and comm/'s module interface (join.h, messages.h)
@@ -27,7 +27,7 @@ allowed() {  # allowed MODULE INCLUDE_PATH
     comm) [ "$dir" = strata ] || [ "$dir" = comm ] || [ "$dir" = gpu ] ;;
     engine)
       [ "$dir" = strata ] || [ "$dir" = engine ] ||
-        [[ "$inc" =~ ^io/(swap_store|pinned_pool|range_allocator|atomic_file)\.h$ ]] ;;
+        [[ "$inc" =~ ^io/(swap_store|pinned_pool|range_allocator)\.h$ ]] ;;
     model) [ "$dir" = strata ] || [ "$dir" = model ] ;;
     trainer)
       [ "$dir" = strata ] || [ "$dir" = model ] || [ "$dir" = trainer ] ||

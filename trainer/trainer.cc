@@ -111,7 +111,20 @@ Status Trainer::InitWeights(const SafetensorsReader* init, uint64_t seed) {
   return engine_->CommitParams();
 }
 
+Trainer::~Trainer() {
+  // Closures of a step that failed part-way may still sit on the compute lane and use
+  // backend_; they must finish (or be skipped) before backend_ goes.
+  if (device_ != nullptr) (void)device_->SynchronizeLane(Lane::kCompute);
+}
+
 Result<StepResult> Trainer::Step() {
+  // Every way out of Step drains the compute lane: the closures enqueued for this step read
+  // the token copies below, which die with this frame. On success the lane is already idle;
+  // on an error this waits for (or skips) what is still queued.
+  struct DrainComputeLane {
+    Device* device;
+    ~DrainComputeLane() { (void)device->SynchronizeLane(Lane::kCompute); }
+  } drain{device_};
   StepResult r;
   r.step = next_step_;
   r.lr = LearningRate(options_, r.step);

@@ -88,6 +88,11 @@ class Trainer {
   // the trainer.
   Trainer(Engine* engine, Device* device, const Gpt2Config& config, const TrainOptions& options,
           const Batcher* batcher);
+  // Waits for the model's work still queued on the device's compute lane (after a failed
+  // step) before the model goes away.
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Initial weights of a fresh engine: from `init` (a Hugging Face GPT-2 safetensors file;
   // shapes must match the config) or GPT-2's initialisation from `seed` when init is null.

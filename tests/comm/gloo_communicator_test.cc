@@ -487,8 +487,8 @@ TEST(GlooCommunicator, KilledRankMakesOthersFailNamingIt) {
 }
 
 // A rank that stalls (SIGSTOP: alive, connections open, silent) makes the others fail
-// with Timeout after about the comm timeout instead of hanging; the later collectives
-// fail at once.
+// with Timeout after about the comm timeout instead of hanging, naming it; the later
+// collectives fail at once.
 TEST(GlooCommunicator, StalledRankMakesOthersTimeOut) {
   const int world = 3, victim = 2;
   auto results = RunRanks(
@@ -512,6 +512,9 @@ TEST(GlooCommunicator, StalledRankMakesOthersTimeOut) {
         CHILD_CHECK(!s.ok(), "all-reduce succeeded without rank %d", victim);
         CHILD_CHECK(s.code() == StatusCode::kTimeout || s.code() == StatusCode::kComm, "code %s",
                     StatusCodeName(s.code()));
+        // Named, with how long it was silent (not "no data from a peer").
+        CHILD_CHECK(s.message().find("rank 2 sent nothing for 2 s") != std::string::npos,
+                    "message does not name the stalled rank: %s", s.message().c_str());
         CHILD_CHECK(comm.Barrier().Wait().code() == StatusCode::kAborted, "later barrier");
         return 0;
       },

@@ -94,6 +94,13 @@ TEST(GenerateCli, TopK1IsGreedyAndSeedsRepeat) {
   const CliRun bad = testing::RunCli(base + " --top-p 0", merged);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_TRUE(Contains(bad.output, "--top-p")) << bad.output;
+  // Before, a negative count printed the prompt and a NaN temperature sampled garbage.
+  for (const std::string& flag : {std::string("--tokens -3"), std::string("--temperature nan"),
+                                  std::string("--temperature -1")}) {
+    const CliRun refused = testing::RunCli(base + " " + flag, merged);
+    EXPECT_NE(refused.exit_code, 0) << flag << "\n" << refused.output;
+    EXPECT_TRUE(Contains(refused.output, flag.substr(0, flag.find(' ')))) << refused.output;
+  }
 }
 
 TEST(GenerateCli, TokenizerEncodesThePromptAndDecodesTheOutput) {

@@ -110,10 +110,12 @@ TEST(LaunchChild, AllReduceRanks) {
   CommOptions opts;
   opts.rank = *info;
   opts.rendezvous = *rdzv;
-  opts.timeout = std::chrono::seconds(30);
+  const std::string mode = std::getenv("STRATA_LAUNCH_TEST_CHILD");
+  // "hang": the survivors give up on the silent rank after 2 s.
+  opts.timeout = mode == "hang" ? std::chrono::seconds(2) : std::chrono::seconds(30);
   auto comm = CreateGlooCommunicator(opts);
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-  if (std::string(std::getenv("STRATA_LAUNCH_TEST_CHILD")) == "kill") {
+  if (mode == "kill" || mode == "hang") {
     ASSERT_TRUE((*comm)->Barrier().Wait().ok());
     // Rank 1 dies only once every survivor is past the barrier (else its death could
     // fail a survivor's barrier instead of the all-reduce under test).
@@ -123,7 +125,8 @@ TEST(LaunchChild, AllReduceRanks) {
           ASSERT_TRUE((*comm)->store()->Get("ready/" + std::to_string(r), 30s).ok());
         }
       }
-      ::raise(SIGKILL);
+      if (mode == "kill") ::raise(SIGKILL);
+      for (;;) ::pause();  // hangs: alive, connected, silent (until launch stops it)
     }
     ASSERT_TRUE((*comm)->store()->Set("ready/" + std::to_string(info->rank), "1").ok());
     std::vector<float> big(50000, 1.0f);
@@ -166,6 +169,22 @@ TEST(Launch, DeadRankIsNamedByTheSurvivorsAndByLaunch) {
   EXPECT_TRUE(Contains(r.output, "all-reduce on rank 0 of 3 failed: lost rank 1")) << r.output;
   EXPECT_TRUE(Contains(r.output, "all-reduce on rank 2 of 3 failed: lost rank 1")) << r.output;
   EXPECT_FALSE(Contains(r.output, "sending SIGTERM")) << r.output;
+}
+
+// A rank that hangs (alive, connected, silent) under launch: the survivors give up after
+// their comm timeout saying which rank sent nothing and for how long, and launch blames the
+// rank that hung (which it had to stop), not the first survivor that exited.
+TEST(Launch, HungRankIsNamedByTheSurvivorsAndByLaunch) {
+  std::string self = Self();
+  ASSERT_FALSE(self.empty());
+  ::setenv("STRATA_LAUNCH_TEST_CHILD", "hang", 1);
+  CliRun r = Shell("launch -n 3 --grace 1 -- " + self +
+                   " --gtest_filter=LaunchChild.AllReduceRanks --gtest_brief=1");
+  ::unsetenv("STRATA_LAUNCH_TEST_CHILD");
+  EXPECT_TRUE(Contains(r.output, "rank 1 sent nothing for 2 s")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed: rank 1 of 3 hung")) << r.output;
+  EXPECT_FALSE(Contains(r.output, "failed: rank 0 of 3")) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -264,6 +265,50 @@ namespace {
 
 // `strata bench step` across 2 ranks: collective bytes and busy time on their own lane
 // (comm), per-rank rows, the data check, and a trace per rank with a comm lane.
+// A rank that hangs (stopped: alive, connected, silent) is named by the others with how long
+// it was silent, after --comm-timeout, instead of "no data from a peer".
+TEST_F(TrainMultirankTest, HungRankIsNamedWithHowLongItSentNothing) {
+  ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + "/rdv").c_str()));
+  std::vector<std::string> args = {"train"};
+  args.insert(args.end(), kModel.begin(), kModel.end());
+  *(std::find(args.begin(), args.end(), "--steps") + 1) = "100000";  // runs until stopped
+  args.insert(args.end(), {"--comm-timeout", "3"});
+  int fd0 = -1, fd1 = -1;
+  const pid_t r0 = SpawnRank(0, 2, dir_ + "/rdv", args, &fd0, dir_ + "/err0");
+  const pid_t r1 = SpawnRank(1, 2, dir_ + "/rdv", args, &fd1, dir_ + "/err1");
+  std::string seen;
+  char buf[512];
+  ssize_t n;
+  while (seen.find("step     5/") == std::string::npos && (n = read(fd0, buf, sizeof buf)) > 0) {
+    seen.append(buf, n);
+  }
+  ASSERT_NE(seen.find("step     5/"), std::string::npos) << seen << ReadFile(dir_ + "/err0");
+  ASSERT_EQ(0, kill(r1, SIGSTOP));
+  const auto stopped_at = std::chrono::steady_clock::now();
+  int st = 0;
+  bool exited = false;
+  while (std::chrono::steady_clock::now() - stopped_at < 60s) {
+    if (waitpid(r0, &st, WNOHANG) == r0) {
+      exited = true;
+      break;
+    }
+    while ((n = read(fd0, buf, sizeof buf)) > 0) seen.append(buf, n);  // keep the pipe drained
+    std::this_thread::sleep_for(20ms);
+  }
+  kill(r1, SIGKILL);
+  waitpid(r1, nullptr, 0);
+  if (!exited) {
+    kill(r0, SIGKILL);
+    waitpid(r0, nullptr, 0);
+  }
+  close(fd0);
+  close(fd1);
+  ASSERT_TRUE(exited) << "rank 0 hung after rank 1 stopped";
+  const std::string err = ReadFile(dir_ + "/err0");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << err;
+  EXPECT_NE(err.find("rank 1 sent nothing for 3 s"), std::string::npos) << err;
+}
+
 TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
   ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + "/0 " + dir_ + "/1").c_str()));
   // Rank 0's standard output alone (--output rank0), so that its JSON parses; standard

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/manifest.h"
 #include "tests/temp_dir.h"
 #include "tests/tools/cli_run.h"
 
@@ -90,6 +91,158 @@ TEST_F(TrainReliabilityTest, HugeBatchIsRefusedNotAnAbort) {
   EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
 }
 
+// Sizes that overflow 64 bits (the planner spun forever) or exceed the host (memory grew
+// without a message) are refused before anything is planned, with the numbers.
+TEST_F(TrainReliabilityTest, OversizedRunsAreRefusedUpFrontWithTheNumbers) {
+  const std::vector<std::vector<std::string>> cases = {{"--d-model", "2000000000"},
+                                                       {"--layers", "2000000"},
+                                                       {"--layers", "2000000", "--nvme", dir_},
+                                                       {"--batch", "2000000000"}};
+  for (const auto& c : cases) {
+    const auto r = Train(c);
+    EXPECT_EQ(r.exit_code, 1) << c[0] << " " << c[1] << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "TiB")) << r.output;
+    EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/strata.manifest"));
+}
+
+// Every value that can be checked before the first step is refused then, naming the flag,
+// before the store is created (a folder holding a store then refuses a fresh run): before,
+// --lr nan failed at step 1 and the rest ran to the end, outputs failing after the last step.
+TEST_F(TrainReliabilityTest, BadFlagsAreRefusedBeforeTheStoreIsCreated) {
+  const std::string missing = dir_ + "/missing/out";
+  const std::vector<std::vector<std::string>> cases = {
+      {"--lr", "nan"},           {"--lr", "-1"},         {"--warmup", "-3"},
+      {"--val-every", "-1"},     {"--sample", "-5"},     {"--sample", "3", "--temperature", "nan"},
+      {"--beta1", "nan"},        {"--beta2", "1"},       {"--eps", "-1"},
+      {"--weight-decay", "nan"}, {"--grad-clip", "nan"}, {"--cpu-threads", "-2"},
+      {"--save", missing},       {"--json", missing},    {"--trace", missing},
+      {"--save", dir_},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const std::string nvme = dir_ + "/nvme" + std::to_string(i++);
+    std::filesystem::create_directory(nvme);
+    std::vector<std::string> args = c;
+    args.insert(args.end(), {"--nvme", nvme});
+    const auto r = Train(args);
+    const std::string flag = c.size() > 2 ? c[2] : c[0];
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, flag + " ")) << r.output;
+    EXPECT_EQ(Messages(r.output).size(), 1u) << r.output;
+    EXPECT_TRUE(std::filesystem::is_empty(nvme)) << flag << ": the store was created";
+  }
+}
+
+TEST_F(TrainReliabilityTest, DurableWithoutNvmeIsRefused) {
+  const auto r = Train({"--durable"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--durable")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--nvme")) << r.output;
+  EXPECT_TRUE(Train({"--no-durable"}).exit_code == 0);
+}
+
+// A budget of 0 used to mean unlimited without a word; the word says it now and 0 is refused.
+TEST_F(TrainReliabilityTest, ZeroBudgetIsRefusedAndUnlimitedIsAWord) {
+  for (const std::string flag : {"--host-mem", "--device-mem"}) {
+    const auto zero = Train({flag, "0"});
+    EXPECT_EQ(zero.exit_code, 1) << flag << "\n" << zero.output;
+    EXPECT_TRUE(Contains(zero.output, flag + " 0")) << zero.output;
+    EXPECT_TRUE(Contains(zero.output, "unlimited")) << zero.output;
+    const auto unlimited = Train({flag, "unlimited", "--steps", "1"});
+    EXPECT_EQ(unlimited.exit_code, 0) << flag << "\n" << unlimited.output;
+  }
+  const auto help = RunCli("train --help");
+  EXPECT_TRUE(Contains(help.output, "unlimited")) << help.output;
+}
+
+// --steps counts the resumed steps: resuming with --steps at or below the stored step trains
+// nothing, and says so (before, it ran 0 steps without a word).
+TEST_F(TrainReliabilityTest, ResumeWithStepsAtOrBelowTheStoredStepSaysSo) {
+  const std::string nvme = dir_ + "/n";
+  std::filesystem::create_directory(nvme);
+  ASSERT_EQ(Train({"--nvme", nvme, "--steps", "3"}).exit_code, 0);
+  for (const std::string steps : {"3", "2"}) {
+    const auto r = Train({"--nvme", nvme, "--resume", nvme, "--steps", steps});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "--steps " + steps)) << r.output;
+    EXPECT_TRUE(Contains(r.output, "already holds step 3")) << r.output;
+  }
+  const auto more = Train({"--nvme", nvme, "--resume", nvme, "--steps", "4"});
+  EXPECT_EQ(more.exit_code, 0) << more.output;
+  EXPECT_FALSE(Contains(more.output, "nothing to train")) << more.output;
+}
+
+// Errors that reach the user name the flag to change, not the library's API (before: "resume
+// it (EngineOptions::resume, --resume)", "engine: OutOfMemory: device budget ...").
+TEST_F(TrainReliabilityTest, MessagesNameFlagsNotTheApi) {
+  const std::string nvme = dir_ + "/n", empty = dir_ + "/e";
+  std::filesystem::create_directory(nvme);
+  std::filesystem::create_directory(empty);
+  ASSERT_EQ(Train({"--nvme", nvme}).exit_code, 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nvme", nvme}, "--resume " + nvme},
+      {{"--nvme", empty, "--resume", empty}, "--resume " + empty},
+      {{"--device-mem", "1K"}, "--device-mem"},
+      {{"--host-mem", "1K"}, "--host-mem"},
+  };
+  for (const auto& [args, flag] : cases) {
+    const auto r = Train(args);
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, flag)) << r.output;
+    EXPECT_FALSE(Contains(r.output, "Options::")) << r.output;
+    EXPECT_FALSE(Contains(r.output, "=true")) << r.output;
+  }
+}
+
+// Under a permissive umask the store's files (swap files, manifest, lock) are private and the
+// outputs (--save, --json, --trace) are 0644; a manifest rewritten to claim a huge capacity
+// cannot make a resumed run preallocate it.
+TEST_F(TrainReliabilityTest, FileModesAndNoInflatedPreallocation) {
+  const std::string nvme = dir_ + "/n";
+  std::filesystem::create_directory(nvme);
+  const std::vector<std::string> outputs = {dir_ + "/w.safetensors", dir_ + "/r.json",
+                                            dir_ + "/t.json"};
+  const mode_t old = ::umask(0);
+  const auto r =
+      Train({"--nvme", nvme, "--save", outputs[0], "--json", outputs[1], "--trace", outputs[2]});
+  ::umask(old);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto mode = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 0777;
+  };
+  int store_files = 0;
+  uint64_t swap_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(nvme)) {
+    EXPECT_EQ(mode(e.path().string()), 0600u) << e.path();
+    if (e.path().filename().string().rfind("strata.swap.", 0) == 0) {
+      swap_bytes += std::filesystem::file_size(e.path());
+    }
+    ++store_files;
+  }
+  EXPECT_GE(store_files, 3);  // a swap file, the manifest, the lock
+  for (const std::string& out : outputs) EXPECT_EQ(mode(out), 0644u) << out;
+
+  const std::string manifest = nvme + "/strata.manifest";
+  auto m = strata::swap_internal::DecodeManifest(ReadAll(manifest), manifest);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  m->capacity_bytes = 1ull << 30;  // checksum and all
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc)
+      << strata::swap_internal::EncodeManifest(*m);
+  const auto resumed = Train({"--nvme", nvme, "--resume", nvme, "--steps", "3"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  uint64_t resumed_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(nvme)) {
+    if (e.path().filename().string().rfind("strata.swap.", 0) == 0) {
+      resumed_bytes += std::filesystem::file_size(e.path());
+    }
+  }
+  EXPECT_LE(resumed_bytes, swap_bytes);
+}
+
 TEST_F(TrainReliabilityTest, UnknownOrUnsupportedCpuIsaIsRefusedAtStart) {
   const auto r = Train({"--nvme", dir_}, "STRATA_CPU_ISA=avx9000");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -111,6 +264,22 @@ TEST_F(TrainReliabilityTest, RandomBytesAsTextWarn) {
   const auto r = Train({"--data", dir_ + "/junk.bin", "--steps", "1"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "does not look like text")) << r.output;
+}
+
+// A file with llm.c's magic is a token file: a version other than 1, or a header cut short,
+// is an error naming the file, never trained on as text.
+TEST_F(TrainReliabilityTest, LlmcMagicWithAWrongVersionIsAnError) {
+  const int32_t header[256] = {20240520, 2, 64};
+  std::string bytes(reinterpret_cast<const char*>(header), sizeof(header));
+  bytes.append(128, 'a');
+  std::ofstream(dir_ + "/v2.bin", std::ios::binary) << bytes;
+  std::ofstream(dir_ + "/short.bin", std::ios::binary) << bytes.substr(0, 12);
+  for (const std::string& name : {"v2.bin", "short.bin"}) {
+    const auto r = Train({"--data", dir_ + "/" + name, "--steps", "1"});
+    EXPECT_EQ(r.exit_code, 1) << name << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "llm.c token file")) << r.output;
+    EXPECT_TRUE(Contains(r.output, name)) << r.output;
+  }
 }
 
 }  // namespace

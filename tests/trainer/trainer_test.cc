@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "tests/trainer/plain_engine.h"
 
 namespace strata::model {
@@ -111,6 +113,64 @@ TEST(Trainer, LossFallsOnTheBuiltInCorpus) {
   const auto out = Generate(s.cfg, *w, prompt, 20, SamplingOptions{});
   EXPECT_EQ(out.size(), prompt.size() + 20);
   for (int32_t t : out) EXPECT_TRUE(t >= 0 && t < 256);
+}
+
+// Fails mid-backward, right after a slow kernel was queued ahead of the model's closures: the
+// closures of the failed step are still queued when the error comes back.
+class FailingEngine : public PlainEngine {
+ public:
+  FailingEngine(const std::vector<BlockSpec>& specs, const EngineOptions& o, int fail_block)
+      : PlainEngine(specs, o), device_(o.device), fail_block_(fail_block) {}
+  Result<BlockView> Acquire(int b, Pass pass) override {
+    if (pass == Pass::kBackward && b == fail_block_) {
+      (void)device_->EnqueueBusy(Lane::kCompute, kSlow, "slow kernel");
+    }
+    return PlainEngine::Acquire(b, pass);
+  }
+  Status SubmitGrads(int b) override {
+    if (b == fail_block_) return Status::IOError("injected: writing the block's gradients failed");
+    return PlainEngine::SubmitGrads(b);
+  }
+  static constexpr std::chrono::milliseconds kSlow{300};
+
+ private:
+  Device* device_;
+  int fail_block_;
+};
+
+// A step that fails part-way returns only after the model's closures it queued have run or
+// been skipped: they write the step's losses and read its tokens, which die with the step
+// (a use-after-free, SIGSEGV after the error message, before the fix; ASan names it).
+TEST(Trainer, FailedStepDrainsTheComputeLaneBeforeReturning) {
+  Gpt2Config cfg;
+  cfg.layers = 2;
+  cfg.d_model = 32;
+  cfg.heads = 2;
+  cfg.max_seq = 32;
+  TrainOptions opt;
+  opt.seq_len = 32;
+  opt.batch = 4;
+  auto d = CreateHostDevice({});
+  ASSERT_TRUE(d.ok());
+  std::unique_ptr<Device> device = std::move(d).value();
+  EngineOptions eo;
+  eo.device = device.get();
+  auto engine =
+      std::make_unique<FailingEngine>(Gpt2BlockSpecs(cfg), eo, /*fail_block=*/cfg.layers + 1);
+  TokenStream data = DefaultCorpus();
+  auto batcher = Batcher::Create(&data, opt.batch, opt.seq_len);
+  ASSERT_TRUE(batcher.ok());
+  auto trainer = std::make_unique<Trainer>(engine.get(), device.get(), cfg, opt, &*batcher);
+  ASSERT_TRUE(trainer->InitWeights(nullptr, 5).ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto r = trainer->Step();
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("injected"), std::string::npos) << r.status().ToString();
+  EXPECT_GE(elapsed, FailingEngine::kSlow) << "Step returned with its closures still queued";
+  trainer.reset();
+  engine.reset();
+  EXPECT_TRUE(device->SynchronizeLane(Lane::kCompute).ok());
 }
 
 TEST(Trainer, LearningRateSchedule) {

@@ -10,9 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 #include <utility>
+
+#include "strata/atomic_file.h"
 
 namespace strata::cli {
 
@@ -54,22 +55,25 @@ Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text) {
   return static_cast<uint64_t>(v * mult + 0.5);
 }
 
+Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text) {
+  if (text == "unlimited") return uint64_t{0};
+  STRATA_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes(flag, text));
+  if (bytes == 0) {
+    return Status::InvalidArgument(std::string(flag) + " " + text +
+                                   ": a budget of 0 bytes holds nothing; give a size (e.g. "
+                                   "256M) or the word unlimited");
+  }
+  return bytes;
+}
+
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text) {
   if (path == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     return Status::OK();
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) {
-    return Status::IOError(std::string(flag) + " " + path +
-                           ": cannot write the file; check that its folder exists and is "
-                           "writable")
-        .WithPath(path);
-  }
-  return Status::OK();
+  STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));  // names the flag
+  return WriteFileAtomic(path, text);
 }
 
 }  // namespace strata::cli

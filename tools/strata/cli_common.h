@@ -27,6 +27,11 @@ namespace strata::cli {
 // negative, malformed or out-of-range (over 9e18 bytes) value, or an unknown suffix.
 Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text);
 
+// A memory budget (--host-mem, --device-mem): a size as ParseBytes reads it, or the word
+// `unlimited`, returned as 0 (RunConfig's "no budget"). A size of 0 is refused naming the
+// flag: it reads as "no memory" but would mean no limit, so the word must say it.
+Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text);
+
 // Writes `text` to the file a --json-style flag names, or to standard output when `path`
 // is "-". Errors: IOError naming `flag` and the path when the file cannot be written.
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text);

@@ -24,6 +24,10 @@ int RunGenerate(const GenerateArgs& a) {
     return 1;
   };
   if (Status s = a.sampling.Validate(); !s.ok()) return fail(s);
+  if (a.tokens < 0) {
+    return fail(Status::InvalidArgument("--tokens " + std::to_string(a.tokens) +
+                                        ": expected a token count >= 0"));
+  }
   auto file = LoadModelFile(a.init, a.heads);
   if (!file.ok()) return fail(file.status());
   const model::Gpt2Config& cfg = file->config;

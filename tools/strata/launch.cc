@@ -9,8 +9,10 @@
 // killed), the others get --grace seconds to notice and exit by themselves (with comm
 // errors naming the lost rank), then SIGTERM, then SIGKILL 5 s later. The exit code is 0
 // when every rank succeeded, else the first failed rank's code (128+signal if killed), and
-// the last line on stderr names that rank. SIGINT/SIGTERM to launch are passed on to the
-// ranks. Each rank runs in its own process group so that its children are stopped with it.
+// the last line on stderr names that rank; but when the failed ranks' errors say a rank that
+// has not failed "sent nothing" (it hangs), that rank is named as the cause. SIGINT/SIGTERM to
+// launch are passed on to the ranks. Each rank runs in its own process group so that its children
+// are stopped with it.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -50,6 +53,7 @@ struct Stream {
   int rank = 0;
   bool is_stdout = true;
   std::string partial;  // bytes after the last newline
+  int named_hung = -1;  // stderr: the rank this one said sent nothing (hung), if any
 };
 
 struct Rank {
@@ -73,6 +77,17 @@ void Emit(const LaunchArgs& args, const Stream& s, const std::string& line) {
   WriteAll(s.is_stdout ? stdout : stderr, "[rank " + std::to_string(s.rank) + "] " + line);
 }
 
+// The rank a failing rank's error names as hung ("rank 3 sent nothing for 5 s", the
+// communicator's words for a peer that is alive but silent), or -1.
+int NamedHungRank(const std::string& line) {
+  const size_t at = line.find(" sent nothing for ");
+  if (at == std::string::npos) return -1;
+  size_t digits = at;
+  while (digits > 0 && std::isdigit(static_cast<unsigned char>(line[digits - 1]))) --digits;
+  if (digits == at || digits < 5 || line.compare(digits - 5, 5, "rank ") != 0) return -1;
+  return std::atoi(line.c_str() + digits);
+}
+
 // Reads what is available; forwards complete lines. Returns false at EOF or on error.
 bool Pump(const LaunchArgs& args, Stream& s) {
   char buf[65536];
@@ -87,7 +102,9 @@ bool Pump(const LaunchArgs& args, Stream& s) {
   size_t start = 0;
   for (size_t nl = s.partial.find('\n'); nl != std::string::npos;
        nl = s.partial.find('\n', start)) {
-    Emit(args, s, s.partial.substr(start, nl - start + 1));
+    const std::string line = s.partial.substr(start, nl - start + 1);
+    if (!s.is_stdout && s.named_hung < 0) s.named_hung = NamedHungRank(line);
+    Emit(args, s, line);
     start = nl + 1;
   }
   s.partial.erase(0, start);
@@ -183,8 +200,9 @@ int RunLaunch(const LaunchArgs& args) {
   }
 
   using Clock = std::chrono::steady_clock;
-  std::optional<int> first_failed;  // the failed rank named as the cause
-  std::vector<int> failures;        // failed ranks in the order they were reaped
+  std::optional<int> first_failed;   // the failed rank named as the cause
+  std::vector<int> failures;         // failed ranks in the order they were reaped
+  std::optional<int> hung_reporter;  // when first_failed hung: the failed rank that said so
   std::optional<Clock::time_point> decide_at;
   constexpr auto kSettle = std::chrono::milliseconds(500);
   // When to escalate (kNever: not scheduled). Plain time points, not optionals: GCC 12 warns
@@ -270,6 +288,17 @@ int RunLaunch(const LaunchArgs& args) {
         return ranks[a].killed_by_signal && !ranks[b].killed_by_signal;
       });
       first_failed = order.front();
+      // A rank that the failed ones say sent nothing, and that has not failed itself, hung:
+      // the others only gave up waiting for it.
+      for (const Stream& s : streams) {
+        const int h = s.named_hung;
+        if (h >= 0 && h < args.nproc && ranks[h].running &&
+            std::find(failures.begin(), failures.end(), s.rank) != failures.end()) {
+          first_failed = h;
+          hung_reporter = s.rank;
+          break;
+        }
+      }
     }
     auto now = Clock::now();
     if (now >= term_at && running > 0) {
@@ -300,6 +329,14 @@ int RunLaunch(const LaunchArgs& args) {
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  if (first_failed && hung_reporter) {
+    const Rank& r = ranks[*first_failed];
+    std::fprintf(stderr,
+                 "strata launch: failed: rank %d of %d hung: rank %d got nothing from it within "
+                 "its comm timeout, and it did not stop by itself (it %s)\n",
+                 *first_failed, args.nproc, *hung_reporter, Describe(r).c_str());
+    return r.exit_code != 0 ? r.exit_code : 1;
+  }
   if (first_failed) {
     const Rank& r = ranks[*first_failed];
     std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", *first_failed, args.nproc,

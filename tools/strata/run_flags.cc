@@ -12,11 +12,11 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "cuda (GPU LOCAL_RANK; the model in bf16 kernels)")
       ->capture_default_str();
   cmd->add_option("--device-mem", f->device_mem,
-                  "Device memory for the engine's parameter and gradient buffers (e.g. 64M; "
-                  "default or 0: unlimited)");
+                  "Device memory for the engine's parameter and gradient buffers (e.g. 64M, "
+                  "or unlimited: the default)");
   cmd->add_option("--host-mem", f->host_mem,
-                  "Pinned host memory for states and staging (e.g. 256M; default or 0: "
-                  "unlimited, every state stays in host memory)");
+                  "Pinned host memory for states and staging (e.g. 256M, or unlimited: the "
+                  "default, every state stays in host memory)");
   cmd->add_option("--nvme", f->nvme, nvme_help);
   cmd->add_option("--micro-batches", f->micro_batches,
                   "Micro-batches per step (the gradient is their mean, accumulated on the host)")
@@ -69,14 +69,14 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   auto memory = trainer::ParseCollectiveMemory(f.collective_memory);
   if (!memory.ok()) return fail("--collective-memory", memory.status());
   config->collective_memory = *memory;
-  // An empty budget (the default) is unlimited, as is 0.
+  // An empty budget (the default) is unlimited, as is the word; 0 is refused.
   if (!f.device_mem.empty()) {
-    auto b = ParseBytes("--device-mem", f.device_mem);
+    auto b = ParseBudget("--device-mem", f.device_mem);
     if (!b.ok()) return fail("--device-mem", b.status());
     config->device_mem_bytes = *b;
   }
   if (!f.host_mem.empty()) {
-    auto b = ParseBytes("--host-mem", f.host_mem);
+    auto b = ParseBudget("--host-mem", f.host_mem);
     if (!b.ok()) return fail("--host-mem", b.status());
     config->host_mem_bytes = *b;
   }

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -20,10 +20,13 @@
 #include "comm/messages.h"
 #include "model/data.h"
 #include "model/gpt2.h"
+#include "model/run_size.h"
 #include "model/safetensors.h"
+#include "strata/atomic_file.h"
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/log.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/train_report.h"
@@ -54,6 +57,7 @@ struct TrainArgs {
   bool recompute = false;
   bool durable = trainer::RunConfig{}.durable;
   CLI::Option* heads_opt = nullptr;
+  CLI::Option* durable_opt = nullptr;
 };
 
 std::string Decode(const std::vector<int32_t>& toks, int vocab) {
@@ -75,6 +79,68 @@ int Fail(const Status& s, const std::string& what) {
   std::fprintf(stderr, "strata train: %s%s: %s\n", g_rank_prefix.c_str(), what.c_str(),
                s.ToString().c_str());
   return 1;
+}
+
+// Every range that can be checked before anything runs, so that a bad value never leaves
+// a store behind (a folder holding one refuses a fresh run). NaN fails every check.
+Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
+  struct Check {
+    const char* flag;
+    double value;
+    bool ok;
+    const char* expected;
+  };
+  const auto finite_ge0 = [](double v) { return v >= 0 && std::isfinite(v); };
+  const Check checks[] = {
+      {"--lr", a.lr, finite_ge0(a.lr), "a finite learning rate >= 0"},
+      {"--warmup", double(a.warmup), a.warmup >= 0, "a step count >= 0 (0: none)"},
+      {"--val-every", double(a.val_every), a.val_every >= 0, "a step count >= 0 (0: off)"},
+      {"--sample", double(a.sample), a.sample >= 0, "a token count >= 0 (0: none)"},
+      {"--steps", double(a.steps), a.steps >= 0, "a step count >= 0"},
+      {"--beta1", a.beta1, a.beta1 >= 0 && a.beta1 < 1, "a number in [0, 1)"},
+      {"--beta2", a.beta2, a.beta2 >= 0 && a.beta2 < 1, "a number in [0, 1)"},
+      {"--eps", a.eps, finite_ge0(a.eps), "a finite number >= 0"},
+      {"--weight-decay", a.weight_decay, finite_ge0(a.weight_decay), "a finite number >= 0"},
+      {"--grad-clip", a.run.grad_clip, finite_ge0(a.run.grad_clip),
+       "a finite gradient norm >= 0 (0: off)"},
+      {"--cpu-threads", double(a.run.cpu_threads), a.run.cpu_threads >= 0,
+       "a thread count >= 0 (0: one per core)"},
+      {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
+       "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
+  };
+  for (const Check& c : checks) {
+    if (c.ok) continue;
+    *what = c.flag;
+    char value[32];
+    std::snprintf(value, sizeof(value), "%g", c.value);
+    return Status::InvalidArgument(std::string(c.flag) + " " + value + ": expected " + c.expected);
+  }
+  *what = "sampling";  // the message names the flag
+  STRATA_RETURN_IF_ERROR(a.sampling.Validate());
+  if (a.durable && a.durable_opt->count() > 0 && a.run.nvme.empty() && a.resume.empty()) {
+    *what = "--durable";
+    return Status::InvalidArgument(
+        "--durable commits the state to NVMe every step and needs --nvme folders; add --nvme "
+        "DIR, or drop --durable");
+  }
+  what->clear();
+  return Status::OK();
+}
+
+// The outputs this rank writes after training can be written: their folders exist and are
+// writable (checked before the store is created, not after the last step).
+Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what) {
+  const std::pair<const char*, std::string> outputs[] = {
+      {"--save", rank.rank == 0 ? a.save : ""},
+      {"--json", rank.rank == 0 ? a.json : ""},
+      {"--trace", a.run.trace.empty() ? "" : RankPath(a.run.trace, rank)}};
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    *what = flag;
+    STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));
+  }
+  what->clear();
+  return Status::OK();
 }
 
 // The run's shared settings from the flags.
@@ -207,6 +273,20 @@ Status MakeTrainOptions(const TrainArgs& a, const model::Gpt2Config& cfg,
   return Status::OK();
 }
 
+// The run's sizes in overflow-safe arithmetic, against this host, before anything is
+// allocated or planned.
+Status CheckRunSize(const TrainArgs& a, const model::Gpt2Config& cfg,
+                    const trainer::RunSetup& setup, std::string* what) {
+  *what = "model size";
+  const int rows = a.batch / std::max(1, setup.rank().world_size);
+  STRATA_ASSIGN_OR_RETURN(model::RunSize size,
+                          model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute));
+  return model::CheckRunSize(
+      size, {.host_memory_bytes = model::HostMemoryBytes(),
+             .cpu_model = setup.device().Kind() != DeviceKind::kCuda,
+             .have_nvme = !setup.config().nvme.empty() || !setup.config().resume.empty()});
+}
+
 // After training: --save (rank 0 writes), --sample, --json (rank 0 writes).
 Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
                     const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
@@ -231,22 +311,20 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
   if (!a.json.empty() && lead) {
-    std::ofstream f(a.json);
-    f << js.dump(1) << "\n";
-    if (!f) {
-      *what = "--json";
-      return Status::IOError("cannot write " + a.json).WithPath(a.json);
-    }
+    *what = "--json";
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(a.json, js.dump(1) + "\n"));
   }
   return Status::OK();
 }
 
 Status Train(const TrainArgs& a, std::string* what) {
+  STRATA_RETURN_IF_ERROR(CheckTrainFlags(a, what));
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(MakeRunConfig(a, &config, what));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<trainer::RunSetup> setup,
                           trainer::RunSetup::Begin(config, what));
   const RankInfo& ri = setup->rank();
+  STRATA_RETURN_IF_ERROR(CheckOutputs(a, ri, what));
   if (ri.world_size > 1) {
     g_rank_prefix =
         "rank " + std::to_string(ri.rank) + " of " + std::to_string(ri.world_size) + ": ";
@@ -265,19 +343,33 @@ Status Train(const TrainArgs& a, std::string* what) {
   STRATA_RETURN_IF_ERROR(ModelConfig(a, comm, &cfg, &init, what));
   trainer::TrainOptions to;
   STRATA_RETURN_IF_ERROR(MakeTrainOptions(a, cfg, data, comm, &to, what));
+  STRATA_RETURN_IF_ERROR(CheckRunSize(a, cfg, *setup, what));
   *what = "--data";
   STRATA_ASSIGN_OR_RETURN(model::Batcher batcher,
                           model::Batcher::Create(&data, a.batch, a.seq_len));
 
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
-  *what = "engine";
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          Engine::Create(model::Gpt2BlockSpecs(cfg), eo));
+  auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
+  if (!created.ok()) {
+    // The flags that decide what failed: the budgets, or the store being resumed.
+    *what = created.status().code() == StatusCode::kOutOfMemory
+                ? "budgets (--device-mem, --host-mem, --nvme)"
+                : (a.resume.empty() ? "engine" : "--resume " + a.resume);
+    return created.status();
+  }
+  std::unique_ptr<Engine> engine = std::move(created).value();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
     Status s = AgreeOnResumedStep(*comm, engine->ResumedStep());
     *what = s.code() == StatusCode::kInvalidArgument ? "--resume" : "agreeing on the resumed step";
     STRATA_RETURN_IF_ERROR(s);
+  }
+  if (engine->ResumedStep() > 0 && a.steps <= engine->ResumedStep()) {
+    // --steps counts the resumed steps: a user who meant "this many more" trains nothing.
+    LogWarning("--steps " + std::to_string(a.steps) + " counts the resumed steps too, and " +
+               a.resume + " already holds step " + std::to_string(engine->ResumedStep()) +
+               ": nothing to train; give --steps above " + std::to_string(engine->ResumedStep()) +
+               " to train further");
   }
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
@@ -361,9 +453,10 @@ void AddTrain(CLI::App& app, int* exit_code) {
   AddRunFlags(sub, &a->run,
               "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
               "are replaced by the rank's numbers (one folder per rank)");
-  sub->add_flag("--durable,!--no-durable", a->durable,
-                "With --nvme: commit a complete state to NVMe every step (host-resident states "
-                "too), so a killed run can be resumed with --resume (default on)");
+  a->durable_opt =
+      sub->add_flag("--durable,!--no-durable", a->durable,
+                    "With --nvme: commit a complete state to NVMe every step (host-resident states "
+                    "too), so a killed run can be resumed with --resume (default on)");
   sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
