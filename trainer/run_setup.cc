@@ -2,6 +2,8 @@
 #include "trainer/run_setup.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 namespace strata::trainer {
@@ -157,7 +159,18 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.device = device_.get();
   eo.device_mem_bytes = config_.device_mem_bytes;
   eo.host_mem_bytes = config_.host_mem_bytes;
-  for (const std::string& p : config_.nvme) eo.nvme_paths.push_back(RankPath(p, rank_));
+  for (const std::string& p : config_.nvme) {
+    eo.nvme_paths.push_back(RankPath(p, rank_));
+    // A missing --nvme folder (this rank's, with {rank}) is made, parents too.
+    std::error_code ec;
+    std::filesystem::create_directories(eo.nvme_paths.back(), ec);
+    if (ec) {
+      *failed = "--nvme";
+      return Status::IOError("--nvme " + eo.nvme_paths.back() + ": cannot create the folder (" +
+                             ec.message() + "); pass a folder you can write to")
+          .WithPath(eo.nvme_paths.back());
+    }
+  }
   if (!config_.resume.empty()) {
     const std::string resume = RankPath(config_.resume, rank_);
     eo.resume = true;

@@ -99,8 +99,9 @@ class RunSetup {
   Status Start(const RunNames& names, std::string* failed);
 
   // The engine's options from the config: the device and budgets, this rank's NVMe folders
-  // and trace file, resume, the optimizer, and the communicators. Call after Start.
-  // Errors (with *failed): "--resume" when the folder is not one of the --nvme folders.
+  // and trace file, resume, the optimizer, and the communicators. Call after Start. Makes
+  // each of this rank's --nvme folders when missing. Errors (with *failed): "--resume" when
+  // the folder is not one of the --nvme folders; "--nvme" when a folder cannot be made.
   Result<EngineOptions> MakeEngineOptions(std::string* failed) const;
 
   const RunConfig& config() const { return config_; }

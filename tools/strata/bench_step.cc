@@ -48,7 +48,8 @@ struct Flags {
   double compute_ms = 40;
   int steps = 3;
   bool json = false;
-  RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
+  bool keep = false;  // keep the NVMe subfolders (and their state) at exit
+  RunFlags run;       // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
 };
 
 // One rank's figures of one step, gathered on rank 0 (plain doubles, sent as bytes).
@@ -71,7 +72,7 @@ float Pattern(int block, uint64_t i) {
 // The run's shared settings (those of `strata train`), then ranks, device and the engine's
 // options through the trainer's one run-setup path. Errors name the flag in *what.
 Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOptions* opt,
-             TempFolder* temp, std::string* what) {
+             std::vector<TempFolder>* temps, std::string* what) {
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(ApplyRunFlags(f.run, &config, what));
   // The device holds only the engine's buffers here, so its budget caps it too.
@@ -79,15 +80,22 @@ Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOp
   // A zero gradient with no weight decay leaves every parameter unchanged, which the
   // self-check relies on; decay costs the same time, so the step still models training.
   config.weight_decay = 0;
-  // Not durable: the bench measures steps, not commits for --resume.
-  config.durable = false;
+  // Durable as `strata train` is by default: with --nvme each step ends with its commit.
   STRATA_ASSIGN_OR_RETURN(*setup, trainer::RunSetup::Begin(config, what));
   STRATA_RETURN_IF_ERROR(
       (*setup)->Start({"strata-bench-step", "/var/tmp/strata-bench-step-"}, what));
   STRATA_ASSIGN_OR_RETURN(*opt, (*setup)->MakeEngineOptions(what));
+  // A fresh subfolder of each --nvme folder (made when missing), so that no earlier run's
+  // state is found there; or one under /var/tmp when none is given and states may spill.
+  *what = "--nvme";
+  temps->resize(opt->nvme_paths.size());
+  for (size_t i = 0; i < opt->nvme_paths.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(opt->nvme_paths[i],
+                            (*temps)[i].Make(opt->nvme_paths[i] + "/strata-bench-step-"));
+  }
   if (opt->nvme_paths.empty() && opt->host_mem_bytes != 0) {
-    *what = "--nvme";  // the NVMe folder when none was given
-    STRATA_ASSIGN_OR_RETURN(std::string dir, temp->Make("/var/tmp/strata-bench-step-"));
+    temps->resize(1);
+    STRATA_ASSIGN_OR_RETURN(std::string dir, (*temps)[0].Make("/var/tmp/strata-bench-step-"));
     opt->nvme_paths.push_back(dir);
   }
   opt->dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
@@ -107,7 +115,7 @@ class BenchStep {
     if (f_.compute_ms < 0) return Status::InvalidArgument("--compute-ms must be >= 0");
     STRATA_ASSIGN_OR_RETURN(uint64_t block_bytes, ParseBytes("--block-bytes", f_.block_bytes));
     numel_ = std::max<uint64_t>(block_bytes / 4, 1);
-    STRATA_RETURN_IF_ERROR(Setup(f_, &setup_, &opt_, &temp_, what));
+    STRATA_RETURN_IF_ERROR(Setup(f_, &setup_, &opt_, &temps_, what));
     std::vector<BlockSpec> blocks;
     for (int b = 0; b < f_.blocks; ++b) {
       blocks.push_back(
@@ -155,6 +163,13 @@ class BenchStep {
       }
     }
     if (f_.json && lead) std::printf("%s\n", RunJson(steps).dump(2).c_str());
+    if (f_.keep) {
+      for (TempFolder& t : temps_) {
+        const std::string kept = t.Release();
+        if (!kept.empty())
+          std::fprintf(stderr, "# kept the NVMe state in %s (--keep)\n", kept.c_str());
+      }
+    }
     return Status::OK();
   }
 
@@ -374,8 +389,8 @@ class BenchStep {
   uint64_t numel_ = 0;   // fp32 parameters per block
   uint64_t padded_ = 0;  // the engine's padded block size (elements)
   // Destroyed in reverse order: the engine before the set-up (device, communicators) and
-  // the temporary NVMe folder it uses.
-  TempFolder temp_;
+  // the NVMe subfolders it uses (removed unless --keep).
+  std::vector<TempFolder> temps_;
   std::unique_ptr<trainer::RunSetup> setup_;
   EngineOptions opt_;
   std::unique_ptr<Engine> engine_;
@@ -407,12 +422,15 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--steps", flags->steps, "Steps to run")->capture_default_str();
   cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->add_flag("--keep", flags->keep,
+                "Keep the NVMe subfolders (and the state in them) at exit; they are printed");
   // The flags of every engine run, with `strata train`'s defaults: a bench step models a
   // training step.
   AddRunFlags(cmd, &flags->run,
-              "Folder for the NVMe tier; repeat to stripe over drives; {rank} and {local_rank} "
-              "are replaced by the rank's numbers (default with a finite --host-mem: a "
-              "temporary folder under /var/tmp, removed at exit)");
+              "Folder for the NVMe tier, made when missing; repeat to stripe over drives; "
+              "{rank} and {local_rank} are replaced by the rank's numbers. The run uses a "
+              "fresh subfolder of each, removed at exit unless --keep (default with a finite "
+              "--host-mem: a temporary folder under /var/tmp)");
   cmd->callback([flags, exit_code] {
     std::string what;  // the flag or step that failed, when known
     Status s = Run(*flags, &what);
