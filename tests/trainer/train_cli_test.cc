@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -25,12 +26,14 @@ const std::vector<std::string> kModel = {
 class TrainCliTest : public ::testing::Test {
  protected:
   // Starts strata with `args`; returns its pid and a read end of its stdout.
-  pid_t Spawn(std::vector<std::string> args, int* out_fd) {
+  // With merge_stderr, standard error goes to the same pipe.
+  pid_t Spawn(std::vector<std::string> args, int* out_fd, bool merge_stderr = false) {
     int p[2];
     EXPECT_EQ(0, pipe(p));
     const pid_t pid = fork();
     if (pid == 0) {
       dup2(p[1], 1);
+      if (merge_stderr) dup2(p[1], 2);
       close(p[0]);
       close(p[1]);
       std::vector<char*> argv = {const_cast<char*>(STRATA_CLI_PATH)};
@@ -106,6 +109,106 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
     const int64_t k = s["step"];
     EXPECT_EQ(s["loss"].get<double>(), full["steps"][k - 1]["loss"].get<double>()) << "step " << k;
   }
+}
+
+// Reads `fd` until `needle` appears (true) or the stream ends (false).
+bool ReadUntil(int fd, const std::string& needle, std::string* seen) {
+  char buf[512];
+  ssize_t n;
+  while (seen->find(needle) == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0) {
+    seen->append(buf, n);
+  }
+  return seen->find(needle) != std::string::npos;
+}
+
+void ReadToEnd(int fd, std::string* seen) {
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) seen->append(buf, n);
+  close(fd);
+}
+
+// SIGINT part-way: the step in progress finishes, --json and --trace are valid JSON that say
+// the run was interrupted, the exit code is 130, and the printed command resumes the run from
+// the step it names, with the weights of --save-every written meanwhile.
+TEST_F(TrainCliTest, InterruptedRunWritesItsOutputsAndSaysHowToResume) {
+  int fd = -1;
+  const pid_t pid =
+      Spawn(Args({"--nvme", dir_ + "/n", "--json", dir_ + "/i.json", "--trace", dir_ + "/t.json",
+                  "--save", dir_ + "/m.safetensors", "--save-every", "2"}),
+            &fd, /*merge_stderr=*/true);
+  std::string seen;
+  ASSERT_TRUE(ReadUntil(fd, "step     3/30", &seen)) << seen;
+  kill(pid, SIGINT);
+  ReadToEnd(fd, &seen);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << seen;
+  EXPECT_EQ(WEXITSTATUS(st), 130) << seen;
+
+  const nlohmann::json js = Json(dir_ + "/i.json");
+  EXPECT_TRUE(js["totals"]["interrupted"].get<bool>());
+  EXPECT_EQ(js["totals"]["signal"], "SIGINT");
+  const int64_t last = js["totals"]["last_step"];
+  EXPECT_GE(last, 3);
+  EXPECT_LT(last, 30) << "the signal came after the last step";
+  EXPECT_EQ(js["steps"].size(), static_cast<size_t>(last));
+  EXPECT_NO_THROW(Json(dir_ + "/t.json")) << "the trace is cut";
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/m.safetensors"));
+
+  const std::string marker = "interrupted (SIGINT) at step " + std::to_string(last) +
+                             "; resume with: " + STRATA_CLI_PATH + " ";
+  const size_t at = seen.find(marker);
+  ASSERT_NE(at, std::string::npos) << seen;
+  const size_t from = at + marker.size();
+  std::string resume = seen.substr(from, seen.find('\n', from) - from);
+  EXPECT_NE(resume.find("--resume " + dir_ + "/n"), std::string::npos) << resume;
+
+  // The printed command, as printed, continues from the step after the interrupted one.
+  strata::testing::CliRunOptions options;
+  options.timeout_s = 300;
+  const strata::testing::CliRun r = strata::testing::RunCli(resume, options);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json resumed = Json(dir_ + "/i.json");
+  EXPECT_EQ(resumed["config"]["resumed_step"], last);
+  EXPECT_EQ(resumed["totals"]["first_step"], last + 1);
+  EXPECT_EQ(resumed["totals"]["last_step"], 30);
+  EXPECT_FALSE(resumed["totals"]["interrupted"].get<bool>());
+  EXPECT_NE(r.output.find("step " + std::to_string(last + 1) +
+                          " (the first after resuming at step " + std::to_string(last) + ")"),
+            std::string::npos)
+      << r.output;
+}
+
+// SIGTERM: exit code 143; without --nvme the run says it cannot be resumed. A second signal
+// aborts at once (the default action).
+TEST_F(TrainCliTest, SigtermAndASecondSignal) {
+  int fd = -1;
+  pid_t pid = Spawn(Args({}), &fd, true);
+  std::string seen;
+  ASSERT_TRUE(ReadUntil(fd, "step     2/30", &seen)) << seen;
+  kill(pid, SIGTERM);
+  ReadToEnd(fd, &seen);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << seen;
+  EXPECT_EQ(WEXITSTATUS(st), 143) << seen;
+  EXPECT_NE(seen.find("interrupted (SIGTERM) at step"), std::string::npos) << seen;
+  EXPECT_NE(seen.find("cannot be resumed"), std::string::npos) << seen;
+
+  // A model whose steps take long enough that both signals land inside one step.
+  seen.clear();
+  pid = Spawn({"train", "--layers", "4", "--d-model", "256", "--heads", "4", "--seq-len", "128",
+               "--batch", "8", "--steps", "40"},
+              &fd, true);
+  ASSERT_TRUE(ReadUntil(fd, "step     1/40", &seen)) << seen;
+  kill(pid, SIGINT);
+  usleep(20000);
+  kill(pid, SIGINT);
+  ReadToEnd(fd, &seen);
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFSIGNALED(st)) << seen;
+  EXPECT_EQ(WTERMSIG(st), SIGINT);
 }
 
 TEST_F(TrainCliTest, BadFlagsNameTheValue) {

@@ -24,7 +24,9 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/interrupt.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/train_report.h"
 #include "trainer/run_setup.h"
@@ -36,6 +38,7 @@ namespace {
 struct TrainArgs {
   int layers = 4, d_model = 128, heads = 4, seq_len = 64, vocab = 256;
   std::string data, init, save, resume;
+  int64_t save_every = 0;  // with --save: also every N steps
   int64_t val_every = 0;
   double lr = 1e-3;
   std::string lr_schedule = "constant";
@@ -207,17 +210,35 @@ Status MakeTrainOptions(const TrainArgs& a, const model::Gpt2Config& cfg,
   return Status::OK();
 }
 
+// --save: the weights (collective: every rank reads its shard; rank 0 writes) replace the
+// file atomically (a temporary file in its folder, synced, renamed), so an interrupted or
+// killed run leaves the previous file whole.
+Status SaveWeightsAtomically(const TrainArgs& a, const trainer::Trainer& trainer, bool lead,
+                             int64_t step, std::string* what) {
+  *what = "--save";
+  STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
+  if (!lead) return Status::OK();
+  const std::string temp = a.save + ".tmp-" + std::to_string(::getpid());
+  STRATA_RETURN_IF_ERROR(model::SaveWeights(temp, trainer.specs(), w));
+  const std::string failed = SyncAndRename(temp, a.save);
+  if (!failed.empty()) return Status::IOError("--save " + a.save + ": " + failed).WithPath(a.save);
+  std::printf("# saved the weights of step %lld to %s\n", static_cast<long long>(step),
+              a.save.c_str());
+  return Status::OK();
+}
+
+Status WriteJson(const TrainArgs& a, bool lead, const nlohmann::json& js, std::string* what) {
+  if (a.json.empty() || !lead) return Status::OK();
+  *what = "--json";
+  return WriteOutput("--json", a.json, js.dump(1) + "\n");
+}
+
 // After training: --save (rank 0 writes), --sample, --json (rank 0 writes).
 Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
                     const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
                     std::string* what) {
   if (!a.save.empty()) {
-    *what = "--save";
-    STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
-    if (lead) {
-      STRATA_RETURN_IF_ERROR(model::SaveWeights(a.save, trainer.specs(), w));
-      std::printf("# saved weights to %s\n", a.save.c_str());
-    }
+    STRATA_RETURN_IF_ERROR(SaveWeightsAtomically(a, trainer, lead, trainer.next_step() - 1, what));
   }
   if (a.sample > 0) {
     *what = "--sample";
@@ -230,18 +251,41 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
     const auto out = model::Generate(cfg, w, p, a.sample, sampling);
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
-  if (!a.json.empty() && lead) {
-    std::ofstream f(a.json);
-    f << js.dump(1) << "\n";
-    if (!f) {
-      *what = "--json";
-      return Status::IOError("cannot write " + a.json).WithPath(a.json);
-    }
+  return WriteJson(a, lead, js, what);
+}
+
+// After SIGINT/SIGTERM: the finished steps' --json, and how to continue.
+Status ReportInterrupt(const TrainArgs& a, const TrainTotals& totals,
+                       const trainer::RunSetup& setup, const nlohmann::json& js,
+                       std::string* what) {
+  const bool lead = setup.rank().rank == 0;
+  STRATA_RETURN_IF_ERROR(WriteJson(a, lead, js, what));
+  if (!lead) return Status::OK();
+  const long long step =
+      static_cast<long long>(totals.last_step > 0 ? totals.last_step : totals.resumed_step);
+  std::fflush(stdout);
+  const std::string folder = !a.run.nvme.empty() ? a.run.nvme.front() : a.resume;
+  if (folder.empty() || !a.durable) {
+    std::fprintf(stderr,
+                 "strata train: interrupted (%s) at step %lld; the run cannot be resumed: %s\n",
+                 InterruptName(totals.interrupted), step,
+                 folder.empty() ? "it had no --nvme folder to commit its state to"
+                                : "--no-durable commits no complete state");
+  } else {
+    std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; resume with: %s\n",
+                 InterruptName(totals.interrupted), step, ResumeCommand(folder).c_str());
   }
   return Status::OK();
 }
 
-Status Train(const TrainArgs& a, std::string* what) {
+Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
+  if (a.save_every < 0 || (a.save_every > 0 && a.save.empty())) {
+    *what = "--save-every";
+    return Status::InvalidArgument(
+        "--save-every " + std::to_string(a.save_every) +
+        (a.save_every < 0 ? " must be >= 0" : " needs --save FILE: where to write"));
+  }
+  InstallInterruptHandlers();
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(MakeRunConfig(a, &config, what));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<trainer::RunSetup> setup,
@@ -294,15 +338,30 @@ Status Train(const TrainArgs& a, std::string* what) {
   js["config"] = PrintStartup(report);
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
-  STRATA_RETURN_IF_ERROR(RunSteps(trainer, report, a.val_every, &js["steps"], &totals, what));
+  AfterStep after_step;
+  if (a.save_every > 0) {
+    after_step = [&](int64_t step) {
+      if (step % a.save_every != 0 || step == to.steps) return Status::OK();  // the last: below
+      return SaveWeightsAtomically(a, trainer, ri.rank == 0, step, what);
+    };
+  }
+  STRATA_RETURN_IF_ERROR(
+      RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what));
   PrintTotals(totals);
+  js["totals"] = TotalsJson(totals);
+  if (totals.interrupted != 0) {
+    *interrupted = totals.interrupted;
+    return ReportInterrupt(a, totals, *setup, js, what);
+  }
   return WriteOutputs(a, trainer, cfg, ri.rank == 0, js, what);
 }
 
 int RunTrain(const TrainArgs& a) {
   std::string what;
-  Status s = Train(a, &what);
-  return s.ok() ? 0 : Fail(s, what);
+  int interrupted = 0;
+  Status s = Train(a, &interrupted, &what);
+  if (!s.ok()) return Fail(s, what);
+  return interrupted != 0 ? InterruptExitCode(interrupted) : 0;
 }
 
 }  // namespace
@@ -338,7 +397,11 @@ void AddTrain(CLI::App& app, int* exit_code) {
                   "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
       ->capture_default_str();
   sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
-  sub->add_option("--save", a->save, "Write the trained weights to this .safetensors file");
+  sub->add_option("--save", a->save,
+                  "Write the trained weights to this .safetensors file (replaced atomically)");
+  sub->add_option("--save-every", a->save_every,
+                  "With --save: also write the weights every N steps (0: only at the end)")
+      ->capture_default_str();
   sub->add_option("--resume", a->resume,
                   "Continue from the last committed step of the swap store in this folder");
   sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();

@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstdio>
 
+#include "comm/messages.h"
 #include "model/gemm_profile.h"
 #include "strata/bytes.h"
+#include "tools/strata/interrupt.h"
 
 namespace strata::cli {
 namespace {
@@ -70,6 +72,22 @@ void PrintPredictedBound(const TrainReportInputs& in) {
       std::max(compute_s, pl.predicted_bound_seconds),
       compute_s > pl.predicted_bound_seconds ? "compute" : pl.predicted_bound_resource.c_str(),
       pl.predicted_bound_seconds, pl.predicted_bound_resource.c_str(), compute_s);
+}
+
+// The first signal received on any rank (0: none): every rank stops after the same step.
+Result<int> AgreeOnInterrupt(const TrainReportInputs& in, std::string* what) {
+  const int32_t mine = InterruptSignal();
+  Communicator* comm = in.setup->host_comm();
+  if (comm == nullptr) return int(mine);
+  auto all = AllGatherMessages(*comm, mine, "train: agree on an interrupt");
+  if (!all.ok()) {
+    *what = "agreeing on an interrupt";
+    return all.status();
+  }
+  for (int32_t sig : *all) {
+    if (sig != 0) return int(sig);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -152,11 +170,15 @@ nlohmann::json PrintStartup(const TrainReportInputs& in) {
 }
 
 Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
-                nlohmann::json* steps_json, TrainTotals* totals, std::string* what) {
+                const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
+                std::string* what) {
   const int64_t last = in.train->steps;
   const double tokens_per_step = static_cast<double>(TokensPerStep(*in.train));
   const bool tty = isatty(STDOUT_FILENO);
+  totals->resumed_step = in.engine->ResumedStep();
   for (int64_t s = trainer.next_step(); s <= last; ++s) {
+    STRATA_ASSIGN_OR_RETURN(totals->interrupted, AgreeOnInterrupt(in, what));
+    if (totals->interrupted != 0) break;
     auto r = trainer.Step();
     if (!r.ok()) {
       if (tty) std::printf("\n");
@@ -164,7 +186,10 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
       return r.status();
     }
     const StepStats& st = r->stats;
-    ++totals->steps;
+    if (totals->steps++ == 0) totals->first_step = s;
+    totals->last_step = s;
+    totals->stall_seconds += st.stall_seconds;
+    totals->bound_seconds += st.bound_seconds;
     totals->losses.push_back(r->loss);
     totals->seconds += st.seconds;
     totals->bytes.nvme_read += st.bytes.nvme_read;
@@ -212,6 +237,7 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
       std::printf("val step %lld  loss %.4f\n", static_cast<long long>(s), *v);
       steps_json->back()["val_loss"] = *v;
     }
+    if (after_step) STRATA_RETURN_IF_ERROR(after_step(s));
   }
   if (tty && totals->steps > 0) std::printf("\n");
   return Status::OK();
@@ -219,15 +245,24 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
 
 void PrintTotals(const TrainTotals& t) {
   if (t.steps == 0) return;
-  std::printf("# %lld steps in %.2f s (%.3f s/step)\n", static_cast<long long>(t.steps), t.seconds,
-              t.seconds / t.steps);
+  std::printf("# %lld steps (%lld..%lld) in %.2f s (%.3f s/step)\n",
+              static_cast<long long>(t.steps), static_cast<long long>(t.first_step),
+              static_cast<long long>(t.last_step), t.seconds, t.seconds / t.steps);
   // The first step's loss against the mean of the last (up to) 10: one number that says
   // whether training worked, robust to the noise of single batches.
   const size_t tail = std::min<size_t>(10, t.losses.size());
   double last = 0;
   for (size_t i = t.losses.size() - tail; i < t.losses.size(); ++i) last += t.losses[i];
   last /= static_cast<double>(tail);
-  std::printf("# loss: first step %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n",
+  // A resumed run's first loss is that of the step after the resumed one, not of step 1.
+  char first[96];
+  if (t.resumed_step > 0) {
+    std::snprintf(first, sizeof first, "step %lld (the first after resuming at step %lld)",
+                  static_cast<long long>(t.first_step), static_cast<long long>(t.resumed_step));
+  } else {
+    std::snprintf(first, sizeof first, "first step");
+  }
+  std::printf("# loss: %s %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n", first,
               t.losses.front(), tail, last, 100.0 * (last - t.losses.front()) / t.losses.front());
   std::printf("#%-11s %14s %14s\n", "edge", "bytes", "per_step");
   const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", t.bytes.nvme_read},
@@ -244,6 +279,36 @@ void PrintTotals(const TrainTotals& t) {
     std::printf(" %-11s %10.3f %10.1f\n", ResourceName(static_cast<Resource>(i)), t.busy[i],
                 t.seconds > 0 ? 100.0 * t.busy[i] / t.seconds : 0.0);
   }
+}
+
+}  // namespace strata::cli
+
+namespace strata::cli {
+
+nlohmann::json TotalsJson(const TrainTotals& t) {
+  nlohmann::json busy;
+  for (int i = 0; i < kNumResources; ++i) busy[ResourceName(static_cast<Resource>(i))] = t.busy[i];
+  nlohmann::json out = {{"steps", t.steps},
+                        {"first_step", t.first_step},
+                        {"last_step", t.last_step},
+                        {"resumed_step", t.resumed_step},
+                        {"interrupted", t.interrupted != 0},
+                        {"seconds", t.seconds},
+                        {"bound_seconds", t.bound_seconds},
+                        {"stall_seconds", t.stall_seconds},
+                        {"busy_seconds", busy},
+                        {"bytes",
+                         {{"nvme_read", t.bytes.nvme_read},
+                          {"nvme_write", t.bytes.nvme_write},
+                          {"h2d", t.bytes.h2d},
+                          {"d2h", t.bytes.d2h},
+                          {"comm", t.bytes.comm}}}};
+  if (t.interrupted != 0) out["signal"] = InterruptName(t.interrupted);
+  if (!t.losses.empty()) {
+    out["first_loss"] = t.losses.front();
+    out["last_loss"] = t.losses.back();
+  }
+  return out;
 }
 
 }  // namespace strata::cli

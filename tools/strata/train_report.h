@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -40,19 +41,31 @@ nlohmann::json PrintStartup(const TrainReportInputs& in);
 // Sums over the steps this run took.
 struct TrainTotals {
   int64_t steps = 0;
+  int64_t first_step = 0, last_step = 0;  // the steps this run took (a resumed run: k+1..n)
+  int64_t resumed_step = 0;               // the committed step it continued from; 0: fresh
+  int interrupted = 0;                    // the signal that stopped the run early, or 0
   double seconds = 0;
   EdgeBytes bytes;
   double busy[kNumResources] = {};
+  double stall_seconds = 0, bound_seconds = 0;
   std::vector<double> losses;
 };
 
+// What runs after each step (between steps: the engine is idle), e.g. --save-every.
+using AfterStep = std::function<Status(int64_t step)>;
+
 // Runs the steps from trainer.next_step() to the last, printing one line each (validation
-// every `val_every` steps when > 0) and appending them to `steps_json`. Errors: the step's
-// or validation's, with *what "step N" or "validation".
+// every `val_every` steps when > 0) and appending them to `steps_json`. Stops early, after
+// the step in progress, once SIGINT or SIGTERM arrived (on any rank: the ranks agree after
+// every step), with totals->interrupted set. Errors: the step's, validation's or
+// after_step's, with *what "step N", "validation" or after_step's.
 Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
-                nlohmann::json* steps_json, TrainTotals* totals, std::string* what);
+                const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
+                std::string* what);
 
 // Prints the totals: time per step, the loss trend, bytes per edge, busy time per resource.
 void PrintTotals(const TrainTotals& totals);
+// The totals as the --json document's "totals".
+nlohmann::json TotalsJson(const TrainTotals& totals);
 
 }  // namespace strata::cli
