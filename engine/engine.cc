@@ -363,12 +363,16 @@ Status EngineImpl::Init() {
   const bool can_lock = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
                         (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= popt.budget_bytes);
   popt.lock = can_lock;
-  if (!can_lock) {
+  // Only a GPU needs the pool locked (its copies run at full speed from page-locked memory);
+  // on the host device unlocked memory costs nothing, so the usual 8 MiB limit is no news.
+  if (!can_lock && dev_->Kind() == DeviceKind::kCuda) {
     static std::once_flag once;
     std::call_once(once, [&] {
       LogWarning("pinned host memory of " + FormatBytes(popt.budget_bytes) +
                  " exceeds RLIMIT_MEMLOCK (" + FormatBytes(rl.rlim_cur) +
-                 "); using unlocked memory (raise it with `ulimit -l` or LimitMEMLOCK=)");
+                 "); using unlocked memory. To lock it, raise the limit: `ulimit -l unlimited` "
+                 "in the shell, a memlock line in /etc/security/limits.conf, or "
+                 "LimitMEMLOCK=infinity for a systemd service");
     });
   }
   STRATA_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(popt));
@@ -464,7 +468,13 @@ Status EngineImpl::Init() {
     }
   }
 
-  if (!opt_.trace_path.empty()) STRATA_RETURN_IF_ERROR(timeline_.OpenTrace(opt_.trace_path));
+  if (!opt_.trace_path.empty()) {
+    STRATA_RETURN_IF_ERROR(timeline_.OpenTrace(
+        opt_.trace_path,
+        opt_.trace_process_name.empty() ? "strata engine" : opt_.trace_process_name,
+        opt_.trace_pid));
+    timeline_.SetTraceRecording(opt_.trace_first_step <= resumed_step_ + 1);
+  }
   dev_->SetObserver([this](const DeviceOpRecord& r) { OnDeviceOp(r); });
   if (collective_) {
     comm_->SetObserver([this](const CommOpRecord& r) { OnCommOp(r); });
@@ -1308,6 +1318,9 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   cache_peak_ = cache_used_;
   step_start_ = Clock::now();
   timeline_.BeginStep(step_start_);
+  const int64_t step_number = resumed_step_ + step_;  // the one beginning (counted above)
+  timeline_.SetTraceRecording(step_number >= opt_.trace_first_step &&
+                              (opt_.trace_last_step == 0 || step_number <= opt_.trace_last_step));
   if (collective_) {
     BuildCommSequence();
     const size_t n = schedule_.size();

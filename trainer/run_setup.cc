@@ -193,6 +193,13 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.grad_clip = config_.grad_clip;
   eo.micro_batches = config_.micro_batches;
   eo.trace_path = RankPath(config_.trace, rank_);
+  // Each rank's trace names its rank, under its own pid (traces opened together stay apart).
+  eo.trace_pid = rank_.rank + 1;
+  eo.trace_process_name = rank_.world_size > 1 ? "strata rank " + std::to_string(rank_.rank) +
+                                                     " of " + std::to_string(rank_.world_size)
+                                               : "strata";
+  eo.trace_first_step = config_.trace_first_step;
+  eo.trace_last_step = config_.trace_last_step;
   eo.comm = engine_comm();
   eo.host_comm = nccl_ ? host_comm() : nullptr;  // nullptr: eo.comm (Gloo) does both
   eo.collective_memory = config_.collective_memory;

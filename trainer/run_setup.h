@@ -65,6 +65,8 @@ struct RunConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double grad_clip = 1.0;  // global gradient-norm clip; 0 = off
   std::string trace;       // Chrome trace file; {rank}/{local_rank} replaced
+  // The steps the trace records, 1-based and inclusive; 0 = unbounded.
+  int64_t trace_first_step = 0, trace_last_step = 0;
   // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).
   std::string rendezvous;           // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
   double comm_timeout_seconds = 0;  // 0 = STRATA_COMM_TIMEOUT

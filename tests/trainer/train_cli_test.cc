@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,72 @@ TEST_F(TrainCliTest, SigtermAndASecondSignal) {
   waitpid(pid, &st, 0);
   ASSERT_TRUE(WIFSIGNALED(st)) << seen;
   EXPECT_EQ(WTERMSIG(st), SIGINT);
+}
+
+// The configuration is printed before the engine is made, then each start-up phase; step
+// lines come every --log-every steps when standard output is not a terminal (by default at
+// most 50); --trace-steps limits the trace, which names its process.
+TEST_F(TrainCliTest, StartupLogEveryAndTraceSteps) {
+  const std::vector<std::string> tiny = {"train",   "--layers", "1",         "--d-model", "32",
+                                         "--heads", "2",        "--seq-len", "16",        "--batch",
+                                         "2",       "--steps",  "120"};
+  auto lines = [](const std::string& out) {
+    int n = 0;
+    for (size_t p = 0; (p = out.find("\nstep ", p)) != std::string::npos; ++p) ++n;
+    return n;
+  };
+  std::vector<std::string> args = tiny;
+  args.insert(args.end(), {"--trace", dir_ + "/t.json", "--trace-steps", "5:6"});
+  std::string out;
+  ASSERT_EQ(0, Run(args, &out)) << out;
+  EXPECT_EQ(lines(out), 25) << out;  // steps 1, 5, 10, ..., 120
+  const size_t config = out.find("# strata train: GPT-2");
+  const size_t placing = out.find("# placing the states and creating the engine ... done");
+  const size_t init = out.find("# initialising the weights (seed 1) ... done");
+  const size_t placement = out.find("# placement:");
+  ASSERT_NE(placement, std::string::npos) << out;
+  EXPECT_LT(config, placing) << out;
+  EXPECT_LT(placing, init) << out;
+  EXPECT_LT(init, placement) << out;
+  const nlohmann::json trace = Json(dir_ + "/t.json");
+  std::set<std::string> steps;
+  for (const auto& e : trace["traceEvents"]) {
+    const std::string name = e["name"];
+    if (name.rfind("step ", 0) == 0) steps.insert(name);
+    if (name == "process_name") {
+      EXPECT_EQ(e["args"]["name"], "strata");
+    }
+  }
+  EXPECT_EQ(steps, (std::set<std::string>{"step 5", "step 6"}));
+
+  args = tiny;
+  args.insert(args.end(), {"--log-every", "40"});
+  out.clear();
+  ASSERT_EQ(0, Run(args, &out)) << out;
+  EXPECT_EQ(lines(out), 4) << out;  // 1, 40, 80, 120
+
+  args = tiny;
+  args.insert(args.end(), {"--trace", dir_ + "/t.json", "--trace-steps", "6:5"});
+  out.clear();
+  EXPECT_NE(0, Run(args, &out));
+  EXPECT_NE(out.find("--trace-steps 6:5: expected a:b"), std::string::npos) << out;
+}
+
+// Under the usual 8 MiB RLIMIT_MEMLOCK a CPU run says nothing about locking its host memory
+// (nothing is gained by it there).
+TEST_F(TrainCliTest, NoMemlockWarningOnTheHostDevice) {
+  const std::string cmd = std::string("ulimit -l 8192 && ") + STRATA_CLI_PATH +
+                          " train --device cpu --layers 2 --d-model 256 --heads 4 --seq-len 16 "
+                          "--batch 2 --steps 1 2>&1";
+  FILE* p = popen(("sh -c '" + cmd + "'").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("model + optimizer states: 2"), std::string::npos) << out;  // > 8 MiB
+  EXPECT_EQ(out.find("RLIMIT_MEMLOCK"), std::string::npos) << out;
 }
 
 TEST_F(TrainCliTest, BadFlagsNameTheValue) {

@@ -40,6 +40,7 @@ struct TrainArgs {
   std::string data, init, save, resume;
   int64_t save_every = 0;  // with --save: also every N steps
   int64_t val_every = 0;
+  int64_t log_every = 0;  // 0: DefaultLogEvery
   double lr = 1e-3;
   std::string lr_schedule = "constant";
   int64_t warmup = 0;
@@ -313,10 +314,20 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   STRATA_ASSIGN_OR_RETURN(model::Batcher batcher,
                           model::Batcher::Create(&data, a.batch, a.seq_len));
 
+  // The configuration first, then each phase of the start-up as it goes (a large model
+  // takes seconds to place and initialise).
+  TrainReportInputs report{setup.get(), &cfg,          &to,    &data,     &batcher,
+                           nullptr,     a.lr_schedule, a.seed, a.run.nvme};
+  report.log_every = a.log_every;
+  PrintConfig(report);
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
   *what = "engine";
+  StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
+                                      : "opening the store to resume");
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           Engine::Create(model::Gpt2BlockSpecs(cfg), eo));
+  phase.Done();
+  report.engine = engine.get();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
     Status s = AgreeOnResumedStep(*comm, engine->ResumedStep());
@@ -326,16 +337,18 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
     *what = init ? "--init " + a.init : "initialising weights";
+    StartupPhase init_phase(init
+                                ? "reading the weights of --init " + a.init
+                                : "initialising the weights (seed " + std::to_string(a.seed) + ")");
     STRATA_RETURN_IF_ERROR(trainer.InitWeights(init.get(), a.seed));
+    init_phase.Done();
   } else if (init) {
     std::printf("# --init %s ignored: resuming from step %lld in %s\n", a.init.c_str(),
                 static_cast<long long>(engine->ResumedStep()), a.resume.c_str());
   }
 
-  const TrainReportInputs report{setup.get(),  &cfg,          &to,    &data,     &batcher,
-                                 engine.get(), a.lr_schedule, a.seed, a.run.nvme};
   nlohmann::json js;
-  js["config"] = PrintStartup(report);
+  js["config"] = PrintPlacement(report);
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;
@@ -395,6 +408,11 @@ void AddTrain(CLI::App& app, int* exit_code) {
                   "default: the built-in generated corpus");
   sub->add_option("--val-every", a->val_every,
                   "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
+      ->capture_default_str();
+  sub->add_option("--log-every", a->log_every,
+                  "When standard output is not a terminal, print a step line every N steps "
+                  "(and the first and last); 0: every step up to 50 steps, else a round "
+                  "interval giving at most 50 lines. A terminal shows a progress bar instead")
       ->capture_default_str();
   sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
   sub->add_option("--save", a->save,

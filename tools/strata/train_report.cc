@@ -59,6 +59,8 @@ void PrintPredictedBound(const TrainReportInputs& in) {
   const trainer::TrainOptions& t = *in.train;
   double compute_s = 0;
   if (in.setup->device().Kind() == DeviceKind::kHost) {
+    std::printf("# timing the model's GEMMs for the predicted bound ...\n");
+    std::fflush(stdout);
     model::GemmRunner gemms(model::ModelGemms(*in.model, t.batch, t.seq_len));
     gemms.Run();  // warm-up
     const auto t0 = std::chrono::steady_clock::now();
@@ -92,21 +94,35 @@ Result<int> AgreeOnInterrupt(const TrainReportInputs& in, std::string* what) {
 
 }  // namespace
 
-nlohmann::json PrintStartup(const TrainReportInputs& in) {
+int64_t DefaultLogEvery(int64_t steps) {
+  constexpr int64_t kLines = 50;
+  for (int64_t decade = 1;; decade *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      if (steps <= kLines * m * decade) return m * decade;
+    }
+  }
+}
+
+StartupPhase::StartupPhase(const std::string& what) : start_(std::chrono::steady_clock::now()) {
+  std::printf("# %s ...", what.c_str());
+  std::fflush(stdout);
+}
+
+void StartupPhase::Done() {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::printf(" done (%.1f s)\n", s);
+  std::fflush(stdout);
+}
+
+void PrintConfig(const TrainReportInputs& in) {
   const model::Gpt2Config& cfg = *in.model;
   const trainer::TrainOptions& t = *in.train;
   const trainer::RunSetup& setup = *in.setup;
-  const trainer::RunConfig& rc = setup.config();
-  const Engine& engine = *in.engine;
   const uint64_t params = model::Gpt2NumParams(cfg);
-  const PlacementReport& pl = engine.Placement();
-  uint64_t state_bytes = 0;
-  for (const ComponentPlacement& c : pl.components) state_bytes += c.bytes;
   std::printf("# strata train: GPT-2 %d layers, d_model %d, %d heads, seq %d, vocab %d\n",
               cfg.layers, cfg.d_model, cfg.heads, t.seq_len, cfg.vocab);
-  std::printf("# parameters: %llu (%s fp32); model + optimizer states: %s\n",
-              static_cast<unsigned long long>(params), FormatBytes(params * 4).c_str(),
-              FormatBytes(state_bytes).c_str());
+  std::printf("# parameters: %llu (%s fp32)\n", static_cast<unsigned long long>(params),
+              FormatBytes(params * 4).c_str());
   std::printf("# data: %s; %lld training / %lld held-out tokens\n", in.data->description.c_str(),
               static_cast<long long>(in.batcher->train_tokens()),
               static_cast<long long>(in.batcher->val_tokens()));
@@ -121,6 +137,20 @@ nlohmann::json PrintStartup(const TrainReportInputs& in) {
   } else {
     std::printf("# device: %s (%s)\n", setup.device().Name().c_str(), setup.DeviceNote().c_str());
   }
+  std::fflush(stdout);
+}
+
+nlohmann::json PrintPlacement(const TrainReportInputs& in) {
+  const model::Gpt2Config& cfg = *in.model;
+  const trainer::TrainOptions& t = *in.train;
+  const trainer::RunSetup& setup = *in.setup;
+  const trainer::RunConfig& rc = setup.config();
+  const Engine& engine = *in.engine;
+  const uint64_t params = model::Gpt2NumParams(cfg);
+  const PlacementReport& pl = engine.Placement();
+  uint64_t state_bytes = 0;
+  for (const ComponentPlacement& c : pl.components) state_bytes += c.bytes;
+  std::printf("# model + optimizer states: %s\n", FormatBytes(state_bytes).c_str());
   if (setup.host_comm() != nullptr) PrintRanks(in);
   // The engine's placement report: where each component lives and why ("# " lines).
   std::string placement = pl.ToString();
@@ -176,6 +206,7 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
   const double tokens_per_step = static_cast<double>(TokensPerStep(*in.train));
   const bool tty = isatty(STDOUT_FILENO);
   totals->resumed_step = in.engine->ResumedStep();
+  const int64_t log_every = in.log_every > 0 ? in.log_every : DefaultLogEvery(last);
   for (int64_t s = trainer.next_step(); s <= last; ++s) {
     STRATA_ASSIGN_OR_RETURN(totals->interrupted, AgreeOnInterrupt(in, what));
     if (totals->interrupted != 0) break;
@@ -223,10 +254,11 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
       const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last));
       std::printf("\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
                   std::string(width - filled, ' ').c_str(), line);
-    } else {
+      std::fflush(stdout);
+    } else if (s % log_every == 0 || s == last || totals->steps == 1) {
       std::printf("%s\n", line);
+      std::fflush(stdout);
     }
-    std::fflush(stdout);
     if (val_every > 0 && (s % val_every == 0 || s == last)) {
       auto v = trainer.ValidationLoss();
       if (!v.ok()) {

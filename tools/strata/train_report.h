@@ -7,6 +7,7 @@
 // silenced by train.cc); errors are returned with the flag or step that failed in *what.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -33,10 +34,32 @@ struct TrainReportInputs {
   std::string lr_schedule;  // as given: constant or cosine
   uint64_t seed = 0;
   std::vector<std::string> nvme;  // as given (with {rank})
+  // Not on a terminal: a step line every this many steps (and the run's first and last);
+  // 0 = LogEvery's default. On a terminal a progress bar shows every step.
+  int64_t log_every = 0;
 };
 
-// Prints the start-up report ("# " lines) and returns the --json document's "config".
-nlohmann::json PrintStartup(const TrainReportInputs& in);
+// The default step-line interval: every step up to 50 steps, else the round number (1, 2 or 5
+// times a power of ten) that gives at most 50 lines.
+int64_t DefaultLogEvery(int64_t steps);
+
+// The start-up report, in two parts: the configuration ("# " lines: model, data, batch,
+// device), printed before the engine exists (in.engine may be null), then, once the engine
+// and the weights are ready, the ranks, placement and predicted bound, returning the --json
+// document's "config".
+void PrintConfig(const TrainReportInputs& in);
+nlohmann::json PrintPlacement(const TrainReportInputs& in);
+
+// One phase of the start-up: "# <what> ..." when made, " done (1.2 s)" on Done, so a long
+// start-up shows where it is.
+class StartupPhase {
+ public:
+  explicit StartupPhase(const std::string& what);
+  void Done();
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
 
 // Sums over the steps this run took.
 struct TrainTotals {
