@@ -1,10 +1,14 @@
 // The run set-up every entry point shares; see run_setup.h.
 #include "trainer/run_setup.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
 #include <utility>
+
+#include "strata/env.h"
 
 namespace strata::trainer {
 
@@ -138,6 +142,28 @@ Status RunSetup::Start(const RunNames& names, std::string* failed) {
       return d.status();
     }
     device_ = std::move(d).value();
+  }
+
+  // --threads on the host device: the model's CPU ops run on its compute lane's thread
+  // (and on this one, e.g. validation), each with its own OpenMP team size.
+  const int64_t env_threads = EnvGetInt("STRATA_NUM_THREADS");
+  const int threads = config_.cpu_threads > 0 ? config_.cpu_threads
+                      : env_threads > 0       ? static_cast<int>(env_threads)
+                                              : 0;
+  if (threads > 0 && device_->Kind() == DeviceKind::kHost) {
+    omp_set_num_threads(threads);
+    Status s = device_->EnqueueHostFunction(
+        Lane::kCompute,
+        [threads] {
+          omp_set_num_threads(threads);
+          return Status::OK();
+        },
+        "set threads");
+    if (s.ok()) s = device_->SynchronizeLane(Lane::kCompute);
+    if (!s.ok()) {
+      *failed = "--threads";
+      return s;
+    }
   }
 
   // NCCL joins the engine's collectives on a CUDA device; Gloo always carries the trainer's

@@ -59,7 +59,9 @@ struct RunConfig {
   std::string resume;   // folder to resume from (one of nvme, or nvme itself when empty)
   bool durable = true;  // with nvme: commit a complete state every step
   IoBackendKind io = IoBackendKind::kAuto;
-  int cpu_threads = 0;  // OpenMP threads of the CPU optimizer; 0 = one per core
+  // --threads: OpenMP threads of the CPU optimizer and, on the host device, of the model's
+  // ops; 0 = STRATA_NUM_THREADS when set, else one per core.
+  int cpu_threads = 0;
   int micro_batches = 1;
   // AdamW. weight_decay applies to tensors marked for it.
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;

@@ -272,12 +272,19 @@ TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
   options.stderr_to = strata::testing::CliStderr::kFile;
   options.stderr_path = dir_ + "/stderr";
   options.timeout_s = 300;
-  const strata::testing::CliRun run = strata::testing::RunCli(
-      std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH +
-          ShellQuote({"bench", "step", "--blocks", "4", "--block-bytes", "256K", "--compute-ms",
-                      "1", "--device-mem", "2M", "--host-mem", "3M", "--nvme", dir_ + "/{rank}",
-                      "--steps", "2", "--trace", dir_ + "/trace.{rank}.json", "--json"}),
-      options);
+  const strata::testing::CliRun run =
+      strata::testing::RunCli(std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH +
+                                  ShellQuote({"bench",         "step",
+                                              "--blocks",      "4",
+                                              "--block-bytes", "256K",
+                                              "--compute-ms",  "1",
+                                              "--device-mem",  "2M",
+                                              "--host-mem",    "3M",
+                                              "--nvme",        dir_ + "/{rank}",
+                                              "--steps",       "2",
+                                              "--trace",       dir_ + "/trace.{rank}.json",
+                                              "--json",        "-"}),
+                              options);
   const std::string& out = run.output;
   ASSERT_EQ(run.exit_code, 0) << out << run.err;
   const size_t brace = out.find('{');

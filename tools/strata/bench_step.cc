@@ -47,7 +47,7 @@ struct Flags {
   std::string block_bytes = "16M";
   double compute_ms = 40;
   int steps = 3;
-  bool json = false;
+  std::string json;   // FILE, or "-" for standard output
   bool keep = false;  // keep the NVMe subfolders (and their state) at exit
   RunFlags run;       // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
 };
@@ -135,7 +135,9 @@ class BenchStep {
   // after the last, and with --json the document at the end.
   Status Run() {
     const bool lead = setup_->rank().rank == 0;
-    if (!f_.json && lead) PrintHeader();
+    // With --json -, standard output carries the JSON alone; the table goes to standard error.
+    const JsonDestination json(lead ? f_.json : "");
+    if (lead) PrintHeader();
     nlohmann::json steps = nlohmann::json::array();
     for (int s = 0; s < f_.steps; ++s) {
       STRATA_ASSIGN_OR_RETURN(StepStats st, Step());
@@ -148,7 +150,7 @@ class BenchStep {
       std::vector<RankRow> rows;
       std::vector<int64_t> wrongs;
       STRATA_RETURN_IF_ERROR(Gather(st, wrong, &rows, &wrongs));
-      if (!f_.json && lead) PrintRows(st.step, rows, wrongs);
+      if (lead) PrintRows(st.step, rows, wrongs);
       if (wrong < 0) {
         for (int64_t w : wrongs) wrong = std::max(wrong, w);
       } else {
@@ -157,12 +159,13 @@ class BenchStep {
       }
       steps.push_back(StepJson(st, rows, wrong));
       if (wrong > 0) {
-        if (f_.json && lead) std::printf("%s\n", nlohmann::json{{"steps", steps}}.dump(2).c_str());
+        if (json.enabled())
+          (void)json.Write("--json", nlohmann::json{{"steps", steps}}.dump(2) + "\n");
         return Status::Corruption(std::to_string(wrong) +
                                   " block(s) came back different from what was written");
       }
     }
-    if (f_.json && lead) std::printf("%s\n", RunJson(steps).dump(2).c_str());
+    if (json.enabled()) STRATA_RETURN_IF_ERROR(json.Write("--json", RunJson(steps).dump(2) + "\n"));
     if (f_.keep) {
       for (TempFolder& t : temps_) {
         const std::string kept = t.Release();
@@ -421,7 +424,10 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
                   "(emulated on the compute lane; 0 = I/O-bound)")
       ->capture_default_str();
   cmd->add_option("--steps", flags->steps, "Steps to run")->capture_default_str();
-  cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->add_option("--json", flags->json,
+                  "Write the configuration, placement and per-step results as JSON to FILE (-: "
+                  "standard output, which then carries the JSON alone; the table goes to "
+                  "standard error)");
   cmd->add_flag("--keep", flags->keep,
                 "Keep the NVMe subfolders (and the state in them) at exit; they are printed");
   // The flags of every engine run, with `strata train`'s defaults: a bench step models a

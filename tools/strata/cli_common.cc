@@ -1,7 +1,9 @@
 // Helpers shared by the `strata` subcommands; see cli_common.h.
 #include "tools/strata/cli_common.h"
 
+#include <omp.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
@@ -13,6 +15,8 @@
 #include <fstream>
 #include <system_error>
 #include <utility>
+
+#include "strata/env.h"
 
 namespace strata::cli {
 
@@ -70,6 +74,50 @@ Status WriteOutput(std::string_view flag, const std::string& path, const std::st
         .WithPath(path);
   }
   return Status::OK();
+}
+
+JsonDestination::JsonDestination(std::string path) : path_(std::move(path)) {
+  if (path_ != "-") return;
+  std::fflush(stdout);
+  saved_stdout_ = ::dup(STDOUT_FILENO);
+  if (saved_stdout_ >= 0) ::dup2(STDERR_FILENO, STDOUT_FILENO);
+}
+
+JsonDestination::~JsonDestination() {
+  if (saved_stdout_ < 0) return;
+  std::fflush(stdout);
+  ::dup2(saved_stdout_, STDOUT_FILENO);
+  ::close(saved_stdout_);
+}
+
+Status JsonDestination::Write(std::string_view flag, const std::string& text) const {
+  if (path_ != "-" || saved_stdout_ < 0) return WriteOutput(flag, path_, text);
+  std::fflush(stdout);
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(saved_stdout_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return Status::IOError(std::string(flag) + " -: cannot write to standard output");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+void AddSwitch(CLI::App* cmd, const std::string& name, bool* value, const std::string& help) {
+  cmd->add_flag("--" + name, *value, help + (*value ? " (default: on)" : " (default: off)"));
+  cmd->add_flag_callback(
+      "--no-" + name, [value] { *value = false; }, "Turn --" + name + " off");
+}
+
+int ResolveThreads(int flag) {
+  if (flag > 0) return flag;
+  const int64_t env = EnvGetInt("STRATA_NUM_THREADS");
+  return env > 0 ? static_cast<int>(env) : 0;
+}
+
+void SetComputeThreads(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
 }
 
 }  // namespace strata::cli

@@ -61,8 +61,9 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "(one step); default every step");
   cmd->add_option("--io", f->io, "NVMe backend: auto (io_uring, else posix), uring or posix")
       ->capture_default_str();
-  cmd->add_option("--cpu-threads", f->cpu_threads,
-                  "OpenMP threads of the CPU optimizer (0: one per core)")
+  cmd->add_option("--threads", f->cpu_threads,
+                  "Threads for the CPU work: the optimizer and, on the host device, the model "
+                  "(0: STRATA_NUM_THREADS when set, else one per core)")
       ->capture_default_str();
   cmd->add_option("--rendezvous", f->rendezvous,
                   "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "

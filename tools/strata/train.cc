@@ -228,14 +228,15 @@ Status SaveWeightsAtomically(const TrainArgs& a, const trainer::Trainer& trainer
   return Status::OK();
 }
 
-Status WriteJson(const TrainArgs& a, bool lead, const nlohmann::json& js, std::string* what) {
-  if (a.json.empty() || !lead) return Status::OK();
+Status WriteJson(const JsonDestination& out, bool lead, const nlohmann::json& js,
+                 std::string* what) {
+  if (!out.enabled() || !lead) return Status::OK();
   *what = "--json";
-  return WriteOutput("--json", a.json, js.dump(1) + "\n");
+  return out.Write("--json", js.dump(1) + "\n");
 }
 
 // After training: --save (rank 0 writes), --sample, --json (rank 0 writes).
-Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
+Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const trainer::Trainer& trainer,
                     const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
                     std::string* what) {
   if (!a.save.empty()) {
@@ -252,15 +253,15 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
     const auto out = model::Generate(cfg, w, p, a.sample, sampling);
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
-  return WriteJson(a, lead, js, what);
+  return WriteJson(out, lead, js, what);
 }
 
 // After SIGINT/SIGTERM: the finished steps' --json, and how to continue.
-Status ReportInterrupt(const TrainArgs& a, const TrainTotals& totals,
+Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const TrainTotals& totals,
                        const trainer::RunSetup& setup, const nlohmann::json& js,
                        std::string* what) {
   const bool lead = setup.rank().rank == 0;
-  STRATA_RETURN_IF_ERROR(WriteJson(a, lead, js, what));
+  STRATA_RETURN_IF_ERROR(WriteJson(out, lead, js, what));
   if (!lead) return Status::OK();
   const long long step =
       static_cast<long long>(totals.last_step > 0 ? totals.last_step : totals.resumed_step);
@@ -287,6 +288,8 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
         (a.save_every < 0 ? " must be >= 0" : " needs --save FILE: where to write"));
   }
   InstallInterruptHandlers();
+  // With --json -, standard output carries the JSON alone; the report goes to standard error.
+  const JsonDestination json_out(a.json);
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(MakeRunConfig(a, &config, what));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<trainer::RunSetup> setup,
@@ -364,9 +367,9 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   js["totals"] = TotalsJson(totals);
   if (totals.interrupted != 0) {
     *interrupted = totals.interrupted;
-    return ReportInterrupt(a, totals, *setup, js, what);
+    return ReportInterrupt(a, json_out, totals, *setup, js, what);
   }
-  return WriteOutputs(a, trainer, cfg, ri.rank == 0, js, what);
+  return WriteOutputs(a, json_out, trainer, cfg, ri.rank == 0, js, what);
 }
 
 int RunTrain(const TrainArgs& a) {
@@ -442,10 +445,13 @@ void AddTrain(CLI::App& app, int* exit_code) {
   AddRunFlags(sub, &a->run,
               "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
               "are replaced by the rank's numbers (one folder per rank)");
-  sub->add_flag("--durable,!--no-durable", a->durable,
-                "With --nvme: commit a complete state to NVMe every step (host-resident states "
-                "too), so a killed run can be resumed with --resume (default on)");
-  sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
+  AddSwitch(sub, "durable", &a->durable,
+            "With --nvme: commit a complete state to NVMe every step (host-resident states "
+            "too), so a killed or interrupted run can be resumed with --resume");
+  sub->add_option("--json", a->json,
+                  "Write the configuration, per-step results and totals as JSON to FILE (-: "
+                  "standard output, which then carries the JSON alone; the report goes to "
+                  "standard error)");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
   AddSamplingFlags(*sub, &a->sampling);

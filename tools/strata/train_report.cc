@@ -108,7 +108,14 @@ StartupPhase::StartupPhase(const std::string& what) : start_(std::chrono::steady
   std::fflush(stdout);
 }
 
+StartupPhase::~StartupPhase() {
+  if (done_) return;
+  std::printf(" failed\n");
+  std::fflush(stdout);
+}
+
 void StartupPhase::Done() {
+  done_ = true;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   std::printf(" done (%.1f s)\n", s);
   std::fflush(stdout);

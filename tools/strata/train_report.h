@@ -55,10 +55,14 @@ nlohmann::json PrintPlacement(const TrainReportInputs& in);
 class StartupPhase {
  public:
   explicit StartupPhase(const std::string& what);
+  ~StartupPhase();  // not Done: ends the line (" failed"), so the error starts a line of its own
+  StartupPhase(const StartupPhase&) = delete;
+  StartupPhase& operator=(const StartupPhase&) = delete;
   void Done();
 
  private:
   std::chrono::steady_clock::time_point start_;
+  bool done_ = false;
 };
 
 // Sums over the steps this run took.
