@@ -311,4 +311,46 @@ TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
   }
 }
 
+// `strata train --json -` under `strata launch --output rank0`: standard output is one JSON
+// document with what `bench step --json` has per step (bound, stall, busy time), the
+// placement and the run's totals; each rank's trace names its rank as its own process.
+TEST_F(TrainMultirankTest, JsonOnStandardOutputUnderLaunchAndTracesNameTheirRank) {
+  strata::testing::CliRunOptions options;
+  options.stderr_to = strata::testing::CliStderr::kFile;
+  options.stderr_path = dir_ + "/stderr";
+  options.timeout_s = 300;
+  std::vector<std::string> args = {"train"};
+  args.insert(args.end(), kModel.begin(), kModel.end());
+  args.insert(args.end(), {"--json", "-", "--trace", dir_ + "/t.{rank}.json", "--trace-steps",
+                           "2:3", "--nvme", dir_ + "/n/{rank}", "--host-mem", "1M"});
+  const strata::testing::CliRun run = strata::testing::RunCli(
+      std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH + ShellQuote(args), options);
+  ASSERT_EQ(run.exit_code, 0) << run.output << run.err;
+  const nlohmann::json j = nlohmann::json::parse(run.output, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << run.output;
+  EXPECT_EQ(j["config"]["world_size"], 2);
+  ASSERT_EQ(j["steps"].size(), 20u);
+  for (const char* k : {"bound_seconds", "bound_resource", "stall_seconds", "busy_seconds",
+                        "efficiency", "loss", "bytes"}) {
+    EXPECT_TRUE(j["steps"][0].contains(k)) << k;
+  }
+  EXPECT_GT(j["steps"][0]["busy_seconds"]["comm"].get<double>(), 0.0);
+  EXPECT_FALSE(j["placement"]["components"].empty());
+  EXPECT_EQ(j["totals"]["steps"], 20);
+  EXPECT_EQ(j["totals"]["last_step"], 20);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(dir_ + "/t." + std::to_string(r) + ".json");
+    const nlohmann::json trace = nlohmann::json::parse(f, nullptr, false);
+    ASSERT_FALSE(trace.is_discarded()) << "rank " << r;
+    bool named = false;
+    for (const auto& e : trace["traceEvents"]) {
+      EXPECT_EQ(e["pid"], r + 1);
+      if (e["name"] == "process_name") {
+        named = e["args"]["name"] == "strata rank " + std::to_string(r) + " of 2";
+      }
+    }
+    EXPECT_TRUE(named) << "rank " << r;
+  }
+}
+
 }  // namespace

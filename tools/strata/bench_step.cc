@@ -36,6 +36,7 @@
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "trainer/run_setup.h"
 
@@ -322,25 +323,7 @@ class BenchStep {
 
   nlohmann::json StepJson(const StepStats& st, const std::vector<RankRow>& rows,
                           int64_t wrong) const {
-    nlohmann::json busy;
-    for (int r = 0; r < kNumResources; ++r) busy[ResourceName(Resource(r))] = st.busy_seconds[r];
-    nlohmann::json out = {{"step", st.step},
-                          {"seconds", st.seconds},
-                          {"bound_seconds", st.bound_seconds},
-                          {"bound_resource", st.bound_resource},
-                          {"efficiency", st.efficiency},
-                          {"stall_seconds", st.stall_seconds},
-                          {"nvme_busy_seconds", st.nvme_busy_seconds},
-                          {"grad_norm", st.grad_norm},
-                          {"peak_device_bytes", st.peak_device_bytes},
-                          {"peak_host_bytes", st.peak_host_bytes},
-                          {"busy_seconds", busy},
-                          {"bytes",
-                           {{"nvme_read", st.bytes.nvme_read},
-                            {"nvme_write", st.bytes.nvme_write},
-                            {"h2d", st.bytes.h2d},
-                            {"d2h", st.bytes.d2h},
-                            {"comm", st.bytes.comm}}}};
+    nlohmann::json out = StepStatsJson(st);
     if (world() > 1) {
       nlohmann::json per_rank = nlohmann::json::array();
       for (int r = 0; r < world(); ++r) {
@@ -373,17 +356,7 @@ class BenchStep {
                      {"comm_backend", comm_backend()},
                      {"host_comm_backend", host_comm_backend()},
                      {"collective_memory", memory()}};
-    nlohmann::json comps = nlohmann::json::array();
-    for (const ComponentPlacement& c : place.components) {
-      comps.push_back({{"block", c.block},
-                       {"component", ComponentName(c.component)},
-                       {"home", TierName(c.home)},
-                       {"bytes", c.bytes}});
-    }
-    out["placement"] = {{"components", comps},
-                        {"reasons", place.reasons},
-                        {"device_min_bytes", place.device_min_bytes},
-                        {"host_min_bytes", place.host_min_bytes}};
+    out["placement"] = PlacementJson(place);
     out["steps"] = steps;
     return out;
   }

@@ -27,6 +27,7 @@
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/interrupt.h"
+#include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/train_report.h"
 #include "trainer/run_setup.h"
@@ -352,6 +353,7 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
 
   nlohmann::json js;
   js["config"] = PrintPlacement(report);
+  js["placement"] = PlacementJson(engine->Placement());
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;

@@ -11,6 +11,7 @@
 #include "model/gemm_profile.h"
 #include "strata/bytes.h"
 #include "tools/strata/interrupt.h"
+#include "tools/strata/report_json.h"
 
 namespace strata::cli {
 namespace {
@@ -238,19 +239,13 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     for (int i = 0; i < kNumResources; ++i) totals->busy[i] += st.busy_seconds[i];
     const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
     const double eta = totals->seconds / totals->steps * static_cast<double>(last - s);
-    steps_json->push_back({{"step", s},
-                           {"loss", r->loss},
-                           {"seconds", st.seconds},
-                           {"tokens_per_s", tps},
-                           {"efficiency", st.efficiency},
-                           {"lr", r->lr},
-                           {"grad_norm", st.grad_norm},
-                           {"bytes",
-                            {{"nvme_read", st.bytes.nvme_read},
-                             {"nvme_write", st.bytes.nvme_write},
-                             {"h2d", st.bytes.h2d},
-                             {"d2h", st.bytes.d2h},
-                             {"comm", st.bytes.comm}}}});
+    // The engine's figures as `bench step --json` has them, with the model's.
+    nlohmann::json step = StepStatsJson(st);
+    step["step"] = s;
+    step["loss"] = r->loss;
+    step["tokens_per_s"] = tps;
+    step["lr"] = r->lr;
+    steps_json->push_back(std::move(step));
     char line[256];
     std::snprintf(line, sizeof line,
                   "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  ETA %s",
