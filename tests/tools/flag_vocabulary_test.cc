@@ -88,4 +88,15 @@ TEST(FlagVocabulary, MissingNvmeFoldersAreMadeForEachRank) {
   EXPECT_TRUE(std::filesystem::is_directory(tmp.File("not/yet/0"))) << r.output;
 }
 
+// Budget checks report every short budget at once, each with its minimum.
+TEST(FlagVocabulary, EveryShortBudgetIsReportedAtOnce) {
+  strata::testing::TempDir tmp("strata-flags");
+  const CliRun r =
+      Shell(std::string(kTinyTrain) + "--steps 1 --device-mem 1K --host-mem 1K --nvme" +
+            ShellQuote({tmp.File("nvme")}));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "device budget 1.0 KiB")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "host budget 1.0 KiB")) << r.output;
+}
+
 }  // namespace
