@@ -463,8 +463,7 @@ Status EngineImpl::Init() {
     } else if (committed) {
       return Status::InvalidArgument(
           "NVMe folder " + opt_.nvme_paths[0] + " already holds a committed engine state (step " +
-          std::to_string(*committed) +
-          "); resume it (EngineOptions::resume, --resume) or use an empty folder");
+          std::to_string(*committed) + "); resume from it or use an empty folder");
     }
   }
 

@@ -99,4 +99,18 @@ TEST(FlagVocabulary, EveryShortBudgetIsReportedAtOnce) {
   EXPECT_TRUE(Contains(r.output, "host budget 1.0 KiB")) << r.output;
 }
 
+// A folder holding an earlier run's store: the message says how to continue it in flags,
+// never in API names.
+TEST(FlagVocabulary, AnEarlierRunsStoreIsExplainedInFlags) {
+  strata::testing::TempDir tmp("strata-flags");
+  const std::string run =
+      std::string(kTinyTrain) + "--steps 1 --nvme" + ShellQuote({tmp.File("n")});
+  ASSERT_EQ(Shell(run).exit_code, 0);
+  const CliRun again = Shell(run);
+  EXPECT_NE(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(Contains(again.output, "(--resume " + tmp.File("n") + " continues that run)"))
+      << again.output;
+  EXPECT_FALSE(Contains(again.output, "EngineOptions")) << again.output;
+}
+
 }  // namespace

@@ -328,8 +328,14 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   *what = "engine";
   StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
                                       : "opening the store to resume");
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          Engine::Create(model::Gpt2BlockSpecs(cfg), eo));
+  auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
+  if (!created.ok() && a.resume.empty() && !a.run.nvme.empty() &&
+      created.status().message().find("already holds a committed") != std::string::npos) {
+    *what = "--nvme";  // an earlier run's store: say how to continue it in the CLI's words
+    return Status::InvalidArgument(created.status().message() + " (--resume " + a.run.nvme.front() +
+                                   " continues that run)");
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, std::move(created));
   phase.Done();
   report.engine = engine.get();
   if (comm != nullptr) {
