@@ -268,7 +268,12 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
       static_cast<long long>(totals.last_step > 0 ? totals.last_step : totals.resumed_step);
   std::fflush(stdout);
   const std::string folder = !a.run.nvme.empty() ? a.run.nvme.front() : a.resume;
-  if (folder.empty() || !a.durable) {
+  if (step == 0) {
+    std::fprintf(stderr,
+                 "strata train: interrupted (%s) before the first step; nothing was committed: "
+                 "run the same command again\n",
+                 InterruptName(totals.interrupted));
+  } else if (folder.empty() || !a.durable) {
     std::fprintf(stderr,
                  "strata train: interrupted (%s) at step %lld; the run cannot be resumed: %s\n",
                  InterruptName(totals.interrupted), step,
