@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 # --grad-clip 0: these figures were recorded without clipping, bench step's default before it
 # took `strata train`'s (1); with clipping the host minimum of this model is 304 MiB, over the
 # 256 MiB budget below.
-common=(--blocks 16 --block-bytes 16M --steps "$STEPS" --cpu-threads 1 --grad-clip 0 --json)
+common=(--blocks 16 --block-bytes 16M --steps "$STEPS" --threads 1 --grad-clip 0 --json -)
 for r in $(seq 1 "$ROUNDS"); do
   rm -rf "$DIR/swap" && mkdir "$DIR/swap"
   "$STRATA" bench step "${common[@]}" --compute-ms 40 --device-mem 64M --host-mem 256M \

@@ -11,7 +11,7 @@ S=${1:?strata binary}; ROUNDS=${2:-3}; shift 2 || true
 DIR=$(mktemp -d /var/tmp/strata-mr-bench-XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 # --grad-clip 0: as recorded in PERFORMANCE.md (bench step's default before it took train's 1).
-FLAGS=(--blocks 8 --block-bytes 4M --compute-ms 20 --device-mem 16M --steps 4 --cpu-threads 1 --grad-clip 0 --json "$@")
+FLAGS=(--blocks 8 --block-bytes 4M --compute-ms 20 --device-mem 16M --steps 4 --threads 1 --grad-clip 0 --json - "$@")
 echo "# strata bench step ${FLAGS[*]}   (1 rank, then: strata launch -n 2 -- ... --trace DIR/t.{rank}.json)"
 summ() {  # json file -> per rank: median step s, median efficiency, median comm busy s, comm MiB/step
   python3 - "$1" <<'PY'

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "strata/comm.h"
 #include "strata/device.h"
@@ -38,6 +39,8 @@ class TempFolder {
 
   // "" until Make succeeds.
   const std::string& path() const { return path_; }
+  // Keeps the folder: returns its path and forgets it, so it is not removed.
+  std::string Release() { return std::exchange(path_, {}); }
 
  private:
   void Remove();

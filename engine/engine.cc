@@ -135,7 +135,12 @@ Status EngineImpl::Init() NO_THREAD_SAFETY_ANALYSIS {
   STRATA_RETURN_IF_ERROR(collectives_->AllocateBuffers());
   STRATA_RETURN_IF_ERROR(host_.InitObjects());
 
-  if (!opt.trace_path.empty()) STRATA_RETURN_IF_ERROR(ctx_.timeline.OpenTrace(opt.trace_path));
+  if (!opt.trace_path.empty()) {
+    STRATA_RETURN_IF_ERROR(ctx_.timeline.OpenTrace(
+        opt.trace_path, opt.trace_process_name.empty() ? "strata engine" : opt.trace_process_name,
+        opt.trace_pid));
+    ctx_.timeline.SetTraceRecording(opt.trace_first_step <= ctx_.resumed_step + 1);
+  }
   ctx_.dev->SetObserver([this](const DeviceOpRecord& r) { OnDeviceOp(r); });
   STRATA_RETURN_IF_ERROR(collectives_->Init());
   host_.Start();
@@ -243,6 +248,12 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   optimizer_.BeginStepLocked();
   step_start_ = Clock::now();
   ctx_.timeline.BeginStep(step_start_);
+  {
+    const int64_t step_number = ctx_.resumed_step + ctx_.step;  // the one beginning
+    ctx_.timeline.SetTraceRecording(
+        step_number >= ctx_.opt.trace_first_step &&
+        (ctx_.opt.trace_last_step == 0 || step_number <= ctx_.opt.trace_last_step));
+  }
   collectives_->BeginStepLocked();
   ctx_.step_open = true;
   ++ctx_.generation;

@@ -48,12 +48,16 @@ Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
   const bool can_lock = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
                         (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= popt.budget_bytes);
   popt.lock = can_lock;
-  if (!can_lock) {
+  // Only a GPU needs the pool locked (its copies run at full speed from page-locked memory);
+  // on the host device unlocked memory costs nothing, so the usual 8 MiB limit is no news.
+  if (!can_lock && ctx_.dev->Kind() == DeviceKind::kCuda) {
     static std::once_flag once;
     std::call_once(once, [&] {
       LogWarning("pinned host memory of " + FormatBytes(popt.budget_bytes) +
                  " exceeds RLIMIT_MEMLOCK (" + FormatBytes(rl.rlim_cur) +
-                 "); using unlocked memory (raise it with `ulimit -l` or LimitMEMLOCK=)");
+                 "); using unlocked memory. To lock it, raise the limit: `ulimit -l unlimited` "
+                 "in the shell, a memlock line in /etc/security/limits.conf, or "
+                 "LimitMEMLOCK=infinity for a systemd service");
     });
   }
   STRATA_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(popt));
@@ -99,10 +103,10 @@ Status HostTier::InitObjects() NO_THREAD_SAFETY_ANALYSIS {
     return ResumeFromStore();
   }
   if (committed) {
-    return Status::InvalidArgument(
-        "NVMe folder " + ctx_.opt.nvme_paths[0] + " already holds a committed engine state (step " +
-        std::to_string(*committed) + "); resume it with --resume " + ctx_.opt.nvme_paths[0] +
-        ", or use an empty folder");
+    return Status::InvalidArgument("NVMe folder " + ctx_.opt.nvme_paths[0] +
+                                   " already holds a committed engine state (step " +
+                                   std::to_string(*committed) + "); resume it with --resume " +
+                                   ctx_.opt.nvme_paths[0] + ", or use an empty folder");
   }
   return Status::OK();
 }

@@ -117,7 +117,8 @@ struct Placer {
   const int blocks;
   const bool separate;  // the param component exists
   std::vector<uint64_t> param_bytes, grad_bytes;
-  uint64_t largest_f32 = 0;     // the largest fp32 state object
+  std::string device_short_message;  // non-empty: the device budget is below its minimum
+  uint64_t largest_f32 = 0;          // the largest fp32 state object
   std::vector<int> state_objs;  // master/param first (most traffic saved per byte), then moments
   uint64_t state_bytes = 0;
   std::vector<Access> schedule;
@@ -164,16 +165,19 @@ Status Placer::SizeObjects() {
   rep.device_budget_bytes = opt.device_budget;
   rep.device_min_bytes = device_min;
   rep.host_budget_bytes = opt.host_budget;
-  if (opt.device_budget && opt.device_budget < device_min) {
-    return Status::OutOfMemory("device budget " + FormatBytes(opt.device_budget) +
-                               " is smaller than block '" + layout[largest_block].name +
-                               "' needs during backward (params " +
-                               FormatBytes(param_bytes[largest_block]) + " + gradient buffer " +
-                               FormatBytes(grad_bytes[largest_block]) + "); need at least " +
-                               FormatBytesExact(device_min));
+  // A short device budget is reported with a short host budget, when both are (below).
+  const bool device_short = opt.device_budget && opt.device_budget < device_min;
+  if (device_short) {
+    device_short_message = std::string("device budget ") + FormatBytes(opt.device_budget) +
+                           " is smaller than block '" + layout[largest_block].name +
+                           "' needs during backward (params " +
+                           FormatBytes(param_bytes[largest_block]) + " + gradient buffer " +
+                           FormatBytes(grad_bytes[largest_block]) + "); need at least " +
+                           FormatBytesExact(device_min);
   }
   STRATA_ASSIGN_OR_RETURN(schedule, BuildSchedule(blocks, opt.schedule, opt.micro_batches));
-  STRATA_ASSIGN_OR_RETURN(device, PlanDevice(schedule, param_bytes, grad_bytes, opt.device_budget));
+  STRATA_ASSIGN_OR_RETURN(device, PlanDevice(schedule, param_bytes, grad_bytes,
+                                             device_short ? device_min : opt.device_budget));
   for (int b = 0; b < blocks; ++b) {
     if (separate) state_objs.push_back(ObjIndex(b, Component::kParam));
     state_objs.push_back(ObjIndex(b, Component::kMaster));
@@ -414,11 +418,14 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
   p.hin.cached = p.pp.cached;  // only gradients in the cache
   STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, MinCacheCapacity(p.hin));
   PlacementPlan& pp = p.pp;
-  if (opt.host_budget == 0 || !opt.nvme) {
-    STRATA_RETURN_IF_ERROR(p.PlaceAllOnHost(cache_min_host));
-  } else {
-    STRATA_RETURN_IF_ERROR(p.PlaceWithNvme());
+  const Status host =
+      opt.host_budget == 0 || !opt.nvme ? p.PlaceAllOnHost(cache_min_host) : p.PlaceWithNvme();
+  if (!p.device_short_message.empty()) {  // every short budget at once
+    const bool host_short = host.code() == StatusCode::kOutOfMemory;
+    return Status::OutOfMemory(p.device_short_message +
+                               (host_short ? "; and the " + host.message() : std::string()));
   }
+  STRATA_RETURN_IF_ERROR(host);
   pp.use_nvme = pp.use_nvme || opt.durable;
   for (int o : p.state_objs) {
     pp.home[o] = pp.cached[o] ? Tier::kNvme : Tier::kHost;

@@ -13,23 +13,35 @@ const char* TraceLaneName(TraceLane lane) {
   return lane == TraceLane::kStall ? "stall" : "step";
 }
 
+namespace {
+void AppendJsonString(std::string* out, std::string_view s);
+}  // namespace
+
 Timeline::Timeline() : origin_(Clock::now()) {}
 
 Timeline::~Timeline() { (void)CloseTrace(); }
 
-Status Timeline::OpenTrace(const std::string& path) {
+Status Timeline::OpenTrace(const std::string& path, const std::string& process_name, int pid) {
   std::lock_guard<std::mutex> lock(mu_);
   auto out = AtomicFile::Create(path);
   if (!out.ok()) return out.status();
   out_ = std::move(*out);
   file_ = out_->stream();
   path_ = path;
-  std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", file_);
-  std::fprintf(file_,
-               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"
-               "\"args\":{\"name\":\"strata engine\"}}");
+  pid_ = pid;
+  std::string head = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  head += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid_) +
+          ",\"tid\":0,\"args\":{\"name\":";
+  AppendJsonString(&head, process_name);
+  head += "}}";
+  std::fputs(head.c_str(), file_);
   first_event_ = false;
   return Status::OK();
+}
+
+void Timeline::SetTraceRecording(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_ = on;
 }
 
 Status Timeline::CloseTrace() {
@@ -73,21 +85,21 @@ void Timeline::WriteEventLocked(TraceLane lane, std::string_view label, Clock::t
     slots.push_back(end);
     std::string name = TraceLaneName(lane);
     if (slot > 0) name += " #" + std::to_string(slot + 1);
-    line += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid) +
-            ",\"args\":{\"name\":";
+    line += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid_) +
+            ",\"tid\":" + std::to_string(tid) + ",\"args\":{\"name\":";
     AppendJsonString(&line, name);
     line += "}}";
-    line +=
-        ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid) +
-        ",\"args\":{\"sort_index\":" + std::to_string(tid) + "}}";
+    line += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(pid_) +
+            ",\"tid\":" + std::to_string(tid) + ",\"args\":{\"sort_index\":" + std::to_string(tid) +
+            "}}";
   } else {
     slots[slot] = end;
   }
   const double ts = std::chrono::duration<double, std::micro>(start - origin_).count();
   const double dur = std::chrono::duration<double, std::micro>(end - start).count();
   char buf[160];
-  std::snprintf(buf, sizeof buf, ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,",
-                tid, ts, std::max(0.0, dur));
+  std::snprintf(buf, sizeof buf, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,",
+                pid_, tid, ts, std::max(0.0, dur));
   line += buf;
   line += "\"name\":";
   AppendJsonString(&line, label);
@@ -101,7 +113,7 @@ void Timeline::Add(TraceLane lane, std::string_view label, Clock::time_point sta
   std::lock_guard<std::mutex> lock(mu_);
   intervals_[int(lane)].push_back({start, end});
   bytes_[int(lane)] += bytes;
-  if (file_) WriteEventLocked(lane, label, start, end, bytes);
+  if (file_ && recording_) WriteEventLocked(lane, label, start, end, bytes);
 }
 
 void Timeline::BeginStep(Clock::time_point start) {
@@ -206,7 +218,7 @@ void Timeline::AddStallEvents(Clock::time_point from, Clock::time_point to) {
   for (const Interval& i : merged) {
     if (i.start > t) {
       intervals_[int(TraceLane::kStall)].push_back({t, i.start});
-      if (file_) WriteEventLocked(TraceLane::kStall, "stall", t, i.start, 0);
+      if (file_ && recording_) WriteEventLocked(TraceLane::kStall, "stall", t, i.start, 0);
     }
     t = i.end;
   }

@@ -50,8 +50,13 @@ class Timeline {
   Timeline();
   ~Timeline();
 
-  // Starts writing a trace to `path` (truncates it). IOError naming the path on failure.
-  Status OpenTrace(const std::string& path);
+  // Starts writing a trace to `path` (truncates it), its events under process `pid` named
+  // `process_name`. IOError naming the path on failure.
+  Status OpenTrace(const std::string& path, const std::string& process_name = "strata engine",
+                   int pid = 1);
+  // Whether operations from now on go to the trace file (the busy figures count them
+  // either way); on by default.
+  void SetTraceRecording(bool on);
   // Finishes the JSON (closing brackets) and closes the file. Safe to call twice.
   Status CloseTrace();
 
@@ -92,6 +97,8 @@ class Timeline {
   std::FILE* file_ = nullptr;            // out_'s stream
   std::string path_;
   bool first_event_ = true;
+  bool recording_ = true;
+  int pid_ = 1;
   // Per lane: end time of each sub-lane's last event (to place overlapping events).
   std::vector<Clock::time_point> slots_[kNumTraceLanes];
 };

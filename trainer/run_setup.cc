@@ -1,8 +1,14 @@
 // The run set-up every entry point shares; see run_setup.h.
 #include "trainer/run_setup.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 #include <utility>
+
+#include "strata/env.h"
 
 namespace strata::trainer {
 
@@ -138,6 +144,28 @@ Status RunSetup::Start(const RunNames& names, std::string* failed) {
     device_ = std::move(d).value();
   }
 
+  // --threads on the host device: the model's CPU ops run on its compute lane's thread
+  // (and on this one, e.g. validation), each with its own OpenMP team size.
+  const int64_t env_threads = EnvGetInt("STRATA_NUM_THREADS");
+  const int threads = config_.cpu_threads > 0 ? config_.cpu_threads
+                      : env_threads > 0       ? static_cast<int>(env_threads)
+                                              : 0;
+  if (threads > 0 && device_->Kind() == DeviceKind::kHost) {
+    omp_set_num_threads(threads);
+    Status s = device_->EnqueueHostFunction(
+        Lane::kCompute,
+        [threads] {
+          omp_set_num_threads(threads);
+          return Status::OK();
+        },
+        "set threads");
+    if (s.ok()) s = device_->SynchronizeLane(Lane::kCompute);
+    if (!s.ok()) {
+      *failed = "--threads";
+      return s;
+    }
+  }
+
   // NCCL joins the engine's collectives on a CUDA device; Gloo always carries the trainer's
   // own collectives and the engine's host-side ones.
   auto n = CreateEngineNccl(ranks_, CommBackendChoiceName(config_.comm_backend), *device_);
@@ -157,7 +185,18 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.device = device_.get();
   eo.device_mem_bytes = config_.device_mem_bytes;
   eo.host_mem_bytes = config_.host_mem_bytes;
-  for (const std::string& p : config_.nvme) eo.nvme_paths.push_back(RankPath(p, rank_));
+  for (const std::string& p : config_.nvme) {
+    eo.nvme_paths.push_back(RankPath(p, rank_));
+    // A missing --nvme folder (this rank's, with {rank}) is made, parents too.
+    std::error_code ec;
+    std::filesystem::create_directories(eo.nvme_paths.back(), ec);
+    if (ec) {
+      *failed = "--nvme";
+      return Status::IOError("--nvme " + eo.nvme_paths.back() + ": cannot create the folder (" +
+                             ec.message() + "); pass a folder you can write to")
+          .WithPath(eo.nvme_paths.back());
+    }
+  }
   if (!config_.resume.empty()) {
     const std::string resume = RankPath(config_.resume, rank_);
     eo.resume = true;
@@ -180,6 +219,13 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.grad_clip = config_.grad_clip;
   eo.micro_batches = config_.micro_batches;
   eo.trace_path = RankPath(config_.trace, rank_);
+  // Each rank's trace names its rank, under its own pid (traces opened together stay apart).
+  eo.trace_pid = rank_.rank + 1;
+  eo.trace_process_name = rank_.world_size > 1 ? "strata rank " + std::to_string(rank_.rank) +
+                                                     " of " + std::to_string(rank_.world_size)
+                                               : "strata";
+  eo.trace_first_step = config_.trace_first_step;
+  eo.trace_last_step = config_.trace_last_step;
   eo.comm = engine_comm();
   eo.host_comm = nccl_ ? host_comm() : nullptr;  // nullptr: eo.comm (Gloo) does both
   eo.collective_memory = config_.collective_memory;

@@ -59,12 +59,16 @@ struct RunConfig {
   std::string resume;   // folder to resume from (one of nvme, or nvme itself when empty)
   bool durable = true;  // with nvme: commit a complete state every step
   IoBackendKind io = IoBackendKind::kAuto;
-  int cpu_threads = 0;  // OpenMP threads of the CPU optimizer; 0 = one per core
+  // --threads: OpenMP threads of the CPU optimizer and, on the host device, of the model's
+  // ops; 0 = STRATA_NUM_THREADS when set, else one per core.
+  int cpu_threads = 0;
   int micro_batches = 1;
   // AdamW. weight_decay applies to tensors marked for it.
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double grad_clip = 1.0;  // global gradient-norm clip; 0 = off
   std::string trace;       // Chrome trace file; {rank}/{local_rank} replaced
+  // The steps the trace records, 1-based and inclusive; 0 = unbounded.
+  int64_t trace_first_step = 0, trace_last_step = 0;
   // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).
   std::string rendezvous;           // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
   double comm_timeout_seconds = 0;  // 0 = STRATA_COMM_TIMEOUT
@@ -99,8 +103,9 @@ class RunSetup {
   Status Start(const RunNames& names, std::string* failed);
 
   // The engine's options from the config: the device and budgets, this rank's NVMe folders
-  // and trace file, resume, the optimizer, and the communicators. Call after Start.
-  // Errors (with *failed): "--resume" when the folder is not one of the --nvme folders.
+  // and trace file, resume, the optimizer, and the communicators. Call after Start. Makes
+  // each of this rank's --nvme folders when missing. Errors (with *failed): "--resume" when
+  // the folder is not one of the --nvme folders; "--nvme" when a folder cannot be made.
   Result<EngineOptions> MakeEngineOptions(std::string* failed) const;
 
   const RunConfig& config() const { return config_; }

@@ -233,6 +233,14 @@ struct EngineOptions {
   bool resume = false;
   // Write a Chrome/Perfetto trace (JSON) of every operation to this file; "" = none.
   std::string trace_path;
+  // The trace's process: its name and pid (one per rank, so that the ranks' traces opened
+  // together stay apart); "" = "strata engine".
+  std::string trace_process_name;
+  int trace_pid = 1;
+  // Trace only steps [trace_first_step, trace_last_step] (1-based, inclusive, counting
+  // resumed steps; 0 = unbounded); the operations between two traced steps count as the
+  // earlier one's.
+  int64_t trace_first_step = 0, trace_last_step = 0;
   // Expected bandwidths (bytes/s) used only to predict the step's bound in Placement();
   // 0 = use built-in guesses. They never change a decision that affects numerics.
   double nvme_read_bps = 0, nvme_write_bps = 0, h2d_bps = 0, d2h_bps = 0, cpu_optim_bps = 0;

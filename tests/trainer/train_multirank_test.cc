@@ -272,7 +272,7 @@ TEST_F(TrainMultirankTest, HungRankIsNamedWithHowLongItSentNothing) {
   std::vector<std::string> args = {"train"};
   args.insert(args.end(), kModel.begin(), kModel.end());
   *(std::find(args.begin(), args.end(), "--steps") + 1) = "100000";  // runs until stopped
-  args.insert(args.end(), {"--comm-timeout", "3"});
+  args.insert(args.end(), {"--comm-timeout", "3", "--log-every", "1"});
   int fd0 = -1, fd1 = -1;
   const pid_t r0 = SpawnRank(0, 2, dir_ + "/rdv", args, &fd0, dir_ + "/err0");
   const pid_t r1 = SpawnRank(1, 2, dir_ + "/rdv", args, &fd1, dir_ + "/err1");
@@ -317,12 +317,19 @@ TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
   options.stderr_to = strata::testing::CliStderr::kFile;
   options.stderr_path = dir_ + "/stderr";
   options.timeout_s = 300;
-  const strata::testing::CliRun run = strata::testing::RunCli(
-      std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH +
-          ShellQuote({"bench", "step", "--blocks", "4", "--block-bytes", "256K", "--compute-ms",
-                      "1", "--device-mem", "2M", "--host-mem", "3M", "--nvme", dir_ + "/{rank}",
-                      "--steps", "2", "--trace", dir_ + "/trace.{rank}.json", "--json"}),
-      options);
+  const strata::testing::CliRun run =
+      strata::testing::RunCli(std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH +
+                                  ShellQuote({"bench",         "step",
+                                              "--blocks",      "4",
+                                              "--block-bytes", "256K",
+                                              "--compute-ms",  "1",
+                                              "--device-mem",  "2M",
+                                              "--host-mem",    "3M",
+                                              "--nvme",        dir_ + "/{rank}",
+                                              "--steps",       "2",
+                                              "--trace",       dir_ + "/trace.{rank}.json",
+                                              "--json",        "-"}),
+                              options);
   const std::string& out = run.output;
   ASSERT_EQ(run.exit_code, 0) << out << run.err;
   const size_t brace = out.find('{');
@@ -346,6 +353,48 @@ TEST_F(TrainMultirankTest, BenchStepAcrossTwoRanksReportsTheCommLane) {
     EXPECT_NE(trace.find("\"comm\""), std::string::npos) << "no comm lane in rank " << r;
     EXPECT_NE(trace.find("all-gather block.1"), std::string::npos);
     EXPECT_NE(trace.find("reduce-scatter block.1"), std::string::npos);
+  }
+}
+
+// `strata train --json -` under `strata launch --output rank0`: standard output is one JSON
+// document with what `bench step --json` has per step (bound, stall, busy time), the
+// placement and the run's totals; each rank's trace names its rank as its own process.
+TEST_F(TrainMultirankTest, JsonOnStandardOutputUnderLaunchAndTracesNameTheirRank) {
+  strata::testing::CliRunOptions options;
+  options.stderr_to = strata::testing::CliStderr::kFile;
+  options.stderr_path = dir_ + "/stderr";
+  options.timeout_s = 300;
+  std::vector<std::string> args = {"train"};
+  args.insert(args.end(), kModel.begin(), kModel.end());
+  args.insert(args.end(), {"--json", "-", "--trace", dir_ + "/t.{rank}.json", "--trace-steps",
+                           "2:3", "--nvme", dir_ + "/n/{rank}", "--host-mem", "1M"});
+  const strata::testing::CliRun run = strata::testing::RunCli(
+      std::string("launch -n 2 --output rank0 -- ") + STRATA_CLI_PATH + ShellQuote(args), options);
+  ASSERT_EQ(run.exit_code, 0) << run.output << run.err;
+  const nlohmann::json j = nlohmann::json::parse(run.output, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << run.output;
+  EXPECT_EQ(j["config"]["world_size"], 2);
+  ASSERT_EQ(j["steps"].size(), 20u);
+  for (const char* k : {"bound_seconds", "bound_resource", "stall_seconds", "busy_seconds",
+                        "efficiency", "loss", "bytes"}) {
+    EXPECT_TRUE(j["steps"][0].contains(k)) << k;
+  }
+  EXPECT_GT(j["steps"][0]["busy_seconds"]["comm"].get<double>(), 0.0);
+  EXPECT_FALSE(j["placement"]["components"].empty());
+  EXPECT_EQ(j["totals"]["steps"], 20);
+  EXPECT_EQ(j["totals"]["last_step"], 20);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(dir_ + "/t." + std::to_string(r) + ".json");
+    const nlohmann::json trace = nlohmann::json::parse(f, nullptr, false);
+    ASSERT_FALSE(trace.is_discarded()) << "rank " << r;
+    bool named = false;
+    for (const auto& e : trace["traceEvents"]) {
+      EXPECT_EQ(e["pid"], r + 1);
+      if (e["name"] == "process_name") {
+        named = e["args"]["name"] == "strata rank " + std::to_string(r) + " of 2";
+      }
+    }
+    EXPECT_TRUE(named) << "rank " << r;
   }
 }
 

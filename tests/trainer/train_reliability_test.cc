@@ -116,7 +116,7 @@ TEST_F(TrainReliabilityTest, BadFlagsAreRefusedBeforeTheStoreIsCreated) {
       {"--lr", "nan"},           {"--lr", "-1"},         {"--warmup", "-3"},
       {"--val-every", "-1"},     {"--sample", "-5"},     {"--sample", "3", "--temperature", "nan"},
       {"--beta1", "nan"},        {"--beta2", "1"},       {"--eps", "-1"},
-      {"--weight-decay", "nan"}, {"--grad-clip", "nan"}, {"--cpu-threads", "-2"},
+      {"--weight-decay", "nan"}, {"--grad-clip", "nan"}, {"--threads", "-2"},
       {"--save", missing},       {"--json", missing},    {"--trace", missing},
       {"--save", dir_},
   };

@@ -21,6 +21,7 @@
 
 #include "strata/env.h"
 #include "strata/optim.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -35,7 +36,7 @@ struct BenchAdamFlags {
   std::string mode = "adam";
   int iters = 10;
   int warmup = 2;
-  bool json = false;
+  std::string json;  // FILE, or "-" for standard output
 };
 
 // "64M" -> 64 * 2^20. K, M, G are binary (2^10, 2^20, 2^30); a plain number is a count.
@@ -414,7 +415,7 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
   }
   const bool step_mode = fl.mode == "step";
 
-  FILE* out = fl.json ? stderr : stdout;  // with --json, the table goes to stderr
+  FILE* out = fl.json == "-" ? stderr : stdout;  // with --json -, the table goes to stderr
   std::fprintf(out, "# strata bench adam --mode %s\n", fl.mode.c_str());
   std::fprintf(out, "# params: %zu (%s)  iters: %d  warmup: %d  (times are medians over iters)\n",
                n, fl.params.c_str(), fl.iters, fl.warmup);
@@ -528,10 +529,14 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
       }
     }
   }
-  if (fl.json) {
+  if (!fl.json.empty()) {
     nlohmann::json doc = {{"runs", runs}};
     if (step_mode) doc["steps"] = steps;
-    std::printf("%s\n", doc.dump(2).c_str());
+    const Status s = WriteOutput("--json", fl.json, doc.dump(2) + "\n");
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata bench adam: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   if (total_wrong > 0) {
     std::fprintf(stderr,
@@ -579,7 +584,9 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
   cmd->add_option("--iters", fl->iters, "timed iterations per case (median reported)")
       ->capture_default_str();
   cmd->add_option("--warmup", fl->warmup, "untimed iterations first")->capture_default_str();
-  cmd->add_flag("--json", fl->json, "print JSON on stdout (the table goes to stderr)");
+  cmd->add_option("--json", fl->json,
+                  "write the results as JSON to FILE (-: standard output; the table then goes "
+                  "to standard error)");
   cmd->callback([fl, exit_code] { *exit_code = RunBenchAdam(*fl); });
 }
 

@@ -540,14 +540,11 @@ void AddBenchIo(CLI::App& bench, int* exit_code) {
   io->add_option("--backend", flags->backend,
                  "I/O backend: auto (io_uring, else pread/pwrite), uring or posix")
       ->capture_default_str();
-  io->add_flag("--direct,!--no-direct", flags->direct,
-               "O_DIRECT; --no-direct uses the page cache, dropped before reads")
-      ->capture_default_str();
+  AddSwitch(io, "direct", &flags->direct,
+            "O_DIRECT; --no-direct uses the page cache, dropped before reads");
   io->add_flag("--sqpoll", flags->sqpoll, "io_uring kernel submission-queue polling thread")
       ->capture_default_str();
-  io->add_flag("--fixed-buffers,!--no-fixed-buffers", flags->fixed_buffers,
-               "register the I/O buffers with io_uring")
-      ->capture_default_str();
+  AddSwitch(io, "fixed-buffers", &flags->fixed_buffers, "register the I/O buffers with io_uring");
   io->add_option("-i,--iters", flags->iters, "measured passes per case")->capture_default_str();
   io->add_option("-w,--warmup", flags->warmup, "unmeasured passes before them")
       ->capture_default_str();

@@ -1,5 +1,7 @@
 // `strata bench model`: the CPU GPT-2 forward+backward against the sgemm throughput the same
 // BLAS reaches alone on the model's own matrix shapes, measured in the same run.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -21,6 +24,7 @@ struct BenchModelArgs {
   std::vector<std::string> models = {"4x128", "6x384", "12x768"};  // LAYERSxD_MODEL
   int batch = 8, seq_len = 64, vocab = 256, reps = 5;
   std::string json;
+  int threads = 0;  // 0: STRATA_NUM_THREADS, else one per core
 };
 
 double Seconds(std::chrono::steady_clock::duration d) {
@@ -33,11 +37,14 @@ double Median(std::vector<double> v) {
 }
 
 int RunBenchModel(const BenchModelArgs& a) {
+  // With --json -, standard output carries the JSON alone; the table goes to standard error.
+  const JsonDestination json(a.json);
+  SetComputeThreads(ResolveThreads(a.threads));
   std::printf(
       "# strata bench model: GPT-2 forward+backward on the CPU vs sgemm alone on the "
       "same shapes\n");
-  std::printf("# batch %d x seq %d, vocab %d, %d repetitions (median), threads %s\n", a.batch,
-              a.seq_len, a.vocab, a.reps, std::getenv("OMP_NUM_THREADS") ?: "default");
+  std::printf("# batch %d x seq %d, vocab %d, %d repetitions (median), %d threads\n", a.batch,
+              a.seq_len, a.vocab, a.reps, omp_get_max_threads());
   std::printf("%-8s %10s %12s %12s %12s %12s %8s %7s\n", "model", "params", "gemm_GFLOP",
               "model_ms", "gemm_ms", "model_GF/s", "share", "#wrong");
   nlohmann::json js = nlohmann::json::array();
@@ -110,9 +117,13 @@ int RunBenchModel(const BenchModelArgs& a) {
     if (wrong) status = 1;
   }
   if (!a.json.empty()) {
-    std::ofstream f(a.json);
-    f << nlohmann::json{{"batch", a.batch}, {"seq_len", a.seq_len}, {"results", js}}.dump(1)
-      << "\n";
+    const Status s = json.Write(
+        "--json",
+        nlohmann::json{{"batch", a.batch}, {"seq_len", a.seq_len}, {"results", js}}.dump(1) + "\n");
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata bench model: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   return status;
 }
@@ -129,7 +140,13 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   sub->add_option("--seq-len", a->seq_len, "Tokens per row")->capture_default_str();
   sub->add_option("--vocab", a->vocab, "Vocabulary size")->capture_default_str();
   sub->add_option("--reps", a->reps, "Repetitions (the median is reported)")->capture_default_str();
-  sub->add_option("--json", a->json, "Write the results as JSON to this file");
+  sub->add_option("--json", a->json,
+                  "Write the results as JSON to FILE (-: standard output; the table then goes "
+                  "to standard error)");
+  sub->add_option("--threads", a->threads,
+                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
+                  "per core)")
+      ->capture_default_str();
   sub->callback([a, exit_code] { *exit_code = RunBenchModel(*a); });
 }
 

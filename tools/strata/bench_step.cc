@@ -36,6 +36,7 @@
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "trainer/run_setup.h"
 
@@ -47,8 +48,9 @@ struct Flags {
   std::string block_bytes = "16M";
   double compute_ms = 40;
   int steps = 3;
-  bool json = false;
-  RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
+  std::string json;   // FILE, or "-" for standard output
+  bool keep = false;  // keep the NVMe subfolders (and their state) at exit
+  RunFlags run;       // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
 };
 
 // One rank's figures of one step, gathered on rank 0 (plain doubles, sent as bytes).
@@ -71,7 +73,7 @@ float Pattern(int block, uint64_t i) {
 // The run's shared settings (those of `strata train`), then ranks, device and the engine's
 // options through the trainer's one run-setup path. Errors name the flag in *what.
 Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOptions* opt,
-             TempFolder* temp, std::string* what) {
+             std::vector<TempFolder>* temps, std::string* what) {
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(ApplyRunFlags(f.run, &config, what));
   // The device holds only the engine's buffers here, so its budget caps it too.
@@ -79,15 +81,22 @@ Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOp
   // A zero gradient with no weight decay leaves every parameter unchanged, which the
   // self-check relies on; decay costs the same time, so the step still models training.
   config.weight_decay = 0;
-  // Not durable: the bench measures steps, not commits for --resume.
-  config.durable = false;
+  // Durable as `strata train` is by default: with --nvme each step ends with its commit.
   STRATA_ASSIGN_OR_RETURN(*setup, trainer::RunSetup::Begin(config, what));
   STRATA_RETURN_IF_ERROR(
       (*setup)->Start({"strata-bench-step", "/var/tmp/strata-bench-step-"}, what));
   STRATA_ASSIGN_OR_RETURN(*opt, (*setup)->MakeEngineOptions(what));
+  // A fresh subfolder of each --nvme folder (made when missing), so that no earlier run's
+  // state is found there; or one under /var/tmp when none is given and states may spill.
+  *what = "--nvme";
+  temps->resize(opt->nvme_paths.size());
+  for (size_t i = 0; i < opt->nvme_paths.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(opt->nvme_paths[i],
+                            (*temps)[i].Make(opt->nvme_paths[i] + "/strata-bench-step-"));
+  }
   if (opt->nvme_paths.empty() && opt->host_mem_bytes != 0) {
-    *what = "--nvme";  // the NVMe folder when none was given
-    STRATA_ASSIGN_OR_RETURN(std::string dir, temp->Make("/var/tmp/strata-bench-step-"));
+    temps->resize(1);
+    STRATA_ASSIGN_OR_RETURN(std::string dir, (*temps)[0].Make("/var/tmp/strata-bench-step-"));
     opt->nvme_paths.push_back(dir);
   }
   opt->dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
@@ -107,7 +116,7 @@ class BenchStep {
     if (f_.compute_ms < 0) return Status::InvalidArgument("--compute-ms must be >= 0");
     STRATA_ASSIGN_OR_RETURN(uint64_t block_bytes, ParseBytes("--block-bytes", f_.block_bytes));
     numel_ = std::max<uint64_t>(block_bytes / 4, 1);
-    STRATA_RETURN_IF_ERROR(Setup(f_, &setup_, &opt_, &temp_, what));
+    STRATA_RETURN_IF_ERROR(Setup(f_, &setup_, &opt_, &temps_, what));
     std::vector<BlockSpec> blocks;
     for (int b = 0; b < f_.blocks; ++b) {
       blocks.push_back(
@@ -127,7 +136,9 @@ class BenchStep {
   // after the last, and with --json the document at the end.
   Status Run() {
     const bool lead = setup_->rank().rank == 0;
-    if (!f_.json && lead) PrintHeader();
+    // With --json -, standard output carries the JSON alone; the table goes to standard error.
+    const JsonDestination json(lead ? f_.json : "");
+    if (lead) PrintHeader();
     nlohmann::json steps = nlohmann::json::array();
     for (int s = 0; s < f_.steps; ++s) {
       STRATA_ASSIGN_OR_RETURN(StepStats st, Step());
@@ -140,7 +151,7 @@ class BenchStep {
       std::vector<RankRow> rows;
       std::vector<int64_t> wrongs;
       STRATA_RETURN_IF_ERROR(Gather(st, wrong, &rows, &wrongs));
-      if (!f_.json && lead) PrintRows(st.step, rows, wrongs);
+      if (lead) PrintRows(st.step, rows, wrongs);
       if (wrong < 0) {
         for (int64_t w : wrongs) wrong = std::max(wrong, w);
       } else {
@@ -149,12 +160,20 @@ class BenchStep {
       }
       steps.push_back(StepJson(st, rows, wrong));
       if (wrong > 0) {
-        if (f_.json && lead) std::printf("%s\n", nlohmann::json{{"steps", steps}}.dump(2).c_str());
+        if (json.enabled())
+          (void)json.Write("--json", nlohmann::json{{"steps", steps}}.dump(2) + "\n");
         return Status::Corruption(std::to_string(wrong) +
                                   " block(s) came back different from what was written");
       }
     }
-    if (f_.json && lead) std::printf("%s\n", RunJson(steps).dump(2).c_str());
+    if (json.enabled()) STRATA_RETURN_IF_ERROR(json.Write("--json", RunJson(steps).dump(2) + "\n"));
+    if (f_.keep) {
+      for (TempFolder& t : temps_) {
+        const std::string kept = t.Release();
+        if (!kept.empty())
+          std::fprintf(stderr, "# kept the NVMe state in %s (--keep)\n", kept.c_str());
+      }
+    }
     return Status::OK();
   }
 
@@ -304,25 +323,7 @@ class BenchStep {
 
   nlohmann::json StepJson(const StepStats& st, const std::vector<RankRow>& rows,
                           int64_t wrong) const {
-    nlohmann::json busy;
-    for (int r = 0; r < kNumResources; ++r) busy[ResourceName(Resource(r))] = st.busy_seconds[r];
-    nlohmann::json out = {{"step", st.step},
-                          {"seconds", st.seconds},
-                          {"bound_seconds", st.bound_seconds},
-                          {"bound_resource", st.bound_resource},
-                          {"efficiency", st.efficiency},
-                          {"stall_seconds", st.stall_seconds},
-                          {"nvme_busy_seconds", st.nvme_busy_seconds},
-                          {"grad_norm", st.grad_norm},
-                          {"peak_device_bytes", st.peak_device_bytes},
-                          {"peak_host_bytes", st.peak_host_bytes},
-                          {"busy_seconds", busy},
-                          {"bytes",
-                           {{"nvme_read", st.bytes.nvme_read},
-                            {"nvme_write", st.bytes.nvme_write},
-                            {"h2d", st.bytes.h2d},
-                            {"d2h", st.bytes.d2h},
-                            {"comm", st.bytes.comm}}}};
+    nlohmann::json out = StepStatsJson(st);
     if (world() > 1) {
       nlohmann::json per_rank = nlohmann::json::array();
       for (int r = 0; r < world(); ++r) {
@@ -355,17 +356,7 @@ class BenchStep {
                      {"comm_backend", comm_backend()},
                      {"host_comm_backend", host_comm_backend()},
                      {"collective_memory", memory()}};
-    nlohmann::json comps = nlohmann::json::array();
-    for (const ComponentPlacement& c : place.components) {
-      comps.push_back({{"block", c.block},
-                       {"component", ComponentName(c.component)},
-                       {"home", TierName(c.home)},
-                       {"bytes", c.bytes}});
-    }
-    out["placement"] = {{"components", comps},
-                        {"reasons", place.reasons},
-                        {"device_min_bytes", place.device_min_bytes},
-                        {"host_min_bytes", place.host_min_bytes}};
+    out["placement"] = PlacementJson(place);
     out["steps"] = steps;
     return out;
   }
@@ -374,8 +365,8 @@ class BenchStep {
   uint64_t numel_ = 0;   // fp32 parameters per block
   uint64_t padded_ = 0;  // the engine's padded block size (elements)
   // Destroyed in reverse order: the engine before the set-up (device, communicators) and
-  // the temporary NVMe folder it uses.
-  TempFolder temp_;
+  // the NVMe subfolders it uses (removed unless --keep).
+  std::vector<TempFolder> temps_;
   std::unique_ptr<trainer::RunSetup> setup_;
   EngineOptions opt_;
   std::unique_ptr<Engine> engine_;
@@ -406,13 +397,19 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
                   "(emulated on the compute lane; 0 = I/O-bound)")
       ->capture_default_str();
   cmd->add_option("--steps", flags->steps, "Steps to run")->capture_default_str();
-  cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->add_option("--json", flags->json,
+                  "Write the configuration, placement and per-step results as JSON to FILE (-: "
+                  "standard output, which then carries the JSON alone; the table goes to "
+                  "standard error)");
+  cmd->add_flag("--keep", flags->keep,
+                "Keep the NVMe subfolders (and the state in them) at exit; they are printed");
   // The flags of every engine run, with `strata train`'s defaults: a bench step models a
   // training step.
   AddRunFlags(cmd, &flags->run,
-              "Folder for the NVMe tier; repeat to stripe over drives; {rank} and {local_rank} "
-              "are replaced by the rank's numbers (default with a finite --host-mem: a "
-              "temporary folder under /var/tmp, removed at exit)");
+              "Folder for the NVMe tier, made when missing; repeat to stripe over drives; "
+              "{rank} and {local_rank} are replaced by the rank's numbers. The run uses a "
+              "fresh subfolder of each, removed at exit unless --keep (default with a finite "
+              "--host-mem: a temporary folder under /var/tmp)");
   cmd->callback([flags, exit_code] {
     std::string what;  // the flag or step that failed, when known
     Status s = Run(*flags, &what);

@@ -1,7 +1,9 @@
 // Helpers shared by the `strata` subcommands; see cli_common.h.
 #include "tools/strata/cli_common.h"
 
+#include <omp.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
@@ -14,6 +16,7 @@
 #include <utility>
 
 #include "strata/atomic_file.h"
+#include "strata/env.h"
 
 namespace strata::cli {
 
@@ -74,6 +77,53 @@ Status WriteOutput(std::string_view flag, const std::string& path, const std::st
   }
   STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));  // names the flag
   return WriteFileAtomic(path, text);
+}
+
+JsonDestination::JsonDestination(std::string path) : path_(std::move(path)) {
+  if (path_ != "-") return;
+  std::fflush(stdout);
+  saved_stdout_ = ::dup(STDOUT_FILENO);
+  if (saved_stdout_ >= 0) ::dup2(STDERR_FILENO, STDOUT_FILENO);
+}
+
+JsonDestination::~JsonDestination() {
+  if (saved_stdout_ < 0) return;
+  std::fflush(stdout);
+  ::dup2(saved_stdout_, STDOUT_FILENO);
+  ::close(saved_stdout_);
+}
+
+Status JsonDestination::Write(std::string_view flag, const std::string& text) const {
+  if (path_ != "-" || saved_stdout_ < 0) return WriteOutput(flag, path_, text);
+  std::fflush(stdout);
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(saved_stdout_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return Status::IOError(std::string(flag) + " -: cannot write to standard output");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
+                       const std::string& help) {
+  CLI::Option* on =
+      cmd->add_flag("--" + name, *value, help + (*value ? " (default: on)" : " (default: off)"));
+  cmd->add_flag_callback(
+      "--no-" + name, [value] { *value = false; }, "Turn --" + name + " off");
+  return on;
+}
+
+int ResolveThreads(int flag) {
+  if (flag > 0) return flag;
+  const int64_t env = EnvGetInt("STRATA_NUM_THREADS");
+  return env > 0 ? static_cast<int>(env) : 0;
+}
+
+void SetComputeThreads(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
 }
 
 }  // namespace strata::cli

@@ -8,6 +8,7 @@
 // may be called from any thread.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,5 +36,36 @@ Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text);
 // Writes `text` to the file a --json-style flag names, or to standard output when `path`
 // is "-". Errors: IOError naming `flag` and the path when the file cannot be written.
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text);
+
+// Where a --json FILE goes, the same in every subcommand: a file, or with "-" standard
+// output, which then carries the JSON alone: while this object lives, whatever the command
+// prints to standard output (fd 1) goes to standard error instead. Restored on destruction.
+class JsonDestination {
+ public:
+  explicit JsonDestination(std::string path);
+  ~JsonDestination();
+  JsonDestination(const JsonDestination&) = delete;
+  JsonDestination& operator=(const JsonDestination&) = delete;
+
+  bool enabled() const { return !path_.empty(); }
+  // Writes the document (to the file, or the real standard output). Errors: WriteOutput's.
+  Status Write(std::string_view flag, const std::string& text) const;
+
+ private:
+  std::string path_;
+  int saved_stdout_ = -1;  // with "-": the real standard output
+};
+
+// A switch as --NAME and --no-NAME, its help saying what it is by default ("(default: on)"
+// from *value's starting value). `--NAME false` (and `NAME = false` in a config file) also
+// turns it off. Returns the --NAME option (its count() says whether it was given).
+CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
+                       const std::string& help);
+
+// Threads for CPU work: `flag` when > 0, else STRATA_NUM_THREADS when > 0, else 0 (one per
+// core, OpenMP's default).
+int ResolveThreads(int flag);
+// Sets the calling thread's OpenMP team size for the model's CPU ops (0: leaves it).
+void SetComputeThreads(int threads);
 
 }  // namespace strata::cli

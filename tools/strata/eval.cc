@@ -25,6 +25,7 @@ struct EvalArgs {
   int seq_len = 0;  // 0: the model's context (rows of wpe)
   int batch = 8;
   double val_fraction = 0.1;
+  int threads = 0;  // 0: STRATA_NUM_THREADS, else one per core
 };
 
 struct HeldOutLoss {
@@ -69,6 +70,7 @@ HeldOutLoss LossOver(const model::Gpt2Config& cfg, const model::HostWeights& w,
 }
 
 int RunEval(const EvalArgs& a) {
+  SetComputeThreads(ResolveThreads(a.threads));
   // With --json -, standard output carries only the JSON; the report goes to standard error.
   FILE* const out = a.json == "-" ? stderr : stdout;
   auto fail = [](const Status& s, const std::string& what) {
@@ -189,6 +191,10 @@ void AddEval(CLI::App& app, int* exit_code) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
+  sub->add_option("--threads", a->threads,
+                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
+                  "per core)")
+      ->capture_default_str();
   sub->add_option("--json", a->json, "Also write the results as JSON to FILE (-: standard output)");
   sub->callback([a, exit_code] { *exit_code = RunEval(*a); });
 }

@@ -5,6 +5,7 @@
 
 #include "model/gpt2.h"
 #include "model/tokenizer.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/model_file.h"
 
@@ -16,9 +17,11 @@ struct GenerateArgs {
   int tokens = 100;
   model::SamplingOptions sampling;
   int heads = 0;
+  int threads = 0;  // 0: STRATA_NUM_THREADS, else one per core
 };
 
 int RunGenerate(const GenerateArgs& a) {
+  SetComputeThreads(ResolveThreads(a.threads));
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "strata generate: %s\n", s.ToString().c_str());
     return 1;
@@ -96,6 +99,10 @@ void AddGenerate(CLI::App& app, int* exit_code) {
   AddSamplingFlags(*sub, &a->sampling);
   sub->add_option("--seed", a->sampling.seed, "Seed of the sampling")->capture_default_str();
   sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
+  sub->add_option("--threads", a->threads,
+                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
+                  "per core)")
+      ->capture_default_str();
   sub->callback([a, exit_code] { *exit_code = RunGenerate(*a); });
 }
 

@@ -367,7 +367,8 @@ void AddLaunch(CLI::App& app, int* exit_code) {
       ->required();
   sub->add_option("--output", args->output,
                   "prefix: every rank's stdout/stderr lines prefixed with [rank r]; rank0: "
-                  "rank 0's stdout unchanged, other ranks' stdout dropped, stderr prefixed")
+                  "rank 0's stdout unchanged, other ranks' stdout dropped, stderr prefixed "
+                  "(so that `--json -` output stays one parseable document)")
       ->capture_default_str();
   sub->add_option("--grace", args->grace_s,
                   "Seconds the other ranks get to stop by themselves after one fails, before "

@@ -7,6 +7,7 @@
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/interrupt.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");
   int exit_code = 0;
+  strata::cli::SetCommandLine(argc, argv);  // for the resume command an interrupted run prints
 
   CLI::App* bench =
       app.add_subcommand("bench", "Measure one part of the engine")->require_subcommand(1);

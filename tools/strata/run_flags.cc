@@ -1,9 +1,39 @@
 // The flags every engine run shares; see run_flags.h.
 #include "tools/strata/run_flags.h"
 
+#include <cstdint>
+#include <string>
+#include <utility>
+
 #include "tools/strata/cli_common.h"
 
 namespace strata::cli {
+
+namespace {
+
+// "a:b", "a:", ":b" or "a" as [first, last], 0 for an open end.
+Result<std::pair<int64_t, int64_t>> ParseStepRange(const std::string& text) {
+  auto fail = [&] {
+    return Status::InvalidArgument("--trace-steps " + text +
+                                   ": expected a:b, a:, :b or a with steps >= 1 and a <= b "
+                                   "(e.g. 10:20)");
+  };
+  const size_t colon = text.find(':');
+  const std::string a = text.substr(0, colon);
+  const std::string b = colon == std::string::npos ? a : text.substr(colon + 1);
+  auto number = [](const std::string& t, int64_t* v) {
+    if (t.empty()) return true;
+    if (t.find_first_not_of("0123456789") != std::string::npos || t.size() > 15) return false;
+    *v = std::stoll(t);
+    return *v >= 1;
+  };
+  int64_t first = 0, last = 0;
+  if ((a.empty() && b.empty()) || !number(a, &first) || !number(b, &last)) return fail();
+  if (last != 0 && first > last) return fail();
+  return std::make_pair(first, last);
+}
+
+}  // namespace
 
 void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--device", f->device,
@@ -26,10 +56,14 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--trace", f->trace,
                   "Write a Chrome/Perfetto trace of the run to this file ({rank} and "
                   "{local_rank} are replaced by the rank's numbers)");
+  cmd->add_option("--trace-steps", f->trace_steps,
+                  "Trace only these steps: a:b (inclusive), a: (from a), :b (up to b) or a "
+                  "(one step); default every step");
   cmd->add_option("--io", f->io, "NVMe backend: auto (io_uring, else posix), uring or posix")
       ->capture_default_str();
-  cmd->add_option("--cpu-threads", f->cpu_threads,
-                  "OpenMP threads of the CPU optimizer (0: one per core)")
+  cmd->add_option("--threads", f->cpu_threads,
+                  "Threads for the CPU work: the optimizer and, on the host device, the model "
+                  "(0: STRATA_NUM_THREADS when set, else one per core)")
       ->capture_default_str();
   cmd->add_option("--rendezvous", f->rendezvous,
                   "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "
@@ -90,6 +124,12 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   config->micro_batches = f.micro_batches;
   config->grad_clip = f.grad_clip;
   config->trace = f.trace;
+  if (!f.trace_steps.empty()) {
+    auto range = ParseStepRange(f.trace_steps);
+    if (!range.ok()) return fail("--trace-steps", range.status());
+    config->trace_first_step = range->first;
+    config->trace_last_step = range->second;
+  }
   config->cpu_threads = f.cpu_threads;
   config->rendezvous = f.rendezvous;
   config->comm_timeout_seconds = f.comm_timeout;

@@ -23,6 +23,7 @@ struct RunFlags {
   int micro_batches = trainer::RunConfig{}.micro_batches;
   double grad_clip = trainer::RunConfig{}.grad_clip;
   std::string trace;
+  std::string trace_steps;  // "a:b", "a:", ":b" or "a"; "" = every step
   std::string io = IoBackendKindName(trainer::RunConfig{}.io);
   int cpu_threads = trainer::RunConfig{}.cpu_threads;
   std::string rendezvous;

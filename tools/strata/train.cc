@@ -27,7 +27,10 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/log.h"
+#include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/interrupt.h"
+#include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/train_report.h"
 #include "trainer/run_setup.h"
@@ -39,7 +42,9 @@ namespace {
 struct TrainArgs {
   int layers = 4, d_model = 128, heads = 4, seq_len = 64, vocab = 256;
   std::string data, init, save, resume;
+  int64_t save_every = 0;  // with --save: also every N steps
   int64_t val_every = 0;
+  int64_t log_every = 0;  // 0: DefaultLogEvery
   double lr = 1e-3;
   std::string lr_schedule = "constant";
   int64_t warmup = 0;
@@ -103,7 +108,7 @@ Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
       {"--weight-decay", a.weight_decay, finite_ge0(a.weight_decay), "a finite number >= 0"},
       {"--grad-clip", a.run.grad_clip, finite_ge0(a.run.grad_clip),
        "a finite gradient norm >= 0 (0: off)"},
-      {"--cpu-threads", double(a.run.cpu_threads), a.run.cpu_threads >= 0,
+      {"--threads", double(a.run.cpu_threads), a.run.cpu_threads >= 0,
        "a thread count >= 0 (0: one per core)"},
       {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
        "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
@@ -287,17 +292,33 @@ Status CheckRunSize(const TrainArgs& a, const model::Gpt2Config& cfg,
              .have_nvme = !setup.config().nvme.empty() || !setup.config().resume.empty()});
 }
 
+// --save: the weights (collective: every rank reads its shard; rank 0 writes) replace the
+// file atomically (model::SaveWeights writes through AtomicFile), so an interrupted or
+// killed run leaves the previous file whole.
+Status SaveWeightsAtomically(const TrainArgs& a, const trainer::Trainer& trainer, bool lead,
+                             int64_t step, std::string* what) {
+  *what = "--save";
+  STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
+  if (!lead) return Status::OK();
+  STRATA_RETURN_IF_ERROR(model::SaveWeights(a.save, trainer.specs(), w));
+  std::printf("# saved the weights of step %lld to %s\n", static_cast<long long>(step),
+              a.save.c_str());
+  return Status::OK();
+}
+
+Status WriteJson(const JsonDestination& out, bool lead, const nlohmann::json& js,
+                 std::string* what) {
+  if (!out.enabled() || !lead) return Status::OK();
+  *what = "--json";
+  return out.Write("--json", js.dump(1) + "\n");
+}
+
 // After training: --save (rank 0 writes), --sample, --json (rank 0 writes).
-Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
+Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const trainer::Trainer& trainer,
                     const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
                     std::string* what) {
   if (!a.save.empty()) {
-    *what = "--save";
-    STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
-    if (lead) {
-      STRATA_RETURN_IF_ERROR(model::SaveWeights(a.save, trainer.specs(), w));
-      std::printf("# saved weights to %s\n", a.save.c_str());
-    }
+    STRATA_RETURN_IF_ERROR(SaveWeightsAtomically(a, trainer, lead, trainer.next_step() - 1, what));
   }
   if (a.sample > 0) {
     *what = "--sample";
@@ -310,15 +331,49 @@ Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
     const auto out = model::Generate(cfg, w, p, a.sample, sampling);
     std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
   }
-  if (!a.json.empty() && lead) {
-    *what = "--json";
-    STRATA_RETURN_IF_ERROR(WriteFileAtomic(a.json, js.dump(1) + "\n"));
+  return WriteJson(out, lead, js, what);
+}
+
+// After SIGINT/SIGTERM: the finished steps' --json, and how to continue.
+Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const TrainTotals& totals,
+                       const trainer::RunSetup& setup, const nlohmann::json& js,
+                       std::string* what) {
+  const bool lead = setup.rank().rank == 0;
+  STRATA_RETURN_IF_ERROR(WriteJson(out, lead, js, what));
+  if (!lead) return Status::OK();
+  const long long step =
+      static_cast<long long>(totals.last_step > 0 ? totals.last_step : totals.resumed_step);
+  std::fflush(stdout);
+  const std::string folder = !a.run.nvme.empty() ? a.run.nvme.front() : a.resume;
+  if (step == 0) {
+    std::fprintf(stderr,
+                 "strata train: interrupted (%s) before the first step; nothing was committed: "
+                 "run the same command again\n",
+                 InterruptName(totals.interrupted));
+  } else if (folder.empty() || !a.durable) {
+    std::fprintf(stderr,
+                 "strata train: interrupted (%s) at step %lld; the run cannot be resumed: %s\n",
+                 InterruptName(totals.interrupted), step,
+                 folder.empty() ? "it had no --nvme folder to commit its state to"
+                                : "--no-durable commits no complete state");
+  } else {
+    std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; resume with: %s\n",
+                 InterruptName(totals.interrupted), step, ResumeCommand(folder).c_str());
   }
   return Status::OK();
 }
 
-Status Train(const TrainArgs& a, std::string* what) {
+Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   STRATA_RETURN_IF_ERROR(CheckTrainFlags(a, what));
+  if (a.save_every < 0 || (a.save_every > 0 && a.save.empty())) {
+    *what = "--save-every";
+    return Status::InvalidArgument(
+        "--save-every " + std::to_string(a.save_every) +
+        (a.save_every < 0 ? " must be >= 0" : " needs --save FILE: where to write"));
+  }
+  InstallInterruptHandlers();
+  // With --json -, standard output carries the JSON alone; the report goes to standard error.
+  const JsonDestination json_out(a.json);
   trainer::RunConfig config;
   STRATA_RETURN_IF_ERROR(MakeRunConfig(a, &config, what));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<trainer::RunSetup> setup,
@@ -348,7 +403,15 @@ Status Train(const TrainArgs& a, std::string* what) {
   STRATA_ASSIGN_OR_RETURN(model::Batcher batcher,
                           model::Batcher::Create(&data, a.batch, a.seq_len));
 
+  // The configuration first, then each phase of the start-up as it goes (a large model
+  // takes seconds to place and initialise).
+  TrainReportInputs report{setup.get(), &cfg,          &to,    &data,     &batcher,
+                           nullptr,     a.lr_schedule, a.seed, a.run.nvme};
+  report.log_every = a.log_every;
+  PrintConfig(report);
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
+  StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
+                                      : "opening the store to resume");
   auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
   if (!created.ok()) {
     // The flags that decide what failed: the budgets, or the store being resumed.
@@ -358,6 +421,8 @@ Status Train(const TrainArgs& a, std::string* what) {
     return created.status();
   }
   std::unique_ptr<Engine> engine = std::move(created).value();
+  phase.Done();
+  report.engine = engine.get();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
     Status s = AgreeOnResumedStep(*comm, engine->ResumedStep());
@@ -374,27 +439,45 @@ Status Train(const TrainArgs& a, std::string* what) {
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
     *what = init ? "--init " + a.init : "initialising weights";
+    StartupPhase init_phase(init
+                                ? "reading the weights of --init " + a.init
+                                : "initialising the weights (seed " + std::to_string(a.seed) + ")");
     STRATA_RETURN_IF_ERROR(trainer.InitWeights(init.get(), a.seed));
+    init_phase.Done();
   } else if (init) {
     std::printf("# --init %s ignored: resuming from step %lld in %s\n", a.init.c_str(),
                 static_cast<long long>(engine->ResumedStep()), a.resume.c_str());
   }
 
-  const TrainReportInputs report{setup.get(),  &cfg,          &to,    &data,     &batcher,
-                                 engine.get(), a.lr_schedule, a.seed, a.run.nvme};
   nlohmann::json js;
-  js["config"] = PrintStartup(report);
+  js["config"] = PrintPlacement(report);
+  js["placement"] = PlacementJson(engine->Placement());
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
-  STRATA_RETURN_IF_ERROR(RunSteps(trainer, report, a.val_every, &js["steps"], &totals, what));
+  AfterStep after_step;
+  if (a.save_every > 0) {
+    after_step = [&](int64_t step) {
+      if (step % a.save_every != 0 || step == to.steps) return Status::OK();  // the last: below
+      return SaveWeightsAtomically(a, trainer, ri.rank == 0, step, what);
+    };
+  }
+  STRATA_RETURN_IF_ERROR(
+      RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what));
   PrintTotals(totals);
-  return WriteOutputs(a, trainer, cfg, ri.rank == 0, js, what);
+  js["totals"] = TotalsJson(totals);
+  if (totals.interrupted != 0) {
+    *interrupted = totals.interrupted;
+    return ReportInterrupt(a, json_out, totals, *setup, js, what);
+  }
+  return WriteOutputs(a, json_out, trainer, cfg, ri.rank == 0, js, what);
 }
 
 int RunTrain(const TrainArgs& a) {
   std::string what;
-  Status s = Train(a, &what);
-  return s.ok() ? 0 : Fail(s, what);
+  int interrupted = 0;
+  Status s = Train(a, &interrupted, &what);
+  if (!s.ok()) return Fail(s, what);
+  return interrupted != 0 ? InterruptExitCode(interrupted) : 0;
 }
 
 }  // namespace
@@ -429,8 +512,17 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--val-every", a->val_every,
                   "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
       ->capture_default_str();
+  sub->add_option("--log-every", a->log_every,
+                  "When standard output is not a terminal, print a step line every N steps "
+                  "(and the first and last); 0: every step up to 50 steps, else a round "
+                  "interval giving at most 50 lines. A terminal shows a progress bar instead")
+      ->capture_default_str();
   sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
-  sub->add_option("--save", a->save, "Write the trained weights to this .safetensors file");
+  sub->add_option("--save", a->save,
+                  "Write the trained weights to this .safetensors file (replaced atomically)");
+  sub->add_option("--save-every", a->save_every,
+                  "With --save: also write the weights every N steps (0: only at the end)")
+      ->capture_default_str();
   sub->add_option("--resume", a->resume,
                   "Continue from the last committed step of the swap store in this folder");
   sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();
@@ -453,11 +545,14 @@ void AddTrain(CLI::App& app, int* exit_code) {
   AddRunFlags(sub, &a->run,
               "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
               "are replaced by the rank's numbers (one folder per rank)");
-  a->durable_opt =
-      sub->add_flag("--durable,!--no-durable", a->durable,
-                    "With --nvme: commit a complete state to NVMe every step (host-resident states "
-                    "too), so a killed run can be resumed with --resume (default on)");
-  sub->add_option("--json", a->json, "Write the configuration and per-step results as JSON");
+  a->durable_opt = AddSwitch(sub, "durable", &a->durable,
+                             "With --nvme: commit a complete state to NVMe every step "
+                             "(host-resident states too), so a killed or interrupted run can be "
+                             "resumed with --resume");
+  sub->add_option("--json", a->json,
+                  "Write the configuration, per-step results and totals as JSON to FILE (-: "
+                  "standard output, which then carries the JSON alone; the report goes to "
+                  "standard error)");
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
   AddSamplingFlags(*sub, &a->sampling);

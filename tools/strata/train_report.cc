@@ -7,8 +7,11 @@
 #include <chrono>
 #include <cstdio>
 
+#include "comm/messages.h"
 #include "model/gemm_profile.h"
 #include "strata/bytes.h"
+#include "tools/strata/interrupt.h"
+#include "tools/strata/report_json.h"
 
 namespace strata::cli {
 namespace {
@@ -57,6 +60,8 @@ void PrintPredictedBound(const TrainReportInputs& in) {
   const trainer::TrainOptions& t = *in.train;
   double compute_s = 0;
   if (in.setup->device().Kind() == DeviceKind::kHost) {
+    std::printf("# timing the model's GEMMs for the predicted bound ...\n");
+    std::fflush(stdout);
     model::GemmRunner gemms(model::ModelGemms(*in.model, t.batch, t.seq_len));
     gemms.Run();  // warm-up
     const auto t0 = std::chrono::steady_clock::now();
@@ -72,23 +77,60 @@ void PrintPredictedBound(const TrainReportInputs& in) {
       pl.predicted_bound_seconds, pl.predicted_bound_resource.c_str(), compute_s);
 }
 
+// The first signal received on any rank (0: none): every rank stops after the same step.
+Result<int> AgreeOnInterrupt(const TrainReportInputs& in, std::string* what) {
+  const int32_t mine = InterruptSignal();
+  Communicator* comm = in.setup->host_comm();
+  if (comm == nullptr) return int(mine);
+  auto all = AllGatherMessages(*comm, mine, "train: agree on an interrupt");
+  if (!all.ok()) {
+    *what = "agreeing on an interrupt";
+    return all.status();
+  }
+  for (int32_t sig : *all) {
+    if (sig != 0) return int(sig);
+  }
+  return 0;
+}
+
 }  // namespace
 
-nlohmann::json PrintStartup(const TrainReportInputs& in) {
+int64_t DefaultLogEvery(int64_t steps) {
+  constexpr int64_t kLines = 50;
+  for (int64_t decade = 1;; decade *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      if (steps <= kLines * m * decade) return m * decade;
+    }
+  }
+}
+
+StartupPhase::StartupPhase(const std::string& what) : start_(std::chrono::steady_clock::now()) {
+  std::printf("# %s ...", what.c_str());
+  std::fflush(stdout);
+}
+
+StartupPhase::~StartupPhase() {
+  if (done_) return;
+  std::printf(" failed\n");
+  std::fflush(stdout);
+}
+
+void StartupPhase::Done() {
+  done_ = true;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::printf(" done (%.1f s)\n", s);
+  std::fflush(stdout);
+}
+
+void PrintConfig(const TrainReportInputs& in) {
   const model::Gpt2Config& cfg = *in.model;
   const trainer::TrainOptions& t = *in.train;
   const trainer::RunSetup& setup = *in.setup;
-  const trainer::RunConfig& rc = setup.config();
-  const Engine& engine = *in.engine;
   const uint64_t params = model::Gpt2NumParams(cfg);
-  const PlacementReport& pl = engine.Placement();
-  uint64_t state_bytes = 0;
-  for (const ComponentPlacement& c : pl.components) state_bytes += c.bytes;
   std::printf("# strata train: GPT-2 %d layers, d_model %d, %d heads, seq %d, vocab %d\n",
               cfg.layers, cfg.d_model, cfg.heads, t.seq_len, cfg.vocab);
-  std::printf("# parameters: %llu (%s fp32); model + optimizer states: %s\n",
-              static_cast<unsigned long long>(params), FormatBytes(params * 4).c_str(),
-              FormatBytes(state_bytes).c_str());
+  std::printf("# parameters: %llu (%s fp32)\n", static_cast<unsigned long long>(params),
+              FormatBytes(params * 4).c_str());
   std::printf("# data: %s; %lld training / %lld held-out tokens\n", in.data->description.c_str(),
               static_cast<long long>(in.batcher->train_tokens()),
               static_cast<long long>(in.batcher->val_tokens()));
@@ -103,6 +145,20 @@ nlohmann::json PrintStartup(const TrainReportInputs& in) {
   } else {
     std::printf("# device: %s (%s)\n", setup.device().Name().c_str(), setup.DeviceNote().c_str());
   }
+  std::fflush(stdout);
+}
+
+nlohmann::json PrintPlacement(const TrainReportInputs& in) {
+  const model::Gpt2Config& cfg = *in.model;
+  const trainer::TrainOptions& t = *in.train;
+  const trainer::RunSetup& setup = *in.setup;
+  const trainer::RunConfig& rc = setup.config();
+  const Engine& engine = *in.engine;
+  const uint64_t params = model::Gpt2NumParams(cfg);
+  const PlacementReport& pl = engine.Placement();
+  uint64_t state_bytes = 0;
+  for (const ComponentPlacement& c : pl.components) state_bytes += c.bytes;
+  std::printf("# model + optimizer states: %s\n", FormatBytes(state_bytes).c_str());
   if (setup.host_comm() != nullptr) PrintRanks(in);
   // The engine's placement report: where each component lives and why ("# " lines).
   std::string placement = pl.ToString();
@@ -152,11 +208,16 @@ nlohmann::json PrintStartup(const TrainReportInputs& in) {
 }
 
 Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
-                nlohmann::json* steps_json, TrainTotals* totals, std::string* what) {
+                const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
+                std::string* what) {
   const int64_t last = in.train->steps;
   const double tokens_per_step = static_cast<double>(TokensPerStep(*in.train));
   const bool tty = isatty(STDOUT_FILENO);
+  totals->resumed_step = in.engine->ResumedStep();
+  const int64_t log_every = in.log_every > 0 ? in.log_every : DefaultLogEvery(last);
   for (int64_t s = trainer.next_step(); s <= last; ++s) {
+    STRATA_ASSIGN_OR_RETURN(totals->interrupted, AgreeOnInterrupt(in, what));
+    if (totals->interrupted != 0) break;
     auto r = trainer.Step();
     if (!r.ok()) {
       if (tty) std::printf("\n");
@@ -164,7 +225,10 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
       return r.status();
     }
     const StepStats& st = r->stats;
-    ++totals->steps;
+    if (totals->steps++ == 0) totals->first_step = s;
+    totals->last_step = s;
+    totals->stall_seconds += st.stall_seconds;
+    totals->bound_seconds += st.bound_seconds;
     totals->losses.push_back(r->loss);
     totals->seconds += st.seconds;
     totals->bytes.nvme_read += st.bytes.nvme_read;
@@ -175,19 +239,13 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     for (int i = 0; i < kNumResources; ++i) totals->busy[i] += st.busy_seconds[i];
     const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
     const double eta = totals->seconds / totals->steps * static_cast<double>(last - s);
-    steps_json->push_back({{"step", s},
-                           {"loss", r->loss},
-                           {"seconds", st.seconds},
-                           {"tokens_per_s", tps},
-                           {"efficiency", st.efficiency},
-                           {"lr", r->lr},
-                           {"grad_norm", st.grad_norm},
-                           {"bytes",
-                            {{"nvme_read", st.bytes.nvme_read},
-                             {"nvme_write", st.bytes.nvme_write},
-                             {"h2d", st.bytes.h2d},
-                             {"d2h", st.bytes.d2h},
-                             {"comm", st.bytes.comm}}}});
+    // The engine's figures as `bench step --json` has them, with the model's.
+    nlohmann::json step = StepStatsJson(st);
+    step["step"] = s;
+    step["loss"] = r->loss;
+    step["tokens_per_s"] = tps;
+    step["lr"] = r->lr;
+    steps_json->push_back(std::move(step));
     char line[256];
     std::snprintf(line, sizeof line,
                   "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  ETA %s",
@@ -198,10 +256,11 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
       const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last));
       std::printf("\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
                   std::string(width - filled, ' ').c_str(), line);
-    } else {
+      std::fflush(stdout);
+    } else if (s % log_every == 0 || s == last || totals->steps == 1) {
       std::printf("%s\n", line);
+      std::fflush(stdout);
     }
-    std::fflush(stdout);
     if (val_every > 0 && (s % val_every == 0 || s == last)) {
       auto v = trainer.ValidationLoss();
       if (!v.ok()) {
@@ -212,6 +271,7 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
       std::printf("val step %lld  loss %.4f\n", static_cast<long long>(s), *v);
       steps_json->back()["val_loss"] = *v;
     }
+    if (after_step) STRATA_RETURN_IF_ERROR(after_step(s));
   }
   if (tty && totals->steps > 0) std::printf("\n");
   return Status::OK();
@@ -219,15 +279,24 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
 
 void PrintTotals(const TrainTotals& t) {
   if (t.steps == 0) return;
-  std::printf("# %lld steps in %.2f s (%.3f s/step)\n", static_cast<long long>(t.steps), t.seconds,
-              t.seconds / t.steps);
+  std::printf("# %lld steps (%lld..%lld) in %.2f s (%.3f s/step)\n",
+              static_cast<long long>(t.steps), static_cast<long long>(t.first_step),
+              static_cast<long long>(t.last_step), t.seconds, t.seconds / t.steps);
   // The first step's loss against the mean of the last (up to) 10: one number that says
   // whether training worked, robust to the noise of single batches.
   const size_t tail = std::min<size_t>(10, t.losses.size());
   double last = 0;
   for (size_t i = t.losses.size() - tail; i < t.losses.size(); ++i) last += t.losses[i];
   last /= static_cast<double>(tail);
-  std::printf("# loss: first step %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n",
+  // A resumed run's first loss is that of the step after the resumed one, not of step 1.
+  char first[96];
+  if (t.resumed_step > 0) {
+    std::snprintf(first, sizeof first, "step %lld (the first after resuming at step %lld)",
+                  static_cast<long long>(t.first_step), static_cast<long long>(t.resumed_step));
+  } else {
+    std::snprintf(first, sizeof first, "first step");
+  }
+  std::printf("# loss: %s %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n", first,
               t.losses.front(), tail, last, 100.0 * (last - t.losses.front()) / t.losses.front());
   std::printf("#%-11s %14s %14s\n", "edge", "bytes", "per_step");
   const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", t.bytes.nvme_read},
@@ -244,6 +313,36 @@ void PrintTotals(const TrainTotals& t) {
     std::printf(" %-11s %10.3f %10.1f\n", ResourceName(static_cast<Resource>(i)), t.busy[i],
                 t.seconds > 0 ? 100.0 * t.busy[i] / t.seconds : 0.0);
   }
+}
+
+}  // namespace strata::cli
+
+namespace strata::cli {
+
+nlohmann::json TotalsJson(const TrainTotals& t) {
+  nlohmann::json busy;
+  for (int i = 0; i < kNumResources; ++i) busy[ResourceName(static_cast<Resource>(i))] = t.busy[i];
+  nlohmann::json out = {{"steps", t.steps},
+                        {"first_step", t.first_step},
+                        {"last_step", t.last_step},
+                        {"resumed_step", t.resumed_step},
+                        {"interrupted", t.interrupted != 0},
+                        {"seconds", t.seconds},
+                        {"bound_seconds", t.bound_seconds},
+                        {"stall_seconds", t.stall_seconds},
+                        {"busy_seconds", busy},
+                        {"bytes",
+                         {{"nvme_read", t.bytes.nvme_read},
+                          {"nvme_write", t.bytes.nvme_write},
+                          {"h2d", t.bytes.h2d},
+                          {"d2h", t.bytes.d2h},
+                          {"comm", t.bytes.comm}}}};
+  if (t.interrupted != 0) out["signal"] = InterruptName(t.interrupted);
+  if (!t.losses.empty()) {
+    out["first_loss"] = t.losses.front();
+    out["last_loss"] = t.losses.back();
+  }
+  return out;
 }
 
 }  // namespace strata::cli

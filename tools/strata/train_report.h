@@ -7,7 +7,9 @@
 // silenced by train.cc); errors are returned with the flag or step that failed in *what.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -32,27 +34,65 @@ struct TrainReportInputs {
   std::string lr_schedule;  // as given: constant or cosine
   uint64_t seed = 0;
   std::vector<std::string> nvme;  // as given (with {rank})
+  // Not on a terminal: a step line every this many steps (and the run's first and last);
+  // 0 = LogEvery's default. On a terminal a progress bar shows every step.
+  int64_t log_every = 0;
 };
 
-// Prints the start-up report ("# " lines) and returns the --json document's "config".
-nlohmann::json PrintStartup(const TrainReportInputs& in);
+// The default step-line interval: every step up to 50 steps, else the round number (1, 2 or 5
+// times a power of ten) that gives at most 50 lines.
+int64_t DefaultLogEvery(int64_t steps);
+
+// The start-up report, in two parts: the configuration ("# " lines: model, data, batch,
+// device), printed before the engine exists (in.engine may be null), then, once the engine
+// and the weights are ready, the ranks, placement and predicted bound, returning the --json
+// document's "config".
+void PrintConfig(const TrainReportInputs& in);
+nlohmann::json PrintPlacement(const TrainReportInputs& in);
+
+// One phase of the start-up: "# <what> ..." when made, " done (1.2 s)" on Done, so a long
+// start-up shows where it is.
+class StartupPhase {
+ public:
+  explicit StartupPhase(const std::string& what);
+  ~StartupPhase();  // not Done: ends the line (" failed"), so the error starts a line of its own
+  StartupPhase(const StartupPhase&) = delete;
+  StartupPhase& operator=(const StartupPhase&) = delete;
+  void Done();
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  bool done_ = false;
+};
 
 // Sums over the steps this run took.
 struct TrainTotals {
   int64_t steps = 0;
+  int64_t first_step = 0, last_step = 0;  // the steps this run took (a resumed run: k+1..n)
+  int64_t resumed_step = 0;               // the committed step it continued from; 0: fresh
+  int interrupted = 0;                    // the signal that stopped the run early, or 0
   double seconds = 0;
   EdgeBytes bytes;
   double busy[kNumResources] = {};
+  double stall_seconds = 0, bound_seconds = 0;
   std::vector<double> losses;
 };
 
+// What runs after each step (between steps: the engine is idle), e.g. --save-every.
+using AfterStep = std::function<Status(int64_t step)>;
+
 // Runs the steps from trainer.next_step() to the last, printing one line each (validation
-// every `val_every` steps when > 0) and appending them to `steps_json`. Errors: the step's
-// or validation's, with *what "step N" or "validation".
+// every `val_every` steps when > 0) and appending them to `steps_json`. Stops early, after
+// the step in progress, once SIGINT or SIGTERM arrived (on any rank: the ranks agree after
+// every step), with totals->interrupted set. Errors: the step's, validation's or
+// after_step's, with *what "step N", "validation" or after_step's.
 Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
-                nlohmann::json* steps_json, TrainTotals* totals, std::string* what);
+                const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
+                std::string* what);
 
 // Prints the totals: time per step, the loss trend, bytes per edge, busy time per resource.
 void PrintTotals(const TrainTotals& totals);
+// The totals as the --json document's "totals".
+nlohmann::json TotalsJson(const TrainTotals& totals);
 
 }  // namespace strata::cli

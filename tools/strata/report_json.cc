@@ -1,0 +1,42 @@
+// The JSON shapes train and bench step share; see report_json.h.
+#include "tools/strata/report_json.h"
+
+namespace strata::cli {
+
+nlohmann::json StepStatsJson(const StepStats& st) {
+  nlohmann::json busy;
+  for (int r = 0; r < kNumResources; ++r) busy[ResourceName(Resource(r))] = st.busy_seconds[r];
+  return {{"step", st.step},
+          {"seconds", st.seconds},
+          {"bound_seconds", st.bound_seconds},
+          {"bound_resource", st.bound_resource},
+          {"efficiency", st.efficiency},
+          {"stall_seconds", st.stall_seconds},
+          {"nvme_busy_seconds", st.nvme_busy_seconds},
+          {"grad_norm", st.grad_norm},
+          {"peak_device_bytes", st.peak_device_bytes},
+          {"peak_host_bytes", st.peak_host_bytes},
+          {"busy_seconds", busy},
+          {"bytes",
+           {{"nvme_read", st.bytes.nvme_read},
+            {"nvme_write", st.bytes.nvme_write},
+            {"h2d", st.bytes.h2d},
+            {"d2h", st.bytes.d2h},
+            {"comm", st.bytes.comm}}}};
+}
+
+nlohmann::json PlacementJson(const PlacementReport& place) {
+  nlohmann::json comps = nlohmann::json::array();
+  for (const ComponentPlacement& c : place.components) {
+    comps.push_back({{"block", c.block},
+                     {"component", ComponentName(c.component)},
+                     {"home", TierName(c.home)},
+                     {"bytes", c.bytes}});
+  }
+  return {{"components", comps},
+          {"reasons", place.reasons},
+          {"device_min_bytes", place.device_min_bytes},
+          {"host_min_bytes", place.host_min_bytes}};
+}
+
+}  // namespace strata::cli

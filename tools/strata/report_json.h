@@ -1,0 +1,20 @@
+// The JSON shapes that `strata train --json` and `strata bench step --json` share: one step's
+// engine statistics and the engine's placement, so a script reads both the same way.
+// Internal to the CLI.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "strata/engine.h"
+
+namespace strata::cli {
+
+// step, seconds, bound_seconds, bound_resource, efficiency, stall_seconds,
+// nvme_busy_seconds, grad_norm, peak_device_bytes, peak_host_bytes, busy_seconds{resource},
+// bytes{nvme_read, nvme_write, h2d, d2h, comm}.
+nlohmann::json StepStatsJson(const StepStats& st);
+
+// components[{block, component, home, bytes}], reasons, device_min_bytes, host_min_bytes.
+nlohmann::json PlacementJson(const PlacementReport& place);
+
+}  // namespace strata::cli
