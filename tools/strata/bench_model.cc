@@ -49,7 +49,7 @@ int RunBenchModel(const BenchModelArgs& a) {
                    m.c_str());
       return 1;
     }
-    cfg.heads = std::max(1, cfg.d_model / 64);
+    cfg.heads = model::DefaultHeads(cfg.d_model);
     cfg.max_seq = a.seq_len;
     cfg.vocab = a.vocab;
     if (Status s = cfg.Validate(); !s.ok()) {
@@ -123,7 +123,9 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   auto a = std::make_shared<BenchModelArgs>();
   CLI::App* sub = bench.add_subcommand(
       "model", "GPT-2 forward+backward on the CPU vs sgemm alone on the model's matrix shapes");
-  sub->add_option("--model", a->models, "LAYERSxD_MODEL, repeatable (heads = d_model/64)")
+  sub->add_option("--model", a->models,
+                  "LAYERSxD_MODEL, repeatable (heads: d_model / 64, or 1 when d_model is not a "
+                  "multiple of 64, as in train)")
       ->capture_default_str();
   sub->add_option("--batch", a->batch, "Rows per micro-batch")->capture_default_str();
   sub->add_option("--seq-len", a->seq_len, "Tokens per row")->capture_default_str();

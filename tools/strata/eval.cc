@@ -14,6 +14,7 @@
 #include "model/tokenizer.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/model_file.h"
 
 namespace strata::cli {
@@ -81,7 +82,7 @@ int RunEval(const EvalArgs& a) {
                                         std::to_string(a.val_fraction)),
                 "--val-fraction");
   }
-  auto file = LoadModelFile(a.init, a.heads);
+  auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
   if (!file.ok()) return fail(file.status(), "--init");
   const model::Gpt2Config& cfg = file->config;
   std::optional<model::Tokenizer> tok;
@@ -173,7 +174,9 @@ void AddEval(CLI::App& app, int* exit_code) {
       "--val-every reports a few batches of the same split). Every held-out token after the "
       "first is predicted once, from up to --seq-len tokens before it (windows that do not "
       "overlap, so a token early in a window sees little context)");
-  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file")->required();
+  auto config = std::make_shared<std::string>();
+  AddConfigFlag(sub, config.get());
+  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file (required)");
   sub->add_option("--data", a->data,
                   "Text file (bytes are tokens, or --tokenizer's) or llm.c token file "
                   "(default: the built-in corpus, as train)");
@@ -188,9 +191,22 @@ void AddEval(CLI::App& app, int* exit_code) {
   sub->add_option("--batch", a->batch, "Windows per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
+  sub->add_option("--heads", a->heads,
+                  "Attention heads (default: the n_head the file records, as files "
+                  "strata saved do, else d_model / 64); must agree with the file");
   sub->add_option("--json", a->json, "Also write the results as JSON to FILE (-: standard output)");
-  sub->callback([a, exit_code] { *exit_code = RunEval(*a); });
+  sub->callback([a, sub, config, exit_code] {
+    Status s = config->empty() ? Status::OK() : ApplyConfigFile(sub, *config);
+    if (s.ok() && a->init.empty()) {
+      s = Status::InvalidArgument("--init is required: the model's .safetensors file");
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata eval: %s\n", s.ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    *exit_code = RunEval(*a);
+  });
 }
 
 }  // namespace strata::cli

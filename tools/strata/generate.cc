@@ -6,6 +6,7 @@
 #include "model/gpt2.h"
 #include "model/tokenizer.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/model_file.h"
 
 namespace strata::cli {
@@ -24,7 +25,7 @@ int RunGenerate(const GenerateArgs& a) {
     return 1;
   };
   if (Status s = a.sampling.Validate(); !s.ok()) return fail(s);
-  auto file = LoadModelFile(a.init, a.heads);
+  auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
   if (!file.ok()) return fail(file.status());
   const model::Gpt2Config& cfg = file->config;
   std::vector<int32_t> prompt;
@@ -83,7 +84,9 @@ void AddSamplingFlags(CLI::App& sub, model::SamplingOptions* s) {
 void AddGenerate(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Print text continued by a GPT-2 model");
-  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file")->required();
+  auto config = std::make_shared<std::string>();
+  AddConfigFlag(sub, config.get());
+  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file (required)");
   sub->add_option("--tokenizer", a->tokenizer,
                   "Hugging Face tokenizer.json (GPT-2 byte-level BPE) for the prompt and the "
                   "output (default: bytes are tokens)");
@@ -91,8 +94,21 @@ void AddGenerate(CLI::App& app, int* exit_code) {
   sub->add_option("--tokens", a->tokens, "Tokens to generate")->capture_default_str();
   AddSamplingFlags(*sub, &a->sampling);
   sub->add_option("--seed", a->sampling.seed, "Seed of the sampling")->capture_default_str();
-  sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
-  sub->callback([a, exit_code] { *exit_code = RunGenerate(*a); });
+  sub->add_option("--heads", a->heads,
+                  "Attention heads (default: the n_head the file records, as files "
+                  "strata saved do, else d_model / 64); must agree with the file");
+  sub->callback([a, sub, config, exit_code] {
+    Status s = config->empty() ? Status::OK() : ApplyConfigFile(sub, *config);
+    if (s.ok() && a->init.empty()) {
+      s = Status::InvalidArgument("--init is required: the model's .safetensors file");
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata generate: %s\n", s.ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    *exit_code = RunGenerate(*a);
+  });
 }
 
 }  // namespace strata::cli
