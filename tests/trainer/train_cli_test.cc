@@ -314,6 +314,14 @@ TEST_F(TrainCliTest, ConfigSectionsAndKeysAreChecked) {
   ASSERT_EQ(0, Run({"train", "--config", dir_ + "/c.toml", "--print-config"}, &again));
   EXPECT_EQ(printed, again);
   EXPECT_NE(printed.find("lr = 0.0012345678901\n"), std::string::npos) << printed;
+  // Without --nvme (an empty array) the printed file runs as it is.
+  printed.clear();
+  ASSERT_EQ(0, Run({"train", "--layers", "1", "--d-model", "32", "--seq-len", "8", "--batch", "2",
+                    "--steps", "1", "--print-config"},
+                   &printed));
+  write(printed);
+  out.clear();
+  EXPECT_EQ(0, Run({"train", "--config", dir_ + "/c.toml"}, &out)) << out;
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ Status ApplyConfigFile(CLI::App* sub, const std::string& path) {
           .WithPath(path);
     }
     if (target != sub || opt->count() > 0) continue;  // another command's, or the command line's
+    if (item.inputs.empty()) continue;                 // an empty array: the flag's default
     try {
       opt->add_result(item.inputs);
       opt->run_callback();
