@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -387,7 +388,7 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
     STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
     const std::string folder = RankPath(a->resume, rank);
     STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
-    if (!record) {
+    if (!record && std::filesystem::is_directory(folder)) {
       std::printf(
           "# %s has no record of its run (a store from before strata kept one): the "
           "flags given are used unchecked\n",
@@ -452,7 +453,9 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
   sub->add_option("--save", a->save, "Write the trained weights to this .safetensors file");
   sub->add_option("--resume", a->resume,
-                  "Continue from the last committed step of the swap store in this folder");
+                  "Continue the run whose swap store is in this folder from its last "
+                  "committed step, with the settings the store recorded (a flag that would "
+                  "train another run is refused; steps, budgets and outputs may change)");
   sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();
   sub->add_option("--lr-schedule", a->lr_schedule, "constant or cosine (to 10% of --lr)")
       ->capture_default_str();
