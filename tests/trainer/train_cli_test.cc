@@ -11,6 +11,8 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -263,6 +265,34 @@ TEST_F(TrainCliTest, SavedGeometryNeedsNoFlags) {
   EXPECT_NE(out.find("--d-model 128 contradicts " + m + ", whose tensors give d_model 64"),
             std::string::npos)
       << out;
+}
+
+// Every flag of train is either part of the run's record (--print-config lists it) or one
+// of the few that only steer this invocation: a new flag must be classified in
+// TrainSettings (tools/strata/train.cc), or --resume would silently drop it.
+TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
+  std::string help, printed;
+  ASSERT_EQ(0, Run({"train", "--help"}, &help));
+  ASSERT_EQ(0, Run({"train", "--print-config"}, &printed));
+  const std::set<std::string> invocation = {
+      "help", "config", "resume", "print-config", "allow-schedule-change", "no-durable"};
+  std::istringstream lines(help);
+  std::string line;
+  int flags = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("  -", 0) != 0) continue;
+    std::istringstream names(line.substr(2, line.find(' ', 2) - 2));
+    std::string name;
+    while (std::getline(names, name, ',')) {
+      if (name.rfind("--", 0) != 0) continue;
+      name = name.substr(2, name.find_first_of("{=") - 2);  // "--no-durable{false}"
+      ++flags;
+      if (invocation.count(name) > 0) continue;
+      EXPECT_NE(printed.find("\n" + name + " = "), std::string::npos)
+          << "--" << name << " is neither recorded nor listed as steering the invocation";
+    }
+  }
+  EXPECT_GT(flags, 30) << help;
 }
 
 // One rule for the default head count: d_model / 64 in train as in generate.

@@ -62,7 +62,9 @@ struct TrainArgs {
   GeometryFlags init_given;  // the geometry flags given with --init (checked against the file)
 };
 
-// The flags that define a run, for --print-config, the store's record and --resume.
+// The flags of a run, for --print-config, the store's record and --resume. Every flag of
+// train belongs here unless it only steers this invocation (--config, --resume,
+// --print-config, --allow-schedule-change); train_cli_test checks that none is left out.
 std::vector<Setting> TrainSettings(TrainArgs& a) {
   const OnResume fixed = OnResume::kFixed, free = OnResume::kFree;
   const OnResume schedule = OnResume::kSchedule;
