@@ -195,6 +195,11 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
   EXPECT_EQ(1, Run({"train", "--resume", resume}, &out));
   EXPECT_NE(out.find("the file changed since the run started"), std::string::npos) << out;
   { std::ofstream(dir_ + "/d.txt") << std::string(4000, 'a') + "the quick brown fox\n"; }
+  // The same data at another path is the same run.
+  ASSERT_EQ(0, std::system(("cp " + dir_ + "/d.txt " + dir_ + "/moved.txt").c_str()));
+  out.clear();
+  EXPECT_EQ(0, Run({"train", "--resume", resume, "--data", dir_ + "/moved.txt"}, &out)) << out;
+  EXPECT_NE(out.find("moved.txt\" (the same content)"), std::string::npos) << out;
   // What may change is applied and printed: --steps always, --lr when asked for.
   out.clear();
   ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "5", "--lr", "0.002",

@@ -7,7 +7,6 @@
 #include <xxhash.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -231,6 +230,7 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
                    const std::function<Status(RunIdentity*)>& identity, bool allow_schedule_change,
                    std::vector<std::string>* applied) {
   std::vector<std::string> refused;
+  std::string moved_data;  // "--data: A -> B" when the path differs
   for (const auto& [key, inputs] : record.train) {
     const Setting* s = nullptr;
     for (const Setting& candidate : settings) {
@@ -267,6 +267,8 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
                       (s->on_resume == OnResume::kSchedule && allow_schedule_change);
     if (free) {
       applied->push_back(line);
+    } else if (key == "data") {
+      moved_data = line;  // refused below unless the content is the recorded one
     } else {
       refused.push_back(line + (s->on_resume == OnResume::kSchedule
                                     ? " (the learning-rate schedule: --allow-schedule-change)"
@@ -280,11 +282,16 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
     refused.push_back("ranks (WORLD_SIZE): " + std::to_string(was.world_size) + " -> " +
                       std::to_string(id.world_size));
   }
-  const bool data_refused = std::any_of(refused.begin(), refused.end(), [](const std::string& l) {
-    return l.rfind("--data:", 0) == 0;
-  });
-  if (!data_refused && was.data_bytes && id.data_bytes &&
-      (*was.data_bytes != *id.data_bytes || was.data_xxh3 != id.data_xxh3)) {
+  const bool same_content = was.data_bytes && id.data_bytes && *was.data_bytes == *id.data_bytes &&
+                            was.data_xxh3 == id.data_xxh3;
+  if (!moved_data.empty()) {
+    // A data file moved or copied elsewhere is the same data: its content decides.
+    if (same_content) {
+      applied->push_back(moved_data + " (the same content)");
+    } else {
+      refused.push_back(moved_data);
+    }
+  } else if (!same_content && was.data_bytes && id.data_bytes) {
     refused.push_back("--data file content: " + std::to_string(*was.data_bytes) + " bytes, xxh3 " +
                       was.data_xxh3 + " -> " + std::to_string(*id.data_bytes) + " bytes, xxh3 " +
                       id.data_xxh3 + " (the file changed since the run started)");

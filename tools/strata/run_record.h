@@ -86,8 +86,9 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder);
 
 // Merges `record` into `settings` for a resumed run. `given(key)` says whether the command
 // line (or --config) set the flag. A setting not given takes the recorded value; a given
-// one that differs is applied and noted in *applied ("--steps 30 -> 50") when it may
-// change, else it is listed in the error. `identity` is this run's (world size, data file),
+// one that differs is applied and noted in *applied ("--steps: 30 -> 50") when it may
+// change, else it is listed in the error (--data at another path is accepted when the
+// file's content is the recorded one). `identity` is this run's (world size, data file),
 // compared with the recorded one. InvalidArgument listing every refused difference, each
 // with the recorded and the new value, and how to proceed.
 Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings,
