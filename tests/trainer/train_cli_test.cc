@@ -326,7 +326,16 @@ TEST_F(TrainCliTest, ConfigSectionsAndKeysAreChecked) {
   EXPECT_NE(out.find("'layer' in [train] is not a flag of strata train"), std::string::npos) << out;
   out.clear();
   EXPECT_EQ(1, Run({"generate", "--config", write("[bench.step]\nnosuch = 1\n")}, &out));
-  EXPECT_NE(out.find("'nosuch' in [bench.step]"), std::string::npos) << out;
+  EXPECT_NE(out.find("'nosuch' in [bench.step] is not a flag of strata bench step"),
+            std::string::npos)
+      << out;
+  // Every command but launch and env reads one.
+  out.clear();
+  EXPECT_EQ(0, Run({"bench", "adam", "--config",
+                    write("[bench.adam]\nparams = \"64K\"\niters = 1\nwarmup = 0\n")},
+                   &out))
+      << out;
+  EXPECT_NE(out.find("params: 65536"), std::string::npos) << out;
 
   // A workflow file: [train] for train, [generate] for generate.
   const std::string m = dir_ + "/w.safetensors";

@@ -22,6 +22,7 @@
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 
 namespace strata::cli {
 namespace {
@@ -580,7 +581,8 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--warmup", fl->warmup, "untimed iterations first")->capture_default_str();
   cmd->add_flag("--json", fl->json, "print JSON on stdout (the table goes to stderr)");
-  cmd->callback([fl, exit_code] { *exit_code = RunBenchAdam(*fl); });
+  SetCallbackWithConfig(
+      cmd, [fl] { return RunBenchAdam(*fl); }, exit_code);
 }
 
 }  // namespace strata::cli

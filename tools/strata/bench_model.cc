@@ -13,6 +13,7 @@
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 
 namespace strata::cli {
 namespace {
@@ -132,7 +133,8 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   sub->add_option("--vocab", a->vocab, "Vocabulary size")->capture_default_str();
   sub->add_option("--reps", a->reps, "Repetitions (the median is reported)")->capture_default_str();
   sub->add_option("--json", a->json, "Write the results as JSON to this file");
-  sub->callback([a, exit_code] { *exit_code = RunBenchModel(*a); });
+  SetCallbackWithConfig(
+      sub, [a] { return RunBenchModel(*a); }, exit_code);
 }
 
 }  // namespace strata::cli

@@ -2,6 +2,8 @@
 #include "tools/strata/config_file.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <memory>
 #include <vector>
 
 namespace strata::cli {
@@ -32,6 +34,13 @@ std::string SectionName(const CLI::App* sub) {
   return name;
 }
 
+// Its name on the command line: "bench step".
+std::string CommandName(const CLI::App* sub) {
+  std::string name = SectionName(sub);
+  std::replace(name.begin(), name.end(), '.', ' ');
+  return name;
+}
+
 CLI::Option* FindFlag(CLI::App* app, const std::string& key) {
   if (key.empty() || key.front() == '-') return nullptr;
   try {
@@ -50,6 +59,21 @@ CLI::Option* AddConfigFlag(CLI::App* sub, std::string* path) {
                              SectionName(sub) +
                              "] or no section for this command, other sections for other "
                              "commands (README: configuration files); the command line wins");
+}
+
+void SetCallbackWithConfig(CLI::App* sub, std::function<int()> run, int* exit_code) {
+  auto path = std::make_shared<std::string>();
+  AddConfigFlag(sub, path.get());
+  sub->callback([sub, path, run = std::move(run), exit_code] {
+    if (!path->empty()) {
+      if (Status s = ApplyConfigFile(sub, *path); !s.ok()) {
+        std::fprintf(stderr, "strata %s: %s\n", CommandName(sub).c_str(), s.ToString().c_str());
+        *exit_code = 1;
+        return;
+      }
+    }
+    *exit_code = run();
+  });
 }
 
 Status ApplyConfigFile(CLI::App* sub, const std::string& path) {
@@ -77,12 +101,12 @@ Status ApplyConfigFile(CLI::App* sub, const std::string& path) {
     CLI::Option* opt = key == "config" ? nullptr : FindFlag(target, key);
     if (opt == nullptr) {
       return Status::InvalidArgument(where + ": '" + item.name + "' in [" + SectionName(target) +
-                                     "] is not a flag of strata " + SectionName(target) +
+                                     "] is not a flag of strata " + CommandName(target) +
                                      " (keys are flag names without the dashes, e.g. d-model)")
           .WithPath(path);
     }
     if (target != sub || opt->count() > 0) continue;  // another command's, or the command line's
-    if (item.inputs.empty()) continue;                 // an empty array: the flag's default
+    if (item.inputs.empty()) continue;                // an empty array: the flag's default
     try {
       opt->add_result(item.inputs);
       opt->run_callback();

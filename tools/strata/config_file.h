@@ -1,6 +1,5 @@
-// --config FILE: flags from a TOML file, for the subcommands that take one (`strata train`,
-// `generate`, `eval`). CLI11 2.1 reads a config file only for the top-level app, so each
-// subcommand applies its own after parsing.
+// --config FILE: flags from a TOML file, for every subcommand but `launch` and `env`. CLI11 2.1
+// reads a config file only for the top-level app, so each subcommand applies its own after parsing.
 //
 // The format: `key = value` lines, keys being flag names without the leading dashes
 // (d-model = 128; an underscore stands for a dash). Lines before any section belong to the
@@ -13,6 +12,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 
 #include "strata/status.h"
@@ -21,6 +21,11 @@ namespace strata::cli {
 
 // Registers --config on `sub`, storing the file name in *path (which must outlive the parse).
 CLI::Option* AddConfigFlag(CLI::App* sub, std::string* path);
+
+// Registers --config on `sub` and sets its callback: the file (when given) is applied, then
+// `run` gives the exit code; a --config error is printed as "strata <command>: ..." and
+// ends with exit code 1.
+void SetCallbackWithConfig(CLI::App* sub, std::function<int()> run, int* exit_code);
 
 // Applies the file `path` to `sub` (already parsed from the command line): each key of the
 // sections that are `sub` sets its flag unless the command line did. InvalidArgument naming

@@ -76,6 +76,9 @@ int RunEval(const EvalArgs& a) {
     std::fprintf(stderr, "strata eval: %s: %s\n", what.c_str(), s.ToString().c_str());
     return 1;
   };
+  if (a.init.empty()) {
+    return fail(Status::InvalidArgument("required: the model's .safetensors file"), "--init");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   if (!(a.val_fraction > 0 && a.val_fraction < 1)) {
     return fail(Status::InvalidArgument("expected a share between 0 and 1, not " +
@@ -174,8 +177,6 @@ void AddEval(CLI::App& app, int* exit_code) {
       "--val-every reports a few batches of the same split). Every held-out token after the "
       "first is predicted once, from up to --seq-len tokens before it (windows that do not "
       "overlap, so a token early in a window sees little context)");
-  auto config = std::make_shared<std::string>();
-  AddConfigFlag(sub, config.get());
   sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file (required)");
   sub->add_option("--data", a->data,
                   "Text file (bytes are tokens, or --tokenizer's) or llm.c token file "
@@ -195,18 +196,8 @@ void AddEval(CLI::App& app, int* exit_code) {
                   "Attention heads (default: the n_head the file records, as files "
                   "strata saved do, else d_model / 64); must agree with the file");
   sub->add_option("--json", a->json, "Also write the results as JSON to FILE (-: standard output)");
-  sub->callback([a, sub, config, exit_code] {
-    Status s = config->empty() ? Status::OK() : ApplyConfigFile(sub, *config);
-    if (s.ok() && a->init.empty()) {
-      s = Status::InvalidArgument("--init is required: the model's .safetensors file");
-    }
-    if (!s.ok()) {
-      std::fprintf(stderr, "strata eval: %s\n", s.ToString().c_str());
-      *exit_code = 1;
-      return;
-    }
-    *exit_code = RunEval(*a);
-  });
+  SetCallbackWithConfig(
+      sub, [a] { return RunEval(*a); }, exit_code);
 }
 
 }  // namespace strata::cli

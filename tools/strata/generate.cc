@@ -24,6 +24,9 @@ int RunGenerate(const GenerateArgs& a) {
     std::fprintf(stderr, "strata generate: %s\n", s.ToString().c_str());
     return 1;
   };
+  if (a.init.empty()) {
+    return fail(Status::InvalidArgument("--init is required: the model's .safetensors file"));
+  }
   if (Status s = a.sampling.Validate(); !s.ok()) return fail(s);
   auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
   if (!file.ok()) return fail(file.status());
@@ -84,8 +87,6 @@ void AddSamplingFlags(CLI::App& sub, model::SamplingOptions* s) {
 void AddGenerate(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Print text continued by a GPT-2 model");
-  auto config = std::make_shared<std::string>();
-  AddConfigFlag(sub, config.get());
   sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file (required)");
   sub->add_option("--tokenizer", a->tokenizer,
                   "Hugging Face tokenizer.json (GPT-2 byte-level BPE) for the prompt and the "
@@ -97,18 +98,8 @@ void AddGenerate(CLI::App& app, int* exit_code) {
   sub->add_option("--heads", a->heads,
                   "Attention heads (default: the n_head the file records, as files "
                   "strata saved do, else d_model / 64); must agree with the file");
-  sub->callback([a, sub, config, exit_code] {
-    Status s = config->empty() ? Status::OK() : ApplyConfigFile(sub, *config);
-    if (s.ok() && a->init.empty()) {
-      s = Status::InvalidArgument("--init is required: the model's .safetensors file");
-    }
-    if (!s.ok()) {
-      std::fprintf(stderr, "strata generate: %s\n", s.ToString().c_str());
-      *exit_code = 1;
-      return;
-    }
-    *exit_code = RunGenerate(*a);
-  });
+  SetCallbackWithConfig(
+      sub, [a] { return RunGenerate(*a); }, exit_code);
 }
 
 }  // namespace strata::cli
