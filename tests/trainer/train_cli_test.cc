@@ -182,6 +182,10 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
     EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
     EXPECT_EQ(out.find("step "), std::string::npos) << "no step may run: " << out;
   }
+  // A folder that does not exist is named, not a crash.
+  out.clear();
+  EXPECT_EQ(1, Run({"train", "--resume", dir_ + "/nosuch"}, &out));
+  EXPECT_NE(out.find(dir_ + "/nosuch"), std::string::npos) << out;
   // Every difference in one message.
   out.clear();
   EXPECT_EQ(1, Run({"train", "--resume", resume, "--heads", "4", "--batch", "4", "--beta2", "0.9"},
@@ -280,7 +284,8 @@ TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
   ASSERT_EQ(0, Run({"train", "--help"}, &help));
   ASSERT_EQ(0, Run({"train", "--print-config"}, &printed));
   const std::set<std::string> invocation = {
-      "help", "config", "resume", "print-config", "allow-schedule-change", "no-durable"};
+      "help",       "config",    "resume", "print-config", "allow-schedule-change",
+      "no-durable", "rendezvous"};
   std::istringstream lines(help);
   std::string line;
   int flags = 0;

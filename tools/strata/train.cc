@@ -64,7 +64,8 @@ struct TrainArgs {
 
 // The flags of a run, for --print-config, the store's record and --resume. Every flag of
 // train belongs here unless it only steers this invocation (--config, --resume,
-// --print-config, --allow-schedule-change); train_cli_test checks that none is left out.
+// --print-config, --allow-schedule-change, --rendezvous: a fresh meeting place each time);
+// train_cli_test checks that none is left out.
 std::vector<Setting> TrainSettings(TrainArgs& a) {
   const OnResume fixed = OnResume::kFixed, free = OnResume::kFree;
   const OnResume schedule = OnResume::kSchedule;
@@ -100,7 +101,6 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"io", free, &a.run.io},
       {"cpu-threads", free, &a.run.cpu_threads},
       {"collective-memory", free, &a.run.collective_memory},  // same results either way
-      {"rendezvous", free, &a.run.rendezvous},
       {"comm-timeout", free, &a.run.comm_timeout},
       {"val-every", free, &a.val_every},
       {"save", free, &a.save, true},
@@ -390,11 +390,14 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
     STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
     const std::string folder = RankPath(a->resume, rank);
     STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
-    if (!record && std::filesystem::is_directory(folder)) {
-      std::printf(
-          "# %s has no record of its run (a store from before strata kept one): the "
-          "flags given are used unchecked\n",
-          folder.c_str());
+    if (!record) {
+      // (A missing folder is the engine's to report.)
+      if (std::filesystem::is_directory(folder)) {
+        std::printf(
+            "# %s has no record of its run (a store from before strata kept one): the "
+            "flags given are used unchecked\n",
+            folder.c_str());
+      }
     } else {
       // The recorded schedule decides whether --steps may change (it shapes a cosine one).
       for (const auto& [key, inputs] : record->train) {
