@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -131,6 +132,16 @@ std::string FindName(const SafetensorsReader& f, const std::string& name) {
 }
 }  // namespace
 
+int DefaultHeads(int d_model) { return d_model > 0 && d_model % 64 == 0 ? d_model / 64 : 1; }
+
+std::map<std::string, std::string> GeometryMetadata(const Gpt2Config& c) {
+  return {{"n_layer", std::to_string(c.layers)},
+          {"n_embd", std::to_string(c.d_model)},
+          {"n_head", std::to_string(c.heads)},
+          {"n_positions", std::to_string(c.max_seq)},
+          {"vocab_size", std::to_string(c.vocab)}};
+}
+
 Result<Gpt2Config> ConfigFromSafetensors(const SafetensorsReader& f, int heads) {
   Gpt2Config cfg;
   const std::string wte = FindName(f, "wte.weight"), wpe = FindName(f, "wpe.weight");
@@ -152,7 +163,6 @@ Result<Gpt2Config> ConfigFromSafetensors(const SafetensorsReader& f, int heads) 
   cfg.vocab = static_cast<int>(e->shape[0]);
   cfg.d_model = static_cast<int>(e->shape[1]);
   cfg.max_seq = static_cast<int>(p->shape[0]);
-  cfg.heads = heads;
   int layers = 0;
   while (!FindName(f, "h." + std::to_string(layers) + ".ln_1.weight").empty()) ++layers;
   if (layers == 0) {
@@ -161,6 +171,32 @@ Result<Gpt2Config> ConfigFromSafetensors(const SafetensorsReader& f, int heads) 
         .WithPath(f.path());
   }
   cfg.layers = layers;
+  cfg.heads = heads > 0 ? heads : DefaultHeads(cfg.d_model);
+  // What the metadata records must agree with the tensors; its n_head is the one value the
+  // shapes cannot tell.
+  for (const auto& [key, value] : f.metadata()) {
+    int* field = key == "n_layer"       ? &cfg.layers
+                 : key == "n_embd"      ? &cfg.d_model
+                 : key == "n_head"      ? &cfg.heads
+                 : key == "n_positions" ? &cfg.max_seq
+                 : key == "vocab_size"  ? &cfg.vocab
+                                        : nullptr;
+    if (field == nullptr) continue;
+    char* end = nullptr;
+    const long v = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || v < 1 || v > (1L << 30)) {
+      return Status::Corruption("safetensors file " + f.path() + ": __metadata__ " + key + " = \"" +
+                                value + "\" is not a positive integer")
+          .WithPath(f.path());
+    }
+    if (key == "n_head") {
+      if (heads == 0) cfg.heads = static_cast<int>(v);
+    } else if (*field != v) {
+      return Status::Corruption("safetensors file " + f.path() + ": __metadata__ " + key + " = " +
+                                value + " but the tensors give " + std::to_string(*field))
+          .WithPath(f.path());
+    }
+  }
   STRATA_RETURN_IF_ERROR(cfg.Validate());
   return cfg;
 }
@@ -407,7 +443,7 @@ std::vector<const float*> HostWeights::Ptrs() const {
 }
 
 Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
-                   const HostWeights& w) {
+                   const HostWeights& w, const std::map<std::string, std::string>& metadata) {
   std::vector<TensorToWrite> ts;
   for (size_t b = 0; b < specs.size(); ++b) {
     for (size_t t = 0; t < specs[b].tensors.size(); ++t) {
@@ -416,7 +452,7 @@ Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
                     w.blocks[b].data() + w.layouts[b].tensors[t].offset});
     }
   }
-  return WriteSafetensors(path, ts);
+  return WriteSafetensors(path, ts, metadata);
 }
 
 Status SamplingOptions::Validate() const {

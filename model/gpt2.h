@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,7 +41,7 @@ namespace strata::model {
 struct Gpt2Config {
   int layers = 4;
   int d_model = 128;
-  int heads = 4;
+  int heads = 2;  // DefaultHeads(d_model), as every subcommand defaults
   int max_seq = 64;  // rows of wpe: the longest sequence the model can see
   int vocab = 256;
   // InvalidArgument naming the bad value (d_model not divisible by heads, values < 1).
@@ -81,10 +82,19 @@ std::vector<BlockLayout> PlainLayout(const std::vector<BlockSpec>& specs, uint32
 void InitTensor(const Gpt2Config& config, const std::vector<BlockSpec>& specs, int block,
                 int tensor, uint64_t seed, std::span<float> out);
 
-// The configuration of a Hugging Face GPT-2 safetensors file: layers counted from h.{i},
-// C and V from wte, P from wpe; heads must be given (the file does not say). Tensor names
-// may carry a "transformer." prefix. Corruption/NotFound naming the tensor when wte/wpe or
-// a layer is missing.
+// The head count when none is given, the one rule of every subcommand: GPT-2's 64 channels
+// per head (d_model / 64), or one head when d_model is not a multiple of 64.
+int DefaultHeads(int d_model);
+
+// The model's geometry as safetensors __metadata__, under Hugging Face's GPT-2 config names:
+// n_layer, n_embd, n_head, n_positions, vocab_size (decimal strings).
+std::map<std::string, std::string> GeometryMetadata(const Gpt2Config& config);
+
+// The configuration of a GPT-2 safetensors file: layers counted from h.{i}, C and V from
+// wte, P from wpe; the heads are `heads` when > 0, else the file's n_head metadata (written
+// by SaveWeights), else DefaultHeads(C). Tensor names may carry a "transformer." prefix.
+// Corruption/NotFound naming the tensor when wte/wpe or a layer is missing; Corruption when
+// the metadata contradicts the tensors' shapes.
 Result<Gpt2Config> ConfigFromSafetensors(const SafetensorsReader& file, int heads);
 // Reads tensor `tensor` of `block` from `file` (HF name, optional "transformer." prefix),
 // checking its shape against the spec; NotFound/InvalidArgument naming tensor and shape.
@@ -167,7 +177,7 @@ struct HostWeights {
 };
 // Writes the weights under Hugging Face names (F32).
 Status SaveWeights(const std::string& path, const std::vector<BlockSpec>& specs,
-                   const HostWeights& w);
+                   const HostWeights& w, const std::map<std::string, std::string>& metadata = {});
 
 // How Generate picks each next token from the model's logits l (the flags of `strata
 // generate` and `train --sample`).

@@ -146,7 +146,13 @@ Result<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
   const uint64_t data_size = bytes.size() - 8 - header_len;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (!it.value().is_object()) return corrupt("__metadata__ is not a JSON object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (m.value().is_string()) r.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
     const nlohmann::json& e = it.value();
     if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
         !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
@@ -241,7 +247,8 @@ Status SafetensorsReader::ReadFloat(const std::string& name,
   return Status::OK();
 }
 
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> seen;
   uint64_t offset = 0;
@@ -257,6 +264,7 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}};
+  for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
   STRATA_ASSIGN_OR_RETURN(auto out, AtomicFile::Create(path));

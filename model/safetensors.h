@@ -5,7 +5,8 @@
 //   {"name": {"dtype": "F32", "shape": [d0, d1], "data_offsets": [begin, end]}, ...,
 //    "__metadata__": {...}}
 // then the data section; offsets are relative to its start. The reader accepts F32, BF16 and
-// F16 tensors (converted to fp32) and ignores __metadata__; the writer writes F32.
+// F16 tensors (converted to fp32) and keeps the string values of __metadata__ (where strata
+// records the model's geometry); the writer writes F32.
 //
 // SafetensorsReader owns the file's bytes (read whole at Open). Not thread-safe for
 // concurrent Open; const methods may be called from any thread.
@@ -39,6 +40,8 @@ class SafetensorsReader {
   const std::map<std::string, TensorEntry>& tensors() const { return tensors_; }
   // nullptr when absent.
   const TensorEntry* Find(const std::string& name) const;
+  // The string entries of the header's __metadata__ (others are skipped), e.g. "format".
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   // The tensor converted to fp32 into out[0, numel). NotFound naming the tensor when
   // absent; InvalidArgument when its shape is not `expected_shape` (both shapes in the
@@ -50,6 +53,7 @@ class SafetensorsReader {
   std::string path_;
   std::vector<uint8_t> data_;  // the data section
   std::map<std::string, TensorEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // One tensor to write: fp32 values, row-major.
@@ -63,8 +67,10 @@ struct TensorToWrite {
 // fsync, rename, folder fsync: a crash or power cut leaves the old file or the new one; the
 // file is 0644 whatever the umask; a folder or link at `path` is refused). The output is a function
 // of the inputs only (keys sorted, fixed padding): equal weights give byte-identical files.
+// `metadata` joins {"format": "pt"} in __metadata__.
 // IOError/NoSpace with the path on failure; InvalidArgument for duplicate names.
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata = {});
 
 // "[768, 2304]"
 std::string ShapeString(const std::vector<int64_t>& shape);

@@ -10,7 +10,7 @@ cmake --preset release >/dev/null
 cmake --build --preset release -j "$(nproc)" --target strata
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/strata-demo.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-# Default model: 4 layers, d_model 128, 4 heads, seq 64, byte vocabulary (834k parameters,
+# Default model: 4 layers, d_model 128, 2 heads, seq 64, byte vocabulary (834k parameters,
 # 12.8 MiB of parameters, gradients and Adam moments). Device budget 3 MiB (< 1/4 of that);
 # host budget 8 MiB, too small for the states' homes, so master weights and moments live on
 # NVMe in $work and stream through the pinned pool every step.

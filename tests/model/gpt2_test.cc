@@ -207,6 +207,48 @@ TEST(Gpt2Model, InitIsDeterministicAndHasGpt2Statistics) {
   EXPECT_EQ(Gpt2NumParams(cfg), 256u * 64 + 64u * 64 + 8u * (12u * 64 * 64 + 13u * 64) + 128);
 }
 
+// The geometry SaveWeights records comes back without being given; metadata that
+// contradicts the tensors is refused; without n_head the one default rule applies.
+TEST(Gpt2Model, GeometryMetadataRoundTrips) {
+  Gpt2Config cfg = Tiny();
+  cfg.heads = cfg.d_model / 4;
+  ASSERT_NE(cfg.heads, DefaultHeads(cfg.d_model));
+  Weights<float> w(cfg, 11, 16);
+  HostWeights hw;
+  hw.layouts = w.layouts;
+  hw.blocks = w.p;
+  char tmpl[] = "/tmp/strata-gpt2-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_TRUE(SaveWeights(dir + "/m.safetensors", w.specs, hw, GeometryMetadata(cfg)).ok());
+  auto f = SafetensorsReader::Open(dir + "/m.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->metadata().at("format"), "pt");
+  auto c = ConfigFromSafetensors(*f, 0);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->heads, cfg.heads);
+  EXPECT_EQ(c->layers, cfg.layers);
+
+  auto meta = GeometryMetadata(cfg);
+  meta["n_layer"] = std::to_string(cfg.layers + 1);
+  ASSERT_TRUE(SaveWeights(dir + "/bad.safetensors", w.specs, hw, meta).ok());
+  auto bad = SafetensorsReader::Open(dir + "/bad.safetensors");
+  ASSERT_TRUE(bad.ok());
+  auto refused = ConfigFromSafetensors(*bad, 0);
+  ASSERT_EQ(refused.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(refused.status().message().find("n_layer"), std::string::npos);
+
+  ASSERT_TRUE(SaveWeights(dir + "/plain.safetensors", w.specs, hw).ok());
+  auto plain = SafetensorsReader::Open(dir + "/plain.safetensors");
+  ASSERT_TRUE(plain.ok());
+  auto d = ConfigFromSafetensors(*plain, 0);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->heads, DefaultHeads(cfg.d_model));
+  EXPECT_EQ(DefaultHeads(768), 12);
+  EXPECT_EQ(DefaultHeads(96), 1);
+  EXPECT_EQ(0, std::system(("rm -rf " + dir).c_str()));
+}
+
 TEST(Gpt2Model, WeightsRoundTripThroughSafetensors) {
   const Gpt2Config cfg = Tiny();
   Weights<float> w(cfg, 11, 16);

@@ -259,6 +259,25 @@ TEST_F(TrainMultirankTest, KilledRankIsNamedAndResumeReproducesTheLosses) {
   }
 }
 
+// Each rank's store records the world size: resuming one rank's store alone is refused.
+TEST_F(TrainMultirankTest, ResumeWithAnotherWorldSizeIsRefused) {
+  for (const char* d : {"/s/0", "/s/1"}) {
+    ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + d).c_str()));
+  }
+  std::vector<std::string> args = {"train"};
+  args.insert(args.end(), kModel.begin(), kModel.end());
+  args.insert(args.end(), {"--nvme", dir_ + "/s/{rank}"});
+  std::string out;
+  ASSERT_EQ(0, Strata(std::string("launch -n 2 -- ") + STRATA_CLI_PATH + ShellQuote(args), &out))
+      << out;
+  strata::testing::CliRunOptions options;
+  options.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+  const strata::testing::CliRun r = strata::testing::RunCli(
+      ShellQuote({"train", "--resume", dir_ + "/s/0", "--steps", "30"}), options);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("ranks (WORLD_SIZE): 2 -> 1"), std::string::npos) << r.output;
+}
+
 }  // namespace
 
 namespace {

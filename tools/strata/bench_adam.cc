@@ -23,6 +23,7 @@
 #include "strata/optim.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 
 namespace strata::cli {
 namespace {
@@ -587,7 +588,8 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
   cmd->add_option("--json", fl->json,
                   "write the results as JSON to FILE (-: standard output; the table then goes "
                   "to standard error)");
-  cmd->callback([fl, exit_code] { *exit_code = RunBenchAdam(*fl); });
+  SetCallbackWithConfig(
+      cmd, [fl] { return RunBenchAdam(*fl); }, exit_code);
 }
 
 }  // namespace strata::cli

@@ -24,6 +24,7 @@
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/io_bench.h"
 
 namespace strata::cli {
@@ -565,7 +566,8 @@ void AddBenchIo(CLI::App& bench, int* exit_code) {
   io->add_option("--json", flags->json,
                  "write the configuration and every case as JSON to FILE (-: standard output; "
                  "the table then goes to standard error)");
-  io->callback([flags, exit_code] { *exit_code = RunBenchIo(*flags); });
+  SetCallbackWithConfig(
+      io, [flags] { return RunBenchIo(*flags); }, exit_code);
 }
 
 }  // namespace strata::cli

@@ -16,6 +16,7 @@
 #include "model/gpt2.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 
 namespace strata::cli {
 namespace {
@@ -56,7 +57,7 @@ int RunBenchModel(const BenchModelArgs& a) {
                    m.c_str());
       return 1;
     }
-    cfg.heads = std::max(1, cfg.d_model / 64);
+    cfg.heads = model::DefaultHeads(cfg.d_model);
     cfg.max_seq = a.seq_len;
     cfg.vocab = a.vocab;
     if (Status s = cfg.Validate(); !s.ok()) {
@@ -134,7 +135,9 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   auto a = std::make_shared<BenchModelArgs>();
   CLI::App* sub = bench.add_subcommand(
       "model", "GPT-2 forward+backward on the CPU vs sgemm alone on the model's matrix shapes");
-  sub->add_option("--model", a->models, "LAYERSxD_MODEL, repeatable (heads = d_model/64)")
+  sub->add_option("--model", a->models,
+                  "LAYERSxD_MODEL, repeatable (heads: d_model / 64, or 1 when d_model is not a "
+                  "multiple of 64, as in train)")
       ->capture_default_str();
   sub->add_option("--batch", a->batch, "Rows per micro-batch")->capture_default_str();
   sub->add_option("--seq-len", a->seq_len, "Tokens per row")->capture_default_str();
@@ -147,7 +150,8 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
       ->capture_default_str();
-  sub->callback([a, exit_code] { *exit_code = RunBenchModel(*a); });
+  SetCallbackWithConfig(
+      sub, [a] { return RunBenchModel(*a); }, exit_code);
 }
 
 }  // namespace strata::cli

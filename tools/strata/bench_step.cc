@@ -36,6 +36,7 @@
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "trainer/run_setup.h"
@@ -410,15 +411,17 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
               "{rank} and {local_rank} are replaced by the rank's numbers. The run uses a "
               "fresh subfolder of each, removed at exit unless --keep (default with a finite "
               "--host-mem: a temporary folder under /var/tmp)");
-  cmd->callback([flags, exit_code] {
-    std::string what;  // the flag or step that failed, when known
-    Status s = Run(*flags, &what);
-    if (!s.ok()) {
-      std::fprintf(stderr, "strata bench step: %s%s%s\n", what.c_str(), what.empty() ? "" : ": ",
-                   s.ToString().c_str());
-      *exit_code = 1;
-    }
-  });
+  SetCallbackWithConfig(
+      cmd,
+      [flags] {
+        std::string what;  // the flag or step that failed, when known
+        Status s = Run(*flags, &what);
+        if (s.ok()) return 0;
+        std::fprintf(stderr, "strata bench step: %s%s%s\n", what.c_str(), what.empty() ? "" : ": ",
+                     s.ToString().c_str());
+        return 1;
+      },
+      exit_code);
 }
 
 }  // namespace strata::cli

@@ -14,6 +14,7 @@
 #include "model/tokenizer.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/model_file.h"
 
 namespace strata::cli {
@@ -77,13 +78,16 @@ int RunEval(const EvalArgs& a) {
     std::fprintf(stderr, "strata eval: %s: %s\n", what.c_str(), s.ToString().c_str());
     return 1;
   };
+  if (a.init.empty()) {
+    return fail(Status::InvalidArgument("required: the model's .safetensors file"), "--init");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   if (!(a.val_fraction > 0 && a.val_fraction < 1)) {
     return fail(Status::InvalidArgument("expected a share between 0 and 1, not " +
                                         std::to_string(a.val_fraction)),
                 "--val-fraction");
   }
-  auto file = LoadModelFile(a.init, a.heads);
+  auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
   if (!file.ok()) return fail(file.status(), "--init");
   const model::Gpt2Config& cfg = file->config;
   std::optional<model::Tokenizer> tok;
@@ -175,7 +179,7 @@ void AddEval(CLI::App& app, int* exit_code) {
       "--val-every reports a few batches of the same split). Every held-out token after the "
       "first is predicted once, from up to --seq-len tokens before it (windows that do not "
       "overlap, so a token early in a window sees little context)");
-  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file")->required();
+  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file (required)");
   sub->add_option("--data", a->data,
                   "Text file (bytes are tokens, or --tokenizer's) or llm.c token file "
                   "(default: the built-in corpus, as train)");
@@ -190,13 +194,16 @@ void AddEval(CLI::App& app, int* exit_code) {
   sub->add_option("--batch", a->batch, "Windows per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
+  sub->add_option("--heads", a->heads,
+                  "Attention heads (default: the n_head the file records, as files "
+                  "strata saved do, else d_model / 64); must agree with the file");
   sub->add_option("--threads", a->threads,
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
       ->capture_default_str();
   sub->add_option("--json", a->json, "Also write the results as JSON to FILE (-: standard output)");
-  sub->callback([a, exit_code] { *exit_code = RunEval(*a); });
+  SetCallbackWithConfig(
+      sub, [a] { return RunEval(*a); }, exit_code);
 }
 
 }  // namespace strata::cli

@@ -7,6 +7,7 @@
 #include "model/tokenizer.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/model_file.h"
 
 namespace strata::cli {
@@ -26,12 +27,15 @@ int RunGenerate(const GenerateArgs& a) {
     std::fprintf(stderr, "strata generate: %s\n", s.ToString().c_str());
     return 1;
   };
+  if (a.init.empty()) {
+    return fail(Status::InvalidArgument("--init is required: the model's .safetensors file"));
+  }
   if (Status s = a.sampling.Validate(); !s.ok()) return fail(s);
   if (a.tokens < 0) {
     return fail(Status::InvalidArgument("--tokens " + std::to_string(a.tokens) +
                                         ": expected a token count >= 0"));
   }
-  auto file = LoadModelFile(a.init, a.heads);
+  auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
   if (!file.ok()) return fail(file.status());
   const model::Gpt2Config& cfg = file->config;
   std::vector<int32_t> prompt;
@@ -90,7 +94,7 @@ void AddSamplingFlags(CLI::App& sub, model::SamplingOptions* s) {
 void AddGenerate(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Print text continued by a GPT-2 model");
-  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file")->required();
+  sub->add_option("--init", a->init, "Model weights: GPT-2 .safetensors file (required)");
   sub->add_option("--tokenizer", a->tokenizer,
                   "Hugging Face tokenizer.json (GPT-2 byte-level BPE) for the prompt and the "
                   "output (default: bytes are tokens)");
@@ -98,12 +102,15 @@ void AddGenerate(CLI::App& app, int* exit_code) {
   sub->add_option("--tokens", a->tokens, "Tokens to generate")->capture_default_str();
   AddSamplingFlags(*sub, &a->sampling);
   sub->add_option("--seed", a->sampling.seed, "Seed of the sampling")->capture_default_str();
-  sub->add_option("--heads", a->heads, "Attention heads (default: d_model / 64)");
+  sub->add_option("--heads", a->heads,
+                  "Attention heads (default: the n_head the file records, as files "
+                  "strata saved do, else d_model / 64); must agree with the file");
   sub->add_option("--threads", a->threads,
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
       ->capture_default_str();
-  sub->callback([a, exit_code] { *exit_code = RunGenerate(*a); });
+  SetCallbackWithConfig(
+      sub, [a] { return RunGenerate(*a); }, exit_code);
 }
 
 }  // namespace strata::cli

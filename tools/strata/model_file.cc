@@ -21,18 +21,40 @@ bool IsLlmcTokenFile(const std::string& path) {
 
 }  // namespace
 
-Result<ModelFile> LoadModelFile(const std::string& path, int heads) {
-  STRATA_ASSIGN_OR_RETURN(auto reader, model::SafetensorsReader::Open(path));
-  if (heads == 0) {
-    const model::TensorEntry* wte = reader.Find("wte.weight")
-                                        ? reader.Find("wte.weight")
-                                        : reader.Find("transformer.wte.weight");
-    heads = (wte && wte->shape.size() == 2 && wte->shape[1] % 64 == 0)
-                ? static_cast<int>(wte->shape[1] / 64)
-                : 1;
+Result<model::Gpt2Config> ConfigOfFile(const model::SafetensorsReader& file,
+                                       const GeometryFlags& given) {
+  const auto& meta = file.metadata();
+  const auto recorded = meta.find("n_head");
+  if (given.heads > 0 && recorded != meta.end() &&
+      recorded->second != std::to_string(given.heads)) {
+    return Status::InvalidArgument("--heads " + std::to_string(given.heads) + " contradicts " +
+                                   file.path() + ", which records n_head = " + recorded->second +
+                                   " in its __metadata__; drop --heads")
+        .WithPath(file.path());
   }
+  STRATA_ASSIGN_OR_RETURN(model::Gpt2Config cfg, model::ConfigFromSafetensors(file, given.heads));
+  const struct {
+    const char* flag;
+    const char* name;
+    int given, file;
+  } shapes[] = {{"--layers", "layers", given.layers, cfg.layers},
+                {"--d-model", "d_model", given.d_model, cfg.d_model},
+                {"--vocab", "vocab", given.vocab, cfg.vocab}};
+  for (const auto& s : shapes) {
+    if (s.given > 0 && s.given != s.file) {
+      return Status::InvalidArgument(std::string(s.flag) + " " + std::to_string(s.given) +
+                                     " contradicts " + file.path() + ", whose tensors give " +
+                                     s.name + " " + std::to_string(s.file) + "; drop " + s.flag)
+          .WithPath(file.path());
+    }
+  }
+  return cfg;
+}
+
+Result<ModelFile> LoadModelFile(const std::string& path, const GeometryFlags& given) {
+  STRATA_ASSIGN_OR_RETURN(auto reader, model::SafetensorsReader::Open(path));
   ModelFile f;
-  STRATA_ASSIGN_OR_RETURN(f.config, model::ConfigFromSafetensors(reader, heads));
+  STRATA_ASSIGN_OR_RETURN(f.config, ConfigOfFile(reader, given));
   const auto specs = model::Gpt2BlockSpecs(f.config);
   model::HostWeights& w = f.weights;
   w.layouts = model::PlainLayout(specs, 1);

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -29,9 +31,12 @@
 #include "strata/log.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
 #include "tools/strata/interrupt.h"
+#include "tools/strata/model_file.h"
 #include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
+#include "tools/strata/run_record.h"
 #include "tools/strata/train_report.h"
 #include "trainer/run_setup.h"
 #include "trainer/trainer.h"
@@ -40,7 +45,8 @@ namespace strata::cli {
 namespace {
 
 struct TrainArgs {
-  int layers = 4, d_model = 128, heads = 4, seq_len = 64, vocab = 256;
+  int layers = 4, d_model = 128, seq_len = 64, vocab = 256;
+  int heads = 0;  // 0: model::DefaultHeads(d_model), the rule of every subcommand
   std::string data, init, save, resume;
   int64_t save_every = 0;  // with --save: also every N steps
   int64_t val_every = 0;
@@ -61,9 +67,64 @@ struct TrainArgs {
   model::SamplingOptions sampling;  // of --sample; its seed is --seed
   bool recompute = false;
   bool durable = trainer::RunConfig{}.durable;
-  CLI::Option* heads_opt = nullptr;
   CLI::Option* durable_opt = nullptr;
+  bool print_config = false, allow_schedule_change = false;
+  GeometryFlags init_given;  // the geometry flags given with --init (checked against the file)
 };
+
+// The flags of a run, for --print-config, the store's record and --resume. Every flag of
+// train belongs here unless it only steers this invocation (--config, --resume,
+// --print-config, --allow-schedule-change, --rendezvous: a fresh meeting place each time);
+// train_cli_test checks that none is left out.
+std::vector<Setting> TrainSettings(TrainArgs& a) {
+  const OnResume fixed = OnResume::kFixed, free = OnResume::kFree;
+  const OnResume schedule = OnResume::kSchedule;
+  // Under a cosine schedule the total steps shape the learning rate too.
+  const OnResume steps = a.lr_schedule == "cosine" ? schedule : free;
+  return {
+      {"layers", fixed, &a.layers},
+      {"d-model", fixed, &a.d_model},
+      {"heads", fixed, &a.heads},
+      {"seq-len", fixed, &a.seq_len},
+      {"vocab", fixed, &a.vocab},
+      {"data", fixed, &a.data, true},
+      {"init", free, &a.init, true},  // read only by a fresh run
+      {"batch", fixed, &a.batch},
+      {"micro-batches", fixed, &a.run.micro_batches},
+      {"seed", fixed, &a.seed},
+      {"lr", schedule, &a.lr},
+      {"lr-schedule", schedule, &a.lr_schedule},
+      {"warmup", schedule, &a.warmup},
+      {"weight-decay", fixed, &a.weight_decay},
+      {"beta1", fixed, &a.beta1},
+      {"beta2", fixed, &a.beta2},
+      {"eps", fixed, &a.eps},
+      {"grad-clip", fixed, &a.run.grad_clip},
+      {"device", fixed, &a.run.device},
+      {"comm-backend", fixed, &a.run.comm_backend},
+      {"nvme", fixed, &a.run.nvme, true},
+      {"steps", steps, &a.steps},
+      {"recompute", free, &a.recompute},  // bit-identical either way
+      {"device-mem", free, &a.run.device_mem},
+      {"host-mem", free, &a.run.host_mem},
+      {"durable", free, &a.durable},
+      {"io", free, &a.run.io},
+      {"threads", free, &a.run.cpu_threads},
+      {"collective-memory", free, &a.run.collective_memory},  // same results either way
+      {"comm-timeout", free, &a.run.comm_timeout},
+      {"val-every", free, &a.val_every},
+      {"log-every", free, &a.log_every},
+      {"save-every", free, &a.save_every},
+      {"trace-steps", free, &a.run.trace_steps},
+      {"save", free, &a.save, true},
+      {"json", free, &a.json, true},
+      {"trace", free, &a.run.trace, true},
+      {"sample", free, &a.sample},
+      {"temperature", free, &a.sampling.temperature},
+      {"top-k", free, &a.sampling.top_k},
+      {"top-p", free, &a.sampling.top_p},
+  };
+}
 
 std::string Decode(const std::vector<int32_t>& toks, int vocab) {
   std::string out;
@@ -188,16 +249,7 @@ Status ReadInit(const TrainArgs& a, std::unique_ptr<model::SafetensorsReader>* i
     return r.status();
   }
   *init = std::make_unique<model::SafetensorsReader>(std::move(r).value());
-  int heads = a.heads;
-  if (a.heads_opt->count() == 0) {
-    // The file does not record the head count; GPT-2 uses 64 channels per head.
-    auto* wte = (*init)->Find("wte.weight") ? (*init)->Find("wte.weight")
-                                            : (*init)->Find("transformer.wte.weight");
-    if (wte != nullptr && wte->shape.size() == 2 && wte->shape[1] % 64 == 0) {
-      heads = static_cast<int>(wte->shape[1] / 64);
-    }
-  }
-  auto c = model::ConfigFromSafetensors(**init, heads);
+  auto c = ConfigOfFile(**init, a.init_given);
   if (!c.ok()) {
     *what = "--init " + a.init;
     return c.status();
@@ -214,7 +266,7 @@ Status ModelConfig(const TrainArgs& a, Communicator* comm, model::Gpt2Config* cf
   if (a.init.empty()) {
     cfg->layers = a.layers;
     cfg->d_model = a.d_model;
-    cfg->heads = a.heads;
+    cfg->heads = a.heads > 0 ? a.heads : model::DefaultHeads(a.d_model);
     cfg->max_seq = a.seq_len;
     cfg->vocab = a.vocab;
     return Status::OK();
@@ -295,12 +347,14 @@ Status CheckRunSize(const TrainArgs& a, const model::Gpt2Config& cfg,
 // --save: the weights (collective: every rank reads its shard; rank 0 writes) replace the
 // file atomically (model::SaveWeights writes through AtomicFile), so an interrupted or
 // killed run leaves the previous file whole.
-Status SaveWeightsAtomically(const TrainArgs& a, const trainer::Trainer& trainer, bool lead,
-                             int64_t step, std::string* what) {
+Status SaveWeightsAtomically(const TrainArgs& a, const trainer::Trainer& trainer,
+                             const model::Gpt2Config& cfg, bool lead, int64_t step,
+                             std::string* what) {
   *what = "--save";
   STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
   if (!lead) return Status::OK();
-  STRATA_RETURN_IF_ERROR(model::SaveWeights(a.save, trainer.specs(), w));
+  STRATA_RETURN_IF_ERROR(
+      model::SaveWeights(a.save, trainer.specs(), w, model::GeometryMetadata(cfg)));
   std::printf("# saved the weights of step %lld to %s\n", static_cast<long long>(step),
               a.save.c_str());
   return Status::OK();
@@ -318,7 +372,8 @@ Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const traine
                     const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
                     std::string* what) {
   if (!a.save.empty()) {
-    STRATA_RETURN_IF_ERROR(SaveWeightsAtomically(a, trainer, lead, trainer.next_step() - 1, what));
+    STRATA_RETURN_IF_ERROR(
+        SaveWeightsAtomically(a, trainer, cfg, lead, trainer.next_step() - 1, what));
   }
   if (a.sample > 0) {
     *what = "--sample";
@@ -360,6 +415,23 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
     std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; resume with: %s\n",
                  InterruptName(totals.interrupted), step, ResumeCommand(folder).c_str());
   }
+  return Status::OK();
+}
+
+// The run's record in each of its store folders (run_record.h), with the model's geometry
+// as the run resolved it (from --init, or the default heads).
+Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const RankInfo& rank,
+                 const std::vector<std::string>& folders) {
+  TrainArgs resolved = a;
+  resolved.layers = cfg.layers;
+  resolved.d_model = cfg.d_model;
+  resolved.heads = cfg.heads;
+  resolved.vocab = cfg.vocab;
+  RunIdentity id;
+  id.world_size = rank.world_size;
+  if (!a.data.empty()) STRATA_RETURN_IF_ERROR(HashDataFile(a.data, &id));
+  const std::string text = RunRecordText(TrainSettings(resolved), id);
+  for (const std::string& folder : folders) STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
   return Status::OK();
 }
 
@@ -436,6 +508,12 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
                ": nothing to train; give --steps above " + std::to_string(engine->ResumedStep()) +
                " to train further");
   }
+  if (!eo.nvme_paths.empty()) {
+    // A fresh run records itself; a resumed one records what it now runs with (the
+    // changes --resume applied), so that the next --resume alone continues it.
+    *what = "recording the run in its --nvme folders";
+    STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, ri, eo.nvme_paths));
+  }
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
     *what = init ? "--init " + a.init : "initialising weights";
@@ -458,7 +536,7 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   if (a.save_every > 0) {
     after_step = [&](int64_t step) {
       if (step % a.save_every != 0 || step == to.steps) return Status::OK();  // the last: below
-      return SaveWeightsAtomically(a, trainer, ri.rank == 0, step, what);
+      return SaveWeightsAtomically(a, trainer, cfg, ri.rank == 0, step, what);
     };
   }
   STRATA_RETURN_IF_ERROR(
@@ -480,6 +558,59 @@ int RunTrain(const TrainArgs& a) {
   return interrupted != 0 ? InterruptExitCode(interrupted) : 0;
 }
 
+// The flags as the run will use them: --config applied, then with --resume the record of
+// the stored run merged in (run_record.h). With --print-config, prints and sets *done.
+Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool* done) {
+  if (!config.empty()) STRATA_RETURN_IF_ERROR(ApplyConfigFile(sub, config));
+  auto given = [sub](const std::string& key) { return sub->get_option("--" + key)->count() > 0; };
+  if (given("layers")) a->init_given.layers = a->layers;
+  if (given("d-model")) a->init_given.d_model = a->d_model;
+  if (given("heads")) a->init_given.heads = a->heads;
+  if (given("vocab")) a->init_given.vocab = a->vocab;
+  if (!a->resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
+    const std::string folder = RankPath(a->resume, rank);
+    STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
+    if (!record) {
+      // (A missing folder is the engine's to report.)
+      if (std::filesystem::is_directory(folder)) {
+        std::printf(
+            "# %s has no record of its run (a store from before strata kept one): the "
+            "flags given are used unchecked\n",
+            folder.c_str());
+      }
+    } else {
+      // The recorded schedule decides whether --steps may change (it shapes a cosine one).
+      for (const auto& [key, inputs] : record->train) {
+        if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
+      }
+      std::vector<std::string> applied;
+      auto identity = [&](RunIdentity* id) {
+        id->world_size = rank.world_size;
+        return a->data.empty() ? Status::OK() : HashDataFile(a->data, id);
+      };
+      STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
+                                         a->allow_schedule_change, &applied));
+      for (const std::string& line : applied) {
+        std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
+      }
+      // The record's folders are absolute: so is --resume, to be found among them.
+      a->resume = AbsolutePath(a->resume);
+      for (std::string& f : a->run.nvme) f = AbsolutePath(f);
+    }
+  }
+  if (a->print_config) {
+    TrainArgs shown = *a;
+    if (shown.heads == 0 && shown.init.empty()) shown.heads = model::DefaultHeads(shown.d_model);
+    std::printf(
+        "# strata train --print-config: the effective configuration (--config FILE "
+        "reads it)\n%s",
+        TomlTable("train", TrainSettings(shown)).c_str());
+    *done = true;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 void AddTrain(CLI::App& app, int* exit_code) {
@@ -488,20 +619,13 @@ void AddTrain(CLI::App& app, int* exit_code) {
       "train",
       "Train a GPT-2 model through the engine; parameters and optimizer states live in device "
       "memory, pinned host memory or NVMe under the given budgets");
-  // CLI11 2.1 reads a config file only for the top-level app, so the subcommand applies its
-  // own: after parsing, each `key = value` of the file sets the flag --key unless the
-  // command line set it (the command line wins).
   auto config = std::make_shared<std::string>();
-  sub->add_option("--config", *config,
-                  "Read flags from a TOML file: key = value lines, flag names without the "
-                  "leading dashes (d-model = 128); an optional [train] section; the command "
-                  "line wins");
+  AddConfigFlag(sub, config.get());
   sub->add_option("--layers", a->layers, "Transformer layers")->capture_default_str();
   sub->add_option("--d-model", a->d_model, "Channels (embedding width)")->capture_default_str();
-  a->heads_opt = sub->add_option("--heads", a->heads,
-                                 "Attention heads (must divide --d-model; with --init the "
-                                 "default is d_model/64)")
-                     ->capture_default_str();
+  sub->add_option("--heads", a->heads,
+                  "Attention heads (must divide --d-model); default: d_model / 64, or 1 when "
+                  "d_model is not a multiple of 64; with --init, the n_head the file records");
   sub->add_option("--seq-len", a->seq_len, "Tokens per row (at most wpe's rows with --init)")
       ->capture_default_str();
   sub->add_option("--vocab", a->vocab, "Vocabulary size (256 for byte-level text)")
@@ -524,7 +648,9 @@ void AddTrain(CLI::App& app, int* exit_code) {
                   "With --save: also write the weights every N steps (0: only at the end)")
       ->capture_default_str();
   sub->add_option("--resume", a->resume,
-                  "Continue from the last committed step of the swap store in this folder");
+                  "Continue the run whose swap store is in this folder from its last "
+                  "committed step, with the settings the store recorded (a flag that would "
+                  "train another run is refused; steps, budgets and outputs may change)");
   sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();
   sub->add_option("--lr-schedule", a->lr_schedule, "constant or cosine (to 10% of --lr)")
       ->capture_default_str();
@@ -556,48 +682,20 @@ void AddTrain(CLI::App& app, int* exit_code) {
   sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
       ->capture_default_str();
   AddSamplingFlags(*sub, &a->sampling);
+  sub->add_flag("--print-config", a->print_config,
+                "Print the effective configuration as TOML (a file --config reads) and exit; "
+                "with --resume, the stored run's");
+  sub->add_flag("--allow-schedule-change", a->allow_schedule_change,
+                "With --resume: let --lr, --lr-schedule, --warmup (and --steps under a cosine "
+                "schedule) differ from the stored run's");
   sub->callback([a, sub, config, exit_code] {
-    if (!config->empty()) {
-      std::vector<CLI::ConfigItem> items;
-      try {
-        items = CLI::ConfigTOML().from_file(*config);
-      } catch (const CLI::Error& e) {
-        std::fprintf(stderr, "strata train: --config %s: %s\n", config->c_str(), e.what());
-        *exit_code = 1;
-        return;
-      }
-      for (const CLI::ConfigItem& item : items) {
-        if (!(item.parents.empty() || (item.parents.size() == 1 && item.parents[0] == "train"))) {
-          continue;
-        }
-        std::string name = item.name;
-        std::replace(name.begin(), name.end(), '_', '-');
-        if (name == "config" || name == "++" || name == "--") continue;
-        CLI::Option* opt = nullptr;
-        try {
-          opt = sub->get_option("--" + name);
-        } catch (const CLI::Error&) {
-        }
-        if (opt == nullptr) {
-          std::fprintf(stderr,
-                       "strata train: --config %s: unknown key '%s' (keys are flag names "
-                       "without the dashes, e.g. d-model)\n",
-                       config->c_str(), item.name.c_str());
-          *exit_code = 1;
-          return;
-        }
-        if (opt->count() > 0) continue;  // the command line wins
-        try {
-          opt->add_result(item.inputs);
-          opt->run_callback();
-        } catch (const CLI::Error& e) {
-          std::fprintf(stderr, "strata train: --config %s: %s = %s: %s\n", config->c_str(),
-                       item.name.c_str(), CLI::detail::join(item.inputs).c_str(), e.what());
-          *exit_code = 1;
-          return;
-        }
-      }
+    bool done = false;
+    if (Status s = ResolveFlags(sub, *config, a.get(), &done); !s.ok()) {
+      std::fprintf(stderr, "strata train: %s\n", s.ToString().c_str());
+      *exit_code = 1;
+      return;
     }
+    if (done) return;
     *exit_code = RunTrain(*a);
   });
 }

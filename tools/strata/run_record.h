@@ -1,0 +1,99 @@
+// The configuration a run describes itself with: each flag that defines a `strata train` run,
+// typed, written as TOML (`--print-config`, and the record a fresh run leaves in its swap
+// store), read back and compared when the run is resumed.
+//
+// The record. A fresh run with --nvme writes "strata.run.toml" into each of its store
+// folders (0600, through a temporary file that is fsync'd and renamed, then the folder
+// fsync'd), right after the store is created and before the first step: a [train] table of
+// flags (paths absolute) and an [identity] table of what no flag says (the world size, the
+// --data file's size and XXH3-64). `--resume DIR` reads DIR's record: the settings the
+// command line leaves out come from it; one given with another value is applied and
+// printed when it may change (OnResume::kFree), and otherwise refused, every difference
+// listed in one message.
+//
+// Internal to the CLI. Nothing here prints. Plain functions over values; a Setting points
+// into the caller's flags, which must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata::cli {
+
+// What a resumed run may do with a setting that differs from its record.
+enum class OnResume : uint8_t {
+  kFixed,     // defines the run (model, data, optimizer, batch geometry): refused
+  kSchedule,  // the learning-rate schedule: refused unless --allow-schedule-change
+  kFree,      // steps, budgets, outputs, threads, I/O: applied and printed
+};
+
+// One flag and where its parsed value lives.
+struct Setting {
+  const char* key;  // the flag without its dashes: "d-model"
+  OnResume on_resume;
+  std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*>
+      value;
+  bool path = false;  // a file or folder: recorded absolute (so a resume may run elsewhere)
+};
+
+// `path` made absolute and normal ("" stays ""); `path` itself when that fails.
+std::string AbsolutePath(const std::string& path);
+
+// The value as a TOML value: 0.003, 12, true, "text", ["a", "b"] (numbers in their shortest
+// exact form, so that reading them back gives the same bits).
+std::string TomlValue(const Setting& s);
+// `settings` as a TOML table: "[section]" then one `key = value` line each.
+std::string TomlTable(const std::string& section, const std::vector<Setting>& settings);
+
+// Sets *s.value from a TOML value as CLI11 reads it (`inputs`: one string, or an array's).
+// InvalidArgument naming the key and the text when it does not fit the type.
+Status SetFromToml(const Setting& s, const std::vector<std::string>& inputs);
+
+// What identifies the run besides its flags.
+struct RunIdentity {
+  int world_size = 1;
+  // The --data file's size and XXH3-64 (hex); empty for the built-in corpus.
+  std::optional<uint64_t> data_bytes;
+  std::string data_xxh3;
+};
+
+// The size and XXH3-64 of the file at `path` (read in 1 MiB pieces). IOError naming --data.
+Status HashDataFile(const std::string& path, RunIdentity* identity);
+
+inline constexpr char kRunRecordFile[] = "strata.run.toml";
+
+// The record's text: a comment saying what it is, TomlTable("train", ...), [identity].
+std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity);
+// Writes `text` as folder/strata.run.toml: 0600, atomic (temporary, fsync, rename, folder
+// fsync), never through a symbolic link. IOError naming the file.
+Status WriteRunRecord(const std::string& folder, const std::string& text);
+
+// A record as read back: the [train] values as CLI11 gives them, and the identity.
+struct RunRecord {
+  std::string path;
+  std::vector<std::pair<std::string, std::vector<std::string>>> train;
+  RunIdentity identity;
+};
+// folder/strata.run.toml, or nullopt when the folder has none (a store made before strata
+// recorded its runs). InvalidArgument naming the file when it is not readable TOML.
+Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder);
+
+// Merges `record` into `settings` for a resumed run. `given(key)` says whether the command
+// line (or --config) set the flag. A setting not given takes the recorded value; a given
+// one that differs is applied and noted in *applied ("--steps: 30 -> 50") when it may
+// change, else it is listed in the error (--data at another path is accepted when the
+// file's content is the recorded one). `identity` is this run's (world size, data file),
+// compared with the recorded one. InvalidArgument listing every refused difference, each
+// with the recorded and the new value, and how to proceed.
+Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings,
+                   const std::function<bool(const std::string&)>& given,
+                   const std::function<Status(RunIdentity*)>& identity, bool allow_schedule_change,
+                   std::vector<std::string>* applied);
+
+}  // namespace strata::cli
