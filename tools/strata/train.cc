@@ -67,6 +67,8 @@ struct TrainArgs {
   model::SamplingOptions sampling;  // of --sample; its seed is --seed
   bool recompute = false;
   bool durable = trainer::RunConfig{}.durable;
+  // --durable given on the command line (not only its default, or a config file's copy of it).
+  bool durable_given = false;
   CLI::Option* durable_opt = nullptr;
   bool print_config = false, allow_schedule_change = false;
   GeometryFlags init_given;  // the geometry flags given with --init (checked against the file)
@@ -183,7 +185,7 @@ Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
   }
   *what = "sampling";  // the message names the flag
   STRATA_RETURN_IF_ERROR(a.sampling.Validate());
-  if (a.durable && a.durable_opt->count() > 0 && a.run.nvme.empty() && a.resume.empty()) {
+  if (a.durable && a.durable_given && a.run.nvme.empty() && a.resume.empty()) {
     *what = "--durable";
     return Status::InvalidArgument(
         "--durable commits the state to NVMe every step and needs --nvme folders; add --nvme "
@@ -561,6 +563,7 @@ int RunTrain(const TrainArgs& a) {
 // The flags as the run will use them: --config applied, then with --resume the record of
 // the stored run merged in (run_record.h). With --print-config, prints and sets *done.
 Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool* done) {
+  a->durable_given = a->durable_opt->count() > 0;  // before the file adds its own
   if (!config.empty()) STRATA_RETURN_IF_ERROR(ApplyConfigFile(sub, config));
   auto given = [sub](const std::string& key) { return sub->get_option("--" + key)->count() > 0; };
   if (given("layers")) a->init_given.layers = a->layers;
