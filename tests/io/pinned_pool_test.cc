@@ -243,8 +243,8 @@ std::pair<int, std::string> RunUnprivileged(const std::function<int(std::string*
 }
 
 TEST(PinnedPoolTest, MemlockLimitGivesAdviceThenUnlockedMemory) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer turns mlock into a no-op that succeeds";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "AddressSanitizer and ThreadSanitizer turn mlock into a no-op that succeeds";
 #endif
   auto [rc, out] = RunUnprivileged([](std::string* out) {
     std::vector<std::string> warnings;
