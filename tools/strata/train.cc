@@ -24,6 +24,7 @@
 #include "model/gpt2.h"
 #include "model/run_size.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
 #include "strata/atomic_file.h"
 #include "strata/comm.h"
 #include "strata/device.h"
@@ -48,6 +49,9 @@ struct TrainArgs {
   int layers = 4, d_model = 128, seq_len = 64, vocab = 256;
   int heads = 0;  // 0: model::DefaultHeads(d_model), the rule of every subcommand
   std::string data, init, save, resume;
+  std::string tokenizer;  // --tokenizer: a Hugging Face tokenizer.json for a text --data
+  // --tokenizer as read (by ResolveFlags); null without one.
+  std::shared_ptr<const model::Tokenizer> tok;
   int64_t save_every = 0;  // with --save: also every N steps
   int64_t val_every = 0;
   int64_t log_every = 0;  // 0: DefaultLogEvery
@@ -90,6 +94,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"seq-len", fixed, &a.seq_len},
       {"vocab", fixed, &a.vocab},
       {"data", fixed, &a.data, true},
+      {"tokenizer", fixed, &a.tokenizer, true},
       {"init", free, &a.init, true},  // read only by a fresh run
       {"batch", fixed, &a.batch},
       {"micro-batches", fixed, &a.run.micro_batches},
@@ -128,7 +133,8 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
   };
 }
 
-std::string Decode(const std::vector<int32_t>& toks, int vocab) {
+std::string Decode(const std::vector<int32_t>& toks, int vocab, const model::Tokenizer* tok) {
+  if (tok != nullptr) return tok->Decode(toks);
   std::string out;
   for (int32_t t : toks) {
     if (vocab <= 256) {
@@ -301,6 +307,14 @@ Status MakeTrainOptions(const TrainArgs& a, const model::Gpt2Config& cfg,
                         trainer::TrainOptions* to, std::string* what) {
   *what = "model";
   STRATA_RETURN_IF_ERROR(cfg.Validate());
+  if (data.vocab > cfg.vocab && a.tok) {
+    *what = "--tokenizer";
+    return Status::InvalidArgument(
+        "--tokenizer " + a.tokenizer + " has " + std::to_string(data.vocab) +
+        " tokens but the model's vocabulary is " + std::to_string(cfg.vocab) +
+        (a.init.empty() ? "; drop --vocab (the tokenizer's size is the default) or raise it"
+                        : "; give the tokenizer --init " + a.init + " was trained with"));
+  }
   if (data.vocab > cfg.vocab) {
     *what = "--vocab";
     return Status::InvalidArgument(
@@ -382,11 +396,15 @@ Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const traine
     STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
     const std::string prompt = "The ";
     std::vector<int32_t> p(prompt.begin(), prompt.end());
-    if (cfg.vocab < 256) p = {0};
+    if (a.tok) {
+      STRATA_ASSIGN_OR_RETURN(p, a.tok->Encode(prompt));
+    } else if (cfg.vocab < 256) {
+      p = {0};
+    }
     model::SamplingOptions sampling = a.sampling;
     sampling.seed = a.seed;
     const auto out = model::Generate(cfg, w, p, a.sample, sampling);
-    std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
+    std::printf("sample: %s\n", Decode(out, cfg.vocab, a.tok.get()).c_str());
   }
   return WriteJson(out, lead, js, what);
 }
@@ -462,11 +480,8 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   Communicator* const comm = setup->host_comm();  // nullptr: one rank, no collectives
   if (comm != nullptr && ri.rank != 0) SilenceStdout();
 
-  model::TokenStream data = model::DefaultCorpus();
-  if (!a.data.empty()) {
-    *what = "--data";
-    STRATA_ASSIGN_OR_RETURN(data, model::LoadTokens(a.data));
-  }
+  *what = "--data";
+  STRATA_ASSIGN_OR_RETURN(model::TokenStream data, LoadDataFile(a.data, a.tok.get()));
   model::Gpt2Config cfg;
   std::unique_ptr<model::SafetensorsReader> init;
   STRATA_RETURN_IF_ERROR(ModelConfig(a, comm, &cfg, &init, what));
@@ -570,6 +585,7 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
   if (given("d-model")) a->init_given.d_model = a->d_model;
   if (given("heads")) a->init_given.heads = a->heads;
   if (given("vocab")) a->init_given.vocab = a->vocab;
+  bool recorded = false;  // the settings came from a stored run's record
   if (!a->resume.empty()) {
     STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
     const std::string folder = RankPath(a->resume, rank);
@@ -594,6 +610,7 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
       };
       STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
                                          a->allow_schedule_change, &applied));
+      recorded = true;
       for (const std::string& line : applied) {
         std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
       }
@@ -601,6 +618,15 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
       a->resume = AbsolutePath(a->resume);
       for (std::string& f : a->run.nvme) f = AbsolutePath(f);
     }
+  }
+  if (!a->tokenizer.empty()) {
+    auto tok = model::Tokenizer::Load(a->tokenizer);
+    if (!tok.ok()) {
+      return Status(tok.status().code(), "--tokenizer: " + tok.status().message());
+    }
+    a->tok = std::make_shared<const model::Tokenizer>(std::move(tok).value());
+    // The model's vocabulary is the tokenizer's unless --vocab, --init or the record says.
+    if (!given("vocab") && a->init.empty() && !recorded) a->vocab = a->tok->vocab_size();
   }
   if (a->print_config) {
     TrainArgs shown = *a;
@@ -631,11 +657,15 @@ void AddTrain(CLI::App& app, int* exit_code) {
                   "d_model is not a multiple of 64; with --init, the n_head the file records");
   sub->add_option("--seq-len", a->seq_len, "Tokens per row (at most wpe's rows with --init)")
       ->capture_default_str();
-  sub->add_option("--vocab", a->vocab, "Vocabulary size (256 for byte-level text)")
+  sub->add_option("--vocab", a->vocab,
+                  "Vocabulary size (256 for byte-level text; with --tokenizer, its size)")
       ->capture_default_str();
   sub->add_option("--data", a->data,
-                  "Training data: a text file (byte tokens) or an llm.c uint16 token file; "
-                  "default: the built-in generated corpus");
+                  "Training data: a text file (byte tokens, or --tokenizer's) or an llm.c "
+                  "uint16 token file; default: the built-in generated corpus");
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "Hugging Face tokenizer.json (GPT-2 byte-level BPE) that encodes a text "
+                  "--data and --sample; fixed for the run (give the same to generate and eval)");
   sub->add_option("--val-every", a->val_every,
                   "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
       ->capture_default_str();
