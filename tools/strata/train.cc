@@ -116,6 +116,9 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"host-mem", free, &a.run.host_mem},
       {"durable", free, &a.durable},
       {"io", free, &a.run.io},
+      {"io-config", free, &a.run.io_config, true},
+      // The store's stripe: recorded as the run resolved it (flag, --io-config or default).
+      {"io-block", fixed, &a.run.io_block},
       {"threads", free, &a.run.cpu_threads},
       {"collective-memory", free, &a.run.collective_memory},  // same results either way
       {"comm-timeout", free, &a.run.comm_timeout},
@@ -440,9 +443,10 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
 
 // The run's record in each of its store folders (run_record.h), with the model's geometry
 // as the run resolved it (from --init, or the default heads).
-Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const RankInfo& rank,
-                 const std::vector<std::string>& folders) {
+Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineOptions& eo,
+                 const RankInfo& rank) {
   TrainArgs resolved = a;
+  resolved.run.io_block = std::to_string(eo.nvme_stripe_bytes);
   resolved.layers = cfg.layers;
   resolved.d_model = cfg.d_model;
   resolved.heads = cfg.heads;
@@ -451,7 +455,8 @@ Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const RankInf
   id.world_size = rank.world_size;
   if (!a.data.empty()) STRATA_RETURN_IF_ERROR(HashDataFile(a.data, &id));
   const std::string text = RunRecordText(TrainSettings(resolved), id);
-  for (const std::string& folder : folders) STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
+  for (const std::string& folder : eo.nvme_paths)
+    STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
   return Status::OK();
 }
 
@@ -499,6 +504,10 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   report.log_every = a.log_every;
   PrintConfig(report);
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
+  if (!a.run.io_config.empty() && !eo.nvme_paths.empty()) {
+    std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
+                IoSettingsText(eo).c_str());
+  }
   StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
                                       : "opening the store to resume");
   auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
@@ -529,7 +538,7 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
     // A fresh run records itself; a resumed one records what it now runs with (the
     // changes --resume applied), so that the next --resume alone continues it.
     *what = "recording the run in its --nvme folders";
-    STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, ri, eo.nvme_paths));
+    STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, eo, ri));
   }
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
@@ -585,6 +594,11 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
   if (given("d-model")) a->init_given.d_model = a->d_model;
   if (given("heads")) a->init_given.heads = a->heads;
   if (given("vocab")) a->init_given.vocab = a->vocab;
+  if (given("io-block") && !a->run.io_block.empty()) {
+    // In bytes, as the record keeps it (1M and 1048576 are the same store).
+    STRATA_ASSIGN_OR_RETURN(const uint64_t bytes, ParseBytes("--io-block", a->run.io_block));
+    a->run.io_block = std::to_string(bytes);
+  }
   bool recorded = false;  // the settings came from a stored run's record
   if (!a->resume.empty()) {
     STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
