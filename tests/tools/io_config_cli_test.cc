@@ -81,10 +81,16 @@ TEST(IoConfigCli, FlagsWinOverTheFileInTrainAndBenchStep) {
   std::ofstream(file) << R"({"io": {"block_bytes": 262144, "queue_depth": 4, "backend": "uring",
                                    "direct": false}, "measured": {"rounds": 3}})";
   const std::string cfg = " --io-config" + ShellQuote({file});
-  const CliRun train = Strata(std::string(kTrain) + " --nvme" + ShellQuote({tmp.File("a")}) + cfg);
+  const CliRun train = Strata(std::string(kTrain) + " --nvme" + ShellQuote({tmp.File("a")}) + cfg +
+                              " --json" + ShellQuote({tmp.File("a.json")}));
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_TRUE(Contains(train.output, "requests of 256 KiB, queue depth 4, uring, buffered"))
       << train.output;
+  const nlohmann::json js = nlohmann::json::parse(Read(tmp.File("a.json")))["config"]["nvme_io"];
+  EXPECT_EQ(js["block_bytes"], 262144u) << js.dump();
+  EXPECT_EQ(js["queue_depth"], 4u) << js.dump();
+  EXPECT_EQ(js["direct"], false) << js.dump();
+  EXPECT_EQ(js["io_config"], file) << js.dump();
   const CliRun flags = Strata(std::string(kTrain) + " --nvme" + ShellQuote({tmp.File("b")}) + cfg +
                               " --io posix --io-block 64K");
   ASSERT_EQ(flags.exit_code, 0) << flags.output;

@@ -555,6 +555,12 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
 
   nlohmann::json js;
   js["config"] = PrintPlacement(report);
+  if (!eo.nvme_paths.empty()) {
+    js["config"]["nvme_io"] = {
+        {"block_bytes", eo.nvme_stripe_bytes},      {"queue_depth", eo.io.queue_depth},
+        {"backend", IoBackendKindName(eo.io.kind)}, {"direct", eo.io.direct},
+        {"fixed_buffers", eo.io.fixed_buffers},     {"io_config", a.run.io_config}};
+  }
   js["placement"] = PlacementJson(engine->Placement());
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
