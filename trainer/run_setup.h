@@ -59,6 +59,13 @@ struct RunConfig {
   std::string resume;   // folder to resume from (one of nvme, or nvme itself when empty)
   bool durable = true;  // with nvme: commit a complete state every step
   IoBackendKind io = IoBackendKind::kAuto;
+  // The NVMe requests (--io-config, --io-block): their size, which is the swap store's
+  // stripe and fixed for the store's life (0: the engine's default), how many are in flight
+  // (0: the engine's default), O_DIRECT, and io_uring registered buffers.
+  uint64_t io_block_bytes = 0;
+  uint32_t io_queue_depth = 0;
+  bool io_direct = IoBackendOptions{}.direct;
+  bool io_fixed_buffers = IoBackendOptions{}.fixed_buffers;
   // --threads: OpenMP threads of the CPU optimizer and, on the host device, of the model's
   // ops; 0 = STRATA_NUM_THREADS when set, else one per core.
   int cpu_threads = 0;

@@ -211,8 +211,9 @@ class BenchStep {
     const std::string note = setup_->DeviceNote().empty() ? "" : " (" + setup_->DeviceNote() + ")";
     std::string nvme;
     for (const auto& p : opt_.nvme_paths) nvme += (nvme.empty() ? "" : ", ") + p;
-    std::printf("# device %s%s, nvme %s\n", setup_->device().Name().c_str(), note.c_str(),
-                nvme.empty() ? "none" : nvme.c_str());
+    std::printf("# device %s%s, nvme %s%s\n", setup_->device().Name().c_str(), note.c_str(),
+                nvme.empty() ? "none" : nvme.c_str(),
+                nvme.empty() ? "" : (" (" + IoSettingsText(opt_) + ")").c_str());
     std::fputs(engine_->Placement().ToString().c_str(), stdout);
     std::printf("# %4s %4s %9s %9s %-10s %6s %8s %10s %10s %9s %9s %9s %9s %7s\n", "step", "rank",
                 "time_s", "bound_s", "bound_by", "effic", "stall_s", "nvme_rd_MiB", "nvme_wr_MiB",

@@ -17,6 +17,7 @@
 
 #include "strata/atomic_file.h"
 #include "strata/env.h"
+#include "tools/strata/io_bench.h"
 
 namespace strata::cli {
 
@@ -124,6 +125,13 @@ int ResolveThreads(int flag) {
 
 void SetComputeThreads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
+}
+
+std::string IoSettingsText(const EngineOptions& eo) {
+  return "requests of " + HumanBytes(eo.nvme_stripe_bytes) + ", queue depth " +
+         std::to_string(eo.io.queue_depth) + ", " + IoBackendKindName(eo.io.kind) + ", " +
+         (eo.io.direct ? "O_DIRECT" : "buffered") +
+         (eo.io.fixed_buffers ? ", registered buffers" : "");
 }
 
 }  // namespace strata::cli

@@ -33,6 +33,10 @@ Result<uint64_t> ParseBytes(std::string_view flag, const std::string& text);
 // flag: it reads as "no memory" but would mean no limit, so the word must say it.
 Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text);
 
+// The NVMe I/O settings of `eo` in words: "requests of 1 MiB, queue depth 32, uring,
+// O_DIRECT, registered buffers" (what --io-config and --io-block set).
+std::string IoSettingsText(const EngineOptions& eo);
+
 // Writes `text` to the file a --json-style flag names, or to standard output when `path`
 // is "-". Errors: IOError naming `flag` and the path when the file cannot be written.
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text);

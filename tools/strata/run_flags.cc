@@ -1,7 +1,12 @@
 // The flags every engine run shares; see run_flags.h.
 #include "tools/strata/run_flags.h"
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -33,6 +38,66 @@ Result<std::pair<int64_t, int64_t>> ParseStepRange(const std::string& text) {
   return std::make_pair(first, last);
 }
 
+// The I/O settings of --io-config `path` (`strata bench io --sweep --io-config FILE`
+// writes {"io": {"block_bytes", "queue_depth", "backend", "direct"}, "measured": {...}})
+// into `config`; `io_given`: --io was given and wins over the file's backend.
+Status ApplyIoConfig(const std::string& path, bool io_given, trainer::RunConfig* config) {
+  const std::string where = "--io-config " + path;
+  const std::string fix =
+      "; give the file `strata bench io --sweep --io-config FILE` writes, e.g. {\"io\": "
+      "{\"block_bytes\": 1048576, \"queue_depth\": 32, \"backend\": \"uring\", "
+      "\"direct\": true}}";
+  std::ifstream in(path);
+  if (!in) {
+    return Status::FromErrno(errno, where + ": cannot read the file").WithPath(path);
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return Status::InvalidArgument(where + ": not a JSON object" + fix).WithPath(path);
+  }
+  if (!doc.contains("io") || !doc["io"].is_object()) {
+    return Status::InvalidArgument(where + ": no \"io\" object" + fix).WithPath(path);
+  }
+  auto bad = [&](const std::string& key, const std::string& expected) {
+    return Status::InvalidArgument(where + ": io." + key + " is " + doc["io"][key].dump() +
+                                   ", expected " + expected)
+        .WithPath(path);
+  };
+  trainer::RunConfig read = *config;
+  for (const auto& [key, value] : doc["io"].items()) {
+    if (key == "block_bytes") {
+      if (!value.is_number_unsigned() || value.get<uint64_t>() == 0 ||
+          value.get<uint64_t>() % 4096 != 0) {
+        return bad(key, "a size in bytes, a multiple of 4096");
+      }
+      read.io_block_bytes = value.get<uint64_t>();
+    } else if (key == "queue_depth") {
+      if (!value.is_number_unsigned() || value.get<uint64_t>() == 0 ||
+          value.get<uint64_t>() > 4096) {
+        return bad(key, "a queue depth from 1 to 4096");
+      }
+      read.io_queue_depth = value.get<uint32_t>();
+    } else if (key == "backend") {
+      auto kind = value.is_string() ? ParseIoBackendKind(value.get<std::string>())
+                                    : Result<IoBackendKind>(Status::InvalidArgument(""));
+      if (!kind.ok()) return bad(key, "\"uring\", \"posix\" or \"auto\"");
+      if (!io_given) read.io = *kind;
+    } else if (key == "direct" || key == "fixed_buffers") {
+      if (!value.is_boolean()) return bad(key, "true or false");
+      (key == "direct" ? read.io_direct : read.io_fixed_buffers) = value.get<bool>();
+    } else {
+      return Status::InvalidArgument(where + ": unknown setting io." + key +
+                                     " (known: block_bytes, queue_depth, backend, direct, "
+                                     "fixed_buffers)")
+          .WithPath(path);
+    }
+  }
+  *config = read;
+  return Status::OK();
+}
+
 }  // namespace
 
 void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
@@ -59,8 +124,16 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace only these steps: a:b (inclusive), a: (from a), :b (up to b) or a "
                   "(one step); default every step");
-  cmd->add_option("--io", f->io, "NVMe backend: auto (io_uring, else posix), uring or posix")
-      ->capture_default_str();
+  f->io_option =
+      cmd->add_option("--io", f->io, "NVMe backend: auto (io_uring, else posix), uring or posix")
+          ->capture_default_str();
+  cmd->add_option("--io-config", f->io_config,
+                  "The NVMe I/O settings (request size, queue depth, backend, O_DIRECT) from "
+                  "FILE, as `strata bench io --sweep --io-config FILE` writes it; --io and "
+                  "--io-block win over it");
+  cmd->add_option("--io-block", f->io_block,
+                  "NVMe request size, the swap store's stripe (a multiple of 4K, e.g. 1M; "
+                  "fixed for the store's life); default --io-config's, else 1M");
   cmd->add_option("--threads", f->cpu_threads,
                   "Threads for the CPU work: the optimizer and, on the host device, the model "
                   "(0: STRATA_NUM_THREADS when set, else one per core)")
@@ -117,6 +190,20 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   auto io = ParseIoBackendKind(f.io);
   if (!io.ok()) return fail("--io", io.status());
   config->io = *io;
+  if (!f.io_config.empty()) {
+    const bool io_given = f.io_option != nullptr && f.io_option->count() > 0;
+    Status s = ApplyIoConfig(f.io_config, io_given, config);
+    if (!s.ok()) return fail("--io-config", s);
+  }
+  if (!f.io_block.empty()) {
+    auto b = ParseBytes("--io-block", f.io_block);
+    if (!b.ok()) return fail("--io-block", b.status());
+    if (*b == 0 || *b % 4096 != 0) {
+      return fail("--io-block", Status::InvalidArgument("--io-block " + f.io_block +
+                                                        ": expected a multiple of 4K, e.g. 1M"));
+    }
+    config->io_block_bytes = *b;
+  }
   if (f.micro_batches < 1) {
     return fail("--micro-batches", Status::InvalidArgument("--micro-batches must be >= 1"));
   }

@@ -25,6 +25,9 @@ struct RunFlags {
   std::string trace;
   std::string trace_steps;  // "a:b", "a:", ":b" or "a"; "" = every step
   std::string io = IoBackendKindName(trainer::RunConfig{}.io);
+  CLI::Option* io_option = nullptr;  // --io, to tell whether the command line gave it
+  std::string io_config;             // --io-config FILE, as `strata bench io --sweep` writes it
+  std::string io_block;              // --io-block SIZE; "": --io-config's, else the default
   int cpu_threads = trainer::RunConfig{}.cpu_threads;
   std::string rendezvous;
   double comm_timeout = trainer::RunConfig{}.comm_timeout_seconds;  // seconds; 0: the variable
@@ -36,9 +39,10 @@ struct RunFlags {
 // parse). `nvme_help` is the subcommand's --nvme text (what it does without the flag).
 void AddRunFlags(CLI::App* cmd, RunFlags* flags, const std::string& nvme_help);
 
-// Sets the fields of `config` that the shared flags give. Errors (with *failed set to the
+// Sets the fields of `config` that the shared flags give; the I/O settings of --io-config
+// FILE fill those that --io and --io-block leave out. Errors (with *failed set to the
 // flag): the flag's parse error ("--device-mem lots is not a size; ...", "--device gpu:
-// expected auto, cpu or cuda", ...).
+// expected auto, cpu or cuda", ...), or what is wrong with --io-config's file, naming it.
 Status ApplyRunFlags(const RunFlags& flags, trainer::RunConfig* config, std::string* failed);
 
 }  // namespace strata::cli

@@ -24,6 +24,7 @@
 #include "model/gpt2.h"
 #include "model/run_size.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
 #include "strata/atomic_file.h"
 #include "strata/comm.h"
 #include "strata/device.h"
@@ -48,6 +49,9 @@ struct TrainArgs {
   int layers = 4, d_model = 128, seq_len = 64, vocab = 256;
   int heads = 0;  // 0: model::DefaultHeads(d_model), the rule of every subcommand
   std::string data, init, save, resume;
+  std::string tokenizer;  // --tokenizer: a Hugging Face tokenizer.json for a text --data
+  // --tokenizer as read (by ResolveFlags); null without one.
+  std::shared_ptr<const model::Tokenizer> tok;
   int64_t save_every = 0;  // with --save: also every N steps
   int64_t val_every = 0;
   int64_t log_every = 0;  // 0: DefaultLogEvery
@@ -90,6 +94,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"seq-len", fixed, &a.seq_len},
       {"vocab", fixed, &a.vocab},
       {"data", fixed, &a.data, true},
+      {"tokenizer", fixed, &a.tokenizer, true},
       {"init", free, &a.init, true},  // read only by a fresh run
       {"batch", fixed, &a.batch},
       {"micro-batches", fixed, &a.run.micro_batches},
@@ -111,6 +116,9 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"host-mem", free, &a.run.host_mem},
       {"durable", free, &a.durable},
       {"io", free, &a.run.io},
+      {"io-config", free, &a.run.io_config, true},
+      // The store's stripe: recorded as the run resolved it (flag, --io-config or default).
+      {"io-block", fixed, &a.run.io_block},
       {"threads", free, &a.run.cpu_threads},
       {"collective-memory", free, &a.run.collective_memory},  // same results either way
       {"comm-timeout", free, &a.run.comm_timeout},
@@ -128,7 +136,8 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
   };
 }
 
-std::string Decode(const std::vector<int32_t>& toks, int vocab) {
+std::string Decode(const std::vector<int32_t>& toks, int vocab, const model::Tokenizer* tok) {
+  if (tok != nullptr) return tok->Decode(toks);
   std::string out;
   for (int32_t t : toks) {
     if (vocab <= 256) {
@@ -301,6 +310,14 @@ Status MakeTrainOptions(const TrainArgs& a, const model::Gpt2Config& cfg,
                         trainer::TrainOptions* to, std::string* what) {
   *what = "model";
   STRATA_RETURN_IF_ERROR(cfg.Validate());
+  if (data.vocab > cfg.vocab && a.tok) {
+    *what = "--tokenizer";
+    return Status::InvalidArgument(
+        "--tokenizer " + a.tokenizer + " has " + std::to_string(data.vocab) +
+        " tokens but the model's vocabulary is " + std::to_string(cfg.vocab) +
+        (a.init.empty() ? "; drop --vocab (the tokenizer's size is the default) or raise it"
+                        : "; give the tokenizer --init " + a.init + " was trained with"));
+  }
   if (data.vocab > cfg.vocab) {
     *what = "--vocab";
     return Status::InvalidArgument(
@@ -382,11 +399,15 @@ Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const traine
     STRATA_ASSIGN_OR_RETURN(model::HostWeights w, trainer.Weights());
     const std::string prompt = "The ";
     std::vector<int32_t> p(prompt.begin(), prompt.end());
-    if (cfg.vocab < 256) p = {0};
+    if (a.tok) {
+      STRATA_ASSIGN_OR_RETURN(p, a.tok->Encode(prompt));
+    } else if (cfg.vocab < 256) {
+      p = {0};
+    }
     model::SamplingOptions sampling = a.sampling;
     sampling.seed = a.seed;
     const auto out = model::Generate(cfg, w, p, a.sample, sampling);
-    std::printf("sample: %s\n", Decode(out, cfg.vocab).c_str());
+    std::printf("sample: %s\n", Decode(out, cfg.vocab, a.tok.get()).c_str());
   }
   return WriteJson(out, lead, js, what);
 }
@@ -422,9 +443,10 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
 
 // The run's record in each of its store folders (run_record.h), with the model's geometry
 // as the run resolved it (from --init, or the default heads).
-Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const RankInfo& rank,
-                 const std::vector<std::string>& folders) {
+Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineOptions& eo,
+                 const RankInfo& rank) {
   TrainArgs resolved = a;
+  resolved.run.io_block = std::to_string(eo.nvme_stripe_bytes);
   resolved.layers = cfg.layers;
   resolved.d_model = cfg.d_model;
   resolved.heads = cfg.heads;
@@ -433,7 +455,8 @@ Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const RankInf
   id.world_size = rank.world_size;
   if (!a.data.empty()) STRATA_RETURN_IF_ERROR(HashDataFile(a.data, &id));
   const std::string text = RunRecordText(TrainSettings(resolved), id);
-  for (const std::string& folder : folders) STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
+  for (const std::string& folder : eo.nvme_paths)
+    STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
   return Status::OK();
 }
 
@@ -462,11 +485,8 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   Communicator* const comm = setup->host_comm();  // nullptr: one rank, no collectives
   if (comm != nullptr && ri.rank != 0) SilenceStdout();
 
-  model::TokenStream data = model::DefaultCorpus();
-  if (!a.data.empty()) {
-    *what = "--data";
-    STRATA_ASSIGN_OR_RETURN(data, model::LoadTokens(a.data));
-  }
+  *what = "--data";
+  STRATA_ASSIGN_OR_RETURN(model::TokenStream data, LoadDataFile(a.data, a.tok.get()));
   model::Gpt2Config cfg;
   std::unique_ptr<model::SafetensorsReader> init;
   STRATA_RETURN_IF_ERROR(ModelConfig(a, comm, &cfg, &init, what));
@@ -484,6 +504,10 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   report.log_every = a.log_every;
   PrintConfig(report);
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
+  if (!a.run.io_config.empty() && !eo.nvme_paths.empty()) {
+    std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
+                IoSettingsText(eo).c_str());
+  }
   StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
                                       : "opening the store to resume");
   auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
@@ -514,7 +538,7 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
     // A fresh run records itself; a resumed one records what it now runs with (the
     // changes --resume applied), so that the next --resume alone continues it.
     *what = "recording the run in its --nvme folders";
-    STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, ri, eo.nvme_paths));
+    STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, eo, ri));
   }
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   if (engine->ResumedStep() == 0) {
@@ -531,6 +555,12 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
 
   nlohmann::json js;
   js["config"] = PrintPlacement(report);
+  if (!eo.nvme_paths.empty()) {
+    js["config"]["nvme_io"] = {
+        {"block_bytes", eo.nvme_stripe_bytes},      {"queue_depth", eo.io.queue_depth},
+        {"backend", IoBackendKindName(eo.io.kind)}, {"direct", eo.io.direct},
+        {"fixed_buffers", eo.io.fixed_buffers},     {"io_config", a.run.io_config}};
+  }
   js["placement"] = PlacementJson(engine->Placement());
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
@@ -570,6 +600,12 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
   if (given("d-model")) a->init_given.d_model = a->d_model;
   if (given("heads")) a->init_given.heads = a->heads;
   if (given("vocab")) a->init_given.vocab = a->vocab;
+  if (given("io-block") && !a->run.io_block.empty()) {
+    // In bytes, as the record keeps it (1M and 1048576 are the same store).
+    STRATA_ASSIGN_OR_RETURN(const uint64_t bytes, ParseBytes("--io-block", a->run.io_block));
+    a->run.io_block = std::to_string(bytes);
+  }
+  bool recorded = false;  // the settings came from a stored run's record
   if (!a->resume.empty()) {
     STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
     const std::string folder = RankPath(a->resume, rank);
@@ -594,6 +630,7 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
       };
       STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
                                          a->allow_schedule_change, &applied));
+      recorded = true;
       for (const std::string& line : applied) {
         std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
       }
@@ -601,6 +638,15 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
       a->resume = AbsolutePath(a->resume);
       for (std::string& f : a->run.nvme) f = AbsolutePath(f);
     }
+  }
+  if (!a->tokenizer.empty()) {
+    auto tok = model::Tokenizer::Load(a->tokenizer);
+    if (!tok.ok()) {
+      return Status(tok.status().code(), "--tokenizer: " + tok.status().message());
+    }
+    a->tok = std::make_shared<const model::Tokenizer>(std::move(tok).value());
+    // The model's vocabulary is the tokenizer's unless --vocab, --init or the record says.
+    if (!given("vocab") && a->init.empty() && !recorded) a->vocab = a->tok->vocab_size();
   }
   if (a->print_config) {
     TrainArgs shown = *a;
@@ -631,11 +677,15 @@ void AddTrain(CLI::App& app, int* exit_code) {
                   "d_model is not a multiple of 64; with --init, the n_head the file records");
   sub->add_option("--seq-len", a->seq_len, "Tokens per row (at most wpe's rows with --init)")
       ->capture_default_str();
-  sub->add_option("--vocab", a->vocab, "Vocabulary size (256 for byte-level text)")
+  sub->add_option("--vocab", a->vocab,
+                  "Vocabulary size (256 for byte-level text; with --tokenizer, its size)")
       ->capture_default_str();
   sub->add_option("--data", a->data,
-                  "Training data: a text file (byte tokens) or an llm.c uint16 token file; "
-                  "default: the built-in generated corpus");
+                  "Training data: a text file (byte tokens, or --tokenizer's) or an llm.c "
+                  "uint16 token file; default: the built-in generated corpus");
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "Hugging Face tokenizer.json (GPT-2 byte-level BPE) that encodes a text "
+                  "--data and --sample; fixed for the run (give the same to generate and eval)");
   sub->add_option("--val-every", a->val_every,
                   "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
       ->capture_default_str();

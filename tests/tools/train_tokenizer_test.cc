@@ -1,0 +1,126 @@
+// `strata train --tokenizer` end to end (the built binary): a text --data is encoded through
+// a Hugging Face tokenizer.json written here, the model's vocabulary is the tokenizer's, the
+// run records the tokenizer (fixed on resume), and the saved model is evaluated and
+// prompted through the same tokenizer.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/temp_dir.h"
+#include "tests/tools/cli_run.h"
+
+namespace {
+
+using strata::testing::CliRun;
+using strata::testing::Contains;
+using strata::testing::ShellQuote;
+
+CliRun Strata(const std::string& args) {
+  strata::testing::CliRunOptions options;
+  options.timeout_s = 120;
+  options.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRATA_RENDEZVOUS"};
+  return strata::testing::RunCli(args, options);
+}
+
+// Bytes as ids 0..255 (GPT-2's printable stand-ins) and three merges: "Ġ t" -> "Ġt" (256),
+// "h e" -> "he" (257), "Ġt he" -> "Ġthe" (258): 259 tokens.
+void WriteTokenizer(const std::string& path) {
+  nlohmann::json vocab = nlohmann::json::object();
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : next++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[s] = b;
+  }
+  vocab["\xC4\xA0t"] = 256;  // "Ġt"
+  vocab["he"] = 257;
+  vocab["\xC4\xA0the"] = 258;
+  nlohmann::json j = {
+      {"pre_tokenizer", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"\xC4\xA0 t", "h e", "\xC4\xA0t he"}}}}};
+  std::ofstream(path) << j.dump();
+}
+
+void WriteText(const std::string& path) {
+  std::ofstream f(path);
+  for (int i = 0; i < 400; ++i) f << "the cat and the hen sat on the mat; then the hen ate.\n";
+}
+
+TEST(TrainTokenizerCli, TrainsOnTokensAndEvalAndGenerateUseTheSameTokenizer) {
+  strata::testing::TempDir tmp("strata-train-tok");
+  WriteTokenizer(tmp.File("tokenizer.json"));
+  WriteText(tmp.File("data.txt"));
+  const std::string tok = ShellQuote({tmp.File("tokenizer.json")});
+  const std::string data = ShellQuote({tmp.File("data.txt")});
+  const std::string base =
+      "train --layers 1 --d-model 32 --seq-len 16 --batch 2 --data" + data + " --tokenizer" + tok;
+
+  const CliRun printed = Strata(base + " --print-config");
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  EXPECT_TRUE(Contains(printed.output, "\nvocab = 259\n")) << printed.output;
+  EXPECT_TRUE(Contains(printed.output, "\ntokenizer = \"" + tmp.File("tokenizer.json") + "\"\n"))
+      << printed.output;
+
+  const std::string nvme = ShellQuote({tmp.File("nvme")});
+  const CliRun trained = Strata(base + " --steps 30 --lr 1e-2 --sample 8 --nvme" + nvme +
+                                " --save" + ShellQuote({tmp.File("m.safetensors")}) + " --json" +
+                                ShellQuote({tmp.File("t.json")}));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  // 400 lines of 54 bytes; " the" is one token, so there are fewer tokens than bytes.
+  EXPECT_TRUE(Contains(trained.output, "vocab 259")) << trained.output;
+  EXPECT_TRUE(Contains(trained.output, "(21600 bytes, ")) << trained.output;
+  EXPECT_FALSE(Contains(trained.output, "21600 tokens")) << trained.output;
+  EXPECT_TRUE(Contains(trained.output, "sample: The ")) << trained.output;
+  EXPECT_FALSE(Contains(trained.output, "<25")) << "ids above 255 are decoded\n" << trained.output;
+
+  // The tokenizer is part of the run: --resume alone uses it, another one is refused.
+  const CliRun resumed = Strata("train --resume" + nvme + " --steps 32");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(Contains(resumed.output, "vocab 259")) << resumed.output;
+  WriteTokenizer(tmp.File("other.json"));
+  const CliRun other = Strata("train --resume" + nvme + " --steps 34 --tokenizer" +
+                              ShellQuote({tmp.File("other.json")}));
+  EXPECT_NE(other.exit_code, 0) << other.output;
+  EXPECT_TRUE(Contains(other.output, "--tokenizer")) << other.output;
+
+  const std::string init = " --init" + ShellQuote({tmp.File("m.safetensors")});
+  const CliRun eval = Strata("eval" + init + " --data" + data + " --tokenizer" + tok);
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(Contains(eval.output, "bits/byte")) << eval.output;
+  const CliRun gen = Strata("generate" + init + " --tokenizer" + tok + " --tokens 12 --prompt" +
+                            ShellQuote({"the hen"}));
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_EQ(gen.output.rfind("the hen", 0), 0u) << gen.output;
+  EXPECT_FALSE(Contains(gen.output, "<25")) << gen.output;
+}
+
+TEST(TrainTokenizerCli, BadTokenizerOrSmallVocabIsNamed) {
+  strata::testing::TempDir tmp("strata-train-tok");
+  WriteTokenizer(tmp.File("tokenizer.json"));
+  std::ofstream(tmp.File("broken.json")) << "{";
+  const CliRun missing = Strata("train --steps 1 --tokenizer" + ShellQuote({tmp.File("no.json")}));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_TRUE(Contains(missing.output, "--tokenizer")) << missing.output;
+  EXPECT_TRUE(Contains(missing.output, "no.json")) << missing.output;
+  const CliRun broken =
+      Strata("train --steps 1 --tokenizer" + ShellQuote({tmp.File("broken.json")}));
+  EXPECT_NE(broken.exit_code, 0);
+  EXPECT_TRUE(Contains(broken.output, "broken.json")) << broken.output;
+  const CliRun small = Strata("train --steps 1 --layers 1 --d-model 32 --vocab 200 --tokenizer" +
+                              ShellQuote({tmp.File("tokenizer.json")}));
+  EXPECT_NE(small.exit_code, 0);
+  EXPECT_TRUE(Contains(small.output, "--tokenizer")) << small.output;
+  EXPECT_TRUE(Contains(small.output, "259 tokens")) << small.output;
+}
+
+}  // namespace
