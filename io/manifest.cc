@@ -103,6 +103,11 @@ Result<Manifest> DecodeManifest(std::string_view bytes, const std::string& path)
     return bad("format version " + std::to_string(version) + ", this build reads " +
                std::to_string(kVersion));
   }
+  // Bits or a step this build would ignore: written by another format, or damaged.
+  if ((flags & ~kFlagHasStep) != 0) {
+    return bad("unknown flags " + std::to_string(flags & ~kFlagHasStep));
+  }
+  if ((flags & kFlagHasStep) == 0 && step != 0) return bad("a step without its flag");
   if (flags & kFlagHasStep) m.step = step;
   if (m.num_paths == 0 || m.stripe_bytes == 0 || m.stripe_bytes % 4096 != 0) {
     return bad("invalid geometry");
@@ -114,8 +119,9 @@ Result<Manifest> DecodeManifest(std::string_view bytes, const std::string& path)
         !r.Get(&e.offset) || !r.Get(&e.length) || !r.Get(&e.checksum) || !r.Get(&e.step)) {
       return bad("truncated entry " + std::to_string(i) + " of " + std::to_string(count));
     }
-    const uint64_t span = RoundUp(e.length, 4096);
-    if (e.offset % 4096 != 0 || e.length > m.capacity_bytes || e.offset > m.capacity_bytes - span) {
+    const uint64_t span = RoundUp(e.length, 4096);  // 0 when the rounding wraps
+    if (e.offset % 4096 != 0 || e.length > m.capacity_bytes || span < e.length ||
+        e.offset > m.capacity_bytes - span) {
       return bad("entry '" + e.key + "' lies outside the capacity");
     }
     m.entries.push_back(std::move(e));

@@ -418,7 +418,8 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     fs.need += file_bytes_ > have ? file_bytes_ - have : 0;
     fs.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   }
-  for (const auto& [dev, fs] : by_fs) {
+  for (const auto& by : by_fs) {
+    const FsNeed& fs = by.second;  // not a structured binding: clang 14 lambdas cannot capture one
     if (fs.need <= fs.free) continue;
     std::string who =
         fs.folders.size() == 1 ? "swap folder " + fs.folders[0] : "swap folders " + [&] {

@@ -231,7 +231,10 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
                    std::vector<std::string>* applied) {
   std::vector<std::string> refused;
   std::string moved_data;  // "--data: A -> B" when the path differs
-  for (const auto& [key, inputs] : record.train) {
+  for (const auto& entry : record.train) {
+    // Not a structured binding: clang 14 lambdas (the libFuzzer build) cannot capture one.
+    const std::string& key = entry.first;
+    const std::vector<std::string>& inputs = entry.second;
     const Setting* s = nullptr;
     for (const Setting& candidate : settings) {
       if (key == candidate.key) s = &candidate;
