@@ -10,18 +10,6 @@
 #include <cerrno>
 #include <exception>
 
-// oneTBB hands a task to its worker, and reports the task done to group.wait(), through
-// synchronisation that ThreadSanitizer cannot see (libtbb is not instrumented), so a TSan build
-// would call every buffer a task reads or writes a race. These state the two hand-offs.
-#if defined(__SANITIZE_THREAD__)
-#include <sanitizer/tsan_interface.h>
-#define STRATA_HAND_OFF(addr) __tsan_release(addr)
-#define STRATA_TAKE_OVER(addr) __tsan_acquire(addr)
-#else
-#define STRATA_HAND_OFF(addr) ((void)(addr))
-#define STRATA_TAKE_OVER(addr) ((void)(addr))
-#endif
-
 namespace strata {
 
 using io_internal::FileEntry;
@@ -38,7 +26,6 @@ struct PosixBackend::Pool {
         arena(threads, 0) {}
   ~Pool() {
     arena.execute([this] { group.wait(); });
-    STRATA_TAKE_OVER(this);  // every task's work happened before its end
   }
   tbb::global_control control;
   tbb::task_arena arena;
@@ -188,9 +175,7 @@ Status PosixBackend::Submit(std::span<const IoRequest> requests) {
         continue;
       }
       f->pending.fetch_add(1);
-      STRATA_HAND_OFF(pool_.get());  // the caller's writes to the buffer precede the task
       pool_->group.run([this, r, f] {
-        STRATA_TAKE_OVER(pool_.get());
         Status s;
         try {
           s = Transfer(r, f->entry);
@@ -201,7 +186,6 @@ Status PosixBackend::Submit(std::span<const IoRequest> requests) {
         }
         f->pending.fetch_sub(1);
         Complete(IoCompletion{r.user_data, std::move(s)});
-        STRATA_HAND_OFF(pool_.get());  // for ~Pool's group.wait()
       });
     }
   });
