@@ -41,7 +41,7 @@ namespace strata::model {
 struct Gpt2Config {
   int layers = 4;
   int d_model = 128;
-  int heads = 2;  // DefaultHeads(d_model), as every subcommand defaults
+  int heads = 2;     // DefaultHeads(d_model), as every subcommand defaults
   int max_seq = 64;  // rows of wpe: the longest sequence the model can see
   int vocab = 256;
   // InvalidArgument naming the bad value (d_model not divisible by heads, values < 1).

@@ -87,8 +87,8 @@ TEST_F(CollectiveMemoryTest, TrainLossesAreBitIdenticalInHostAndDeviceMemory) {
 
 TEST_F(CollectiveMemoryTest, BenchStepDataCheckIsCleanInBothModes) {
   for (const char* memory : {"host", "device"}) {
-    const nlohmann::json j =
-        Run("bench step --blocks 3 --block-bytes 96K --compute-ms 0 --steps 2 --json -", memory, "");
+    const nlohmann::json j = Run(
+        "bench step --blocks 3 --block-bytes 96K --compute-ms 0 --steps 2 --json -", memory, "");
     ASSERT_TRUE(j.is_object()) << memory;
     EXPECT_EQ(j["config"]["collective_memory"], memory);
     EXPECT_EQ(j["config"]["world_size"], 2);
