@@ -12,6 +12,7 @@
 #include "model/gpt2.h"
 #include "tests/temp_dir.h"
 #include "tests/tools/cli_run.h"
+#include "tests/tools/tokenizer_json.h"
 
 namespace strata {
 namespace {
@@ -51,24 +52,7 @@ TinyModel WriteModel(const std::string& path, int vocab) {
 
 // Bytes as ids 0..255 (GPT-2's printable stand-ins) and one merge, "Ġ t" -> "Ġt" (256).
 void WriteTokenizer(const std::string& path) {
-  nlohmann::json vocab = nlohmann::json::object();
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-    const int cp = printable ? b : next++;
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    vocab[s] = b;
-  }
-  vocab["\xC4\xA0t"] = 256;  // "Ġt"
-  nlohmann::json j = {{"pre_tokenizer", {{"type", "ByteLevel"}}},
-                      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"\xC4\xA0 t"}}}}};
-  std::ofstream(path) << j.dump();
+  strata::testing::WriteByteLevelTokenizer(path, {{"\xC4\xA0 t", "\xC4\xA0t"}});
 }
 
 CliRun Strata(const std::string& args) {
