@@ -71,6 +71,7 @@ class EngineImpl final : public Engine {
   Result<int> CheckAcquireLocked(int block, Pass pass) const REQUIRES(ctx_.mu);
   // EndStep, once every part finished the step: free the device copies and commit.
   Status FinishStepLocked(uint64_t step_number) REQUIRES(ctx_.mu);
+  Status RefusePartialUpdateLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   StepStats StatsLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   void OnDeviceOp(const DeviceOpRecord& r);
   Status CheckBlockTensor(int block, int tensor) const;
@@ -381,8 +382,38 @@ Result<StepStats> EngineImpl::EndStep() {
     return s;
   }
   const uint64_t step_number = uint64_t(ctx_.resumed_step + ctx_.step);
+  STRATA_RETURN_IF_ERROR(RefusePartialUpdateLocked(step_number));
   STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number));
   return StatsLocked(step_number);
+}
+
+// A step whose gradient is not finite must not be committed with some blocks updated:
+// without clipping a non-finite gradient that lands after other blocks' updates ran is
+// found too late to skip the step whole. The step is not committed (the last commit stays
+// the last good state) and the engine stops.
+Status EngineImpl::RefusePartialUpdateLocked(uint64_t step_number) {
+  const GradNormResult norm = optimizer_.NormLocked();
+  const int applied = optimizer_.AppliedLocked();
+  if (!norm.skipped || applied == 0) return Status::OK();
+  ctx_.step_open = false;
+  std::string what_now =
+      "Run again with --grad-clip > 0 (a non-finite step is then skipped whole) or a lower --lr";
+  if (host_.has_store()) {
+    const auto committed = host_.CommittedStep();
+    what_now =
+        "The step is not committed: " +
+        (committed ? "step " + std::to_string(*committed) : std::string("the initial state")) +
+        " stays the last good commit. Resume from it with --grad-clip > 0 (a non-finite "
+        "step is then skipped whole) or a lower --lr";
+  }
+  ctx_.SetErrorLocked(Status::Aborted(
+      "step " + std::to_string(step_number) + ": a gradient became non-finite (norm " +
+      std::to_string(norm.grad_norm) + ") after " + std::to_string(applied) + " of " +
+      std::to_string(ctx_.hplan.opt_uses.size()) +
+      " block updates had run (without --grad-clip an update starts before every gradient is "
+      "known). " +
+      what_now));
+  return ctx_.error;
 }
 
 Status EngineImpl::FinishStepLocked(uint64_t step_number) {

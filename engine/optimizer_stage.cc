@@ -12,6 +12,7 @@ void OptimizerStage::BeginStepLocked() {
   norm_known_.assign(ctx_.L, false);
   norm_ = GradNormResult{};
   norm_final_ = false;
+  applied_ = 0;
 }
 
 bool OptimizerStage::AllNormsKnownLocked() const {
@@ -35,9 +36,10 @@ void OptimizerStage::FinalizeNormLocked(std::span<const NormPart> parts) {
   uint64_t bad = 0;
   for (const NormPart& p : parts) sum += p.sum_squares, bad += p.non_finite;
   norm_.grad_norm = std::sqrt(sum) * ctx_.args.grad_scale;
+  // A non-finite element, or squares whose sum overflows: the step updates nothing.
+  norm_.skipped = bad > 0 || !std::isfinite(norm_.grad_norm);
   const double clip = ctx_.opt.grad_clip;
-  if (clip > 0) {
-    norm_.skipped = bad > 0;
+  if (clip > 0 && !norm_.skipped) {
     norm_.clip_coef = norm_.grad_norm > clip ? clip / (norm_.grad_norm + 1e-6) : 1.0;
   }
   norm_final_ = true;
@@ -115,13 +117,17 @@ Status OptimizerStage::RunUpdate(int use_index) {
     if (!host_.Obj(uo.obj).exists) continue;
     STRATA_RETURN_IF_ERROR(host_.LeaveLocked(uo.obj, applied && uo.obj != g));
   }
+  if (applied) ++applied_;
   ++opts_done_;
   ctx_.NotifyLocked();
   return Status::OK();
 }
 
-// The block's AdamW step over this rank's part of each tensor, unless the step is skipped
-// (a non-finite gradient with clipping on).
+// The block's AdamW step over this rank's part of each tensor, unless the step is skipped:
+// the global norm, once known, says whether any gradient is non-finite; before it is known
+// (no clipping), every gradient known so far must be finite (the optimizer computes the
+// norm of every landed gradient before it decides, so a non-finite loss, whose gradient
+// lands first, skips every block).
 Status OptimizerStage::AdamBlock(int b, bool* applied) {
   const EngineOptions& opt = ctx_.opt;
   void *master_buf, *m_buf, *v_buf, *grad_buf, *param_buf;
@@ -135,6 +141,11 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
     grad_buf = buf(Component::kGrad);
     param_buf = ctx_.separate ? buf(Component::kParam) : nullptr;
     norm = norm_;
+    if (!norm_final_) {
+      for (int x = 0; x < ctx_.L; ++x) {
+        norm.skipped = norm.skipped || non_finite_[x] > 0 || !std::isfinite(norm_sq_[x]);
+      }
+    }
   }
   float* master = static_cast<float*>(master_buf);
   float* m = static_cast<float*>(m_buf);
@@ -143,7 +154,7 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
   uint16_t* param = static_cast<uint16_t*>(param_buf);
   const Clock::time_point t0 = Clock::now();
   Status status;
-  *applied = !(opt.grad_clip > 0 && norm.skipped);
+  *applied = !norm.skipped;
   if (*applied) {
     AdamHyperParams hp;
     hp.lr = ctx_.args.lr;

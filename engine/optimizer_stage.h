@@ -34,7 +34,7 @@ struct NormPart {
 struct GradNormResult {
   double grad_norm = 0;
   double clip_coef = 1;
-  bool skipped = false;
+  bool skipped = false;  // a gradient (or the norm) is not finite: no update may stand
 };
 
 class OptimizerStage {
@@ -67,6 +67,11 @@ class OptimizerStage {
   void FinalizeNormLocked(std::span<const NormPart> parts) REQUIRES(ctx_.mu);
   // At EndStep: the step's norm (combined now if nothing needed it before).
   GradNormResult NormLocked() REQUIRES(ctx_.mu);
+  // Blocks whose AdamW step was applied this step. Without clipping an update starts once
+  // its own gradient and every gradient landed before it are known finite, before the
+  // global norm: a non-finite gradient that lands later leaves the step partly applied,
+  // which EndStep refuses to commit.
+  int AppliedLocked() const REQUIRES(ctx_.mu) { return applied_; }
 
  private:
   // The AdamW step of host use `use_index` (one block).
@@ -88,6 +93,7 @@ class OptimizerStage {
   GradNormResult norm_ GUARDED_BY(ctx_.mu);
   bool norm_final_ GUARDED_BY(ctx_.mu) = false;
   size_t opts_done_ GUARDED_BY(ctx_.mu) = 0;
+  int applied_ GUARDED_BY(ctx_.mu) = 0;
   std::thread thread_;
 };
 

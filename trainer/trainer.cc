@@ -4,6 +4,7 @@
 
 #include "comm/messages.h"
 #include "model/gpt2_cpu_model.h"
+#include "strata/log.h"
 
 namespace strata::trainer {
 
@@ -43,6 +44,26 @@ Status ForwardBackwardEngine(Engine& engine, Device& device, Gpt2Model<float>& m
   model::Gpt2CpuModel cpu(&device, &model, loss, 1);
   return ForwardBackward(engine, cpu, model.config().layers, inputs, targets, dloss, 0);
 }
+
+namespace {
+
+// Training from a NaN or an infinity gives NaN at once: refused naming the tensor.
+Status CheckFinite(const SafetensorsReader& init, const std::vector<BlockSpec>& specs, size_t b,
+                   size_t t, const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::isfinite(v[i])) continue;
+    return Status::InvalidArgument("--init " + init.path() + ": tensor " +
+                                   HfTensorName(specs, static_cast<int>(b), static_cast<int>(t)) +
+                                   " holds " + (std::isnan(v[i]) ? "NaN" : "an infinity") +
+                                   " at element " + std::to_string(i) +
+                                   "; training from non-finite weights gives NaN. Give finite "
+                                   "weights, or leave out --init to initialise from --seed")
+        .WithPath(init.path());
+  }
+  return Status::OK();
+}
+
+}  // namespace
 
 Result<HostWeights> ReadWeights(const Engine& engine, const std::vector<BlockSpec>& specs) {
   HostWeights w;
@@ -91,6 +112,7 @@ Status Trainer::InitWeights(const SafetensorsReader* init, uint64_t seed) {
       if (rank_ == 0) {
         if (init != nullptr) {
           STRATA_RETURN_IF_ERROR(LoadTensor(*init, specs_, b, t, v));
+          STRATA_RETURN_IF_ERROR(CheckFinite(*init, specs_, b, t, v));
         } else {
           InitTensor(config_, specs_, static_cast<int>(b), static_cast<int>(t), seed, v);
         }
@@ -181,7 +203,29 @@ Result<StepResult> Trainer::Step() {
     r.loss = global / world_;
   }
   ++next_step_;
+  STRATA_RETURN_IF_ERROR(CountSkipped(r));
   return r;
+}
+
+Status Trainer::CountSkipped(const StepResult& r) {
+  if (!r.stats.skipped) {
+    skipped_in_a_row_ = 0;
+    return Status::OK();
+  }
+  ++skipped_steps_;
+  ++skipped_in_a_row_;
+  if (rank_ == 0) {
+    LogWarning("step " + std::to_string(r.step) + ": the gradient is not finite (norm " +
+               std::to_string(r.stats.grad_norm) + ", loss " + std::to_string(r.loss) +
+               "); the update was skipped, the weights keep their last good values");
+  }
+  const int limit = options_.max_skipped_steps;
+  if (limit <= 0 || skipped_in_a_row_ < limit) return Status::OK();
+  return Status::Aborted(std::to_string(skipped_in_a_row_) +
+                         " steps in a row had a non-finite gradient, stopping at step " +
+                         std::to_string(r.step) +
+                         " (--max-skipped-steps). The last commit holds the last good weights: "
+                         "resume from it with a lower --lr, or raise --max-skipped-steps");
 }
 
 Result<double> Trainer::ValidationLoss() {

@@ -64,6 +64,10 @@ struct TrainOptions {
   double min_lr_fraction = 0.1;  // cosine decays to lr * this at `steps`
   bool recompute = false;
   int val_batches = 4;  // batches of the held-out tail per validation
+  // A step whose gradient is not finite updates nothing (StepStats::skipped) and is warned
+  // about; this many such steps in a row stop the run with kAborted (the state committed
+  // last is the last good one). 0: never stop.
+  int max_skipped_steps = 3;
   // Multi-rank data parallelism (the engine's EngineOptions::comm, not owned; nullptr = one
   // rank). Rank r of N computes rows [r*B/N, (r+1)*B/N) of every micro-batch (B = `batch`,
   // divisible by N), so the global batches are those of a single-rank run; the engine
@@ -95,8 +99,9 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Initial weights of a fresh engine: from `init` (a Hugging Face GPT-2 safetensors file;
-  // shapes must match the config) or GPT-2's initialisation from `seed` when init is null.
-  // Errors name the tensor (missing, wrong shape) or the engine's failure. With several
+  // shapes must match the config, every value finite) or GPT-2's initialisation from `seed`
+  // when init is null. Errors name the tensor (missing, wrong shape, a NaN or infinity) or
+  // the engine's failure. With several
   // ranks it is collective: rank 0 alone reads or draws every tensor and broadcasts it
   // (`init` is ignored on the others).
   Status InitWeights(const SafetensorsReader* init, uint64_t seed);
@@ -106,6 +111,8 @@ class Trainer {
   // (bf16; NotSupported in a build without them), on a HostDevice the CPU ops.
   Result<StepResult> Step();
   int64_t next_step() const { return next_step_; }
+  // Steps of this run skipped for a non-finite gradient (all of them, not only in a row).
+  int64_t skipped_steps() const { return skipped_steps_; }
 
   // Mean loss over options.val_batches batches of the held-out tail (between steps).
   Result<double> ValidationLoss();
@@ -121,7 +128,11 @@ class Trainer {
   std::vector<BlockSpec> specs_;
   // The CPU ops on a HostDevice, the model/cuda/ kernels on a CudaDevice (made at first use).
   std::unique_ptr<model::Gpt2Backend> backend_;
+  // After a step: counts it when it was skipped, warns, and stops the run after
+  // options.max_skipped_steps in a row.
+  Status CountSkipped(const StepResult& r);
   int64_t next_step_;
+  int64_t skipped_steps_ = 0, skipped_in_a_row_ = 0;
   int rank_ = 0, world_ = 1;  // from options.comm
 };
 

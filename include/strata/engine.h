@@ -331,9 +331,12 @@ struct StepStats {
   EdgeBytes bytes;
   double grad_norm = 0;  // global L2 norm of the (scaled) gradient, before clipping
   double clip_coef = 1;  // factor applied to the gradient (1 without clipping)
-  // A non-finite gradient with clipping on: no block was updated this step. (Without
-  // clipping updates start before every gradient is known, so non-finite values are not
-  // caught; grad_norm still shows them.)
+  // A non-finite gradient (or a norm that overflows), on any rank: no block was updated
+  // this step and the commit keeps the last good states. With clipping every update waits
+  // for the global norm, so such a step is always skipped whole. Without clipping an update
+  // starts once every gradient landed so far is finite (a non-finite loss makes the first
+  // gradient non-finite, so that step is skipped whole too); a non-finite gradient found
+  // after some updates ran makes EndStep fail with kAborted and commit nothing.
   bool skipped = false;
   uint64_t peak_device_bytes = 0;  // engine's device memory, peak during the step
   uint64_t peak_host_bytes = 0;    // pinned pool, peak during the step
@@ -392,7 +395,9 @@ class Engine {
   // block's optimizer step starts as soon as the copy lands.
   virtual Status SubmitGrads(int block) = 0;
   // Waits for every optimizer step and NVMe write of the step, commits the new state
-  // (atomic manifest switch), and returns the step's statistics.
+  // (atomic manifest switch), and returns the step's statistics. A step partly updated
+  // before a non-finite gradient was found is not committed (kAborted; see
+  // StepStats::skipped).
   virtual Result<StepStats> EndStep() = 0;
 
   // The first stored background error, or OK.

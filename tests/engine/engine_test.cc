@@ -708,49 +708,125 @@ TEST(EngineTraceTest, TraceHasOneLanePerResourceAndStatsAreConsistent) {
 namespace strata {
 namespace {
 
-// With clipping on, one non-finite gradient anywhere skips the whole step's update.
-TEST(EngineNumericsTest, NonFiniteGradientSkipsTheUpdateWithClipping) {
+// One step whose gradients are 0.01 everywhere except a NaN in block `nan_block` (-1: none).
+Result<StepStats> StepWithNan(const Fixture& f, int nan_block) {
+  Engine& e = *f.engine;
+  const int L = int(e.Layout().size());
+  STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01}));
+  for (int b = 0; b < L; ++b) {
+    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kForward).status());
+    STRATA_RETURN_IF_ERROR(e.Release(b));
+  }
+  for (int b = L - 1; b >= 0; --b) {
+    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kBackward).status());
+    STRATA_ASSIGN_OR_RETURN(float* grad, e.GradBuffer(b));
+    const uint64_t n = e.Layout()[b].padded_numel;
+    STRATA_RETURN_IF_ERROR(f.device->EnqueueHostFunction(
+        Lane::kCompute,
+        [grad, n, b, nan_block] {
+          for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
+          if (b == nan_block) grad[3] = std::nanf("");
+          return Status::OK();
+        },
+        "grad"));
+    STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
+    STRATA_RETURN_IF_ERROR(e.Release(b));
+  }
+  return e.EndStep();
+}
+
+// A non-finite gradient in the block whose gradient lands first (the LM head, where a
+// non-finite loss shows first) skips the whole step, clipping or not: no state changes, and
+// the commit keeps the last good states (a reopened store reads them back).
+class EngineNonFiniteTest : public ::testing::TestWithParam<double> {};
+
+TEST_P(EngineNonFiniteTest, NonFiniteGradientSkipsTheWholeStep) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  const int L = int(specs.size());
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path(), 1, GetParam());
+  std::vector<std::vector<float>> before;
+  {
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    auto good = StepWithNan(*f, -1);  // step 1: a real update
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    EXPECT_FALSE(good->skipped);
+    auto s = States(*f->engine);
+    ASSERT_TRUE(s.ok());
+    before = *s;
+    auto st = StepWithNan(*f, L - 1);  // step 2: NaN in the first gradient to land
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_TRUE(st->skipped);
+    EXPECT_TRUE(std::isnan(st->grad_norm));
+    auto after = States(*f->engine);
+    ASSERT_TRUE(after.ok());
+    EXPECT_TRUE(BitIdentical(before, *after));
+  }
+  RunConfig again = rc;
+  again.resume = true;
+  auto reopened = MakeEngine(specs, again, /*init_params=*/false);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  auto s = States(*reopened->engine);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(BitIdentical(before, *s));
+  SetLogSink(nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(ClipOnAndOff, EngineNonFiniteTest, ::testing::Values(1.0, 0.0));
+
+// With clipping a NaN in any block skips the step: every update waits for the global norm.
+TEST(EngineNumericsTest, NonFiniteGradientAnywhereSkipsTheUpdateWithClipping) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = FixedModel();
   TempDir dir;
-  RunConfig rc = TightNvme(specs, dir.path(), 1, 1.0);
-  auto f = MakeEngine(specs, rc);
+  auto f = MakeEngine(specs, TightNvme(specs, dir.path(), 1, 1.0));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   auto before = States(*f->engine);
   ASSERT_TRUE(before.ok());
-  Engine& e = *f->engine;
-  const int L = int(e.Layout().size());
-  ASSERT_TRUE(e.BeginStep(StepArgs{}).ok());
-  for (int b = 0; b < L; ++b) {
-    ASSERT_TRUE(e.Acquire(b, Pass::kForward).ok());
-    ASSERT_TRUE(e.Release(b).ok());
-  }
-  for (int b = L - 1; b >= 0; --b) {
-    ASSERT_TRUE(e.Acquire(b, Pass::kBackward).ok());
-    auto g = e.GradBuffer(b);
-    ASSERT_TRUE(g.ok());
-    const uint64_t n = e.Layout()[b].padded_numel;
-    float* grad = *g;
-    ASSERT_TRUE(f->device
-                    ->EnqueueHostFunction(
-                        Lane::kCompute,
-                        [grad, n, b] {
-                          for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
-                          if (b == 1) grad[3] = std::nanf("");
-                          return Status::OK();
-                        },
-                        "grad")
-                    .ok());
-    ASSERT_TRUE(e.SubmitGrads(b).ok());
-    ASSERT_TRUE(e.Release(b).ok());
-  }
-  auto st = e.EndStep();
+  auto st = StepWithNan(*f, 0);  // the last gradient to land
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_TRUE(st->skipped);
-  EXPECT_TRUE(std::isnan(st->grad_norm));
-  auto after = States(e);
+  auto after = States(*f->engine);
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(BitIdentical(*before, *after));
+  SetLogSink(nullptr);
+}
+
+// Without clipping, a NaN in the last gradient to land is found after the other blocks were
+// updated: EndStep refuses to commit that step, names what to do, and a reopened store
+// holds the last good commit.
+TEST(EngineNumericsTest, LateNonFiniteGradientWithoutClippingIsNeverCommitted) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path(), 1, 0.0);
+  std::vector<std::vector<float>> good_states;
+  {
+    auto f = MakeEngine(specs, rc);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_TRUE(StepWithNan(*f, -1).ok());
+    auto s = States(*f->engine);
+    ASSERT_TRUE(s.ok());
+    good_states = *s;
+    auto st = StepWithNan(*f, 0);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.status().code(), StatusCode::kAborted) << st.status().ToString();
+    EXPECT_NE(st.status().message().find("not committed"), std::string::npos)
+        << st.status().ToString();
+    EXPECT_NE(st.status().message().find("step 1 stays the last good commit"), std::string::npos)
+        << st.status().ToString();
+    EXPECT_NE(st.status().message().find("--grad-clip"), std::string::npos);
+  }
+  RunConfig again = rc;
+  again.resume = true;
+  auto reopened = MakeEngine(specs, again, /*init_params=*/false);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ(reopened->engine->ResumedStep(), 1);
+  auto s = States(*reopened->engine);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(BitIdentical(good_states, *s));
   SetLogSink(nullptr);
 }
 

@@ -6,12 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "io/manifest.h"
+#include "model/safetensors.h"
 #include "tests/temp_dir.h"
 #include "tests/tools/cli_run.h"
 
@@ -283,3 +287,79 @@ TEST_F(TrainReliabilityTest, LlmcMagicWithAWrongVersionIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+// The committed step of the store in `nvme`, as a resume with --steps 1 reports it.
+int64_t CommittedStep(const std::string& out) {
+  const std::string key = "already holds step ";
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stoll(out.substr(at + key.size()));
+}
+
+}  // namespace
+
+// --lr 1e4 diverges within a few steps. With clipping each non-finite step is skipped with a
+// warning and --max-skipped-steps of them in a row stop the run; without clipping a
+// non-finite gradient found after other blocks were updated stops the run at once. Either way no
+// non-finite value is committed: the weights saved from the store's last commit are all finite
+// (before, every commit replaced the last good state with NaN and the run ended with rc 0).
+TEST_F(TrainReliabilityTest, DivergenceIsSkippedAndNeverCommitted) {
+  for (const std::string clip : {"1", "0"}) {
+    const std::string nvme = dir_ + "/n" + clip;
+    std::filesystem::create_directory(nvme);
+    const auto r = Train({"--nvme", nvme, "--durable", "--lr", "1e4", "--grad-clip", clip,
+                          "--steps", "40", "--log-every", "1"});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    if (clip == "1") {
+      EXPECT_TRUE(Contains(r.output, "the update was skipped")) << r.output;
+      EXPECT_TRUE(Contains(r.output, "3 steps in a row had a non-finite gradient")) << r.output;
+    } else {
+      // Which comes first, a finite block's update or the non-finite gradient's norm, is a
+      // matter of timing: the step is skipped whole or stops the run uncommitted.
+      EXPECT_TRUE(Contains(r.output, "is not committed") ||
+                  Contains(r.output, "steps in a row had a non-finite gradient"))
+          << r.output;
+    }
+    // Resuming with --steps 1 trains nothing (it names the committed step) and saves the
+    // committed weights.
+    const std::string saved = dir_ + "/w" + clip + ".safetensors";
+    const auto held = Train({"--resume", nvme, "--lr", "1e4", "--steps", "1", "--save", saved});
+    ASSERT_EQ(held.exit_code, 0) << held.output;
+    ASSERT_GE(CommittedStep(held.output), 1) << held.output;
+    auto reader = strata::model::SafetensorsReader::Open(saved);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    for (const auto& [name, entry] : reader->tensors()) {
+      std::vector<float> v(static_cast<size_t>(entry.NumElements()));
+      ASSERT_TRUE(reader->ReadFloat(name, entry.shape, v.data(), v.size()).ok()) << name;
+      for (float x : v) ASSERT_TRUE(std::isfinite(x)) << clip << " " << name;
+    }
+  }
+}
+
+// --init weights holding a NaN or an infinity are refused naming the tensor (before, they
+// trained to rc 0 with a NaN loss).
+TEST_F(TrainReliabilityTest, NonFiniteInitWeightsAreRefusedNamingTheTensor) {
+  const std::string saved = dir_ + "/w.safetensors";
+  ASSERT_EQ(Train({"--steps", "1", "--save", saved}).exit_code, 0);
+  std::string bytes = ReadAll(saved);
+  auto reader = strata::model::SafetensorsReader::Open(saved);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const std::string name = "h.1.mlp.c_fc.weight";
+  const auto* entry = reader->Find(name);
+  ASSERT_NE(entry, nullptr);
+  ASSERT_EQ(entry->dtype, "F32");
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), sizeof header);
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    std::string patched = bytes;
+    std::memcpy(&patched[8 + header + entry->begin + 4 * 5], &bad, sizeof bad);
+    const std::string init = dir_ + "/bad.safetensors";
+    std::ofstream(init, std::ios::binary) << patched;
+    const auto r = Train({"--init", init});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Contains(r.output, "tensor " + name + " holds")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "at element 5")) << r.output;
+  }
+}

@@ -14,6 +14,7 @@ nlohmann::json StepStatsJson(const StepStats& st) {
           {"stall_seconds", st.stall_seconds},
           {"nvme_busy_seconds", st.nvme_busy_seconds},
           {"grad_norm", st.grad_norm},
+          {"skipped", st.skipped},
           {"peak_device_bytes", st.peak_device_bytes},
           {"peak_host_bytes", st.peak_host_bytes},
           {"busy_seconds", busy},

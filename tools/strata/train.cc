@@ -70,6 +70,7 @@ struct TrainArgs {
   int sample = 0;
   model::SamplingOptions sampling;  // of --sample; its seed is --seed
   bool recompute = false;
+  int max_skipped_steps = trainer::TrainOptions{}.max_skipped_steps;
   bool durable = trainer::RunConfig{}.durable;
   // --durable given on the command line (not only its default, or a config file's copy of it).
   bool durable_given = false;
@@ -112,6 +113,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"nvme", fixed, &a.run.nvme, true},
       {"steps", steps, &a.steps},
       {"recompute", free, &a.recompute},  // bit-identical either way
+      {"max-skipped-steps", free, &a.max_skipped_steps},
       {"device-mem", free, &a.run.device_mem},
       {"host-mem", free, &a.run.host_mem},
       {"durable", free, &a.durable},
@@ -174,6 +176,8 @@ Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
       {"--val-every", double(a.val_every), a.val_every >= 0, "a step count >= 0 (0: off)"},
       {"--sample", double(a.sample), a.sample >= 0, "a token count >= 0 (0: none)"},
       {"--steps", double(a.steps), a.steps >= 0, "a step count >= 0"},
+      {"--max-skipped-steps", double(a.max_skipped_steps), a.max_skipped_steps >= 0,
+       "a step count >= 0 (0: never stop)"},
       {"--beta1", a.beta1, a.beta1 >= 0 && a.beta1 < 1, "a number in [0, 1)"},
       {"--beta2", a.beta2, a.beta2 >= 0 && a.beta2 < 1, "a number in [0, 1)"},
       {"--eps", a.eps, finite_ge0(a.eps), "a finite number >= 0"},
@@ -337,6 +341,7 @@ Status MakeTrainOptions(const TrainArgs& a, const model::Gpt2Config& cfg,
   to->warmup = a.warmup;
   to->steps = a.steps;
   to->recompute = a.recompute;
+  to->max_skipped_steps = a.max_skipped_steps;
   to->comm = comm;
   if (a.lr_schedule == "cosine") {
     to->schedule = trainer::LrSchedule::kCosine;
@@ -721,6 +726,11 @@ void AddTrain(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   sub->add_flag("--recompute", a->recompute,
                 "Activation checkpointing: keep only each block's input, recompute in backward");
+  sub->add_option("--max-skipped-steps", a->max_skipped_steps,
+                  "A step whose gradient is not finite (NaN or infinity) updates nothing and is "
+                  "skipped with a warning; this many in a row stop the run, its last commit "
+                  "intact (0: never stop)")
+      ->capture_default_str();
   AddRunFlags(sub, &a->run,
               "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
               "are replaced by the rank's numbers (one folder per rank)");

@@ -229,6 +229,7 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     totals->last_step = s;
     totals->stall_seconds += st.stall_seconds;
     totals->bound_seconds += st.bound_seconds;
+    if (st.skipped) ++totals->skipped_steps;
     totals->losses.push_back(r->loss);
     totals->seconds += st.seconds;
     totals->bytes.nvme_read += st.bytes.nvme_read;
@@ -298,6 +299,10 @@ void PrintTotals(const TrainTotals& t) {
   }
   std::printf("# loss: %s %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n", first,
               t.losses.front(), tail, last, 100.0 * (last - t.losses.front()) / t.losses.front());
+  if (t.skipped_steps > 0) {
+    std::printf("# %lld steps skipped: their gradient was not finite, nothing was updated\n",
+                static_cast<long long>(t.skipped_steps));
+  }
   std::printf("#%-11s %14s %14s\n", "edge", "bytes", "per_step");
   const std::pair<const char*, uint64_t> edges[] = {{"nvme_read", t.bytes.nvme_read},
                                                     {"nvme_write", t.bytes.nvme_write},
@@ -330,6 +335,7 @@ nlohmann::json TotalsJson(const TrainTotals& t) {
                         {"seconds", t.seconds},
                         {"bound_seconds", t.bound_seconds},
                         {"stall_seconds", t.stall_seconds},
+                        {"skipped_steps", t.skipped_steps},
                         {"busy_seconds", busy},
                         {"bytes",
                          {{"nvme_read", t.bytes.nvme_read},

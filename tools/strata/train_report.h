@@ -75,6 +75,7 @@ struct TrainTotals {
   EdgeBytes bytes;
   double busy[kNumResources] = {};
   double stall_seconds = 0, bound_seconds = 0;
+  int64_t skipped_steps = 0;  // steps whose gradient was not finite (nothing updated)
   std::vector<double> losses;
 };
 
