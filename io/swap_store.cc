@@ -308,7 +308,10 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
                             "); start a fresh run there (without --resume)")
         .WithPath(manifest_path_);
   }
-  (void)unlinkat(dir0, kManifestTmpName, 0);  // a Commit cut short; never read
+  if (manifest && options_.resolve_prepared) {
+    STRATA_ASSIGN_OR_RETURN(manifest, ResolvePrepared(std::move(*manifest)));
+  }
+  (void)unlinkat(dir0, kManifestTmpName, 0);  // a Commit cut short: discarded
 
   if (manifest) {
     if (manifest->num_paths != n) {
@@ -894,6 +897,11 @@ Status SwapStore::Delete(std::string_view key) {
 }
 
 Status SwapStore::WriteManifest(const Manifest& manifest) {
+  STRATA_RETURN_IF_ERROR(WriteManifestTemp(manifest, /*sync_folder=*/false));
+  return RenameManifestTemp();
+}
+
+Status SwapStore::WriteManifestTemp(const Manifest& manifest, bool sync_folder) {
   const std::string bytes = swap_internal::EncodeManifest(manifest);
   const int dir0 = paths_[0]->dir_fd;
   const std::string tmp = manifest_path_ + ".tmp";
@@ -922,19 +930,87 @@ Status SwapStore::WriteManifest(const Manifest& manifest) {
     return fail(err, "fsync of swap manifest", tmp);
   }
   close(fd);
+  // A prepared manifest must survive a power cut too: its name reaches the disk now.
+  if (sync_folder && fsync(dir0) != 0)
+    return fail(errno, "fsync of swap folder", options_.paths[0]);
   Hook("manifest_temp_written");
+  return Status::OK();
+}
+
+Status SwapStore::RenameManifestTemp() {
+  const int dir0 = paths_[0]->dir_fd;
   if (renameat(dir0, kManifestTmpName, dir0, kManifestName) != 0) {
-    return fail(errno, "renaming swap manifest over", manifest_path_);
+    const int err = errno;
+    (void)unlinkat(dir0, kManifestTmpName, 0);
+    return Status::FromErrno(err, "renaming swap manifest over " + manifest_path_)
+        .WithPath(manifest_path_);
   }
   Hook("manifest_renamed");
-  if (fsync(dir0) != 0) return fail(errno, "fsync of swap folder", options_.paths[0]);
+  if (fsync(dir0) != 0) {
+    return Status::FromErrno(errno, "fsync of swap folder " + options_.paths[0])
+        .WithPath(options_.paths[0]);
+  }
   return Status::OK();
+}
+
+Result<Manifest> SwapStore::ResolvePrepared(Manifest committed) {
+  const int dir0 = paths_[0]->dir_fd;
+  const std::string tmp = manifest_path_ + ".tmp";
+  std::optional<Manifest> prepared;
+  struct stat st {};
+  if (fstatat(dir0, kManifestTmpName, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+    // Anything short of a complete manifest of a later step with the same geometry is a
+    // commit cut short before its manifest was durable: not a prepared one.
+    auto bytes = ReadWholeFile(dir0, kManifestTmpName, tmp);
+    if (bytes.ok()) {
+      auto m = swap_internal::DecodeManifest(*bytes, tmp);
+      if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
+          m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
+          m->capacity_bytes == committed.capacity_bytes) {
+        prepared = std::move(*m);
+      }
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      const bool roll_forward,
+      options_.resolve_prepared(committed.step,
+                                prepared ? prepared->step : std::optional<uint64_t>()));
+  if (!roll_forward) return committed;
+  if (!prepared) {
+    return Status::InvalidArgument("swap store in " + options_.paths[0] +
+                                   ": asked to roll forward a prepared commit, but there is none");
+  }
+  STRATA_RETURN_IF_ERROR(RenameManifestTemp().Annotate(
+      "rolling the prepared commit of step " + std::to_string(*prepared->step) + " forward"));
+  return std::move(*prepared);
 }
 
 Status SwapStore::Commit(uint64_t step) {
   std::lock_guard<std::mutex> io_lock(io_mu_);
+  STRATA_RETURN_IF_ERROR(PrepareLocked(step, /*sync_folder=*/false));
+  return FinishLocked();
+}
+
+Status SwapStore::PrepareCommit(uint64_t step) {
+  std::lock_guard<std::mutex> io_lock(io_mu_);
+  STRATA_RETURN_IF_ERROR(PrepareLocked(step, /*sync_folder=*/true));
+  Hook("prepared");
+  return Status::OK();
+}
+
+Status SwapStore::FinishCommit() {
+  std::lock_guard<std::mutex> io_lock(io_mu_);
+  return FinishLocked();
+}
+
+Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (prepared_step_) {
+      return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
+                                     " while step " + std::to_string(*prepared_step_) +
+                                     " is prepared; finish it first");
+    }
     if (committed_step_ && step <= *committed_step_) {
       return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
                                      " after step " + std::to_string(*committed_step_) +
@@ -964,11 +1040,40 @@ Status SwapStore::Commit(uint64_t step) {
           ManifestEntry{key, v->offset, v->length, v->checksum, v == e.pending ? step : v->step});
     }
   }
-  Status s = WriteManifest(m);
+  Status s = WriteManifestTemp(m, sync_folder);
   if (!s.ok()) return s.Annotate("commit of step " + std::to_string(step));
+  std::lock_guard<std::mutex> lock(mu_);
+  prepared_step_ = step;
+  prepared_seq_ = seq_;
+  return Status::OK();
+}
+
+Status SwapStore::FinishLocked() {
+  uint64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!prepared_step_) {
+      return Status::InvalidArgument("swap store: FinishCommit without PrepareCommit");
+    }
+    if (seq_ != prepared_seq_) {
+      return Status::InvalidArgument(
+          "swap store: the extents changed between PrepareCommit and "
+          "FinishCommit of step " +
+          std::to_string(*prepared_step_));
+    }
+    step = *prepared_step_;
+  }
+  Hook("commit_finishing");
+  Status s = RenameManifestTemp();
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    prepared_step_.reset();
+    return s.Annotate("commit of step " + std::to_string(step));
+  }
 
   // The new manifest is durable: the versions it no longer names may be reused.
   std::lock_guard<std::mutex> lock(mu_);
+  prepared_step_.reset();
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
     if (e.deleted) {

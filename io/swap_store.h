@@ -116,9 +116,20 @@ struct SwapStoreOptions {
   bool create = true;
   // Backend made by Open when it is not handed one.
   IoBackendOptions backend;
+  // Set by a caller whose commits must agree with other stores' (the ranks of one run; see
+  // PrepareCommit). At Open, when folder 0 holds a complete prepared manifest for the step
+  // after the committed one (a two-phase commit cut short between its phases), this is
+  // asked what to do: true rolls the prepared commit forward (it becomes the committed
+  // state), false discards it. Called once at every Open of an existing store, with
+  // `prepared` empty when there is none, so every rank takes part in the decision. An error
+  // fails the Open. Empty: a prepared manifest is always discarded.
+  std::function<Result<bool>(std::optional<uint64_t> committed, std::optional<uint64_t> prepared)>
+      resolve_prepared;
   // Test hook, called at named points: "write_submitted" (data of a write queued),
   // "commit_begin", "data_synced", "manifest_temp_written", "manifest_renamed",
-  // "committed". Crash tests kill the process from it. Empty = none.
+  // "committed" (and "prepared" after PrepareCommit, "commit_finishing" before the rename of
+  // FinishCommit). Crash tests kill the process from it; the engine sets it from the
+  // environment variable STRATA_TEST_KILL_AT (see engine/host_tier.cc). Empty = none.
   std::function<void(std::string_view point)> test_hook;
 };
 
@@ -220,8 +231,22 @@ class SwapStore {
   // Makes every completed write and delete durable as step `step` (see the top comment).
   // Waits for the I/O in flight first (their completions stay for Poll). InvalidArgument
   // when `step` is not greater than the last committed step. On failure the last committed
-  // state on disk is unchanged and the pending writes stay pending (Commit may be retried).
+  // state on disk is unchanged and the pending writes stay pending. Do not retry after a
+  // failed data sync: Linux may drop the dirty pages of a failed fdatasync and report
+  // success on the next one, so the retried commit could name bytes that never reached the
+  // disk. Treat a failed Commit as the end of the run (the engine does) and resume from the
+  // last commit.
   Status Commit(uint64_t step);
+  // Commit in two phases, for stores that must commit together (one per rank): Prepare
+  // does everything up to a complete, durable manifest of `step` beside the committed one
+  // (data synced, the manifest written under a temporary name and synced with its folder);
+  // FinishCommit makes it the committed state (rename, folder sync). A caller commits
+  // everywhere with Prepare on every store, a barrier, then Finish on every store: after
+  // a crash, each store holds step k committed, or k-1 committed with k prepared, for one
+  // k, and SwapStoreOptions::resolve_prepared lets every store roll forward to k. Nothing
+  // may be written between the two phases.
+  Status PrepareCommit(uint64_t step);
+  Status FinishCommit();
 
   // --- metadata ---
   std::optional<ExtentInfo> Lookup(std::string_view key) const;
@@ -267,6 +292,16 @@ class SwapStore {
   Status ProcessCompletions(size_t min_complete);
   void FinishOp(std::unique_ptr<Op> op);
   Status WriteManifest(const swap_internal::Manifest& manifest);
+  // The two halves of WriteManifest: the temporary file written and synced (and its
+  // folder, with `sync_folder`), then renamed over the manifest and the folder synced.
+  Status WriteManifestTemp(const swap_internal::Manifest& manifest, bool sync_folder);
+  Status RenameManifestTemp();
+  // At Open: a complete prepared manifest (kManifestTmpName) for the step after the
+  // committed one, offered to options_.resolve_prepared; returns the manifest to use.
+  Result<swap_internal::Manifest> ResolvePrepared(swap_internal::Manifest committed);
+  // Commit's phases (io_mu_ held).
+  Status PrepareLocked(uint64_t step, bool sync_folder);
+  Status FinishLocked();
 
   const SwapStoreOptions options_;
   uint64_t stripe_ = 0;
@@ -292,6 +327,8 @@ class SwapStore {
   uint64_t committed_bytes_ = 0;
   uint64_t seq_ = 0;  // orders writes and deletes of one key
   std::optional<uint64_t> committed_step_;
+  std::optional<uint64_t> prepared_step_;  // between PrepareCommit and FinishCommit
+  uint64_t prepared_seq_ = 0;              // seq_ at PrepareCommit: nothing may change after
   uint64_t bytes_read_ = 0, bytes_written_ = 0, reads_ = 0, writes_ = 0, commits_ = 0;
 };
 
