@@ -2,16 +2,39 @@
 
 #include <sys/resource.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
 #include <unordered_map>
 
+#include "engine/rank_commit.h"
 #include "strata/log.h"
 
 namespace strata::engine_internal {
 namespace {
 
 using S = ResidencyState;
+
+// Crash tests of whole runs: STRATA_TEST_KILL_AT=POINT:N kills the process (SIGKILL) the
+// N-th time its store reaches POINT (a SwapStoreOptions::test_hook point, e.g.
+// "commit_finishing:5"). Unset or malformed: no hook.
+std::function<void(std::string_view)> KillHookFromEnvironment() {
+  const char* spec = std::getenv("STRATA_TEST_KILL_AT");
+  if (spec == nullptr) return nullptr;
+  const std::string text = spec;
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return nullptr;
+  const std::string point = text.substr(0, colon);
+  const long n = std::strtol(text.c_str() + colon + 1, nullptr, 10);
+  if (n < 1) return nullptr;
+  auto seen = std::make_shared<long>(0);
+  return [point, n, seen](std::string_view at) {
+    if (at == point && ++*seen == n) ::raise(SIGKILL);
+  };
+}
 
 // Plain 4 KiB-aligned memory for between-step utilities (WriteParams, ReadComponent):
 // not part of the pinned budget, which covers the steady state of a step.
@@ -132,7 +155,20 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
     sopt.max_capacity_bytes = sopt.capacity_bytes;  // a manifest may not ask for more
     sopt.capacity_bytes = 0;                        // keep the stored size
   }
+  // With ranks the stores commit together (rank_commit.h): the ranks agree on the step to
+  // resume, rolling a prepared commit forward where a peer finished it.
+  const bool agree = opt.resume && ctx_.ws > 1;
+  bool agreed = false;
+  if (agree) {
+    sopt.resolve_prepared = [this, &agreed](std::optional<uint64_t> committed,
+                                            std::optional<uint64_t> prepared) {
+      agreed = true;
+      return AgreeOnResumedCommit(ctx_, committed, prepared);
+    };
+  }
+  sopt.test_hook = KillHookFromEnvironment();
   auto store = SwapStore::Open(sopt, std::move(backend));
+  if (!store.ok() && agree && !agreed) ReportFailedResume(ctx_);
   if (!store.ok()) {
     Status s = store.status();
     if (opt.resume && s.code() == StatusCode::kNotFound) {
@@ -407,7 +443,7 @@ Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
 Status HostTier::CommitLocked(uint64_t step) {
   if (!store_) return Status::OK();
   ctx_.mu.Unlock();
-  Status s = store_->Commit(step);
+  Status s = ctx_.ws > 1 ? CommitWithRanks(ctx_, *store_, step) : store_->Commit(step);
   ctx_.mu.Lock();
   return s;
 }

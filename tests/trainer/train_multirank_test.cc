@@ -22,6 +22,7 @@
 
 #include "tests/temp_dir.h"
 #include "tests/tools/cli_run.h"
+#include "tests/trainer/rank_spawn.h"
 
 namespace {
 
@@ -32,7 +33,9 @@ const std::vector<std::string> kModel = {"--layers", "2",         "--d-model", "
                                          "2",        "--seq-len", "16",        "--batch", "4",
                                          "--steps",  "20",        "--lr",      "3e-3"};
 
+using strata::testing::ReadFile;
 using strata::testing::ShellQuote;
+using strata::testing::SpawnRank;
 
 class TrainMultirankTest : public ::testing::Test {
  protected:
@@ -146,43 +149,6 @@ TEST_F(TrainMultirankTest, BatchThatDoesNotSplitIsRefused) {
                         &out);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("--batch 4 does not split over 3 ranks"), std::string::npos) << out;
-}
-
-// Starts rank `rank` of `world` directly (not through launch, which would stop the others
-// itself); stdout to a pipe (*out_fd), stderr to `err`.
-pid_t SpawnRank(int rank, int world, const std::string& rdv, const std::vector<std::string>& args,
-                int* out_fd, const std::string& err) {
-  int p[2];
-  EXPECT_EQ(0, pipe(p));
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-    setenv("STRATA_RENDEZVOUS", ("file:" + rdv).c_str(), 1);
-    dup2(p[1], 1);
-    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(e, 2);
-    close(p[0]);
-    close(p[1]);
-    std::vector<std::string> a = args;
-    std::vector<char*> argv = {const_cast<char*>(STRATA_CLI_PATH)};
-    for (auto& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(STRATA_CLI_PATH, argv.data());
-    _exit(127);
-  }
-  close(p[1]);
-  *out_fd = p[0];
-  return pid;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 TEST_F(TrainMultirankTest, KilledRankIsNamedAndResumeReproducesTheLosses) {
