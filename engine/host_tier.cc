@@ -2,7 +2,6 @@
 
 #include <sys/resource.h>
 
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -10,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "engine/fault_env.h"
 #include "engine/rank_commit.h"
 #include "strata/log.h"
 
@@ -17,24 +17,6 @@ namespace strata::engine_internal {
 namespace {
 
 using S = ResidencyState;
-
-// Crash tests of whole runs: STRATA_TEST_KILL_AT=POINT:N kills the process (SIGKILL) the
-// N-th time its store reaches POINT (a SwapStoreOptions::test_hook point, e.g.
-// "commit_finishing:5"). Unset or malformed: no hook.
-std::function<void(std::string_view)> KillHookFromEnvironment() {
-  const char* spec = std::getenv("STRATA_TEST_KILL_AT");
-  if (spec == nullptr) return nullptr;
-  const std::string text = spec;
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos) return nullptr;
-  const std::string point = text.substr(0, colon);
-  const long n = std::strtol(text.c_str() + colon + 1, nullptr, 10);
-  if (n < 1) return nullptr;
-  auto seen = std::make_shared<long>(0);
-  return [point, n, seen](std::string_view at) {
-    if (at == point && ++*seen == n) ::raise(SIGKILL);
-  };
-}
 
 // Plain 4 KiB-aligned memory for between-step utilities (WriteParams, ReadComponent):
 // not part of the pinned budget, which covers the steady state of a step.
@@ -145,8 +127,10 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   sopt.create = !opt.resume;
   sopt.backend = opt.io;
   std::unique_ptr<IoBackend> backend;
-  if (opt.io_backend_factory) {  // else the store makes CreateIoBackend(opt.io)
-    STRATA_ASSIGN_OR_RETURN(backend, opt.io_backend_factory(opt.io));
+  STRATA_ASSIGN_OR_RETURN(const IoBackendFactory factory,
+                          FaultsFromEnvironment(opt.io_backend_factory));
+  if (factory) {  // else the store makes CreateIoBackend(opt.io)
+    STRATA_ASSIGN_OR_RETURN(backend, factory(opt.io));
     if (!backend) {
       return Status::InvalidArgument("EngineOptions::io_backend_factory returned no backend");
     }

@@ -57,6 +57,15 @@ Status FaultInjectionBackend::Allocate(int file, uint64_t bytes) {
   return inner_->Allocate(file, bytes);
 }
 
+Status FaultInjectionBackend::Sync(int file) {
+  ++syncs_seen_;
+  if (syncs_seen_ == options_.sync_eio_at || Draw(options_.sync_eio)) {
+    ++counters_.sync_failures;
+    return Status::FromErrno(EIO, "injected fault: fdatasync");
+  }
+  return inner_->Sync(file);
+}
+
 Status FaultInjectionBackend::Submit(std::span<const IoRequest> requests) {
   // Refuse a bad batch before drawing any fault, as every backend refuses it whole.
   for (const IoRequest& r : requests) STRATA_RETURN_IF_ERROR(inner_->CheckRequest(r));
@@ -66,9 +75,13 @@ Status FaultInjectionBackend::Submit(std::span<const IoRequest> requests) {
   std::vector<uint64_t> added;
   std::vector<IoRequest> forward;
   size_t accepted = 0;
+  const uint64_t saved_reads = reads_seen_, saved_writes = writes_seen_;
   for (const IoRequest& r : requests) {
     ++accepted;
-    if (Draw(options_.eio)) {
+    const bool read = r.op == IoOp::kRead;
+    const uint64_t nth = read ? ++reads_seen_ : ++writes_seen_;
+    const bool eio_at = nth == (read ? options_.eio_read_at : options_.eio_write_at);
+    if (eio_at || Draw(options_.eio)) {
       ++counters_.eio;
       ready_.push_back(IoCompletion{
           r.user_data, Status::FromErrno(EIO, std::string("injected fault: ") +
@@ -77,7 +90,7 @@ Status FaultInjectionBackend::Submit(std::span<const IoRequest> requests) {
                            .WithOffset(r.offset)});
       continue;
     }
-    if (r.op == IoOp::kWrite && Draw(options_.enospc)) {
+    if (r.op == IoOp::kWrite && (nth == options_.enospc_write_at || Draw(options_.enospc))) {
       ++counters_.enospc;
       ready_.push_back(IoCompletion{
           r.user_data,
@@ -89,13 +102,15 @@ Status FaultInjectionBackend::Submit(std::span<const IoRequest> requests) {
     p.outer = r;
     if (r.length > 0) {
       const uint64_t gran = inner_->IsDirect(r.file) ? kIoAlignment : 1;
-      if (r.length >= 2 * gran && Draw(options_.short_transfer)) {
+      const bool short_at = !read && nth == options_.short_write_at;
+      if (r.length >= 2 * gran && (short_at || Draw(options_.short_transfer))) {
         const uint64_t units = r.length / gran;
         p.split = gran * std::uniform_int_distribution<uint64_t>(1, units - 1)(rng_);
         ++counters_.short_transfers;
       }
-      if (r.op == IoOp::kRead && Draw(options_.flip_read)) p.flip_read = true;
-      if (r.op == IoOp::kWrite && r.buffer != nullptr && Draw(options_.flip_write)) {
+      if (read && (nth == options_.flip_read_at || Draw(options_.flip_read))) p.flip_read = true;
+      if (!read && r.buffer != nullptr &&
+          (nth == options_.flip_write_at || Draw(options_.flip_write))) {
         p.storage.resize(r.length + kIoAlignment);
         const auto base = reinterpret_cast<uintptr_t>(p.storage.data());
         p.copy = p.storage.data() + ((kIoAlignment - base % kIoAlignment) % kIoAlignment);
@@ -128,6 +143,8 @@ Status FaultInjectionBackend::Submit(std::span<const IoRequest> requests) {
     ready_.resize(saved_ready);
     retry_.resize(saved_retry);
     counters_ = saved_counters;
+    reads_seen_ = saved_reads;
+    writes_seen_ = saved_writes;
     return s;
   }
   in_flight_ += accepted;

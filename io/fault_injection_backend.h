@@ -35,7 +35,8 @@ class FaultInjectionBackend final : public IoBackend {
   bool IsDirect(int file) const override { return inner_->IsDirect(file); }
   // Injects ENOSPC with probability `enospc`, else forwards.
   Status Allocate(int file, uint64_t bytes) override;
-  Status Sync(int file) override { return inner_->Sync(file); }
+  // Injects EIO with probability `sync_eio` (and at the sync_eio_at-th call), else forwards.
+  Status Sync(int file) override;
   Status RegisterBuffers(std::span<const BufferRegion> regions) override {
     return inner_->RegisterBuffers(regions);
   }
@@ -69,6 +70,7 @@ class FaultInjectionBackend final : public IoBackend {
   std::string name_;
   std::mt19937_64 rng_;
   FaultCounters counters_;
+  uint64_t reads_seen_ = 0, writes_seen_ = 0, syncs_seen_ = 0;  // for the *_at faults
 
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Pending> pending_;  // by inner user_data

@@ -4,7 +4,9 @@
 //
 // Each request draws, from a seeded std::mt19937_64, whether it suffers one of: EIO, ENOSPC
 // (writes), a short transfer, -EAGAIN, a delay, or a flipped bit in the data read or
-// written. The wrapper behaves as a correct backend must in front of such a kernel:
+// written; each Sync whether it fails with EIO. The `*_at` options put one fault on the
+// N-th request of a kind instead. The wrapper behaves as a correct backend must in front of such a
+// kernel:
 //  - EIO / ENOSPC: the request never reaches the inner backend; its completion is an
 //    IOError / NoSpace status (errno, path unknown to the wrapper, offset).
 //  - short transfer: only a prefix is sent to the inner backend; when it completes the
@@ -47,6 +49,16 @@ struct FaultInjectionOptions {
   uint32_t delay_us = 200;
   double flip_read = 0.0;   // per read of one flipped bit in the returned data
   double flip_write = 0.0;  // per write of one flipped bit in the data written
+  double sync_eio = 0.0;    // per Sync (fdatasync) of an EIO failure (the data not synced)
+  // Deterministic faults, for tests that put one fault at one point of a run: the N-th
+  // request of its kind (counted from 1 over the backend's life) suffers it; 0 = off.
+  uint64_t eio_read_at = 0;      // the N-th read completes with EIO
+  uint64_t eio_write_at = 0;     // the N-th write completes with EIO
+  uint64_t enospc_write_at = 0;  // the N-th write completes with ENOSPC
+  uint64_t short_write_at = 0;   // the N-th write is split in two (invisible to a correct user)
+  uint64_t flip_read_at = 0;     // the N-th read returns one flipped bit
+  uint64_t flip_write_at = 0;    // the N-th write puts one flipped bit on the disk
+  uint64_t sync_eio_at = 0;      // the N-th Sync fails with EIO
 };
 
 // How many faults of each kind a fault-injecting backend has injected.
@@ -58,8 +70,10 @@ struct FaultCounters {
   uint64_t delays = 0;
   uint64_t flipped_reads = 0;
   uint64_t flipped_writes = 0;
+  uint64_t sync_failures = 0;
   uint64_t total() const {
-    return eio + enospc + short_transfers + eagain + delays + flipped_reads + flipped_writes;
+    return eio + enospc + short_transfers + eagain + delays + flipped_reads + flipped_writes +
+           sync_failures;
   }
 };
 
