@@ -170,6 +170,10 @@ Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
     HostObj& h = objs_[o];
     if (!h.needs_write) continue;
     auto info = store_->Lookup(ctx_.Key(o));
+    const Component c = ObjComponent(o);
+    if (!info && ctx_.resumed_step == 0 && (c == Component::kExpAvg || c == Component::kExpAvgSq)) {
+      continue;  // the initial commit: moments never updated are zeros, never written
+    }
     if (!info || info->length != h.bytes) {
       return Status::Corruption("resume: the committed state in " + ctx_.opt.nvme_paths[0] +
                                 " has no " + ctx_.ObjName(o) + " of " + std::to_string(h.bytes) +

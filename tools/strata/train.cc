@@ -546,7 +546,9 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
     STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, eo, ri));
   }
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
-  if (engine->ResumedStep() == 0) {
+  // A resumed store holds its weights, even at step 0 (the initial commit of a run that
+  // failed before its first step completed).
+  if (a.resume.empty()) {
     *what = init ? "--init " + a.init : "initialising weights";
     StartupPhase init_phase(init
                                 ? "reading the weights of --init " + a.init
