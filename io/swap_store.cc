@@ -38,6 +38,7 @@
 #include <cstring>
 
 #include "io/manifest.h"
+#include "io/swap_folders.h"
 #include "strata/bytes.h"
 #include "strata/log.h"
 
@@ -51,9 +52,6 @@ namespace {
 
 constexpr uint64_t kBlock = kIoAlignment;
 constexpr uint64_t kDefaultStripe = 1 << 20;
-constexpr const char* kManifestName = "strata.manifest";
-constexpr const char* kManifestTmpName = "strata.manifest.tmp";
-constexpr const char* kLockName = "strata.lock";
 
 std::string Hex(uint64_t v) {
   char buf[24];
@@ -61,51 +59,10 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  if (!dir.empty() && dir.back() == '/') return dir + name;
-  return dir + "/" + name;
-}
-
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
 using AlignedBlock = std::unique_ptr<char, AlignedFree>;
-
-// Reads `name` in the folder `dir_fd` (shown as `path`), refusing a link or non-regular file.
-Result<std::string> ReadWholeFile(int dir_fd, const char* name, const std::string& path) {
-  int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ELOOP) {
-      return Status::InvalidArgument("refusing " + path +
-                                     ": it is a symbolic link; the store opens only its own "
-                                     "regular files. Remove it")
-          .WithPath(path);
-    }
-    return Status::FromErrno(err, "opening " + path).WithPath(path);
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return Status::InvalidArgument("refusing " + path + ": it is not a regular file; remove it")
-        .WithPath(path);
-  }
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      close(fd);
-      return Status::FromErrno(err, "reading " + path).WithPath(path);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return out;
-}
 
 Status ValidateBuffer(std::string_view key, const void* buffer, uint64_t length) {
   if (key.empty()) return Status::InvalidArgument("swap store: empty extent key");
@@ -162,9 +119,8 @@ struct SwapStore::Op {
 struct SwapStore::PathState {
   std::string folder;
   std::string file;       // folder + "/" + file_name, for messages
-  std::string file_name;  // opened relative to dir_fd
-  int dir_fd = -1;        // the folder, opened once: every file is opened relative to it
-  int lock_fd = -1;       // the folder's lock file, flock'ed for the store's life
+  std::string file_name;  // opened relative to the folder's descriptor (SwapFolders)
+  int dir_fd = -1;        // folders_->dir_fd(i), owned by folders_
   int handle = -1;
   bool direct = false;
   uint64_t bytes_read = 0;  // guarded by mu_
@@ -184,124 +140,30 @@ void SwapStore::Hook(std::string_view point) const {
   if (options_.test_hook) options_.test_hook(point);
 }
 
-Status SwapStore::CheckFolders(bool manifest_exists) {
-  (void)manifest_exists;
-  for (const std::string& p : options_.paths) {
-    struct stat st {};
-    if (stat(p.c_str(), &st) != 0) {
-      int err = errno;
-      if (err == ENOENT) {
-        return Status::NotFound("swap folder " + p + " does not exist; create it (mkdir -p " + p +
-                                ") or give another swap path")
-            .WithPath(p)
-            .WithErrno(err);
-      }
-      return Status::FromErrno(err, "swap folder " + p).WithPath(p);
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      return Status::InvalidArgument("swap path " + p +
-                                     " is not a folder; give a folder on the drive to use")
-          .WithPath(p);
-    }
-    struct statvfs vfs {};
-    bool ro = statvfs(p.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY);
-    if (ro || access(p.c_str(), W_OK | X_OK) != 0) {
-      int err = ro ? EROFS : errno;
-      return Status::InvalidArgument("swap folder " + p + " is not writable (" +
-                                     std::strerror(err) +
-                                     "); give a folder on a writable drive or fix its "
-                                     "permissions")
-          .WithPath(p)
-          .WithErrno(err);
-    }
-  }
-  return Status::OK();
-}
-
-// Opens each folder once (every file of the store is then opened relative to it, so a
-// folder renamed or replaced later is not followed), refuses a folder given twice, and locks
-// every folder: two stores sharing any folder would overwrite each other's files. The lock
-// file holds the pid of its holder, for the message a second process gets.
-Status SwapStore::OpenFolders() {
-  const size_t n = options_.paths.size();
-  std::map<std::pair<dev_t, ino_t>, std::string> seen;
-  for (size_t i = 0; i < n; ++i) {
-    auto ps = std::make_unique<PathState>();
-    ps->folder = options_.paths[i];
-    ps->file_name = "strata.swap." + std::to_string(i) + "-of-" + std::to_string(n);
-    ps->file = JoinPath(ps->folder, ps->file_name);
-    PathState& p = *ps;
-    paths_.push_back(std::move(ps));
-    p.dir_fd = open(p.folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (p.dir_fd < 0) return Status::FromErrno(errno, "opening swap folder " + p.folder);
-    struct stat st {};
-    if (fstat(p.dir_fd, &st) != 0) return Status::FromErrno(errno, "swap folder " + p.folder);
-    auto [it, fresh] = seen.emplace(std::make_pair(st.st_dev, st.st_ino), p.folder);
-    if (!fresh) {
-      return Status::InvalidArgument("swap folders " + it->second + " and " + p.folder +
-                                     " are the same folder; give each --nvme folder once")
-          .WithPath(p.folder);
-    }
-    const std::string lock_path = JoinPath(p.folder, kLockName);
-    p.lock_fd =
-        openat(p.dir_fd, kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
-    if (p.lock_fd < 0) {
-      int err = errno;
-      if (err == ELOOP) {
-        return Status::InvalidArgument("refusing lock file " + lock_path +
-                                       ": it is a symbolic link; remove it")
-            .WithPath(lock_path);
-      }
-      return Status::FromErrno(err, "creating lock file " + lock_path).WithPath(lock_path);
-    }
-    struct stat lst {};
-    if (fstat(p.lock_fd, &lst) != 0 || !S_ISREG(lst.st_mode)) {
-      return Status::InvalidArgument("refusing lock file " + lock_path +
-                                     ": it is not a regular file; remove it")
-          .WithPath(lock_path);
-    }
-    if (flock(p.lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      int err = errno;
-      char buf[64] = {};
-      const ssize_t got = pread(p.lock_fd, buf, sizeof(buf) - 1, 0);
-      std::string holder = got > 0 ? std::string(buf, static_cast<size_t>(got)) : "";
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-      return Status::IOError("swap folder " + p.folder + " is in use by another process" +
-                             (holder.empty() ? "" : " (" + holder + ")") + " holding " + lock_path +
-                             "; stop it or use another folder")
-          .WithPath(lock_path)
-          .WithErrno(err);
-    }
-    const std::string me = "pid " + std::to_string(getpid()) + "\n";
-    if (ftruncate(p.lock_fd, 0) != 0 ||
-        pwrite(p.lock_fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
-      LogWarning("could not record the pid in lock file " + lock_path);
-    }
-  }
-  return Status::OK();
-}
-
 Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   const size_t n = options_.paths.size();
-  if (n == 0) return Status::InvalidArgument("swap store: no swap folder given");
   if (options_.stripe_bytes % kBlock != 0) {
     return Status::InvalidArgument("swap store: stripe size " +
                                    std::to_string(options_.stripe_bytes) +
                                    " is not a multiple of 4096 bytes");
   }
   const std::string& folder0 = options_.paths[0];
-  manifest_path_ = JoinPath(folder0, kManifestName);
-  STRATA_RETURN_IF_ERROR(CheckFolders(false));
-
-  STRATA_RETURN_IF_ERROR(OpenFolders());
-  const int dir0 = paths_[0]->dir_fd;
+  STRATA_ASSIGN_OR_RETURN(folders_, swap_internal::SwapFolders::Open(options_.paths));
+  manifest_path_ = folders_->manifest_path();
+  for (size_t i = 0; i < n; ++i) {
+    auto ps = std::make_unique<PathState>();
+    ps->folder = options_.paths[i];
+    ps->file_name = "strata.swap." + std::to_string(i) + "-of-" + std::to_string(n);
+    ps->file = swap_internal::JoinPath(ps->folder, ps->file_name);
+    ps->dir_fd = folders_->dir_fd(i);
+    paths_.push_back(std::move(ps));
+  }
 
   // The manifest, when there is one, fixes the geometry.
   std::optional<Manifest> manifest;
-  struct stat mst {};
-  if (fstatat(dir0, kManifestName, &mst, AT_SYMLINK_NOFOLLOW) == 0) {
-    STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(dir0, kManifestName, manifest_path_));
-    STRATA_ASSIGN_OR_RETURN(Manifest m, swap_internal::DecodeManifest(bytes, manifest_path_));
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> bytes, folders_->ReadManifest());
+  if (bytes) {
+    STRATA_ASSIGN_OR_RETURN(Manifest m, swap_internal::DecodeManifest(*bytes, manifest_path_));
     manifest = std::move(m);
   } else if (!options_.create) {
     return Status::NotFound("no swap store in " + folder0 + " (no " + manifest_path_ +
@@ -311,7 +173,7 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   if (manifest && options_.resolve_prepared) {
     STRATA_ASSIGN_OR_RETURN(manifest, ResolvePrepared(std::move(*manifest)));
   }
-  (void)unlinkat(dir0, kManifestTmpName, 0);  // a Commit cut short: discarded
+  folders_->RemoveTemporary();  // a Commit cut short: discarded
 
   if (manifest) {
     if (manifest->num_paths != n) {
@@ -520,10 +382,7 @@ SwapStore::~SwapStore() {
     // operations' bounce blocks go away with ops_.
     backend_.reset();
   }
-  for (auto& ps : paths_) {
-    if (ps->lock_fd >= 0) close(ps->lock_fd);
-    if (ps->dir_fd >= 0) close(ps->dir_fd);
-  }
+  folders_.reset();  // the folders' descriptors and locks, after every file is closed
 }
 
 void SwapStore::MapRange(uint64_t offset, uint64_t length, std::vector<Chunk>* out) const {
@@ -902,73 +761,28 @@ Status SwapStore::WriteManifest(const Manifest& manifest) {
 }
 
 Status SwapStore::WriteManifestTemp(const Manifest& manifest, bool sync_folder) {
-  const std::string bytes = swap_internal::EncodeManifest(manifest);
-  const int dir0 = paths_[0]->dir_fd;
-  const std::string tmp = manifest_path_ + ".tmp";
-  auto fail = [&](int err, const std::string& what, const std::string& path) {
-    (void)unlinkat(dir0, kManifestTmpName, 0);
-    return Status::FromErrno(err, what + " " + path).WithPath(path);
-  };
-  (void)unlinkat(dir0, kManifestTmpName, 0);
-  int fd =
-      openat(dir0, kManifestTmpName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return fail(errno, "creating swap manifest", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t w = write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      int err = errno;
-      close(fd);
-      return fail(err, "writing swap manifest", tmp);
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (fsync(fd) != 0) {
-    int err = errno;
-    close(fd);
-    return fail(err, "fsync of swap manifest", tmp);
-  }
-  close(fd);
-  // A prepared manifest must survive a power cut too: its name reaches the disk now.
-  if (sync_folder && fsync(dir0) != 0)
-    return fail(errno, "fsync of swap folder", options_.paths[0]);
+  STRATA_RETURN_IF_ERROR(
+      folders_->WriteTemporary(swap_internal::EncodeManifest(manifest), sync_folder));
   Hook("manifest_temp_written");
   return Status::OK();
 }
 
 Status SwapStore::RenameManifestTemp() {
-  const int dir0 = paths_[0]->dir_fd;
-  if (renameat(dir0, kManifestTmpName, dir0, kManifestName) != 0) {
-    const int err = errno;
-    (void)unlinkat(dir0, kManifestTmpName, 0);
-    return Status::FromErrno(err, "renaming swap manifest over " + manifest_path_)
-        .WithPath(manifest_path_);
-  }
+  STRATA_RETURN_IF_ERROR(folders_->RenameTemporary());
   Hook("manifest_renamed");
-  if (fsync(dir0) != 0) {
-    return Status::FromErrno(errno, "fsync of swap folder " + options_.paths[0])
-        .WithPath(options_.paths[0]);
-  }
   return Status::OK();
 }
 
 Result<Manifest> SwapStore::ResolvePrepared(Manifest committed) {
-  const int dir0 = paths_[0]->dir_fd;
-  const std::string tmp = manifest_path_ + ".tmp";
   std::optional<Manifest> prepared;
-  struct stat st {};
-  if (fstatat(dir0, kManifestTmpName, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
-    // Anything short of a complete manifest of a later step with the same geometry is a
-    // commit cut short before its manifest was durable: not a prepared one.
-    auto bytes = ReadWholeFile(dir0, kManifestTmpName, tmp);
-    if (bytes.ok()) {
-      auto m = swap_internal::DecodeManifest(*bytes, tmp);
-      if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
-          m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
-          m->capacity_bytes == committed.capacity_bytes) {
-        prepared = std::move(*m);
-      }
+  // Anything short of a complete manifest of a later step with the same geometry is a
+  // commit cut short before its manifest was durable: not a prepared one.
+  if (std::optional<std::string> bytes = folders_->ReadTemporary()) {
+    auto m = swap_internal::DecodeManifest(*bytes, manifest_path_ + ".tmp");
+    if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
+        m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
+        m->capacity_bytes == committed.capacity_bytes) {
+      prepared = std::move(*m);
     }
   }
   STRATA_ASSIGN_OR_RETURN(

@@ -95,7 +95,8 @@ namespace strata {
 
 namespace swap_internal {
 struct Manifest;
-}
+class SwapFolders;
+}  // namespace swap_internal
 
 struct SwapStoreOptions {
   // Folders, one per drive; each must exist and be writable. The order is part of the
@@ -270,8 +271,6 @@ class SwapStore {
 
   explicit SwapStore(const SwapStoreOptions& options);
   Status Init(std::unique_ptr<IoBackend> backend);
-  Status CheckFolders(bool manifest_exists);
-  Status OpenFolders();
   void Hook(std::string_view point) const;
 
   // Splits logical [offset, offset + length) into per-file pieces.
@@ -309,7 +308,8 @@ class SwapStore {
   uint64_t file_bytes_ = 0;
   std::string manifest_path_;
 
-  mutable std::mutex io_mu_;  // serialises backend use; taken before mu_
+  std::unique_ptr<swap_internal::SwapFolders> folders_;  // descriptors, locks, manifest files
+  mutable std::mutex io_mu_;                             // serialises backend use; taken before mu_
   std::unique_ptr<IoBackend> backend_;
   std::string backend_name_;
   std::unordered_map<SwapTicket, std::unique_ptr<Op>> ops_;  // in flight
