@@ -50,7 +50,9 @@ class Engine:
             raise Error("resume=True needs nvme=[...]: the committed state lives there")
         self.config.nvme = nvme
         self.config.resume = bool(resume)
-        self.config.durable = bool(resume)
+        # As `strata train`: with NVMe folders every step commits a complete state, so that
+        # Engine(..., resume=True) can continue from the last one.
+        self.config.durable = bool(nvme)
         self.config.optimizer_threads = int(optimizer_threads)
         self.config.trace_path = str(trace or "")
         self._model = None  # the _Offloaded state using this engine
