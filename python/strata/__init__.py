@@ -8,6 +8,8 @@ so one build works with any torch version. Every failure is raised as strata.Err
 from . import _strata
 from ._strata import Error
 
+Error.__module__ = "strata"  # tracebacks say strata.Error
+
 __version__ = _strata.version()
 
 from . import io, optim  # noqa: E402
