@@ -67,11 +67,18 @@ class Engine:
 
     def placement(self):
         """The planner's report (which component lives where, and why), as text."""
-        return self._model.core().placement()
+        return self._state().core().placement()
 
     @property
     def resumed_step(self):
-        return self._model.core().resumed_step()
+        """The last committed step a resumed engine continues from (0 for a fresh run)."""
+        return self._state().core().resumed_step()
+
+    def _state(self):
+        if self._model is None:
+            raise Error("this strata.Engine holds no model yet; call strata.offload(model, "
+                        "blocks=..., engine=...) and create strata.optim.AdamW first")
+        return self._model
 
 
 def offload(model, blocks, engine, micro_batches=1, recompute=True):
@@ -399,6 +406,11 @@ class _BlockForward:
         self.state, self.b, self.forward = state, b, forward
 
     def __call__(self, *args, **kwargs):
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                raise Error(f"block {self.state.block_name(self.b)} got keyword argument "
+                            f"{k!r}, a tensor that requires grad; pass such tensors "
+                            "positionally (keyword tensors get no gradient)")
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         return _BlockFunction.apply(self, args, kwargs, *tensors)
 
