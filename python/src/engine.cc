@@ -11,6 +11,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +42,49 @@ struct EngineConfig {
   bool adamw = true;
   int optimizer_threads = 0;
   std::string trace_path;
+  std::string rendezvous;  // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
 };
+
+// The ranks of a launcher's run (torchrun, strata launch, mpirun, srun), joined through Gloo as
+// `strata train` joins them; nullptr for a single process.
+std::unique_ptr<Communicator> JoinRanks(const EngineConfig& c) {
+  Result<RankInfo> rank = RankInfoFromEnv();
+  if (!rank.ok()) {
+    if (rank.status().code() == StatusCode::kNotFound) return nullptr;  // no launcher
+    ThrowIfError(rank.status());
+  }
+  if (rank->world_size == 1) return nullptr;
+  std::string text = c.rendezvous;
+  if (text.empty()) {
+    const char* env = std::getenv("STRATA_RENDEZVOUS");
+    if (env != nullptr) text = env;
+  }
+  if (text.empty()) {
+    ThrowIfError(Status::InvalidArgument(
+        "this process is rank " + std::to_string(rank->rank) + " of " +
+        std::to_string(rank->world_size) + " (" + rank->source +
+        ") but no rendezvous is given: set STRATA_RENDEZVOUS=file:DIR (a fresh folder every "
+        "rank sees) or pass strata.Engine(rendezvous=...)"));
+  }
+  Result<RendezvousSpec> spec = ParseRendezvous(text);
+  ThrowIfError(spec.status());
+  CommOptions o;
+  o.rank = *rank;
+  o.rendezvous = *spec;
+  o.store_prefix = "strata-python";
+  if (std::getenv("STRATA_COMM_TIMEOUT") != nullptr) {
+    Result<std::chrono::milliseconds> t = CommTimeoutFromEnv();
+    ThrowIfError(t.status());
+    o.timeout = *t;
+  }
+  Result<std::unique_ptr<Communicator>> comm = Status::OK();
+  {
+    py::gil_scoped_release release;
+    comm = CreateGlooCommunicator(o);
+  }
+  ThrowIfError(Status(comm.status()).Annotate("joining the other ranks"));
+  return std::move(*comm);
+}
 
 class PyEngine {
  public:
@@ -62,8 +106,10 @@ class PyEngine {
     Result<std::unique_ptr<Device>> dev = cuda ? CreateCudaDevice(dopt) : CreateHostDevice(dopt);
     ThrowIfError(dev.status());
     device_ = std::move(*dev);
+    comm_ = JoinRanks(c);
     EngineOptions o;
     o.device = device_.get();
+    o.comm = comm_.get();
     o.device_mem_bytes = c.device_mem;
     o.host_mem_bytes = c.host_mem;
     o.nvme_paths = c.nvme;
@@ -88,7 +134,22 @@ class PyEngine {
   }
 
   ~PyEngine() {
-    engine_.reset();  // before the device it uses
+    engine_.reset();  // before the device and the communicator it uses
+    comm_.reset();
+  }
+
+  int Rank() const { return comm_ ? comm_->rank() : 0; }
+  int WorldSize() const { return comm_ ? comm_->world_size() : 1; }
+  // Every rank gets rank 0's `n` floats at `address` (one rank: nothing to do).
+  void BroadcastF32(uintptr_t address, size_t n) {
+    if (!comm_) return;
+    py::gil_scoped_release release;
+    CollectiveOptions co;
+    co.label = "broadcast initial weights";
+    ThrowIfError(
+        comm_->Broadcast(reinterpret_cast<void*>(address), n, CommDataType::kFloat32, 0, co)
+            .Wait()
+            .Annotate("receiving the initial weights from rank 0"));
   }
 
   py::list Layout() const {
@@ -190,6 +251,7 @@ class PyEngine {
   }
 
   std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> comm_;  // nullptr: a single rank
   std::unique_ptr<Engine> engine_;
 };
 
@@ -212,12 +274,16 @@ void BindEngine(py::module_& m) {
       .def_readwrite("grad_clip", &EngineConfig::grad_clip)
       .def_readwrite("adamw", &EngineConfig::adamw)
       .def_readwrite("optimizer_threads", &EngineConfig::optimizer_threads)
-      .def_readwrite("trace_path", &EngineConfig::trace_path);
+      .def_readwrite("trace_path", &EngineConfig::trace_path)
+      .def_readwrite("rendezvous", &EngineConfig::rendezvous);
   m.def("cuda_available", &CudaAvailable);
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::vector<BlockTuple>&, const EngineConfig&>(), py::arg("blocks"),
            py::arg("config"))
       .def("layout", &PyEngine::Layout)
+      .def_property_readonly("rank", &PyEngine::Rank)
+      .def_property_readonly("world_size", &PyEngine::WorldSize)
+      .def("broadcast_f32", &PyEngine::BroadcastF32)
       .def_property_readonly("device_kind", &PyEngine::DeviceKindName)
       .def_property_readonly("dtype", &PyEngine::Dtype)
       .def("placement", &PyEngine::Placement)

@@ -32,7 +32,7 @@ class Engine:
     """Budgets and drives for one offloaded model (see strata.offload)."""
 
     def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
-                 optimizer_threads=0, trace=None):
+                 optimizer_threads=0, trace=None, rendezvous=None):
         if device not in ("cpu", "cuda", "auto"):
             raise Error(f"device={device!r}: expected \"cpu\", \"cuda\" or \"auto\"")
         self.config = _strata.EngineConfig()
@@ -55,6 +55,9 @@ class Engine:
         self.config.durable = bool(nvme)
         self.config.optimizer_threads = int(optimizer_threads)
         self.config.trace_path = str(trace or "")
+        # Under a launcher (torchrun, strata launch, mpirun, srun) the ranks meet here:
+        # "file:DIR" or "redis:HOST:PORT"; None = STRATA_RENDEZVOUS.
+        self.config.rendezvous = str(rendezvous or "")
         self._model = None  # the _Offloaded state using this engine
         self._stats = None
 
@@ -68,6 +71,15 @@ class Engine:
     def placement(self):
         """The planner's report (which component lives where, and why), as text."""
         return self._state().core().placement()
+
+    @property
+    def rank(self):
+        """This process's rank (0 without a launcher); each rank feeds its own rows."""
+        return self._state().core().rank
+
+    @property
+    def world_size(self):
+        return self._state().core().world_size
 
     @property
     def resumed_step(self):
@@ -222,7 +234,8 @@ class _Offloaded:
         if not c.resume:
             for b, (_, ps) in enumerate(self.engine_blocks()):
                 for t, (_, p) in enumerate(ps):
-                    v = p.detach().to("cpu", torch.float32).contiguous()
+                    v = p.detach().to("cpu", torch.float32).contiguous().clone()
+                    self._core.broadcast_f32(v.data_ptr(), v.numel())  # rank 0's values
                     self._core.write_params(b, t, v.data_ptr(), v.numel())
             self._core.commit_params()
         # The engine holds the values now: block parameters keep an empty placeholder.
