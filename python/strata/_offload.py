@@ -7,7 +7,7 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
 
     forward:  rest (copied into the model's own tensors), block 1, ..., block L
     backward: block L, ..., block 1 (each re-acquired and recomputed), rest (its gradient,
-              accumulated by autograd in .grad, submitted at the next forward or opt.step())
+              accumulated by autograd in .grad, submitted when autograd finishes the backward)
 
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
 its backward re-acquires the block, recomputes the forward with the same RNG state, and hands
@@ -362,11 +362,14 @@ class _Offloaded:
 
     def block_backward_end(self, b):
         self._next_bwd = b - 1
-        if b == self.first_block:
+        if b == self.first_block:  # the micro-batch's backward through the blocks is done
             self._next_bwd = None
-            self._rest_pending = True
-            if not self.rest:
-                self._rest_pending = False
+            self._rest_pending = bool(self.rest)
+            if self._rest_pending:
+                # Once autograd has finished this backward (the rest's .grad are final), submit
+                # them, so that their update starts now; the next forward or opt.step() does it
+                # otherwise.
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
     def _finish_backward(self):
         """Submits the rest block's gradient once backward through every block is done."""
