@@ -86,6 +86,27 @@ class Engine:
         """The last committed step a resumed engine continues from (0 for a fresh run)."""
         return self._state().core().resumed_step()
 
+    def close(self):
+        """Ends the engine: frees its memory and releases its NVMe folders (their lock), so a
+        later Engine(..., resume=True) in this process can continue the run. The offloaded
+        model cannot train afterwards. Also at the end of a `with strata.Engine(...)` block."""
+        st = self._model
+        if st is not None and st._core is not None:
+            if st._step_open:
+                raise Error("Engine.close() in the middle of a step; call opt.step() first "
+                            "(a step not committed is lost)")
+            st._core = None
+            st._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._model is not None and self._model._step_open:
+            self._model._core = None  # an exception mid-step: the step is abandoned
+            self._model._closed = True
+        self.close()
+
     def _state(self):
         if self._model is None:
             raise Error("this strata.Engine holds no model yet; call strata.offload(model, "
@@ -132,6 +153,7 @@ class _Offloaded:
                 raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
         self._assign_owners()
         self._core = None
+        self._closed = False
         self._opt = None
         self._step_open = False
         self._micro = 0  # micro-batches begun in this step
@@ -245,6 +267,9 @@ class _Offloaded:
         self._opt = opt
 
     def core(self):
+        if self._closed:
+            raise Error("the strata.Engine of this model was closed; create a new Engine "
+                        "(resume=True continues a run from its NVMe folders)")
         if self._core is None:
             raise Error("the offloaded model has no optimizer yet; create "
                         "strata.optim.AdamW(model.parameters(), ...) before the first forward")

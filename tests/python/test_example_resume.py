@@ -67,3 +67,17 @@ def test_resume_without_a_committed_step_is_a_strata_error(tmp_path):
     (tmp_path / "empty").mkdir()
     r = _run(["--steps", "2", "--nvme", str(tmp_path / "empty"), "--resume"])
     assert r.returncode != 0 and "strata.Error" in r.stderr, r.stderr
+
+
+def test_a_corrupted_store_is_a_strata_error_naming_it(tmp_path):
+    run = tmp_path / "run"
+    r = _run(["--steps", "3", "--nvme", str(run)])
+    assert r.returncode == 0, r.stderr
+    (swap,) = [p for p in run.iterdir() if p.name.startswith("strata.swap")]
+    data = bytearray(swap.read_bytes())
+    for i in range(0, len(data), 4096):  # flip a byte in every page: every extent is hit
+        data[i] ^= 0xFF
+    swap.write_bytes(bytes(data))
+    r = _run(["--steps", "5", "--nvme", str(run), "--resume"])
+    assert r.returncode != 0
+    assert "strata.Error" in r.stderr and "Corruption" in r.stderr, r.stderr

@@ -116,3 +116,26 @@ def test_dropout_is_recomputed_with_the_same_mask():
     for ours, theirs in zip(off, ref):
         for a, b in zip(ours, theirs):
             assert abs(a - b) <= 1e-4 * abs(b), (off, ref)
+
+
+def test_close_releases_the_folders_for_a_resume_in_the_same_process(tmp_path):
+    nvme = [tmp_path / "d0"]
+    nvme[0].mkdir()
+    with strata.Engine(device="cpu", host_mem="400K", nvme=nvme) as eng:
+        model, losses, _ = train_strata(eng)
+    with pytest.raises(strata.Error, match="was closed"):
+        model(*next(batches(1, 1))[0])
+    eng2 = strata.Engine(device="cpu", host_mem="400K", nvme=nvme, resume=True)
+    m2 = GPT()
+    m2 = strata.offload(m2, blocks=list(m2.blocks), engine=eng2, micro_batches=MICRO)
+    strata.optim.AdamW(param_groups(m2, WD), lr=LR, betas=(0.9, 0.95), max_grad_norm=CLIP)
+    assert eng2.resumed_step == STEPS
+    assert _weights(m2, tmp_path / "a.st") == _weights_of_closed(losses, tmp_path)
+    eng2.close()
+
+
+def _weights_of_closed(losses, tmp_path):
+    """The in-memory run's final weights (the same run, so the same bits)."""
+    m, mem, _ = train_strata(strata.Engine(device="cpu"))
+    assert mem == losses
+    return _weights(m, tmp_path / "b.st")
