@@ -14,6 +14,12 @@ its backward re-acquires the block, recomputes the forward with the same RNG sta
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
 as soon as a block's gradient is final. The engine itself is created when strata.optim.AdamW
 binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
+
+device="cuda" (written, not yet run on a GPU): the acquired buffers are wrapped through
+__cuda_array_interface__, Acquire waits on the host for the engine's compute lane, and torch's
+current stream is synchronised before a block is released or its gradient submitted. That is
+correct but serialises torch's stream with the engine's at block edges; adopting torch's stream
+as the engine's compute lane (events instead of host waits) is the next step.
 """
 import json
 import os
@@ -463,6 +469,7 @@ class _BlockFunction(torch.autograd.Function):
         st.block_forward_begin(b)
         ctx.fwd, ctx.args, ctx.kwargs = fwd, args, kwargs
         ctx.rng = torch.get_rng_state()
+        ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
         st.bind(b, backward=False)
         try:
             out = fwd.forward(*args, **kwargs)
@@ -486,8 +493,11 @@ class _BlockFunction(torch.autograd.Function):
         args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
         params = st.bind(b, backward=True)
         try:
-            with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
+            with torch.enable_grad(), torch.random.fork_rng(devices=cuda):
                 torch.set_rng_state(ctx.rng)
+                if ctx.cuda_rng is not None:
+                    torch.cuda.set_rng_state(ctx.cuda_rng)
                 out = fwd.forward(*args, **ctx.kwargs)
             need = [t for t in inputs if t.requires_grad]
             grads = torch.autograd.grad(out, need + params, grad_out, allow_unused=True)
