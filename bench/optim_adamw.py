@@ -69,15 +69,23 @@ def main():
           f"{torch.__version__}, strata {strata.__version__} (kernel "
           f"{strata._strata.cpu_isa()}); Gparam/s per run:")
     runs = {k: [] for k in names}
+    wrong = 0
     for r in range(args.runs):
         order = names[r % len(names):] + names[:r % len(names)]
+        final = {}
         for name in order:
             params = make(n, args.tensors, seed=r)
             sec = timed_steps(makers[name](params), args.warmup, args.steps)
             runs[name].append(n / sec / 1e9)
-            del params
-        print("run %d: " % (r + 1) + "  ".join(f"{k} {runs[k][-1]:.3f}" for k in names),
-              flush=True)
+            final[name] = params
+        # The data check: after the same steps, strata's parameters agree with torch's within
+        # 1e-6 relative (floor: 1e-6 of the tensor's largest value), as tests/python/ asserts.
+        for a, b in zip(final["strata"], final["torch"]):
+            a, b = a.detach(), b.detach()
+            wrong += int(((a - b).abs() > 1e-6 * (b.abs() + b.abs().max())).sum())
+        del final
+        print("run %d: " % (r + 1) + "  ".join(f"{k} {runs[k][-1]:.3f}" for k in names) +
+              f"  #wrong {wrong}", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     print("median: " + "  ".join(f"{k} {med[k]:.3f}" for k in names))
     paired = {k: statistics.median(a / b for a, b in zip(runs["strata"], runs[k]))
@@ -88,8 +96,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"params": n, "threads": args.threads, "runs": runs, "median": med,
-                       "paired_ratio": paired}, f)
-    return 0
+                       "paired_ratio": paired, "wrong": wrong}, f)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

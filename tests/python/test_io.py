@@ -25,7 +25,8 @@ def _pattern(nbytes, seed):
 
 
 @pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("nbytes,offset", [(1, 0), (4095, 7), (4096, 4096), (1 << 20, 0),
+@pytest.mark.parametrize("nbytes,offset", [(0, 0), (1, 0), (17, 15), (1023, 4096), (4095, 7),
+                                           (4096, 4096), (1 << 20, 0), ((1 << 20) + 7, 3),
                                            (3 * (1 << 20) + 123, 4096 * 3 + 1)])
 def test_round_trip_is_byte_exact(tmp_path, backend, nbytes, offset):
     h = strata.io.Handle(block_size="1M", queue_depth=8, backend=backend)
