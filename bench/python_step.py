@@ -4,14 +4,15 @@ plain torch doing the same work: a GPT-2 nn.Module (examples/train_gpt.py's), pe
 recompute (torch.utils.checkpoint) and the same AdamW kernel (strata.optim.AdamW on plain
 parameters) with the same clipping.
 
-    PYTHONPATH=build/release/python /usr/bin/python3 bench/python_step.py --runs 3
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/python_step.py --steps 9
 
 Both sides run the same torch forward, recompute and backward; what the offloaded side adds is
 the Python layer (hooks, views, gradient copies) and the engine on the host device (each
 block's parameters copied to the "device" per acquire, the gradients copied back and
 accumulated, the commit). Its engine is unlimited (no NVMe), so this measures overhead, not
-I/O. Per run each side takes --warmup unmeasured steps and --steps measured ones (median);
-printed: every run, the medians and overhead = (offloaded - plain) / offloaded, paired per run.
+I/O. Both models live at once and their steps alternate (--warmup unmeasured pairs, then
+--steps measured ones), so each pair sees the same load; printed: every pair, the medians, and
+overhead = (offloaded - plain) / offloaded, of the medians and paired (median per pair).
 """
 import argparse
 import os
@@ -46,17 +47,13 @@ class Recomputed(torch.nn.Module):
         return self.model(x, y)
 
 
-def step_times(model, opt, data, warmup, steps):
-    times = []
-    for i in range(warmup + steps):
-        x, y = data[i % len(data)]
-        t0 = time.perf_counter()
-        model(x, y).backward()
-        opt.step()
-        opt.zero_grad()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def one_step(model, opt, batch):
+    x, y = batch
+    t0 = time.perf_counter()
+    model(x, y).backward()
+    opt.step()
+    opt.zero_grad()
+    return time.perf_counter() - t0
 
 
 def main():
@@ -67,9 +64,8 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=9, help="measured pairs of steps")
+    ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     data = []
@@ -81,29 +77,32 @@ def main():
     print(f"# GPT {n / 1e6:.1f}M params (vocab {args.vocab}, seq {args.seq}, dim {args.dim}, "
           f"{args.layers} layers), batch {args.batch}, torch threads {torch.get_num_threads()}; "
           "seconds per step:")
+    # Both sides live at once and their steps alternate (flipping which goes first), so each
+    # pair of steps sees the same load from the machine's other tenants.
+    torch.manual_seed(0)
+    off_model = GPT(*geo)
+    eng = strata.Engine(device="cpu")
+    off_model = strata.offload(off_model, blocks=list(off_model.blocks), engine=eng)
+    off_opt = strata.optim.AdamW(groups(off_model), lr=1e-4, max_grad_norm=1.0)
+    torch.manual_seed(0)
+    plain_model = GPT(*geo)
+    plain_opt = strata.optim.AdamW(groups(plain_model), lr=1e-4, max_grad_norm=1.0)
+    plain_model = Recomputed(plain_model)
+    sides = {"offloaded": (off_model, off_opt), "plain": (plain_model, plain_opt)}
     res = {"offloaded": [], "plain": []}
-    for r in range(args.runs):
-        for side in (("offloaded", "plain") if r % 2 == 0 else ("plain", "offloaded")):
-            torch.manual_seed(0)
-            model = GPT(*geo)
-            if side == "offloaded":
-                eng = strata.Engine(device="cpu")
-                model = strata.offload(model, blocks=list(model.blocks), engine=eng)
-                opt = strata.optim.AdamW(groups(model), lr=1e-4, max_grad_norm=1.0)
-            else:
-                eng = None
-                opt = strata.optim.AdamW(groups(model), lr=1e-4, max_grad_norm=1.0)
-                model = Recomputed(model)
-            res[side].append(step_times(model, opt, data, args.warmup, args.steps))
-            if eng is not None:
-                eng.close()
-            del model, opt, eng
-        print(f"run {r + 1}: offloaded {res['offloaded'][-1]:.3f}  plain {res['plain'][-1]:.3f}",
-              flush=True)
+    for i in range(args.warmup + args.steps):
+        order = ("offloaded", "plain") if i % 2 == 0 else ("plain", "offloaded")
+        times = {k: one_step(*sides[k], data[i % len(data)]) for k in order}
+        if i >= args.warmup:
+            for k in res:
+                res[k].append(times[k])
+            print(f"step {i - args.warmup + 1}: offloaded {times['offloaded']:.3f}  plain "
+                  f"{times['plain']:.3f}", flush=True)
+    eng.close()
     off, plain = statistics.median(res["offloaded"]), statistics.median(res["plain"])
     paired = statistics.median((a - b) / a for a, b in zip(res["offloaded"], res["plain"]))
     print(f"median: offloaded {off:.3f} s  plain {plain:.3f} s  overhead of medians "
-          f"{(off - plain) / off * 100:.1f}%  paired {paired * 100:.1f}%")
+          f"{(off - plain) / off * 100:.1f}%  paired (median of per-pair) {paired * 100:.1f}%")
 
 
 if __name__ == "__main__":
