@@ -174,15 +174,15 @@ class _Offloaded:
 
     def _assign_owners(self):
         """Every parameter gets one owner: a block (engine index) or the rest (0)."""
-        owner = {}  # id(param) -> (engine block, name)
+        owner = {}  # id(param) -> ("rest", None) or ("block", index into self.blocks)
         names = {id(p): n for n, p in self.model.named_parameters()}
         block_of_module = {}
         for i, b in enumerate(self.blocks):
             for m in b.modules():
                 block_of_module.setdefault(id(m), i)
-        for mname, m in self.model.named_modules():
+        for m in self.model.modules():
             bi = block_of_module.get(id(m))
-            for pname, p in m._parameters.items():
+            for p in m._parameters.values():
                 if p is None:
                     continue
                 where = ("rest", None) if bi is None else ("block", bi)

@@ -9,6 +9,8 @@ Two uses, chosen by the parameters it is given:
   and runs the update itself, overlapped with backward; step() waits for it and commits it.
 
 Either way it is a torch.optim.Optimizer, so torch's schedulers (LambdaLR, ...) drive its lr.
+For an offloaded model the moments live in the engine, not in state_dict(): a run is continued
+from its NVMe folders with strata.Engine(..., resume=True).
 """
 import math
 
