@@ -475,15 +475,16 @@ class _BlockFunction(torch.autograd.Function):
             out = fwd.forward(*args, **kwargs)
         finally:
             st.unbind(b)
-        if not isinstance(out, torch.Tensor):
+        if not isinstance(out, (torch.Tensor, tuple, list)):
             raise Error(f"block {st.block_name(b)} returned {type(out).__name__}; an offloaded "
-                        "block must return one tensor")
+                        "block returns a tensor or a tuple (tensors and other values, as Hugging "
+                        "Face blocks do)")
         st.block_forward_end(b)
         ctx.save_for_backward(*tensors)
-        return out
+        return tuple(out) if isinstance(out, (tuple, list)) else out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outs):
         fwd = ctx.fwd
         st, b = fwd.state, fwd.b
         st.block_backward_begin(b)
@@ -499,8 +500,16 @@ class _BlockFunction(torch.autograd.Function):
                 if ctx.cuda_rng is not None:
                     torch.cuda.set_rng_state(ctx.cuda_rng)
                 out = fwd.forward(*args, **ctx.kwargs)
+            outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+            # The outputs backward reached (a tuple's other values get no gradient).
+            pairs = [(o, g) for o, g in zip(outs, grad_outs)
+                     if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
             need = [t for t in inputs if t.requires_grad]
-            grads = torch.autograd.grad(out, need + params, grad_out, allow_unused=True)
+            if pairs:
+                grads = torch.autograd.grad([o for o, _ in pairs], need + params,
+                                            [g for _, g in pairs], allow_unused=True)
+            else:
+                grads = (None,) * (len(need) + len(params))
             st.submit(b, grads[len(need):])
         finally:
             st.unbind(b)

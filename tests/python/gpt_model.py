@@ -70,3 +70,30 @@ def batches(steps, micro, batch=4, seq=16, vocab=64, seed=1):
             t = (start + stride * torch.arange(seq + 1)) % vocab
             out.append((t[:, :-1], t[:, 1:]))
         yield out
+
+
+class HfStyleBlock(Block):
+    """A block called as Hugging Face's GPT2Block is: keyword arguments (a mask tensor, flags)
+    and a tuple back (hidden states, then None for the cache)."""
+
+    def forward(self, hidden_states, attention_mask=None, use_cache=False):
+        x = super().forward(hidden_states)
+        if attention_mask is not None:
+            x = x * attention_mask
+        return (x, None)
+
+
+class HfStyleGPT(GPT):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        dim, heads = self.wte.weight.shape[1], self.blocks[0].heads
+        torch.manual_seed(1)
+        self.blocks = nn.ModuleList(HfStyleBlock(dim, heads) for _ in range(len(self.blocks)))
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        mask = torch.ones(1, idx.shape[1], 1)
+        for b in self.blocks:
+            x = b(x, attention_mask=mask, use_cache=False)[0]
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import strata
-from gpt_model import GPT, batches, param_groups
+from gpt_model import GPT, HfStyleGPT, batches, param_groups
 
 STEPS, MICRO, CLIP, LR, WD = 16, 2, 1.0, 2e-2, 0.1
 
@@ -14,8 +14,8 @@ def _lr_lambda(step):
     return min(1.0, (step + 1) / 3)
 
 
-def train_strata(engine, dropout=0.0):
-    model = GPT(dropout=dropout)
+def train_strata(engine, dropout=0.0, cls=GPT):
+    model = cls(dropout=dropout) if cls is GPT else cls()
     model = strata.offload(model, blocks=list(model.blocks), engine=engine, micro_batches=MICRO)
     opt = strata.optim.AdamW(param_groups(model, WD), lr=LR, betas=(0.9, 0.95), eps=1e-8,
                              max_grad_norm=CLIP)
@@ -35,8 +35,8 @@ def train_strata(engine, dropout=0.0):
     return model, losses, stats
 
 
-def train_torch(dropout=0.0):
-    model = GPT(dropout=dropout)
+def train_torch(dropout=0.0, cls=GPT):
+    model = cls(dropout=dropout) if cls is GPT else cls()
     opt = torch.optim.AdamW(param_groups(model, WD), lr=LR, betas=(0.9, 0.95), eps=1e-8)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda)
     losses = []
@@ -139,3 +139,13 @@ def _weights_of_closed(losses, tmp_path):
     m, mem, _ = train_strata(strata.Engine(device="cpu"))
     assert mem == losses
     return _weights(m, tmp_path / "b.st")
+
+
+def test_blocks_called_with_keywords_returning_tuples_as_hugging_face_blocks_are():
+    _, off, _ = train_strata(strata.Engine(device="cpu", device_mem="160K"), cls=HfStyleGPT)
+    _, mem, _ = train_strata(strata.Engine(device="cpu"), cls=HfStyleGPT)
+    _, ref = train_torch(cls=HfStyleGPT)
+    assert off == mem
+    for ours, theirs in zip(off, ref):
+        for a, b in zip(ours, theirs):
+            assert abs(a - b) <= 1e-4 * abs(b), (off, ref)
