@@ -74,6 +74,9 @@ def test_offloaded_equals_in_memory_bit_for_bit_and_torch_within_1e4(tmp_path):
     assert all(s["bytes"]["nvme_read"] > 0 and s["bytes"]["nvme_write"] > 0 for s in stats)
     assert all(s["peak_device_bytes"] <= 160 * 1024 for s in stats)
     assert stats[-1]["step"] == STEPS and 0 < stats[-1]["clip_coef"] <= 1
+    last = stats[-1]
+    assert last["seconds"] > 0 and 0 < last["efficiency"] <= 1.5 and last["bound"]
+    assert set(last["bytes"]) == {"nvme_read", "nvme_write", "h2d", "d2h", "comm"}
     for ours, theirs in zip(off, ref):
         for a, b in zip(ours, theirs):
             assert abs(a - b) <= 1e-4 * abs(b), (off, ref)

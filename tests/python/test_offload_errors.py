@@ -104,6 +104,8 @@ def test_bad_arguments():
         strata.Engine(host_mem="lots")
     with pytest.raises(strata.Error, match="device="):
         strata.Engine(device="tpu")
+    with pytest.raises(strata.Error, match="no step has been committed"):
+        strata.Engine().last_step_stats()
     with pytest.raises(strata.Error, match="not a sub-module"):
         strata.offload(m, blocks=[GPT().blocks[0]], engine=strata.Engine())
     with pytest.raises(strata.Error, match="recompute=True"):
