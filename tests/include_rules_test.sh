@@ -13,6 +13,7 @@
 #   trainer          the public API, model/, and comm/'s module interface (join.h, messages.h)
 #   tools            the public API, model/, trainer/, comm/'s module interface and itself
 #   bench            the public API and model/
+#   python           the public API and itself (the binding is libstrata's public API only)
 # Tests may include anything. Usage: include_rules_test.sh [REPO_ROOT]; exit 1 on a violation,
 # each printed as file:line and the rule it breaks.
 set -uo pipefail
@@ -36,12 +37,13 @@ allowed() {  # allowed MODULE INCLUDE_PATH
       [ "$dir" = strata ] || [ "$dir" = model ] || [ "$dir" = trainer ] || [ "$dir" = tools ] ||
         [[ "$inc" =~ ^comm/(join|messages)\.h$ ]] ;;
     bench) [ "$dir" = strata ] || [ "$dir" = model ] ;;
+    python) [ "$dir" = strata ] || [ "$dir" = python ] ;;
     *) return 0 ;;
   esac
 }
 
 bad=0
-for m in include io cpu_optim gpu comm engine model trainer tools bench; do
+for m in include io cpu_optim gpu comm engine model trainer tools bench python; do
   [ -d "$m" ] || continue
   while IFS=: read -r file line text; do
     inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$text")

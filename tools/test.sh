@@ -5,18 +5,22 @@
 #   tools/test.sh --tsan     the suite under ThreadSanitizer
 #   tools/test.sh --quick    skip tests labelled `slow`
 #   extra arguments after -- go to ctest (e.g. -- -L io, -- -R SwapStore)
+# After ctest, when the Python binding was built (STRATA_WITH_PYTHON), pytest runs
+# tests/python with the interpreter it was built for (not when ctest is given a selection
+# after --).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 preset=release
 ctest_args=()
+selection=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --asan) preset=asan ;;
     --tsan) preset=tsan ;;
     --quick) ctest_args+=(-LE slow) ;;
-    --) shift; ctest_args+=("$@"); break ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --) shift; ctest_args+=("$@"); selection=1; break ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -29,3 +33,9 @@ cmake --build --preset "$preset" -j "$jobs"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 ctest --preset "$preset" -j "$jobs" --timeout 900 "${ctest_args[@]}"
+py_dir="build/$preset/python"
+if [ "$selection" -eq 0 ] && [ -f "$py_dir/interpreter.txt" ] &&
+   ls "$py_dir"/strata/_strata*.so >/dev/null 2>&1; then
+  py=$(cat "$py_dir/interpreter.txt")
+  PYTHONPATH="$py_dir" "$py" -m pytest -q tests/python
+fi

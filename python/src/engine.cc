@@ -1,0 +1,302 @@
+// strata._strata.Engine: a Device (HostDevice or CUDA) and the Engine over it, with the step
+// API of include/strata/engine.h one call each. Addresses cross as ints; the Python layer
+// (python/strata/_offload.py) wraps them as tensors.
+//
+// Acquire waits (GIL released) until the block's parameters have landed: the model computing
+// on them is torch, which does not wait for the engine's compute lane, so the lane is drained
+// here before torch reads the memory. Ownership: the device outlives the engine (members in
+// that order). One Python thread drives the step API, as the engine requires.
+#include "strata/engine.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "python/src/binding.h"
+#include "strata/device.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+// One tensor: (name, shape, weight_decay).
+using TensorTuple = std::tuple<std::string, std::vector<int64_t>, bool>;
+// One block: (name, tensors).
+using BlockTuple = std::pair<std::string, std::vector<TensorTuple>>;
+
+struct EngineConfig {
+  std::string device = "cpu";  // cpu | cuda | auto
+  uint64_t device_mem = 0;
+  uint64_t host_mem = 0;
+  std::vector<std::string> nvme;
+  bool resume = false;
+  bool durable = false;
+  int micro_batches = 1;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, grad_clip = 0.0;
+  bool adamw = true;
+  int optimizer_threads = 0;
+  std::string trace_path;
+  std::string rendezvous;  // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
+};
+
+// The ranks of a launcher's run (torchrun, strata launch, mpirun, srun), joined through Gloo as
+// `strata train` joins them; nullptr for a single process.
+std::unique_ptr<Communicator> JoinRanks(const EngineConfig& c) {
+  Result<RankInfo> rank = RankInfoFromEnv();
+  if (!rank.ok()) {
+    if (rank.status().code() == StatusCode::kNotFound) return nullptr;  // no launcher
+    ThrowIfError(rank.status());
+  }
+  if (rank->world_size == 1) return nullptr;
+  std::string text = c.rendezvous;
+  if (text.empty()) {
+    const char* env = std::getenv("STRATA_RENDEZVOUS");
+    if (env != nullptr) text = env;
+  }
+  if (text.empty()) {
+    ThrowIfError(Status::InvalidArgument(
+        "this process is rank " + std::to_string(rank->rank) + " of " +
+        std::to_string(rank->world_size) + " (" + rank->source +
+        ") but no rendezvous is given: set STRATA_RENDEZVOUS=file:DIR (a fresh folder every "
+        "rank sees) or pass strata.Engine(rendezvous=...)"));
+  }
+  Result<RendezvousSpec> spec = ParseRendezvous(text);
+  ThrowIfError(spec.status());
+  CommOptions o;
+  o.rank = *rank;
+  o.rendezvous = *spec;
+  o.store_prefix = "strata-python";
+  if (std::getenv("STRATA_COMM_TIMEOUT") != nullptr) {
+    Result<std::chrono::milliseconds> t = CommTimeoutFromEnv();
+    ThrowIfError(t.status());
+    o.timeout = *t;
+  }
+  Result<std::unique_ptr<Communicator>> comm = Status::OK();
+  {
+    py::gil_scoped_release release;
+    comm = CreateGlooCommunicator(o);
+  }
+  ThrowIfError(Status(comm.status()).Annotate("joining the other ranks"));
+  return std::move(*comm);
+}
+
+class PyEngine {
+ public:
+  PyEngine(const std::vector<BlockTuple>& blocks, const EngineConfig& c) {
+    std::vector<BlockSpec> specs;
+    for (const auto& [name, tensors] : blocks) {
+      BlockSpec b{.name = name, .tensors = {}};
+      for (const auto& [tname, shape, wd] : tensors) {
+        b.tensors.push_back({.name = tname, .shape = shape, .weight_decay = wd});
+      }
+      specs.push_back(std::move(b));
+    }
+    const bool cuda = c.device == "cuda" || (c.device == "auto" && CudaAvailable());
+    if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
+      ThrowIfError(Status::InvalidArgument("device '" + c.device +
+                                           "': expected \"cpu\", \"cuda\" or \"auto\""));
+    }
+    DeviceOptions dopt;
+    Result<std::unique_ptr<Device>> dev = cuda ? CreateCudaDevice(dopt) : CreateHostDevice(dopt);
+    ThrowIfError(dev.status());
+    device_ = std::move(*dev);
+    comm_ = JoinRanks(c);
+    EngineOptions o;
+    o.device = device_.get();
+    o.comm = comm_.get();
+    o.device_mem_bytes = c.device_mem;
+    o.host_mem_bytes = c.host_mem;
+    o.nvme_paths = c.nvme;
+    o.resume = c.resume;
+    o.durable = c.durable || c.resume;
+    o.micro_batches = c.micro_batches;
+    o.beta1 = c.beta1;
+    o.beta2 = c.beta2;
+    o.eps = c.eps;
+    o.weight_decay = c.weight_decay;
+    o.grad_clip = c.grad_clip;
+    o.optimizer = c.adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+    o.optimizer_threads = c.optimizer_threads;
+    o.trace_path = c.trace_path;
+    Result<std::unique_ptr<Engine>> e = Status::OK();
+    {
+      py::gil_scoped_release release;
+      e = Engine::Create(std::move(specs), o);
+    }
+    ThrowIfError(e.status());
+    engine_ = std::move(*e);
+  }
+
+  ~PyEngine() {
+    engine_.reset();  // before the device and the communicator it uses
+    comm_.reset();
+  }
+
+  int Rank() const { return comm_ ? comm_->rank() : 0; }
+  int WorldSize() const { return comm_ ? comm_->world_size() : 1; }
+  // Every rank gets rank 0's `n` floats at `address` (one rank: nothing to do).
+  void BroadcastF32(uintptr_t address, size_t n) {
+    if (!comm_) return;
+    py::gil_scoped_release release;
+    CollectiveOptions co;
+    co.label = "broadcast initial weights";
+    ThrowIfError(
+        comm_->Broadcast(reinterpret_cast<void*>(address), n, CommDataType::kFloat32, 0, co)
+            .Wait()
+            .Annotate("receiving the initial weights from rank 0"));
+  }
+
+  py::list Layout() const {
+    py::list out;
+    for (const BlockLayout& b : engine_->Layout()) {
+      py::list tensors;
+      for (const TensorLayout& t : b.tensors) {
+        tensors.append(py::make_tuple(t.name, t.shape, t.offset, t.numel));
+      }
+      out.append(py::make_tuple(b.name, tensors, b.padded_numel));
+    }
+    return out;
+  }
+
+  std::string DeviceKindName() const {
+    return device_->Kind() == DeviceKind::kCuda ? "cuda" : "cpu";
+  }
+  std::string Dtype() const { return WorkingDtypeName(engine_->Placement().dtype); }
+  std::string Placement() const { return engine_->Placement().ToString(); }
+  int64_t ResumedStep() const { return engine_->ResumedStep(); }
+
+  void WriteParams(int block, int tensor, uintptr_t address, size_t n) {
+    py::gil_scoped_release release;
+    ThrowIfError(engine_->WriteParams(
+        block, tensor, std::span<const float>(reinterpret_cast<const float*>(address), n)));
+  }
+  void ReadParams(int block, int tensor, uintptr_t address, size_t n) const {
+    py::gil_scoped_release release;
+    ThrowIfError(
+        engine_->ReadParams(block, tensor, std::span<float>(reinterpret_cast<float*>(address), n)));
+  }
+  void CommitParams() {
+    py::gil_scoped_release release;
+    ThrowIfError(engine_->CommitParams());
+  }
+  void BeginStep(double lr, double grad_scale) {
+    py::gil_scoped_release release;
+    ThrowIfError(engine_->BeginStep({.lr = lr, .grad_scale = grad_scale}));
+  }
+  // The address of the block's working parameters, readable once this returns.
+  uintptr_t Acquire(int block, bool backward) {
+    py::gil_scoped_release release;
+    Result<BlockView> v = engine_->Acquire(block, backward ? Pass::kBackward : Pass::kForward);
+    ThrowIfError(v.status());
+    ThrowIfError(device_->SynchronizeLane(Lane::kCompute));
+    return reinterpret_cast<uintptr_t>(v->params);
+  }
+  void Release(int block) {
+    py::gil_scoped_release release;
+    ThrowIfError(engine_->Release(block));
+  }
+  uintptr_t GradBuffer(int block) {
+    Result<float*> g = engine_->GradBuffer(block);
+    ThrowIfError(g.status());
+    return reinterpret_cast<uintptr_t>(*g);
+  }
+  void SubmitGrads(int block) {
+    py::gil_scoped_release release;
+    ThrowIfError(engine_->SubmitGrads(block));
+  }
+  py::dict EndStep() {
+    Result<StepStats> r = Status::OK();
+    {
+      py::gil_scoped_release release;
+      r = engine_->EndStep();
+    }
+    ThrowIfError(r.status());
+    return StatsDict(*r);
+  }
+
+ private:
+  static py::dict StatsDict(const StepStats& s) {
+    py::dict d;
+    d["step"] = s.step;
+    d["seconds"] = s.seconds;
+    d["bound_seconds"] = s.bound_seconds;
+    d["bound"] = s.bound_resource;
+    d["efficiency"] = s.efficiency;
+    d["stall_seconds"] = s.stall_seconds;
+    py::dict busy;
+    for (int i = 0; i < kNumResources; ++i) {
+      busy[ResourceName(static_cast<Resource>(i))] = s.busy_seconds[i];
+    }
+    busy["nvme"] = s.nvme_busy_seconds;
+    d["busy_seconds"] = busy;
+    py::dict bytes;
+    bytes["nvme_read"] = s.bytes.nvme_read;
+    bytes["nvme_write"] = s.bytes.nvme_write;
+    bytes["h2d"] = s.bytes.h2d;
+    bytes["d2h"] = s.bytes.d2h;
+    bytes["comm"] = s.bytes.comm;
+    d["bytes"] = bytes;
+    d["grad_norm"] = s.grad_norm;
+    d["clip_coef"] = s.clip_coef;
+    d["skipped"] = s.skipped;
+    d["peak_device_bytes"] = s.peak_device_bytes;
+    d["peak_host_bytes"] = s.peak_host_bytes;
+    return d;
+  }
+
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> comm_;  // nullptr: a single rank
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace
+
+void BindEngine(py::module_& m) {
+  py::class_<EngineConfig>(m, "EngineConfig")
+      .def(py::init<>())
+      .def_readwrite("device", &EngineConfig::device)
+      .def_readwrite("device_mem", &EngineConfig::device_mem)
+      .def_readwrite("host_mem", &EngineConfig::host_mem)
+      .def_readwrite("nvme", &EngineConfig::nvme)
+      .def_readwrite("resume", &EngineConfig::resume)
+      .def_readwrite("durable", &EngineConfig::durable)
+      .def_readwrite("micro_batches", &EngineConfig::micro_batches)
+      .def_readwrite("beta1", &EngineConfig::beta1)
+      .def_readwrite("beta2", &EngineConfig::beta2)
+      .def_readwrite("eps", &EngineConfig::eps)
+      .def_readwrite("weight_decay", &EngineConfig::weight_decay)
+      .def_readwrite("grad_clip", &EngineConfig::grad_clip)
+      .def_readwrite("adamw", &EngineConfig::adamw)
+      .def_readwrite("optimizer_threads", &EngineConfig::optimizer_threads)
+      .def_readwrite("trace_path", &EngineConfig::trace_path)
+      .def_readwrite("rendezvous", &EngineConfig::rendezvous);
+  m.def("cuda_available", &CudaAvailable);
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<const std::vector<BlockTuple>&, const EngineConfig&>(), py::arg("blocks"),
+           py::arg("config"))
+      .def("layout", &PyEngine::Layout)
+      .def_property_readonly("rank", &PyEngine::Rank)
+      .def_property_readonly("world_size", &PyEngine::WorldSize)
+      .def("broadcast_f32", &PyEngine::BroadcastF32)
+      .def_property_readonly("device_kind", &PyEngine::DeviceKindName)
+      .def_property_readonly("dtype", &PyEngine::Dtype)
+      .def("placement", &PyEngine::Placement)
+      .def("resumed_step", &PyEngine::ResumedStep)
+      .def("write_params", &PyEngine::WriteParams)
+      .def("read_params", &PyEngine::ReadParams)
+      .def("commit_params", &PyEngine::CommitParams)
+      .def("begin_step", &PyEngine::BeginStep, py::arg("lr"), py::arg("grad_scale") = 1.0)
+      .def("acquire", &PyEngine::Acquire, py::arg("block"), py::arg("backward"))
+      .def("release", &PyEngine::Release)
+      .def("grad_buffer", &PyEngine::GradBuffer)
+      .def("submit_grads", &PyEngine::SubmitGrads)
+      .def("end_step", &PyEngine::EndStep);
+}
+
+}  // namespace strata::python

@@ -1,0 +1,109 @@
+// strata._strata: the C++ core for Python, over libstrata's public API (include/strata/) only.
+//
+// No libtorch: tensors cross as raw addresses (tensor.data_ptr()) and byte or element counts,
+// and memory the engine owns crosses back as a writable memoryview the Python layer wraps with
+// torch.frombuffer. So one build serves every torch version; python/strata/ holds the torch code.
+//
+// Every failure is raised as strata.Error (a RuntimeError) carrying Status::ToString()
+// unchanged. Calls that can block (I/O, the optimizer kernels, the engine's step API) release
+// the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "python/src/binding.h"
+#include "strata/optim.h"
+#include "strata/version.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+
+void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw StrataError(status.ToString());
+}
+
+namespace {
+
+// The SIMD AdamW/Adam step over one fp32 tensor (parameters, moments and gradient all fp32).
+void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintptr_t grad, size_t n,
+                 double lr, double beta1, double beta2, double eps, double weight_decay,
+                 int64_t step, float grad_scale, bool adamw, int threads) {
+  AdamSlice slice;
+  slice.master = reinterpret_cast<float*>(param);
+  slice.exp_avg = reinterpret_cast<float*>(exp_avg);
+  slice.exp_avg_sq = reinterpret_cast<float*>(exp_avg_sq);
+  slice.grad = reinterpret_cast<const void*>(grad);
+  slice.grad_format = FloatFormat::kFp32;
+  slice.n = n;
+  AdamHyperParams h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.step = step;
+  h.mode = adamw ? AdamMode::kAdamW : AdamMode::kAdam;
+  CpuKernelOptions options;
+  options.threads = threads;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = AdamStep(slice, h, grad_scale, options);
+  }
+  ThrowIfError(s);
+}
+
+// (sum of squares, non-finite count) of n fp32 gradient values.
+py::tuple GradNormSquaredF32(uintptr_t grad, size_t n, int threads) {
+  CpuKernelOptions options;
+  options.threads = threads;
+  Result<GradNormResult> r = Status::OK();
+  {
+    py::gil_scoped_release release;
+    r = GradNormSquared(reinterpret_cast<const void*>(grad), FloatFormat::kFp32, n, options);
+  }
+  ThrowIfError(r.status());
+  return py::make_tuple(r->sum_squares, r->non_finite);
+}
+
+std::string ResolvedIsa() {
+  Result<CpuIsa> isa = ResolveCpuIsa(CpuIsa::kAuto);
+  ThrowIfError(isa.status());
+  return CpuIsaName(*isa);
+}
+
+}  // namespace
+}  // namespace strata::python
+
+PYBIND11_MODULE(_strata, m) {
+  using namespace strata::python;
+  m.doc() = "Strata's C++ core (libstrata); use the `strata` package, not this module.";
+  static py::exception<StrataError> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StrataError& e) {
+      error(e.what());
+    }
+  });
+  m.def("version", [] { return std::string(strata::Version()); });
+  m.def("cpu_isa", &ResolvedIsa, "The instruction set the optimizer kernels run with.");
+  m.def("adam_step_f32", &AdamStepF32, py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
+        py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
+        py::arg("adamw") = true, py::arg("threads") = 0);
+  m.def("grad_norm_squared_f32", &GradNormSquaredF32, py::arg("grad"), py::arg("n"),
+        py::arg("threads") = 0);
+  m.def(
+      "memory",
+      [](uintptr_t address, size_t bytes) {
+        return py::memoryview::from_memory(reinterpret_cast<void*>(address),
+                                           static_cast<py::ssize_t>(bytes), /*readonly=*/false);
+      },
+      "A writable memoryview over memory the engine owns (valid while the engine says so).");
+  BindIo(m);
+  BindEngine(m);
+}

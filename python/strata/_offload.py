@@ -1,0 +1,561 @@
+"""strata.Engine and strata.offload: a user's nn.Module trained with its parameters and
+optimizer states held by Strata's engine (device, pinned host memory, NVMe).
+
+How a model maps onto the engine. Engine block 0 ("rest") holds every parameter outside the
+given blocks (embeddings, final norm, a tied head); engine blocks 1..L are the given blocks, in
+forward order. One micro-batch is then exactly the engine's standard schedule:
+
+    forward:  rest (copied into the model's own tensors), block 1, ..., block L
+    backward: block L, ..., block 1 (each re-acquired and recomputed), rest (its gradient,
+              accumulated by autograd in .grad, submitted when autograd finishes the backward)
+
+A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
+its backward re-acquires the block, recomputes the forward with the same RNG state, and hands
+the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
+as soon as a block's gradient is final. The engine itself is created when strata.optim.AdamW
+binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
+
+device="cuda" (written, not yet run on a GPU): the acquired buffers are wrapped through
+__cuda_array_interface__, Acquire waits on the host for the engine's compute lane, and torch's
+current stream is synchronised before a block is released or its gradient submitted. That is
+correct but serialises torch's stream with the engine's at block edges; adopting torch's stream
+as the engine's compute lane (events instead of host waits) is the next step.
+"""
+import json
+import os
+import struct
+
+import torch
+
+from . import _strata
+from ._sizes import parse_bytes
+from ._strata import Error
+
+__all__ = ["Engine", "offload", "save_safetensors"]
+
+
+class Engine:
+    """Budgets and drives for one offloaded model (see strata.offload)."""
+
+    def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
+                 optimizer_threads=0, trace=None, rendezvous=None):
+        if device not in ("cpu", "cuda", "auto"):
+            raise Error(f"device={device!r}: expected \"cpu\", \"cuda\" or \"auto\"")
+        self.config = _strata.EngineConfig()
+        self.config.device = device
+        self.config.device_mem = parse_bytes("device_mem", device_mem)
+        self.config.host_mem = parse_bytes("host_mem", host_mem)
+        if isinstance(nvme, (str, os.PathLike)):
+            nvme = [nvme]
+        nvme = [str(p) for p in (nvme or [])]
+        for p in nvme:
+            if not os.path.isdir(p):
+                raise Error(f"nvme folder {p!r} does not exist; create it first (one folder "
+                            "per drive)")
+        if resume and not nvme:
+            raise Error("resume=True needs nvme=[...]: the committed state lives there")
+        self.config.nvme = nvme
+        self.config.resume = bool(resume)
+        # As `strata train`: with NVMe folders every step commits a complete state, so that
+        # Engine(..., resume=True) can continue from the last one.
+        self.config.durable = bool(nvme)
+        self.config.optimizer_threads = int(optimizer_threads)
+        self.config.trace_path = str(trace or "")
+        # Under a launcher (torchrun, strata launch, mpirun, srun) the ranks meet here:
+        # "file:DIR" or "redis:HOST:PORT"; None = STRATA_RENDEZVOUS.
+        self.config.rendezvous = str(rendezvous or "")
+        self._model = None  # the _Offloaded state using this engine
+        self._stats = None
+
+    def last_step_stats(self):
+        """The last committed step's statistics: seconds, bound, efficiency, bytes per edge,
+        busy seconds per resource, grad_norm, clip_coef, peaks."""
+        if self._stats is None:
+            raise Error("no step has been committed yet; call opt.step() first")
+        return dict(self._stats)
+
+    def placement(self):
+        """The planner's report (which component lives where, and why), as text."""
+        return self._state().core().placement()
+
+    @property
+    def rank(self):
+        """This process's rank (0 without a launcher); each rank feeds its own rows."""
+        return self._state().core().rank
+
+    @property
+    def world_size(self):
+        return self._state().core().world_size
+
+    @property
+    def resumed_step(self):
+        """The last committed step a resumed engine continues from (0 for a fresh run)."""
+        return self._state().core().resumed_step()
+
+    def close(self):
+        """Ends the engine: frees its memory and releases its NVMe folders (their lock), so a
+        later Engine(..., resume=True) in this process can continue the run. The offloaded
+        model cannot train afterwards. Also at the end of a `with strata.Engine(...)` block."""
+        st = self._model
+        if st is not None and st._core is not None:
+            if st._step_open:
+                raise Error("Engine.close() in the middle of a step; call opt.step() first "
+                            "(a step not committed is lost)")
+            st._core = None
+            st._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._model is not None and self._model._step_open:
+            self._model._core = None  # an exception mid-step: the step is abandoned
+            self._model._closed = True
+        self.close()
+
+    def _state(self):
+        if self._model is None:
+            raise Error("this strata.Engine holds no model yet; call strata.offload(model, "
+                        "blocks=..., engine=...) and create strata.optim.AdamW first")
+        return self._model
+
+
+def offload(model, blocks, engine, micro_batches=1, recompute=True):
+    """Moves every parameter of `model` into `engine`; returns `model`, now offloaded.
+
+    `blocks`: the repeated sub-modules in forward order, each called once per forward."""
+    if not isinstance(model, torch.nn.Module):
+        raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
+    if not isinstance(engine, Engine):
+        raise Error("offload(engine=...) takes a strata.Engine")
+    if engine._model is not None:
+        raise Error("this strata.Engine already holds a model; create one Engine per model")
+    if not recompute:
+        raise Error("offload(recompute=False) is not supported: a block's parameters are "
+                    "re-acquired for backward, so its forward is recomputed; pass recompute=True")
+    if int(micro_batches) < 1:
+        raise Error(f"micro_batches={micro_batches}: must be >= 1")
+    state = _Offloaded(model, list(blocks), engine, int(micro_batches))
+    engine._model = state
+    return model
+
+
+class _Offloaded:
+    """Who owns what: the engine owns the values; this object owns the hooks, the placeholders
+    the model's Parameters keep between uses, and the step's progress."""
+
+    def __init__(self, model, blocks, engine, micro_batches):
+        self.model, self.blocks, self.engine = model, blocks, engine
+        self.micro_batches = micro_batches
+        if not blocks:
+            raise Error("offload(blocks=[]): give the repeated sub-modules (e.g. "
+                        "list(model.blocks)), in forward order")
+        in_model = {id(m) for m in model.modules()}
+        for i, b in enumerate(blocks):
+            if not isinstance(b, torch.nn.Module) or id(b) not in in_model:
+                raise Error(f"blocks[{i}] is not a sub-module of the model; `blocks` lists the "
+                            "model's own repeated sub-modules")
+            if any(b is c for c in blocks[:i]):
+                raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
+        self._assign_owners()
+        self._core = None
+        self._closed = False
+        self._opt = None
+        self._step_open = False
+        self._micro = 0  # micro-batches begun in this step
+        self._next_fwd = None  # engine index expected next in forward; None between passes
+        self._next_bwd = None
+        self._rest_pending = False  # the rest block's gradient is waiting to be submitted
+        self._hooks = [model.register_forward_pre_hook(self._begin_forward)]
+        for i, b in enumerate(blocks):
+            b.forward = _BlockForward(self, self.first_block + i, b.forward)
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _assign_owners(self):
+        """Every parameter gets one owner: a block (engine index) or the rest (0)."""
+        owner = {}  # id(param) -> ("rest", None) or ("block", index into self.blocks)
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        block_of_module = {}
+        for i, b in enumerate(self.blocks):
+            for m in b.modules():
+                block_of_module.setdefault(id(m), i)
+        for m in self.model.modules():
+            bi = block_of_module.get(id(m))
+            for p in m._parameters.values():
+                if p is None:
+                    continue
+                where = ("rest", None) if bi is None else ("block", bi)
+                prev = owner.get(id(p))
+                if prev is not None and prev != where:
+                    a = "outside the blocks" if prev[0] == "rest" else f"block {prev[1]}"
+                    b = "outside the blocks" if where[0] == "rest" else f"block {where[1]}"
+                    raise Error(f"parameter {names[id(p)]!r} is shared by {a} and {b}; the "
+                                "engine holds each parameter in one place: a parameter may be "
+                                "shared within one block or outside the blocks, not across them")
+                owner[id(p)] = where
+        for n, p in self.model.named_parameters():
+            if p.dtype != torch.float32:
+                raise Error(f"parameter {n!r} is {p.dtype}; strata.offload takes float32 "
+                            "parameters (the engine keeps fp32 master weights); call "
+                            "model.float() first")
+        self.rest = [(n, p) for n, p in self.model.named_parameters()
+                     if owner[id(p)][0] == "rest"]
+        self.first_block = 1 if self.rest else 0
+        self.block_params = []
+        for i, b in enumerate(self.blocks):
+            prefix = [n for n, m in self.model.named_modules() if m is b][0]
+            ps = [(n[len(prefix) + 1:] if prefix else n, p)
+                  for n, p in self.model.named_parameters()
+                  if owner[id(p)] == ("block", i) and id(p) in {id(q) for q in b.parameters()}]
+            if not ps:
+                raise Error(f"blocks[{i}] ({prefix}) has no parameters; list only blocks that "
+                            "hold parameters")
+            self.block_params.append((prefix, ps))
+        for _, p in self.all_params():
+            p._strata_offload = self
+
+    def all_params(self):
+        yield from self.rest
+        for prefix, ps in self.block_params:
+            for n, p in ps:
+                yield (f"{prefix}.{n}" if prefix else n), p
+
+    def engine_blocks(self):
+        """[(name, [(name, param)])] in engine order."""
+        out = [("rest", self.rest)] if self.rest else []
+        return out + list(self.block_params)
+
+    def bind_optimizer(self, opt):
+        """Creates the engine with `opt`'s settings and moves the parameters' values in."""
+        if self._opt is not None:
+            raise Error("an optimizer is already bound to this offloaded model; create one "
+                        "strata.optim.AdamW per model")
+        groups = opt.param_groups
+        first = groups[0]
+        decay = {g["weight_decay"] for g in groups if g["weight_decay"] != 0}
+        for g in groups[1:]:
+            for k in ("lr", "betas", "eps"):
+                if g[k] != first[k]:
+                    raise Error(f"param groups of an offloaded model must share {k} (the engine "
+                                f"runs one update per step); got {first[k]} and {g[k]}")
+        if len(decay) > 1:
+            raise Error(f"param groups of an offloaded model may differ only in weight_decay "
+                        f"being 0 or one value; got {sorted(decay)}")
+        wd_of = {id(p): g["weight_decay"] != 0 for g in groups for p in g["params"]}
+        missing = [n for n, p in self.all_params() if id(p) not in wd_of]
+        if missing:
+            raise Error(f"strata.optim.AdamW must be given every parameter of the offloaded "
+                        f"model (the engine trains them all); missing: {missing[:3]}")
+        c = self.engine.config
+        c.micro_batches = self.micro_batches
+        c.beta1, c.beta2 = (float(b) for b in first["betas"])
+        c.eps = float(first["eps"])
+        c.weight_decay = float(decay.pop()) if decay else 0.0
+        c.grad_clip = float(opt.max_grad_norm)
+        c.optimizer_threads = c.optimizer_threads or opt.threads
+        specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
+                 for bname, ps in self.engine_blocks()]
+        self._core = _strata.Engine(specs, c)
+        self._layout = self._core.layout()
+        self._torch_device = torch.device("cuda" if self._core.device_kind == "cuda" else "cpu")
+        if not c.resume:
+            for b, (_, ps) in enumerate(self.engine_blocks()):
+                for t, (_, p) in enumerate(ps):
+                    v = p.detach().to("cpu", torch.float32).contiguous().clone()
+                    self._core.broadcast_f32(v.data_ptr(), v.numel())  # rank 0's values
+                    self._core.write_params(b, t, v.data_ptr(), v.numel())
+            self._core.commit_params()
+        # The engine holds the values now: block parameters keep an empty placeholder.
+        for _, ps in self.block_params:
+            for _, p in ps:
+                p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
+        self._opt = opt
+
+    def core(self):
+        if self._closed:
+            raise Error("the strata.Engine of this model was closed; create a new Engine "
+                        "(resume=True continues a run from its NVMe folders)")
+        if self._core is None:
+            raise Error("the offloaded model has no optimizer yet; create "
+                        "strata.optim.AdamW(model.parameters(), ...) before the first forward")
+        return self._core
+
+    # --- views of engine memory ---------------------------------------------------------
+
+    def _wrap(self, address, numel, dtype):
+        if self._torch_device.type == "cpu":
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            return torch.frombuffer(_strata.memory(address, nbytes), dtype=dtype, count=numel)
+        return _cuda_tensor(address, numel, dtype)
+
+    def _params_view(self, b, address):
+        """The block's tensors as views of the acquired flat buffer."""
+        dtype = torch.bfloat16 if self._core.dtype == "bf16" else torch.float32
+        _, tensors, padded = self._layout[b]
+        flat = self._wrap(address, padded, dtype)
+        return [flat[off:off + n].view(shape) for (_, shape, off, n) in tensors]
+
+    def _sync(self):
+        if self._torch_device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+
+    def bind(self, b, backward):
+        """Acquires engine block b and points its Parameters at the acquired buffer."""
+        views = self._params_view(b, self._core.acquire(b, backward))
+        ps = self.engine_blocks()[b][1]
+        for (_, p), v in zip(ps, views):
+            p.data = v if v.dtype == p.dtype else v.to(p.dtype)
+        return [p for _, p in ps]
+
+    def unbind(self, b):
+        self._sync()
+        for _, p in self.engine_blocks()[b][1]:
+            p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
+        self._core.release(b)
+
+    def submit(self, b, grads):
+        """Writes the block's gradients (None: zeros) into the engine and submits them."""
+        _, tensors, padded = self._layout[b]
+        flat = self._wrap(self._core.grad_buffer(b), padded, torch.float32)
+        for (_, shape, off, n), g in zip(tensors, grads):
+            if g is None:
+                flat[off:off + n].zero_()
+            else:
+                flat[off:off + n].copy_(g.reshape(-1))
+        self._sync()
+        self._core.submit_grads(b)
+
+    # --- the step -----------------------------------------------------------------------
+
+    def _begin_forward(self, module, inputs):
+        core = self.core()
+        if not torch.is_grad_enabled():
+            raise Error("an offloaded model runs forward only for training (each forward is "
+                        "followed by backward); evaluate on weights saved with "
+                        "strata.save_safetensors")
+        self._finish_backward()
+        if self._next_fwd is not None or self._next_bwd is not None:
+            raise Error("forward called again before loss.backward() of the previous forward "
+                        "finished; every forward of an offloaded model needs its backward")
+        if self._micro == self.micro_batches:
+            raise Error(f"forward number {self._micro + 1} in one step, with "
+                        f"micro_batches={self.micro_batches}; call opt.step() after "
+                        f"{self.micro_batches} forward/backward passes")
+        if not self._step_open:
+            lrs = {g["lr"] for g in self._opt.param_groups}
+            if len(lrs) != 1:
+                raise Error(f"param groups of an offloaded model must share lr; got {lrs}")
+            core.begin_step(float(lrs.pop()), 1.0)
+            self._step_open = True
+        self._micro += 1
+        if self.rest:
+            views = self._params_view(0, core.acquire(0, False))
+            with torch.no_grad():
+                for (_, p), v in zip(self.rest, views):
+                    if p.data.shape != v.shape:
+                        p.data = torch.empty(v.shape, dtype=p.dtype, device=self._torch_device)
+                    p.data.copy_(v)
+                    p.grad = None
+            self._sync()
+            core.release(0)
+        self._next_fwd = self.first_block
+
+    def block_forward_begin(self, b):
+        if self._next_fwd is None:
+            raise Error(f"block {self.block_name(b)} was called outside the model's forward; "
+                        "call the offloaded model itself")
+        if b != self._next_fwd:
+            if b < self._next_fwd:
+                raise Error(f"block {self.block_name(b)} was called twice in one forward; each "
+                            "block in `blocks` must run once per forward")
+            raise Error(f"block {self.block_name(self._next_fwd)} was not called before block "
+                        f"{self.block_name(b)}; `blocks` must list the blocks in the order "
+                        "forward calls them, each once")
+
+    def block_forward_end(self, b):
+        self._next_fwd = b + 1
+
+    def block_backward_begin(self, b):
+        last = self.first_block + len(self.blocks) - 1
+        if self._next_fwd is not None:  # the first backward of this micro-batch
+            if self._next_fwd != last + 1:
+                missing = self.block_name(self._next_fwd)
+                self._next_fwd = None
+                raise Error(f"block {missing} was not called in forward; `blocks` must list "
+                            "only blocks that forward calls, each once, in order")
+            self._next_fwd = None
+            self._next_bwd = last
+        if b != self._next_bwd:
+            raise Error(f"backward reached block {self.block_name(b)} while block "
+                        f"{self.block_name(self._next_bwd)} was expected; call backward once "
+                        "per forward, on the whole loss")
+
+    def block_backward_end(self, b):
+        self._next_bwd = b - 1
+        if b == self.first_block:  # the micro-batch's backward through the blocks is done
+            self._next_bwd = None
+            self._rest_pending = bool(self.rest)
+            if self._rest_pending:
+                # Once autograd has finished this backward (the rest's .grad are final), submit
+                # them, so that their update starts now; the next forward or opt.step() does it
+                # otherwise.
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _finish_backward(self):
+        """Submits the rest block's gradient once backward through every block is done."""
+        if not self._rest_pending:
+            return
+        self._rest_pending = False
+        self._core.acquire(0, True)
+        self.submit(0, [p.grad for _, p in self.rest])
+        for _, p in self.rest:
+            p.grad = None
+        self._core.release(0)
+
+    def end_step(self, opt):
+        self._finish_backward()
+        if self._next_fwd is not None or self._next_bwd is not None:
+            raise Error("opt.step() called before loss.backward() finished; call "
+                        "loss.backward() after every forward")
+        if self._micro != self.micro_batches:
+            raise Error(f"opt.step() after {self._micro} forward/backward passes, with "
+                        f"micro_batches={self.micro_batches}; run {self.micro_batches} per step")
+        stats = self._core.end_step()
+        self._step_open = False
+        self._micro = 0
+        opt.last_grad_norm = stats["grad_norm"]
+        opt.last_step_skipped = stats["skipped"]
+        self.engine._stats = stats
+
+    def block_name(self, b):
+        return repr(self.engine_blocks()[b][0])
+
+    def gather(self):
+        """{name: fp32 CPU tensor} of the current weights (between steps)."""
+        core = self.core()
+        out = {}
+        for b, (bname, ps) in enumerate(self.engine_blocks()):
+            for t, (n, p) in enumerate(ps):
+                _, shape, _, numel = self._layout[b][1][t]
+                v = torch.empty(numel, dtype=torch.float32)
+                core.read_params(b, t, v.data_ptr(), numel)
+                full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
+                out[full] = v.view(shape)
+        return out
+
+
+class _BlockForward:
+    """Replaces a block's forward: runs it through _BlockFunction (acquire, no_grad forward,
+    release; recompute in backward)."""
+
+    def __init__(self, state, b, forward):
+        self.state, self.b, self.forward = state, b, forward
+
+    def __call__(self, *args, **kwargs):
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                raise Error(f"block {self.state.block_name(self.b)} got keyword argument "
+                            f"{k!r}, a tensor that requires grad; pass such tensors "
+                            "positionally (keyword tensors get no gradient)")
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        return _BlockFunction.apply(self, args, kwargs, *tensors)
+
+
+class _BlockFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fwd, args, kwargs, *tensors):
+        st, b = fwd.state, fwd.b
+        st.block_forward_begin(b)
+        ctx.fwd, ctx.args, ctx.kwargs = fwd, args, kwargs
+        ctx.rng = torch.get_rng_state()
+        ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
+        st.bind(b, backward=False)
+        try:
+            out = fwd.forward(*args, **kwargs)
+        finally:
+            st.unbind(b)
+        if not isinstance(out, (torch.Tensor, tuple, list)):
+            raise Error(f"block {st.block_name(b)} returned {type(out).__name__}; an offloaded "
+                        "block returns a tensor or a tuple (tensors and other values, as Hugging "
+                        "Face blocks do)")
+        st.block_forward_end(b)
+        ctx.save_for_backward(*tensors)
+        return tuple(out) if isinstance(out, (tuple, list)) else out
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        fwd = ctx.fwd
+        st, b = fwd.state, fwd.b
+        st.block_backward_begin(b)
+        saved = list(ctx.saved_tensors)
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
+        it = iter(inputs)
+        args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
+        params = st.bind(b, backward=True)
+        try:
+            cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
+            with torch.enable_grad(), torch.random.fork_rng(devices=cuda):
+                torch.set_rng_state(ctx.rng)
+                if ctx.cuda_rng is not None:
+                    torch.cuda.set_rng_state(ctx.cuda_rng)
+                out = fwd.forward(*args, **ctx.kwargs)
+            outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+            # The outputs backward reached (a tuple's other values get no gradient).
+            pairs = [(o, g) for o, g in zip(outs, grad_outs)
+                     if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+            need = [t for t in inputs if t.requires_grad]
+            if pairs:
+                grads = torch.autograd.grad([o for o, _ in pairs], need + params,
+                                            [g for _, g in pairs], allow_unused=True)
+            else:
+                grads = (None,) * (len(need) + len(params))
+            st.submit(b, grads[len(need):])
+        finally:
+            st.unbind(b)
+        st.block_backward_end(b)
+        gi = iter(grads[:len(need)])
+        return (None, None, None) + tuple(next(gi) if t.requires_grad else None for t in inputs)
+
+
+def _cuda_tensor(address, numel, dtype):
+    """A CUDA tensor over engine memory (__cuda_array_interface__; bf16 as int16 bits)."""
+    typestr = {torch.float32: "<f4", torch.bfloat16: "<i2"}[dtype]
+
+    class _Array:
+        __cuda_array_interface__ = {"shape": (numel,), "typestr": typestr,
+                                    "data": (address, False), "version": 2}
+
+    t = torch.as_tensor(_Array(), device="cuda")
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
+def save_safetensors(model, path):
+    """Writes the model's current weights (fp32) as a safetensors file; for an offloaded model
+    they are gathered from the engine. Tied parameters are written once."""
+    state = None
+    for p in model.parameters():
+        state = getattr(p, "_strata_offload", None)
+        break
+    if state is not None:
+        tensors = state.gather()
+    else:
+        tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
+                   for n, p in model.named_parameters()}
+    header, offset, blobs = {}, 0, []
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        nbytes = t.numel() * 4
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        blobs.append(t)
+        offset += nbytes
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    tmp = str(path) + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for t in blobs:
+            f.write(t.numpy().tobytes())
+    os.replace(tmp, path)

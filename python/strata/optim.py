@@ -1,0 +1,124 @@
+"""strata.optim.AdamW: a torch.optim.Optimizer on Strata's SIMD AdamW kernel.
+
+Two uses, chosen by the parameters it is given:
+
+* plain CPU parameters (fp32, contiguous): a CPU optimizer like DeepSpeedCPUAdam. Each group
+  has its own lr, betas, eps and weight_decay; max_grad_norm clips the gradient norm over all
+  groups together (torch.nn.utils.clip_grad_norm_'s coefficient, fused into the update).
+* the parameters of a model given to strata.offload: the engine holds them and their states
+  and runs the update itself, overlapped with backward; step() waits for it and commits it.
+
+Either way it is a torch.optim.Optimizer, so torch's schedulers (LambdaLR, ...) drive its lr.
+For an offloaded model the moments live in the engine, not in state_dict(): a run is continued
+from its NVMe folders with strata.Engine(..., resume=True).
+"""
+import math
+
+import torch
+
+from . import _strata
+from ._strata import Error
+
+__all__ = ["AdamW"]
+
+
+class AdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 max_grad_norm=0.0, threads=0):
+        if not lr >= 0.0:
+            raise Error(f"AdamW lr={lr}: must be >= 0")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise Error(f"AdamW betas={betas}: each must be in [0, 1)")
+        if not eps >= 0.0:
+            raise Error(f"AdamW eps={eps}: must be >= 0")
+        if not weight_decay >= 0.0:
+            raise Error(f"AdamW weight_decay={weight_decay}: must be >= 0")
+        if not max_grad_norm >= 0.0:
+            raise Error(f"AdamW max_grad_norm={max_grad_norm}: must be >= 0 (0 = no clipping)")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.max_grad_norm = float(max_grad_norm)
+        self.threads = int(threads)
+        self.last_grad_norm = None  # the norm before clipping, when max_grad_norm > 0
+        self.last_step_skipped = False  # a non-finite gradient: nothing was updated
+        offloaded = [getattr(p, "_strata_offload", None) for g in self.param_groups
+                     for p in g["params"]]
+        owners = {id(o) for o in offloaded}
+        self._offload = None
+        if any(o is not None for o in offloaded):
+            if any(o is None for o in offloaded) or len(owners) > 1:
+                raise Error("AdamW was given parameters of an offloaded model together with "
+                            "other parameters; give it the offloaded model's parameters only "
+                            "(one optimizer per strata.offload model)")
+            self._offload = offloaded[0]
+            self._offload.bind_optimizer(self)
+        else:
+            for g in self.param_groups:
+                for p in g["params"]:
+                    _check_plain(p)
+
+    def zero_grad(self, set_to_none=False):
+        if self._offload is not None:
+            return  # the engine holds the gradients and clears them after each update
+        super().zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._offload is not None:
+            self._offload.end_step(self)
+            return loss
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        scale = 1.0
+        self.last_step_skipped = False
+        if self.max_grad_norm > 0:
+            total, non_finite = 0.0, 0
+            for p in params:
+                _check_plain(p)
+                s, n = _strata.grad_norm_squared_f32(p.grad.data_ptr(), p.grad.numel(),
+                                                     self.threads)
+                total += s
+                non_finite += n
+            norm = math.sqrt(total) if non_finite == 0 else float("nan")
+            self.last_grad_norm = norm
+            if non_finite:
+                self.last_step_skipped = True
+                return loss
+            if norm > self.max_grad_norm:  # the engine's rule, and clip_grad_norm_'s value
+                scale = self.max_grad_norm / (norm + 1e-6)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                _check_plain(p)
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p,
+                                                           memory_format=torch.contiguous_format)
+                state["step"] += 1
+                _strata.adam_step_f32(p.data_ptr(), state["exp_avg"].data_ptr(),
+                                      state["exp_avg_sq"].data_ptr(), p.grad.data_ptr(),
+                                      p.numel(), float(group["lr"]), float(beta1), float(beta2),
+                                      float(group["eps"]), float(group["weight_decay"]),
+                                      int(state["step"]), scale, True, self.threads)
+        return loss
+
+
+def _check_plain(p):
+    """A parameter the CPU kernel can update in place: fp32, CPU, contiguous, dense grad."""
+    if p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous():
+        raise Error(f"strata.optim.AdamW updates contiguous float32 CPU parameters; got one "
+                    f"of shape {tuple(p.shape)}, {p.dtype} on {p.device} (move it with "
+                    ".float().cpu(), or offload the model with strata.offload)")
+    g = p.grad
+    if g is not None and (g.is_sparse or g.dtype != torch.float32 or not g.is_contiguous()
+                          or g.device.type != "cpu"):
+        raise Error(f"strata.optim.AdamW needs dense contiguous float32 CPU gradients; the "
+                    f"gradient of a parameter of shape {tuple(p.shape)} is {g.dtype}, "
+                    f"{'sparse' if g.is_sparse else 'dense'} on {g.device}")

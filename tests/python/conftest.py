@@ -1,0 +1,10 @@
+"""pytest set-up for the binding's tests: `strata` comes from the build tree.
+
+tools/test.sh runs them as `PYTHONPATH=build/release/python /usr/bin/python3 -m pytest
+tests/python`; without PYTHONPATH the release build's folder is used when it exists."""
+import os
+import sys
+
+_BUILD = os.path.join(os.path.dirname(__file__), "..", "..", "build", "release", "python")
+if not any(os.path.isdir(os.path.join(p, "strata")) for p in sys.path if p):
+    sys.path.insert(0, os.path.abspath(_BUILD))

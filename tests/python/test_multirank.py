@@ -1,0 +1,72 @@
+"""Two ranks under launcher variables (as torchrun or strata launch set them): strata.Engine
+joins them through STRATA_RENDEZVOUS, each rank feeds its own rows, and the run follows the
+single-rank one up to the rounding of averaging gradients over ranks."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(HERE, "multirank_child.py")
+STEPS, MICRO = 6, 2
+
+
+def _env(extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in sys.path if p])
+    env.update(extra)
+    return env
+
+
+def _run_ranks(tmp_path, world, nvme):
+    rdzv = tmp_path / f"rdzv{world}"
+    rdzv.mkdir()
+    procs = []
+    for r in range(world):
+        folders = []
+        for d in range(nvme):
+            f = tmp_path / f"w{world}r{r}d{d}"
+            f.mkdir()
+            folders.append(str(f))
+        extra = {} if world == 1 else {
+            "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+            "LOCAL_WORLD_SIZE": str(world), "STRATA_RENDEZVOUS": f"file:{rdzv}",
+            "STRATA_COMM_TIMEOUT": "60"}
+        out = tmp_path / f"w{world}r{r}.json"
+        procs.append((subprocess.Popen(
+            [sys.executable, CHILD, str(STEPS), str(MICRO), str(out)] + folders,
+            env=_env(extra), stderr=subprocess.PIPE, text=True), out))
+    results = []
+    for p, out in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        with open(out) as f:
+            results.append(json.load(f))
+    return results
+
+
+def test_two_ranks_follow_the_single_rank_run(tmp_path):
+    (one,) = _run_ranks(tmp_path, 1, nvme=0)
+    two = _run_ranks(tmp_path, 2, nvme=1)
+    assert [r["rank"] for r in two] == [0, 1] and all(r["world"] == 2 for r in two)
+    # Each rank's loss is the mean over its rows; their mean is the global mean.
+    for i, want in enumerate(one["losses"]):
+        got = (two[0]["losses"][i] + two[1]["losses"][i]) / 2
+        assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+    assert abs(two[0]["norm"] - one["norm"]) <= 1e-4 * one["norm"]
+    assert two[0]["norm"] == two[1]["norm"]  # one global norm
+    # Both ranks hold the same model: the gathered weights are identical.
+    with open(tmp_path / "w2r0.json.safetensors", "rb") as a, \
+            open(tmp_path / "w2r1.json.safetensors", "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_launcher_variables_without_rendezvous_are_a_strata_error(tmp_path):
+    out = tmp_path / "x.json"
+    r = subprocess.run([sys.executable, CHILD, "1", "1", str(out)],
+                       env=_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                 "LOCAL_WORLD_SIZE": "2", "STRATA_RENDEZVOUS": ""}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "strata.Error" in r.stderr and "STRATA_RENDEZVOUS" in r.stderr, r.stderr

@@ -1,0 +1,120 @@
+"""strata.offload refuses what the engine cannot hold or run, each with a strata.Error that says
+what is wrong and what to do."""
+import pytest
+import torch
+
+import strata
+from gpt_model import GPT, batches
+
+
+def _ready(model, **engine):
+    eng = strata.Engine(device="cpu", **engine)
+    model = strata.offload(model, blocks=list(model.blocks), engine=eng)
+    opt = strata.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt
+
+
+def _batch():
+    return next(batches(1, 1))[0]
+
+
+class SkipsLast(GPT):
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.blocks[:-1]:
+            x = b(x)
+        return torch.nn.functional.cross_entropy((x @ self.wte.weight.t()).flatten(0, 1),
+                                                 targets.reshape(-1))
+
+
+class SkipsMiddle(GPT):
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.blocks[2](self.blocks[0](x))
+        return (x @ self.wte.weight.t()).mean()
+
+
+class CallsTwice(GPT):
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.blocks[0](self.blocks[0](x))
+        return x.mean()
+
+
+def test_block_not_called_in_forward():
+    model, _ = _ready(SkipsLast())
+    loss = model(*_batch())
+    with pytest.raises(strata.Error, match="'blocks.2' was not called in forward"):
+        loss.backward()
+    model, _ = _ready(SkipsMiddle())
+    with pytest.raises(strata.Error, match="'blocks.1' was not called before block 'blocks.2'"):
+        model(*_batch())
+
+
+def test_block_called_twice():
+    model, _ = _ready(CallsTwice())
+    with pytest.raises(strata.Error, match="'blocks.0' was called twice"):
+        model(*_batch())
+
+
+def test_parameters_shared_across_blocks_or_with_the_rest():
+    m = GPT()
+    m.blocks[1].c_fc.weight = m.blocks[0].c_fc.weight
+    with pytest.raises(strata.Error, match="'blocks.0.c_fc.weight' is shared by block 0 and "
+                                           "block 1"):
+        strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
+    m = GPT()
+    m.ln_f.weight = m.blocks[2].ln_2.weight
+    with pytest.raises(strata.Error, match="shared by .*outside the blocks"):
+        strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
+
+
+def test_budget_too_small_names_the_minimum():
+    m = GPT()
+    m = strata.offload(m, blocks=list(m.blocks), engine=strata.Engine(device_mem="8K"))
+    with pytest.raises(strata.Error, match=r"OutOfMemory: device budget 8\.0 KiB .*need at least"):
+        strata.optim.AdamW(m.parameters())
+
+
+def test_misuse_of_the_step():
+    model = GPT()
+    model = strata.offload(model, blocks=list(model.blocks), engine=strata.Engine())
+    with pytest.raises(strata.Error, match="before the first forward"):
+        model(*_batch())
+    opt = strata.optim.AdamW(model.parameters())
+    with torch.no_grad(), pytest.raises(strata.Error, match="only for training"):
+        model(*_batch())
+    with pytest.raises(strata.Error, match="after 0 forward/backward passes"):
+        opt.step()
+    loss = model(*_batch())
+    with pytest.raises(strata.Error, match="before loss.backward"):
+        model(*_batch())
+    loss.backward()
+    with pytest.raises(strata.Error, match="micro_batches=1"):
+        model(*_batch())
+    opt.step()
+    assert model(*_batch()).item() > 0  # the misuses above left the run usable
+
+
+def test_bad_arguments():
+    m = GPT()
+    with pytest.raises(strata.Error, match="does not exist"):
+        strata.Engine(nvme=["/no/such/folder"])
+    with pytest.raises(strata.Error, match="not a size"):
+        strata.Engine(host_mem="lots")
+    with pytest.raises(strata.Error, match="device="):
+        strata.Engine(device="tpu")
+    with pytest.raises(strata.Error, match="no step has been committed"):
+        strata.Engine().last_step_stats()
+    with pytest.raises(strata.Error, match="not a sub-module"):
+        strata.offload(m, blocks=[GPT().blocks[0]], engine=strata.Engine())
+    with pytest.raises(strata.Error, match="recompute=True"):
+        strata.offload(m, blocks=list(m.blocks), engine=strata.Engine(), recompute=False)
+    m = strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
+    with pytest.raises(strata.Error, match="together with other parameters"):
+        strata.optim.AdamW(list(m.parameters()) + [torch.nn.Parameter(torch.zeros(3))])
+    with pytest.raises(strata.Error, match="share lr"):
+        strata.optim.AdamW([{"params": list(m.parameters())[:3], "lr": 0.1},
+                            {"params": list(m.parameters())[3:]}])
+    with pytest.raises(strata.Error, match="every parameter"):
+        strata.optim.AdamW(list(m.parameters())[:3])
