@@ -452,6 +452,7 @@ StepStats EngineImpl::StatsLocked(uint64_t step_number) {
   timeline.StepUsage(step_start_, end, &st);  // busy table, bound, per-edge bytes
   Clock::time_point last_compute;
   st.stall_seconds = timeline.ComputeIdleSeconds(step_start_, end, &last_compute);
+  st.tail_seconds = std::chrono::duration<double>(end - last_compute).count();
   timeline.AddStallEvents(step_start_, last_compute);
   timeline.Add(TraceLane::kStep, "step " + std::to_string(step_number), step_start_, end);
   st.efficiency = st.seconds > 0 ? st.bound_seconds / st.seconds : 0;

@@ -120,9 +120,7 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   const EngineOptions& opt = ctx_.opt;
   SwapStoreOptions sopt;
   sopt.paths = opt.nvme_paths;
-  // A committed and a pending version of every component, plus room for fragmentation.
-  sopt.capacity_bytes =
-      2 * ctx_.place.nvme_bytes + 2 * opt.nvme_stripe_bytes * sopt.paths.size() + (16ull << 20);
+  sopt.capacity_bytes = ctx_.place.swap_capacity_bytes;  // see SwapCapacity
   sopt.stripe_bytes = opt.nvme_stripe_bytes;
   sopt.create = !opt.resume;
   sopt.backend = opt.io;

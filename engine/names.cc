@@ -88,7 +88,15 @@ std::string PlacementReport::ToString() const {
      << " (minimum " << FormatBytes(host_min_bytes) << "): homes "
      << FormatBytes(host_resident_bytes) << ", cache/staging " << FormatBytes(host_cache_bytes)
      << "\n";
-  os << "#   nvme " << FormatBytes(nvme_bytes) << "\n";
+  os << "#   nvme " << FormatBytes(nvme_bytes);
+  if (nvme_file_bytes > 0) {
+    // Why the files are larger than the states: see PlacementReport::nvme_file_bytes.
+    os << " of states; swap files " << FormatBytes(nvme_file_bytes) << " on disk (a committed"
+       << " and a pending version of each extent, " << FormatBytes(2 * nvme_bytes)
+       << ", plus room for fragmentation, in whole " << FormatBytes(nvme_stripe_bytes)
+       << " stripes over " << nvme_folders << (nvme_folders == 1 ? " folder" : " folders") << ")";
+  }
+  os << "\n";
   for (const std::string& r : reasons) os << "#   " << r << "\n";
   os << "#   predicted per step: nvme_read " << FormatBytes(predicted_bytes.nvme_read)
      << ", nvme_write " << FormatBytes(predicted_bytes.nvme_write) << ", h2d "

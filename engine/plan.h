@@ -37,6 +37,8 @@ struct PlanOptions {
   uint64_t device_budget = 0;                // 0 = unlimited
   uint64_t host_budget = 0;                  // 0 = unlimited
   bool nvme = false;                         // NVMe paths were given
+  int nvme_folders = 0;                      // how many (one swap file each)
+  uint64_t nvme_stripe_bytes = 1 << 20;      // the swap files' stripe
   bool durable = false;                      // every step commits the states to NVMe (resume too)
   int rank = 0;
   int world_size = 1;
@@ -192,6 +194,8 @@ struct PlacementPlan {
   uint64_t resident_bytes = 0;  // host-homed components
   bool use_nvme = false;
   uint64_t nvme_bytes = 0;  // bytes of NVMe-homed (or durable) components
+  // The swap store's extent space (SwapCapacity of nvme_bytes); 0 without NVMe.
+  uint64_t swap_capacity_bytes = 0;
   PlacementReport report;
   // What the executors follow: the step's accesses, the device plan, and per block the
   // device bytes of its params (working dtype) and of its gradient buffer (fp32).
@@ -202,6 +206,14 @@ struct PlacementPlan {
   bool clip = false;
   bool separate_param = false;
 };
+
+// The swap store's extent space for `nvme_bytes` of states: a committed and a pending
+// version of every extent (a superseded version's space is reused only after the commit that
+// supersedes it), plus two stripes per folder and 16 MiB for fragmentation.
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders);
+// What the swap files of that capacity take on disk, all folders together: each file holds
+// whole stripes and the files are equal (SwapStore::Open preallocates them so).
+uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders);
 
 // The host plan input of a step under `placement` starting from an empty cache (the one
 // PlanPlacement validated); the caller adds what the last step left resident. Points into

@@ -274,8 +274,14 @@ struct PlacementReport {
   uint64_t host_min_bytes = 0;                 // below: refused; at or above: works
   uint64_t host_resident_bytes = 0;            // components whose home is the host
   uint64_t host_cache_bytes = 0;               // the rest: staging and cache for NVMe homes
-  uint64_t nvme_bytes = 0;                     // components whose home is NVMe
-  WorkingDtype dtype = WorkingDtype::kFp32;    // resolved
+  uint64_t nvme_bytes = 0;                     // components whose home is NVMe (4 KiB pages)
+  // What this rank's swap files take on disk: two versions of every NVMe extent (the
+  // committed one stays until the next commit), room for fragmentation, whole stripes per
+  // folder. 0 without NVMe.
+  uint64_t nvme_file_bytes = 0;
+  uint64_t nvme_stripe_bytes = 0;            // with NVMe: the swap files' stripe
+  int nvme_folders = 0;                      // with NVMe: one swap file each
+  WorkingDtype dtype = WorkingDtype::kFp32;  // resolved
   // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).
   CollectiveMemory collective_memory = CollectiveMemory::kAuto;
   EdgeBytes predicted_bytes;           // per step, upper estimate
@@ -324,6 +330,14 @@ struct StepStats {
           // Compute lane idle from BeginStep to the end of its last operation of the step: the
   // time the device waited for data (the "stall" lane of the trace).
   double stall_seconds = 0;
+  // The serial tail: from the end of the compute lane's last operation of the step (the last
+  // backward) to the end of EndStep — the optimizer steps, NVMe writes and the commit that
+  // did not overlap backward. seconds ~= compute busy + stall_seconds + tail_seconds.
+  double tail_seconds = 0;
+  // Blocks whose optimizer step ran twice this step: updated before the global gradient norm
+  // was known and redone from their previous versions once it showed that clipping or a
+  // non-finite gradient applies. 0 while the optimizer waits for the norm before updating.
+  int64_t redone_blocks = 0;
   double busy_seconds[kNumResources] = {};
   // The NVMe drives' busy time: reads and writes share the drives, so the union of their
   // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/bytes.h"
 #include "strata/device.h"
 #include "strata/fault_injection.h"
 #include "strata/log.h"
@@ -497,6 +498,77 @@ TEST(EngineBudgetTest, ImpossibleBudgetsAreRefusedWithTheNumbers) {
   SetLogSink(nullptr);
 }
 
+// A short host budget names every way to meet it, each with its own minimum, and each figure
+// works: clipping and micro-batches hold every gradient until the update.
+TEST(EngineBudgetTest, ShortHostBudgetListsEachWayToMeetIt) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < 6; ++b) {
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {64 << 10}, true}}});
+  }
+  TempDir dir;
+  const uint64_t with_all = Minimums(specs, 2, 1.0, dir.path()).host_min_bytes;
+  const uint64_t no_clip = Minimums(specs, 2, 0, dir.path()).host_min_bytes;
+  const uint64_t one_micro = Minimums(specs, 1, 1.0, dir.path()).host_min_bytes;
+  const uint64_t neither = Minimums(specs, 1, 0, dir.path()).host_min_bytes;
+  ASSERT_LT(neither, with_all);
+  RunConfig rc;
+  rc.nvme = dir.path();
+  rc.micro_batches = 2;
+  rc.grad_clip = 1.0;
+  rc.host_mem = neither - 4096;
+  auto f = MakeEngine(specs, rc, false);
+  ASSERT_FALSE(f.ok());
+  const std::string m = f.status().message();
+  EXPECT_NE(m.find("need at least " + FormatBytesExact(with_all) + " of --host-mem"),
+            std::string::npos)
+      << m;
+  if (no_clip < with_all) {
+    EXPECT_NE(m.find("or --grad-clip 0 ("), std::string::npos) << m;
+    EXPECT_NE(m.find("): " + FormatBytes(no_clip)), std::string::npos) << m;
+  }
+  if (one_micro < with_all) {
+    EXPECT_NE(m.find("or --micro-batches 1 ("), std::string::npos) << m;
+    EXPECT_NE(m.find("): " + FormatBytes(one_micro)), std::string::npos) << m;
+  }
+  EXPECT_NE(m.find("or --grad-clip 0 and --micro-batches 1: " + FormatBytes(neither)),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("--nvme DIR"), std::string::npos) << m;  // it has NVMe already
+  // The figure named for the combination plans.
+  rc.micro_batches = 1;
+  rc.grad_clip = 0;
+  rc.host_mem = neither;
+  auto g = MakeEngine(specs, rc);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(RunSteps(*g, 1, 1, 1, nullptr).ok());
+  SetLogSink(nullptr);
+}
+
+// The placement report's disk figure is what the swap files take: two versions of every
+// extent (4 KiB pages) plus room for fragmentation, in whole stripes.
+TEST(EngineBudgetTest, PlacementReportsTheSwapFilesOnDisk) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  auto f = MakeEngine(specs, TightNvme(specs, dir.path()));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const PlacementReport& pl = f->engine->Placement();
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    if (e.path().filename().string().rfind("strata.swap.", 0) == 0) on_disk += e.file_size();
+  }
+  EXPECT_GT(pl.nvme_bytes, 0u);
+  EXPECT_EQ(pl.nvme_bytes % 4096, 0u);
+  EXPECT_EQ(pl.nvme_file_bytes, on_disk);
+  EXPECT_GE(pl.nvme_file_bytes, 2 * pl.nvme_bytes);
+  EXPECT_EQ(pl.nvme_file_bytes % pl.nvme_stripe_bytes, 0u);
+  EXPECT_NE(pl.ToString().find("swap files " + FormatBytes(on_disk) + " on disk"),
+            std::string::npos)
+      << pl.ToString();
+  SetLogSink(nullptr);
+}
+
 // Gradient accumulation and clipping against the optimizer kernel called directly.
 TEST(EngineNumericsTest, AccumulationAndClippingMatchADirectAdamStep) {
   SetLogSink([](LogLevel, std::string_view) {});
@@ -775,6 +847,33 @@ TEST_P(EngineNonFiniteTest, NonFiniteGradientSkipsTheWholeStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ClipOnAndOff, EngineNonFiniteTest, ::testing::Values(1.0, 0.0));
+
+// The step's time splits into compute, stall (before the last compute operation) and the
+// serial tail after it; with clipping on every update waits for the global norm, so the
+// whole optimizer runs in the tail.
+TEST(EngineTraceTest, StepTimeSplitsIntoComputeStallAndTail) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  auto f = MakeEngine(specs, TightNvme(specs, dir.path(), 1, 1.0));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01}).ok());
+    ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, step, 0).ok());
+    auto st = f->engine->EndStep();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const double compute = st->busy_seconds[int(Resource::kCompute)];
+    const double optim = st->busy_seconds[int(Resource::kCpuOptim)];
+    EXPECT_GT(st->tail_seconds, 0.0);
+    EXPECT_GE(st->stall_seconds, 0.0);
+    EXPECT_GT(optim, 0.0);
+    EXPECT_GE(st->tail_seconds, optim) << "an update ran before the last backward";
+    EXPECT_NEAR(compute + st->stall_seconds + st->tail_seconds, st->seconds,
+                1e-6 + 1e-6 * st->seconds);
+    EXPECT_EQ(st->redone_blocks, 0);
+  }
+  SetLogSink(nullptr);
+}
 
 // With clipping a NaN in any block skips the step: every update waits for the global norm.
 TEST(EngineNumericsTest, NonFiniteGradientAnywhereSkipsTheUpdateWithClipping) {
