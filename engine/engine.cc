@@ -543,13 +543,17 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
   MutexLock lock(&ctx_.mu);
   if (ctx_.step_open) return Status::InvalidArgument("ReadComponent during a step");
   const int obj = ObjIndex(block, component);
-  const uint64_t n = host_.Obj(obj).bytes / 4;
+  const uint64_t n = ctx_.layout[block].shard_numel;
   if (out.size() != n) {
     return Status::InvalidArgument("ReadComponent: block '" + ctx_.layout[block].name + "' has " +
                                    std::to_string(n) + " elements, got room for " +
                                    std::to_string(out.size()));
   }
-  return host_.ReadObjLocked(obj, out.data());
+  if (ctx_.place.elem_bytes[int(component)] == 4) return host_.ReadObjLocked(obj, out.data());
+  std::vector<uint16_t> bf16(n);  // bf16 moments, widened exactly
+  STRATA_RETURN_IF_ERROR(host_.ReadObjLocked(obj, bf16.data()));
+  for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
+  return Status::OK();
 }
 
 }  // namespace

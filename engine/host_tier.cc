@@ -40,7 +40,7 @@ Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
     const Component c = ObjComponent(o);
     h.exists = place.obj_bytes[o] > 0;
     if (!h.exists) continue;
-    h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * (c == Component::kParam ? 2 : 4);
+    h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * place.elem_bytes[int(c)];
     h.cached = place.cached[o];
     h.needs_write = c != Component::kGrad && (place.home[o] == Tier::kNvme || ctx_.durable);
   }

@@ -20,6 +20,7 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.micro_batches = options.micro_batches;
   p.clip = options.grad_clip > 0;
   p.dtype = dtype;
+  p.state_format = options.state_format;
   p.device_budget = options.device_mem_bytes;
   p.host_budget = options.host_mem_bytes;
   p.nvme = !options.nvme_paths.empty();
@@ -132,6 +133,7 @@ struct Placer {
   std::vector<uint64_t> param_bytes, grad_bytes;
   std::string device_short_message;  // non-empty: the device budget is below its minimum
   uint64_t largest_f32 = 0;          // the largest fp32 state object
+  uint64_t largest_step = 0;         // the largest block's master, moments and gradient
   std::vector<int> state_objs;  // master/param first (most traffic saved per byte), then moments
   uint64_t state_bytes = 0;
   std::vector<Access> schedule;
@@ -154,6 +156,10 @@ struct Placer {
 // Object sizes, the device minimum and the device plan.
 Status Placer::SizeObjects() {
   const uint64_t work_elem = separate ? 2 : 4;
+  const uint32_t moment_elem = opt.state_format == StateFormat::kBf16 ? 2 : 4;
+  pp.elem_bytes[int(Component::kParam)] = uint32_t(work_elem);
+  pp.elem_bytes[int(Component::kExpAvg)] = moment_elem;
+  pp.elem_bytes[int(Component::kExpAvgSq)] = moment_elem;
   const int n_obj = blocks * kNumComponents;
   pp.home.assign(n_obj, Tier::kHost);
   pp.obj_bytes.assign(n_obj, 0);
@@ -173,13 +179,16 @@ Status Placer::SizeObjects() {
     largest_f32 = std::max(largest_f32, f32);
     for (Component c :
          {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kGrad}) {
-      pp.obj_bytes[ObjIndex(b, c)] = f32;
+      pp.obj_bytes[ObjIndex(b, c)] = RoundUp(s * pp.elem_bytes[int(c)], kPage);
     }
+    largest_step =
+        std::max(largest_step, 2 * f32 + 2 * pp.obj_bytes[ObjIndex(b, Component::kExpAvg)]);
     if (separate) pp.obj_bytes[ObjIndex(b, Component::kParam)] = RoundUp(s * 2, kPage);
     pp.cached[ObjIndex(b, Component::kGrad)] = true;
   }
   PlacementReport& rep = pp.report;
   rep.dtype = opt.dtype;
+  rep.state_format = opt.state_format;
   rep.device_budget_bytes = opt.device_budget;
   rep.device_min_bytes = device_min;
   rep.host_budget_bytes = opt.host_budget;
@@ -294,6 +303,9 @@ std::string WaysToMeetHost(const std::vector<BlockLayout>& layout, const PlanOpt
       {opt.micro_batches > 1, "--micro-batches 1",
        "with a larger --batch: no gradient held across micro-batches",
        [](PlanOptions* o) { o->micro_batches = 1; }},
+      {opt.state_format == StateFormat::kFp32, "--state-dtype bf16",
+       "Adam moments in bf16: 8 bytes of state per parameter instead of 12",
+       [](PlanOptions* o) { o->state_format = StateFormat::kBf16; }},
   };
   std::string out, together;
   PlanOptions all = opt;
@@ -368,7 +380,7 @@ Status Placer::PlaceWithNvme() {
         "host budget " + FormatBytes(opt.host_budget) +
         " is too small even with every state on NVMe: the host must stage the optimizer "
         "step of the largest block (master, exp_avg, exp_avg_sq and gradient, " +
-        FormatBytes(4 * largest_f32) + ")" +
+        FormatBytes(largest_step) + ")" +
         (hin.clip || opt.micro_batches > 1
              ? " while holding every block's gradient until the update"
              : std::string()) +

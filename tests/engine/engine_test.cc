@@ -72,6 +72,7 @@ struct RunConfig {
   bool durable = false;
   bool resume = false;
   WorkingDtype dtype = WorkingDtype::kFp32;
+  StateFormat state_format = StateFormat::kFp32;
   std::vector<ScheduleEntry> schedule;  // empty = standard
   IoBackendFactory io_factory;          // empty = the default backend
 };
@@ -100,6 +101,7 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
   opt.resume = rc.resume;
   opt.io_backend_factory = rc.io_factory;
   opt.dtype = rc.dtype;
+  opt.state_format = rc.state_format;
   opt.schedule = rc.schedule;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
   if (init_params && !rc.resume) {
@@ -498,6 +500,104 @@ TEST(EngineBudgetTest, ImpossibleBudgetsAreRefusedWithTheNumbers) {
   SetLogSink(nullptr);
 }
 
+// bf16 moments: half the bytes of each moment on the host and on NVMe, an offloaded run at the
+// minimum budgets bit-identical to the unlimited one for both roundings (the stochastic bits
+// come from a hash, not from the tier), and a resume with fp32 moments refused.
+TEST(EngineNumericsTest, Bf16MomentsHalveTheirBytesAndMatchUnlimitedBitForBit) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  for (StateRounding rounding : {StateRounding::kStochastic, StateRounding::kNearestEven}) {
+    SCOPED_TRACE(StateRoundingName(rounding));
+    // The moments' rounding is not one of RunConfig's knobs: build the engines here.
+    auto run = [&](const std::string& nvme, uint64_t host, uint64_t device, StateFormat format,
+                   bool resume, int64_t last) -> Result<std::vector<std::vector<float>>> {
+      DeviceOptions dopt;
+      dopt.memory_budget_bytes = device;
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, CreateHostDevice(dopt));
+      EngineOptions opt;
+      opt.device = dev.get();
+      opt.device_mem_bytes = device;
+      opt.host_mem_bytes = host;
+      if (!nvme.empty()) opt.nvme_paths = {nvme};
+      opt.nvme_stripe_bytes = 64 << 10;
+      opt.micro_batches = 2;
+      opt.grad_clip = 0.05;
+      opt.weight_decay = 0.1;
+      opt.durable = !nvme.empty();
+      opt.resume = resume;
+      opt.state_format = format;
+      opt.state_rounding = rounding;
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(specs, opt));
+      Fixture f{std::move(dev), std::move(e)};
+      if (!resume) {
+        for (int b = 0; b < int(specs.size()); ++b) {
+          const auto& layout = f.engine->Layout()[b];
+          for (int t = 0; t < int(layout.tensors.size()); ++t) {
+            std::vector<float> v(layout.tensors[t].numel);
+            for (size_t i = 0; i < v.size(); ++i) v[i] = InitValue(b, t, i);
+            STRATA_RETURN_IF_ERROR(f.engine->WriteParams(b, t, v));
+          }
+        }
+      }
+      STRATA_RETURN_IF_ERROR(RunSteps(f, f.engine->ResumedStep() + 1, last, 2, nullptr));
+      return States(*f.engine);
+    };
+    auto ref = run("", 0, 0, StateFormat::kBf16, false, 3);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    auto fp32 = run("", 0, 0, StateFormat::kFp32, false, 3);
+    ASSERT_TRUE(fp32.ok());
+    EXPECT_FALSE(BitIdentical(*ref, *fp32));
+    // Every moment value is a bf16.
+    for (size_t k = 0; k < ref->size(); ++k) {
+      if (k % 3 == 0) continue;  // master weights stay fp32
+      for (float x : (*ref)[k]) ASSERT_EQ(Bf16ToFloat(FloatToBf16(x)), x);
+    }
+
+    TempDir dir;
+    RunConfig probe;
+    probe.micro_batches = 2;
+    probe.grad_clip = 0.05;
+    probe.nvme = dir.path();
+    probe.host_mem = probe.device_mem = 1ull << 34;
+    probe.durable = true;  // so that every state has an NVMe copy to count
+    PlacementReport p32, p16;
+    std::vector<BlockLayout> layout;
+    {
+      auto f = MakeEngine(specs, probe, false);
+      ASSERT_TRUE(f.ok());
+      p32 = f->engine->Placement();
+    }
+    probe.state_format = StateFormat::kBf16;
+    {
+      auto f = MakeEngine(specs, probe, false);
+      ASSERT_TRUE(f.ok());
+      p16 = f->engine->Placement();
+      layout = f->engine->Layout();
+    }
+    EXPECT_EQ(p16.state_format, StateFormat::kBf16);
+    EXPECT_NE(p16.ToString().find("Adam moments bf16"), std::string::npos);
+    for (size_t i = 0; i < p16.components.size(); ++i) {
+      const ComponentPlacement& c = p16.components[i];
+      const bool moment = c.component == Component::kExpAvg || c.component == Component::kExpAvgSq;
+      const uint64_t numel = layout[c.block].shard_numel;
+      EXPECT_EQ(c.bytes, RoundUp(numel * (moment ? 2 : 4), 4096)) << i;
+    }
+    EXPECT_LT(p16.host_min_bytes, p32.host_min_bytes);
+    EXPECT_LT(p16.nvme_bytes, p32.nvme_bytes);
+
+    const std::string nvme = dir.path() + "/run";
+    fs::create_directories(nvme);
+    auto first = run(nvme, p16.host_min_bytes, p16.device_min_bytes, StateFormat::kBf16, false, 2);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    auto refused = run(nvme, p16.host_min_bytes, p16.device_min_bytes, StateFormat::kFp32, true, 3);
+    EXPECT_FALSE(refused.ok());
+    auto got = run(nvme, p16.host_min_bytes, p16.device_min_bytes, StateFormat::kBf16, true, 3);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(BitIdentical(*ref, *got));
+  }
+  SetLogSink(nullptr);
+}
+
 // A short host budget names every way to meet it, each with its own minimum, and each figure
 // works: clipping and micro-batches hold every gradient until the update.
 TEST(EngineBudgetTest, ShortHostBudgetListsEachWayToMeetIt) {
@@ -531,14 +631,29 @@ TEST(EngineBudgetTest, ShortHostBudgetListsEachWayToMeetIt) {
     EXPECT_NE(m.find("or --micro-batches 1 ("), std::string::npos) << m;
     EXPECT_NE(m.find("): " + FormatBytes(one_micro)), std::string::npos) << m;
   }
-  EXPECT_NE(m.find("or --grad-clip 0 and --micro-batches 1: " + FormatBytes(neither)),
+  EXPECT_EQ(m.find("--nvme DIR"), std::string::npos) << m;  // it has NVMe already
+  // Every way together, bf16 moments too; the figure named plans.
+  RunConfig all;
+  all.nvme = dir.path();
+  all.host_mem = 1ull << 34;
+  all.device_mem = 1ull << 34;
+  all.state_format = StateFormat::kBf16;
+  uint64_t together = 0;
+  {
+    auto unlimited = MakeEngine(specs, all, false);
+    ASSERT_TRUE(unlimited.ok()) << unlimited.status().ToString();
+    together = unlimited->engine->Placement().host_min_bytes;
+  }
+  EXPECT_LT(together, neither);
+  EXPECT_NE(m.find("or --state-dtype bf16 ("), std::string::npos) << m;
+  EXPECT_NE(m.find("or --grad-clip 0 and --micro-batches 1 and --state-dtype bf16: " +
+                   FormatBytes(together)),
             std::string::npos)
       << m;
-  EXPECT_EQ(m.find("--nvme DIR"), std::string::npos) << m;  // it has NVMe already
-  // The figure named for the combination plans.
   rc.micro_batches = 1;
   rc.grad_clip = 0;
-  rc.host_mem = neither;
+  rc.state_format = StateFormat::kBf16;
+  rc.host_mem = together;
   auto g = MakeEngine(specs, rc);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   ASSERT_TRUE(RunSteps(*g, 1, 1, 1, nullptr).ok());
