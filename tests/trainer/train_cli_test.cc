@@ -311,6 +311,10 @@ TEST_F(TrainCliTest, BadFlagsNameTheValue) {
   EXPECT_NE(0, Run({"train", "--device-mem", "lots", "--steps", "1"}, &out));
   EXPECT_NE(out.find("--device-mem lots"), std::string::npos) << out;
   out.clear();
+  EXPECT_NE(0, Run({"train", "--state-dtype", "fp8", "--steps", "1"}, &out));
+  EXPECT_NE(out.find("--state-dtype fp8: expected fp32, bf16 or bf16-rne"), std::string::npos)
+      << out;
+  out.clear();
   EXPECT_NE(0, Run({"train", "--init", dir_ + "/missing.safetensors"}, &out));
   EXPECT_NE(out.find("missing.safetensors"), std::string::npos) << out;
 }
@@ -359,6 +363,7 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
       {{"--batch", "4"}, "--batch: 2 -> 4"},
       {{"--lr", "0.01"}, "--lr: 0.001 -> 0.01"},
       {{"--beta2", "0.9"}, "--beta2: 0.95 -> 0.9"},
+      {{"--state-dtype", "bf16"}, "--state-dtype: \"fp32\" -> \"bf16\""},
   };
   for (const auto& [flags, line] : refused) {
     std::vector<std::string> args = {"train", "--resume", resume, "--steps", "5"};

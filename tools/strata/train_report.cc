@@ -205,6 +205,8 @@ nlohmann::json PrintPlacement(const TrainReportInputs& in) {
           {"beta2", rc.beta2},
           {"eps", rc.eps},
           {"grad_clip", rc.grad_clip},
+          {"state_dtype", StateFormatName(rc.state_format)},
+          {"state_rounding", StateRoundingName(rc.state_rounding)},
           {"seed", in.seed},
           {"recompute", t.recompute},
           {"device", setup.device().Name()},
