@@ -104,6 +104,28 @@ struct Avx2Vec {
   static void StoreTrunc16(uint16_t* p, F x, const Tail& t) {
     Store16<kTail>(p, Narrow(_mm256_srli_epi32(_mm256_castps_si256(x), 16)), t);
   }
+  using R = __m256i;
+  static R RandomBits(uint32_t first, uint32_t key) {
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first + key)),
+                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  }
+  template <bool kHigh, bool kTail>
+  static void StoreBf16Stochastic(uint16_t* p, F x, R r, const Tail& t) {
+    const __m256i b = _mm256_castps_si256(x);
+    const __m256i add =
+        kHigh ? _mm256_srli_epi32(r, 16) : _mm256_and_si256(r, _mm256_set1_epi32(0xffff));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(b, add), 16);
+    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+    const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256i out = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet_nan), is_nan));
+    Store16<kTail>(p, Narrow(out), t);
+  }
 };
 
 // 16 consecutive elements -> the 16 norm lanes held in four registers of 4 doubles

@@ -85,6 +85,27 @@ struct Avx512Vec {
   static void StoreTrunc16(uint16_t* p, F x, const Tail& t) {
     Store16<kTail>(p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)), t);
   }
+  using R = __m512i;
+  static R RandomBits(uint32_t first, uint32_t key) {
+    __m512i x =
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first + key)),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  }
+  template <bool kHigh, bool kTail>
+  static void StoreBf16Stochastic(uint16_t* p, F x, R r, const Tail& t) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i add =
+        kHigh ? _mm512_srli_epi32(r, 16) : _mm512_and_si512(r, _mm512_set1_epi32(0xffff));
+    __m512i out = _mm512_srli_epi32(_mm512_add_epi32(b, add), 16);
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    out = _mm512_mask_or_epi32(out, is_nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    Store16<kTail>(p, _mm512_cvtepi32_epi16(out), t);
+  }
 };
 
 template <FloatFormat G>

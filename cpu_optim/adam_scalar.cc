@@ -51,6 +51,18 @@ struct ScalarVec {
   static void StoreTrunc16(uint16_t* p, F x, const Tail&) {
     *p = static_cast<uint16_t>(FloatBits(x) >> 16);
   }
+  using R = uint32_t;
+  static R RandomBits(uint32_t first, uint32_t key) { return Mix32(first + key); }
+  template <bool kHigh, bool kTail>
+  static void StoreBf16Stochastic(uint16_t* p, F x, R r, const Tail&) {
+    const uint32_t b = FloatBits(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+      *p = static_cast<uint16_t>((b >> 16) | 0x0040u);  // NaN: as FloatToBf16Bits
+      return;
+    }
+    const uint32_t add = kHigh ? r >> 16 : r & 0xffffu;
+    *p = static_cast<uint16_t>((b + add) >> 16);
+  }
 };
 
 float LoadAsFloat(const void* grad, FloatFormat format, size_t i) {

@@ -69,5 +69,17 @@ inline uint16_t FloatToFp16Bits(float f) {
   return sign | static_cast<uint16_t>(q);
 }
 
+// The "lowbias32" integer hash (Chris Wellons' hash-prospector): the random bits of
+// stochastic rounding (see AdamSlice in include/strata/optim.h). Every ISA computes exactly
+// this per element.
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
 }  // namespace
 }  // namespace strata::cpu_optim

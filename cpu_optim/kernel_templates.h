@@ -9,7 +9,10 @@
 //   Set1, Add, Mul, Div, Sqrt, Fma(a, b, c) = a*b + c rounded once,
 //   LoadF32/LoadBf16/LoadFp16<kTail>(ptr, tail), StoreF32/StoreBf16/StoreFp16<kTail>
 //   (bf16/fp16 stores round to nearest even, NaN kept), StoreTrunc16<kTail> (drops the low
-//   16 bits: the bound kernel's trivial conversion).
+//   16 bits: the bound kernel's trivial conversion),
+//   R (vector of uint32), RandomBits(first, key) = Mix32(first + lane + key) per lane,
+//   StoreBf16Stochastic<kHigh, kTail>(ptr, x, r, tail) (adds r's low, or with kHigh high,
+//   16 bits to x's bits and keeps the top 16; NaN kept as StoreBf16 keeps it).
 //
 // Internal linkage for the same reason as convert.h: one copy per ISA translation unit.
 #pragma once
@@ -44,6 +47,28 @@ inline void StoreGrad(void* grad, size_t i, typename V::F x, const typename V::T
   }
 }
 
+template <class V, MomentStore S, bool kTail>
+inline typename V::F LoadMoment(const void* p, size_t i, const typename V::Tail& t) {
+  if constexpr (S == MomentStore::kF32) {
+    return V::template LoadF32<kTail>(static_cast<const float*>(p) + i, t);
+  } else {
+    return V::template LoadBf16<kTail>(static_cast<const uint16_t*>(p) + i, t);
+  }
+}
+
+// kHigh: which half of the random bits a stochastic store uses (exp_avg low, exp_avg_sq high).
+template <class V, MomentStore S, bool kHigh, bool kTail>
+inline void StoreMoment(void* p, size_t i, typename V::F x, const typename V::R& r,
+                        const typename V::Tail& t) {
+  if constexpr (S == MomentStore::kF32) {
+    V::template StoreF32<kTail>(static_cast<float*>(p) + i, x, t);
+  } else if constexpr (S == MomentStore::kBf16Nearest) {
+    V::template StoreBf16<kTail>(static_cast<uint16_t*>(p) + i, x, t);
+  } else {
+    V::template StoreBf16Stochastic<kHigh, kTail>(static_cast<uint16_t*>(p) + i, x, r, t);
+  }
+}
+
 template <class V>
 struct AdamConsts {
   typename V::F grad_scale, weight_decay, neg_lr_wd, beta1, one_minus_beta1, beta2, one_minus_beta2,
@@ -63,7 +88,7 @@ struct AdamConsts {
 
 // One vector of the AdamW/Adam update; the formula is the one in include/strata/optim.h
 // (torch.optim.AdamW / torch.optim.Adam).
-template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kTail>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S, bool kTail>
 inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
                        const typename V::Tail& t) {
   using F = typename V::F;
@@ -71,8 +96,8 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
   F p = V::template LoadF32<kTail>(a.master + i, t);
   if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, p, g);
   const F m =
-      V::Fma(c.beta1, V::template LoadF32<kTail>(a.exp_avg + i, t), V::Mul(c.one_minus_beta1, g));
-  const F v = V::Fma(c.beta2, V::template LoadF32<kTail>(a.exp_avg_sq + i, t),
+      V::Fma(c.beta1, LoadMoment<V, S, kTail>(a.exp_avg, i, t), V::Mul(c.one_minus_beta1, g));
+  const F v = V::Fma(c.beta2, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t),
                      V::Mul(c.one_minus_beta2, V::Mul(g, g)));
   const F denom = V::Add(V::Div(V::Sqrt(v), c.bias_correction2_sqrt), c.eps);
   // AdamW: p * (1 - lr*wd) - step * m/denom evaluated as p + ((-lr*wd)*p + -step * m/denom):
@@ -84,8 +109,12 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
   } else {
     p = V::Fma(c.neg_step_size, V::Div(m, denom), p);
   }
-  V::template StoreF32<kTail>(a.exp_avg + i, m, t);
-  V::template StoreF32<kTail>(a.exp_avg_sq + i, v, t);
+  typename V::R r{};
+  if constexpr (S == MomentStore::kBf16Stochastic) {
+    r = V::RandomBits(static_cast<uint32_t>(a.index_base + i), a.rounding_key);
+  }
+  StoreMoment<V, S, false, kTail>(a.exp_avg, i, m, r, t);
+  StoreMoment<V, S, true, kTail>(a.exp_avg_sq, i, v, r, t);
   V::template StoreF32<kTail>(a.master + i, p, t);
   if constexpr (O == ParamOut::kBf16) {
     V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
@@ -94,20 +123,20 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
   }
 }
 
-template <class V, FloatFormat G, ParamOut O, AdamMode M>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S>
 void AdamRange(const AdamArgs& a, size_t begin, size_t end) {
   const AdamConsts<V> c(a.s);
   size_t i = begin;
   const typename V::Tail full{};
-  for (; i + V::kWidth <= end; i += V::kWidth) AdamVector<V, G, O, M, false>(a, c, i, full);
-  if (i < end) AdamVector<V, G, O, M, true>(a, c, i, V::MakeTail(end - i));
+  for (; i + V::kWidth <= end; i += V::kWidth) AdamVector<V, G, O, M, S, false>(a, c, i, full);
+  if (i < end) AdamVector<V, G, O, M, S, true>(a, c, i, V::MakeTail(end - i));
 }
 
 // The bound: the same streams as AdamVector (grad read at its width, master/m/v read and
 // written, the copy written at 16 bits) with one fma per stream instead of the update.
 // The fma adds g * 0 (a.s.grad_scale is 0, a run-time value the compiler cannot fold), so
 // the data keep their values and a benchmark can interleave this kernel with AdamStep.
-template <class V, FloatFormat G, ParamOut O, bool kTail>
+template <class V, FloatFormat G, ParamOut O, MomentStore S, bool kTail>
 inline void TrafficVector(const AdamArgs& a, const typename V::F zero, size_t i,
                           const typename V::Tail& t) {
   using F = typename V::F;
@@ -118,23 +147,37 @@ inline void TrafficVector(const AdamArgs& a, const typename V::F zero, size_t i,
     g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
   }
   const F p = V::Fma(g, zero, V::template LoadF32<kTail>(a.master + i, t));
-  const F m = V::Fma(g, zero, V::template LoadF32<kTail>(a.exp_avg + i, t));
-  const F v = V::Fma(g, zero, V::template LoadF32<kTail>(a.exp_avg_sq + i, t));
-  V::template StoreF32<kTail>(a.exp_avg + i, m, t);
-  V::template StoreF32<kTail>(a.exp_avg_sq + i, v, t);
+  const F m = V::Fma(g, zero, LoadMoment<V, S, kTail>(a.exp_avg, i, t));
+  const F v = V::Fma(g, zero, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t));
+  if constexpr (S == MomentStore::kF32) {
+    V::template StoreF32<kTail>(static_cast<float*>(a.exp_avg) + i, m, t);
+    V::template StoreF32<kTail>(static_cast<float*>(a.exp_avg_sq) + i, v, t);
+  } else {  // exact: the values are bf16 already
+    V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.exp_avg) + i, m, t);
+    V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.exp_avg_sq) + i, v, t);
+  }
   V::template StoreF32<kTail>(a.master + i, p, t);
   if constexpr (O != ParamOut::kNone) {
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
   }
 }
 
-template <class V, FloatFormat G, ParamOut O>
+template <class V, FloatFormat G, ParamOut O, MomentStore S>
 void TrafficRange(const AdamArgs& a, size_t begin, size_t end) {
   size_t i = begin;
   const typename V::Tail full{};
   const typename V::F zero = V::Set1(a.s.grad_scale);
-  for (; i + V::kWidth <= end; i += V::kWidth) TrafficVector<V, G, O, false>(a, zero, i, full);
-  if (i < end) TrafficVector<V, G, O, true>(a, zero, i, V::MakeTail(end - i));
+  for (; i + V::kWidth <= end; i += V::kWidth) TrafficVector<V, G, O, S, false>(a, zero, i, full);
+  if (i < end) TrafficVector<V, G, O, S, true>(a, zero, i, V::MakeTail(end - i));
+}
+
+template <class V, FloatFormat G, ParamOut O>
+void TrafficRangeState(const AdamArgs& a, size_t begin, size_t end) {
+  if (a.moments == MomentStore::kF32) {
+    TrafficRange<V, G, O, MomentStore::kF32>(a, begin, end);
+  } else {
+    TrafficRange<V, G, O, MomentStore::kBf16Nearest>(a, begin, end);
+  }
 }
 
 template <class V, FloatFormat G>
@@ -165,12 +208,24 @@ void ConvertRange(const float* src, void* dst, size_t begin, size_t end) {
 }
 
 // Run-time format/mode -> template instantiation, once per range.
+template <class V, FloatFormat G, ParamOut O, AdamMode M>
+void AdamRangeState(const AdamArgs& a, size_t begin, size_t end) {
+  switch (a.moments) {
+    case MomentStore::kF32:
+      return AdamRange<V, G, O, M, MomentStore::kF32>(a, begin, end);
+    case MomentStore::kBf16Nearest:
+      return AdamRange<V, G, O, M, MomentStore::kBf16Nearest>(a, begin, end);
+    case MomentStore::kBf16Stochastic:
+      return AdamRange<V, G, O, M, MomentStore::kBf16Stochastic>(a, begin, end);
+  }
+}
+
 template <class V, FloatFormat G, ParamOut O>
 void AdamRangeMode(const AdamArgs& a, size_t begin, size_t end) {
   if (a.mode == AdamMode::kAdamW) {
-    AdamRange<V, G, O, AdamMode::kAdamW>(a, begin, end);
+    AdamRangeState<V, G, O, AdamMode::kAdamW>(a, begin, end);
   } else {
-    AdamRange<V, G, O, AdamMode::kAdam>(a, begin, end);
+    AdamRangeState<V, G, O, AdamMode::kAdam>(a, begin, end);
   }
 }
 
@@ -201,9 +256,9 @@ void AdamDispatch(const AdamArgs& a, size_t begin, size_t end) {
 template <class V, FloatFormat G>
 void TrafficRangeOut(const AdamArgs& a, size_t begin, size_t end) {
   if (a.param_out_format == ParamOut::kNone) {
-    TrafficRange<V, G, ParamOut::kNone>(a, begin, end);
+    TrafficRangeState<V, G, ParamOut::kNone>(a, begin, end);
   } else {
-    TrafficRange<V, G, ParamOut::kBf16>(a, begin, end);
+    TrafficRangeState<V, G, ParamOut::kBf16>(a, begin, end);
   }
 }
 

@@ -32,16 +32,22 @@ struct AdamScalars {
 
 AdamScalars MakeAdamScalars(const AdamHyperParams& hyper, float grad_scale);
 
+// How the moments are stored: the slice's StateFormat and StateRounding in one.
+enum class MomentStore : uint8_t { kF32, kBf16Nearest, kBf16Stochastic };
+
 struct AdamArgs {
   float* master;
-  float* exp_avg;
-  float* exp_avg_sq;
+  void* exp_avg;
+  void* exp_avg_sq;
   const void* grad;
   void* param_out;
   FloatFormat grad_format;
   ParamOut param_out_format;
   AdamMode mode;
   AdamScalars s;
+  MomentStore moments = MomentStore::kF32;
+  uint32_t rounding_key = 0;  // Mix32 of the slice's rounding_key (see optim.h)
+  uint64_t index_base = 0;
 };
 
 // One ISA's kernels. All ranges are element indices into the arrays of the call.
@@ -72,6 +78,7 @@ Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options);
 
 // Bytes of DRAM traffic one AdamStep moves per parameter with these formats (each array
 // read once, the fp32 ones written once, the copy written once).
-size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out);
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out,
+                         StateFormat state_format = StateFormat::kFp32);
 
 }  // namespace strata::cpu_optim

@@ -59,6 +59,26 @@ const char* ParamOutName(ParamOut out) {
   return "?";
 }
 
+const char* StateFormatName(StateFormat format) {
+  switch (format) {
+    case StateFormat::kFp32:
+      return "fp32";
+    case StateFormat::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+const char* StateRoundingName(StateRounding rounding) {
+  switch (rounding) {
+    case StateRounding::kNearestEven:
+      return "nearest-even";
+    case StateRounding::kStochastic:
+      return "stochastic";
+  }
+  return "?";
+}
+
 Result<ParamOut> ParseParamOut(std::string_view name) {
   if (name == "none") return ParamOut::kNone;
   if (name == "bf16") return ParamOut::kBf16;
@@ -218,9 +238,19 @@ Status CheckSlice(const AdamSlice& s) {
     const void* p;
     size_t bytes;
   };
+  if (s.state_format != StateFormat::kFp32 && s.state_format != StateFormat::kBf16) {
+    return Status::InvalidArgument("AdamStep: unknown StateFormat value " +
+                                   std::to_string(static_cast<int>(s.state_format)));
+  }
+  if (s.state_rounding != StateRounding::kNearestEven &&
+      s.state_rounding != StateRounding::kStochastic) {
+    return Status::InvalidArgument("AdamStep: unknown StateRounding value " +
+                                   std::to_string(static_cast<int>(s.state_rounding)));
+  }
+  const size_t state = s.state_format == StateFormat::kFp32 ? 4 : 2;
   const Range r[] = {{"master", s.master, s.n * 4},
-                     {"exp_avg", s.exp_avg, s.n * 4},
-                     {"exp_avg_sq", s.exp_avg_sq, s.n * 4},
+                     {"exp_avg", s.exp_avg, s.n * state},
+                     {"exp_avg_sq", s.exp_avg_sq, s.n * state},
                      {"grad", s.grad, s.n * FloatFormatBytes(s.grad_format)},
                      {"param_out", s.param_out, s.n * ParamOutBytes(s.param_out_format)}};
   for (size_t i = 0; i < std::size(r); ++i) {
@@ -279,6 +309,20 @@ Status PrepareAdam(const AdamSlice& slice, const CpuKernelOptions& options,
   return Status::OK();
 }
 
+// The slice's arrays and formats as the kernels take them (scalars left to the caller).
+AdamArgs ArgsOf(const AdamSlice& slice, AdamMode mode, const AdamScalars& scalars) {
+  AdamArgs a{slice.master,    slice.exp_avg,     slice.exp_avg_sq,       slice.grad,
+             slice.param_out, slice.grad_format, slice.param_out_format, mode,
+             scalars};
+  if (slice.state_format == StateFormat::kBf16) {
+    a.moments = slice.state_rounding == StateRounding::kStochastic ? MomentStore::kBf16Stochastic
+                                                                   : MomentStore::kBf16Nearest;
+  }
+  a.rounding_key = Mix32(static_cast<uint32_t>(slice.rounding_key ^ (slice.rounding_key >> 32)));
+  a.index_base = slice.index_base;
+  return a;
+}
+
 }  // namespace
 
 AdamScalars MakeAdamScalars(const AdamHyperParams& h, float grad_scale) {
@@ -312,16 +356,15 @@ Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options) {
   return &ScalarKernels();
 }
 
-size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out) {
-  return FloatFormatBytes(grad_format) + 3 * 4 * 2 + ParamOutBytes(param_out);
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format) {
+  const size_t moment = state_format == StateFormat::kFp32 ? 4 : 2;
+  return FloatFormatBytes(grad_format) + (4 + 2 * moment) * 2 + ParamOutBytes(param_out);
 }
 
 Status TrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
   const IsaKernels* kernels = nullptr;
   STRATA_RETURN_IF_ERROR(PrepareAdam(slice, options, &kernels));
-  const AdamArgs args{slice.master,    slice.exp_avg,     slice.exp_avg_sq,       slice.grad,
-                      slice.param_out, slice.grad_format, slice.param_out_format, AdamMode::kAdamW,
-                      AdamScalars{}};
+  const AdamArgs args = ArgsOf(slice, AdamMode::kAdamW, AdamScalars{});
   ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->traffic(args, b, e); });
   return Status::OK();
@@ -339,15 +382,7 @@ Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper, float grad
     return Status::InvalidArgument("AdamStep: unknown AdamMode value " +
                                    std::to_string(static_cast<int>(hyper.mode)));
   }
-  const AdamArgs args{slice.master,
-                      slice.exp_avg,
-                      slice.exp_avg_sq,
-                      slice.grad,
-                      slice.param_out,
-                      slice.grad_format,
-                      slice.param_out_format,
-                      hyper.mode,
-                      MakeAdamScalars(hyper, grad_scale)};
+  const AdamArgs args = ArgsOf(slice, hyper.mode, MakeAdamScalars(hyper, grad_scale));
   ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->adam(args, b, e); });
   return Status::OK();
@@ -434,8 +469,8 @@ Status ConvertFromFloat(const float* src, void* dst, FloatFormat dst_format, siz
 Status AdamTrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
   return cpu_optim::TrafficStep(slice, options);
 }
-size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out) {
-  return cpu_optim::AdamBytesPerParam(grad_format, param_out);
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format) {
+  return cpu_optim::AdamBytesPerParam(grad_format, param_out, state_format);
 }
 
 }  // namespace strata

@@ -104,6 +104,9 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"eps", real(opt.eps), kReal},
       {"weight_decay", real(opt.weight_decay), kReal},
       {"grad_clip", real(opt.grad_clip), kReal},
+      {"Adam moments' format (0 fp32, 1 bf16)", uint64_t(opt.state_format), kNumber},
+      {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
+       kNumber},
   };
   constexpr size_t kFields = sizeof fields / sizeof fields[0];
   std::vector<uint64_t> mine(kFields), all(kFields * size_t(ctx.ws));

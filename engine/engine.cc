@@ -452,6 +452,7 @@ StepStats EngineImpl::StatsLocked(uint64_t step_number) {
   timeline.StepUsage(step_start_, end, &st);  // busy table, bound, per-edge bytes
   Clock::time_point last_compute;
   st.stall_seconds = timeline.ComputeIdleSeconds(step_start_, end, &last_compute);
+  st.tail_seconds = std::chrono::duration<double>(end - last_compute).count();
   timeline.AddStallEvents(step_start_, last_compute);
   timeline.Add(TraceLane::kStep, "step " + std::to_string(step_number), step_start_, end);
   st.efficiency = st.seconds > 0 ? st.bound_seconds / st.seconds : 0;
@@ -542,13 +543,17 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
   MutexLock lock(&ctx_.mu);
   if (ctx_.step_open) return Status::InvalidArgument("ReadComponent during a step");
   const int obj = ObjIndex(block, component);
-  const uint64_t n = host_.Obj(obj).bytes / 4;
+  const uint64_t n = ctx_.layout[block].shard_numel;
   if (out.size() != n) {
     return Status::InvalidArgument("ReadComponent: block '" + ctx_.layout[block].name + "' has " +
                                    std::to_string(n) + " elements, got room for " +
                                    std::to_string(out.size()));
   }
-  return host_.ReadObjLocked(obj, out.data());
+  if (ctx_.place.elem_bytes[int(component)] == 4) return host_.ReadObjLocked(obj, out.data());
+  std::vector<uint16_t> bf16(n);  // bf16 moments, widened exactly
+  STRATA_RETURN_IF_ERROR(host_.ReadObjLocked(obj, bf16.data()));
+  for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
+  return Status::OK();
 }
 
 }  // namespace

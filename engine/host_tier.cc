@@ -40,7 +40,7 @@ Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
     const Component c = ObjComponent(o);
     h.exists = place.obj_bytes[o] > 0;
     if (!h.exists) continue;
-    h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * (c == Component::kParam ? 2 : 4);
+    h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * place.elem_bytes[int(c)];
     h.cached = place.cached[o];
     h.needs_write = c != Component::kGrad && (place.home[o] == Tier::kNvme || ctx_.durable);
   }
@@ -120,9 +120,7 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   const EngineOptions& opt = ctx_.opt;
   SwapStoreOptions sopt;
   sopt.paths = opt.nvme_paths;
-  // A committed and a pending version of every component, plus room for fragmentation.
-  sopt.capacity_bytes =
-      2 * ctx_.place.nvme_bytes + 2 * opt.nvme_stripe_bytes * sopt.paths.size() + (16ull << 20);
+  sopt.capacity_bytes = ctx_.place.swap_capacity_bytes;  // see SwapCapacity
   sopt.stripe_bytes = opt.nvme_stripe_bytes;
   sopt.create = !opt.resume;
   sopt.backend = opt.io;

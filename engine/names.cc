@@ -81,14 +81,23 @@ const char* ResourceName(Resource r) {
 
 std::string PlacementReport::ToString() const {
   std::ostringstream os;
-  os << "# placement: working dtype " << WorkingDtypeName(dtype) << "\n";
+  os << "# placement: working dtype " << WorkingDtypeName(dtype) << ", Adam moments "
+     << StateFormatName(state_format) << "\n";
   os << "#   device budget " << (device_budget_bytes ? FormatBytes(device_budget_bytes) : "none")
      << " (minimum " << FormatBytes(device_min_bytes) << ")\n";
   os << "#   host budget " << (host_budget_bytes ? FormatBytes(host_budget_bytes) : "unlimited")
      << " (minimum " << FormatBytes(host_min_bytes) << "): homes "
      << FormatBytes(host_resident_bytes) << ", cache/staging " << FormatBytes(host_cache_bytes)
      << "\n";
-  os << "#   nvme " << FormatBytes(nvme_bytes) << "\n";
+  os << "#   nvme " << FormatBytes(nvme_bytes);
+  if (nvme_file_bytes > 0) {
+    // Why the files are larger than the states: see PlacementReport::nvme_file_bytes.
+    os << " of states; swap files " << FormatBytes(nvme_file_bytes) << " on disk (a committed"
+       << " and a pending version of each extent, " << FormatBytes(2 * nvme_bytes)
+       << ", plus room for fragmentation, in whole " << FormatBytes(nvme_stripe_bytes)
+       << " stripes over " << nvme_folders << (nvme_folders == 1 ? " folder" : " folders") << ")";
+  }
+  os << "\n";
   for (const std::string& r : reasons) os << "#   " << r << "\n";
   os << "#   predicted per step: nvme_read " << FormatBytes(predicted_bytes.nvme_read)
      << ", nvme_write " << FormatBytes(predicted_bytes.nvme_write) << ", h2d "

@@ -3,6 +3,20 @@
 #include <cmath>
 
 namespace strata::engine_internal {
+namespace {
+
+// The moments' format for the slice of block `b` starting at shard element `lo`. Stochastic
+// rounding draws from a hash keyed by (step, block, rank) and indexed within the shard, so
+// the bits depend on nothing a budget or a tier changes.
+void SetMomentFormat(const EngineContext& ctx, int64_t step, int b, uint64_t lo, AdamSlice* s) {
+  s->state_format = ctx.opt.state_format;
+  s->state_rounding = ctx.opt.state_rounding;
+  s->rounding_key = uint64_t(step) * 0x9e3779b97f4a7c15ull + uint64_t(b) * 0xc2b2ae3d27d4eb4full +
+                    uint64_t(ctx.rank) * 0x165667b19e3779f9ull;
+  s->index_base = lo;
+}
+
+}  // namespace
 
 void OptimizerStage::BeginStepLocked() {
   opts_done_ = 0;
@@ -148,8 +162,9 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
     }
   }
   float* master = static_cast<float*>(master_buf);
-  float* m = static_cast<float*>(m_buf);
-  float* v = static_cast<float*>(v_buf);
+  char* m = static_cast<char*>(m_buf);
+  char* v = static_cast<char*>(v_buf);
+  const size_t moment_bytes = opt.state_format == StateFormat::kBf16 ? 2 : 4;
   const float* grad = static_cast<const float*>(grad_buf);
   uint16_t* param = static_cast<uint16_t*>(param_buf);
   const Clock::time_point t0 = Clock::now();
@@ -170,8 +185,9 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
       if (lo == hi) continue;
       AdamSlice s;
       s.master = master + lo;
-      s.exp_avg = m + lo;
-      s.exp_avg_sq = v + lo;
+      s.exp_avg = m + lo * moment_bytes;
+      s.exp_avg_sq = v + lo * moment_bytes;
+      SetMomentFormat(ctx_, hp.step, b, lo, &s);
       s.grad = grad + lo;
       s.n = hi - lo;
       if (param) {

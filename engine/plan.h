@@ -33,11 +33,14 @@ struct PlanOptions {
   std::vector<ScheduleEntry> schedule;  // one micro-batch's access order; empty = standard
   int micro_batches = 1;
   bool clip = false;  // gradient clipping: every update waits for the global norm
-  WorkingDtype dtype = WorkingDtype::kFp32;  // resolved: kFp32 or kBf16
-  uint64_t device_budget = 0;                // 0 = unlimited
-  uint64_t host_budget = 0;                  // 0 = unlimited
-  bool nvme = false;                         // NVMe paths were given
-  bool durable = false;                      // every step commits the states to NVMe (resume too)
+  WorkingDtype dtype = WorkingDtype::kFp32;       // resolved: kFp32 or kBf16
+  StateFormat state_format = StateFormat::kFp32;  // of the moments
+  uint64_t device_budget = 0;                     // 0 = unlimited
+  uint64_t host_budget = 0;                       // 0 = unlimited
+  bool nvme = false;                              // NVMe paths were given
+  int nvme_folders = 0;                           // how many (one swap file each)
+  uint64_t nvme_stripe_bytes = 1 << 20;           // the swap files' stripe
+  bool durable = false;  // every step commits the states to NVMe (resume too)
   int rank = 0;
   int world_size = 1;
   // kDevice or kHost with a communicator; kAuto without one (no collectives).
@@ -182,9 +185,11 @@ Result<HostPlan> PlanHost(const HostPlanInput& in);
 struct PlacementPlan {
   std::vector<Tier> home;           // per object (grads: kHost)
   std::vector<uint64_t> obj_bytes;  // per object, pool-rounded; 0 for absent components
-  std::vector<bool> cached;         // per object
-  uint64_t cache_capacity = 0;      // host bytes for the cache
-  uint64_t staging_bytes = 0;       // fixed staging (gradient accumulation), outside the cache
+  // Bytes per element of each component (param: the working dtype; moments: state_format).
+  uint32_t elem_bytes[kNumComponents] = {4, 4, 4, 4, 4};
+  std::vector<bool> cached;     // per object
+  uint64_t cache_capacity = 0;  // host bytes for the cache
+  uint64_t staging_bytes = 0;   // fixed staging (gradient accumulation), outside the cache
   // Of staging_bytes, multi-rank buffers: 2 x gather_bytes (full-block parameter gathers)
   // plus one full-block gradient landing buffer. 0 with one rank.
   uint64_t comm_staging_bytes = 0;
@@ -192,6 +197,8 @@ struct PlacementPlan {
   uint64_t resident_bytes = 0;  // host-homed components
   bool use_nvme = false;
   uint64_t nvme_bytes = 0;  // bytes of NVMe-homed (or durable) components
+  // The swap store's extent space (SwapCapacity of nvme_bytes); 0 without NVMe.
+  uint64_t swap_capacity_bytes = 0;
   PlacementReport report;
   // What the executors follow: the step's accesses, the device plan, and per block the
   // device bytes of its params (working dtype) and of its gradient buffer (fp32).
@@ -202,6 +209,14 @@ struct PlacementPlan {
   bool clip = false;
   bool separate_param = false;
 };
+
+// The swap store's extent space for `nvme_bytes` of states: a committed and a pending
+// version of every extent (a superseded version's space is reused only after the commit that
+// supersedes it), plus two stripes per folder and 16 MiB for fragmentation.
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders);
+// What the swap files of that capacity take on disk, all folders together: each file holds
+// whole stripes and the files are equal (SwapStore::Open preallocates them so).
+uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders);
 
 // The host plan input of a step under `placement` starting from an empty cache (the one
 // PlanPlacement validated); the caller adds what the last step left resident. Points into

@@ -20,9 +20,12 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.micro_batches = options.micro_batches;
   p.clip = options.grad_clip > 0;
   p.dtype = dtype;
+  p.state_format = options.state_format;
   p.device_budget = options.device_mem_bytes;
   p.host_budget = options.host_mem_bytes;
   p.nvme = !options.nvme_paths.empty();
+  p.nvme_folders = int(options.nvme_paths.size());
+  p.nvme_stripe_bytes = options.nvme_stripe_bytes;
   p.durable = options.durable || options.resume;
   p.rank = options.rank;
   p.world_size = options.world_size;
@@ -32,6 +35,17 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.h2d_bps = options.h2d_bps;
   p.d2h_bps = options.d2h_bps;
   return p;
+}
+
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders) {
+  return 2 * nvme_bytes + 2 * stripe_bytes * uint64_t(folders) + (16ull << 20);
+}
+
+uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders) {
+  if (folders <= 0 || stripe_bytes == 0) return 0;
+  const uint64_t n = uint64_t(folders);
+  const uint64_t stripes = (RoundUp(capacity_bytes, 4096) + stripe_bytes - 1) / stripe_bytes;
+  return (stripes + n - 1) / n * stripe_bytes * n;
 }
 
 HostPlanInput HostInputFor(const PlacementPlan& pp) {
@@ -119,6 +133,7 @@ struct Placer {
   std::vector<uint64_t> param_bytes, grad_bytes;
   std::string device_short_message;  // non-empty: the device budget is below its minimum
   uint64_t largest_f32 = 0;          // the largest fp32 state object
+  uint64_t largest_step = 0;         // the largest block's master, moments and gradient
   std::vector<int> state_objs;  // master/param first (most traffic saved per byte), then moments
   uint64_t state_bytes = 0;
   std::vector<Access> schedule;
@@ -128,6 +143,11 @@ struct Placer {
 
   Status SizeObjects();
   void AddCommStaging();
+  // SizeObjects, AddCommStaging and the host plan input with only gradients cached.
+  Status Prepare();
+  // The least host budget that plans: with every state on NVMe when opt.nvme, else with
+  // every state at home in host memory.
+  Result<uint64_t> HostMinimum();
   Status PlaceAllOnHost(uint64_t cache_min_host);
   Status PlaceWithNvme();
   Status PredictTraffic();
@@ -136,6 +156,10 @@ struct Placer {
 // Object sizes, the device minimum and the device plan.
 Status Placer::SizeObjects() {
   const uint64_t work_elem = separate ? 2 : 4;
+  const uint32_t moment_elem = opt.state_format == StateFormat::kBf16 ? 2 : 4;
+  pp.elem_bytes[int(Component::kParam)] = uint32_t(work_elem);
+  pp.elem_bytes[int(Component::kExpAvg)] = moment_elem;
+  pp.elem_bytes[int(Component::kExpAvgSq)] = moment_elem;
   const int n_obj = blocks * kNumComponents;
   pp.home.assign(n_obj, Tier::kHost);
   pp.obj_bytes.assign(n_obj, 0);
@@ -155,13 +179,16 @@ Status Placer::SizeObjects() {
     largest_f32 = std::max(largest_f32, f32);
     for (Component c :
          {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kGrad}) {
-      pp.obj_bytes[ObjIndex(b, c)] = f32;
+      pp.obj_bytes[ObjIndex(b, c)] = RoundUp(s * pp.elem_bytes[int(c)], kPage);
     }
+    largest_step =
+        std::max(largest_step, 2 * f32 + 2 * pp.obj_bytes[ObjIndex(b, Component::kExpAvg)]);
     if (separate) pp.obj_bytes[ObjIndex(b, Component::kParam)] = RoundUp(s * 2, kPage);
     pp.cached[ObjIndex(b, Component::kGrad)] = true;
   }
   PlacementReport& rep = pp.report;
   rep.dtype = opt.dtype;
+  rep.state_format = opt.state_format;
   rep.device_budget_bytes = opt.device_budget;
   rep.device_min_bytes = device_min;
   rep.host_budget_bytes = opt.host_budget;
@@ -222,6 +249,90 @@ void Placer::AddCommStaging() {
       FormatBytes(gather) + " and a gradient landing buffer of " + FormatBytes(landing));
 }
 
+Status Placer::Prepare() {
+  STRATA_RETURN_IF_ERROR(SizeObjects());
+  AddCommStaging();
+  hin.schedule = &schedule;
+  hin.device = &device;
+  hin.blocks = blocks;
+  hin.micro_batches = opt.micro_batches;
+  hin.clip = opt.clip;
+  hin.separate_param = separate;
+  hin.obj_bytes = pp.obj_bytes;
+  hin.cached = pp.cached;  // only gradients in the cache
+  return Status::OK();
+}
+
+Result<uint64_t> Placer::HostMinimum() {
+  HostPlanInput in = hin;
+  if (opt.nvme) {
+    for (int o : state_objs) in.cached[o] = true;
+    STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCacheCapacity(in));
+    return cache + pp.staging_bytes;
+  }
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCacheCapacity(in));
+  return state_bytes + cache + pp.staging_bytes;
+}
+
+// The host minimum of `layout` under `opt` (budgets aside), or nullopt when it does not plan.
+std::optional<uint64_t> HostMinimumOf(const std::vector<BlockLayout>& layout,
+                                      const PlanOptions& opt) {
+  Placer p(layout, opt);
+  if (!p.Prepare().ok()) return std::nullopt;
+  auto min = p.HostMinimum();
+  return min.ok() ? std::optional<uint64_t>(*min) : std::nullopt;
+}
+
+// The other ways to meet a host budget below `need` (the minimum with these options), each
+// with its own minimum, in the flags' words ("; or --grad-clip 0 (...): 27.2 MiB"): those
+// that need less than `need`, --nvme always, and all of them together when that needs less
+// than each alone.
+std::string WaysToMeetHost(const std::vector<BlockLayout>& layout, const PlanOptions& opt,
+                           uint64_t need) {
+  struct Way {
+    bool applies;
+    const char* flag;
+    const char* why;
+    void (*change)(PlanOptions*);
+  };
+  const Way ways[] = {
+      {!opt.nvme, "--nvme DIR", "states on NVMe, in host memory while in use",
+       [](PlanOptions* o) { o->nvme = true; }},
+      {opt.clip, "--grad-clip 0", "each gradient freed after its update, not held for the norm",
+       [](PlanOptions* o) { o->clip = false; }},
+      {opt.micro_batches > 1, "--micro-batches 1",
+       "with a larger --batch: no gradient held across micro-batches",
+       [](PlanOptions* o) { o->micro_batches = 1; }},
+      {opt.state_format == StateFormat::kFp32, "--state-dtype bf16",
+       "Adam moments in bf16: 8 bytes of state per parameter instead of 12",
+       [](PlanOptions* o) { o->state_format = StateFormat::kBf16; }},
+  };
+  std::string out, together;
+  PlanOptions all = opt;
+  all.host_budget = 0;
+  uint64_t best_alone = need;
+  int applying = 0;
+  for (const Way& w : ways) {
+    if (!w.applies) continue;
+    PlanOptions o = opt;
+    o.host_budget = 0;
+    w.change(&o);
+    w.change(&all);
+    together += std::string(applying++ ? " and " : "") + w.flag;
+    const std::optional<uint64_t> min = HostMinimumOf(layout, o);
+    if (!min) continue;
+    best_alone = std::min(best_alone, *min);
+    if (*min < need || w.change == ways[0].change) {  // --nvme: always
+      out += "; or " + std::string(w.flag) + " (" + w.why + "): " + FormatBytes(*min);
+    }
+  }
+  if (applying > 1) {
+    const std::optional<uint64_t> min = HostMinimumOf(layout, all);
+    if (min && *min < best_alone) out += "; or " + together + ": " + FormatBytes(*min);
+  }
+  return out;
+}
+
 // Every state's home is host memory; only gradients go through the cache.
 Status Placer::PlaceAllOnHost(uint64_t cache_min_host) {
   PlacementReport& rep = pp.report;
@@ -233,7 +344,7 @@ Status Placer::PlaceAllOnHost(uint64_t cache_min_host) {
                                FormatBytes(state_bytes) + " plus " +
                                FormatBytes(cache_min_host + pp.staging_bytes) +
                                " for gradients; need at least " + FormatBytesExact(all_host_min) +
-                               ", or give NVMe paths (--nvme)");
+                               " of --host-mem" + WaysToMeetHost(layout, opt, all_host_min));
   }
   if (opt.durable && !opt.nvme) {
     return Status::InvalidArgument("durable/resume needs NVMe paths to commit the state to");
@@ -269,12 +380,13 @@ Status Placer::PlaceWithNvme() {
         "host budget " + FormatBytes(opt.host_budget) +
         " is too small even with every state on NVMe: the host must stage the optimizer "
         "step of the largest block (master, exp_avg, exp_avg_sq and gradient, " +
-        FormatBytes(4 * largest_f32) + ")" +
+        FormatBytes(largest_step) + ")" +
         (hin.clip || opt.micro_batches > 1
              ? " while holding every block's gradient until the update"
              : std::string()) +
         (pp.staging_bytes ? " plus " + FormatBytes(pp.staging_bytes) + " of staging" : "") +
-        "; need at least " + FormatBytesExact(host_min));
+        "; need at least " + FormatBytesExact(host_min) + " of --host-mem" +
+        WaysToMeetHost(layout, opt, host_min));
   }
   // Keep a prefetch window beyond the minimum (two more optimizer steps' states, so the
   // reads of the next updates overlap the writes of the last ones), then give host
@@ -406,16 +518,7 @@ Status Placer::PredictTraffic() {
 Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                     const PlanOptions& opt) {
   Placer p(layout, opt);
-  STRATA_RETURN_IF_ERROR(p.SizeObjects());
-  p.AddCommStaging();
-  p.hin.schedule = &p.schedule;
-  p.hin.device = &p.device;
-  p.hin.blocks = p.blocks;
-  p.hin.micro_batches = opt.micro_batches;
-  p.hin.clip = opt.clip;
-  p.hin.separate_param = p.separate;
-  p.hin.obj_bytes = p.pp.obj_bytes;
-  p.hin.cached = p.pp.cached;  // only gradients in the cache
+  STRATA_RETURN_IF_ERROR(p.Prepare());
   STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, MinCacheCapacity(p.hin));
   PlacementPlan& pp = p.pp;
   const Status host =
@@ -438,6 +541,13 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
   rep.host_resident_bytes = pp.resident_bytes;
   rep.host_cache_bytes = pp.cache_capacity + pp.staging_bytes;
   rep.nvme_bytes = pp.nvme_bytes;
+  if (pp.use_nvme) {
+    pp.swap_capacity_bytes = SwapCapacity(pp.nvme_bytes, opt.nvme_stripe_bytes, opt.nvme_folders);
+    rep.nvme_file_bytes =
+        SwapFileBytes(pp.swap_capacity_bytes, opt.nvme_stripe_bytes, opt.nvme_folders);
+    rep.nvme_stripe_bytes = opt.nvme_stripe_bytes;
+    rep.nvme_folders = opt.nvme_folders;
+  }
   for (int b = 0; b < p.blocks; ++b) {
     for (int c = 0; c < kNumComponents; ++c) {
       const int o = ObjIndex(b, Component(c));

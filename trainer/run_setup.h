@@ -73,7 +73,11 @@ struct RunConfig {
   // AdamW. weight_decay applies to tensors marked for it.
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double grad_clip = 1.0;  // global gradient-norm clip; 0 = off
-  std::string trace;       // Chrome trace file; {rank}/{local_rank} replaced
+  // The Adam moments' format in host memory and on NVMe (master weights stay fp32) and, for
+  // bf16, their rounding (see StateFormat, StateRounding in strata/optim.h).
+  StateFormat state_format = StateFormat::kFp32;
+  StateRounding state_rounding = StateRounding::kStochastic;
+  std::string trace;  // Chrome trace file; {rank}/{local_rank} replaced
   // The steps the trace records, 1-based and inclusive; 0 = unbounded.
   int64_t trace_first_step = 0, trace_last_step = 0;
   // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).

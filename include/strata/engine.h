@@ -13,8 +13,9 @@
 // device gets whole blocks, all-gathered just in time — see EngineOptions::comm). Per
 // shard the engine
 // keeps the components of Component: `param` (working dtype, what the device computes with;
-// it aliases `master` when the working dtype is fp32), `master`, `exp_avg`, `exp_avg_sq`
-// (fp32) and `grad` (fp32, accumulated on the host across micro-batches). A planner puts
+// it aliases `master` when the working dtype is fp32), `master` (fp32), `exp_avg`,
+// `exp_avg_sq` (fp32, or bf16 with EngineOptions::state_format) and `grad` (fp32,
+// accumulated on the host across micro-batches). A planner puts
 // each component's home in host memory or on NVMe (Placement() says which and why);
 // cached copies live in faster tiers while they are in use.
 //
@@ -78,6 +79,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/io.h"
+#include "strata/optim.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -189,6 +191,13 @@ struct EngineOptions {
   // update waits until every block's gradient is final (the global norm), while the NVMe
   // reads of its master weights and moments still run ahead during backward.
   double grad_clip = 0.0;
+  // The Adam moments' format in host memory and on NVMe (the master weights stay fp32):
+  // kBf16 keeps 8 bytes of state per parameter instead of 12 (see StateFormat and
+  // StateRounding in strata/optim.h); its stochastic rounding draws from a hash of the step,
+  // block, rank and element, so results stay independent of budgets and tiers. A resumed
+  // engine must use the format its states were written in (else Corruption at Create).
+  StateFormat state_format = StateFormat::kFp32;
+  StateRounding state_rounding = StateRounding::kStochastic;
 
   // OpenMP threads of the CPU optimizer kernels; 0 = the kernels' default (one per core).
   // Never changes a result bit.
@@ -274,8 +283,15 @@ struct PlacementReport {
   uint64_t host_min_bytes = 0;                 // below: refused; at or above: works
   uint64_t host_resident_bytes = 0;            // components whose home is the host
   uint64_t host_cache_bytes = 0;               // the rest: staging and cache for NVMe homes
-  uint64_t nvme_bytes = 0;                     // components whose home is NVMe
-  WorkingDtype dtype = WorkingDtype::kFp32;    // resolved
+  uint64_t nvme_bytes = 0;                     // components whose home is NVMe (4 KiB pages)
+  // What this rank's swap files take on disk: two versions of every NVMe extent (the
+  // committed one stays until the next commit), room for fragmentation, whole stripes per
+  // folder. 0 without NVMe.
+  uint64_t nvme_file_bytes = 0;
+  uint64_t nvme_stripe_bytes = 0;                 // with NVMe: the swap files' stripe
+  int nvme_folders = 0;                           // with NVMe: one swap file each
+  WorkingDtype dtype = WorkingDtype::kFp32;       // resolved
+  StateFormat state_format = StateFormat::kFp32;  // of the moments
   // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).
   CollectiveMemory collective_memory = CollectiveMemory::kAuto;
   EdgeBytes predicted_bytes;           // per step, upper estimate
@@ -324,6 +340,14 @@ struct StepStats {
           // Compute lane idle from BeginStep to the end of its last operation of the step: the
   // time the device waited for data (the "stall" lane of the trace).
   double stall_seconds = 0;
+  // The serial tail: from the end of the compute lane's last operation of the step (the last
+  // backward) to the end of EndStep — the optimizer steps, NVMe writes and the commit that
+  // did not overlap backward. seconds ~= compute busy + stall_seconds + tail_seconds.
+  double tail_seconds = 0;
+  // Blocks whose optimizer step ran twice this step: updated before the global gradient norm
+  // was known and redone from their previous versions once it showed that clipping or a
+  // non-finite gradient applies. 0 while the optimizer waits for the norm before updating.
+  int64_t redone_blocks = 0;
   double busy_seconds[kNumResources] = {};
   // The NVMe drives' busy time: reads and writes share the drives, so the union of their
   // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).
@@ -375,8 +399,9 @@ class Engine {
   // order; Comm/Timeout when a rank is lost.
   virtual Status ReadParams(int block, int tensor, std::span<float> out) const = 0;
   // Reads a whole component of a block's shard (shard_numel fp32 values; kParam and
-  // kMaster both give the fp32 master weights). For tests and checkpoints; between steps.
-  // InvalidArgument for kGrad (gradients are freed after each update) or a wrong size.
+  // kMaster both give the fp32 master weights; bf16 moments are widened exactly). For tests and
+  // checkpoints; between steps. InvalidArgument for kGrad (gradients are freed after each update)
+  // or a wrong size.
   virtual Status ReadComponent(int block, Component component, std::span<float> out) const = 0;
 
   // Starts a step. InvalidArgument when a step is already open or args are out of range;

@@ -88,16 +88,44 @@ enum class ParamOut : uint8_t { kNone, kBf16, kFp16 };
 const char* ParamOutName(ParamOut out);
 Result<ParamOut> ParseParamOut(std::string_view name);
 
-// One contiguous slice of n parameters. The fp32 arrays are updated in place.
+// The format of the Adam moments (exp_avg, exp_avg_sq) in memory. The update itself is
+// computed in fp32 either way; kBf16 widens the stored moments exactly on load and rounds
+// the new ones to bf16 on store (the master weights stay fp32): 8 bytes of state per
+// parameter instead of 12.
+enum class StateFormat : uint8_t { kFp32, kBf16 };
+// How kBf16 moments are rounded on store.
+//   kNearestEven: round to nearest, ties to even (as FloatToBf16). Deterministic, but an
+//     increment below half a bf16 ulp (2^-9 relative) is lost: exp_avg_sq with beta2 =
+//     0.999 moves by 0.1% of itself per step, so it can grow but never decay.
+//   kStochastic: rounds up with probability equal to the dropped fraction, so each store is
+//     unbiased and small increments survive on average. The random bits are a fixed hash
+//     of (rounding_key, index_base + i): the same bits for every ISA, thread count and
+//     tier, so results stay bit-identical across them and across reruns.
+enum class StateRounding : uint8_t { kNearestEven, kStochastic };
+// "fp32", "bf16"; "nearest-even", "stochastic".
+const char* StateFormatName(StateFormat format);
+const char* StateRoundingName(StateRounding rounding);
+
+// One contiguous slice of n parameters. The master and moment arrays are updated in place.
 struct AdamSlice {
-  float* master = nullptr;      // fp32 master weights, n elements
-  float* exp_avg = nullptr;     // first moment, n elements
-  float* exp_avg_sq = nullptr;  // second moment, n elements
-  const void* grad = nullptr;   // n elements of grad_format; read only
+  float* master = nullptr;     // fp32 master weights, n elements
+  void* exp_avg = nullptr;     // first moment, n elements of state_format
+  void* exp_avg_sq = nullptr;  // second moment, n elements of state_format
+  const void* grad = nullptr;  // n elements of grad_format; read only
   FloatFormat grad_format = FloatFormat::kFp32;
   void* param_out = nullptr;  // n elements of param_out_format, written; null iff kNone
   ParamOut param_out_format = ParamOut::kNone;
   size_t n = 0;
+  StateFormat state_format = StateFormat::kFp32;
+  StateRounding state_rounding = StateRounding::kStochastic;  // kBf16 only
+  // kBf16 + kStochastic: element i's random bits are h = Mix32(uint32(index_base + i) +
+  // Mix32(uint32(rounding_key ^ (rounding_key >> 32)))) (Mix32: the "lowbias32" integer
+  // hash); exp_avg adds h's low 16 bits to its fp32 bits before dropping them, exp_avg_sq
+  // the high 16. Give every step and every array a different key, and each slice of one
+  // array its first element's index within the array, so the bits do not depend on how the
+  // array is cut into slices.
+  uint64_t rounding_key = 0;
+  uint64_t index_base = 0;
 };
 
 // One optimizer step over `slice`, per element (g the gradient converted to float):
@@ -109,6 +137,7 @@ struct AdamSlice {
 //   AdamW: p = p + fma(-lr / (1 - b1^t), m / denom, (-lr*wd) * p)
 //   Adam:  p = fma(-lr / (1 - b1^t), m / denom, p)
 //   param_out = round_to_nearest_even(p)                  (when asked)
+// with m and v read from and stored to state_format (bf16: rounded per state_rounding).
 // which is torch's formula (decay p *= 1 - lr*wd; p -= lr/bc1 * m/denom), grouped so that
 // p is rounded once per step (half an ulp) and lr*wd's rounding touches only a small term.
 // grad_scale is the product of the loss-scale unscale and the clip coefficient; pass 1
@@ -164,6 +193,7 @@ float Fp16ToFloat(uint16_t bits);
 // truncated bits). AdamBytesPerParam: the DRAM bytes one AdamStep moves per parameter with these
 // formats (each array read once, the fp32 ones written once, the copy written once).
 [[nodiscard]] Status AdamTrafficStep(const AdamSlice& slice, const CpuKernelOptions& options = {});
-size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out);
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out,
+                         StateFormat state_format = StateFormat::kFp32);
 
 }  // namespace strata

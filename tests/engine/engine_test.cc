@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/bytes.h"
 #include "strata/device.h"
 #include "strata/fault_injection.h"
 #include "strata/log.h"
@@ -71,6 +72,7 @@ struct RunConfig {
   bool durable = false;
   bool resume = false;
   WorkingDtype dtype = WorkingDtype::kFp32;
+  StateFormat state_format = StateFormat::kFp32;
   std::vector<ScheduleEntry> schedule;  // empty = standard
   IoBackendFactory io_factory;          // empty = the default backend
 };
@@ -99,6 +101,7 @@ Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig&
   opt.resume = rc.resume;
   opt.io_backend_factory = rc.io_factory;
   opt.dtype = rc.dtype;
+  opt.state_format = rc.state_format;
   opt.schedule = rc.schedule;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
   if (init_params && !rc.resume) {
@@ -497,6 +500,190 @@ TEST(EngineBudgetTest, ImpossibleBudgetsAreRefusedWithTheNumbers) {
   SetLogSink(nullptr);
 }
 
+// bf16 moments: half the bytes of each moment on the host and on NVMe, an offloaded run at the
+// minimum budgets bit-identical to the unlimited one for both roundings (the stochastic bits
+// come from a hash, not from the tier), and a resume with fp32 moments refused.
+TEST(EngineNumericsTest, Bf16MomentsHalveTheirBytesAndMatchUnlimitedBitForBit) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  for (StateRounding rounding : {StateRounding::kStochastic, StateRounding::kNearestEven}) {
+    SCOPED_TRACE(StateRoundingName(rounding));
+    // The moments' rounding is not one of RunConfig's knobs: build the engines here.
+    auto run = [&](const std::string& nvme, uint64_t host, uint64_t device, StateFormat format,
+                   bool resume, int64_t last) -> Result<std::vector<std::vector<float>>> {
+      DeviceOptions dopt;
+      dopt.memory_budget_bytes = device;
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, CreateHostDevice(dopt));
+      EngineOptions opt;
+      opt.device = dev.get();
+      opt.device_mem_bytes = device;
+      opt.host_mem_bytes = host;
+      if (!nvme.empty()) opt.nvme_paths = {nvme};
+      opt.nvme_stripe_bytes = 64 << 10;
+      opt.micro_batches = 2;
+      opt.grad_clip = 0.05;
+      opt.weight_decay = 0.1;
+      opt.durable = !nvme.empty();
+      opt.resume = resume;
+      opt.state_format = format;
+      opt.state_rounding = rounding;
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(specs, opt));
+      Fixture f{std::move(dev), std::move(e)};
+      if (!resume) {
+        for (int b = 0; b < int(specs.size()); ++b) {
+          const auto& layout = f.engine->Layout()[b];
+          for (int t = 0; t < int(layout.tensors.size()); ++t) {
+            std::vector<float> v(layout.tensors[t].numel);
+            for (size_t i = 0; i < v.size(); ++i) v[i] = InitValue(b, t, i);
+            STRATA_RETURN_IF_ERROR(f.engine->WriteParams(b, t, v));
+          }
+        }
+      }
+      STRATA_RETURN_IF_ERROR(RunSteps(f, f.engine->ResumedStep() + 1, last, 2, nullptr));
+      return States(*f.engine);
+    };
+    auto ref = run("", 0, 0, StateFormat::kBf16, false, 3);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    auto fp32 = run("", 0, 0, StateFormat::kFp32, false, 3);
+    ASSERT_TRUE(fp32.ok());
+    EXPECT_FALSE(BitIdentical(*ref, *fp32));
+    // Every moment value is a bf16.
+    for (size_t k = 0; k < ref->size(); ++k) {
+      if (k % 3 == 0) continue;  // master weights stay fp32
+      for (float x : (*ref)[k]) ASSERT_EQ(Bf16ToFloat(FloatToBf16(x)), x);
+    }
+
+    TempDir dir;
+    RunConfig probe;
+    probe.micro_batches = 2;
+    probe.grad_clip = 0.05;
+    probe.nvme = dir.path();
+    probe.host_mem = probe.device_mem = 1ull << 34;
+    probe.durable = true;  // so that every state has an NVMe copy to count
+    PlacementReport p32, p16;
+    std::vector<BlockLayout> layout;
+    {
+      auto f = MakeEngine(specs, probe, false);
+      ASSERT_TRUE(f.ok());
+      p32 = f->engine->Placement();
+    }
+    probe.state_format = StateFormat::kBf16;
+    {
+      auto f = MakeEngine(specs, probe, false);
+      ASSERT_TRUE(f.ok());
+      p16 = f->engine->Placement();
+      layout = f->engine->Layout();
+    }
+    EXPECT_EQ(p16.state_format, StateFormat::kBf16);
+    EXPECT_NE(p16.ToString().find("Adam moments bf16"), std::string::npos);
+    for (size_t i = 0; i < p16.components.size(); ++i) {
+      const ComponentPlacement& c = p16.components[i];
+      const bool moment = c.component == Component::kExpAvg || c.component == Component::kExpAvgSq;
+      const uint64_t numel = layout[c.block].shard_numel;
+      EXPECT_EQ(c.bytes, RoundUp(numel * (moment ? 2 : 4), 4096)) << i;
+    }
+    EXPECT_LT(p16.host_min_bytes, p32.host_min_bytes);
+    EXPECT_LT(p16.nvme_bytes, p32.nvme_bytes);
+
+    const std::string nvme = dir.path() + "/run";
+    fs::create_directories(nvme);
+    auto first = run(nvme, p16.host_min_bytes, p16.device_min_bytes, StateFormat::kBf16, false, 2);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    auto refused = run(nvme, p16.host_min_bytes, p16.device_min_bytes, StateFormat::kFp32, true, 3);
+    EXPECT_FALSE(refused.ok());
+    auto got = run(nvme, p16.host_min_bytes, p16.device_min_bytes, StateFormat::kBf16, true, 3);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(BitIdentical(*ref, *got));
+  }
+  SetLogSink(nullptr);
+}
+
+// A short host budget names every way to meet it, each with its own minimum, and each figure
+// works: clipping and micro-batches hold every gradient until the update.
+TEST(EngineBudgetTest, ShortHostBudgetListsEachWayToMeetIt) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < 6; ++b) {
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {64 << 10}, true}}});
+  }
+  TempDir dir;
+  const uint64_t with_all = Minimums(specs, 2, 1.0, dir.path()).host_min_bytes;
+  const uint64_t no_clip = Minimums(specs, 2, 0, dir.path()).host_min_bytes;
+  const uint64_t one_micro = Minimums(specs, 1, 1.0, dir.path()).host_min_bytes;
+  const uint64_t neither = Minimums(specs, 1, 0, dir.path()).host_min_bytes;
+  ASSERT_LT(neither, with_all);
+  RunConfig rc;
+  rc.nvme = dir.path();
+  rc.micro_batches = 2;
+  rc.grad_clip = 1.0;
+  rc.host_mem = neither - 4096;
+  auto f = MakeEngine(specs, rc, false);
+  ASSERT_FALSE(f.ok());
+  const std::string m = f.status().message();
+  EXPECT_NE(m.find("need at least " + FormatBytesExact(with_all) + " of --host-mem"),
+            std::string::npos)
+      << m;
+  if (no_clip < with_all) {
+    EXPECT_NE(m.find("or --grad-clip 0 ("), std::string::npos) << m;
+    EXPECT_NE(m.find("): " + FormatBytes(no_clip)), std::string::npos) << m;
+  }
+  if (one_micro < with_all) {
+    EXPECT_NE(m.find("or --micro-batches 1 ("), std::string::npos) << m;
+    EXPECT_NE(m.find("): " + FormatBytes(one_micro)), std::string::npos) << m;
+  }
+  EXPECT_EQ(m.find("--nvme DIR"), std::string::npos) << m;  // it has NVMe already
+  // Every way together, bf16 moments too; the figure named plans.
+  RunConfig all;
+  all.nvme = dir.path();
+  all.host_mem = 1ull << 34;
+  all.device_mem = 1ull << 34;
+  all.state_format = StateFormat::kBf16;
+  uint64_t together = 0;
+  {
+    auto unlimited = MakeEngine(specs, all, false);
+    ASSERT_TRUE(unlimited.ok()) << unlimited.status().ToString();
+    together = unlimited->engine->Placement().host_min_bytes;
+  }
+  EXPECT_LT(together, neither);
+  EXPECT_NE(m.find("or --state-dtype bf16 ("), std::string::npos) << m;
+  EXPECT_NE(m.find("or --grad-clip 0 and --micro-batches 1 and --state-dtype bf16: " +
+                   FormatBytes(together)),
+            std::string::npos)
+      << m;
+  rc.micro_batches = 1;
+  rc.grad_clip = 0;
+  rc.state_format = StateFormat::kBf16;
+  rc.host_mem = together;
+  auto g = MakeEngine(specs, rc);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(RunSteps(*g, 1, 1, 1, nullptr).ok());
+  SetLogSink(nullptr);
+}
+
+// The placement report's disk figure is what the swap files take: two versions of every
+// extent (4 KiB pages) plus room for fragmentation, in whole stripes.
+TEST(EngineBudgetTest, PlacementReportsTheSwapFilesOnDisk) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  auto f = MakeEngine(specs, TightNvme(specs, dir.path()));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const PlacementReport& pl = f->engine->Placement();
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    if (e.path().filename().string().rfind("strata.swap.", 0) == 0) on_disk += e.file_size();
+  }
+  EXPECT_GT(pl.nvme_bytes, 0u);
+  EXPECT_EQ(pl.nvme_bytes % 4096, 0u);
+  EXPECT_EQ(pl.nvme_file_bytes, on_disk);
+  EXPECT_GE(pl.nvme_file_bytes, 2 * pl.nvme_bytes);
+  EXPECT_EQ(pl.nvme_file_bytes % pl.nvme_stripe_bytes, 0u);
+  EXPECT_NE(pl.ToString().find("swap files " + FormatBytes(on_disk) + " on disk"),
+            std::string::npos)
+      << pl.ToString();
+  SetLogSink(nullptr);
+}
+
 // Gradient accumulation and clipping against the optimizer kernel called directly.
 TEST(EngineNumericsTest, AccumulationAndClippingMatchADirectAdamStep) {
   SetLogSink([](LogLevel, std::string_view) {});
@@ -775,6 +962,33 @@ TEST_P(EngineNonFiniteTest, NonFiniteGradientSkipsTheWholeStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ClipOnAndOff, EngineNonFiniteTest, ::testing::Values(1.0, 0.0));
+
+// The step's time splits into compute, stall (before the last compute operation) and the
+// serial tail after it; with clipping on every update waits for the global norm, so the
+// whole optimizer runs in the tail.
+TEST(EngineTraceTest, StepTimeSplitsIntoComputeStallAndTail) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  auto f = MakeEngine(specs, TightNvme(specs, dir.path(), 1, 1.0));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01}).ok());
+    ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, step, 0).ok());
+    auto st = f->engine->EndStep();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const double compute = st->busy_seconds[int(Resource::kCompute)];
+    const double optim = st->busy_seconds[int(Resource::kCpuOptim)];
+    EXPECT_GT(st->tail_seconds, 0.0);
+    EXPECT_GE(st->stall_seconds, 0.0);
+    EXPECT_GT(optim, 0.0);
+    EXPECT_GE(st->tail_seconds, optim) << "an update ran before the last backward";
+    EXPECT_NEAR(compute + st->stall_seconds + st->tail_seconds, st->seconds,
+                1e-6 + 1e-6 * st->seconds);
+    EXPECT_EQ(st->redone_blocks, 0);
+  }
+  SetLogSink(nullptr);
+}
 
 // With clipping a NaN in any block skips the step: every update waits for the global norm.
 TEST(EngineNumericsTest, NonFiniteGradientAnywhereSkipsTheUpdateWithClipping) {

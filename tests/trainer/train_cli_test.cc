@@ -79,13 +79,31 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
   ASSERT_EQ(0, Run(Args({"--nvme", dir_ + "/a", "--json", dir_ + "/a.json"}), &out)) << out;
   const nlohmann::json full = Json(dir_ + "/a.json");
   ASSERT_EQ(full["steps"].size(), 30u);
-  for (const char* k : {"step", "loss", "seconds", "tokens_per_s", "efficiency", "bytes"}) {
+  for (const char* k : {"step", "loss", "seconds", "tokens_per_s", "efficiency", "bytes",
+                        "stall_seconds", "tail_seconds", "redone_blocks"}) {
     EXPECT_TRUE(full["steps"][0].contains(k)) << k;
   }
   for (const char* k : {"nvme_read", "nvme_write", "h2d", "d2h"}) {
     EXPECT_TRUE(full["steps"][0]["bytes"].contains(k)) << k;
   }
   EXPECT_EQ(full["config"]["layers"], 2);
+  // Where the time went: per step and in the totals, in the line and the table too.
+  double tail = 0;
+  for (const auto& st : full["steps"]) {
+    EXPECT_GT(st["tail_seconds"].get<double>(), 0.0);
+    EXPECT_LT(st["tail_seconds"].get<double>() + st["stall_seconds"].get<double>(),
+              st["seconds"].get<double>());
+    EXPECT_EQ(st["redone_blocks"], 0);
+    tail += st["tail_seconds"].get<double>();
+  }
+  EXPECT_NEAR(full["totals"]["tail_seconds"].get<double>(), tail, 1e-9);
+  EXPECT_NE(out.find("%  ETA"), std::string::npos) << out;
+  EXPECT_NE(out.find(" tail "), std::string::npos) << out;
+  EXPECT_NE(out.find("#step_time"), std::string::npos) << out;
+  // The disk footprint is the swap file's size.
+  const uint64_t file = std::filesystem::file_size(dir_ + "/a/strata.swap.0-of-1");
+  EXPECT_EQ(full["placement"]["nvme_file_bytes"].get<uint64_t>(), file);
+  EXPECT_GT(file, 2 * full["placement"]["nvme_bytes"].get<uint64_t>());
 
   // Kill the second run once it has printed step 3 (it may have committed more by then).
   int fd = -1;
@@ -293,6 +311,10 @@ TEST_F(TrainCliTest, BadFlagsNameTheValue) {
   EXPECT_NE(0, Run({"train", "--device-mem", "lots", "--steps", "1"}, &out));
   EXPECT_NE(out.find("--device-mem lots"), std::string::npos) << out;
   out.clear();
+  EXPECT_NE(0, Run({"train", "--state-dtype", "fp8", "--steps", "1"}, &out));
+  EXPECT_NE(out.find("--state-dtype fp8: expected fp32, bf16 or bf16-rne"), std::string::npos)
+      << out;
+  out.clear();
   EXPECT_NE(0, Run({"train", "--init", dir_ + "/missing.safetensors"}, &out));
   EXPECT_NE(out.find("missing.safetensors"), std::string::npos) << out;
 }
@@ -341,6 +363,7 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
       {{"--batch", "4"}, "--batch: 2 -> 4"},
       {{"--lr", "0.01"}, "--lr: 0.001 -> 0.01"},
       {{"--beta2", "0.9"}, "--beta2: 0.95 -> 0.9"},
+      {{"--state-dtype", "bf16"}, "--state-dtype: \"fp32\" -> \"bf16\""},
   };
   for (const auto& [flags, line] : refused) {
     std::vector<std::string> args = {"train", "--resume", resume, "--steps", "5"};

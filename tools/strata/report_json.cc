@@ -12,6 +12,8 @@ nlohmann::json StepStatsJson(const StepStats& st) {
           {"bound_resource", st.bound_resource},
           {"efficiency", st.efficiency},
           {"stall_seconds", st.stall_seconds},
+          {"tail_seconds", st.tail_seconds},
+          {"redone_blocks", st.redone_blocks},
           {"nvme_busy_seconds", st.nvme_busy_seconds},
           {"grad_norm", st.grad_norm},
           {"skipped", st.skipped},
@@ -36,6 +38,8 @@ nlohmann::json PlacementJson(const PlacementReport& place) {
   }
   return {{"components", comps},
           {"reasons", place.reasons},
+          {"nvme_bytes", place.nvme_bytes},
+          {"nvme_file_bytes", place.nvme_file_bytes},
           {"device_min_bytes", place.device_min_bytes},
           {"host_min_bytes", place.host_min_bytes}};
 }

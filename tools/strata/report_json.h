@@ -9,12 +9,13 @@
 
 namespace strata::cli {
 
-// step, seconds, bound_seconds, bound_resource, efficiency, stall_seconds,
-// nvme_busy_seconds, grad_norm, peak_device_bytes, peak_host_bytes, busy_seconds{resource},
-// bytes{nvme_read, nvme_write, h2d, d2h, comm}.
+// step, seconds, bound_seconds, bound_resource, efficiency, stall_seconds, tail_seconds,
+// redone_blocks, nvme_busy_seconds, grad_norm, peak_device_bytes, peak_host_bytes,
+// busy_seconds{resource}, bytes{nvme_read, nvme_write, h2d, d2h, comm}.
 nlohmann::json StepStatsJson(const StepStats& st);
 
-// components[{block, component, home, bytes}], reasons, device_min_bytes, host_min_bytes.
+// components[{block, component, home, bytes}], reasons, nvme_bytes (the states),
+// nvme_file_bytes (the swap files on disk), device_min_bytes, host_min_bytes.
 nlohmann::json PlacementJson(const PlacementReport& place);
 
 }  // namespace strata::cli

@@ -118,6 +118,12 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
       ->capture_default_str();
   cmd->add_option("--grad-clip", f->grad_clip, "Clip the global gradient norm (0: off)")
       ->capture_default_str();
+  cmd->add_option("--state-dtype", f->state_dtype,
+                  "The Adam moments in host memory and on NVMe: fp32, or bf16 (8 bytes of "
+                  "state per parameter instead of 12, a third less NVMe traffic for them; "
+                  "the master weights stay fp32; rounded stochastically) or bf16-rne (rounded "
+                  "to nearest even, for comparison: it loses exp_avg_sq's small steps)")
+      ->capture_default_str();
   cmd->add_option("--trace", f->trace,
                   "Write a Chrome/Perfetto trace of the run to this file ({rank} and "
                   "{local_rank} are replaced by the rank's numbers)");
@@ -210,6 +216,16 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   config->nvme = f.nvme;
   config->micro_batches = f.micro_batches;
   config->grad_clip = f.grad_clip;
+  if (f.state_dtype == "fp32") {
+    config->state_format = StateFormat::kFp32;
+  } else if (f.state_dtype == "bf16" || f.state_dtype == "bf16-rne") {
+    config->state_format = StateFormat::kBf16;
+    config->state_rounding =
+        f.state_dtype == "bf16" ? StateRounding::kStochastic : StateRounding::kNearestEven;
+  } else {
+    return fail("--state-dtype", Status::InvalidArgument("--state-dtype " + f.state_dtype +
+                                                         ": expected fp32, bf16 or bf16-rne"));
+  }
   config->trace = f.trace;
   if (!f.trace_steps.empty()) {
     auto range = ParseStepRange(f.trace_steps);

@@ -22,6 +22,7 @@ struct RunFlags {
   std::vector<std::string> nvme;
   int micro_batches = trainer::RunConfig{}.micro_batches;
   double grad_clip = trainer::RunConfig{}.grad_clip;
+  std::string state_dtype = "fp32";  // fp32, bf16 (stochastic rounding) or bf16-rne
   std::string trace;
   std::string trace_steps;  // "a:b", "a:", ":b" or "a"; "" = every step
   std::string io = IoBackendKindName(trainer::RunConfig{}.io);

@@ -108,6 +108,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"beta2", fixed, &a.beta2},
       {"eps", fixed, &a.eps},
       {"grad-clip", fixed, &a.run.grad_clip},
+      {"state-dtype", fixed, &a.run.state_dtype},
       {"device", fixed, &a.run.device},
       {"comm-backend", fixed, &a.run.comm_backend},
       {"nvme", fixed, &a.run.nvme, true},

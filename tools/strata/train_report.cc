@@ -27,6 +27,18 @@ std::string Duration(double s) {
   return buf;
 }
 
+// Where a step's time went beyond compute, as shares of the step: "stall 12% tail 23%",
+// plus "redone 3" when updates were redone.
+std::string StepTimeSplit(const StepStats& st) {
+  const auto pct = [&](double x) { return st.seconds > 0 ? int(100.0 * x / st.seconds + 0.5) : 0; };
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "stall %2d%% tail %2d%%", pct(st.stall_seconds),
+                pct(st.tail_seconds));
+  std::string out = buf;
+  if (st.redone_blocks > 0) out += " redone " + std::to_string(st.redone_blocks);
+  return out;
+}
+
 int64_t TokensPerStep(const trainer::TrainOptions& t) {
   return static_cast<int64_t>(t.batch) * t.seq_len * t.micro_batches;
 }
@@ -193,6 +205,8 @@ nlohmann::json PrintPlacement(const TrainReportInputs& in) {
           {"beta2", rc.beta2},
           {"eps", rc.eps},
           {"grad_clip", rc.grad_clip},
+          {"state_dtype", StateFormatName(rc.state_format)},
+          {"state_rounding", StateRoundingName(rc.state_rounding)},
           {"seed", in.seed},
           {"recompute", t.recompute},
           {"device", setup.device().Name()},
@@ -228,6 +242,8 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     if (totals->steps++ == 0) totals->first_step = s;
     totals->last_step = s;
     totals->stall_seconds += st.stall_seconds;
+    totals->tail_seconds += st.tail_seconds;
+    totals->redone_blocks += st.redone_blocks;
     totals->bound_seconds += st.bound_seconds;
     if (st.skipped) ++totals->skipped_steps;
     totals->losses.push_back(r->loss);
@@ -248,10 +264,10 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     step["lr"] = r->lr;
     steps_json->push_back(std::move(step));
     char line[256];
-    std::snprintf(line, sizeof line,
-                  "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  ETA %s",
-                  static_cast<long long>(s), static_cast<long long>(last), r->loss, tps,
-                  st.efficiency, st.bound_resource.c_str(), Duration(eta).c_str());
+    std::snprintf(
+        line, sizeof line, "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  %s  ETA %s",
+        static_cast<long long>(s), static_cast<long long>(last), r->loss, tps, st.efficiency,
+        st.bound_resource.c_str(), StepTimeSplit(st).c_str(), Duration(eta).c_str());
     if (tty) {
       const int width = 20;
       const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last));
@@ -318,6 +334,19 @@ void PrintTotals(const TrainTotals& t) {
     std::printf(" %-11s %10.3f %10.1f\n", ResourceName(static_cast<Resource>(i)), t.busy[i],
                 t.seconds > 0 ? 100.0 * t.busy[i] / t.seconds : 0.0);
   }
+  // The step time the compute lane did not use: waiting for data before its last operation
+  // (stall), and the serial tail after it (updates, writes and commit that backward did not
+  // hide).
+  std::printf("#%-11s %10s %10s\n", "step_time", "seconds", "%_of_steps");
+  const std::pair<const char*, double> split[] = {{"stall", t.stall_seconds},
+                                                  {"tail", t.tail_seconds}};
+  for (const auto& [name, x] : split) {
+    std::printf(" %-11s %10.3f %10.1f\n", name, x, t.seconds > 0 ? 100.0 * x / t.seconds : 0.0);
+  }
+  if (t.redone_blocks > 0) {
+    std::printf("# updates redone once the gradient norm was known: %lld blocks\n",
+                static_cast<long long>(t.redone_blocks));
+  }
 }
 
 }  // namespace strata::cli
@@ -336,6 +365,8 @@ nlohmann::json TotalsJson(const TrainTotals& t) {
                         {"bound_seconds", t.bound_seconds},
                         {"stall_seconds", t.stall_seconds},
                         {"skipped_steps", t.skipped_steps},
+                        {"tail_seconds", t.tail_seconds},
+                        {"redone_blocks", t.redone_blocks},
                         {"busy_seconds", busy},
                         {"bytes",
                          {{"nvme_read", t.bytes.nvme_read},

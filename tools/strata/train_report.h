@@ -74,8 +74,9 @@ struct TrainTotals {
   double seconds = 0;
   EdgeBytes bytes;
   double busy[kNumResources] = {};
-  double stall_seconds = 0, bound_seconds = 0;
+  double stall_seconds = 0, tail_seconds = 0, bound_seconds = 0;
   int64_t skipped_steps = 0;  // steps whose gradient was not finite (nothing updated)
+  int64_t redone_blocks = 0;
   std::vector<double> losses;
 };
 
@@ -91,7 +92,8 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
                 const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
                 std::string* what);
 
-// Prints the totals: time per step, the loss trend, bytes per edge, busy time per resource.
+// Prints the totals: time per step, the loss trend, bytes per edge, busy time per resource,
+// and where the step time went beyond compute (stall, serial tail, redone updates).
 void PrintTotals(const TrainTotals& totals);
 // The totals as the --json document's "totals".
 nlohmann::json TotalsJson(const TrainTotals& totals);
