@@ -21,6 +21,8 @@ struct RunFlags {
   std::string device_mem, host_mem;  // "" (or 0): unlimited
   std::vector<std::string> nvme;
   int micro_batches = trainer::RunConfig{}.micro_batches;
+  std::string micro_batch_order =
+      trainer::MicroBatchOrderChoiceName(trainer::RunConfig{}.micro_batch_order);
   double grad_clip = trainer::RunConfig{}.grad_clip;
   std::string trace;
   std::string trace_steps;  // "a:b", "a:", ":b" or "a"; "" = every step
