@@ -18,11 +18,12 @@
 // embedding block's gradient buffer, before the token scatter-add, when block 0 is
 // processed last in backward. One gradient, one parameter, a fixed summation order.
 //
-// Gpt2Model<F> owns the activations of one micro-batch of B rows x T positions and runs
-// one block at a time on parameter/gradient pointers it is given (from the engine's
-// BlockView/GradBuffer, or from plain buffers in tests, validation and generation). F is
-// float for training and double for the whole-model gradient test. Not thread-safe: one
-// thread (or one device lane) drives a model at a time.
+// Gpt2Model<F> owns the activations of one micro-batch of B rows x T positions (or of
+// several in flight, one slot each: layer-major order) and runs one block at a time on
+// parameter/gradient pointers it is given (from the engine's BlockView/GradBuffer, or from
+// plain buffers in tests, validation and generation). F is float for training and double for
+// the whole-model gradient test. Not thread-safe: one thread (or one device lane) drives a
+// model at a time.
 #pragma once
 
 #include <cstdint>

@@ -242,11 +242,12 @@ Result<StepResult> Trainer::Step() {
     }
     STRATA_RETURN_IF_ERROR(ForwardBackwardLayerMajor(*engine_, *backend_, config_.layers, ins, tgs,
                                                      dloss, options_.accumulate_on_device));
-  }
-  for (int i = 0; i < M && !layer_major; ++i) {
-    batch((r.step - 1) * M + i, 0);
-    STRATA_RETURN_IF_ERROR(
-        ForwardBackward(*engine_, *backend_, config_.layers, in.data(), tg.data(), dloss, i));
+  } else {
+    for (int i = 0; i < M; ++i) {
+      batch((r.step - 1) * M + i, 0);
+      STRATA_RETURN_IF_ERROR(
+          ForwardBackward(*engine_, *backend_, config_.layers, in.data(), tg.data(), dloss, i));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
   STRATA_ASSIGN_OR_RETURN(losses, backend_->Losses(M));

@@ -2,7 +2,9 @@
 // and Trainer, which runs whole steps (what `strata train` loops over).
 //
 // Everything here goes through the public Engine API: blocks are acquired in forward order
-// 0..L+1 and backward order L+1..0 once per pass per micro-batch; the model's compute is
+// 0..L+1 and backward order L+1..0 once per pass per micro-batch (batch-major), or with
+// every micro-batch through a block before the next (layer-major, micro_batch_order.h);
+// the model's compute is
 // enqueued on the device's compute lane right after each Acquire (so the engine's copies
 // and the model's compute overlap), and each block's gradient is handed back with
 // SubmitGrads. AdamW, clipping and the NVMe traffic are the engine's.
