@@ -82,9 +82,10 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
                    ": each block's params cross once per pass, " +
                    (in.multi_rank ? "its gradient lands per micro-batch (averaged over the ranks)"
                                   : "its gradient once per step") +
-                   "; " + acts + " leave the engine " +
-                   (budget ? FormatBytes(eo.device_mem_bytes) : std::string("no cap")) +
-                   " of the device";
+                   "; " + acts +
+                   (budget ? " leave the engine " + FormatBytes(eo.device_mem_bytes) +
+                                 " of --device-mem " + FormatBytes(budget)
+                           : std::string(" on a device without a --device-mem cap"));
       return out;
     }
     if (made.status().code() != StatusCode::kOutOfMemory) return made.status();
