@@ -58,7 +58,8 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
   const uint64_t extra = per > UINT64_MAX / uint64_t(M - 1) ? UINT64_MAX : per * uint64_t(M - 1);
   const uint64_t budget = options.device_mem_bytes;  // 0: unlimited
   const std::string acts = "the activations of " + std::to_string(M - 1) +
-                           " more micro-batches in flight (" + FormatBytes(extra) + ")";
+                           (M == 2 ? " more micro-batch" : " more micro-batches") + " in flight (" +
+                           FormatBytes(extra) + ")";
   EngineOptions eo = options;
   eo.micro_batch_order = MicroBatchOrder::kLayerMajor;
   if (!in.multi_rank) {
@@ -68,6 +69,9 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
   Status refused;
   if (budget != 0 && extra >= budget) {
     refused = Status::OutOfMemory(acts + " take all of --device-mem " + FormatBytes(budget));
+  } else if (budget == 0 && in.unlimited_room_bytes != 0 && extra > in.unlimited_room_bytes) {
+    refused = Status::OutOfMemory(acts + " exceed the " + FormatBytes(in.unlimited_room_bytes) +
+                                  " the device has left for them");
   } else {
     if (budget != 0) eo.device_mem_bytes = budget - extra;
     auto made = Engine::Create(specs, eo);

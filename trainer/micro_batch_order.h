@@ -49,6 +49,9 @@ struct MicroBatchOrderInputs {
   bool model_has_slots = true;
   // Several ranks: gradients are averaged per micro-batch, so they land per micro-batch.
   bool multi_rank = false;
+  // Without a --device-mem cap: the memory the device has for layer-major's extra
+  // activations (on the host device, what this host's memory leaves; 0: not known).
+  uint64_t unlimited_room_bytes = 0;
 };
 
 // The engine made for the chosen order, and what the trainer needs to drive it.

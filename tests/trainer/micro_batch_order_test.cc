@@ -254,8 +254,19 @@ TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
   EXPECT_NE(forced.status().message().find("--device-mem"), std::string::npos)
       << forced.status().ToString();
   EXPECT_NE(forced.status().message().find("--micro-batch-order batch"), std::string::npos);
-  // Unlimited: layer-major; forced batch: batch-major; one micro-batch: nothing to order.
+  // Unlimited: layer-major, unless the device has less room than the activations need.
   EXPECT_EQ(make(0)->order, MicroBatchOrder::kLayerMajor);
+  in.unlimited_room_bytes = 2 * acts - 1;
+  EXPECT_EQ(make(0).status().code(), StatusCode::kOutOfMemory);  // forced
+  in.choice = MicroBatchOrderChoice::kAuto;
+  auto no_room = make(0);
+  ASSERT_TRUE(no_room.ok());
+  EXPECT_EQ(no_room->order, MicroBatchOrder::kBatchMajor);
+  EXPECT_NE(no_room->reason.find("the device has left"), std::string::npos) << no_room->reason;
+  in.unlimited_room_bytes = 2 * acts;
+  EXPECT_EQ(make(0)->order, MicroBatchOrder::kLayerMajor);
+  in.unlimited_room_bytes = 0;
+  // Forced batch: batch-major; one micro-batch: nothing to order.
   in.choice = MicroBatchOrderChoice::kBatch;
   EXPECT_EQ(make(0)->order, MicroBatchOrder::kBatchMajor);
   in.choice = MicroBatchOrderChoice::kAuto;
