@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 
+#include "model/run_size.h"
 #include "trainer/trainer.h"
 
 namespace strata::trainer {
@@ -285,6 +286,20 @@ TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
   EXPECT_NE(cuda_auto->reason.find("CUDA"), std::string::npos);
   in.choice = MicroBatchOrderChoice::kLayer;
   EXPECT_EQ(make(0).status().code(), StatusCode::kNotSupported);
+}
+
+// What the host device leaves for layer-major's activations without a --device-mem cap.
+TEST(MicroBatchOrderRoom, HostRoomLeftIsMemoryLessActivationsAndStates) {
+  model::RunSize size;
+  size.activation_bytes = 10;
+  size.state_bytes = 100;
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 1000, .have_nvme = true}), 990u);
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 1000, .have_nvme = false}), 890u);
+  EXPECT_EQ(
+      model::HostRoomLeft(size, {.host_memory_bytes = 1000, .cpu_model = false, .have_nvme = true}),
+      1000u);
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 50, .have_nvme = false}), 1u);
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 0}), 0u);  // not known
 }
 
 TEST(MicroBatchOrderParse, NamesTheFlag) {

@@ -369,20 +369,6 @@ Status CheckRunSize(const TrainArgs& a, const model::Gpt2Config& cfg,
              .have_nvme = !setup.config().nvme.empty() || !setup.config().resume.empty()});
 }
 
-// On the host device without a --device-mem cap, what this host's memory leaves for
-// layer-major's extra activations: its memory less one micro-batch's activations and, without
-// NVMe, the states (0: not known).
-uint64_t ActivationRoom(const TrainArgs& a, const model::Gpt2Config& cfg,
-                        const trainer::RunSetup& setup) {
-  const uint64_t mem = model::HostMemoryBytes();
-  const int rows = a.batch / std::max(1, setup.rank().world_size);
-  auto size = model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute);
-  if (mem == 0 || !size.ok()) return 0;
-  const bool nvme = !setup.config().nvme.empty() || !setup.config().resume.empty();
-  const uint64_t used = size->activation_bytes + (nvme ? 0 : size->state_bytes);
-  return mem > used ? mem - used : 1;
-}
-
 // --save: the weights (collective: every rank reads its shard; rank 0 writes) replace the
 // file atomically (model::SaveWeights writes through AtomicFile), so an interrupted or
 // killed run leaves the previous file whole.
@@ -532,13 +518,21 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
                                       : "opening the store to resume");
   const int rows = a.batch / std::max(1, ri.world_size);
   const bool cpu_model = setup->device().Kind() != DeviceKind::kCuda;
-  const trainer::MicroBatchOrderInputs order_in{
+  trainer::MicroBatchOrderInputs order_in{
       .choice = config.micro_batch_order,
       .micro_batches = a.run.micro_batches,
       .saved_activation_bytes = model::SavedActivationBytes(cfg, rows, a.seq_len, a.recompute),
       .model_has_slots = cpu_model,
       .multi_rank = ri.world_size > 1,
-      .unlimited_room_bytes = cpu_model ? ActivationRoom(a, cfg, *setup) : 0};
+      .unlimited_room_bytes = 0};
+  if (cpu_model) {
+    auto size = model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute);
+    const bool nvme = !config.nvme.empty() || !config.resume.empty();
+    if (size.ok()) {
+      order_in.unlimited_room_bytes = model::HostRoomLeft(
+          *size, {.host_memory_bytes = model::HostMemoryBytes(), .have_nvme = nvme});
+    }
+  }
   auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
   if (!created.ok()) {
     // The flags that decide what failed: the budgets, or the store being resumed.
