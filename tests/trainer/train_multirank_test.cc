@@ -152,6 +152,9 @@ TEST_F(TrainMultirankTest, LayerMajorIsBitIdenticalToBatchMajorAcrossTwoRanks) {
       std::ifstream f(json);
       runs.push_back(nlohmann::json::parse(f));
       EXPECT_EQ(runs.back()["config"]["micro_batch_order"], order) << tag;
+      EXPECT_EQ(runs.back()["config"]["layer_major_activation_bytes"].get<uint64_t>() > 0,
+                std::string(order) == "layer")
+          << runs.back()["config"]["micro_batch_order_reason"];
       std::ifstream w(dir_ + "/" + tag + ".safetensors", std::ios::binary);
       saved.emplace_back(std::istreambuf_iterator<char>(w), std::istreambuf_iterator<char>());
     }

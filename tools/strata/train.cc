@@ -593,6 +593,8 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   }
   js["placement"] = PlacementJson(engine->Placement());
   js["config"]["micro_batch_order"] = MicroBatchOrderName(created->order);
+  js["config"]["micro_batch_order_reason"] = created->reason;
+  js["config"]["layer_major_activation_bytes"] = created->activation_bytes;
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;
