@@ -91,6 +91,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"tensor_alignment", opt.tensor_alignment, kNumber},
       {"schedule", schedule_hash, kHash},
       {"micro_batches", uint64_t(opt.micro_batches), kNumber},
+      {"micro-batch order (0 batch, 1 layer)", uint64_t(opt.micro_batch_order), kNumber},
       {"device_mem_bytes (--device-mem)", opt.device_mem_bytes, kNumber},
       {"host_mem_bytes (--host-mem)", opt.host_mem_bytes, kNumber},
       {"the number of NVMe folders (--nvme)", opt.nvme_paths.size(), kNumber},

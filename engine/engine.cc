@@ -279,8 +279,11 @@ Result<int> EngineImpl::CheckAcquireLocked(int block, Pass pass) const {
         (pass == Pass::kForward ? "forward" : "backward") + ") is access " + std::to_string(a) +
         " of the step, but the schedule expects " +
         (a < int(schedule.size()) ? DescribeAccess(schedule[a]) : std::string("EndStep")) +
-        (ctx_.opt.schedule.empty() ? " (per micro-batch: forward 0..L-1, then backward L-1..0)"
-                                   : " (EngineOptions::schedule)"));
+        (!ctx_.opt.schedule.empty() ? " (EngineOptions::schedule)"
+         : ctx_.opt.micro_batch_order == MicroBatchOrder::kLayerMajor
+             ? " (layer-major: forward 0..L-1, then backward L-1..0, each block for every "
+               "micro-batch in turn)"
+             : " (per micro-batch: forward 0..L-1, then backward L-1..0)"));
   }
   return a;
 }

@@ -47,6 +47,10 @@ const char* WorkingDtypeName(WorkingDtype d) {
   return "?";
 }
 
+const char* MicroBatchOrderName(MicroBatchOrder order) {
+  return order == MicroBatchOrder::kLayerMajor ? "layer" : "batch";
+}
+
 const char* CollectiveMemoryName(CollectiveMemory m) {
   switch (m) {
     case CollectiveMemory::kAuto:

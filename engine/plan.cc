@@ -71,9 +71,10 @@ std::vector<Access> StandardSchedule(int blocks, int micro_batches) {
   return s;
 }
 
-Result<std::vector<Access>> BuildSchedule(int blocks, const std::vector<ScheduleEntry>& order,
-                                          int micro_batches) {
-  if (order.empty()) return StandardSchedule(blocks, micro_batches);
+namespace {
+
+// One micro-batch's order, checked: InvalidArgument naming the entry that breaks it.
+Status CheckOrder(int blocks, const std::vector<ScheduleEntry>& order) {
   std::vector<int> fwd_at(blocks, -1), bwd_at(blocks, -1);
   for (size_t i = 0; i < order.size(); ++i) {
     const ScheduleEntry& e = order[i];
@@ -101,9 +102,28 @@ Result<std::vector<Access>> BuildSchedule(int blocks, const std::vector<Schedule
                                      " access of block " + std::to_string(b));
     }
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<Access>> BuildSchedule(int blocks, const std::vector<ScheduleEntry>& order,
+                                          int micro_batches, MicroBatchOrder micro_order) {
+  std::vector<ScheduleEntry> one = order;
+  if (one.empty()) {
+    for (const Access& a : StandardSchedule(blocks, 1)) one.push_back({a.block, a.pass});
+  } else {
+    STRATA_RETURN_IF_ERROR(CheckOrder(blocks, one));
+  }
   std::vector<Access> s;
-  for (int m = 0; m < micro_batches; ++m) {
-    for (const ScheduleEntry& e : order) s.push_back({e.block, e.pass, m});
+  if (micro_order == MicroBatchOrder::kLayerMajor) {
+    for (const ScheduleEntry& e : one) {
+      for (int m = 0; m < micro_batches; ++m) s.push_back({e.block, e.pass, m});
+    }
+  } else {
+    for (int m = 0; m < micro_batches; ++m) {
+      for (const ScheduleEntry& e : one) s.push_back({e.block, e.pass, m});
+    }
   }
   return s;
 }

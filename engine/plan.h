@@ -32,6 +32,7 @@ namespace strata::engine_internal {
 struct PlanOptions {
   std::vector<ScheduleEntry> schedule;  // one micro-batch's access order; empty = standard
   int micro_batches = 1;
+  MicroBatchOrder micro_batch_order = MicroBatchOrder::kBatchMajor;
   bool clip = false;  // gradient clipping: every update waits for the global norm
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved: kFp32 or kBf16
   StateFormat state_format = StateFormat::kFp32;  // of the moments
@@ -71,11 +72,13 @@ struct Access {
 };
 // Per micro-batch: forward 0..L-1, then backward L-1..0.
 std::vector<Access> StandardSchedule(int blocks, int micro_batches);
-// `order` (one micro-batch) repeated per micro-batch, or the standard order when it is
-// empty. InvalidArgument when a block is missing, repeated in a pass, out of range, or has
-// its backward before its forward.
-Result<std::vector<Access>> BuildSchedule(int blocks, const std::vector<ScheduleEntry>& order,
-                                          int micro_batches);
+// `order` (one micro-batch; the standard order when it is empty) over `micro_batches`:
+// batch-major repeats it per micro-batch, layer-major repeats each of its accesses for every
+// micro-batch in turn. InvalidArgument when a block is missing, repeated in a pass, out of
+// range, or has its backward before its forward.
+Result<std::vector<Access>> BuildSchedule(
+    int blocks, const std::vector<ScheduleEntry>& order, int micro_batches,
+    MicroBatchOrder micro_order = MicroBatchOrder::kBatchMajor);
 std::string DescribeAccess(const Access& a);
 
 // ---------------------------------------------------------------------------------------

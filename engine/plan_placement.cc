@@ -18,6 +18,7 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   PlanOptions p;
   p.schedule = options.schedule;
   p.micro_batches = options.micro_batches;
+  p.micro_batch_order = options.micro_batch_order;
   p.clip = options.grad_clip > 0;
   p.dtype = dtype;
   p.state_format = options.state_format;
@@ -202,7 +203,8 @@ Status Placer::SizeObjects() {
                            FormatBytes(grad_bytes[largest_block]) + "); need at least " +
                            FormatBytesExact(device_min);
   }
-  STRATA_ASSIGN_OR_RETURN(schedule, BuildSchedule(blocks, opt.schedule, opt.micro_batches));
+  STRATA_ASSIGN_OR_RETURN(
+      schedule, BuildSchedule(blocks, opt.schedule, opt.micro_batches, opt.micro_batch_order));
   STRATA_ASSIGN_OR_RETURN(device, PlanDevice(schedule, param_bytes, grad_bytes,
                                              device_short ? device_min : opt.device_budget));
   for (int b = 0; b < blocks; ++b) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -217,27 +218,36 @@ struct Gpt2Model<F>::Acts {
     std::vector<F> ln1, ln1_mean, ln1_rstd, qkv, att, atty, x_mid, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu;
   };
-  std::vector<int32_t> inputs, targets;
-  bool has_targets = false;        // the last SetTokens gave targets: Head computes the loss
-  std::vector<std::vector<F>> xs;  // residual stream: input of layer l, xs[L] = output
-  std::vector<Layer> layers;       // one per layer, or one shared scratch with recompute
-  std::vector<F> tmp;              // [N,C] projection outputs before the residual add
-  std::vector<F> wte_copy, dwte_head;
-  std::vector<F> lnf, lnf_mean, lnf_rstd, logits, losses;
+  // What one micro-batch keeps from its forward to its backward (and, in backward, from one
+  // block to the next): its tokens, the residual stream, each layer's intermediates unless
+  // they are recomputed, the final LayerNorm, the gradient flowing back and the head's wte
+  // gradient (added to the embedding's in its backward).
+  struct Slot {
+    std::vector<int32_t> inputs, targets;
+    bool has_targets = false;        // the last SetTokens gave targets: Head computes the loss
+    std::vector<std::vector<F>> xs;  // residual stream: input of layer l, xs[L] = output
+    std::vector<Layer> layers;       // one per layer; empty with recompute
+    std::vector<F> lnf, lnf_mean, lnf_rstd;
+    std::vector<F> dres, dwte_head;
+  };
+  std::vector<Slot> slots;
+  Slot* cur = nullptr;      // the slot UseSlot chose
+  std::vector<Layer> redo;  // with recompute: the one layer's intermediates, rebuilt in backward
+  std::vector<F> tmp;       // [N,C] projection outputs before the residual add
+  std::vector<F> wte_copy;  // the same in every slot: params do not change within a step
+  std::vector<F> logits, losses;
   // Backward scratch.
-  std::vector<F> dres, dlnf, dln, dqkv, datty, dfch, dfch_gelu;
+  std::vector<F> dlnf, dln, dqkv, datty, dfch, dfch_gelu;
+
+  Layer& LayerActs(int l) { return redo.empty() ? cur->layers[l] : redo[0]; }
 };
 
 template <typename F>
-Gpt2Model<F>::Gpt2Model(const Gpt2Config& cfg, int B, int T, bool recompute)
+Gpt2Model<F>::Gpt2Model(const Gpt2Config& cfg, int B, int T, bool recompute, int micro_slots)
     : config_(cfg), B_(B), T_(T), recompute_(recompute), a_(std::make_unique<Acts>()) {
   const size_t N = static_cast<size_t>(B) * T, C = cfg.d_model, V = cfg.vocab;
   Acts& a = *a_;
-  a.inputs.resize(N);
-  a.targets.resize(N);
-  a.xs.assign(cfg.layers + 1, std::vector<F>(N * C));
-  a.layers.resize(recompute ? 1 : cfg.layers);
-  for (auto& l : a.layers) {
+  auto size_layer = [&](typename Acts::Layer& l) {
     l.ln1.resize(N * C);
     l.ln1_mean.resize(N);
     l.ln1_rstd.resize(N);
@@ -250,16 +260,27 @@ Gpt2Model<F>::Gpt2Model(const Gpt2Config& cfg, int B, int T, bool recompute)
     l.ln2_rstd.resize(N);
     l.fch.resize(N * 4 * C);
     l.fch_gelu.resize(N * 4 * C);
+  };
+  a.slots.resize(static_cast<size_t>(std::max(1, micro_slots)));
+  for (typename Acts::Slot& s : a.slots) {
+    s.inputs.resize(N);
+    s.targets.resize(N);
+    s.xs.assign(cfg.layers + 1, std::vector<F>(N * C));
+    s.layers.resize(recompute ? 0 : cfg.layers);
+    for (auto& l : s.layers) size_layer(l);
+    s.lnf.resize(N * C);
+    s.lnf_mean.resize(N);
+    s.lnf_rstd.resize(N);
+    s.dres.resize(N * C);
+    s.dwte_head.resize(V * C);
   }
+  a.cur = &a.slots[0];
+  a.redo.resize(recompute ? 1 : 0);
+  for (auto& l : a.redo) size_layer(l);
   a.tmp.resize(N * C);
   a.wte_copy.resize(V * C);
-  a.dwte_head.resize(V * C);
-  a.lnf.resize(N * C);
-  a.lnf_mean.resize(N);
-  a.lnf_rstd.resize(N);
   a.logits.resize(N * V);
   a.losses.resize(N);
-  a.dres.resize(N * C);
   a.dlnf.resize(N * C);
   a.dln.resize(N * C);
   a.dqkv.resize(N * 3 * C);
@@ -272,11 +293,22 @@ template <typename F>
 Gpt2Model<F>::~Gpt2Model() = default;
 
 template <typename F>
+int Gpt2Model<F>::micro_slots() const {
+  return static_cast<int>(a_->slots.size());
+}
+
+template <typename F>
+void Gpt2Model<F>::UseSlot(int slot) {
+  a_->cur = &a_->slots[static_cast<size_t>(slot)];
+}
+
+template <typename F>
 void Gpt2Model<F>::SetTokens(const int32_t* inputs, const int32_t* targets) {
   const size_t N = static_cast<size_t>(B_) * T_;
-  std::copy(inputs, inputs + N, a_->inputs.begin());
-  a_->has_targets = targets != nullptr;
-  if (targets != nullptr) std::copy(targets, targets + N, a_->targets.begin());
+  typename Acts::Slot& s = *a_->cur;
+  std::copy(inputs, inputs + N, s.inputs.begin());
+  s.has_targets = targets != nullptr;
+  if (targets != nullptr) std::copy(targets, targets + N, s.targets.begin());
 }
 
 template <typename F>
@@ -289,15 +321,15 @@ void Gpt2Model<F>::EmbedForward(const BlockPtrs<F>& b) {
   const int C = config_.d_model;
   const F* wte = b.P(kWte);
   std::copy(wte, wte + static_cast<size_t>(config_.vocab) * C, a_->wte_copy.begin());
-  EmbeddingForward(a_->xs[0].data(), a_->inputs.data(), wte, b.P(kWpe), B_, T_, C);
+  EmbeddingForward(a_->cur->xs[0].data(), a_->cur->inputs.data(), wte, b.P(kWpe), B_, T_, C);
 }
 
 template <typename F>
 void Gpt2Model<F>::LayerForward(int l, const BlockPtrs<F>& b) {
   const int N = B_ * T_, C = config_.d_model, NH = config_.heads;
   Acts& a = *a_;
-  typename Acts::Layer& s = a.layers[recompute_ ? 0 : l];
-  const F* x = a.xs[l].data();
+  typename Acts::Layer& s = a.LayerActs(l);
+  const F* x = a.cur->xs[l].data();
   LayerNormForward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), x, b.P(kLn1W), b.P(kLn1B), N,
                    C);
   MatmulForward(s.qkv.data(), s.ln1.data(), b.P(kAttnW), b.P(kAttnB), N, C, 3 * C);
@@ -309,29 +341,31 @@ void Gpt2Model<F>::LayerForward(int l, const BlockPtrs<F>& b) {
   MatmulForward(s.fch.data(), s.ln2.data(), b.P(kFcW), b.P(kFcB), N, C, 4 * C);
   GeluForward(s.fch_gelu.data(), s.fch.data(), static_cast<size_t>(N) * 4 * C);
   MatmulForward(a.tmp.data(), s.fch_gelu.data(), b.P(kFcProjW), b.P(kFcProjB), N, 4 * C, C);
-  ResidualForward(a.xs[l + 1].data(), s.x_mid.data(), a.tmp.data(), static_cast<size_t>(N) * C);
+  ResidualForward(a.cur->xs[l + 1].data(), s.x_mid.data(), a.tmp.data(),
+                  static_cast<size_t>(N) * C);
 }
 
 template <typename F>
 void Gpt2Model<F>::FinalForward(const BlockPtrs<F>& b) {
-  Acts& a = *a_;
-  LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.xs[config_.layers].data(),
+  typename Acts::Slot& s = *a_->cur;
+  LayerNormForward(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), s.xs[config_.layers].data(),
                    b.P(kLnfW), b.P(kLnfB), B_ * T_, config_.d_model);
 }
 
 template <typename F>
 double Gpt2Model<F>::Head(bool backward, F dloss) {
   Acts& a = *a_;
+  typename Acts::Slot& s = *a.cur;
   const int N = B_ * T_, C = config_.d_model, V = config_.vocab;
-  LmHeadForward(a.logits.data(), a.lnf.data(), a.wte_copy.data(), N, C, V);
-  if (!a.has_targets) return 0;  // forward only: keep the logits
+  LmHeadForward(a.logits.data(), s.lnf.data(), a.wte_copy.data(), N, C, V);
+  if (!s.has_targets) return 0;  // forward only: keep the logits
   last_loss_ = SoftmaxCrossEntropyForward(a.logits.data(), a.losses.data(), a.logits.data(),
-                                          a.targets.data(), N, V);
+                                          s.targets.data(), N, V);
   if (backward) {
-    SoftmaxCrossEntropyBackward(a.logits.data(), a.logits.data(), a.targets.data(), N, V, dloss);
+    SoftmaxCrossEntropyBackward(a.logits.data(), a.logits.data(), s.targets.data(), N, V, dloss);
     std::fill(a.dlnf.begin(), a.dlnf.end(), F(0));
-    std::fill(a.dwte_head.begin(), a.dwte_head.end(), F(0));
-    LmHeadBackward(a.dlnf.data(), a.dwte_head.data(), a.logits.data(), a.lnf.data(),
+    std::fill(s.dwte_head.begin(), s.dwte_head.end(), F(0));
+    LmHeadBackward(a.dlnf.data(), s.dwte_head.data(), a.logits.data(), s.lnf.data(),
                    a.wte_copy.data(), N, C, V);
   }
   return last_loss_;
@@ -340,10 +374,11 @@ double Gpt2Model<F>::Head(bool backward, F dloss) {
 template <typename F>
 void Gpt2Model<F>::FinalBackward(const BlockPtrs<F>& b) {
   Acts& a = *a_;
+  typename Acts::Slot& s = *a.cur;
   std::fill(b.g, b.g + b.layout->padded_numel, F(0));
-  std::fill(a.dres.begin(), a.dres.end(), F(0));
-  LayerNormBackward(a.dres.data(), b.G(kLnfW), b.G(kLnfB), a.dlnf.data(),
-                    a.xs[config_.layers].data(), b.P(kLnfW), a.lnf_mean.data(), a.lnf_rstd.data(),
+  std::fill(s.dres.begin(), s.dres.end(), F(0));
+  LayerNormBackward(s.dres.data(), b.G(kLnfW), b.G(kLnfB), a.dlnf.data(),
+                    s.xs[config_.layers].data(), b.P(kLnfW), s.lnf_mean.data(), s.lnf_rstd.data(),
                     B_ * T_, config_.d_model);
 }
 
@@ -352,42 +387,58 @@ void Gpt2Model<F>::LayerBackward(int l, const BlockPtrs<F>& b) {
   const int N = B_ * T_, C = config_.d_model, NH = config_.heads;
   Acts& a = *a_;
   if (recompute_) LayerForward(l, b);  // rebuilds the scratch activations from xs[l]
-  typename Acts::Layer& s = a.layers[recompute_ ? 0 : l];
+  typename Acts::Layer& s = a.LayerActs(l);
+  F* dres = a.cur->dres.data();
   const size_t NC = static_cast<size_t>(N) * C;
   std::fill(b.g, b.g + b.layout->padded_numel, F(0));
   // dres holds d(output of the layer); the residual adds make it d(x_mid), then d(input).
   std::fill(a.dfch_gelu.begin(), a.dfch_gelu.end(), F(0));
-  MatmulBackward(a.dfch_gelu.data(), b.G(kFcProjW), b.G(kFcProjB), a.dres.data(), s.fch_gelu.data(),
+  MatmulBackward(a.dfch_gelu.data(), b.G(kFcProjW), b.G(kFcProjB), dres, s.fch_gelu.data(),
                  b.P(kFcProjW), N, 4 * C, C);
   std::fill(a.dfch.begin(), a.dfch.end(), F(0));
   GeluBackward(a.dfch.data(), s.fch.data(), a.dfch_gelu.data(), NC * 4);
   std::fill(a.dln.begin(), a.dln.end(), F(0));
   MatmulBackward(a.dln.data(), b.G(kFcW), b.G(kFcB), a.dfch.data(), s.ln2.data(), b.P(kFcW), N, C,
                  4 * C);
-  LayerNormBackward(a.dres.data(), b.G(kLn2W), b.G(kLn2B), a.dln.data(), s.x_mid.data(), b.P(kLn2W),
+  LayerNormBackward(dres, b.G(kLn2W), b.G(kLn2B), a.dln.data(), s.x_mid.data(), b.P(kLn2W),
                     s.ln2_mean.data(), s.ln2_rstd.data(), N, C);
   std::fill(a.datty.begin(), a.datty.end(), F(0));
-  MatmulBackward(a.datty.data(), b.G(kAttnProjW), b.G(kAttnProjB), a.dres.data(), s.atty.data(),
+  MatmulBackward(a.datty.data(), b.G(kAttnProjW), b.G(kAttnProjB), dres, s.atty.data(),
                  b.P(kAttnProjW), N, C, C);
   std::fill(a.dqkv.begin(), a.dqkv.end(), F(0));
   AttentionBackward(a.dqkv.data(), a.datty.data(), s.qkv.data(), s.att.data(), B_, T_, C, NH);
   std::fill(a.dln.begin(), a.dln.end(), F(0));
   MatmulBackward(a.dln.data(), b.G(kAttnW), b.G(kAttnB), a.dqkv.data(), s.ln1.data(), b.P(kAttnW),
                  N, C, 3 * C);
-  LayerNormBackward(a.dres.data(), b.G(kLn1W), b.G(kLn1B), a.dln.data(), a.xs[l].data(), b.P(kLn1W),
+  LayerNormBackward(dres, b.G(kLn1W), b.G(kLn1B), a.dln.data(), a.cur->xs[l].data(), b.P(kLn1W),
                     s.ln1_mean.data(), s.ln1_rstd.data(), N, C);
 }
 
 template <typename F>
 void Gpt2Model<F>::EmbedBackward(const BlockPtrs<F>& b) {
-  Acts& a = *a_;
+  typename Acts::Slot& s = *a_->cur;
   std::fill(b.g, b.g + b.layout->padded_numel, F(0));
-  std::copy(a.dwte_head.begin(), a.dwte_head.end(), b.G(kWte));  // the head's share first
-  EmbeddingBackward(b.G(kWte), b.G(kWpe), a.dres.data(), a.inputs.data(), B_, T_, config_.d_model);
+  std::copy(s.dwte_head.begin(), s.dwte_head.end(), b.G(kWte));  // the head's share first
+  EmbeddingBackward(b.G(kWte), b.G(kWpe), s.dres.data(), s.inputs.data(), B_, T_, config_.d_model);
 }
 
 template class Gpt2Model<float>;
 template class Gpt2Model<double>;
+
+uint64_t SavedActivationBytes(const Gpt2Config& cfg, int64_t rows, int64_t seq_len,
+                              bool recompute) {
+  using u128 = unsigned __int128;
+  const u128 L = static_cast<u128>(cfg.layers), C = static_cast<u128>(cfg.d_model);
+  const u128 V = static_cast<u128>(cfg.vocab), H = static_cast<u128>(cfg.heads);
+  const u128 T = static_cast<u128>(seq_len), N = static_cast<u128>(rows) * T;
+  // Gpt2Model<F>::Acts::Slot, field by field: tokens, xs, lnf (+ mean, rstd), dres,
+  // dwte_head, and without recompute every layer's intermediates.
+  const u128 per_layer = 15 * N * C + 4 * N + static_cast<u128>(rows) * H * T * T;
+  const u128 floats =
+      2 * N + (L + 1) * N * C + (N * C + 2 * N) + N * C + V * C + (recompute ? 0 : L * per_layer);
+  const u128 bytes = 4 * floats;
+  return bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes);
+}
 
 // ---- drivers -----------------------------------------------------------------------------
 

@@ -18,11 +18,12 @@
 // embedding block's gradient buffer, before the token scatter-add, when block 0 is
 // processed last in backward. One gradient, one parameter, a fixed summation order.
 //
-// Gpt2Model<F> owns the activations of one micro-batch of B rows x T positions and runs
-// one block at a time on parameter/gradient pointers it is given (from the engine's
-// BlockView/GradBuffer, or from plain buffers in tests, validation and generation). F is
-// float for training and double for the whole-model gradient test. Not thread-safe: one
-// thread (or one device lane) drives a model at a time.
+// Gpt2Model<F> owns the activations of one micro-batch of B rows x T positions (or of
+// several in flight, one slot each: layer-major order) and runs one block at a time on
+// parameter/gradient pointers it is given (from the engine's BlockView/GradBuffer, or from
+// plain buffers in tests, validation and generation). F is float for training and double for
+// the whole-model gradient test. Not thread-safe: one thread (or one device lane) drives a
+// model at a time.
 #pragma once
 
 #include <cstdint>
@@ -116,14 +117,21 @@ class Gpt2Model {
  public:
   // Activations for micro-batches of B rows of T positions. With recompute, only each
   // layer's input is kept through the forward pass and the layer's activations are
-  // recomputed in backward (activation checkpointing per block).
-  // REQUIRES: config.Validate().ok(), 1 <= T <= config.max_seq, B >= 1.
-  Gpt2Model(const Gpt2Config& config, int B, int T, bool recompute);
+  // recomputed in backward (activation checkpointing per block). `micro_slots` micro-batches
+  // can be in flight at once (layer-major order: every micro-batch through a block before
+  // the next block), each with its own saved activations (SavedActivationBytes); the
+  // scratch of a block's computation is shared.
+  // REQUIRES: config.Validate().ok(), 1 <= T <= config.max_seq, B >= 1, micro_slots >= 1.
+  Gpt2Model(const Gpt2Config& config, int B, int T, bool recompute, int micro_slots = 1);
   ~Gpt2Model();
 
   const Gpt2Config& config() const { return config_; }
   int B() const { return B_; }
   int T() const { return T_; }
+  int micro_slots() const;
+  // The micro-batch slot every call below works on until the next UseSlot (0 at first).
+  // REQUIRES: 0 <= slot < micro_slots().
+  void UseSlot(int slot);
 
   // The micro-batch's token ids (B*T each); copied. Targets may be null for forward only.
   void SetTokens(const int32_t* inputs, const int32_t* targets);
@@ -154,6 +162,14 @@ class Gpt2Model {
   std::unique_ptr<Acts> a_;
   double last_loss_ = 0;
 };
+
+// The bytes one micro-batch keeps from its forward to its backward in Gpt2Model<float> (its
+// slot): the block inputs (the residual stream), the final LayerNorm, the gradient flowing
+// back and the head's wte gradient, plus every layer's intermediates without recompute.
+// What each further micro-batch in flight costs in layer-major order. Saturates at
+// UINT64_MAX.
+uint64_t SavedActivationBytes(const Gpt2Config& config, int64_t rows, int64_t seq_len,
+                              bool recompute);
 
 // ---- drivers -----------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@
 // Blocks: 0 = the embeddings (wte, wpe), 1..L = the transformer layers, L+1 = the final layer
 // norm (in backward, the tied LM head and the loss come first). The walk, per micro-batch:
 // SetTokens; Forward(0..L+1), each between the engine's Acquire and Release; Backward(L+1..0),
-// each between Acquire/GradBuffer and SubmitGrads/Release. Each call only enqueues work on the
+// each between Acquire/GradBuffer and SubmitGrads/Release. In layer-major order several
+// micro-batches are in flight at once, each in its own activation slot (UseSlot): every slot
+// runs through a block before the next block. Each call only enqueues work on the
 // device's compute lane, after the engine's copies into the block, so copies and compute
 // overlap; the engine orders its reads of a gradient after the compute that wrote it.
 //
@@ -22,9 +24,22 @@
 
 namespace strata::model {
 
+// How Backward writes the block's gradient into the engine's buffer.
+enum class GradWrite : uint8_t {
+  kOverwrite,   // the buffer holds this micro-batch's gradient
+  kAccumulate,  // the buffer += this micro-batch's gradient (fp32, element by element): the
+                // same sums, in the same order, as the engine's accumulation over micro-batches
+};
+
 class Gpt2Backend {
  public:
   virtual ~Gpt2Backend() = default;
+
+  // How many micro-batches' activations the backend holds at once (its slots).
+  virtual int MicroSlots() const = 0;
+  // The slot the calls below enqueue work for, until the next UseSlot (0 at first).
+  // InvalidArgument when slot is not in [0, MicroSlots()).
+  virtual Status UseSlot(int slot) = 0;
 
   // The next micro-batch's B*T input and target tokens; the backend copies them (or enqueues
   // the copy) before returning, so the caller may reuse its buffers at once.
@@ -35,11 +50,12 @@ class Gpt2Backend {
   virtual Status Forward(int block, const BlockView& params) = 0;
 
   // Enqueues block `block`'s backward, writing its parameter gradient into `grad` (the
-  // engine's fp32 buffer, laid out as the parameters). At block L+1 it first runs the head
-  // and the loss, whose token-loss gradient is scaled by `dloss`; the micro-batch's mean loss
-  // goes to slot `micro` (0 <= micro < the backend's micro-batch slots).
-  virtual Status Backward(int block, const BlockView& params, float* grad, float dloss,
-                          int micro) = 0;
+  // engine's fp32 buffer, laid out as the parameters) as `write` says. At block L+1 it first
+  // runs the head and the loss, whose token-loss gradient is scaled by `dloss`; the
+  // micro-batch's mean loss goes to loss slot `micro` (0 <= micro < the backend's
+  // micro-batch count). NotSupported for a GradWrite the backend does not implement.
+  virtual Status Backward(int block, const BlockView& params, float* grad, float dloss, int micro,
+                          GradWrite write) = 0;
 
   // Waits for the compute lane; the mean token losses of micro-batch slots [0, n).
   virtual Result<std::vector<double>> Losses(int n) = 0;

@@ -8,16 +8,29 @@ namespace strata::model {
 
 Result<std::unique_ptr<Gpt2CpuModel>> Gpt2CpuModel::Create(Device* device, const Gpt2Config& config,
                                                            int B, int T, bool recompute,
-                                                           int micro_batches) {
+                                                           int micro_batches, int micro_slots) {
   if (device->Kind() != DeviceKind::kHost) {
     return Status::InvalidArgument("Gpt2CpuModel needs the host device, got " + device->Name());
   }
-  auto model = std::make_unique<Gpt2Model<float>>(config, B, T, recompute);
+  if (micro_slots < 1) {
+    return Status::InvalidArgument("micro_slots " + std::to_string(micro_slots) + " must be >= 1");
+  }
+  auto model = std::make_unique<Gpt2Model<float>>(config, B, T, recompute, micro_slots);
   std::vector<double> losses(static_cast<size_t>(micro_batches), 0.0);
   auto m = std::make_unique<Gpt2CpuModel>(device, model.get(), losses.data(), micro_batches);
   m->own_model_ = std::move(model);
   m->own_losses_ = std::move(losses);  // the vector's buffer moves with it
   return m;
+}
+
+Status Gpt2CpuModel::UseSlot(int slot) {
+  if (slot < 0 || slot >= model_->micro_slots()) {
+    return Status::InvalidArgument("activation slot " + std::to_string(slot) +
+                                   " out of range [0, " + std::to_string(model_->micro_slots()) +
+                                   ")");
+  }
+  Gpt2Model<float>* m = model_;
+  return Enqueue([m, slot] { m->UseSlot(slot); }, "micro-batch slot");
 }
 
 Status Gpt2CpuModel::SetTokens(const int32_t* inputs, const int32_t* targets) {
@@ -63,25 +76,42 @@ Status Gpt2CpuModel::Forward(int b, const BlockView& params) {
   return Enqueue([m, p] { m->FinalForward(p); }, "forward ln_f");
 }
 
-Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float dloss, int micro) {
+Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float dloss, int micro,
+                              GradWrite write) {
   if (micro < 0 || micro >= slots_) {
     return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
   }
   STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, Ptrs(params));
   p.g = grad;
+  const uint64_t n = params.layout->padded_numel;
+  if (write == GradWrite::kAccumulate) {
+    if (scratch_.empty() || scratch_.back()->size() < n) {
+      scratch_.push_back(std::make_unique<std::vector<float>>(n));
+    }
+    p.g = scratch_.back()->data();
+  }
   Gpt2Model<float>* m = model_;
   const int L = m->config().layers;
-  if (b == L + 1) {
-    double* loss = losses_ + micro;
-    return Enqueue(
-        [m, p, dloss, loss] {
+  double* loss = losses_ + micro;
+  // The block's gradient into p.g, then (kAccumulate) added to the engine's buffer in the
+  // order the engine sums micro-batches: grad = ((g0 + g1) + g2) ...
+  return Enqueue(
+      [m, p, b, L, dloss, loss, grad, n] {
+        if (b == L + 1) {
           *loss = m->Head(/*backward=*/true, dloss);
           m->FinalBackward(p);
-        },
-        "head + backward ln_f");
-  }
-  if (b >= 1) return Enqueue([m, p, b] { m->LayerBackward(b - 1, p); }, "backward layer");
-  return Enqueue([m, p] { m->EmbedBackward(p); }, "backward embed");
+        } else if (b >= 1) {
+          m->LayerBackward(b - 1, p);
+        } else {
+          m->EmbedBackward(p);
+        }
+        if (p.g != grad) {
+          for (uint64_t i = 0; i < n; ++i) grad[i] += p.g[i];
+        }
+      },
+      b == L + 1 ? "head + backward ln_f"
+      : b >= 1   ? "backward layer"
+                 : "backward embed");
 }
 
 Result<std::vector<double>> Gpt2CpuModel::Losses(int n) {

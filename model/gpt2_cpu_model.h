@@ -15,20 +15,24 @@ namespace strata::model {
 
 class Gpt2CpuModel final : public Gpt2Backend {
  public:
-  // A model of its own for micro-batches of B x T, with `micro_batches` loss slots.
+  // A model of its own for micro-batches of B x T, with `micro_batches` loss slots and
+  // `micro_slots` activation slots (1, or micro_batches for layer-major order).
   // InvalidArgument unless `device` is a host device (a CUDA device: Gpt2CudaModel).
   static Result<std::unique_ptr<Gpt2CpuModel>> Create(Device* device, const Gpt2Config& config,
                                                       int B, int T, bool recompute,
-                                                      int micro_batches);
+                                                      int micro_batches, int micro_slots = 1);
   // Over the caller's `model` and loss slots (`slots` of them at `losses`, written when the
   // compute lane runs the head). Both must outlive the work enqueued through this object
   // (until the compute lane is synchronised), not this object itself.
   Gpt2CpuModel(Device* device, Gpt2Model<float>* model, double* losses, int slots)
       : device_(device), model_(model), losses_(losses), slots_(slots) {}
 
+  int MicroSlots() const override { return model_->micro_slots(); }
+  Status UseSlot(int slot) override;
   Status SetTokens(const int32_t* inputs, const int32_t* targets) override;
   Status Forward(int block, const BlockView& params) override;
-  Status Backward(int block, const BlockView& params, float* grad, float dloss, int micro) override;
+  Status Backward(int block, const BlockView& params, float* grad, float dloss, int micro,
+                  GradWrite write) override;
   Result<std::vector<double>> Losses(int n) override;
 
  private:
@@ -42,6 +46,10 @@ class Gpt2CpuModel final : public Gpt2Backend {
   // What Create made (empty when the caller's are used).
   std::unique_ptr<Gpt2Model<float>> own_model_;
   std::vector<double> own_losses_;
+  // Where GradWrite::kAccumulate computes a micro-batch's gradient before adding it. A
+  // larger block adds a larger buffer; none is freed before the model, since work still
+  // queued on the compute lane may use it.
+  std::vector<std::unique_ptr<std::vector<float>>> scratch_;
 };
 
 }  // namespace strata::model

@@ -102,7 +102,20 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
                                 P(kLnfB), N, C);
   }
 
-  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro) override {
+  int MicroSlots() const override { return 1; }
+  Status UseSlot(int slot) override {
+    if (slot == 0) return Status::OK();
+    return Status::NotSupported(
+        "the CUDA model keeps one micro-batch's activations; use --micro-batch-order batch");
+  }
+
+  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro,
+                  GradWrite write) override {
+    if (write != GradWrite::kOverwrite) {
+      return Status::NotSupported(
+          "the CUDA model does not accumulate gradients over micro-batches on the device; use "
+          "--micro-batch-order batch");
+    }
     if (micro < 0 || micro >= micro_slots_) {
       return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
     }

@@ -63,6 +63,15 @@ Result<RunSize> EstimateRunSize(const Gpt2Config& cfg, int64_t rows, int64_t seq
   return s;
 }
 
+uint64_t HostRoomLeft(const RunSize& s, const RunSizeLimits& limits) {
+  const uint64_t mem = limits.host_memory_bytes;
+  if (mem == 0) return 0;
+  const uint64_t acts = limits.cpu_model ? s.activation_bytes : 0;
+  const uint64_t states = limits.have_nvme ? 0 : s.state_bytes;
+  const uint64_t used = acts > UINT64_MAX - states ? UINT64_MAX : acts + states;
+  return mem > used ? mem - used : 1;
+}
+
 Status CheckRunSize(const RunSize& s, const RunSizeLimits& limits) {
   const uint64_t mem = limits.host_memory_bytes;
   if (mem == 0) return Status::OK();

@@ -39,6 +39,11 @@ struct RunSizeLimits {
 // activations, or (without NVMe) the model and optimizer states cannot fit in host memory.
 Status CheckRunSize(const RunSize& size, const RunSizeLimits& limits);
 
+// What this host's memory leaves once the run is placed: the memory less one micro-batch's
+// activations (with the CPU model) and, without NVMe, the states. 0 when the memory is not
+// known, 1 when nothing is left. (Layer-major micro-batches keep more activations in it.)
+uint64_t HostRoomLeft(const RunSize& size, const RunSizeLimits& limits);
+
 // Physical memory of this host in bytes (0 when unknown).
 uint64_t HostMemoryBytes();
 

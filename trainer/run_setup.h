@@ -27,6 +27,7 @@
 #include "strata/engine.h"
 #include "strata/io.h"
 #include "strata/status.h"
+#include "trainer/micro_batch_order.h"
 
 namespace strata::trainer {
 
@@ -70,6 +71,8 @@ struct RunConfig {
   // ops; 0 = STRATA_NUM_THREADS when set, else one per core.
   int cpu_threads = 0;
   int micro_batches = 1;
+  // How a step runs its micro-batches (micro_batch_order.h); the same results either way.
+  MicroBatchOrderChoice micro_batch_order = MicroBatchOrderChoice::kAuto;
   // AdamW. weight_decay applies to tensors marked for it.
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double grad_clip = 1.0;  // global gradient-norm clip; 0 = off

@@ -25,9 +25,56 @@ Status ForwardBackward(Engine& engine, model::Gpt2Backend& backend, int layers,
   for (int b = layers + 1; b >= 0; --b) {
     STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kBackward));
     STRATA_ASSIGN_OR_RETURN(float* grad, engine.GradBuffer(b));
-    STRATA_RETURN_IF_ERROR(backend.Backward(b, v, grad, dloss, micro));
+    STRATA_RETURN_IF_ERROR(
+        backend.Backward(b, v, grad, dloss, micro, model::GradWrite::kOverwrite));
     STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
     STRATA_RETURN_IF_ERROR(engine.Release(b));
+  }
+  return Status::OK();
+}
+
+Status ForwardBackwardLayerMajor(Engine& engine, model::Gpt2Backend& backend, int layers,
+                                 const std::vector<const int32_t*>& inputs,
+                                 const std::vector<const int32_t*>& targets, float dloss,
+                                 bool accumulate_on_device) {
+  const int M = static_cast<int>(inputs.size());
+  if (backend.MicroSlots() < M) {
+    return Status::NotSupported("layer-major order needs the activations of " + std::to_string(M) +
+                                " micro-batches; the model keeps " +
+                                std::to_string(backend.MicroSlots()));
+  }
+  for (int m = 0; m < M; ++m) {
+    STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
+    STRATA_RETURN_IF_ERROR(backend.SetTokens(inputs[m], targets[m]));
+  }
+  // One access for all micro-batches (the model sums the gradients), or one per micro-batch.
+  const int accesses = accumulate_on_device ? 1 : M;
+  const int per_access = accumulate_on_device ? M : 1;
+  for (int b = 0; b <= layers + 1; ++b) {
+    for (int a = 0; a < accesses; ++a) {
+      STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kForward));
+      for (int m = a * per_access; m < (a + 1) * per_access; ++m) {
+        STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
+        STRATA_RETURN_IF_ERROR(backend.Forward(b, v));
+      }
+      STRATA_RETURN_IF_ERROR(engine.Release(b));
+    }
+  }
+  for (int b = layers + 1; b >= 0; --b) {
+    for (int a = 0; a < accesses; ++a) {
+      STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kBackward));
+      STRATA_ASSIGN_OR_RETURN(float* grad, engine.GradBuffer(b));
+      for (int m = a * per_access; m < (a + 1) * per_access; ++m) {
+        STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
+        // The first micro-batch of the access writes the buffer; the others add to it, in
+        // micro-batch order (the engine's own accumulation order).
+        const model::GradWrite write =
+            m == a * per_access ? model::GradWrite::kOverwrite : model::GradWrite::kAccumulate;
+        STRATA_RETURN_IF_ERROR(backend.Backward(b, v, grad, dloss, m, write));
+      }
+      STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
+      STRATA_RETURN_IF_ERROR(engine.Release(b));
+    }
   }
   return Status::OK();
 }
@@ -163,12 +210,15 @@ Result<StepResult> Trainer::Step() {
   STRATA_RETURN_IF_ERROR(engine_->BeginStep({.lr = r.lr, .grad_scale = 1.0 / M}));
   std::vector<double> losses(M, 0.0);
   std::vector<int32_t> all_in(full), all_tg(full);
-  std::vector<int32_t> in(N), tg(N);
-  // This rank's rows of global micro-batch i.
-  auto batch = [&](int64_t i) {
+  const bool layer_major = options_.micro_batch_order == MicroBatchOrder::kLayerMajor && M > 1;
+  // Layer-major: every micro-batch's tokens at once (the backend copies them at SetTokens).
+  std::vector<int32_t> in(N * (layer_major ? M : 1)), tg(in.size());
+  // This rank's rows of global micro-batch i, at micro-batch slot `slot` of in/tg.
+  auto batch = [&](int64_t i, int slot) {
     batcher_->TrainBatch(i, all_in.data(), all_tg.data());
-    std::copy(all_in.begin() + first_token, all_in.begin() + first_token + N, in.begin());
-    std::copy(all_tg.begin() + first_token, all_tg.begin() + first_token + N, tg.begin());
+    const size_t at = static_cast<size_t>(slot) * N;
+    std::copy(all_in.begin() + first_token, all_in.begin() + first_token + N, in.begin() + at);
+    std::copy(all_tg.begin() + first_token, all_tg.begin() + first_token + N, tg.begin() + at);
   };
   const float dloss = 1.0f / static_cast<float>(N);
   if (!backend_) {
@@ -178,15 +228,26 @@ Result<StepResult> Trainer::Step() {
           backend_,
           Gpt2CudaModel::Create(device_, config_, rows, options_.seq_len, options_.recompute, M));
     } else {
-      STRATA_ASSIGN_OR_RETURN(backend_,
-                              model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
-                                                          options_.recompute, M));
+      STRATA_ASSIGN_OR_RETURN(
+          backend_, model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
+                                                options_.recompute, M, layer_major ? M : 1));
     }
   }
-  for (int i = 0; i < M; ++i) {
-    batch((r.step - 1) * M + i);
-    STRATA_RETURN_IF_ERROR(
-        ForwardBackward(*engine_, *backend_, config_.layers, in.data(), tg.data(), dloss, i));
+  if (layer_major) {
+    std::vector<const int32_t*> ins, tgs;
+    for (int i = 0; i < M; ++i) {
+      batch((r.step - 1) * M + i, i);
+      ins.push_back(in.data() + static_cast<size_t>(i) * N);
+      tgs.push_back(tg.data() + static_cast<size_t>(i) * N);
+    }
+    STRATA_RETURN_IF_ERROR(ForwardBackwardLayerMajor(*engine_, *backend_, config_.layers, ins, tgs,
+                                                     dloss, options_.accumulate_on_device));
+  } else {
+    for (int i = 0; i < M; ++i) {
+      batch((r.step - 1) * M + i, 0);
+      STRATA_RETURN_IF_ERROR(
+          ForwardBackward(*engine_, *backend_, config_.layers, in.data(), tg.data(), dloss, i));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
   STRATA_ASSIGN_OR_RETURN(losses, backend_->Losses(M));

@@ -2,7 +2,9 @@
 // and Trainer, which runs whole steps (what `strata train` loops over).
 //
 // Everything here goes through the public Engine API: blocks are acquired in forward order
-// 0..L+1 and backward order L+1..0 once per pass per micro-batch; the model's compute is
+// 0..L+1 and backward order L+1..0 once per pass per micro-batch (batch-major), or with
+// every micro-batch through a block before the next (layer-major, micro_batch_order.h);
+// the model's compute is
 // enqueued on the device's compute lane right after each Acquire (so the engine's copies
 // and the model's compute overlap), and each block's gradient is handed back with
 // SubmitGrads. AdamW, clipping and the NVMe traffic are the engine's.
@@ -39,6 +41,18 @@ using model::SafetensorsReader;
 Status ForwardBackward(Engine& engine, model::Gpt2Backend& backend, int layers,
                        const int32_t* inputs, const int32_t* targets, float dloss, int micro);
 
+// The layer-major walk of one step's M micro-batches inside an open step (see
+// micro_batch_order.h): every micro-batch (backend slot m, loss slot m, tokens inputs[m],
+// targets[m]) runs through a block before the next block. With `accumulate_on_device` the
+// engine sees one micro-batch: each block is acquired once per pass and the backend sums the
+// micro-batches' gradients into its buffer; otherwise the engine's schedule is layer-major
+// and each micro-batch acquires the block and submits its own gradient. Errors: the
+// engine's or the backend's (NotSupported when it has fewer than M slots).
+Status ForwardBackwardLayerMajor(Engine& engine, model::Gpt2Backend& backend, int layers,
+                                 const std::vector<const int32_t*>& inputs,
+                                 const std::vector<const int32_t*>& targets, float dloss,
+                                 bool accumulate_on_device);
+
 // ForwardBackward on the CPU reference over the caller's model, for tests.
 // *loss receives the micro-batch's mean token loss once the compute lane has run it
 // (after SynchronizeLane(kCompute) or EndStep). dloss scales each token's loss gradient
@@ -63,6 +77,10 @@ struct TrainOptions {
   int64_t steps = 100;           // total steps (the cosine schedule's horizon)
   double min_lr_fraction = 0.1;  // cosine decays to lr * this at `steps`
   bool recompute = false;
+  // How Step runs the micro-batches: the order CreateOrderedEngine chose for the engine, and
+  // whether the model accumulates their gradients on the device (OrderedEngine's fields).
+  MicroBatchOrder micro_batch_order = MicroBatchOrder::kBatchMajor;
+  bool accumulate_on_device = false;
   int val_batches = 4;  // batches of the held-out tail per validation
   // A step whose gradient is not finite updates nothing (StepStats::skipped) and is warned
   // about; this many such steps in a row stop the run with kAborted (the state committed

@@ -158,6 +158,17 @@ struct ScheduleEntry {
   Pass pass = Pass::kForward;
 };
 
+// How a step's accesses run over its micro-batches.
+//   kBatchMajor: each micro-batch runs the whole schedule in turn (forward and backward of
+//     every block), as in the header comment.
+//   kLayerMajor: each access of the schedule runs for every micro-batch in turn (block 0's
+//     forward for micro-batches 0..M-1, then block 1's, ...; backward likewise), so a block's
+//     parameters stay on the device across its micro-batches and cross once per pass. The
+//     model keeps the activations of every micro-batch in flight. Gradients still land and
+//     accumulate per micro-batch, in micro-batch order: the result is bit-identical.
+enum class MicroBatchOrder : uint8_t { kBatchMajor, kLayerMajor };
+const char* MicroBatchOrderName(MicroBatchOrder order);  // "batch", "layer"
+
 struct EngineOptions {
   // The device the model computes on. Not owned; must outlive the engine. Required.
   Device* device = nullptr;
@@ -209,6 +220,7 @@ struct EngineOptions {
   // once per pass, its forward before its backward; Create refuses anything else
   // (InvalidArgument naming the entry). Every step runs this order (Acquire checks it).
   std::vector<ScheduleEntry> schedule;
+  MicroBatchOrder micro_batch_order = MicroBatchOrder::kBatchMajor;
   WorkingDtype dtype = WorkingDtype::kAuto;
   uint32_t tensor_alignment = 64;  // elements; every tensor starts at a multiple of this
   // Multi-rank runs (ZeRO-3): the communicator that joins the ranks. Not owned; must

@@ -400,6 +400,29 @@ TEST(PlanScheduleTest, StandardAndDeclaredOrdersRepeatPerMicroBatch) {
   }
 }
 
+TEST(PlanScheduleTest, LayerMajorRunsEveryMicroBatchThroughAnAccessInTurn) {
+  auto s = BuildSchedule(2, {}, 3, MicroBatchOrder::kLayerMajor);
+  ASSERT_TRUE(s.ok());
+  std::vector<Access> want;
+  for (const Access& one : StandardSchedule(2, 1)) {
+    for (int m = 0; m < 3; ++m) want.push_back({one.block, one.pass, m});
+  }
+  EXPECT_EQ(*s, want);
+  // The device plan keeps a block's params across its micro-batches even at the smallest
+  // budget: one load per block per pass at most, as with one micro-batch.
+  const std::vector<uint64_t> pb = {1000, 3000}, gb = {1000, 3000};
+  auto p = PlanDevice(*s, pb, gb, RoundUp(3000, 256) * 2);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  int loads = 0;
+  for (const DevStep& d : p->steps) loads += d.load;
+  EXPECT_LE(loads, 4);
+  auto batch = PlanDevice(*BuildSchedule(2, {}, 3), pb, gb, RoundUp(3000, 256) * 2);
+  ASSERT_TRUE(batch.ok());
+  int batch_loads = 0;
+  for (const DevStep& d : batch->steps) batch_loads += d.load;
+  EXPECT_GT(batch_loads, loads);
+}
+
 TEST(PlanScheduleTest, BadOrdersAreRefusedNamingTheEntry) {
   using E = ScheduleEntry;
   const Pass F = Pass::kForward, B = Pass::kBackward;
@@ -464,7 +487,8 @@ TEST(PlanDeviceTest, RandomSchedulesAndBudgetsReplayCleanly) {
       total += RoundUp(pb[b], 256) + RoundUp(gb[b], 256);
     }
     auto s = BuildSchedule(L, rng() % 2 ? RandomOrder(rng, L) : std::vector<ScheduleEntry>{},
-                           1 + int(rng() % 3));
+                           1 + int(rng() % 3),
+                           rng() % 2 ? MicroBatchOrder::kLayerMajor : MicroBatchOrder::kBatchMajor);
     ASSERT_TRUE(s.ok());
     const uint64_t cap = rng() % 4 == 0 ? 0 : least + rng() % (total - least + 1);
     auto p = PlanDevice(*s, pb, gb, cap);
@@ -500,11 +524,13 @@ RandomCase MakeRandomCase(std::mt19937_64& rng) {
   o.nvme = rng() % 4 != 0;
   o.durable = o.nvme && rng() % 3 == 0;
   if (rng() % 2) o.schedule = RandomOrder(rng, L);
+  if (rng() % 3 == 0) o.micro_batch_order = MicroBatchOrder::kLayerMajor;
   std::ostringstream t;
   t << "L=" << L << " world=" << world << " align=" << align << " micro=" << o.micro_batches
     << " clip=" << o.clip << " dtype=" << WorkingDtypeName(o.dtype)
     << " collectives=" << CollectiveMemoryName(o.collectives) << " nvme=" << o.nvme
-    << " durable=" << o.durable << " schedule=" << (o.schedule.empty() ? "standard" : "random");
+    << " durable=" << o.durable << " schedule=" << (o.schedule.empty() ? "standard" : "random")
+    << " order=" << MicroBatchOrderName(o.micro_batch_order);
   c.text = t.str();
   return c;
 }
@@ -520,7 +546,7 @@ void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
     EXPECT_LE(pp->resident_bytes + pp->cache_capacity + pp->staging_bytes, o.host_budget);
   }
   const int L = int(c.layout.size());
-  auto schedule = BuildSchedule(L, o.schedule, o.micro_batches);
+  auto schedule = BuildSchedule(L, o.schedule, o.micro_batches, o.micro_batch_order);
   ASSERT_TRUE(schedule.ok());
   std::vector<uint64_t> pb, gb;
   for (const BlockLayout& b : c.layout) {

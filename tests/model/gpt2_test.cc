@@ -1,6 +1,7 @@
 // The whole model: gradient against finite differences (float64, tiny config), recompute
 // equals no-recompute bit for bit, float agrees with double, initialisation and weights
-// round trip through safetensors.
+// round trip through safetensors; micro-batches in slots, interleaved block by block, equal
+// their separate runs.
 #include "model/gpt2.h"
 
 #include <gtest/gtest.h>
@@ -173,6 +174,68 @@ TEST(Gpt2Model, FloatAgreesWithDoubleAndThreadCountDoesNotMatter) {
   omp_set_num_threads(saved);
   EXPECT_EQ(l1, l2);
   EXPECT_EQ(w1.g, w2.g);
+}
+
+// Several micro-batches in flight, one slot each, interleaved block by block (layer-major):
+// each slot's loss and every block's gradient equal those of its micro-batch run alone, with
+// and without recompute (the slots share scratch, never saved state).
+TEST(Gpt2Model, SlotsInterleavedBlockByBlockEqualSeparateRuns) {
+  Gpt2Config cfg = Tiny();
+  const int B = 2, T = 5, M = 3, L = cfg.layers;
+  for (const bool recompute : {false, true}) {
+    Weights<float> w(cfg, 9);
+    std::vector<std::vector<int32_t>> in(M), tgt(M);
+    for (int m = 0; m < M; ++m) Tokens(cfg, B * T, 20 + m, &in[m], &tgt[m]);
+    // Alone: one model per micro-batch, the gradient of each block kept per micro-batch.
+    std::vector<double> loss_alone(M);
+    std::vector<std::vector<std::vector<float>>> g_alone(M);
+    for (int m = 0; m < M; ++m) {
+      Gpt2Model<float> one(cfg, B, T, recompute);
+      loss_alone[m] = ForwardBackwardPlain(one, w.layouts, w.P(), w.G(), in[m].data(),
+                                           tgt[m].data(), 1.0f / (B * T));
+      g_alone[m] = w.g;
+    }
+    Gpt2Model<float> slots(cfg, B, T, recompute, M);
+    ASSERT_EQ(slots.micro_slots(), M);
+    auto ptrs = [&](int b) { return BlockPtrs<float>{w.P()[b], w.G()[b], &w.layouts[b]}; };
+    for (int m = 0; m < M; ++m) {
+      slots.UseSlot(m);
+      slots.SetTokens(in[m].data(), tgt[m].data());
+    }
+    for (int b = 0; b <= L + 1; ++b) {
+      for (int m = 0; m < M; ++m) {
+        slots.UseSlot(m);
+        if (b == 0) slots.EmbedForward(ptrs(b));
+        if (b >= 1 && b <= L) slots.LayerForward(b - 1, ptrs(b));
+        if (b == L + 1) slots.FinalForward(ptrs(b));
+      }
+    }
+    for (int b = L + 1; b >= 0; --b) {
+      for (int m = 0; m < M; ++m) {
+        slots.UseSlot(m);
+        if (b == L + 1) {
+          EXPECT_EQ(slots.Head(/*backward=*/true, 1.0f / (B * T)), loss_alone[m]);
+          slots.FinalBackward(ptrs(b));
+        }
+        if (b >= 1 && b <= L) slots.LayerBackward(b - 1, ptrs(b));
+        if (b == 0) slots.EmbedBackward(ptrs(b));
+        EXPECT_EQ(w.g[b], g_alone[m][b])
+            << "block " << b << ", micro-batch " << m << (recompute ? ", recompute" : "");
+      }
+    }
+  }
+}
+
+TEST(Gpt2Model, SavedActivationBytesCountsWhatASlotKeeps) {
+  Gpt2Config cfg = Tiny();
+  const int64_t B = 2, T = 5, N = B * T, C = cfg.d_model, L = cfg.layers, V = cfg.vocab;
+  // Tokens, block inputs, final LayerNorm (+ mean, rstd), dres, the head's wte gradient.
+  const int64_t kept = 2 * N + (L + 1) * N * C + (N * C + 2 * N) + N * C + V * C;
+  EXPECT_EQ(SavedActivationBytes(cfg, B, T, true), uint64_t(4 * kept));
+  const int64_t per_layer = 15 * N * C + 4 * N + B * cfg.heads * T * T;
+  EXPECT_EQ(SavedActivationBytes(cfg, B, T, false), uint64_t(4 * (kept + L * per_layer)));
+  cfg.d_model = cfg.heads = 1 << 30;
+  EXPECT_EQ(SavedActivationBytes(cfg, int64_t(1) << 40, T, false), UINT64_MAX);
 }
 
 TEST(Gpt2Model, InitIsDeterministicAndHasGpt2Statistics) {

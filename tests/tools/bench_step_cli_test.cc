@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/temp_dir.h"
@@ -53,6 +54,40 @@ TEST(BenchStepCli, KeepLeavesTheSubfolderAndSaysWhere) {
   const std::string kept = std::filesystem::directory_iterator(nvme)->path().string();
   EXPECT_TRUE(Contains(r.output, "kept the NVMe state in " + kept)) << r.output;
   EXPECT_GT(Entries(kept), 0) << "the kept subfolder holds the store";
+}
+
+// Layer-major micro-batches: per step each block's params and gradient cross as with one
+// micro-batch, the activations the extra micro-batches keep come out of --device-mem (the
+// start-up line says how much), and a budget they do not fit is refused when forced.
+TEST(BenchStepCli, LayerMajorMovesTheBytesOfOneMicroBatch) {
+  const std::string bench =
+      "bench step --device cpu --blocks 3 --block-bytes 64K --compute-ms 0 --steps 2 "
+      "--device-mem 512K --activation-bytes 64K --json -";
+  auto step_bytes = [&](const std::string& flags, std::string* output) {
+    const CliRun r = Shell(bench + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    *output = r.output;
+    const auto at = r.output.find('{');
+    if (r.exit_code != 0 || at == std::string::npos) return std::pair<double, double>{-1, -1};
+    const auto j = nlohmann::json::parse(r.output.substr(at), nullptr, false);
+    if (j.is_discarded()) return std::pair<double, double>{-1, -1};
+    const auto& last = j["steps"].back();
+    EXPECT_EQ(last["wrong"], 0) << flags;
+    return std::pair<double, double>{last["bytes"]["h2d"].get<double>(),
+                                     last["bytes"]["d2h"].get<double>()};
+  };
+  std::string one_out, layer_out, batch_out;
+  const auto one = step_bytes("--micro-batches 1", &one_out);
+  const auto layer = step_bytes("--micro-batches 4 --micro-batch-order layer", &layer_out);
+  const auto batch = step_bytes("--micro-batches 4 --micro-batch-order batch", &batch_out);
+  EXPECT_EQ(layer.second, one.second) << layer_out;
+  EXPECT_LE(layer.first, 1.1 * one.first) << layer_out;
+  EXPECT_EQ(batch.second, 4 * one.second) << batch_out;
+  EXPECT_TRUE(Contains(layer_out, "activations of 3 more micro-batches in flight (192.0 KiB)"))
+      << layer_out;
+  const CliRun refused = Shell(bench + " --micro-batches 9 --micro-batch-order layer");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(Contains(refused.output, "--micro-batch-order layer")) << refused.output;
 }
 
 }  // namespace

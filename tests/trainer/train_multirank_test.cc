@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -122,6 +124,52 @@ TEST_F(TrainMultirankTest, SameWorldSizeIsBitIdenticalWithSharding) {
   ASSERT_EQ(runs[0].size(), 20u);
   for (size_t i = 0; i < runs[0].size(); ++i) {
     EXPECT_EQ(runs[0][i], runs[1][i]) << "step " << i + 1;
+  }
+}
+
+// Layer-major across ranks averages each micro-batch's gradient over the ranks as
+// batch-major does, so the two orders give the same bits: every step's loss and gradient
+// norm, and the saved weights, with and without --recompute, states spilled to NVMe.
+TEST_F(TrainMultirankTest, LayerMajorIsBitIdenticalToBatchMajorAcrossTwoRanks) {
+  for (const bool recompute : {false, true}) {
+    std::vector<std::string> saved;
+    std::vector<nlohmann::json> runs;
+    for (const char* order : {"batch", "layer"}) {
+      const std::string tag = std::string(order) + (recompute ? "-rc" : "");
+      for (int r = 0; r < 2; ++r) {
+        ASSERT_EQ(0,
+                  std::system(("mkdir -p " + dir_ + "/" + tag + "/" + std::to_string(r)).c_str()));
+      }
+      // kModel's 20 steps; a small host budget spills the sharded states to NVMe.
+      std::vector<std::string> flags = {"--micro-batches", "3",   "--micro-batch-order", order,
+                                        "--grad-clip",     "0.5", "--host-mem",          "600K",
+                                        "--device-mem",    "2M"};
+      flags.insert(flags.end(), {std::string("--nvme"), dir_ + "/" + tag + "/{rank}",
+                                 std::string("--save"), dir_ + "/" + tag + ".safetensors"});
+      if (recompute) flags.push_back("--recompute");
+      const std::string json = dir_ + "/" + tag + ".json";
+      ASSERT_EQ(Train(2, flags, json).size(), 20u) << tag;
+      std::ifstream f(json);
+      runs.push_back(nlohmann::json::parse(f));
+      EXPECT_EQ(runs.back()["config"]["micro_batch_order"], order) << tag;
+      EXPECT_EQ(runs.back()["config"]["layer_major_activation_bytes"].get<uint64_t>() > 0,
+                std::string(order) == "layer")
+          << runs.back()["config"]["micro_batch_order_reason"];
+      std::ifstream w(dir_ + "/" + tag + ".safetensors", std::ios::binary);
+      saved.emplace_back(std::istreambuf_iterator<char>(w), std::istreambuf_iterator<char>());
+    }
+    for (size_t i = 0; i < 20; ++i) {
+      for (const char* key : {"loss", "grad_norm"}) {
+        const double a = runs[0]["steps"][i][key].get<double>();
+        const double b = runs[1]["steps"][i][key].get<double>();
+        EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0)
+            << key << " of step " << i + 1 << (recompute ? " (--recompute)" : "") << ": " << a
+            << " vs " << b;
+      }
+    }
+    ASSERT_FALSE(saved[0].empty());
+    EXPECT_TRUE(saved[0] == saved[1])
+        << "the saved weights differ" << (recompute ? " (--recompute)" : "");
   }
 }
 

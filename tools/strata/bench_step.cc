@@ -9,6 +9,13 @@
 // self-checking: after the last step every block's master weights must equal what was
 // written at the start and both moments must be zero; #wrong counts blocks that differ.
 //
+// With --micro-batches M the order is --micro-batch-order's (as in `strata train`): layer-major
+// runs every micro-batch through a block before the next, so a block's params cross once
+// per pass and (on one rank) its gradient once per step; --activation-bytes is what one
+// micro-batch keeps on the device from its forward to its backward, and the (M-1) more that
+// layer-major keeps are allocated on the device, inside --device-mem (the engine gets the
+// rest).
+//
 // Compare where the collectives run on the same machine with --collective-memory device vs
 // host (and, on GPUs, --comm-backend nccl vs gloo).
 //
@@ -39,6 +46,7 @@
 #include "tools/strata/config_file.h"
 #include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
+#include "trainer/micro_batch_order.h"
 #include "trainer/run_setup.h"
 
 namespace strata::cli {
@@ -49,9 +57,10 @@ struct Flags {
   std::string block_bytes = "16M";
   double compute_ms = 40;
   int steps = 3;
-  std::string json;   // FILE, or "-" for standard output
-  bool keep = false;  // keep the NVMe subfolders (and their state) at exit
-  RunFlags run;       // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
+  std::string activation_bytes = "0";  // one micro-batch's saved activations on the device
+  std::string json;                    // FILE, or "-" for standard output
+  bool keep = false;                   // keep the NVMe subfolders (and their state) at exit
+  RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
 };
 
 // One rank's figures of one step, gathered on rank 0 (plain doubles, sent as bytes).
@@ -109,6 +118,11 @@ Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOp
 class BenchStep {
  public:
   explicit BenchStep(const Flags& f) : f_(f) {}
+  ~BenchStep() {
+    if (activations_ != nullptr) (void)setup_->device().Free(activations_);
+  }
+  BenchStep(const BenchStep&) = delete;
+  BenchStep& operator=(const BenchStep&) = delete;
 
   // Sets the run up (ranks, device, engine) and writes every block's starting parameters.
   Status Create(std::string* what) {
@@ -123,7 +137,25 @@ class BenchStep {
       blocks.push_back(
           BlockSpec{"block." + std::to_string(b), {TensorSpec{"w", {int64_t(numel_)}, true}}});
     }
-    STRATA_ASSIGN_OR_RETURN(engine_, Engine::Create(blocks, opt_));
+    STRATA_ASSIGN_OR_RETURN(const uint64_t acts,
+                            ParseBytes("--activation-bytes", f_.activation_bytes));
+    const trainer::MicroBatchOrderInputs order_in{.choice = setup_->config().micro_batch_order,
+                                                  .micro_batches = opt_.micro_batches,
+                                                  .saved_activation_bytes = acts,
+                                                  .model_has_slots = true,
+                                                  .multi_rank = world() > 1};
+    *what = "budgets (--device-mem, --host-mem, --nvme) or --micro-batch-order";
+    STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine made,
+                            trainer::CreateOrderedEngine(blocks, opt_, order_in));
+    what->clear();
+    engine_ = std::move(made.engine);
+    order_ = made.order;
+    accumulate_on_device_ = made.accumulate_on_device;
+    order_reason_ = made.reason;
+    if (made.activation_bytes > 0) {
+      // What layer-major keeps on the device beyond batch-major, held for the whole run.
+      STRATA_ASSIGN_OR_RETURN(activations_, setup_->device().Allocate(made.activation_bytes));
+    }
     padded_ = engine_->Layout()[0].padded_numel;
     for (int b = 0; b < f_.blocks; ++b) {
       std::vector<float> v(numel_);
@@ -214,6 +246,7 @@ class BenchStep {
     std::printf("# device %s%s, nvme %s%s\n", setup_->device().Name().c_str(), note.c_str(),
                 nvme.empty() ? "none" : nvme.c_str(),
                 nvme.empty() ? "" : (" (" + IoSettingsText(opt_) + ")").c_str());
+    std::printf("# micro-batches: %s\n", order_reason_.c_str());
     std::fputs(engine_->Placement().ToString().c_str(), stdout);
     std::printf("# %4s %4s %9s %9s %-10s %6s %8s %10s %10s %9s %9s %9s %9s %7s\n", "step", "rank",
                 "time_s", "bound_s", "bound_by", "effic", "stall_s", "nvme_rd_MiB", "nvme_wr_MiB",
@@ -223,36 +256,53 @@ class BenchStep {
         "collectives, bus bytes and busy time)\n");
   }
 
-  // One step: per micro-batch, forward over the blocks then backward in reverse, each block's
-  // compute emulated on the compute lane and its gradient a copy of zeros.
+  // One step, each block's compute emulated on the compute lane and its gradient a copy of
+  // zeros. Batch-major: per micro-batch, forward over the blocks then backward in reverse.
+  // Layer-major: per block, every micro-batch; on one rank within one access (the gradient
+  // summed on the device: zeros stay zeros), across ranks one access per micro-batch.
   Result<StepStats> Step() {
-    Device& device = setup_->device();
-    const auto fwd = std::chrono::nanoseconds(int64_t(f_.compute_ms * 1e6));
-    const auto bwd = 2 * fwd;
     // Zeros on the host, copied over each gradient on the compute lane (works on any device).
     if (zeros_.empty()) zeros_.assign(padded_, 0.0f);
     STRATA_RETURN_IF_ERROR(engine_->BeginStep(StepArgs{.lr = 1e-3}));
-    for (int m = 0; m < opt_.micro_batches; ++m) {
+    const int M = opt_.micro_batches;
+    if (order_ == MicroBatchOrder::kLayerMajor) {
+      const int accesses = accumulate_on_device_ ? 1 : M;
       for (int b = 0; b < f_.blocks; ++b) {
-        STRATA_RETURN_IF_ERROR(engine_->Acquire(b, Pass::kForward).status());
-        if (fwd.count() > 0) {
-          STRATA_RETURN_IF_ERROR(device.EnqueueBusy(Lane::kCompute, fwd, "forward"));
-        }
-        STRATA_RETURN_IF_ERROR(engine_->Release(b));
+        for (int a = 0; a < accesses; ++a)
+          STRATA_RETURN_IF_ERROR(Access(b, Pass::kForward, M / accesses));
       }
       for (int b = f_.blocks - 1; b >= 0; --b) {
-        STRATA_RETURN_IF_ERROR(engine_->Acquire(b, Pass::kBackward).status());
-        STRATA_ASSIGN_OR_RETURN(float* grad, engine_->GradBuffer(b));
-        if (bwd.count() > 0) {
-          STRATA_RETURN_IF_ERROR(device.EnqueueBusy(Lane::kCompute, bwd, "backward"));
+        for (int a = 0; a < accesses; ++a)
+          STRATA_RETURN_IF_ERROR(Access(b, Pass::kBackward, M / accesses));
+      }
+    } else {
+      for (int m = 0; m < M; ++m) {
+        for (int b = 0; b < f_.blocks; ++b) STRATA_RETURN_IF_ERROR(Access(b, Pass::kForward, 1));
+        for (int b = f_.blocks - 1; b >= 0; --b) {
+          STRATA_RETURN_IF_ERROR(Access(b, Pass::kBackward, 1));
         }
-        STRATA_RETURN_IF_ERROR(
-            device.CopyToDevice(grad, zeros_.data(), flat_bytes(), "zero grad", Lane::kCompute));
-        STRATA_RETURN_IF_ERROR(engine_->SubmitGrads(b));
-        STRATA_RETURN_IF_ERROR(engine_->Release(b));
       }
     }
     return engine_->EndStep();
+  }
+
+  // One access of block b: `micro` micro-batches' compute, and in backward the gradient.
+  Status Access(int b, Pass pass, int micro) {
+    Device& device = setup_->device();
+    const auto fwd = std::chrono::nanoseconds(int64_t(f_.compute_ms * 1e6));
+    const auto busy = pass == Pass::kForward ? fwd : 2 * fwd;
+    STRATA_RETURN_IF_ERROR(engine_->Acquire(b, pass).status());
+    for (int m = 0; m < micro && busy.count() > 0; ++m) {
+      STRATA_RETURN_IF_ERROR(device.EnqueueBusy(Lane::kCompute, busy,
+                                                pass == Pass::kForward ? "forward" : "backward"));
+    }
+    if (pass == Pass::kBackward) {
+      STRATA_ASSIGN_OR_RETURN(float* grad, engine_->GradBuffer(b));
+      STRATA_RETURN_IF_ERROR(
+          device.CopyToDevice(grad, zeros_.data(), flat_bytes(), "zero grad", Lane::kCompute));
+      STRATA_RETURN_IF_ERROR(engine_->SubmitGrads(b));
+    }
+    return engine_->Release(b);
   }
 
   // Blocks of this rank's shard whose master weights differ from what was written, or whose
@@ -353,6 +403,8 @@ class BenchStep {
                      {"host_mem", opt_.host_mem_bytes},
                      {"nvme", opt_.nvme_paths},
                      {"micro_batches", opt_.micro_batches},
+                     {"micro_batch_order", MicroBatchOrderName(order_)},
+                     {"activation_bytes", f_.activation_bytes},
                      {"grad_clip", opt_.grad_clip},
                      {"world_size", world()},
                      {"comm_backend", comm_backend()},
@@ -372,6 +424,11 @@ class BenchStep {
   std::unique_ptr<trainer::RunSetup> setup_;
   EngineOptions opt_;
   std::unique_ptr<Engine> engine_;
+  MicroBatchOrder order_ = MicroBatchOrder::kBatchMajor;
+  bool accumulate_on_device_ = false;
+  std::string order_reason_;
+  // The device memory layer-major's extra activations take (freed first at destruction).
+  void* activations_ = nullptr;
   std::vector<float> zeros_;
 };
 
@@ -399,6 +456,11 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
                   "(emulated on the compute lane; 0 = I/O-bound)")
       ->capture_default_str();
   cmd->add_option("--steps", flags->steps, "Steps to run")->capture_default_str();
+  cmd->add_option("--activation-bytes", flags->activation_bytes,
+                  "Activations one micro-batch keeps on the device from its forward to its "
+                  "backward (K/M/G suffixes); layer-major keeps --micro-batches of them, and "
+                  "what it keeps beyond one counts in --device-mem")
+      ->capture_default_str();
   cmd->add_option("--json", flags->json,
                   "Write the configuration, placement and per-step results as JSON to FILE (-: "
                   "standard output, which then carries the JSON alone; the table goes to "

@@ -114,7 +114,13 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "default, every state stays in host memory)");
   cmd->add_option("--nvme", f->nvme, nvme_help);
   cmd->add_option("--micro-batches", f->micro_batches,
-                  "Micro-batches per step (the gradient is their mean, accumulated on the host)")
+                  "Micro-batches per step (the gradient is their mean)")
+      ->capture_default_str();
+  cmd->add_option("--micro-batch-order", f->micro_batch_order,
+                  "auto, layer or batch: layer runs every micro-batch through a block before "
+                  "the next (params cross once per pass, gradients sum on the device; the "
+                  "activations of every micro-batch count in --device-mem), batch one "
+                  "micro-batch after another; auto takes layer when it fits. Same results")
       ->capture_default_str();
   cmd->add_option("--grad-clip", f->grad_clip, "Clip the global gradient norm (0: off)")
       ->capture_default_str();
@@ -215,6 +221,11 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   }
   config->nvme = f.nvme;
   config->micro_batches = f.micro_batches;
+  {
+    auto order = trainer::ParseMicroBatchOrder(f.micro_batch_order);
+    if (!order.ok()) return fail("--micro-batch-order", order.status());
+    config->micro_batch_order = *order;
+  }
   config->grad_clip = f.grad_clip;
   if (f.state_dtype == "fp32") {
     config->state_format = StateFormat::kFp32;

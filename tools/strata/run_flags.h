@@ -21,6 +21,8 @@ struct RunFlags {
   std::string device_mem, host_mem;  // "" (or 0): unlimited
   std::vector<std::string> nvme;
   int micro_batches = trainer::RunConfig{}.micro_batches;
+  std::string micro_batch_order =
+      trainer::MicroBatchOrderChoiceName(trainer::RunConfig{}.micro_batch_order);
   double grad_clip = trainer::RunConfig{}.grad_clip;
   std::string state_dtype = "fp32";  // fp32, bf16 (stochastic rounding) or bf16-rne
   std::string trace;

@@ -99,6 +99,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"init", free, &a.init, true},  // read only by a fresh run
       {"batch", fixed, &a.batch},
       {"micro-batches", fixed, &a.run.micro_batches},
+      {"micro-batch-order", free, &a.run.micro_batch_order},  // bit-identical either way
       {"seed", fixed, &a.seed},
       {"lr", schedule, &a.lr},
       {"lr-schedule", schedule, &a.lr_schedule},
@@ -516,16 +517,38 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   }
   StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
                                       : "opening the store to resume");
-  auto created = Engine::Create(model::Gpt2BlockSpecs(cfg), eo);
+  const int rows = a.batch / std::max(1, ri.world_size);
+  const bool cpu_model = setup->device().Kind() != DeviceKind::kCuda;
+  trainer::MicroBatchOrderInputs order_in{
+      .choice = config.micro_batch_order,
+      .micro_batches = a.run.micro_batches,
+      .saved_activation_bytes = model::SavedActivationBytes(cfg, rows, a.seq_len, a.recompute),
+      .model_has_slots = cpu_model,
+      .multi_rank = ri.world_size > 1,
+      .unlimited_room_bytes = 0};
+  if (cpu_model) {
+    auto size = model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute);
+    const bool nvme = !config.nvme.empty() || !config.resume.empty();
+    if (size.ok()) {
+      order_in.unlimited_room_bytes = model::HostRoomLeft(
+          *size, {.host_memory_bytes = model::HostMemoryBytes(), .have_nvme = nvme});
+    }
+  }
+  auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
   if (!created.ok()) {
     // The flags that decide what failed: the budgets, or the store being resumed.
     *what = created.status().code() == StatusCode::kOutOfMemory
                 ? "budgets (--device-mem, --host-mem, --nvme)"
+            : created.status().code() == StatusCode::kNotSupported
+                ? "--micro-batch-order"
                 : (a.resume.empty() ? "engine" : "--resume " + a.resume);
     return created.status();
   }
-  std::unique_ptr<Engine> engine = std::move(created).value();
+  std::unique_ptr<Engine> engine = std::move(created->engine);
+  to.micro_batch_order = created->order;
+  to.accumulate_on_device = created->accumulate_on_device;
   phase.Done();
+  std::printf("# micro-batches: %s\n", created->reason.c_str());
   report.engine = engine.get();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
@@ -570,6 +593,9 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
         {"fixed_buffers", eo.io.fixed_buffers},     {"io_config", a.run.io_config}};
   }
   js["placement"] = PlacementJson(engine->Placement());
+  js["config"]["micro_batch_order"] = MicroBatchOrderName(created->order);
+  js["config"]["micro_batch_order_reason"] = created->reason;
+  js["config"]["layer_major_activation_bytes"] = created->activation_bytes;
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;

@@ -1,0 +1,315 @@
+// Layer-major micro-batches (trainer/micro_batch_order.h) against batch-major, through the
+// real engine on the host device: over random small models, micro-batch counts, budgets
+// (unlimited, and the engine's minimum with states on NVMe), with and without --recompute
+// and clipping, every step's loss and gradient norm and the final weights and moments are
+// bit-identical; a block's parameters and gradient cross as often per step as with one
+// micro-batch; and the choice of order follows the device budget, saying why.
+#include "trainer/micro_batch_order.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "model/run_size.h"
+#include "trainer/trainer.h"
+
+namespace strata::trainer {
+namespace {
+
+using model::Batcher;
+using model::Gpt2BlockSpecs;
+using model::Gpt2Config;
+using model::SavedActivationBytes;
+using model::TokenStream;
+
+struct Case {
+  Gpt2Config cfg;
+  TrainOptions opt;
+  bool clip = true;
+  bool nvme = false;  // states on NVMe under the engine's minimum budgets
+};
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<float>> states;  // every block's master, exp_avg, exp_avg_sq
+  EdgeBytes bytes;                         // summed over the steps
+  MicroBatchOrder order = MicroBatchOrder::kBatchMajor;
+  std::string reason;
+};
+
+class MicroBatchOrderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/var/tmp/strata-lm-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    const std::string text = model::GenerateCorpus(20000, 5);
+    data_.tokens.assign(text.begin(), text.end());
+    for (int32_t& t : data_.tokens) t &= 0xff;
+  }
+  void TearDown() override { EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str())); }
+
+  EngineOptions Options(Device* dev, const Case& c, uint64_t device_mem, uint64_t host_mem,
+                        const std::string& nvme) {
+    EngineOptions eo;
+    eo.device = dev;
+    eo.device_mem_bytes = device_mem;
+    eo.host_mem_bytes = host_mem;
+    if (!nvme.empty()) eo.nvme_paths = {nvme};
+    eo.beta2 = 0.95;
+    eo.weight_decay = 0.1;
+    eo.grad_clip = c.clip ? 0.5 : 0;
+    eo.micro_batches = c.opt.micro_batches;
+    return eo;
+  }
+
+  // The engine's minimum budgets for the case (batch-major, one micro-batch of gradients).
+  PlacementReport Probe(const Case& c, const std::string& nvme) {
+    if (!nvme.empty())
+      EXPECT_EQ(0, std::system(("rm -rf " + nvme + " && mkdir -p " + nvme).c_str()));
+    auto dev = CreateHostDevice({});
+    EXPECT_TRUE(dev.ok());
+    EngineOptions eo = Options(dev->get(), c, 0, 64ull << 20, nvme);
+    auto e = Engine::Create(Gpt2BlockSpecs(c.cfg), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? (*e)->Placement() : PlacementReport{};
+  }
+
+  Outcome Run(const Case& c, MicroBatchOrderChoice choice, uint64_t device_mem, uint64_t host_mem,
+              int steps, const std::string& tag) {
+    Outcome out;
+    const std::string nvme = c.nvme ? dir_ + "/" + tag : "";
+    if (!nvme.empty()) {
+      EXPECT_EQ(0, std::system(("rm -rf " + nvme + " && mkdir -p " + nvme).c_str()));
+    }
+    auto dev = CreateHostDevice({});
+    EXPECT_TRUE(dev.ok());
+    MicroBatchOrderInputs in;
+    in.choice = choice;
+    in.micro_batches = c.opt.micro_batches;
+    in.saved_activation_bytes =
+        SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, c.opt.recompute);
+    auto made = CreateOrderedEngine(Gpt2BlockSpecs(c.cfg),
+                                    Options(dev->get(), c, device_mem, host_mem, nvme), in);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    if (!made.ok()) return out;
+    out.order = made->order;
+    out.reason = made->reason;
+    TrainOptions o = c.opt;
+    o.micro_batch_order = made->order;
+    o.accumulate_on_device = made->accumulate_on_device;
+    auto b = Batcher::Create(&data_, o.batch, o.seq_len);
+    EXPECT_TRUE(b.ok());
+    Trainer t(made->engine.get(), dev->get(), c.cfg, o, &*b);
+    EXPECT_TRUE(t.InitWeights(nullptr, 11).ok());
+    for (int s = 0; s < steps; ++s) {
+      auto r = t.Step();
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return out;
+      out.losses.push_back(r->loss);
+      out.norms.push_back(r->stats.grad_norm);
+      out.bytes.h2d += r->stats.bytes.h2d;
+      out.bytes.d2h += r->stats.bytes.d2h;
+    }
+    const Engine& e = *made->engine;
+    for (int blk = 0; blk < int(e.Layout().size()); ++blk) {
+      for (Component comp : {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
+        std::vector<float> v(e.Layout()[blk].shard_numel);
+        EXPECT_TRUE(e.ReadComponent(blk, comp, v).ok());
+        out.states.push_back(std::move(v));
+      }
+    }
+    return out;
+  }
+
+  static void ExpectSameBits(const Outcome& a, const Outcome& b, const std::string& what) {
+    ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+    for (size_t i = 0; i < a.losses.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
+          << what << ": step " << i + 1 << " loss " << a.losses[i] << " vs " << b.losses[i];
+      EXPECT_EQ(std::memcmp(&a.norms[i], &b.norms[i], sizeof(double)), 0)
+          << what << ": step " << i + 1 << " grad norm " << a.norms[i] << " vs " << b.norms[i];
+    }
+    ASSERT_EQ(a.states.size(), b.states.size()) << what;
+    for (size_t i = 0; i < a.states.size(); ++i) {
+      ASSERT_EQ(a.states[i].size(), b.states[i].size());
+      EXPECT_EQ(std::memcmp(a.states[i].data(), b.states[i].data(), a.states[i].size() * 4), 0)
+          << what << ": block " << i / 3 << " component " << i % 3 << " differs";
+    }
+  }
+
+  std::string dir_;
+  TokenStream data_;
+};
+
+TEST_F(MicroBatchOrderTest, LayerMajorIsBitIdenticalOverRandomModelsAndBudgets) {
+  std::mt19937 rng(20261201);
+  for (int trial = 0; trial < 6; ++trial) {
+    Case c;
+    c.cfg.layers = 1 + int(rng() % 3);
+    c.cfg.heads = 1 + int(rng() % 2);
+    c.cfg.d_model = c.cfg.heads * (8 + 8 * int(rng() % 3));
+    c.cfg.max_seq = 16;
+    c.opt.seq_len = 4 + int(rng() % 13);
+    c.opt.batch = 1 + int(rng() % 3);
+    c.opt.micro_batches = 2 + int(rng() % 3);
+    c.opt.recompute = rng() % 2 == 0;
+    c.opt.lr = 3e-3;
+    c.clip = rng() % 2 == 0;
+    c.nvme = trial % 2 == 1;
+    const std::string what =
+        "trial " + std::to_string(trial) + " (L " + std::to_string(c.cfg.layers) + ", C " +
+        std::to_string(c.cfg.d_model) + ", T " + std::to_string(c.opt.seq_len) + ", B " +
+        std::to_string(c.opt.batch) + ", M " + std::to_string(c.opt.micro_batches) +
+        (c.opt.recompute ? ", recompute" : "") + (c.clip ? ", clip" : "") +
+        (c.nvme ? ", NVMe at the minimum budgets" : "") + ")";
+    uint64_t device = 0, host = 0;
+    if (c.nvme) {
+      const PlacementReport p = Probe(c, dir_ + "/probe");
+      const uint64_t extra =
+          SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, c.opt.recompute) *
+          uint64_t(c.opt.micro_batches - 1);
+      device = p.device_min_bytes + extra;  // the engine gets exactly its minimum
+      host = 3 * p.host_min_bytes;
+    }
+    const Outcome batch = Run(c, MicroBatchOrderChoice::kBatch, device, host, 3, "batch");
+    const Outcome layer = Run(c, MicroBatchOrderChoice::kLayer, device, host, 3, "layer");
+    ASSERT_EQ(batch.order, MicroBatchOrder::kBatchMajor) << what;
+    ASSERT_EQ(layer.order, MicroBatchOrder::kLayerMajor) << what << ": " << layer.reason;
+    ExpectSameBits(batch, layer, what);
+    // Each block's gradient crosses once per step, as with one micro-batch.
+    EXPECT_EQ(layer.bytes.d2h * uint64_t(c.opt.micro_batches), batch.bytes.d2h) << what;
+  }
+}
+
+TEST_F(MicroBatchOrderTest, ParamsAndGradientsCrossAsOftenAsWithOneMicroBatch) {
+  Case c;
+  c.cfg.layers = 3;
+  c.cfg.d_model = 32;
+  c.cfg.heads = 2;
+  c.cfg.max_seq = 16;
+  c.opt.seq_len = 16;
+  c.opt.batch = 2;
+  c.opt.recompute = true;
+  c.opt.micro_batches = 1;
+  const PlacementReport p = Probe(c, "");
+  // Room for one block at a time (the engine's minimum), plus the layer-major activations.
+  const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
+  const Outcome one = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes, 0, 2, "one");
+  c.opt.micro_batches = 4;
+  const Outcome layer =
+      Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes + 3 * acts, 0, 2, "layer");
+  // Batch-major keeps no more activations: its engine gets the same minimum.
+  const Outcome batch = Run(c, MicroBatchOrderChoice::kBatch, p.device_min_bytes, 0, 2, "batch");
+  ASSERT_EQ(layer.order, MicroBatchOrder::kLayerMajor) << layer.reason;
+  EXPECT_EQ(layer.bytes.h2d, one.bytes.h2d);
+  EXPECT_EQ(layer.bytes.d2h, one.bytes.d2h);
+  EXPECT_GT(batch.bytes.h2d, 2 * one.bytes.h2d);
+  EXPECT_EQ(batch.bytes.d2h, 4 * one.bytes.d2h);
+}
+
+TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
+  Case c;
+  c.cfg.layers = 2;
+  c.cfg.d_model = 32;
+  c.cfg.heads = 2;
+  c.cfg.max_seq = 16;
+  c.opt.seq_len = 16;
+  c.opt.batch = 2;
+  c.opt.micro_batches = 3;
+  const PlacementReport p = Probe(c, "");
+  const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, false);
+  auto dev = CreateHostDevice({});
+  ASSERT_TRUE(dev.ok());
+  MicroBatchOrderInputs in;
+  in.micro_batches = 3;
+  in.saved_activation_bytes = acts;
+  auto make = [&](uint64_t device_mem) {
+    return CreateOrderedEngine(Gpt2BlockSpecs(c.cfg), Options(dev->get(), c, device_mem, 0, ""),
+                               in);
+  };
+  // Room for the engine and two more micro-batches' activations: layer-major, the engine
+  // gets the rest.
+  auto fits = make(p.device_min_bytes + 2 * acts);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_EQ(fits->order, MicroBatchOrder::kLayerMajor);
+  EXPECT_TRUE(fits->accumulate_on_device);
+  EXPECT_EQ(fits->engine_device_bytes, p.device_min_bytes);
+  EXPECT_EQ(fits->activation_bytes, 2 * acts);
+  EXPECT_EQ(fits->engine->Placement().device_budget_bytes, p.device_min_bytes);
+  // One byte short: auto runs batch-major with the whole budget and says why.
+  auto short_by_one = make(p.device_min_bytes + 2 * acts - 1);
+  ASSERT_TRUE(short_by_one.ok()) << short_by_one.status().ToString();
+  EXPECT_EQ(short_by_one->order, MicroBatchOrder::kBatchMajor);
+  EXPECT_NE(short_by_one->reason.find("layer-major does not fit"), std::string::npos)
+      << short_by_one->reason;
+  EXPECT_NE(short_by_one->reason.find("activations of 2 more micro-batches"), std::string::npos)
+      << short_by_one->reason;
+  // Forced, the same budget is refused with what to change.
+  in.choice = MicroBatchOrderChoice::kLayer;
+  auto forced = make(p.device_min_bytes + 2 * acts - 1);
+  ASSERT_FALSE(forced.ok());
+  EXPECT_EQ(forced.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(forced.status().message().find("--device-mem"), std::string::npos)
+      << forced.status().ToString();
+  EXPECT_NE(forced.status().message().find("--micro-batch-order batch"), std::string::npos);
+  // Unlimited: layer-major, unless the device has less room than the activations need.
+  EXPECT_EQ(make(0)->order, MicroBatchOrder::kLayerMajor);
+  in.unlimited_room_bytes = 2 * acts - 1;
+  EXPECT_EQ(make(0).status().code(), StatusCode::kOutOfMemory);  // forced
+  in.choice = MicroBatchOrderChoice::kAuto;
+  auto no_room = make(0);
+  ASSERT_TRUE(no_room.ok());
+  EXPECT_EQ(no_room->order, MicroBatchOrder::kBatchMajor);
+  EXPECT_NE(no_room->reason.find("the device has left"), std::string::npos) << no_room->reason;
+  in.unlimited_room_bytes = 2 * acts;
+  EXPECT_EQ(make(0)->order, MicroBatchOrder::kLayerMajor);
+  in.unlimited_room_bytes = 0;
+  // Forced batch: batch-major; one micro-batch: nothing to order.
+  in.choice = MicroBatchOrderChoice::kBatch;
+  EXPECT_EQ(make(0)->order, MicroBatchOrder::kBatchMajor);
+  in.choice = MicroBatchOrderChoice::kAuto;
+  in.micro_batches = 1;
+  EngineOptions one = Options(dev->get(), c, 0, 0, "");
+  one.micro_batches = 1;
+  auto single = CreateOrderedEngine(Gpt2BlockSpecs(c.cfg), one, in);
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->order, MicroBatchOrder::kBatchMajor);
+  // A model that keeps one micro-batch (the CUDA model): auto says so, forced is refused.
+  in.micro_batches = 3;
+  in.model_has_slots = false;
+  auto cuda_auto = make(0);
+  ASSERT_TRUE(cuda_auto.ok());
+  EXPECT_EQ(cuda_auto->order, MicroBatchOrder::kBatchMajor);
+  EXPECT_NE(cuda_auto->reason.find("CUDA"), std::string::npos);
+  in.choice = MicroBatchOrderChoice::kLayer;
+  EXPECT_EQ(make(0).status().code(), StatusCode::kNotSupported);
+}
+
+// What the host device leaves for layer-major's activations without a --device-mem cap.
+TEST(MicroBatchOrderRoom, HostRoomLeftIsMemoryLessActivationsAndStates) {
+  model::RunSize size;
+  size.activation_bytes = 10;
+  size.state_bytes = 100;
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 1000, .have_nvme = true}), 990u);
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 1000, .have_nvme = false}), 890u);
+  EXPECT_EQ(
+      model::HostRoomLeft(size, {.host_memory_bytes = 1000, .cpu_model = false, .have_nvme = true}),
+      1000u);
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 50, .have_nvme = false}), 1u);
+  EXPECT_EQ(model::HostRoomLeft(size, {.host_memory_bytes = 0}), 0u);  // not known
+}
+
+TEST(MicroBatchOrderParse, NamesTheFlag) {
+  EXPECT_EQ(*ParseMicroBatchOrder("layer"), MicroBatchOrderChoice::kLayer);
+  EXPECT_EQ(*ParseMicroBatchOrder("batch"), MicroBatchOrderChoice::kBatch);
+  EXPECT_EQ(*ParseMicroBatchOrder("auto"), MicroBatchOrderChoice::kAuto);
+  auto bad = ParseMicroBatchOrder("layers");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--micro-batch-order layers"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::trainer

@@ -1,0 +1,79 @@
+// The order a training step runs its micro-batches in, chosen before the engine is made.
+//
+//   batch-major: each micro-batch runs forward and backward through every block in turn; a
+//     block's parameters cross to the device once per pass per micro-batch and its gradient
+//     crosses back once per micro-batch (accumulated on the host).
+//   layer-major: every micro-batch runs through a block before the next block (forward and
+//     backward), so a block's parameters cross once per pass. On one rank the model adds each
+//     micro-batch's gradient into the engine's device buffer (the engine sees one
+//     micro-batch), so a gradient crosses to the host once per step; across ranks each
+//     micro-batch's gradient is still averaged over the ranks and lands on its own (the
+//     engine's layer-major schedule), since averaging the sum would round differently.
+// Both give the same bits: each block's gradient is the same fp32 sum over micro-batches in
+// micro-batch order.
+//
+// What layer-major costs is the activations of every micro-batch in flight: (M-1) more
+// micro-batches' saved activations (model::SavedActivationBytes: the block inputs with
+// --recompute, every saved activation without). They count in the device budget: the engine
+// gets --device-mem minus them, and `auto` takes layer-major only when the engine still
+// plans within that (else batch-major, saying why).
+//
+// Plain functions; the engine made here belongs to the caller.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata::trainer {
+
+enum class MicroBatchOrderChoice : uint8_t { kAuto, kLayer, kBatch };
+
+// --micro-batch-order: auto, layer or batch. InvalidArgument "--micro-batch-order <text>:
+// expected auto, layer or batch".
+Result<MicroBatchOrderChoice> ParseMicroBatchOrder(std::string_view text);
+const char* MicroBatchOrderChoiceName(MicroBatchOrderChoice choice);
+
+struct MicroBatchOrderInputs {
+  MicroBatchOrderChoice choice = MicroBatchOrderChoice::kAuto;
+  int micro_batches = 1;
+  // One micro-batch's saved activations on the device (model::SavedActivationBytes).
+  uint64_t saved_activation_bytes = 0;
+  // Whether the model can keep several micro-batches' activations (the CPU model can; the
+  // CUDA model keeps one).
+  bool model_has_slots = true;
+  // Several ranks: gradients are averaged per micro-batch, so they land per micro-batch.
+  bool multi_rank = false;
+  // Without a --device-mem cap: the memory the device has for layer-major's extra
+  // activations (on the host device, what this host's memory leaves; 0: not known).
+  uint64_t unlimited_room_bytes = 0;
+};
+
+// The engine made for the chosen order, and what the trainer needs to drive it.
+struct OrderedEngine {
+  std::unique_ptr<Engine> engine;
+  MicroBatchOrder order = MicroBatchOrder::kBatchMajor;
+  // Layer-major on one rank: the model accumulates the micro-batches' gradients in the
+  // engine's device buffer (the engine was made with micro_batches 1).
+  bool accumulate_on_device = false;
+  // The engine's device budget: --device-mem less the activations layer-major adds (0:
+  // unlimited).
+  uint64_t engine_device_bytes = 0;
+  uint64_t activation_bytes = 0;  // what layer-major adds to the device: (M-1) micro-batches
+  std::string reason;             // one line for the start-up report
+};
+
+// Makes the engine for `options` (options.micro_batches is M) in the order `in` chooses.
+// Errors: Engine::Create's; with --micro-batch-order layer, OutOfMemory naming the
+// activations and the --device-mem that would fit, or NotSupported when the model cannot
+// keep several micro-batches.
+Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
+                                          const EngineOptions& options,
+                                          const MicroBatchOrderInputs& in);
+
+}  // namespace strata::trainer
