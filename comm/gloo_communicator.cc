@@ -482,7 +482,9 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
   for (;;) {
     std::vector<int> missing;
     for (int r = 0; r < ri.world_size; ++r) {
-      if (!kv->TryGet("join/" + std::to_string(r))) missing.push_back(r);
+      STRATA_ASSIGN_OR_RETURN(std::optional<std::string> joined,
+                              kv->Peek("join/" + std::to_string(r)));
+      if (!joined) missing.push_back(r);
     }
     if (missing.empty()) break;
     if (std::chrono::steady_clock::now() >= deadline) {

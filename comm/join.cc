@@ -101,10 +101,10 @@ Result<JoinedRanks> JoinRanks(const RankInfo& rank, const JoinOptions& options,
   }
   if (where.empty()) {
     *failed_step = "--rendezvous";
-    return Status::InvalidArgument(
-        "WORLD_SIZE is " + std::to_string(rank.world_size) +
-        " but no rendezvous was given: pass --rendezvous file:DIR or redis:HOST:PORT (or set "
-        "STRATA_RENDEZVOUS; `strata launch` does)");
+    return Status::InvalidArgument("WORLD_SIZE is " + std::to_string(rank.world_size) +
+                                   " but no rendezvous was given: pass --rendezvous file:DIR or "
+                                   "redis://HOST:PORT/PREFIX (or set "
+                                   "STRATA_RENDEZVOUS; `strata launch` does)");
   }
   auto spec = ParseRendezvous(where);
   if (!spec.ok()) {

@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   liburing-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libgloo-dev libopenblas-dev
-  fio
+  fio redis-server
 )
 
 missing=()
