@@ -254,8 +254,10 @@ struct CommOptions {
   // fail within about this long. STRATA_COMM_TIMEOUT (seconds) sets the CLI default.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Host name or address the Gloo transport listens on and advertises to the others.
-  // Empty: STRATA_COMM_HOST; if that is empty too, "127.0.0.1" when all ranks are on this
-  // host (rank.local_world_size is 0 or world_size), else the name gethostname() returns.
+  // Empty: STRATA_COMM_HOST; if that is empty too, the address of the network interface
+  // GLOO_SOCKET_IFNAME names (as torch's Gloo reads it); else "127.0.0.1" when all ranks are
+  // on this host (rank.local_world_size is 0 or world_size), else the name gethostname()
+  // returns.
   // When ranks span hosts, a name resolving only to loopback is refused (InvalidArgument).
   std::string hostname;
   // Prefix of this communicator's keys in the store; distinct per communicator sharing a
