@@ -606,6 +606,11 @@ void AddBenchComm(CLI::App& bench, int* exit_code) {
   cmd->add_option("--json", flags->json,
                   "Write the results as JSON to FILE (rank 0; '-': standard output, the table "
                   "goes to standard error)");
+  // A later copy of a flag wins, so that a script's defaults can be overridden after them.
+  for (const char* name : {"--min-bytes", "--max-bytes", "--factor", "--iters", "--warmup",
+                           "--tcp-bytes", "--comm-timeout", "--json"}) {
+    cmd->get_option(name)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
   cmd->callback([flags, exit_code] { *exit_code = BenchComm(*flags).Run(); });
 }
 
