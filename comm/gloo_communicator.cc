@@ -21,6 +21,7 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -392,9 +394,46 @@ class GlooCommunicator final : public Communicator {
 // ranks are on this host, else gethostname(). A name that resolves only to loopback while
 // ranks span hosts is refused: Debian maps the host name to 127.0.1.1, and peers would then
 // try to reach this rank on their own machine.
+// The first IPv4 (else IPv6) address of network interface `name` (GLOO_SOCKET_IFNAME, as
+// torch's Gloo reads it). InvalidArgument naming the interface and the ones that have an
+// address when it has none.
+Result<std::string> InterfaceAddress(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return Status::FromErrno(errno, "getifaddrs");
+  std::string v4, v6, known;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    if (known.find(std::string(" ") + i->ifa_name + ",") == std::string::npos) {
+      known += std::string(" ") + i->ifa_name + ",";
+    }
+    if (name != i->ifa_name) continue;
+    char buf[INET6_ADDRSTRLEN] = {};
+    const void* a =
+        family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    if (::inet_ntop(family, a, buf, sizeof buf) == nullptr) continue;
+    if (family == AF_INET && v4.empty()) v4 = buf;
+    if (family == AF_INET6 && v6.empty()) v6 = buf;
+  }
+  ::freeifaddrs(list);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  if (!known.empty()) known.pop_back();
+  return Status::InvalidArgument("GLOO_SOCKET_IFNAME=" + name +
+                                 ": no interface of that name has an address (these do:" + known +
+                                 "); set it to one of them, or set STRATA_COMM_HOST");
+}
+
 Result<std::string> ListenHost(const CommOptions& options) {
   std::string host = options.hostname;
   if (host.empty()) host = EnvGet("STRATA_COMM_HOST");
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      host.empty() && ifname != nullptr && *ifname != '\0') {
+    return InterfaceAddress(ifname);
+  }
   const bool one_host = options.rank.local_world_size <= 0 ||
                         options.rank.local_world_size >= options.rank.world_size;
   if (host.empty()) {
@@ -482,7 +521,9 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
   for (;;) {
     std::vector<int> missing;
     for (int r = 0; r < ri.world_size; ++r) {
-      if (!kv->TryGet("join/" + std::to_string(r))) missing.push_back(r);
+      STRATA_ASSIGN_OR_RETURN(std::optional<std::string> joined,
+                              kv->Peek("join/" + std::to_string(r)));
+      if (!joined) missing.push_back(r);
     }
     if (missing.empty()) break;
     if (std::chrono::steady_clock::now() >= deadline) {

@@ -16,6 +16,8 @@
 #include <gloo/rendezvous/redis_store.h>
 #endif
 
+#include <algorithm>
+
 #include "comm/gloo_forensics.h"
 
 namespace strata::gloo_internal {
@@ -29,6 +31,21 @@ class CheckableFileStore : public gloo::rendezvous::FileStore {
   using FileStore::FileStore;
   bool Has(const std::string& key) { return check({key}); }
 };
+
+#if GLOO_USE_REDIS
+// Gloo's RedisStore never deletes a key; this one can (its hiredis context is protected).
+class ErasableRedisStore : public gloo::rendezvous::RedisStore {
+ public:
+  using RedisStore::RedisStore;
+  void Erase(const std::vector<std::string>& keys) {
+    for (const std::string& k : keys) {
+      void* reply = redisCommand(redis_, "DEL %b", k.data(), k.size());
+      if (reply == nullptr) return;  // the server is gone: nothing more to delete there
+      freeReplyObject(reply);
+    }
+  }
+};
+#endif
 
 // Values get a one-byte tag because FileStore refuses to read back an empty file.
 constexpr char kValueTag = 'v';
@@ -74,8 +91,31 @@ constexpr char kValueTag = 'v';
 
 }  // namespace
 
+StoreCore::~StoreCore() {
+  if (erase && !written.empty()) erase(written);
+}
+
+std::string StoreCore::StaleKeyAdvice() const {
+  if (spec.kind == RendezvousSpec::Kind::kFile) {
+    return "left over from an earlier run? use a fresh folder (or another store prefix) per run";
+  }
+  const std::string cli = "redis-cli -h " + spec.host + " -p " + std::to_string(spec.port);
+  return "left over from an earlier run that did not end cleanly (a run that ends deletes its "
+         "keys)? use another prefix (redis://" +
+         spec.host + ":" + std::to_string(spec.port) +
+         "/NEW-PREFIX), or delete the old keys: " + cli + " --scan --pattern '" + ns +
+         "*' | xargs -r " + cli + " del";
+}
+
+// Gloo's and hiredis' words for a server that went away, as the rendezvous' error.
+std::string StoreFailure(const StoreCore& core, const std::string& what) {
+  if (core.spec.kind == RendezvousSpec::Kind::kFile) return what;
+  return what + " (the Redis server at " + core.spec.host + ":" + std::to_string(core.spec.port) +
+         " stopped answering: is redis-server still running there? restart it, then the run)";
+}
+
 Status GlooKeyValueStore::Set(const std::string& key, std::string_view value) {
-  std::string full = prefix_ + "/" + key;
+  std::string full = core_->Key(prefix_, key);
   std::vector<char> data;
   data.reserve(value.size() + 1);
   data.push_back(kValueTag);
@@ -84,21 +124,21 @@ Status GlooKeyValueStore::Set(const std::string& key, std::string_view value) {
   try {
     if (core_->has(full)) {
       return Status::InvalidArgument("key '" + full + "' already exists in rendezvous " +
-                                     core_->where +
-                                     ": left over from an earlier run? use a fresh folder "
-                                     "(or another store prefix) per run");
+                                     core_->where + ": " + core_->StaleKeyAdvice());
     }
     core_->store->set(full, data);
+    core_->written.push_back(full);
   } catch (const std::exception& e) {
-    return Status::IOError("setting key '" + full + "' in rendezvous " + core_->where + ": " +
-                           CleanGlooMessage(e.what()));
+    return Status::IOError(StoreFailure(*core_, "setting key '" + full + "' in rendezvous " +
+                                                    core_->where + ": " +
+                                                    CleanGlooMessage(e.what())));
   }
   return Status::OK();
 }
 
 Result<std::string> GlooKeyValueStore::Get(const std::string& key,
                                            std::chrono::milliseconds timeout) {
-  std::string full = prefix_ + "/" + key;
+  std::string full = core_->Key(prefix_, key);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   // Polls rather than calling Store::wait, so that the lock is not held while waiting and
   // the timeout has millisecond resolution (FileStore::wait counts whole seconds).
@@ -115,8 +155,9 @@ Result<std::string> GlooKeyValueStore::Get(const std::string& key,
           return std::string(data.begin() + 1, data.end());
         }
       } catch (const std::exception& e) {
-        return Status::IOError("reading key '" + full + "' from rendezvous " + core_->where + ": " +
-                               CleanGlooMessage(e.what()));
+        return Status::IOError(StoreFailure(*core_, "reading key '" + full + "' from rendezvous " +
+                                                        core_->where + ": " +
+                                                        CleanGlooMessage(e.what())));
       }
     }
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -133,15 +174,24 @@ std::optional<std::string> GlooKeyValueStore::TryGet(const std::string& key) {
   return *r;
 }
 
+Result<std::optional<std::string>> GlooKeyValueStore::Peek(const std::string& key) {
+  Result<std::string> r = Get(key, 0ms);
+  if (r.ok()) return std::optional<std::string>(*r);
+  if (r.status().code() == StatusCode::kTimeout) return std::optional<std::string>();
+  return r.status();
+}
+
 void LockedGlooStore::set(const std::string& key, const std::vector<char>& data) {
   std::lock_guard<std::mutex> lock(core_->mu);
-  core_->store->set(prefix_ + "/" + key, data);
+  const std::string full = core_->Key(prefix_, key);
+  core_->store->set(full, data);
+  core_->written.push_back(full);
 }
 
 std::vector<char> LockedGlooStore::get(const std::string& key) {
   wait({key}, kDefaultTimeout);
   std::lock_guard<std::mutex> lock(core_->mu);
-  return core_->store->get(prefix_ + "/" + key);
+  return core_->store->get(core_->Key(prefix_, key));
 }
 
 void LockedGlooStore::wait(const std::vector<std::string>& keys,
@@ -151,7 +201,7 @@ void LockedGlooStore::wait(const std::vector<std::string>& keys,
     {
       std::lock_guard<std::mutex> lock(core_->mu);
       bool all = true;
-      for (const std::string& k : keys) all = all && core_->has(prefix_ + "/" + k);
+      for (const std::string& k : keys) all = all && core_->has(core_->Key(prefix_, k));
       if (all) return;
     }
     if (timeout != gloo::kNoTimeout && std::chrono::steady_clock::now() >= deadline) {
@@ -165,7 +215,10 @@ bool HasRedis() { return GLOO_USE_REDIS != 0; }
 
 Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
   auto core = std::make_shared<StoreCore>();
+  core->spec = spec;
   core->where = spec.ToString();
+  if (spec.kind == RendezvousSpec::Kind::kRedis && !spec.prefix.empty())
+    core->ns = spec.prefix + "/";
   if (spec.kind == RendezvousSpec::Kind::kFile) {
     if (::access(spec.path.c_str(), F_OK) != 0) {
       return Status::FromErrno(errno, "rendezvous folder " + spec.path +
@@ -193,9 +246,10 @@ Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
   // probing first also gives a plain errno message.
   STRATA_RETURN_IF_ERROR(ProbeTcp(spec.host, spec.port, "Redis rendezvous " + spec.ToString()));
   try {
-    auto rs = std::make_unique<gloo::rendezvous::RedisStore>(spec.host, spec.port);
-    gloo::rendezvous::RedisStore* raw = rs.get();
+    auto rs = std::make_unique<ErasableRedisStore>(spec.host, spec.port);
+    ErasableRedisStore* raw = rs.get();
     core->has = [raw](const std::string& key) { return raw->check({key}); };
+    core->erase = [raw](const std::vector<std::string>& keys) { raw->Erase(keys); };
     core->store = std::move(rs);
   } catch (const std::exception& e) {
     return Status::IOError("connecting to Redis rendezvous " + spec.ToString() + ": " +

@@ -25,11 +25,27 @@ namespace strata::gloo_internal {
 
 // The raw Gloo store plus a non-blocking existence check, shared by the KeyValueStore
 // wrapper and the Gloo rendezvous. Gloo's stores are not thread-safe: calls go through mu.
+// With Redis, every key lies under the rendezvous' PREFIX/ (`ns`), and the keys this
+// process wrote are deleted when the last owner lets go (a run that ended leaves nothing
+// for the next run with the same prefix to trip on); a folder is the run's own and stays.
 struct StoreCore {
+  ~StoreCore();
+  // The store's name for `key` of a store prefix: "<ns><prefix>/<key>".
+  std::string Key(const std::string& prefix, const std::string& key) const {
+    return ns + prefix + "/" + key;
+  }
+  // What a refused stale key should tell the user to do (REQUIRES: nothing).
+  std::string StaleKeyAdvice() const;
+
   std::mutex mu;
   std::unique_ptr<gloo::rendezvous::Store> store;
   std::function<bool(const std::string&)> has;  // REQUIRES: mu held
-  std::string where;                            // "file:/x" for messages
+  // Redis: deletes the keys (REQUIRES: mu held); null for a folder.
+  std::function<void(const std::vector<std::string>&)> erase;
+  std::vector<std::string> written;  // keys this process set (REQUIRES: mu held)
+  RendezvousSpec spec;
+  std::string ns;     // "PREFIX/" of a Redis rendezvous, else ""
+  std::string where;  // "file:/x" for messages
 };
 
 // Opens the folder or connects to the Redis server `spec` names. NotFound/IOError naming
@@ -48,6 +64,9 @@ class GlooKeyValueStore final : public KeyValueStore {
   Result<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override;
   // Non-blocking: the value when present.
   std::optional<std::string> TryGet(const std::string& key);
+  // Non-blocking: the value when present, nullopt when absent; IOError when the store does
+  // not answer (a Redis server that went away), naming it.
+  Result<std::optional<std::string>> Peek(const std::string& key);
 
  private:
   std::shared_ptr<StoreCore> core_;

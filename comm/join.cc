@@ -91,6 +91,27 @@ Result<JoinedRanks> JoinRanks(const RankInfo& rank, const JoinOptions& options,
     const char* env = std::getenv("STRATA_RENDEZVOUS");
     where = env ? env : "";
   }
+  // torchrun (and other launchers that follow its variables) name the first host in
+  // MASTER_ADDR: without a rendezvous, the run meets in a Redis server there, on the default
+  // port, under a prefix of its own run (TORCHELASTIC_RUN_ID, else MASTER_PORT). Gloo has no
+  // TCP store of its own to serve from rank 0, and torch's on MASTER_PORT is not ours.
+  std::string derived_from;
+  const char* master = std::getenv("MASTER_ADDR");
+  if (where.empty() && rank.world_size > 1 && master != nullptr && *master != '\0') {
+    const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+    const char* port = std::getenv("MASTER_PORT");
+    const std::string id = run_id != nullptr && *run_id != '\0' ? run_id
+                           : port != nullptr                    ? port
+                                                                : "0";
+    const std::string host = std::string(master).find(':') != std::string::npos
+                                 ? "[" + std::string(master) + "]"
+                                 : std::string(master);
+    where = "redis://" + host + ":6379/strata-" + id;
+    derived_from = " (derived from MASTER_ADDR" +
+                   std::string(run_id != nullptr && *run_id != '\0' ? " and TORCHELASTIC_RUN_ID"
+                                                                    : " and MASTER_PORT") +
+                   ": run redis-server on port 6379 there, or pass --rendezvous)";
+  }
   if (where.empty() && rank.world_size == 1) {
     auto dir = joined.folder.Make(options.one_rank_folder_prefix);
     if (!dir.ok()) {
@@ -101,10 +122,10 @@ Result<JoinedRanks> JoinRanks(const RankInfo& rank, const JoinOptions& options,
   }
   if (where.empty()) {
     *failed_step = "--rendezvous";
-    return Status::InvalidArgument(
-        "WORLD_SIZE is " + std::to_string(rank.world_size) +
-        " but no rendezvous was given: pass --rendezvous file:DIR or redis:HOST:PORT (or set "
-        "STRATA_RENDEZVOUS; `strata launch` does)");
+    return Status::InvalidArgument("WORLD_SIZE is " + std::to_string(rank.world_size) +
+                                   " but no rendezvous was given: pass --rendezvous file:DIR or "
+                                   "redis://HOST:PORT/PREFIX (or set "
+                                   "STRATA_RENDEZVOUS; `strata launch` does)");
   }
   auto spec = ParseRendezvous(where);
   if (!spec.ok()) {
@@ -117,7 +138,12 @@ Result<JoinedRanks> JoinRanks(const RankInfo& rank, const JoinOptions& options,
   STRATA_ASSIGN_OR_RETURN(joined.options.timeout,
                           CommTimeout(options.timeout_seconds, failed_step));
   *failed_step = "joining the other ranks";
-  STRATA_ASSIGN_OR_RETURN(joined.gloo, CreateGlooCommunicator(joined.options));
+  auto gloo = CreateGlooCommunicator(joined.options);
+  if (!gloo.ok()) {
+    if (!derived_from.empty()) *failed_step += " through " + where + derived_from;
+    return gloo.status();
+  }
+  joined.gloo = std::move(*gloo);
   failed_step->clear();
   return joined;
 }

@@ -60,8 +60,11 @@ Result<RankInfo> RankFromEnvOrSingle();
 // How a subcommand's ranks meet: its --rendezvous and --comm-timeout flags, and the names
 // it gives its keys and its temporary folder.
 struct JoinOptions {
-  // --rendezvous: file:DIR or redis:HOST:PORT. Empty: STRATA_RENDEZVOUS; if that is unset
-  // too, a one-rank run meets itself in a fresh folder (below), and more ranks are refused.
+  // --rendezvous: file:DIR or redis://HOST:PORT/PREFIX. Empty: STRATA_RENDEZVOUS; if that
+  // is unset too and MASTER_ADDR is (torchrun), redis://MASTER_ADDR:6379/strata-ID with ID
+  // TORCHELASTIC_RUN_ID, else MASTER_PORT; else a one-rank run meets itself in a fresh
+  // folder (below), and more ranks are refused.
+
   std::string rendezvous;
   // --comm-timeout in seconds (rounded up to whole milliseconds). 0: STRATA_COMM_TIMEOUT
   // (default 300 s). Negative values are refused.

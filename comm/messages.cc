@@ -1,6 +1,10 @@
 // The trainer's multi-rank protocols; see messages.h.
 #include "comm/messages.h"
 
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
 namespace strata {
 
 Status AgreeOnResumedStep(Communicator& comm, int64_t step) {
@@ -18,6 +22,82 @@ Status AgreeOnResumedStep(Communicator& comm, int64_t step) {
     }
   }
   return Status::OK();
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+Status CheckSameOnEveryRank(Communicator& comm, const std::vector<NamedValue>& mine,
+                            std::string_view what) {
+  // One fixed-size cell per option: the value's first characters and the FNV-1a hash of all
+  // of it (what is compared).
+  struct Cell {
+    char text[56];
+    uint64_t hash;
+  };
+  const uint64_t count = mine.size();
+  STRATA_ASSIGN_OR_RETURN(std::vector<uint64_t> counts,
+                          AllGatherMessages(comm, count, "all-gather option count"));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] != count) {
+      return Status::InvalidArgument("the ranks' " + std::string(what) + " differ: rank " +
+                                     std::to_string(r) + " has " + std::to_string(counts[r]) +
+                                     " options but this rank " + std::to_string(count) +
+                                     "; run the same build of strata on every rank");
+    }
+  }
+  if (count == 0) return Status::OK();
+  std::vector<Cell> cells(count);
+  for (size_t i = 0; i < count; ++i) {
+    const std::string& v = mine[i].value;
+    std::memset(cells[i].text, 0, sizeof cells[i].text);
+    if (v.size() < sizeof cells[i].text) {
+      std::memcpy(cells[i].text, v.data(), v.size());
+    } else {
+      std::memcpy(cells[i].text, v.data(), sizeof cells[i].text - 4);
+      std::memcpy(cells[i].text + sizeof cells[i].text - 4, "...", 3);
+    }
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : v) h = (h ^ c) * 1099511628211ull;
+    cells[i].hash = h;
+  }
+  const int n = comm.world_size();
+  std::vector<Cell> all(count * size_t(n));
+  CollectiveOptions co;
+  co.label = "all-gather options";
+  STRATA_RETURN_IF_ERROR(
+      comm.AllGather(cells.data(), all.data(), count * sizeof(Cell), CommDataType::kByte, co)
+          .Wait());
+  std::string diff;
+  for (size_t i = 0; i < count; ++i) {
+    // The distinct values in order of the first rank that has each, with their ranks.
+    std::vector<std::pair<const Cell*, std::vector<int>>> groups;
+    for (int r = 0; r < n; ++r) {
+      const Cell& c = all[size_t(r) * count + i];
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [&](const auto& e) { return e.first->hash == c.hash; });
+      if (g == groups.end()) {
+        groups.push_back({&c, {r}});
+      } else {
+        g->second.push_back(r);
+      }
+    }
+    if (groups.size() < 2) continue;
+    diff += (diff.empty() ? "" : "; ") + mine[i].name + ":";
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const std::string text(groups[k].first->text,
+                             strnlen(groups[k].first->text, sizeof(Cell::text)));
+      diff += std::string(k == 0 ? " " : " vs ") + (text.empty() ? "(none)" : text) + " on rank" +
+              (groups[k].second.size() > 1 ? "s " : " ") + RankList(groups[k].second);
+    }
+  }
+  if (diff.empty()) return Status::OK();
+  return Status::InvalidArgument("the ranks' " + std::string(what) + " differ: " + diff +
+                                 "; start every rank with the same options (they fix the "
+                                 "order of the collectives and the numbers)");
 }
 
 }  // namespace strata

@@ -67,4 +67,22 @@ Result<std::optional<T>> ShareFromRoot(Communicator& comm, int root, const std::
 // world size)"); the all-gather's errors otherwise.
 Status AgreeOnResumedStep(Communicator& comm, int64_t step);
 
+// One option of a run as its flag and its value in words ("--batch", "8").
+struct NamedValue {
+  std::string name;
+  std::string value;
+};
+
+// Checks that every rank runs with the same `mine` (the options that fix the order of the
+// collectives or the numbers; the same names in the same order on every rank, as one build
+// gives). InvalidArgument, the same on every rank, listing every option that differs with
+// each value and the ranks that have it ("the ranks' <what> differ: --batch: 8 on ranks 0,
+// 2 vs 4 on rank 1; --lr: ..."); values are shown up to 55 characters but compared whole (by
+// hash). The all-gathers' errors otherwise.
+Status CheckSameOnEveryRank(Communicator& comm, const std::vector<NamedValue>& mine,
+                            std::string_view what);
+
+// "0, 2, 5": rank numbers as a message lists them.
+std::string RankList(const std::vector<int>& ranks);
+
 }  // namespace strata

@@ -102,14 +102,15 @@ Result<RankInfo> RankInfoFromEnv() {
 std::string RendezvousSpec::ToString() const {
   if (kind == Kind::kFile) return "file:" + path;
   bool v6 = host.find(':') != std::string::npos;
-  return "redis:" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  return "redis://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port) +
+         (prefix.empty() ? "" : "/" + prefix);
 }
 
 Result<RendezvousSpec> ParseRendezvous(std::string_view text) {
   auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("rendezvous '" + std::string(text) + "': " + why +
                                    "; expected file:DIR (a folder every rank sees) or "
-                                   "redis:HOST:PORT");
+                                   "redis://HOST[:PORT][/PREFIX] (or redis:HOST:PORT)");
   };
   RendezvousSpec spec;
   if (text.starts_with("file:")) {
@@ -120,27 +121,41 @@ Result<RendezvousSpec> ParseRendezvous(std::string_view text) {
   }
   if (text.starts_with("redis:")) {
     spec.kind = RendezvousSpec::Kind::kRedis;
-    std::string_view rest = text.substr(6);
+    // redis://HOST[:PORT][/PREFIX] (the URL form; port 6379 by default) or redis:HOST:PORT.
+    const bool url = text.starts_with("redis://");
+    std::string_view rest = text.substr(url ? 8 : 6);
+    if (url) {
+      const size_t slash = rest.find('/', rest.starts_with("[") ? rest.find(']') : 0);
+      if (slash != std::string_view::npos) {
+        spec.prefix = std::string(rest.substr(slash + 1));
+        rest = rest.substr(0, slash);
+      }
+    }
     std::string_view port_s;
+    bool has_port = true;
     if (rest.starts_with("[")) {
       size_t close = rest.find(']');
       if (close == std::string_view::npos) return bad("unclosed '[' in the host");
       spec.host = std::string(rest.substr(1, close - 1));
       rest = rest.substr(close + 1);
-      if (!rest.starts_with(":")) return bad("missing :PORT");
-      port_s = rest.substr(1);
+      has_port = rest.starts_with(":");
+      if (!has_port && !(url && rest.empty())) return bad("missing :PORT");
+      if (has_port) port_s = rest.substr(1);
     } else {
       size_t colon = rest.rfind(':');
-      if (colon == std::string_view::npos) return bad("missing :PORT");
-      spec.host = std::string(rest.substr(0, colon));
-      port_s = rest.substr(colon + 1);
+      has_port = colon != std::string_view::npos;
+      if (!has_port && !url) return bad("missing :PORT");
+      spec.host = std::string(rest.substr(0, has_port ? colon : rest.size()));
+      if (has_port) port_s = rest.substr(colon + 1);
     }
     if (spec.host.empty()) return bad("the host is empty");
-    int port = 0;
-    auto [ptr, ec] = std::from_chars(port_s.data(), port_s.data() + port_s.size(), port);
-    if (port_s.empty() || ec != std::errc() || ptr != port_s.data() + port_s.size() || port < 1 ||
-        port > 65535) {
-      return bad("port '" + std::string(port_s) + "' is not in 1..65535");
+    int port = 6379;
+    if (has_port) {
+      auto [ptr, ec] = std::from_chars(port_s.data(), port_s.data() + port_s.size(), port);
+      if (port_s.empty() || ec != std::errc() || ptr != port_s.data() + port_s.size() || port < 1 ||
+          port > 65535) {
+        return bad("port '" + std::string(port_s) + "' is not in 1..65535");
+      }
     }
     spec.port = port;
     return spec;

@@ -2,6 +2,7 @@
 // and the check that every rank passes the same options.
 #include "engine/collectives.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <cstring>
@@ -141,17 +142,34 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
     }
     return "?";
   };
-  for (int r = 1; r < ctx.ws; ++r) {
-    for (size_t f = 0; f < kFields; ++f) {
-      const uint64_t v0 = all[f], vr = all[size_t(r) * kFields + f];
-      if (v0 == vr) continue;
-      return Status::InvalidArgument(
-          std::string("the ranks' engine options differ: ") + fields[f].name + " is " +
-          show(fields[f], v0) + " on rank 0 but " + show(fields[f], vr) + " on rank " +
-          std::to_string(r) +
-          "; every rank must run the same model with the same options (budgets included: "
-          "they fix the order of the collectives)");
+  // Every option that differs, each value with the ranks that have it (in order of the
+  // first rank with each value).
+  std::string diff;
+  for (size_t f = 0; f < kFields; ++f) {
+    std::vector<std::pair<uint64_t, std::string>> groups;  // value, "0, 2"
+    for (int r = 0; r < ctx.ws; ++r) {
+      const uint64_t v = all[size_t(r) * kFields + f];
+      auto g =
+          std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == v; });
+      if (g == groups.end()) {
+        groups.push_back({v, "rank " + std::to_string(r)});
+      } else {
+        g->second += ", " + std::to_string(r);
+      }
     }
+    if (groups.size() < 2) continue;
+    diff += std::string(diff.empty() ? "" : "; ") + fields[f].name + ":";
+    for (size_t k = 0; k < groups.size(); ++k) {
+      std::string& who = groups[k].second;
+      if (who.find(',') != std::string::npos) who.insert(4, "s");  // "ranks 0, 2"
+      diff += std::string(k == 0 ? " " : " vs ") + show(fields[f], groups[k].first) + " on " + who;
+    }
+  }
+  if (!diff.empty()) {
+    return Status::InvalidArgument(
+        "the ranks' engine options differ: " + diff +
+        "; every rank must run the same model with the same options (budgets included: they "
+        "fix the order of the collectives)");
   }
   return Status::OK();
 }

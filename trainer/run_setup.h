@@ -84,7 +84,7 @@ struct RunConfig {
   // The steps the trace records, 1-based and inclusive; 0 = unbounded.
   int64_t trace_first_step = 0, trace_last_step = 0;
   // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).
-  std::string rendezvous;           // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
+  std::string rendezvous;           // file:DIR or redis://HOST:PORT/PREFIX; "" = STRATA_RENDEZVOUS
   double comm_timeout_seconds = 0;  // 0 = STRATA_COMM_TIMEOUT
   CommBackendChoice comm_backend = CommBackendChoice::kAuto;
   CollectiveMemory collective_memory = CollectiveMemory::kAuto;

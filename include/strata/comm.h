@@ -68,19 +68,24 @@ Result<RankInfo> RankInfoFromEnv(const EnvLookup& lookup);
 Result<RankInfo> RankInfoFromEnv();  // the process environment
 
 // Where ranks meet: `file:DIR` (a folder all ranks see, e.g. on NFS; use a fresh folder
-// per run, since stale keys from an earlier run make rendezvous fail) or
-// `redis:HOST:PORT`.
+// per run, since stale keys from an earlier run make rendezvous fail) or a Redis server,
+// `redis://HOST[:PORT][/PREFIX]` (or `redis:HOST:PORT`). In Redis every key of the run lies
+// under PREFIX/; each process deletes the keys it wrote when its communicator goes away, so
+// a run that ended leaves nothing behind, and the keys of one that crashed are refused by
+// the next run with the same prefix, naming them and how to delete them.
 struct RendezvousSpec {
   enum class Kind : uint8_t { kFile, kRedis };
   Kind kind = Kind::kFile;
   std::string path;              // kFile
   std::string host;              // kRedis
   int port = 0;                  // kRedis
-  std::string ToString() const;  // back to "file:DIR" / "redis:HOST:PORT"
+  std::string prefix;            // kRedis: the run's namespace ("" = none)
+  std::string ToString() const;  // back to "file:DIR" / "redis://HOST:PORT[/PREFIX]"
 };
 
-// Parses "file:DIR" or "redis:HOST:PORT" (HOST may be [v6addr]). InvalidArgument naming
-// the text and the accepted forms otherwise. Does not touch the file system or network.
+// Parses "file:DIR", "redis://HOST[:PORT][/PREFIX]" (port 6379 by default) or
+// "redis:HOST:PORT" (HOST may be [v6addr]). InvalidArgument naming the text and the accepted
+// forms otherwise. Does not touch the file system or network.
 Result<RendezvousSpec> ParseRendezvous(std::string_view text);
 
 // A small shared key-value store reachable by every rank, used to exchange addresses and
@@ -249,8 +254,10 @@ struct CommOptions {
   // fail within about this long. STRATA_COMM_TIMEOUT (seconds) sets the CLI default.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Host name or address the Gloo transport listens on and advertises to the others.
-  // Empty: STRATA_COMM_HOST; if that is empty too, "127.0.0.1" when all ranks are on this
-  // host (rank.local_world_size is 0 or world_size), else the name gethostname() returns.
+  // Empty: STRATA_COMM_HOST; if that is empty too, the address of the network interface
+  // GLOO_SOCKET_IFNAME names (as torch's Gloo reads it); else "127.0.0.1" when all ranks are
+  // on this host (rank.local_world_size is 0 or world_size), else the name gethostname()
+  // returns.
   // When ranks span hosts, a name resolving only to loopback is refused (InvalidArgument).
   std::string hostname;
   // Prefix of this communicator's keys in the store; distinct per communicator sharing a

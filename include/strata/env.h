@@ -24,7 +24,8 @@ inline constexpr EnvVar kEnvVars[] = {
     {"STRATA_NUM_THREADS", "0", "threads for CPU kernels; 0 = one per core"},
     {"STRATA_TEST_SEED", "", "seed of the property tests; empty = from the clock (printed)"},
     {"STRATA_LOG_LEVEL", "info", "stderr messages: error, warning, info or debug"},
-    {"STRATA_RENDEZVOUS", "", "where ranks meet: file:DIR (shared folder) or redis:HOST:PORT"},
+    {"STRATA_RENDEZVOUS", "",
+     "where ranks meet: file:DIR (shared folder) or redis://HOST:PORT/PREFIX"},
     {"STRATA_COMM_TIMEOUT", "300", "seconds a collective may wait for a peer before failing"},
     {"STRATA_COMM_HOST", "", "Gloo listen address; empty: 127.0.0.1 on one host, else hostname"},
 };

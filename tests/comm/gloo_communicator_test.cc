@@ -600,7 +600,7 @@ TEST(GlooCommunicator, RedisRendezvousWithoutServerFailsCleanly) {
   ASSERT_FALSE(store.ok());
   if (gloo_internal::HasRedis()) {
     EXPECT_EQ(store.status().code(), StatusCode::kIOError) << store.status().ToString();
-    EXPECT_NE(store.status().message().find("redis:127.0.0.1:1"), std::string::npos)
+    EXPECT_NE(store.status().message().find("redis://127.0.0.1:1"), std::string::npos)
         << store.status().ToString();
   } else {
     EXPECT_EQ(store.status().code(), StatusCode::kNotSupported) << store.status().ToString();

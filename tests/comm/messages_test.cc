@@ -124,5 +124,38 @@ TEST(CommMessages, ResumedStepAgreementNamesTheRankThatDiffers) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
 }
 
+TEST(CommMessages, OptionCheckListsEveryDifferenceWithItsRanks) {
+  auto codes = RunRanks(3, [](Communicator& comm) {
+    const int r = comm.rank();
+    const std::string long_tail(80, 'x');
+    std::vector<NamedValue> same = {{"--batch", "8"}, {"--lr", "0.003"}};
+    CHILD_CHECK(CheckSameOnEveryRank(comm, same, "options").ok());
+    // --batch differs on rank 1, --lr on rank 2; --data differs only past the characters
+    // shown, and is still caught (compared whole).
+    std::vector<NamedValue> mine = {{"--batch", r == 1 ? "4" : "8"},
+                                    {"--lr", r == 2 ? "0.001" : "0.003"},
+                                    {"--seed", "1"},
+                                    {"--data", long_tail + (r == 0 ? "a" : "b")}};
+    Status s = CheckSameOnEveryRank(comm, mine, "options");
+    CHILD_CHECK(s.code() == StatusCode::kInvalidArgument);
+    const std::string shown = std::string(52, 'x') + "...";
+    const std::string expected =
+        "the ranks' options differ: --batch: 8 on ranks 0, 2 vs 4 on "
+        "rank 1; --lr: 0.003 on ranks 0, 1 vs 0.001 on rank 2; --data: " +
+        shown + " on rank 0 vs " + shown + " on ranks 1, 2; start every";
+    if (s.message().find(expected) == std::string::npos) {
+      std::fprintf(stderr, "rank %d: %s\n", r, s.message().c_str());
+      return 1;
+    }
+    // A rank with another option list (another build) is named.
+    std::vector<NamedValue> fewer(same.begin(), same.begin() + (r == 0 ? 1 : 2));
+    Status c = CheckSameOnEveryRank(comm, fewer, "options");
+    CHILD_CHECK(c.code() == StatusCode::kInvalidArgument);
+    CHILD_CHECK(c.message().find("same build") != std::string::npos);
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
 }  // namespace
 }  // namespace strata

@@ -106,16 +106,38 @@ TEST(ParseRendezvous, AcceptsFileAndRedisAndRejectsTheRest) {
   EXPECT_EQ(r->kind, RendezvousSpec::Kind::kRedis);
   EXPECT_EQ(r->host, "head-node");
   EXPECT_EQ(r->port, 6379);
-  EXPECT_EQ(r->ToString(), "redis:head-node:6379");
+  EXPECT_EQ(r->prefix, "");
+  EXPECT_EQ(r->ToString(), "redis://head-node:6379");
 
   auto v6 = ParseRendezvous("redis:[fe80::1]:7000");
   ASSERT_TRUE(v6.ok());
   EXPECT_EQ(v6->host, "fe80::1");
   EXPECT_EQ(v6->port, 7000);
-  EXPECT_EQ(v6->ToString(), "redis:[fe80::1]:7000");
+  EXPECT_EQ(v6->ToString(), "redis://[fe80::1]:7000");
 
-  for (const char* bad : {"", "file:", "/tmp/x", "tcp:host:1", "redis:host", "redis::6379",
-                          "redis:host:0", "redis:host:65536", "redis:host:12x", "redis:[::1:5"}) {
+  // The URL form: a port by default, and the run's key prefix (which may hold slashes).
+  auto u = ParseRendezvous("redis://head-node:7001/job42/step0");
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->host, "head-node");
+  EXPECT_EQ(u->port, 7001);
+  EXPECT_EQ(u->prefix, "job42/step0");
+  EXPECT_EQ(u->ToString(), "redis://head-node:7001/job42/step0");
+  auto d = ParseRendezvous("redis://10.0.0.1/run");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->host, "10.0.0.1");
+  EXPECT_EQ(d->port, 6379);
+  EXPECT_EQ(d->prefix, "run");
+  auto u6 = ParseRendezvous("redis://[::1]:7002/p");
+  ASSERT_TRUE(u6.ok()) << u6.status().ToString();
+  EXPECT_EQ(u6->host, "::1");
+  EXPECT_EQ(u6->port, 7002);
+  EXPECT_EQ(u6->prefix, "p");
+  EXPECT_EQ(u6->ToString(), "redis://[::1]:7002/p");
+
+  for (const char* bad :
+       {"", "file:", "/tmp/x", "tcp:host:1", "redis:host", "redis::6379", "redis:host:0",
+        "redis:host:65536", "redis:host:12x", "redis:[::1:5", "redis://", "redis:///p",
+        "redis://h:0/p", "redis://h:x/p", "redis://[::1/p"}) {
     auto b = ParseRendezvous(bad);
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(b.status().message().find("file:DIR"), std::string::npos) << bad;

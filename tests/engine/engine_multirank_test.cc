@@ -487,8 +487,9 @@ TEST_F(EngineMultirankTest, RandomModelsAndBudgetsMatchOneRank) {
   }
 }
 
-// Rank 1 passes another host budget: every rank refuses at Create, naming the option, its
-// values and the rank, instead of deadlocking later on mismatched collectives.
+// Rank 1 passes another host budget and rank 2 another beta1: every rank refuses at Create,
+// listing every option that differs with each value and its ranks, instead of deadlocking
+// later on mismatched collectives.
 TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
   TempDir dir;
   const std::string rdv = dir.path() + "/rendezvous";
@@ -496,13 +497,13 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
   std::vector<pid_t> pids;
   std::fflush(stdout);
   std::fflush(stderr);
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 3; ++r) {
     pid_t pid = ::fork();
     if (pid == 0) {
       std::string message = "no error";
       {
         CommOptions co;
-        co.rank = RankInfo{r, 2, r, 2, "test"};
+        co.rank = RankInfo{r, 3, r, 3, "test"};
         co.rendezvous.path = rdv;
         co.timeout = 60s;
         auto comm = CreateGlooCommunicator(co);
@@ -510,7 +511,8 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
         if (!comm.ok() || !device.ok()) ::_exit(90);
         EngineOptions opt = BaseOptions(device->get(), RunConfig{});
         opt.comm = comm->get();
-        opt.host_mem_bytes = r == 0 ? (64u << 20) : (32u << 20);
+        opt.host_mem_bytes = r == 1 ? (32u << 20) : (64u << 20);
+        if (r == 2) opt.beta1 = 0.8;
         auto e = Engine::Create(Model(), opt);
         if (!e.ok()) message = e.status().ToString();
       }
@@ -524,13 +526,17 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
     ::waitpid(p, &st, 0);
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 3; ++r) {
     std::ifstream f(dir.path() + "/msg" + std::to_string(r));
     const std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     SCOPED_TRACE("rank " + std::to_string(r) + ": " + msg);
     EXPECT_NE(msg.find("InvalidArgument"), std::string::npos);
     EXPECT_NE(msg.find("host_mem_bytes"), std::string::npos);
-    EXPECT_NE(msg.find("67108864 on rank 0 but 33554432 on rank 1"), std::string::npos);
+    EXPECT_NE(msg.find("host_mem_bytes (--host-mem): 67108864 on ranks 0, 2 vs 33554432 on rank 1"),
+              std::string::npos);
+    EXPECT_NE(
+        msg.find("; beta1: 0.90000000000000002 on ranks 0, 1 vs 0.80000000000000004 on rank 2"),
+        std::string::npos);
   }
 }
 

@@ -1,8 +1,12 @@
 // `strata launch -n N -- COMMAND...`: starts N local ranks of COMMAND that meet through a
-// fresh temporary FileStore, the way torchrun does for one host.
+// fresh temporary FileStore, the way torchrun does for one host; with --nnodes M and
+// --node-rank K (or Slurm's SLURM_NNODES and SLURM_NODEID, one launch per node), this host's
+// N ranks of an M-host run, ranks K*N .. K*N+N-1, meeting through --rendezvous (a Redis
+// server or a shared folder every host reaches).
 //
-// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and STRATA_RENDEZVOUS=
-// file:<temp dir>. Output: with --output prefix (the default) every line a rank writes to
+// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and STRATA_RENDEZVOUS (and
+// STRATA_COMM_HOST / GLOO_SOCKET_IFNAME from --comm-host / --comm-interface). Output: with
+// --output prefix (the default) every line a rank writes to
 // stdout or stderr is forwarded to the same stream prefixed "[rank r] "; with --output rank0
 // rank 0's stdout is forwarded unchanged (clean --json output) and the other ranks' stdout
 // is dropped, while every rank's stderr stays prefixed. When a rank exits non-zero (or is
@@ -26,6 +30,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -42,9 +47,17 @@ void OnSignal(int sig) { g_signal = sig; }
 
 struct LaunchArgs {
   int nproc = 0;
+  int nnodes = 0;              // 0: SLURM_NNODES under Slurm, else 1
+  int node_rank = -1;          // -1: SLURM_NODEID under Slurm, else 0 with one node
+  std::string rendezvous;      // "": several nodes STRATA_RENDEZVOUS, one a temporary folder
+  std::string comm_host;       // STRATA_COMM_HOST for the ranks
+  std::string comm_interface;  // GLOO_SOCKET_IFNAME for the ranks
   std::string output = "prefix";
   double grace_s = 10.0;
   std::vector<std::string> command;
+  // Resolved by ResolveNodes: this host's first global rank and the world size.
+  int first_rank = 0;
+  int world = 0;
 };
 
 // One output stream of one rank: a pipe whose bytes are cut into lines.
@@ -71,10 +84,11 @@ void WriteAll(FILE* out, const std::string& s) {
 
 void Emit(const LaunchArgs& args, const Stream& s, const std::string& line) {
   if (args.output == "rank0" && s.is_stdout) {
-    if (s.rank == 0) WriteAll(stdout, line);
+    if (args.first_rank + s.rank == 0) WriteAll(stdout, line);
     return;
   }
-  WriteAll(s.is_stdout ? stdout : stderr, "[rank " + std::to_string(s.rank) + "] " + line);
+  WriteAll(s.is_stdout ? stdout : stderr,
+           "[rank " + std::to_string(args.first_rank + s.rank) + "] " + line);
 }
 
 // The rank a failing rank's error names as hung ("rank 3 sent nothing for 5 s", the
@@ -117,7 +131,73 @@ std::string Describe(const Rank& r) {
              : "exited with code " + std::to_string(r.exit_code);
 }
 
-int RunLaunch(const LaunchArgs& args) {
+std::optional<int> EnvInt(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0') return std::nullopt;
+  return static_cast<int>(n);
+}
+
+// The nodes of the run: --nnodes and --node-rank, else Slurm's SLURM_NNODES and
+// SLURM_NODEID when launch is one Slurm task per node, else one node; and the rendezvous
+// several nodes must share. Prints the error and returns false when they do not add up.
+bool ResolveNodes(LaunchArgs& args) {
+  const bool slurm =
+      std::getenv("SLURM_PROCID") != nullptr && EnvInt("SLURM_NNODES") && EnvInt("SLURM_NODEID");
+  if (args.nnodes == 0 && slurm) {
+    const int tasks = EnvInt("SLURM_NTASKS").value_or(*EnvInt("SLURM_NNODES"));
+    if (tasks != *EnvInt("SLURM_NNODES")) {
+      std::fprintf(stderr,
+                   "strata launch: under Slurm with SLURM_NTASKS=%d on SLURM_NNODES=%d nodes: "
+                   "start one launch per node (srun --ntasks-per-node 1 strata launch -n N "
+                   "...), or start strata itself under srun without launch\n",
+                   tasks, *EnvInt("SLURM_NNODES"));
+      return false;
+    }
+    args.nnodes = *EnvInt("SLURM_NNODES");
+    if (args.node_rank < 0) args.node_rank = *EnvInt("SLURM_NODEID");
+  }
+  if (args.nnodes == 0) args.nnodes = 1;
+  if (args.nnodes < 1) {
+    std::fprintf(stderr, "strata launch: --nnodes %d: expected at least 1\n", args.nnodes);
+    return false;
+  }
+  if (args.node_rank < 0) {
+    if (args.nnodes > 1) {
+      std::fprintf(stderr,
+                   "strata launch: --nnodes %d needs --node-rank K (0..%d), this host's index "
+                   "(or run under Slurm, which gives SLURM_NODEID)\n",
+                   args.nnodes, args.nnodes - 1);
+      return false;
+    }
+    args.node_rank = 0;
+  }
+  if (args.node_rank >= args.nnodes) {
+    std::fprintf(stderr, "strata launch: --node-rank %d is outside [0, --nnodes %d)\n",
+                 args.node_rank, args.nnodes);
+    return false;
+  }
+  // One node without --rendezvous meets in a fresh folder, whatever the environment says
+  // (a STRATA_RENDEZVOUS meant for another run would be stale).
+  if (args.rendezvous.empty() && args.nnodes > 1) {
+    if (const char* env = std::getenv("STRATA_RENDEZVOUS")) args.rendezvous = env;
+  }
+  if (args.nnodes > 1 && args.rendezvous.empty()) {
+    std::fprintf(stderr,
+                 "strata launch: --nnodes %d: the hosts need a rendezvous they all reach: "
+                 "--rendezvous redis://HOST:PORT/PREFIX or file:DIR on a shared file system "
+                 "(or STRATA_RENDEZVOUS)\n",
+                 args.nnodes);
+    return false;
+  }
+  args.first_rank = args.node_rank * args.nproc;
+  args.world = args.nnodes * args.nproc;
+  return true;
+}
+
+int RunLaunch(LaunchArgs& args) {
   if (args.nproc < 1) {
     std::fprintf(stderr, "strata launch: -n %d: the number of ranks must be at least 1\n",
                  args.nproc);
@@ -134,18 +214,23 @@ int RunLaunch(const LaunchArgs& args) {
     return 2;
   }
 
+  if (!ResolveNodes(args)) return 2;
   std::string tmp_root = "/tmp";
   if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') tmp_root = t;
   // Removed when RunLaunch returns, however it returns (the ranks have exited by then, or
   // were never started).
   TempFolder rdzv;
-  if (Result<std::string> made = rdzv.Make(tmp_root + "/strata-launch-"); !made.ok()) {
-    std::fprintf(stderr, "strata launch: cannot create a rendezvous folder under %s: %s\n",
-                 tmp_root.c_str(), std::strerror(made.status().err_no()));
-    return 1;
+  std::string rendezvous = args.rendezvous;
+  if (rendezvous.empty()) {
+    if (Result<std::string> made = rdzv.Make(tmp_root + "/strata-launch-"); !made.ok()) {
+      std::fprintf(stderr, "strata launch: cannot create a rendezvous folder under %s: %s\n",
+                   tmp_root.c_str(), std::strerror(made.status().err_no()));
+      return 1;
+    }
+    rendezvous = "file:" + rdzv.path();
   }
-  const std::string& rdzv_dir = rdzv.path();
-  const std::string world = std::to_string(args.nproc);
+  const std::string world = std::to_string(args.world);
+  const std::string local_world = std::to_string(args.nproc);
 
   std::vector<char*> argv;
   for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -180,11 +265,15 @@ int RunLaunch(const LaunchArgs& args) {
       ::sigaction(SIGTERM, &old_term, nullptr);
       ::dup2(out_pipe[1], STDOUT_FILENO);
       ::dup2(err_pipe[1], STDERR_FILENO);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("RANK", std::to_string(args.first_rank + r).c_str(), 1);
       ::setenv("WORLD_SIZE", world.c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", world.c_str(), 1);
-      ::setenv("STRATA_RENDEZVOUS", ("file:" + rdzv_dir).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", local_world.c_str(), 1);
+      ::setenv("STRATA_RENDEZVOUS", rendezvous.c_str(), 1);
+      if (!args.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args.comm_host.c_str(), 1);
+      if (!args.comm_interface.empty()) {
+        ::setenv("GLOO_SOCKET_IFNAME", args.comm_interface.c_str(), 1);
+      }
       ::execvp(argv[0], argv.data());
       std::fprintf(stderr, "strata launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
       std::fflush(stderr);
@@ -269,7 +358,8 @@ int RunLaunch(const LaunchArgs& args) {
           ranks[r].exit_code = WEXITSTATUS(st);
         }
         if (ranks[r].exit_code == 0 || forwarded_signal) continue;
-        std::fprintf(stderr, "strata launch: rank %d %s\n", r, Describe(ranks[r]).c_str());
+        std::fprintf(stderr, "strata launch: rank %d %s\n", args.first_rank + r,
+                     Describe(ranks[r]).c_str());
         if (failures.empty()) {
           decide_at = Clock::now() + kSettle;
           if (running > 0) {
@@ -291,7 +381,7 @@ int RunLaunch(const LaunchArgs& args) {
       // A rank that the failed ones say sent nothing, and that has not failed itself, hung:
       // the others only gave up waiting for it.
       for (const Stream& s : streams) {
-        const int h = s.named_hung;
+        const int h = s.named_hung < 0 ? -1 : s.named_hung - args.first_rank;
         if (h >= 0 && h < args.nproc && ranks[h].running &&
             std::find(failures.begin(), failures.end(), s.rank) != failures.end()) {
           first_failed = h;
@@ -334,20 +424,21 @@ int RunLaunch(const LaunchArgs& args) {
     std::fprintf(stderr,
                  "strata launch: failed: rank %d of %d hung: rank %d got nothing from it within "
                  "its comm timeout, and it did not stop by itself (it %s)\n",
-                 *first_failed, args.nproc, *hung_reporter, Describe(r).c_str());
+                 args.first_rank + *first_failed, args.world, args.first_rank + *hung_reporter,
+                 Describe(r).c_str());
     return r.exit_code != 0 ? r.exit_code : 1;
   }
   if (first_failed) {
     const Rank& r = ranks[*first_failed];
-    std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", *first_failed, args.nproc,
-                 Describe(r).c_str());
+    std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n",
+                 args.first_rank + *first_failed, args.world, Describe(r).c_str());
     return r.exit_code;
   }
   if (forwarded_signal) return 128 + static_cast<int>(g_signal);
   for (int r = 0; r < args.nproc; ++r) {
     if (ranks[r].exit_code != 0) {
-      std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", r, args.nproc,
-                   Describe(ranks[r]).c_str());
+      std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", args.first_rank + r,
+                   args.world, Describe(ranks[r]).c_str());
       return ranks[r].exit_code;
     }
   }
@@ -360,11 +451,30 @@ void AddLaunch(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<LaunchArgs>();
   CLI::App* sub = app.add_subcommand(
       "launch",
-      "Start N local ranks of a command that meet through a temporary rendezvous folder.\n"
-      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and STRATA_RENDEZVOUS.\n"
+      "Start N local ranks of a command that meet through a temporary rendezvous folder, or\n"
+      "with --nnodes, this host's N ranks of a run across hosts that meet through\n"
+      "--rendezvous. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and\n"
+      "STRATA_RENDEZVOUS. Under Slurm (one launch per node) --nnodes and --node-rank default\n"
+      "to SLURM_NNODES and SLURM_NODEID.\n"
       "Example: strata launch -n 2 -- strata train ...   (multi-node: docs/multirank.md)");
   sub->add_option("-n,--nproc", args->nproc, "Number of ranks to start on this host (>= 1)")
       ->required();
+  sub->add_option("--nnodes", args->nnodes,
+                  "Hosts in the run, each running one launch (default: SLURM_NNODES under "
+                  "Slurm, else 1); WORLD_SIZE = nnodes x nproc");
+  sub->add_option("--node-rank", args->node_rank,
+                  "This host's index in 0..nnodes-1 (default: SLURM_NODEID under Slurm; "
+                  "required with --nnodes > 1 otherwise); RANK = node-rank x nproc + LOCAL_RANK");
+  sub->add_option("--rendezvous", args->rendezvous,
+                  "Where the ranks of all hosts meet: redis://HOST:PORT/PREFIX or file:DIR on a "
+                  "shared file system (default: STRATA_RENDEZVOUS; with one node and neither, "
+                  "a temporary folder)");
+  sub->add_option("--comm-host", args->comm_host,
+                  "Address the ranks' Gloo transport listens on (sets STRATA_COMM_HOST): this "
+                  "host's address on the network the hosts share");
+  sub->add_option("--comm-interface", args->comm_interface,
+                  "Network interface whose address Gloo listens on (sets GLOO_SOCKET_IFNAME; "
+                  "--comm-host wins)");
   sub->add_option("--output", args->output,
                   "prefix: every rank's stdout/stderr lines prefixed with [rank r]; rank0: "
                   "rank 0's stdout unchanged, other ranks' stdout dropped, stderr prefixed "

@@ -150,10 +150,11 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "Threads for the CPU work: the optimizer and, on the host device, the model "
                   "(0: STRATA_NUM_THREADS when set, else one per core)")
       ->capture_default_str();
-  cmd->add_option("--rendezvous", f->rendezvous,
-                  "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "
-                  "ranks meet, file:DIR (a fresh shared folder) or redis:HOST:PORT; default "
-                  "STRATA_RENDEZVOUS");
+  cmd->add_option(
+      "--rendezvous", f->rendezvous,
+      "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "
+      "ranks meet, file:DIR (a fresh shared folder) or redis://HOST:PORT/PREFIX; default "
+      "STRATA_RENDEZVOUS");
   cmd->add_option("--comm-timeout", f->comm_timeout,
                   "Seconds a collective waits for a peer before the run fails naming the lost "
                   "rank; default STRATA_COMM_TIMEOUT (300)");

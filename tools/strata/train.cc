@@ -7,6 +7,7 @@
 // others), the engine and the trainer are made, and the steps run (train_report.h prints).
 #include <fcntl.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -138,6 +139,31 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"top-k", free, &a.sampling.top_k},
       {"top-p", free, &a.sampling.top_p},
   };
+}
+
+// What every rank must share, as the ranks compare it at start-up: the flags that define the
+// run (fixed and schedule ones, and --steps, which decides how many steps' collectives each
+// rank issues), with the data as its tokens rather than its path (hosts may mount it
+// elsewhere). Left out: paths of each host's own (--nvme, --tokenizer, --init, which rank 0
+// alone reads) and --io-block (each host's drives).
+std::vector<NamedValue> RankAgreedOptions(const TrainArgs& a, const model::TokenStream& data) {
+  TrainArgs copy = a;
+  std::vector<NamedValue> out;
+  for (const Setting& s : TrainSettings(copy)) {
+    const std::string key = s.key;
+    if ((s.on_resume == OnResume::kFree && key != "steps") || key == "nvme" || key == "data" ||
+        key == "tokenizer" || key == "io-block") {
+      continue;
+    }
+    out.push_back({"--" + key, TomlValue(s)});
+  }
+  char hash[40];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(
+                    XXH3_64bits(data.tokens.data(), data.tokens.size() * sizeof(int32_t))));
+  out.push_back(
+      {"--data (its tokens)", std::to_string(data.tokens.size()) + " tokens, xxh3 " + hash});
+  return out;
 }
 
 std::string Decode(const std::vector<int32_t>& toks, int vocab, const model::Tokenizer* tok) {
@@ -494,6 +520,10 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
 
   *what = "--data";
   STRATA_ASSIGN_OR_RETURN(model::TokenStream data, LoadDataFile(a.data, a.tok.get()));
+  if (comm != nullptr) {
+    *what = "comparing the ranks' options";
+    STRATA_RETURN_IF_ERROR(CheckSameOnEveryRank(*comm, RankAgreedOptions(a, data), "options"));
+  }
   model::Gpt2Config cfg;
   std::unique_ptr<model::SafetensorsReader> init;
   STRATA_RETURN_IF_ERROR(ModelConfig(a, comm, &cfg, &init, what));
