@@ -142,6 +142,7 @@ void SwapStore::Hook(std::string_view point) const {
 
 Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   const size_t n = options_.paths.size();
+  if (n == 0) return Status::InvalidArgument("swap store: no swap folder given");
   if (options_.stripe_bytes % kBlock != 0) {
     return Status::InvalidArgument("swap store: stripe size " +
                                    std::to_string(options_.stripe_bytes) +
