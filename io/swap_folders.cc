@@ -11,6 +11,7 @@
 #include <map>
 #include <utility>
 
+#include "strata/bytes.h"
 #include "strata/log.h"
 
 namespace strata::swap_internal {
@@ -69,6 +70,12 @@ Result<std::unique_ptr<SwapFolders>> SwapFolders::Open(const std::vector<std::st
   std::unique_ptr<SwapFolders> f(new SwapFolders());
   STRATA_RETURN_IF_ERROR(f->CheckFolders(paths));
   for (const std::string& p : paths) STRATA_RETURN_IF_ERROR(f->OpenAndLock(p));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    Folder& folder = f->folders_[i];
+    folder.data_file_name =
+        "strata.swap." + std::to_string(i) + "-of-" + std::to_string(paths.size());
+    folder.data_file = JoinPath(folder.path, folder.data_file_name);
+  }
   f->manifest_path_ = JoinPath(paths[0], kManifestName);
   return f;
 }
@@ -171,14 +178,122 @@ Status SwapFolders::OpenAndLock(const std::string& path) {
   return Status::OK();
 }
 
-Result<std::optional<std::string>> SwapFolders::ReadManifest() const {
+Status SwapFolders::CheckDataFiles(const std::vector<uint64_t>& needed_end, bool has_extents,
+                                   uint64_t file_bytes, uint64_t capacity) const {
+  // Free space: sum what each file system must still provide.
+  struct FsNeed {
+    std::vector<std::string> folders;
+    uint64_t need = 0;
+    uint64_t free = 0;
+  };
+  std::map<dev_t, FsNeed> by_fs;
+  for (size_t i = 0; i < folders_.size(); ++i) {
+    const Folder& f = folders_[i];
+    struct stat fst {};
+    uint64_t have = 0;
+    if (fstatat(f.dir_fd, f.data_file_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (!S_ISREG(fst.st_mode)) {
+        return Status::InvalidArgument(
+                   "refusing swap file " + f.data_file + ": it is " +
+                   (S_ISLNK(fst.st_mode) ? "a symbolic link" : "not a regular file") +
+                   "; the store writes only its own regular files. Remove it or use another "
+                   "folder")
+            .WithPath(f.data_file);
+      }
+      have = static_cast<uint64_t>(fst.st_blocks) * 512;
+      if (static_cast<uint64_t>(fst.st_size) < needed_end[i]) {
+        return Status::Corruption(
+                   "swap file " + f.data_file + " came back short: " + std::to_string(fst.st_size) +
+                   " bytes, but the committed extents need " + std::to_string(needed_end[i]) +
+                   "; it was truncated or replaced. Restore it from a "
+                   "checkpoint")
+            .WithPath(f.data_file);
+      }
+    } else if (has_extents && needed_end[i] > 0) {
+      return Status::Corruption("swap file " + f.data_file +
+                                " named by the manifest is missing; restore it from a "
+                                "checkpoint or give the folders in their original order")
+          .WithPath(f.data_file);
+    }
+    struct stat dst {};
+    struct statvfs vfs {};
+    if (fstat(f.dir_fd, &dst) != 0 || fstatvfs(f.dir_fd, &vfs) != 0) {
+      int err = errno;
+      return Status::FromErrno(err, "statvfs " + f.path).WithPath(f.path);
+    }
+    FsNeed& fs = by_fs[dst.st_dev];
+    fs.folders.push_back(f.path);
+    fs.need += file_bytes > have ? file_bytes - have : 0;
+    fs.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  for (const auto& by : by_fs) {
+    const FsNeed& fs = by.second;  // not a structured binding: clang 14 lambdas cannot capture one
+    if (fs.need <= fs.free) continue;
+    std::string who =
+        fs.folders.size() == 1 ? "swap folder " + fs.folders[0] : "swap folders " + [&] {
+          std::string s;
+          for (const auto& f : fs.folders) s += (s.empty() ? "" : ", ") + f;
+          return s + " (one file system)";
+        }();
+    return Status::NoSpace(who + " cannot hold the swap files: " + FormatBytesExact(fs.free) +
+                           " free, " + FormatBytesExact(fs.need) + " needed (capacity " +
+                           FormatBytesExact(capacity) + " over " + std::to_string(folders_.size()) +
+                           " folder(s)); free space there, lower the swap capacity, or add "
+                           "swap folders on other drives")
+        .WithPath(fs.folders[0]);
+  }
+
+  return Status::OK();
+}
+
+Result<int> SwapFolders::OpenDataFile(IoBackend& backend, size_t i, bool direct) const {
+  const Folder& f = folders_[i];
+  OpenOptions oo;
+  oo.create = true;
+  oo.direct = direct;
+  oo.dir_fd = f.dir_fd;
+  oo.no_follow = true;
+  oo.mode = 0600;
+  // A new file is created, never taken over; an existing one must be a plain file.
+  struct stat fst {};
+  oo.exclusive = fstatat(f.dir_fd, f.data_file_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0;
+  return backend.OpenFile(f.data_file_name, oo);
+}
+
+Result<std::optional<Manifest>> SwapFolders::ReadManifest() const {
   struct stat st {};
   if (fstatat(dir_fd(0), kManifestName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    return std::optional<std::string>();
+    return std::optional<Manifest>();
   }
   STRATA_ASSIGN_OR_RETURN(std::string bytes,
                           ReadWholeFile(dir_fd(0), kManifestName, manifest_path_));
-  return std::optional<std::string>(std::move(bytes));
+  STRATA_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, manifest_path_));
+  return std::optional<Manifest>(std::move(m));
+}
+
+Result<Manifest> SwapFolders::ResolvePrepared(Manifest committed, const Decider& decide) const {
+  std::optional<Manifest> prepared;
+  // Anything short of a complete manifest of a later step with the same geometry is a
+  // commit cut short before its manifest was durable: not a prepared one.
+  if (std::optional<std::string> bytes = ReadTemporary()) {
+    auto m = DecodeManifest(*bytes, manifest_path_ + ".tmp");
+    if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
+        m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
+        m->capacity_bytes == committed.capacity_bytes) {
+      prepared = std::move(*m);
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      const bool roll_forward,
+      decide(committed.step, prepared ? prepared->step : std::optional<uint64_t>()));
+  if (!roll_forward) return committed;
+  if (!prepared) {
+    return Status::InvalidArgument("swap store in " + folder(0) +
+                                   ": asked to roll forward a prepared commit, but there is none");
+  }
+  STRATA_RETURN_IF_ERROR(RenameTemporary().Annotate("rolling the prepared commit of step " +
+                                                    std::to_string(*prepared->step) + " forward"));
+  return std::move(*prepared);
 }
 
 std::optional<std::string> SwapFolders::ReadTemporary() const {

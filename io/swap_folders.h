@@ -1,6 +1,8 @@
-// SwapFolders: the swap store's folders on disk, apart from the extents in them. It owns
+// SwapFolders: the swap store's files on disk, apart from the extents in them. It owns
 // each folder's descriptor and its lock (held for the store's life: two stores never share
-// a folder), and folder 0's manifest files: the committed manifest, a new one written under
+// a folder), the checks on each folder's data file (present and long enough for what the
+// manifest names, room on its file system) and how it is opened, and folder 0's manifest
+// files: the committed manifest, a new one written under
 // a temporary name and renamed over it, and the prepared one a two-phase commit can leave
 // (SwapStore::PrepareCommit). Every file is opened relative to its folder's descriptor with
 // O_NOFOLLOW, so a folder renamed or replaced later is not followed, and a symbolic link or
@@ -8,11 +10,15 @@
 // from Open and from Commit (under its I/O mutex).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "io/manifest.h"
+#include "strata/io.h"
 #include "strata/status.h"
 
 namespace strata::swap_internal {
@@ -31,14 +37,31 @@ class SwapFolders {
 
   size_t size() const { return folders_.size(); }
   const std::string& folder(size_t i) const { return folders_[i].path; }
+  // Folder i's data file, "strata.swap.<i>-of-<n>", as a path for messages.
+  const std::string& data_file(size_t i) const { return folders_[i].data_file; }
   int dir_fd(size_t i) const { return folders_[i].dir_fd; }
   const std::string& manifest_path() const { return manifest_path_; }
 
-  // The committed manifest's bytes; nullopt when folder 0 has none.
-  Result<std::optional<std::string>> ReadManifest() const;
-  // The bytes under the temporary name (a prepared manifest, or a commit cut short);
-  // nullopt when there is no readable regular file there.
-  std::optional<std::string> ReadTemporary() const;
+  // Before anything is written: each data file that exists is a regular file at least
+  // needed_end[i] bytes long (Corruption: truncated or replaced), one that the manifest
+  // needs (`has_extents`) exists, and each file system has room to grow every file to
+  // `file_bytes` (NoSpace naming the folders, the free and needed bytes, and `capacity`).
+  Status CheckDataFiles(const std::vector<uint64_t>& needed_end, bool has_extents,
+                        uint64_t file_bytes, uint64_t capacity) const;
+  // Opens folder i's data file through `backend`, relative to the folder, never following a
+  // link: a new file is created (0600, exclusive), an existing one taken as it is.
+  Result<int> OpenDataFile(IoBackend& backend, size_t i, bool direct) const;
+
+  // The committed manifest, decoded (Corruption naming it when damaged); nullopt when
+  // folder 0 has none.
+  Result<std::optional<Manifest>> ReadManifest() const;
+  // At Open: a complete prepared manifest (a two-phase commit cut short) of a later step
+  // with the same geometry is offered to `decide` (SwapStoreOptions::resolve_prepared,
+  // called whether there is one or not); when it answers true the prepared manifest is
+  // renamed over the committed one. Returns the manifest that is now committed.
+  using Decider = std::function<Result<bool>(std::optional<uint64_t> committed,
+                                             std::optional<uint64_t> prepared)>;
+  Result<Manifest> ResolvePrepared(Manifest committed, const Decider& decide) const;
   // Writes `bytes` under the temporary name and syncs it (and folder 0 with `sync_folder`,
   // so that its name survives a power cut too). On failure the temporary file is removed.
   Status WriteTemporary(const std::string& bytes, bool sync_folder) const;
@@ -49,10 +72,15 @@ class SwapFolders {
  private:
   struct Folder {
     std::string path;
+    std::string data_file_name;  // opened relative to dir_fd
+    std::string data_file;       // path + "/" + data_file_name
     int dir_fd = -1;
     int lock_fd = -1;
   };
   SwapFolders() = default;
+  // The bytes under the temporary name (a prepared manifest, or a commit cut short);
+  // nullopt when there is no readable regular file there.
+  std::optional<std::string> ReadTemporary() const;
   Status CheckFolders(const std::vector<std::string>& paths) const;
   Status OpenAndLock(const std::string& path);
 

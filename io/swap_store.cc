@@ -25,11 +25,7 @@
 // the metadata and is never held across a blocking backend call. Order: io_mu_, then mu_.
 #include "io/swap_store.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -39,6 +35,7 @@
 
 #include "io/manifest.h"
 #include "io/swap_folders.h"
+#include "io/swap_layout.h"
 #include "strata/bytes.h"
 #include "strata/log.h"
 
@@ -51,7 +48,6 @@ using swap_internal::ManifestEntry;
 namespace {
 
 constexpr uint64_t kBlock = kIoAlignment;
-constexpr uint64_t kDefaultStripe = 1 << 20;
 
 std::string Hex(uint64_t v) {
   char buf[24];
@@ -113,14 +109,11 @@ struct SwapStore::Op {
   Status status;
   AlignedBlock tail;      // bounce block for the partial last block
   uint64_t tail_pos = 0;  // where the partial block starts in buffer
-  std::vector<Chunk> chunks;
+  std::vector<swap_internal::SwapChunk> chunks;
 };
 
+// One data file's I/O state (its name and folder are folders_'s).
 struct SwapStore::PathState {
-  std::string folder;
-  std::string file;       // folder + "/" + file_name, for messages
-  std::string file_name;  // opened relative to the folder's descriptor (SwapFolders)
-  int dir_fd = -1;        // folders_->dir_fd(i), owned by folders_
   int handle = -1;
   bool direct = false;
   uint64_t bytes_read = 0;  // guarded by mu_
@@ -150,156 +143,31 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   }
   const std::string& folder0 = options_.paths[0];
   STRATA_ASSIGN_OR_RETURN(folders_, swap_internal::SwapFolders::Open(options_.paths));
-  manifest_path_ = folders_->manifest_path();
-  for (size_t i = 0; i < n; ++i) {
-    auto ps = std::make_unique<PathState>();
-    ps->folder = options_.paths[i];
-    ps->file_name = "strata.swap." + std::to_string(i) + "-of-" + std::to_string(n);
-    ps->file = swap_internal::JoinPath(ps->folder, ps->file_name);
-    ps->dir_fd = folders_->dir_fd(i);
-    paths_.push_back(std::move(ps));
-  }
+  const std::string& manifest_path = folders_->manifest_path();
+  for (size_t i = 0; i < n; ++i) paths_.push_back(std::make_unique<PathState>());
 
   // The manifest, when there is one, fixes the geometry.
-  std::optional<Manifest> manifest;
-  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> bytes, folders_->ReadManifest());
-  if (bytes) {
-    STRATA_ASSIGN_OR_RETURN(Manifest m, swap_internal::DecodeManifest(*bytes, manifest_path_));
-    manifest = std::move(m);
-  } else if (!options_.create) {
-    return Status::NotFound("no swap store in " + folder0 + " (no " + manifest_path_ +
+  STRATA_ASSIGN_OR_RETURN(std::optional<Manifest> manifest, folders_->ReadManifest());
+  if (!manifest && !options_.create) {
+    return Status::NotFound("no swap store in " + folder0 + " (no " + manifest_path +
                             "); start a fresh run there (without --resume)")
-        .WithPath(manifest_path_);
+        .WithPath(manifest_path);
   }
   if (manifest && options_.resolve_prepared) {
-    STRATA_ASSIGN_OR_RETURN(manifest, ResolvePrepared(std::move(*manifest)));
+    STRATA_ASSIGN_OR_RETURN(
+        manifest, folders_->ResolvePrepared(std::move(*manifest), options_.resolve_prepared));
   }
   folders_->RemoveTemporary();  // a Commit cut short: discarded
 
-  if (manifest) {
-    if (manifest->num_paths != n) {
-      return Status::InvalidArgument("swap store in " + folder0 + " was created over " +
-                                     std::to_string(manifest->num_paths) + " folder(s) but " +
-                                     std::to_string(n) +
-                                     " were given; give the same folders in the same order");
-    }
-    if (options_.stripe_bytes != 0 && options_.stripe_bytes != manifest->stripe_bytes) {
-      return Status::InvalidArgument("swap store in " + folder0 + " uses a stripe of " +
-                                     std::to_string(manifest->stripe_bytes) + " bytes, not " +
-                                     std::to_string(options_.stripe_bytes) +
-                                     "; pass 0 to keep the stored stripe");
-    }
-    stripe_ = manifest->stripe_bytes;
-    capacity_ = options_.capacity_bytes ? RoundUp(options_.capacity_bytes, kBlock)
-                                        : manifest->capacity_bytes;
-    if (options_.capacity_bytes == 0 && options_.max_capacity_bytes != 0) {
-      // The stored capacity is only trusted up to what the caller allows, and never below
-      // what the committed extents need.
-      uint64_t committed_end = 0;
-      for (const ManifestEntry& e : manifest->entries) {
-        if (e.offset > capacity_ || RoundUp(e.length, kBlock) > capacity_ - e.offset) continue;
-        committed_end = std::max(committed_end, e.offset + RoundUp(e.length, kBlock));
-      }
-      capacity_ = std::min(capacity_,
-                           std::max(RoundUp(options_.max_capacity_bytes, kBlock), committed_end));
-    }
-    for (const ManifestEntry& e : manifest->entries) {
-      if (e.offset + RoundUp(e.length, kBlock) > capacity_) {
-        return Status::InvalidArgument(
-            "swap capacity " + std::to_string(capacity_) +
-            " bytes is smaller than the committed extent '" + e.key + "' (ends at " +
-            std::to_string(e.offset + RoundUp(e.length, kBlock)) + "); give a larger capacity");
-      }
-    }
-    committed_step_ = manifest->step;
-  } else {
-    if (options_.capacity_bytes == 0) {
-      return Status::InvalidArgument(
-          "swap store: capacity is 0 bytes; give the bytes of "
-          "extent space the store needs");
-    }
-    stripe_ = options_.stripe_bytes ? options_.stripe_bytes : kDefaultStripe;
-    capacity_ = RoundUp(options_.capacity_bytes, kBlock);
-  }
-  const uint64_t stripes = (capacity_ + stripe_ - 1) / stripe_;
-  file_bytes_ = (stripes + n - 1) / n * stripe_;
-
+  STRATA_ASSIGN_OR_RETURN(layout_, swap_internal::SwapLayout::Resolve(
+                                       options_, manifest ? &*manifest : nullptr, n, folder0));
+  if (manifest) committed_step_ = manifest->step;
   // Existing data files must cover every committed extent ("swap files that come back
   // short" are caught here, not as checksum errors later).
-  std::vector<uint64_t> needed_end(n, 0);
-  if (manifest) {
-    std::vector<Chunk> chunks;
-    for (const ManifestEntry& e : manifest->entries) {
-      chunks.clear();
-      MapRange(e.offset, RoundUp(e.length, kBlock), &chunks);
-      for (const Chunk& c : chunks) {
-        needed_end[c.path] = std::max(needed_end[c.path], c.file_offset + c.length);
-      }
-    }
-  }
-
-  // Free space, before anything is written: sum what each file system must still provide.
-  struct FsNeed {
-    std::vector<std::string> folders;
-    uint64_t need = 0;
-    uint64_t free = 0;
-  };
-  std::map<dev_t, FsNeed> by_fs;
-  for (size_t i = 0; i < n; ++i) {
-    const PathState& ps = *paths_[i];
-    struct stat fst {};
-    uint64_t have = 0;
-    if (fstatat(ps.dir_fd, ps.file_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0) {
-      if (!S_ISREG(fst.st_mode)) {
-        return Status::InvalidArgument(
-                   "refusing swap file " + ps.file + ": it is " +
-                   (S_ISLNK(fst.st_mode) ? "a symbolic link" : "not a regular file") +
-                   "; the store writes only its own regular files. Remove it or use another "
-                   "folder")
-            .WithPath(ps.file);
-      }
-      have = static_cast<uint64_t>(fst.st_blocks) * 512;
-      if (static_cast<uint64_t>(fst.st_size) < needed_end[i]) {
-        return Status::Corruption(
-                   "swap file " + ps.file + " came back short: " + std::to_string(fst.st_size) +
-                   " bytes, but the committed extents need " + std::to_string(needed_end[i]) +
-                   "; it was truncated or replaced. Restore it from a "
-                   "checkpoint")
-            .WithPath(ps.file);
-      }
-    } else if (manifest && !manifest->entries.empty() && needed_end[i] > 0) {
-      return Status::Corruption("swap file " + ps.file +
-                                " named by the manifest is missing; restore it from a "
-                                "checkpoint or give the folders in their original order")
-          .WithPath(ps.file);
-    }
-    struct stat dst {};
-    struct statvfs vfs {};
-    if (fstat(ps.dir_fd, &dst) != 0 || fstatvfs(ps.dir_fd, &vfs) != 0) {
-      int err = errno;
-      return Status::FromErrno(err, "statvfs " + ps.folder).WithPath(ps.folder);
-    }
-    FsNeed& fs = by_fs[dst.st_dev];
-    fs.folders.push_back(ps.folder);
-    fs.need += file_bytes_ > have ? file_bytes_ - have : 0;
-    fs.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  }
-  for (const auto& by : by_fs) {
-    const FsNeed& fs = by.second;  // not a structured binding: clang 14 lambdas cannot capture one
-    if (fs.need <= fs.free) continue;
-    std::string who =
-        fs.folders.size() == 1 ? "swap folder " + fs.folders[0] : "swap folders " + [&] {
-          std::string s;
-          for (const auto& f : fs.folders) s += (s.empty() ? "" : ", ") + f;
-          return s + " (one file system)";
-        }();
-    return Status::NoSpace(who + " cannot hold the swap files: " + FormatBytesExact(fs.free) +
-                           " free, " + FormatBytesExact(fs.need) + " needed (capacity " +
-                           FormatBytesExact(capacity_) + " over " + std::to_string(n) +
-                           " folder(s)); free space there, lower the swap capacity, or add "
-                           "swap folders on other drives")
-        .WithPath(fs.folders[0]);
-  }
+  const std::vector<uint64_t> needed_end =
+      manifest ? layout_.NeededEnds(*manifest) : std::vector<uint64_t>(n, 0);
+  STRATA_RETURN_IF_ERROR(folders_->CheckDataFiles(
+      needed_end, manifest && !manifest->entries.empty(), layout_.file_bytes, layout_.capacity));
 
   if (backend) {
     backend_ = std::move(backend);
@@ -307,29 +175,20 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     STRATA_ASSIGN_OR_RETURN(backend_, CreateIoBackend(options_.backend));
   }
   backend_name_ = std::string(backend_->Name());
-  for (auto& ps : paths_) {
-    OpenOptions oo;
-    oo.create = true;
-    oo.direct = options_.backend.direct;
-    oo.dir_fd = ps->dir_fd;
-    oo.no_follow = true;
-    oo.mode = 0600;
-    // A new file is created, never taken over; an existing one must be a plain file.
-    struct stat fst {};
-    oo.exclusive = fstatat(ps->dir_fd, ps->file_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0;
-    auto handle = backend_->OpenFile(ps->file_name, oo);
-    if (!handle.ok()) return handle.status();
-    ps->handle = *handle;
-    ps->direct = backend_->IsDirect(ps->handle);
-    Status s = backend_->Allocate(ps->handle, file_bytes_);
+  for (size_t i = 0; i < n; ++i) {
+    PathState& ps = *paths_[i];
+    STRATA_ASSIGN_OR_RETURN(ps.handle,
+                            folders_->OpenDataFile(*backend_, i, options_.backend.direct));
+    ps.direct = backend_->IsDirect(ps.handle);
+    Status s = backend_->Allocate(ps.handle, layout_.file_bytes);
     if (!s.ok()) {
-      return s.Annotate("preallocating swap file " + ps->file + " (" +
-                        FormatBytesExact(file_bytes_) + ")");
+      return s.Annotate("preallocating swap file " + folders_->data_file(i) + " (" +
+                        FormatBytesExact(layout_.file_bytes) + ")");
     }
   }
 
   std::lock_guard<std::mutex> lock(mu_);
-  ranges_.Reset(capacity_);
+  ranges_.Reset(layout_.capacity);
   if (manifest) {
     for (ManifestEntry& e : manifest->entries) {
       auto v = std::make_shared<Version>();
@@ -342,18 +201,18 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
       if (v->alloc > 0) {
         // The extent must lie wholly inside free space: no two extents overlap.
         if (!ranges_.Claim(v->offset, v->alloc)) {
-          return Status::Corruption("swap store manifest " + manifest_path_ + ": extent '" + e.key +
+          return Status::Corruption("swap store manifest " + manifest_path + ": extent '" + e.key +
                                     "' overlaps another extent")
-              .WithPath(manifest_path_);
+              .WithPath(manifest_path);
         }
         in_use_ += v->alloc;
         committed_bytes_ += v->alloc;
       }
       Entry& en = entries_[e.key];
       if (en.committed) {
-        return Status::Corruption("swap store manifest " + manifest_path_ + " names '" + e.key +
+        return Status::Corruption("swap store manifest " + manifest_path + " names '" + e.key +
                                   "' twice")
-            .WithPath(manifest_path_);
+            .WithPath(manifest_path);
       }
       en.committed = std::move(v);
     }
@@ -361,8 +220,8 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     // A new store: an empty manifest makes the next Open find it.
     Manifest m;
     m.num_paths = static_cast<uint32_t>(n);
-    m.stripe_bytes = stripe_;
-    m.capacity_bytes = capacity_;
+    m.stripe_bytes = layout_.stripe;
+    m.capacity_bytes = layout_.capacity;
     STRATA_RETURN_IF_ERROR(WriteManifest(m));
   }
   return Status::OK();
@@ -386,24 +245,12 @@ SwapStore::~SwapStore() {
   folders_.reset();  // the folders' descriptors and locks, after every file is closed
 }
 
-void SwapStore::MapRange(uint64_t offset, uint64_t length, std::vector<Chunk>* out) const {
-  const uint64_t n = paths_.size();
-  while (length > 0) {
-    const uint64_t s = offset / stripe_;
-    const uint64_t within = offset % stripe_;
-    const uint64_t len = std::min(stripe_ - within, length);
-    out->push_back(Chunk{static_cast<uint32_t>(s % n), (s / n) * stripe_ + within, len});
-    offset += len;
-    length -= len;
-  }
-}
-
 std::string SwapStore::DescribeLocation(const Version& v) const {
-  std::vector<Chunk> chunks;
-  MapRange(v.offset, v.alloc, &chunks);
+  std::vector<swap_internal::SwapChunk> chunks;
+  layout_.Map(v.offset, v.alloc, &chunks);
   std::string s;
   for (size_t i = 0; i < chunks.size() && i < 4; ++i) {
-    s += (i ? ", " : "") + paths_[chunks[i].path]->file + " offset " +
+    s += (i ? ", " : "") + folders_->data_file(chunks[i].path) + " offset " +
          std::to_string(chunks[i].file_offset) + " (" + std::to_string(chunks[i].length) +
          " bytes)";
   }
@@ -417,12 +264,12 @@ Result<uint64_t> SwapStore::AllocateLocked(uint64_t bytes, std::string_view key)
     return *offset;
   }
   const uint64_t largest = ranges_.LargestFree();
-  return Status::NoSpace("swap store is full: no room for " + FormatBytesExact(bytes) +
-                         " of extent '" + std::string(key) + "'; capacity " +
-                         FormatBytesExact(capacity_) + ", in use " + FormatBytesExact(in_use_) +
-                         " (committed " + FormatBytesExact(committed_bytes_) +
-                         "), largest free range " + FormatBytesExact(largest) +
-                         ". Commit to release superseded versions, or raise the capacity");
+  return Status::NoSpace(
+      "swap store is full: no room for " + FormatBytesExact(bytes) + " of extent '" +
+      std::string(key) + "'; capacity " + FormatBytesExact(layout_.capacity) + ", in use " +
+      FormatBytesExact(in_use_) + " (committed " + FormatBytesExact(committed_bytes_) +
+      "), largest free range " + FormatBytesExact(largest) +
+      ". Commit to release superseded versions, or raise the capacity");
 }
 
 void SwapStore::FreeRangeLocked(uint64_t offset, uint64_t bytes) {
@@ -507,10 +354,10 @@ Result<SwapTicket> SwapStore::SubmitOneLocked(const SwapOp& sop, std::vector<IoR
   const IoOp kind = op->kind;
   auto add = [&](uint64_t logical, uint64_t len, char* buf) {
     size_t first = op->chunks.size();
-    MapRange(logical, len, &op->chunks);
+    layout_.Map(logical, len, &op->chunks);
     uint64_t pos = 0;
     for (size_t i = first; i < op->chunks.size(); ++i) {
-      const Chunk& c = op->chunks[i];
+      const swap_internal::SwapChunk& c = op->chunks[i];
       requests->push_back(
           IoRequest{kind, paths_[c.path]->handle, c.file_offset, buf + pos, c.length, ticket});
       pos += c.length;
@@ -619,8 +466,8 @@ void SwapStore::FinishOp(std::unique_ptr<Op> op) {
     if (op->status.ok()) {
       uint64_t got = Checksum64(op->buffer, op->length);
       if (got != v.checksum) {
-        std::vector<Chunk> first;
-        MapRange(v.offset, std::min<uint64_t>(v.alloc, kBlock), &first);
+        std::vector<swap_internal::SwapChunk> first;
+        layout_.Map(v.offset, std::min<uint64_t>(v.alloc, kBlock), &first);
         op->status =
             Status::Corruption("checksum mismatch in extent '" + op->key + "' (" +
                                std::to_string(v.length) + " bytes, " +
@@ -629,7 +476,7 @@ void SwapStore::FinishOp(std::unique_ptr<Op> op) {
                                "): stored XXH3 " + Hex(v.checksum) + ", read " + Hex(got) +
                                "; its data lies at " + DescribeLocation(v) +
                                ". The drive or file was damaged; restore from a checkpoint")
-                .WithPath(paths_[first[0].path]->file)
+                .WithPath(folders_->data_file(first[0].path))
                 .WithOffset(first[0].file_offset);
       }
     }
@@ -641,12 +488,13 @@ void SwapStore::FinishOp(std::unique_ptr<Op> op) {
       if (op->status.ok()) {
         ++reads_;
         bytes_read_ += op->length;
-        for (const Chunk& c : op->chunks) paths_[c.path]->bytes_read += c.length;
+        for (const swap_internal::SwapChunk& c : op->chunks) paths_[c.path]->bytes_read += c.length;
       }
     } else if (op->status.ok()) {
       ++writes_;
       bytes_written_ += op->length;
-      for (const Chunk& c : op->chunks) paths_[c.path]->bytes_written += c.length;
+      for (const swap_internal::SwapChunk& c : op->chunks)
+        paths_[c.path]->bytes_written += c.length;
       Entry& e = entries_[op->key];
       if (op->seq > e.seq) {
         DropVersionLocked(e.pending);
@@ -774,32 +622,6 @@ Status SwapStore::RenameManifestTemp() {
   return Status::OK();
 }
 
-Result<Manifest> SwapStore::ResolvePrepared(Manifest committed) {
-  std::optional<Manifest> prepared;
-  // Anything short of a complete manifest of a later step with the same geometry is a
-  // commit cut short before its manifest was durable: not a prepared one.
-  if (std::optional<std::string> bytes = folders_->ReadTemporary()) {
-    auto m = swap_internal::DecodeManifest(*bytes, manifest_path_ + ".tmp");
-    if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
-        m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
-        m->capacity_bytes == committed.capacity_bytes) {
-      prepared = std::move(*m);
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(
-      const bool roll_forward,
-      options_.resolve_prepared(committed.step,
-                                prepared ? prepared->step : std::optional<uint64_t>()));
-  if (!roll_forward) return committed;
-  if (!prepared) {
-    return Status::InvalidArgument("swap store in " + options_.paths[0] +
-                                   ": asked to roll forward a prepared commit, but there is none");
-  }
-  STRATA_RETURN_IF_ERROR(RenameManifestTemp().Annotate(
-      "rolling the prepared commit of step " + std::to_string(*prepared->step) + " forward"));
-  return std::move(*prepared);
-}
-
 Status SwapStore::Commit(uint64_t step) {
   std::lock_guard<std::mutex> io_lock(io_mu_);
   STRATA_RETURN_IF_ERROR(PrepareLocked(step, /*sync_folder=*/false));
@@ -842,8 +664,8 @@ Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
 
   Manifest m;
   m.num_paths = static_cast<uint32_t>(paths_.size());
-  m.stripe_bytes = stripe_;
-  m.capacity_bytes = capacity_;
+  m.stripe_bytes = layout_.stripe;
+  m.capacity_bytes = layout_.capacity;
   m.step = step;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -939,8 +761,8 @@ SwapStoreStats SwapStore::Stats() const {
   SwapStoreStats s;
   s.backend = backend_name_;
   std::lock_guard<std::mutex> lock(mu_);
-  s.capacity_bytes = capacity_;
-  s.stripe_bytes = stripe_;
+  s.capacity_bytes = layout_.capacity;
+  s.stripe_bytes = layout_.stripe;
   s.in_use_bytes = in_use_;
   s.committed_bytes = committed_bytes_;
   s.largest_free_bytes = ranges_.LargestFree();
@@ -951,16 +773,17 @@ SwapStoreStats SwapStore::Stats() const {
   s.commits = commits_;
   for (const auto& [key, e] : entries_) s.extents += VisibleLocked(e) ? 1 : 0;
   s.committed_step = committed_step_;
-  for (const auto& ps : paths_) {
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    const PathState* ps = paths_[i].get();
     SwapPathStats p;
-    p.folder = ps->folder;
-    p.data_file = ps->file;
-    p.file_bytes = file_bytes_;
+    p.folder = folders_->folder(i);
+    p.data_file = folders_->data_file(i);
+    p.file_bytes = layout_.file_bytes;
     p.direct = ps->direct;
     p.bytes_read = ps->bytes_read;
     p.bytes_written = ps->bytes_written;
     struct statvfs vfs {};
-    if (statvfs(ps->folder.c_str(), &vfs) == 0) {
+    if (statvfs(p.folder.c_str(), &vfs) == 0) {
       p.fs_free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     }
     s.paths.push_back(std::move(p));

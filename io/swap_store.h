@@ -88,6 +88,7 @@
 #include <vector>
 
 #include "io/range_allocator.h"
+#include "io/swap_layout.h"
 #include "strata/io.h"
 #include "strata/status.h"
 
@@ -263,18 +264,11 @@ class SwapStore {
   struct Entry;
   struct Op;
   struct PathState;
-  struct Chunk {
-    uint32_t path;
-    uint64_t file_offset;
-    uint64_t length;
-  };
 
   explicit SwapStore(const SwapStoreOptions& options);
   Status Init(std::unique_ptr<IoBackend> backend);
   void Hook(std::string_view point) const;
 
-  // Splits logical [offset, offset + length) into per-file pieces.
-  void MapRange(uint64_t offset, uint64_t length, std::vector<Chunk>* out) const;
   std::string DescribeLocation(const Version& v) const;
 
   // Allocator over the logical space (mu_ held).
@@ -295,18 +289,12 @@ class SwapStore {
   // folder, with `sync_folder`), then renamed over the manifest and the folder synced.
   Status WriteManifestTemp(const swap_internal::Manifest& manifest, bool sync_folder);
   Status RenameManifestTemp();
-  // At Open: a complete prepared manifest (kManifestTmpName) for the step after the
-  // committed one, offered to options_.resolve_prepared; returns the manifest to use.
-  Result<swap_internal::Manifest> ResolvePrepared(swap_internal::Manifest committed);
   // Commit's phases (io_mu_ held).
   Status PrepareLocked(uint64_t step, bool sync_folder);
   Status FinishLocked();
 
   const SwapStoreOptions options_;
-  uint64_t stripe_ = 0;
-  uint64_t capacity_ = 0;  // logical, multiple of 4 KiB
-  uint64_t file_bytes_ = 0;
-  std::string manifest_path_;
+  swap_internal::SwapLayout layout_;  // the geometry, fixed at Open
 
   std::unique_ptr<swap_internal::SwapFolders> folders_;  // descriptors, locks, manifest files
   mutable std::mutex io_mu_;                             // serialises backend use; taken before mu_
