@@ -470,7 +470,7 @@ TEST_F(TrainCliTest, SavedGeometryNeedsNoFlags) {
 
 // Every flag of train is either part of the run's record (--print-config lists it) or one
 // of the few that only steer this invocation: a new flag must be classified in
-// TrainSettings (tools/strata/train.cc), or --resume would silently drop it.
+// TrainSettings (tools/strata/train_args.cc), or --resume would silently drop it.
 TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
   std::string help, printed;
   ASSERT_EQ(0, Run({"train", "--help"}, &help));

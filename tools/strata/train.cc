@@ -7,7 +7,6 @@
 // others), the engine and the trainer are made, and the steps run (train_report.h prints).
 #include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,132 +38,13 @@
 #include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/run_record.h"
+#include "tools/strata/train_args.h"
 #include "tools/strata/train_report.h"
 #include "trainer/run_setup.h"
 #include "trainer/trainer.h"
 
 namespace strata::cli {
 namespace {
-
-struct TrainArgs {
-  int layers = 4, d_model = 128, seq_len = 64, vocab = 256;
-  int heads = 0;  // 0: model::DefaultHeads(d_model), the rule of every subcommand
-  std::string data, init, save, resume;
-  std::string tokenizer;  // --tokenizer: a Hugging Face tokenizer.json for a text --data
-  // --tokenizer as read (by ResolveFlags); null without one.
-  std::shared_ptr<const model::Tokenizer> tok;
-  int64_t save_every = 0;  // with --save: also every N steps
-  int64_t val_every = 0;
-  int64_t log_every = 0;  // 0: DefaultLogEvery
-  double lr = 1e-3;
-  std::string lr_schedule = "constant";
-  int64_t warmup = 0;
-  // The optimizer's defaults are RunConfig's (shared with `strata bench step`).
-  double weight_decay = trainer::RunConfig{}.weight_decay;
-  double beta1 = trainer::RunConfig{}.beta1, beta2 = trainer::RunConfig{}.beta2;
-  double eps = trainer::RunConfig{}.eps;
-  int batch = 8;
-  int64_t steps = 100;
-  uint64_t seed = 1;
-  RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ...
-  std::string json;
-  int sample = 0;
-  model::SamplingOptions sampling;  // of --sample; its seed is --seed
-  bool recompute = false;
-  int max_skipped_steps = trainer::TrainOptions{}.max_skipped_steps;
-  bool durable = trainer::RunConfig{}.durable;
-  // --durable given on the command line (not only its default, or a config file's copy of it).
-  bool durable_given = false;
-  CLI::Option* durable_opt = nullptr;
-  bool print_config = false, allow_schedule_change = false;
-  GeometryFlags init_given;  // the geometry flags given with --init (checked against the file)
-};
-
-// The flags of a run, for --print-config, the store's record and --resume. Every flag of
-// train belongs here unless it only steers this invocation (--config, --resume,
-// --print-config, --allow-schedule-change, --rendezvous: a fresh meeting place each time);
-// train_cli_test checks that none is left out.
-std::vector<Setting> TrainSettings(TrainArgs& a) {
-  const OnResume fixed = OnResume::kFixed, free = OnResume::kFree;
-  const OnResume schedule = OnResume::kSchedule;
-  // Under a cosine schedule the total steps shape the learning rate too.
-  const OnResume steps = a.lr_schedule == "cosine" ? schedule : free;
-  return {
-      {"layers", fixed, &a.layers},
-      {"d-model", fixed, &a.d_model},
-      {"heads", fixed, &a.heads},
-      {"seq-len", fixed, &a.seq_len},
-      {"vocab", fixed, &a.vocab},
-      {"data", fixed, &a.data, true},
-      {"tokenizer", fixed, &a.tokenizer, true},
-      {"init", free, &a.init, true},  // read only by a fresh run
-      {"batch", fixed, &a.batch},
-      {"micro-batches", fixed, &a.run.micro_batches},
-      {"micro-batch-order", free, &a.run.micro_batch_order},  // bit-identical either way
-      {"seed", fixed, &a.seed},
-      {"lr", schedule, &a.lr},
-      {"lr-schedule", schedule, &a.lr_schedule},
-      {"warmup", schedule, &a.warmup},
-      {"weight-decay", fixed, &a.weight_decay},
-      {"beta1", fixed, &a.beta1},
-      {"beta2", fixed, &a.beta2},
-      {"eps", fixed, &a.eps},
-      {"grad-clip", fixed, &a.run.grad_clip},
-      {"state-dtype", fixed, &a.run.state_dtype},
-      {"device", fixed, &a.run.device},
-      {"comm-backend", fixed, &a.run.comm_backend},
-      {"nvme", fixed, &a.run.nvme, true},
-      {"steps", steps, &a.steps},
-      {"recompute", free, &a.recompute},  // bit-identical either way
-      {"max-skipped-steps", free, &a.max_skipped_steps},
-      {"device-mem", free, &a.run.device_mem},
-      {"host-mem", free, &a.run.host_mem},
-      {"durable", free, &a.durable},
-      {"io", free, &a.run.io},
-      {"io-config", free, &a.run.io_config, true},
-      // The store's stripe: recorded as the run resolved it (flag, --io-config or default).
-      {"io-block", fixed, &a.run.io_block},
-      {"threads", free, &a.run.cpu_threads},
-      {"collective-memory", free, &a.run.collective_memory},  // same results either way
-      {"comm-timeout", free, &a.run.comm_timeout},
-      {"val-every", free, &a.val_every},
-      {"log-every", free, &a.log_every},
-      {"save-every", free, &a.save_every},
-      {"trace-steps", free, &a.run.trace_steps},
-      {"save", free, &a.save, true},
-      {"json", free, &a.json, true},
-      {"trace", free, &a.run.trace, true},
-      {"sample", free, &a.sample},
-      {"temperature", free, &a.sampling.temperature},
-      {"top-k", free, &a.sampling.top_k},
-      {"top-p", free, &a.sampling.top_p},
-  };
-}
-
-// What every rank must share, as the ranks compare it at start-up: the flags that define the
-// run (fixed and schedule ones, and --steps, which decides how many steps' collectives each
-// rank issues), with the data as its tokens rather than its path (hosts may mount it
-// elsewhere). Left out: paths of each host's own (--nvme, --tokenizer, --init, which rank 0
-// alone reads) and --io-block (each host's drives).
-std::vector<NamedValue> RankAgreedOptions(const TrainArgs& a, const model::TokenStream& data) {
-  TrainArgs copy = a;
-  std::vector<NamedValue> out;
-  for (const Setting& s : TrainSettings(copy)) {
-    const std::string key = s.key;
-    if ((s.on_resume == OnResume::kFree && key != "steps") || key == "nvme" || key == "data" ||
-        key == "tokenizer" || key == "io-block") {
-      continue;
-    }
-    out.push_back({"--" + key, TomlValue(s)});
-  }
-  char hash[40];
-  std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(
-                    XXH3_64bits(data.tokens.data(), data.tokens.size() * sizeof(int32_t))));
-  out.push_back(
-      {"--data (its tokens)", std::to_string(data.tokens.size()) + " tokens, xxh3 " + hash});
-  return out;
-}
 
 std::string Decode(const std::vector<int32_t>& toks, int vocab, const model::Tokenizer* tok) {
   if (tok != nullptr) return tok->Decode(toks);
@@ -186,70 +66,6 @@ int Fail(const Status& s, const std::string& what) {
   std::fprintf(stderr, "strata train: %s%s: %s\n", g_rank_prefix.c_str(), what.c_str(),
                s.ToString().c_str());
   return 1;
-}
-
-// Every range that can be checked before anything runs, so that a bad value never leaves
-// a store behind (a folder holding one refuses a fresh run). NaN fails every check.
-Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
-  struct Check {
-    const char* flag;
-    double value;
-    bool ok;
-    const char* expected;
-  };
-  const auto finite_ge0 = [](double v) { return v >= 0 && std::isfinite(v); };
-  const Check checks[] = {
-      {"--lr", a.lr, finite_ge0(a.lr), "a finite learning rate >= 0"},
-      {"--warmup", double(a.warmup), a.warmup >= 0, "a step count >= 0 (0: none)"},
-      {"--val-every", double(a.val_every), a.val_every >= 0, "a step count >= 0 (0: off)"},
-      {"--sample", double(a.sample), a.sample >= 0, "a token count >= 0 (0: none)"},
-      {"--steps", double(a.steps), a.steps >= 0, "a step count >= 0"},
-      {"--max-skipped-steps", double(a.max_skipped_steps), a.max_skipped_steps >= 0,
-       "a step count >= 0 (0: never stop)"},
-      {"--beta1", a.beta1, a.beta1 >= 0 && a.beta1 < 1, "a number in [0, 1)"},
-      {"--beta2", a.beta2, a.beta2 >= 0 && a.beta2 < 1, "a number in [0, 1)"},
-      {"--eps", a.eps, finite_ge0(a.eps), "a finite number >= 0"},
-      {"--weight-decay", a.weight_decay, finite_ge0(a.weight_decay), "a finite number >= 0"},
-      {"--grad-clip", a.run.grad_clip, finite_ge0(a.run.grad_clip),
-       "a finite gradient norm >= 0 (0: off)"},
-      {"--threads", double(a.run.cpu_threads), a.run.cpu_threads >= 0,
-       "a thread count >= 0 (0: one per core)"},
-      {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
-       "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
-  };
-  for (const Check& c : checks) {
-    if (c.ok) continue;
-    *what = c.flag;
-    char value[32];
-    std::snprintf(value, sizeof(value), "%g", c.value);
-    return Status::InvalidArgument(std::string(c.flag) + " " + value + ": expected " + c.expected);
-  }
-  *what = "sampling";  // the message names the flag
-  STRATA_RETURN_IF_ERROR(a.sampling.Validate());
-  if (a.durable && a.durable_given && a.run.nvme.empty() && a.resume.empty()) {
-    *what = "--durable";
-    return Status::InvalidArgument(
-        "--durable commits the state to NVMe every step and needs --nvme folders; add --nvme "
-        "DIR, or drop --durable");
-  }
-  what->clear();
-  return Status::OK();
-}
-
-// The outputs this rank writes after training can be written: their folders exist and are
-// writable (checked before the store is created, not after the last step).
-Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what) {
-  const std::pair<const char*, std::string> outputs[] = {
-      {"--save", rank.rank == 0 ? a.save : ""},
-      {"--json", rank.rank == 0 ? a.json : ""},
-      {"--trace", a.run.trace.empty() ? "" : RankPath(a.run.trace, rank)}};
-  for (const auto& [flag, path] : outputs) {
-    if (path.empty()) continue;
-    *what = flag;
-    STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));
-  }
-  what->clear();
-  return Status::OK();
 }
 
 // The run's shared settings from the flags.
@@ -654,76 +470,6 @@ int RunTrain(const TrainArgs& a) {
   return interrupted != 0 ? InterruptExitCode(interrupted) : 0;
 }
 
-// The flags as the run will use them: --config applied, then with --resume the record of
-// the stored run merged in (run_record.h). With --print-config, prints and sets *done.
-Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool* done) {
-  a->durable_given = a->durable_opt->count() > 0;  // before the file adds its own
-  if (!config.empty()) STRATA_RETURN_IF_ERROR(ApplyConfigFile(sub, config));
-  auto given = [sub](const std::string& key) { return sub->get_option("--" + key)->count() > 0; };
-  if (given("layers")) a->init_given.layers = a->layers;
-  if (given("d-model")) a->init_given.d_model = a->d_model;
-  if (given("heads")) a->init_given.heads = a->heads;
-  if (given("vocab")) a->init_given.vocab = a->vocab;
-  if (given("io-block") && !a->run.io_block.empty()) {
-    // In bytes, as the record keeps it (1M and 1048576 are the same store).
-    STRATA_ASSIGN_OR_RETURN(const uint64_t bytes, ParseBytes("--io-block", a->run.io_block));
-    a->run.io_block = std::to_string(bytes);
-  }
-  bool recorded = false;  // the settings came from a stored run's record
-  if (!a->resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
-    const std::string folder = RankPath(a->resume, rank);
-    STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
-    if (!record) {
-      // (A missing folder is the engine's to report.)
-      if (std::filesystem::is_directory(folder)) {
-        std::printf(
-            "# %s has no record of its run (a store from before strata kept one): the "
-            "flags given are used unchecked\n",
-            folder.c_str());
-      }
-    } else {
-      // The recorded schedule decides whether --steps may change (it shapes a cosine one).
-      for (const auto& [key, inputs] : record->train) {
-        if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
-      }
-      std::vector<std::string> applied;
-      auto identity = [&](RunIdentity* id) {
-        id->world_size = rank.world_size;
-        return a->data.empty() ? Status::OK() : HashDataFile(a->data, id);
-      };
-      STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
-                                         a->allow_schedule_change, &applied));
-      recorded = true;
-      for (const std::string& line : applied) {
-        std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
-      }
-      // The record's folders are absolute: so is --resume, to be found among them.
-      a->resume = AbsolutePath(a->resume);
-      for (std::string& f : a->run.nvme) f = AbsolutePath(f);
-    }
-  }
-  if (!a->tokenizer.empty()) {
-    auto tok = model::Tokenizer::Load(a->tokenizer);
-    if (!tok.ok()) {
-      return Status(tok.status().code(), "--tokenizer: " + tok.status().message());
-    }
-    a->tok = std::make_shared<const model::Tokenizer>(std::move(tok).value());
-    // The model's vocabulary is the tokenizer's unless --vocab, --init or the record says.
-    if (!given("vocab") && a->init.empty() && !recorded) a->vocab = a->tok->vocab_size();
-  }
-  if (a->print_config) {
-    TrainArgs shown = *a;
-    if (shown.heads == 0 && shown.init.empty()) shown.heads = model::DefaultHeads(shown.d_model);
-    std::printf(
-        "# strata train --print-config: the effective configuration (--config FILE "
-        "reads it)\n%s",
-        TomlTable("train", TrainSettings(shown)).c_str());
-    *done = true;
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 void AddTrain(CLI::App& app, int* exit_code) {
@@ -734,82 +480,7 @@ void AddTrain(CLI::App& app, int* exit_code) {
       "memory, pinned host memory or NVMe under the given budgets");
   auto config = std::make_shared<std::string>();
   AddConfigFlag(sub, config.get());
-  sub->add_option("--layers", a->layers, "Transformer layers")->capture_default_str();
-  sub->add_option("--d-model", a->d_model, "Channels (embedding width)")->capture_default_str();
-  sub->add_option("--heads", a->heads,
-                  "Attention heads (must divide --d-model); default: d_model / 64, or 1 when "
-                  "d_model is not a multiple of 64; with --init, the n_head the file records");
-  sub->add_option("--seq-len", a->seq_len, "Tokens per row (at most wpe's rows with --init)")
-      ->capture_default_str();
-  sub->add_option("--vocab", a->vocab,
-                  "Vocabulary size (256 for byte-level text; with --tokenizer, its size)")
-      ->capture_default_str();
-  sub->add_option("--data", a->data,
-                  "Training data: a text file (byte tokens, or --tokenizer's) or an llm.c "
-                  "uint16 token file; default: the built-in generated corpus");
-  sub->add_option("--tokenizer", a->tokenizer,
-                  "Hugging Face tokenizer.json (GPT-2 byte-level BPE) that encodes a text "
-                  "--data and --sample; fixed for the run (give the same to generate and eval)");
-  sub->add_option("--val-every", a->val_every,
-                  "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
-      ->capture_default_str();
-  sub->add_option("--log-every", a->log_every,
-                  "When standard output is not a terminal, print a step line every N steps "
-                  "(and the first and last); 0: every step up to 50 steps, else a round "
-                  "interval giving at most 50 lines. A terminal shows a progress bar instead")
-      ->capture_default_str();
-  sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
-  sub->add_option("--save", a->save,
-                  "Write the trained weights to this .safetensors file (replaced atomically)");
-  sub->add_option("--save-every", a->save_every,
-                  "With --save: also write the weights every N steps (0: only at the end)")
-      ->capture_default_str();
-  sub->add_option("--resume", a->resume,
-                  "Continue the run whose swap store is in this folder from its last "
-                  "committed step, with the settings the store recorded (a flag that would "
-                  "train another run is refused; steps, budgets and outputs may change)");
-  sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();
-  sub->add_option("--lr-schedule", a->lr_schedule, "constant or cosine (to 10% of --lr)")
-      ->capture_default_str();
-  sub->add_option("--warmup", a->warmup, "Linear warm-up steps")->capture_default_str();
-  sub->add_option("--weight-decay", a->weight_decay,
-                  "AdamW decoupled weight decay (matrices and embeddings only)")
-      ->capture_default_str();
-  sub->add_option("--beta1", a->beta1, "Adam beta1")->capture_default_str();
-  sub->add_option("--beta2", a->beta2, "Adam beta2")->capture_default_str();
-  sub->add_option("--eps", a->eps, "Adam epsilon")->capture_default_str();
-  sub->add_option("--batch", a->batch, "Rows per micro-batch")->capture_default_str();
-  sub->add_option("--steps", a->steps, "Optimizer steps (total, counting resumed ones)")
-      ->capture_default_str();
-  sub->add_option("--seed", a->seed, "Seed of the initialisation and of --sample")
-      ->capture_default_str();
-  sub->add_flag("--recompute", a->recompute,
-                "Activation checkpointing: keep only each block's input, recompute in backward");
-  sub->add_option("--max-skipped-steps", a->max_skipped_steps,
-                  "A step whose gradient is not finite (NaN or infinity) updates nothing and is "
-                  "skipped with a warning; this many in a row stop the run, its last commit "
-                  "intact (0: never stop)")
-      ->capture_default_str();
-  AddRunFlags(sub, &a->run,
-              "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
-              "are replaced by the rank's numbers (one folder per rank)");
-  a->durable_opt = AddSwitch(sub, "durable", &a->durable,
-                             "With --nvme: commit a complete state to NVMe every step "
-                             "(host-resident states too), so a killed or interrupted run can be "
-                             "resumed with --resume");
-  sub->add_option("--json", a->json,
-                  "Write the configuration, per-step results and totals as JSON to FILE (-: "
-                  "standard output, which then carries the JSON alone; the report goes to "
-                  "standard error)");
-  sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
-      ->capture_default_str();
-  AddSamplingFlags(*sub, &a->sampling);
-  sub->add_flag("--print-config", a->print_config,
-                "Print the effective configuration as TOML (a file --config reads) and exit; "
-                "with --resume, the stored run's");
-  sub->add_flag("--allow-schedule-change", a->allow_schedule_change,
-                "With --resume: let --lr, --lr-schedule, --warmup (and --steps under a cosine "
-                "schedule) differ from the stored run's");
+  AddTrainFlags(sub, a.get());
   sub->callback([a, sub, config, exit_code] {
     bool done = false;
     if (Status s = ResolveFlags(sub, *config, a.get(), &done); !s.ok()) {

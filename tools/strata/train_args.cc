@@ -1,0 +1,301 @@
+#include "tools/strata/train_args.h"
+
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include "strata/atomic_file.h"
+#include "strata/log.h"
+#include "tools/strata/commands.h"
+#include "tools/strata/config_file.h"
+
+namespace strata::cli {
+
+std::vector<Setting> TrainSettings(TrainArgs& a) {
+  const OnResume fixed = OnResume::kFixed, free = OnResume::kFree;
+  const OnResume schedule = OnResume::kSchedule;
+  // Under a cosine schedule the total steps shape the learning rate too.
+  const OnResume steps = a.lr_schedule == "cosine" ? schedule : free;
+  return {
+      {"layers", fixed, &a.layers},
+      {"d-model", fixed, &a.d_model},
+      {"heads", fixed, &a.heads},
+      {"seq-len", fixed, &a.seq_len},
+      {"vocab", fixed, &a.vocab},
+      {"data", fixed, &a.data, true},
+      {"tokenizer", fixed, &a.tokenizer, true},
+      {"init", free, &a.init, true},  // read only by a fresh run
+      {"batch", fixed, &a.batch},
+      {"micro-batches", fixed, &a.run.micro_batches},
+      {"micro-batch-order", free, &a.run.micro_batch_order},  // bit-identical either way
+      {"seed", fixed, &a.seed},
+      {"lr", schedule, &a.lr},
+      {"lr-schedule", schedule, &a.lr_schedule},
+      {"warmup", schedule, &a.warmup},
+      {"weight-decay", fixed, &a.weight_decay},
+      {"beta1", fixed, &a.beta1},
+      {"beta2", fixed, &a.beta2},
+      {"eps", fixed, &a.eps},
+      {"grad-clip", fixed, &a.run.grad_clip},
+      {"state-dtype", fixed, &a.run.state_dtype},
+      {"device", fixed, &a.run.device},
+      {"comm-backend", fixed, &a.run.comm_backend},
+      {"nvme", fixed, &a.run.nvme, true},
+      {"steps", steps, &a.steps},
+      {"recompute", free, &a.recompute},  // bit-identical either way
+      {"max-skipped-steps", free, &a.max_skipped_steps},
+      {"device-mem", free, &a.run.device_mem},
+      {"host-mem", free, &a.run.host_mem},
+      {"durable", free, &a.durable},
+      {"io", free, &a.run.io},
+      {"io-config", free, &a.run.io_config, true},
+      // The store's stripe: recorded as the run resolved it (flag, --io-config or default).
+      {"io-block", fixed, &a.run.io_block},
+      {"threads", free, &a.run.cpu_threads},
+      {"collective-memory", free, &a.run.collective_memory},  // same results either way
+      {"comm-timeout", free, &a.run.comm_timeout},
+      {"val-every", free, &a.val_every},
+      {"log-every", free, &a.log_every},
+      {"save-every", free, &a.save_every},
+      {"trace-steps", free, &a.run.trace_steps},
+      {"save", free, &a.save, true},
+      {"json", free, &a.json, true},
+      {"trace", free, &a.run.trace, true},
+      {"sample", free, &a.sample},
+      {"temperature", free, &a.sampling.temperature},
+      {"top-k", free, &a.sampling.top_k},
+      {"top-p", free, &a.sampling.top_p},
+  };
+}
+
+std::vector<NamedValue> RankAgreedOptions(const TrainArgs& a, const model::TokenStream& data) {
+  TrainArgs copy = a;
+  std::vector<NamedValue> out;
+  for (const Setting& s : TrainSettings(copy)) {
+    const std::string key = s.key;
+    if ((s.on_resume == OnResume::kFree && key != "steps") || key == "nvme" || key == "data" ||
+        key == "tokenizer" || key == "io-block") {
+      continue;
+    }
+    out.push_back({"--" + key, TomlValue(s)});
+  }
+  char hash[40];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(
+                    XXH3_64bits(data.tokens.data(), data.tokens.size() * sizeof(int32_t))));
+  out.push_back(
+      {"--data (its tokens)", std::to_string(data.tokens.size()) + " tokens, xxh3 " + hash});
+  return out;
+}
+
+Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
+  struct Check {
+    const char* flag;
+    double value;
+    bool ok;
+    const char* expected;
+  };
+  const auto finite_ge0 = [](double v) { return v >= 0 && std::isfinite(v); };
+  const Check checks[] = {
+      {"--lr", a.lr, finite_ge0(a.lr), "a finite learning rate >= 0"},
+      {"--warmup", double(a.warmup), a.warmup >= 0, "a step count >= 0 (0: none)"},
+      {"--val-every", double(a.val_every), a.val_every >= 0, "a step count >= 0 (0: off)"},
+      {"--sample", double(a.sample), a.sample >= 0, "a token count >= 0 (0: none)"},
+      {"--steps", double(a.steps), a.steps >= 0, "a step count >= 0"},
+      {"--max-skipped-steps", double(a.max_skipped_steps), a.max_skipped_steps >= 0,
+       "a step count >= 0 (0: never stop)"},
+      {"--beta1", a.beta1, a.beta1 >= 0 && a.beta1 < 1, "a number in [0, 1)"},
+      {"--beta2", a.beta2, a.beta2 >= 0 && a.beta2 < 1, "a number in [0, 1)"},
+      {"--eps", a.eps, finite_ge0(a.eps), "a finite number >= 0"},
+      {"--weight-decay", a.weight_decay, finite_ge0(a.weight_decay), "a finite number >= 0"},
+      {"--grad-clip", a.run.grad_clip, finite_ge0(a.run.grad_clip),
+       "a finite gradient norm >= 0 (0: off)"},
+      {"--threads", double(a.run.cpu_threads), a.run.cpu_threads >= 0,
+       "a thread count >= 0 (0: one per core)"},
+      {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
+       "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
+  };
+  for (const Check& c : checks) {
+    if (c.ok) continue;
+    *what = c.flag;
+    char value[32];
+    std::snprintf(value, sizeof(value), "%g", c.value);
+    return Status::InvalidArgument(std::string(c.flag) + " " + value + ": expected " + c.expected);
+  }
+  *what = "sampling";  // the message names the flag
+  STRATA_RETURN_IF_ERROR(a.sampling.Validate());
+  if (a.durable && a.durable_given && a.run.nvme.empty() && a.resume.empty()) {
+    *what = "--durable";
+    return Status::InvalidArgument(
+        "--durable commits the state to NVMe every step and needs --nvme folders; add --nvme "
+        "DIR, or drop --durable");
+  }
+  what->clear();
+  return Status::OK();
+}
+
+Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what) {
+  const std::pair<const char*, std::string> outputs[] = {
+      {"--save", rank.rank == 0 ? a.save : ""},
+      {"--json", rank.rank == 0 ? a.json : ""},
+      {"--trace", a.run.trace.empty() ? "" : RankPath(a.run.trace, rank)}};
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    *what = flag;
+    STRATA_RETURN_IF_ERROR(CheckOutputPath(path, flag));
+  }
+  what->clear();
+  return Status::OK();
+}
+
+Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool* done) {
+  a->durable_given = a->durable_opt->count() > 0;  // before the file adds its own
+  if (!config.empty()) STRATA_RETURN_IF_ERROR(ApplyConfigFile(sub, config));
+  auto given = [sub](const std::string& key) { return sub->get_option("--" + key)->count() > 0; };
+  if (given("layers")) a->init_given.layers = a->layers;
+  if (given("d-model")) a->init_given.d_model = a->d_model;
+  if (given("heads")) a->init_given.heads = a->heads;
+  if (given("vocab")) a->init_given.vocab = a->vocab;
+  if (given("io-block") && !a->run.io_block.empty()) {
+    // In bytes, as the record keeps it (1M and 1048576 are the same store).
+    STRATA_ASSIGN_OR_RETURN(const uint64_t bytes, ParseBytes("--io-block", a->run.io_block));
+    a->run.io_block = std::to_string(bytes);
+  }
+  bool recorded = false;  // the settings came from a stored run's record
+  if (!a->resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
+    const std::string folder = RankPath(a->resume, rank);
+    STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
+    if (!record) {
+      // (A missing folder is the engine's to report.)
+      if (std::filesystem::is_directory(folder)) {
+        std::printf(
+            "# %s has no record of its run (a store from before strata kept one): the "
+            "flags given are used unchecked\n",
+            folder.c_str());
+      }
+    } else {
+      // The recorded schedule decides whether --steps may change (it shapes a cosine one).
+      for (const auto& [key, inputs] : record->train) {
+        if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
+      }
+      std::vector<std::string> applied;
+      auto identity = [&](RunIdentity* id) {
+        id->world_size = rank.world_size;
+        return a->data.empty() ? Status::OK() : HashDataFile(a->data, id);
+      };
+      STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
+                                         a->allow_schedule_change, &applied));
+      recorded = true;
+      for (const std::string& line : applied) {
+        std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
+      }
+      // The record's folders are absolute: so is --resume, to be found among them.
+      a->resume = AbsolutePath(a->resume);
+      for (std::string& f : a->run.nvme) f = AbsolutePath(f);
+    }
+  }
+  if (!a->tokenizer.empty()) {
+    auto tok = model::Tokenizer::Load(a->tokenizer);
+    if (!tok.ok()) {
+      return Status(tok.status().code(), "--tokenizer: " + tok.status().message());
+    }
+    a->tok = std::make_shared<const model::Tokenizer>(std::move(tok).value());
+    // The model's vocabulary is the tokenizer's unless --vocab, --init or the record says.
+    if (!given("vocab") && a->init.empty() && !recorded) a->vocab = a->tok->vocab_size();
+  }
+  if (a->print_config) {
+    TrainArgs shown = *a;
+    if (shown.heads == 0 && shown.init.empty()) shown.heads = model::DefaultHeads(shown.d_model);
+    std::printf(
+        "# strata train --print-config: the effective configuration (--config FILE "
+        "reads it)\n%s",
+        TomlTable("train", TrainSettings(shown)).c_str());
+    *done = true;
+  }
+  return Status::OK();
+}
+
+void AddTrainFlags(CLI::App* sub, TrainArgs* a) {
+  sub->add_option("--layers", a->layers, "Transformer layers")->capture_default_str();
+  sub->add_option("--d-model", a->d_model, "Channels (embedding width)")->capture_default_str();
+  sub->add_option("--heads", a->heads,
+                  "Attention heads (must divide --d-model); default: d_model / 64, or 1 when "
+                  "d_model is not a multiple of 64; with --init, the n_head the file records");
+  sub->add_option("--seq-len", a->seq_len, "Tokens per row (at most wpe's rows with --init)")
+      ->capture_default_str();
+  sub->add_option("--vocab", a->vocab,
+                  "Vocabulary size (256 for byte-level text; with --tokenizer, its size)")
+      ->capture_default_str();
+  sub->add_option("--data", a->data,
+                  "Training data: a text file (byte tokens, or --tokenizer's) or an llm.c "
+                  "uint16 token file; default: the built-in generated corpus");
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "Hugging Face tokenizer.json (GPT-2 byte-level BPE) that encodes a text "
+                  "--data and --sample; fixed for the run (give the same to generate and eval)");
+  sub->add_option("--val-every", a->val_every,
+                  "Every K steps, report the loss on the held-out last 10% of the data (0: off)")
+      ->capture_default_str();
+  sub->add_option("--log-every", a->log_every,
+                  "When standard output is not a terminal, print a step line every N steps "
+                  "(and the first and last); 0: every step up to 50 steps, else a round "
+                  "interval giving at most 50 lines. A terminal shows a progress bar instead")
+      ->capture_default_str();
+  sub->add_option("--init", a->init, "Initial weights: Hugging Face GPT-2 .safetensors file");
+  sub->add_option("--save", a->save,
+                  "Write the trained weights to this .safetensors file (replaced atomically)");
+  sub->add_option("--save-every", a->save_every,
+                  "With --save: also write the weights every N steps (0: only at the end)")
+      ->capture_default_str();
+  sub->add_option("--resume", a->resume,
+                  "Continue the run whose swap store is in this folder from its last "
+                  "committed step, with the settings the store recorded (a flag that would "
+                  "train another run is refused; steps, budgets and outputs may change)");
+  sub->add_option("--lr", a->lr, "Peak learning rate")->capture_default_str();
+  sub->add_option("--lr-schedule", a->lr_schedule, "constant or cosine (to 10% of --lr)")
+      ->capture_default_str();
+  sub->add_option("--warmup", a->warmup, "Linear warm-up steps")->capture_default_str();
+  sub->add_option("--weight-decay", a->weight_decay,
+                  "AdamW decoupled weight decay (matrices and embeddings only)")
+      ->capture_default_str();
+  sub->add_option("--beta1", a->beta1, "Adam beta1")->capture_default_str();
+  sub->add_option("--beta2", a->beta2, "Adam beta2")->capture_default_str();
+  sub->add_option("--eps", a->eps, "Adam epsilon")->capture_default_str();
+  sub->add_option("--batch", a->batch, "Rows per micro-batch")->capture_default_str();
+  sub->add_option("--steps", a->steps, "Optimizer steps (total, counting resumed ones)")
+      ->capture_default_str();
+  sub->add_option("--seed", a->seed, "Seed of the initialisation and of --sample")
+      ->capture_default_str();
+  sub->add_flag("--recompute", a->recompute,
+                "Activation checkpointing: keep only each block's input, recompute in backward");
+  sub->add_option("--max-skipped-steps", a->max_skipped_steps,
+                  "A step whose gradient is not finite (NaN or infinity) updates nothing and is "
+                  "skipped with a warning; this many in a row stop the run, its last commit "
+                  "intact (0: never stop)")
+      ->capture_default_str();
+  AddRunFlags(sub, &a->run,
+              "Folder for NVMe-resident states (repeatable: striped); {rank} and {local_rank} "
+              "are replaced by the rank's numbers (one folder per rank)");
+  a->durable_opt = AddSwitch(sub, "durable", &a->durable,
+                             "With --nvme: commit a complete state to NVMe every step "
+                             "(host-resident states too), so a killed or interrupted run can be "
+                             "resumed with --resume");
+  sub->add_option("--json", a->json,
+                  "Write the configuration, per-step results and totals as JSON to FILE (-: "
+                  "standard output, which then carries the JSON alone; the report goes to "
+                  "standard error)");
+  sub->add_option("--sample", a->sample, "After training, print this many generated tokens")
+      ->capture_default_str();
+  AddSamplingFlags(*sub, &a->sampling);
+  sub->add_flag("--print-config", a->print_config,
+                "Print the effective configuration as TOML (a file --config reads) and exit; "
+                "with --resume, the stored run's");
+  sub->add_flag("--allow-schedule-change", a->allow_schedule_change,
+                "With --resume: let --lr, --lr-schedule, --warmup (and --steps under a cosine "
+                "schedule) differ from the stored run's");
+}
+
+}  // namespace strata::cli
