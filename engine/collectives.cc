@@ -106,6 +106,8 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"eps", real(opt.eps), kReal},
       {"weight_decay", real(opt.weight_decay), kReal},
       {"grad_clip", real(opt.grad_clip), kReal},
+      {"speculation (0 auto, 1 on, 2 off)", uint64_t(opt.speculation), kNumber},
+      {"gradients to NVMe (0 auto, 1 on, 2 off)", uint64_t(opt.grad_spill), kNumber},
       {"Adam moments' format (0 fp32, 1 bf16)", uint64_t(opt.state_format), kNumber},
       {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
        kNumber},

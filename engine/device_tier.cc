@@ -246,8 +246,9 @@ Status DeviceTier::EnqueueAccumulate(int obj, bool first, int block) {
         if (bl->padded_numel > pos) zero(pos, bl->padded_numel);
 
         MutexLock lock(&ctx_.mu);
-        optimizer_.GradLandedLocked(block);
-        return host_.LeaveLocked(obj, false);
+        // The final landing: a spilled gradient goes to NVMe now.
+        const bool final_landing = optimizer_.GradLandedLocked(block);
+        return host_.LeaveLocked(obj, final_landing);
       },
       "grad landed");
 }

@@ -19,7 +19,9 @@
 // model's calls are checked against the plan's access schedule.
 #include "strata/engine.h"
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "engine/collectives.h"
@@ -65,14 +67,19 @@ class EngineImpl final : public Engine {
  private:
   Status CheckOptions() const;
   // The step's host plan, from what the last step left in the cache.
-  Result<HostPlan> PlanStepLocked() REQUIRES(ctx_.mu);
+  Result<HostPlan> PlanStepLocked(bool speculative) REQUIRES(ctx_.mu);
+  // Whether the step beginning updates speculatively (see Speculation).
+  bool SpeculateLocked() const REQUIRES(ctx_.mu);
+  // EndStep: redoes (or, for a skipped step, undoes) the speculative updates the norm
+  // invalidated, then frees the gradients held for them.
+  Status RedoSpeculativeLocked(StepStats* st) REQUIRES(ctx_.mu);
   // The checks of Acquire: a step is open, nothing is acquired, and (block, pass) is the
   // schedule's next access. Returns that access.
   Result<int> CheckAcquireLocked(int block, Pass pass) const REQUIRES(ctx_.mu);
   // EndStep, once every part finished the step: free the device copies and commit.
   Status FinishStepLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   Status RefusePartialUpdateLocked(uint64_t step_number) REQUIRES(ctx_.mu);
-  StepStats StatsLocked(uint64_t step_number) REQUIRES(ctx_.mu);
+  void StatsLocked(uint64_t step_number, StepStats* st) REQUIRES(ctx_.mu);
   void OnDeviceOp(const DeviceOpRecord& r);
   Status CheckBlockTensor(int block, int tensor) const;
 
@@ -86,6 +93,8 @@ class EngineImpl final : public Engine {
   bool params_dirty_ GUARDED_BY(ctx_.mu) = false;  // WriteParams since the last commit
   int acquired_ GUARDED_BY(ctx_.mu) = -1;          // access currently acquired
   bool grads_submitted_ GUARDED_BY(ctx_.mu) = false;
+  // The last step clipped or was skipped (Speculation::kAuto then waits for the norm).
+  bool last_step_clipped_ GUARDED_BY(ctx_.mu) = false;
   Clock::time_point step_start_;  // the model's thread only
 };
 
@@ -203,8 +212,9 @@ void EngineImpl::OnDeviceOp(const DeviceOpRecord& r) {
 // Step API (model thread)
 // ---------------------------------------------------------------------------------------
 
-Result<HostPlan> EngineImpl::PlanStepLocked() {
+Result<HostPlan> EngineImpl::PlanStepLocked(bool speculative) {
   HostPlanInput hin = HostInputFor(ctx_.place);
+  hin.speculative = speculative;
   host_.PlanStartLocked(&hin.start_resident, &hin.start_offset);
   auto plan = PlanHost(hin);
   if (!plan.ok()) {
@@ -238,8 +248,12 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
       (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < done)) {
     STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(done)));
   }
+  // A redo needs the committed versions to be the states the step starts from.
+  const bool uncommitted = params_dirty_ && host_.has_store();
   params_dirty_ = false;
-  STRATA_ASSIGN_OR_RETURN(ctx_.hplan, PlanStepLocked());
+  const bool speculative = SpeculateLocked() && !uncommitted;
+  STRATA_ASSIGN_OR_RETURN(ctx_.hplan, PlanStepLocked(speculative));
+  ctx_.speculative = speculative;
 
   ++ctx_.step;
   ctx_.args = args;
@@ -385,9 +399,59 @@ Result<StepStats> EngineImpl::EndStep() {
     return s;
   }
   const uint64_t step_number = uint64_t(ctx_.resumed_step + ctx_.step);
+  StepStats st;
+  STRATA_RETURN_IF_ERROR(RedoSpeculativeLocked(&st));
   STRATA_RETURN_IF_ERROR(RefusePartialUpdateLocked(step_number));
   STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number));
-  return StatsLocked(step_number);
+  StatsLocked(step_number, &st);
+  return st;
+}
+
+bool EngineImpl::SpeculateLocked() const {
+  switch (ctx_.opt.speculation) {
+    case Speculation::kOff:
+      return false;
+    case Speculation::kOn:
+      return ctx_.place.speculation;
+    case Speculation::kAuto:
+      return ctx_.place.speculation && !last_step_clipped_;
+  }
+  return false;
+}
+
+Status EngineImpl::RedoSpeculativeLocked(StepStats* st) {
+  const GradNormResult norm = optimizer_.NormLocked();
+  const bool clipped = norm.skipped || (ctx_.opt.grad_clip > 0 && norm.clip_coef != 1.0);
+  last_step_clipped_ = clipped;
+  st->speculative = ctx_.speculative;
+  const std::vector<int> blocks = optimizer_.SpeculativeBlocksLocked();
+  Status s;
+  if (clipped && !blocks.empty()) {
+    const Clock::time_point t0 = Clock::now();
+    const float scale = UpdateScale(ctx_, &norm);
+    std::function<Status(int, const BlockBuffers&)> redo;
+    if (!norm.skipped) {
+      redo = [this, scale](int b, const BlockBuffers& bufs) {
+        return ApplyAdamW(ctx_, b, bufs, scale);
+      };
+    }
+    s = host_.RollBackLocked(blocks, redo);
+    const Clock::time_point t1 = Clock::now();
+    ctx_.timeline.Add(TraceLane::kCpuOptim,
+                      std::string(norm.skipped ? "undo " : "redo ") +
+                          std::to_string(blocks.size()) + " speculative updates",
+                      t0, t1);
+    st->redone_blocks = int64_t(blocks.size());
+    st->redo_seconds = std::chrono::duration<double>(t1 - t0).count();
+    if (s.ok() && norm.skipped) optimizer_.UndoneLocked(int(blocks.size()));
+  }
+  if (s.ok()) s = host_.ReleaseHeldLocked();
+  if (!s.ok()) {
+    ctx_.step_open = false;
+    ctx_.SetErrorLocked(Status(s).Annotate("redoing the step's speculative updates"));
+    return ctx_.error;
+  }
+  return Status::OK();
 }
 
 // A step whose gradient is not finite must not be committed with some blocks updated:
@@ -446,10 +510,10 @@ Status EngineImpl::FinishStepLocked(uint64_t step_number) {
   return Status::OK();
 }
 
-StepStats EngineImpl::StatsLocked(uint64_t step_number) {
+void EngineImpl::StatsLocked(uint64_t step_number, StepStats* out) {
   Timeline& timeline = ctx_.timeline;
   const Clock::time_point end = Clock::now();
-  StepStats st;
+  StepStats& st = *out;
   st.step = int64_t(step_number);
   st.seconds = std::chrono::duration<double>(end - step_start_).count();
   timeline.StepUsage(step_start_, end, &st);  // busy table, bound, per-edge bytes
@@ -465,7 +529,6 @@ StepStats EngineImpl::StatsLocked(uint64_t step_number) {
   st.skipped = norm.skipped;
   st.peak_device_bytes = device_.PeakBytesLocked();
   st.peak_host_bytes = host_.PeakBytesLocked();
-  return st;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ struct EngineContext {
   // ---- The open step's plan (see the header comment). ----
   HostPlan hplan;
   StepArgs args;
-  int64_t step = 0;  // steps begun by this engine
+  bool speculative = false;  // with clipping: restorable blocks update before the norm
+  int64_t step = 0;          // steps begun by this engine
 
   // ---- The shared lock. ----
   mutable Mutex mu;

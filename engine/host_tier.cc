@@ -42,7 +42,9 @@ Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
     if (!h.exists) continue;
     h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * place.elem_bytes[int(c)];
     h.cached = place.cached[o];
-    h.needs_write = c != Component::kGrad && (place.home[o] == Tier::kNvme || ctx_.durable);
+    // A spilled gradient is written at its final landing (see HostPlanInput::spill_grads).
+    h.needs_write =
+        c == Component::kGrad ? place.spill_grads : place.home[o] == Tier::kNvme || ctx_.durable;
   }
 
   // Pinned pool: homes + cache + staging.
@@ -166,9 +168,9 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
 Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
   for (int o = 0; o < int(objs_.size()); ++o) {
     HostObj& h = objs_[o];
-    if (!h.needs_write) continue;
-    auto info = store_->Lookup(ctx_.Key(o));
     const Component c = ObjComponent(o);
+    if (!h.needs_write || c == Component::kGrad) continue;  // a gradient lives one step
+    auto info = store_->Lookup(ctx_.Key(o));
     if (!info && ctx_.resumed_step == 0 && (c == Component::kExpAvg || c == Component::kExpAvgSq)) {
       continue;  // the initial commit: moments never updated are zeros, never written
     }
@@ -422,6 +424,115 @@ Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
       STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(obj), data, h.bytes));
       h.on_nvme = true;
     }
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------
+// EndStep: redo or undo of speculative updates
+// ---------------------------------------------------------------------------------------
+
+Status HostTier::RollBackLocked(const std::vector<int>& blocks,
+                                const std::function<Status(int, const BlockBuffers&)>& redo) {
+  if (blocks.empty()) return Status::OK();
+  if (!store_) return Status::Aborted("internal: a speculative update without an NVMe store");
+  std::vector<bool> held(objs_.size(), false);
+  for (int o : ctx_.hplan.held) held[o] = objs_[o].res.state != S::kAbsent;
+  // Every cached copy but the held gradients leaves: the step's writes have landed, so NVMe
+  // has them, and the blocks' copies are staged afresh below.
+  RangeAllocator free_ranges(ctx_.place.cache_capacity);
+  for (int o = 0; o < int(objs_.size()); ++o) {
+    HostObj& h = objs_[o];
+    if (!h.cached || h.res.state == S::kAbsent) continue;
+    if (held[o]) {
+      (void)free_ranges.Claim(h.offset, RoundUp(h.bytes, 4096));
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(h.res.To(S::kAbsent).Annotate(ctx_.ObjName(o)));
+    cache_used_ -= RoundUp(h.bytes, 4096);
+    h.buf = nullptr;
+  }
+  for (int b : blocks) {
+    BlockBuffers bufs{};
+    std::vector<std::pair<uint64_t, uint64_t>> staged;  // cache ranges
+    std::vector<std::unique_ptr<AlignedBuffer>> spare;  // when the cache is fragmented
+    for (int c = 0; c < kNumComponents; ++c) {
+      const int o = ObjIndex(b, Component(c));
+      HostObj& h = objs_[o];
+      if (!h.exists) continue;
+      if (!h.cached || held[o]) {  // a home copy, or a held gradient: in place
+        bufs[c] = h.buf;
+        continue;
+      }
+      const uint64_t size = RoundUp(h.bytes, 4096);
+      const std::optional<uint64_t> off = cache_base_ ? free_ranges.Allocate(size) : std::nullopt;
+      if (off) {
+        bufs[c] = cache_base_ + *off;
+        staged.emplace_back(*off, size);
+      } else {
+        spare.push_back(std::make_unique<AlignedBuffer>(h.bytes));
+        bufs[c] = spare.back()->data;
+      }
+    }
+    if (!ctx_.separate) bufs[int(Component::kParam)] = nullptr;
+    Status s = RestoreBlockLocked(b, bufs, redo);
+    for (auto [off, size] : staged) free_ranges.Free(off, size);
+    STRATA_RETURN_IF_ERROR(s);
+  }
+  return Status::OK();
+}
+
+Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
+                                    const std::function<Status(int, const BlockBuffers&)>& redo) {
+  const Component states[] = {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq,
+                              Component::kParam};
+  for (Component c : states) {
+    const int o = ObjIndex(b, c);
+    if (!bufs[int(c)]) continue;
+    const HostObj& h = objs_[o];
+    auto got = store_->ReadCommitted(ctx_.Key(o), bufs[int(c)], RoundUp(h.bytes, 4096));
+    if (got.ok()) continue;
+    if (got.status().code() != StatusCode::kNotFound) {
+      return Status(got.status()).Annotate("restoring the previous " + ctx_.ObjName(o));
+    }
+    std::memset(bufs[int(c)], 0, h.bytes);  // never committed: zeros, as at the start
+  }
+  if (!redo) {  // a skipped step: the committed versions stand
+    for (Component c : states) {
+      const int o = ObjIndex(b, c);
+      if (!bufs[int(c)]) continue;
+      store_->Revert(ctx_.Key(o));
+      objs_[o].on_nvme = store_->Lookup(ctx_.Key(o)).has_value();
+    }
+    return Status::OK();
+  }
+  const int g = ObjIndex(b, Component::kGrad);
+  if (bufs[int(Component::kGrad)] != objs_[g].buf) {  // spilled: this step's version
+    auto got =
+        store_->Read(ctx_.Key(g), bufs[int(Component::kGrad)], RoundUp(objs_[g].bytes, 4096));
+    if (!got.ok()) {
+      return Status(got.status())
+          .Annotate("reloading the gradient of block '" + ctx_.layout[b].name + "' for its redo");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(redo(b, bufs));
+  for (Component c : states) {
+    const int o = ObjIndex(b, c);
+    if (!bufs[int(c)]) continue;
+    STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(o), bufs[int(c)], objs_[o].bytes)
+                               .Annotate("writing the redone " + ctx_.ObjName(o)));
+    objs_[o].on_nvme = true;
+  }
+  return Status::OK();
+}
+
+Status HostTier::ReleaseHeldLocked() {
+  for (int o : ctx_.hplan.held) {
+    HostObj& h = objs_[o];
+    if (h.res.state == S::kAbsent) continue;
+    STRATA_RETURN_IF_ERROR(h.res.To(S::kAbsent).Annotate(ctx_.ObjName(o)));
+    cache_used_ -= RoundUp(h.bytes, 4096);
+    h.buf = nullptr;
   }
   return Status::OK();
 }

@@ -12,7 +12,9 @@
 // from the model's thread between steps).
 #pragma once
 
+#include <array>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -23,6 +25,9 @@
 #include "io/swap_store.h"
 
 namespace strata::engine_internal {
+
+// A block's host copies, by component (nullptr where a component does not exist).
+using BlockBuffers = std::array<void*, kNumComponents>;
 
 // One component of one block in host memory.
 struct HostObj {
@@ -102,6 +107,19 @@ class HostTier {
   // Commits the store's pending versions as `step` (drops mu around the flush).
   Status CommitLocked(uint64_t step) REQUIRES(ctx_.mu);
 
+  // ---- EndStep, once the step's work is done (model thread). ----
+  // Speculative updates the norm invalidated: each block of `blocks` gets its states back
+  // from their committed NVMe versions (zeros where none was ever committed) and then, with
+  // `redo`, is updated again (redo(block, buffers), its gradient included) and written as
+  // the new pending version; without `redo` (a skipped step) the pending versions are
+  // dropped. Cached copies are evicted first; the blocks' objects are staged in the cache
+  // region beside the held gradients (in plain aligned memory when those fragment it).
+  Status RollBackLocked(const std::vector<int>& blocks,
+                        const std::function<Status(int, const BlockBuffers&)>& redo)
+      REQUIRES(ctx_.mu);
+  // Frees the gradients the step's plan held past their updates (HostPlan::held).
+  Status ReleaseHeldLocked() REQUIRES(ctx_.mu);
+
  private:
   void IoLoop() EXCLUDES(ctx_.mu);
   // Runs host op `op` if its dependencies are met; false when it must wait (or failed: then
@@ -110,6 +128,10 @@ class HostTier {
       REQUIRES(ctx_.mu);
   bool PlaceLocked(const HostOp& op) REQUIRES(ctx_.mu);
   Status ResumeFromStore() EXCLUDES(ctx_.mu);
+  // RollBackLocked's work for one block, its objects' buffers in `bufs`.
+  Status RestoreBlockLocked(int block, const BlockBuffers& bufs,
+                            const std::function<Status(int, const BlockBuffers&)>& redo)
+      REQUIRES(ctx_.mu);
   Status OpenStore() EXCLUDES(ctx_.mu);
 
   EngineContext& ctx_;

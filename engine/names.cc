@@ -51,6 +51,14 @@ const char* MicroBatchOrderName(MicroBatchOrder order) {
   return order == MicroBatchOrder::kLayerMajor ? "layer" : "batch";
 }
 
+const char* SpeculationName(Speculation s) {
+  return s == Speculation::kOn ? "on" : s == Speculation::kOff ? "off" : "auto";
+}
+
+const char* GradSpillName(GradSpill s) {
+  return s == GradSpill::kOn ? "on" : s == GradSpill::kOff ? "off" : "auto";
+}
+
 const char* CollectiveMemoryName(CollectiveMemory m) {
   switch (m) {
     case CollectiveMemory::kAuto:

@@ -18,6 +18,47 @@ void SetMomentFormat(const EngineContext& ctx, int64_t step, int b, uint64_t lo,
 
 }  // namespace
 
+float UpdateScale(const EngineContext& ctx, const GradNormResult* norm) {
+  const double clip_coef = ctx.opt.grad_clip > 0 && norm ? norm->clip_coef : 1.0;
+  return float(ctx.args.grad_scale * clip_coef);
+}
+
+Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs, float scale) {
+  const EngineOptions& opt = ctx.opt;
+  float* master = static_cast<float*>(bufs[int(Component::kMaster)]);
+  char* m = static_cast<char*>(bufs[int(Component::kExpAvg)]);
+  char* v = static_cast<char*>(bufs[int(Component::kExpAvgSq)]);
+  const size_t moment_bytes = opt.state_format == StateFormat::kBf16 ? 2 : 4;
+  const float* grad = static_cast<const float*>(bufs[int(Component::kGrad)]);
+  uint16_t* param = static_cast<uint16_t*>(bufs[int(Component::kParam)]);
+  AdamHyperParams hp;
+  hp.lr = ctx.args.lr;
+  hp.beta1 = opt.beta1;
+  hp.beta2 = opt.beta2;
+  hp.eps = opt.eps;
+  hp.step = ctx.resumed_step + ctx.step;
+  hp.mode = opt.optimizer == OptimizerKind::kAdamW ? AdamMode::kAdamW : AdamMode::kAdam;
+  for (const TensorLayout& t : ctx.layout[b].tensors) {
+    // This rank's part of the tensor (all of it with one rank).
+    const auto [lo, hi] = ctx.ShardPart(b, t.offset, t.offset + t.numel);
+    if (lo == hi) continue;
+    AdamSlice s;
+    s.master = master + lo;
+    s.exp_avg = m + lo * moment_bytes;
+    s.exp_avg_sq = v + lo * moment_bytes;
+    SetMomentFormat(ctx, hp.step, b, lo, &s);
+    s.grad = grad + lo;
+    s.n = hi - lo;
+    if (param) {
+      s.param_out = param + lo;
+      s.param_out_format = ParamOut::kBf16;
+    }
+    hp.weight_decay = t.weight_decay ? opt.weight_decay : 0.0;
+    STRATA_RETURN_IF_ERROR(AdamStep(s, hp, scale, ctx.kernel_options));
+  }
+  return Status::OK();
+}
+
 void OptimizerStage::BeginStepLocked() {
   opts_done_ = 0;
   grads_in_.assign(ctx_.L, 0);
@@ -27,6 +68,26 @@ void OptimizerStage::BeginStepLocked() {
   norm_ = GradNormResult{};
   norm_final_ = false;
   applied_ = 0;
+  speculated_.assign(ctx_.L, false);
+}
+
+std::vector<int> OptimizerStage::SpeculativeBlocksLocked() const {
+  std::vector<int> blocks;
+  for (int b = 0; b < ctx_.L; ++b) {
+    if (speculated_[b]) blocks.push_back(b);
+  }
+  return blocks;
+}
+
+bool OptimizerStage::NormAllowsUpdateLocked(int b) {
+  if (ctx_.opt.grad_clip <= 0 || norm_final_) return true;
+  const bool restorable = b < int(ctx_.place.restorable.size()) && ctx_.place.restorable[b];
+  if (ctx_.speculative && restorable) return true;  // redone at EndStep if clipping applies
+  // Clipping scales every update by the step's norm: wait for all of it.
+  if (ranks_combine_norm_ || !AllNormsKnownLocked()) return false;
+  const NormPart mine = LocalNormPartLocked();
+  FinalizeNormLocked(std::span<const NormPart>(&mine, 1));
+  return true;
 }
 
 bool OptimizerStage::AllNormsKnownLocked() const {
@@ -98,16 +159,7 @@ Status OptimizerStage::WaitForUpdateLocked(const HostUse& u) {
     for (const UseObj& uo : u.objs) {
       if (host_.Obj(uo.obj).exists) ready = ready && host_.UsableLocked(uo.obj, uo.seq);
     }
-    if (ready && ctx_.opt.grad_clip > 0 && !norm_final_) {
-      // Clipping scales every update by the step's norm: wait for all of it.
-      if (ranks_combine_norm_ || !AllNormsKnownLocked()) {
-        ready = false;
-      } else {
-        const NormPart mine = LocalNormPartLocked();
-        FinalizeNormLocked(std::span<const NormPart>(&mine, 1));
-      }
-    }
-    if (ready) return Status::OK();
+    if (ready && NormAllowsUpdateLocked(b)) return Status::OK();
     ctx_.cv.Wait();
   }
 }
@@ -139,68 +191,40 @@ Status OptimizerStage::RunUpdate(int use_index) {
 
 // The block's AdamW step over this rank's part of each tensor, unless the step is skipped:
 // the global norm, once known, says whether any gradient is non-finite; before it is known
-// (no clipping), every gradient known so far must be finite (the optimizer computes the
-// norm of every landed gradient before it decides, so a non-finite loss, whose gradient
-// lands first, skips every block).
+// (no clipping, or a speculative update), every gradient known so far must be finite (the
+// optimizer computes the norm of every landed gradient before it decides, so a non-finite
+// loss, whose gradient lands first, skips every block).
 Status OptimizerStage::AdamBlock(int b, bool* applied) {
-  const EngineOptions& opt = ctx_.opt;
-  void *master_buf, *m_buf, *v_buf, *grad_buf, *param_buf;
+  BlockBuffers bufs{};
   GradNormResult norm;
+  bool final_norm;
   {
     MutexLock lock(&ctx_.mu);
-    auto buf = [&](Component c) REQUIRES(ctx_.mu) { return host_.Obj(ObjIndex(b, c)).buf; };
-    master_buf = buf(Component::kMaster);
-    m_buf = buf(Component::kExpAvg);
-    v_buf = buf(Component::kExpAvgSq);
-    grad_buf = buf(Component::kGrad);
-    param_buf = ctx_.separate ? buf(Component::kParam) : nullptr;
+    for (int c = 0; c < kNumComponents; ++c) {
+      const HostObj& h = host_.Obj(ObjIndex(b, Component(c)));
+      bufs[c] = h.exists ? h.buf : nullptr;
+    }
+    if (!ctx_.separate) bufs[int(Component::kParam)] = nullptr;
     norm = norm_;
+    final_norm = norm_final_;
     if (!norm_final_) {
       for (int x = 0; x < ctx_.L; ++x) {
         norm.skipped = norm.skipped || non_finite_[x] > 0 || !std::isfinite(norm_sq_[x]);
       }
     }
   }
-  float* master = static_cast<float*>(master_buf);
-  char* m = static_cast<char*>(m_buf);
-  char* v = static_cast<char*>(v_buf);
-  const size_t moment_bytes = opt.state_format == StateFormat::kBf16 ? 2 : 4;
-  const float* grad = static_cast<const float*>(grad_buf);
-  uint16_t* param = static_cast<uint16_t*>(param_buf);
   const Clock::time_point t0 = Clock::now();
   Status status;
   *applied = !norm.skipped;
   if (*applied) {
-    AdamHyperParams hp;
-    hp.lr = ctx_.args.lr;
-    hp.beta1 = opt.beta1;
-    hp.beta2 = opt.beta2;
-    hp.eps = opt.eps;
-    hp.step = ctx_.resumed_step + ctx_.step;
-    hp.mode = opt.optimizer == OptimizerKind::kAdamW ? AdamMode::kAdamW : AdamMode::kAdam;
-    const float scale = float(ctx_.args.grad_scale * (opt.grad_clip > 0 ? norm.clip_coef : 1.0));
-    for (const TensorLayout& t : ctx_.layout[b].tensors) {
-      // This rank's part of the tensor (all of it with one rank).
-      const auto [lo, hi] = ctx_.ShardPart(b, t.offset, t.offset + t.numel);
-      if (lo == hi) continue;
-      AdamSlice s;
-      s.master = master + lo;
-      s.exp_avg = m + lo * moment_bytes;
-      s.exp_avg_sq = v + lo * moment_bytes;
-      SetMomentFormat(ctx_, hp.step, b, lo, &s);
-      s.grad = grad + lo;
-      s.n = hi - lo;
-      if (param) {
-        s.param_out = param + lo;
-        s.param_out_format = ParamOut::kBf16;
-      }
-      hp.weight_decay = t.weight_decay ? opt.weight_decay : 0.0;
-      status = AdamStep(s, hp, scale, ctx_.kernel_options);
-      if (!status.ok()) break;
-    }
+    status = ApplyAdamW(ctx_, b, bufs, UpdateScale(ctx_, final_norm ? &norm : nullptr));
   }
   ctx_.timeline.Add(TraceLane::kCpuOptim, "adam " + ctx_.layout[b].name, t0, Clock::now(),
                     ctx_.layout[b].shard_numel * 4);
+  if (*applied && !final_norm && ctx_.opt.grad_clip > 0) {
+    MutexLock lock(&ctx_.mu);
+    speculated_[b] = true;
+  }
   return status;
 }
 

@@ -11,6 +11,13 @@
 // before the updates) or EndStep does; with ranks, the collectives' last item gathers the
 // parts and combines them (ranks_combine_norm).
 //
+// Speculation (EngineOptions::speculation): with clipping, when the step is speculative
+// (EngineContext::speculative) a restorable block's update runs as soon as its gradient is
+// final, with the scale of a step that does not clip; SpeculativeBlocksLocked names them,
+// and EndStep redoes them (HostTier::RollBackLocked with ApplyAdamW) when the norm shows
+// that clipping or a non-finite gradient applies. A redo runs the same kernel with the same
+// arguments as the update that waits for the norm, so the result is bit-identical.
+//
 // Lock: the fields are guarded by the shared EngineContext::mu. The norm and AdamW kernels
 // run without it, on buffers the host tier keeps entered for them.
 #pragma once
@@ -37,6 +44,13 @@ struct GradNormResult {
   bool skipped = false;  // a gradient (or the norm) is not finite: no update may stand
 };
 
+// Block `b`'s AdamW step over this rank's part of each tensor, on its host copies
+// (`bufs[component]`; kParam may be null), with the gradient scaled by `scale`.
+Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs, float scale);
+// The gradient's scale of an update once the norm is known (UpdateScale(ctx, nullptr): of
+// one that assumes no clipping).
+float UpdateScale(const EngineContext& ctx, const GradNormResult* norm);
+
 class OptimizerStage {
  public:
   OptimizerStage(EngineContext& ctx, HostTier& host, bool ranks_combine_norm)
@@ -56,8 +70,11 @@ class OptimizerStage {
 
   void BeginStepLocked() REQUIRES(ctx_.mu);
   bool StepDoneLocked() const REQUIRES(ctx_.mu) { return opts_done_ == ctx_.hplan.opt_uses.size(); }
-  // The lander: one more micro-batch's gradient of `block` accumulated.
-  void GradLandedLocked(int block) REQUIRES(ctx_.mu) { ++grads_in_[block]; }
+  // The lander: one more micro-batch's gradient of `block` accumulated; true when it was the
+  // last (the gradient is final).
+  bool GradLandedLocked(int block) REQUIRES(ctx_.mu) {
+    return ++grads_in_[block] == ctx_.opt.micro_batches;
+  }
 
   // The norm.
   bool AllNormsKnownLocked() const REQUIRES(ctx_.mu);
@@ -72,6 +89,10 @@ class OptimizerStage {
   // global norm: a non-finite gradient that lands later leaves the step partly applied,
   // which EndStep refuses to commit.
   int AppliedLocked() const REQUIRES(ctx_.mu) { return applied_; }
+  // Blocks updated this step before the norm was known, assuming no clipping.
+  std::vector<int> SpeculativeBlocksLocked() const REQUIRES(ctx_.mu);
+  // EndStep undid `blocks` updates (a skipped step): they no longer count as applied.
+  void UndoneLocked(int blocks) REQUIRES(ctx_.mu) { applied_ -= blocks; }
 
  private:
   // The AdamW step of host use `use_index` (one block).
@@ -82,6 +103,9 @@ class OptimizerStage {
   // there is none.
   Result<bool> ComputeOneNormLocked() REQUIRES(ctx_.mu);
   Status AdamBlock(int block, bool* applied) EXCLUDES(ctx_.mu);
+  // The update of `b` may run now: its gradient and states are ready, and with clipping
+  // the norm is known or the step speculates on `b`.
+  bool NormAllowsUpdateLocked(int b) REQUIRES(ctx_.mu);
 
   EngineContext& ctx_;
   HostTier& host_;
@@ -94,6 +118,7 @@ class OptimizerStage {
   bool norm_final_ GUARDED_BY(ctx_.mu) = false;
   size_t opts_done_ GUARDED_BY(ctx_.mu) = 0;
   int applied_ GUARDED_BY(ctx_.mu) = 0;
+  std::vector<bool> speculated_ GUARDED_BY(ctx_.mu);  // per block: updated before the norm
   std::thread thread_;
 };
 

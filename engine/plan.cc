@@ -215,6 +215,11 @@ Result<DevicePlan> PlanDevice(const std::vector<Access>& schedule,
 
 namespace {
 
+// Block `b`'s update runs before the norm this step.
+bool Speculates(const HostPlanInput& in, int b) {
+  return in.clip && in.speculative && b < int(in.restorable.size()) && in.restorable[b];
+}
+
 // The step's uses of host copies in the order the executors meet them (p.uses, h2d_use,
 // grad_use, opt_uses).
 void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
@@ -263,7 +268,7 @@ void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
       const bool first = grads_in[b]++ == 0;
       p.grad_use[a] = add_use(UseKind::kGradIn, b, a, {{ObjIndex(b, Component::kGrad), first}});
       if (grads_in[b] == in.micro_batches) {
-        if (in.clip) {
+        if (in.clip && !Speculates(in, b)) {
           final_order.push_back(b);
         } else {
           pending_opts.push_back({b, a});
@@ -296,6 +301,8 @@ Status SimulateHostCache(const HostPlanInput& in, HostPlan* plan) {
     return int64_t(n_use) + pos.front();  // the same use in the next step
   };
   std::vector<bool> resident(n_obj, false), dead(n_obj, false), locked(n_obj, false);
+  std::vector<bool> held(n_obj, false);
+  std::vector<int> landings(in.blocks, 0);
   std::vector<int> planned(n_obj, 0);
   p.offset.assign(n_obj, 0);
   // First fit over [0, capacity) — the PinnedPool's own allocator: the plan places every
@@ -366,16 +373,26 @@ Status SimulateHostCache(const HostPlanInput& in, HostPlan* plan) {
       p.peak_bytes = std::max(p.peak_bytes, used);
     }
     for (const UseObj& uo : u.objs) planned[uo.obj]++;
-    if (u.kind == UseKind::kGradIn) locked[ObjIndex(u.block, Component::kGrad)] = true;
+    const int g = ObjIndex(u.block, Component::kGrad);
+    if (u.kind == UseKind::kGradIn) {
+      // A spilled gradient is written at its final landing: evictable from then on.
+      locked[g] = !(in.spill_grads && ++landings[u.block] == in.micro_batches);
+    }
     if (u.kind == UseKind::kOpt) {
-      const int g = ObjIndex(u.block, Component::kGrad);
-      locked[g] = false;
-      dead[g] = true;
+      // A speculative update's gradient stays until the norm is known (a redo may need it),
+      // unless NVMe holds it.
+      const bool keep = in.clip && !in.spill_grads && Speculates(in, u.block);
+      locked[g] = keep;
+      held[g] = keep;
+      dead[g] = !keep;
     }
   }
-  // Gradients are dead after their update: free them, so the next step starts clean.
+  // Gradients are dead after their update: free them, so the next step starts clean (held
+  // ones after the step's decision).
   for (int o = 0; o < n_obj; ++o) {
-    if (resident[o] && dead[o]) {
+    if (held[o]) {
+      p.held.push_back(o);
+    } else if (resident[o] && dead[o]) {
       p.ops.push_back(HostOp{HostOpKind::kEvict, o, -1, planned[o]});
       resident[o] = false;
     } else if (resident[o]) {

@@ -33,7 +33,9 @@ struct PlanOptions {
   std::vector<ScheduleEntry> schedule;  // one micro-batch's access order; empty = standard
   int micro_batches = 1;
   MicroBatchOrder micro_batch_order = MicroBatchOrder::kBatchMajor;
-  bool clip = false;  // gradient clipping: every update waits for the global norm
+  bool clip = false;  // gradient clipping: an update's scale depends on the global norm
+  Speculation speculation = Speculation::kAuto;  // with clip (see EngineOptions)
+  GradSpill grad_spill = GradSpill::kAuto;
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved: kFp32 or kBf16
   StateFormat state_format = StateFormat::kFp32;  // of the moments
   uint64_t device_budget = 0;                     // 0 = unlimited
@@ -160,8 +162,11 @@ struct HostPlan {
   std::vector<int> h2d_use;       // per access: its kH2D use or -1
   std::vector<int> grad_use;      // per access: its kGradIn use or -1
   std::vector<int> end_resident;  // cached objects resident after the step
-  std::vector<uint64_t> offset;   // per object: its place in the cache region (when cached)
-  uint64_t peak_bytes = 0;        // simulated peak of the cache
+  // Gradients kept resident past their update until the step's norm is known (a redo may
+  // need them): the engine releases them at EndStep (HostTier::ReleaseHeldLocked).
+  std::vector<int> held;
+  std::vector<uint64_t> offset;  // per object: its place in the cache region (when cached)
+  uint64_t peak_bytes = 0;       // simulated peak of the cache
 };
 
 struct HostPlanInput {
@@ -169,7 +174,17 @@ struct HostPlanInput {
   const DevicePlan* device = nullptr;
   int blocks = 0;
   int micro_batches = 1;
-  bool clip = false;                   // optimizer steps wait for the global norm (after backward)
+  bool clip = false;  // gradient clipping: an update's scale depends on the global norm
+  // With clip: this step's updates of restorable blocks run speculatively, before the norm
+  // is known (each assuming no clipping; EndStep redoes them when it applies). Without it,
+  // or for a block that is not restorable, an update waits for the norm (after backward).
+  bool speculative = false;
+  std::vector<bool> restorable;  // per block: every state has a committed version on NVMe
+  // Gradients are written to NVMe at their final landing and may leave host memory from then
+  // on (reloaded for a deferred update or a redo). Without it a gradient stays in host memory
+  // from its first landing to its update, and to the end of the step when the update was
+  // speculative.
+  bool spill_grads = false;
   bool separate_param = false;         // the param component exists (working dtype != fp32)
   std::vector<uint64_t> obj_bytes;     // per object, as charged by the pinned pool
   std::vector<bool> cached;            // per object: lives in the cache (NVMe home, or grad)
@@ -210,6 +225,9 @@ struct PlacementPlan {
   std::vector<uint64_t> param_bytes, grad_bytes;
   int micro_batches = 1;
   bool clip = false;
+  bool speculation = false;      // clip, and some step may update speculatively
+  std::vector<bool> restorable;  // per block (see HostPlanInput)
+  bool spill_grads = false;      // see HostPlanInput
   bool separate_param = false;
 };
 

@@ -20,6 +20,8 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.micro_batches = options.micro_batches;
   p.micro_batch_order = options.micro_batch_order;
   p.clip = options.grad_clip > 0;
+  p.speculation = options.speculation;
+  p.grad_spill = options.grad_spill;
   p.dtype = dtype;
   p.state_format = options.state_format;
   p.device_budget = options.device_mem_bytes;
@@ -56,6 +58,9 @@ HostPlanInput HostInputFor(const PlacementPlan& pp) {
   hin.blocks = int(pp.param_bytes.size());
   hin.micro_batches = pp.micro_batches;
   hin.clip = pp.clip;
+  hin.speculative = pp.speculation;
+  hin.restorable = pp.restorable;
+  hin.spill_grads = pp.spill_grads;
   hin.separate_param = pp.separate_param;
   hin.obj_bytes = pp.obj_bytes;
   hin.cached = pp.cached;
@@ -67,6 +72,20 @@ HostPlanInput HostInputFor(const PlacementPlan& pp) {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+
+// Per block: every state that exists has a committed version on NVMe (cached, so NVMe is its
+// home, or durable), so a speculative update can be redone from it.
+std::vector<bool> Restorable(const HostPlanInput& in, bool durable) {
+  std::vector<bool> r(in.blocks, true);
+  for (int b = 0; b < in.blocks; ++b) {
+    for (Component c :
+         {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kParam}) {
+      const int o = ObjIndex(b, c);
+      if (in.obj_bytes[o] > 0 && !in.cached[o] && !durable) r[b] = false;
+    }
+  }
+  return r;
+}
 
 // A cache capacity (whole pages) for which PlanHost succeeds: bisection between 0 and
 // everything cacheable, keeping the upper end at a capacity that planned. Feasibility is not
@@ -125,12 +144,19 @@ std::string BlockList(const std::vector<int>& blocks) {
 // What the steps of PlanPlacement share.
 struct Placer {
   Placer(const std::vector<BlockLayout>& l, const PlanOptions& o)
-      : layout(l), opt(o), blocks(int(l.size())), separate(o.dtype != WorkingDtype::kFp32) {}
+      : layout(l),
+        opt(o),
+        blocks(int(l.size())),
+        separate(o.dtype != WorkingDtype::kFp32),
+        speculation(o.clip && o.nvme && o.speculation != Speculation::kOff),
+        may_spill(o.clip && o.nvme && o.grad_spill != GradSpill::kOff) {}
 
   const std::vector<BlockLayout>& layout;
   const PlanOptions& opt;
   const int blocks;
-  const bool separate;  // the param component exists
+  const bool separate;     // the param component exists
+  const bool speculation;  // some step may update speculatively
+  const bool may_spill;    // gradients may go to NVMe
   std::vector<uint64_t> param_bytes, grad_bytes;
   std::string device_short_message;  // non-empty: the device budget is below its minimum
   uint64_t largest_f32 = 0;          // the largest fp32 state object
@@ -152,6 +178,13 @@ struct Placer {
   Status PlaceAllOnHost(uint64_t cache_min_host);
   Status PlaceWithNvme();
   Status PredictTraffic();
+
+  Result<uint64_t> MinCache(const HostPlanInput& in) const { return MinCacheCapacity(in); }
+  Result<std::optional<uint64_t>> Capacity(const std::vector<bool>& cached, uint64_t room) const {
+    return CapacityFor(hin, cached, room);
+  }
+  // Whether steps may speculate (PlacementPlan::speculation, restorable), with the reason.
+  void PlanSpeculation();
 };
 
 // Object sizes, the device minimum and the device plan.
@@ -269,10 +302,11 @@ Result<uint64_t> Placer::HostMinimum() {
   HostPlanInput in = hin;
   if (opt.nvme) {
     for (int o : state_objs) in.cached[o] = true;
-    STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCacheCapacity(in));
+    in.spill_grads = may_spill;
+    STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCache(in));
     return cache + pp.staging_bytes;
   }
-  STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCacheCapacity(in));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCache(in));
   return state_bytes + cache + pp.staging_bytes;
 }
 
@@ -300,8 +334,12 @@ std::string WaysToMeetHost(const std::vector<BlockLayout>& layout, const PlanOpt
   const Way ways[] = {
       {!opt.nvme, "--nvme DIR", "states on NVMe, in host memory while in use",
        [](PlanOptions* o) { o->nvme = true; }},
-      {opt.clip, "--grad-clip 0", "each gradient freed after its update, not held for the norm",
+      {opt.clip && !opt.nvme, "--grad-clip 0",
+       "each gradient freed after its update, not held for the norm",
        [](PlanOptions* o) { o->clip = false; }},
+      {opt.clip && opt.nvme && opt.grad_spill == GradSpill::kOff, "--grad-spill auto",
+       "gradients written to NVMe, not held in host memory for the norm",
+       [](PlanOptions* o) { o->grad_spill = GradSpill::kAuto; }},
       {opt.micro_batches > 1, "--micro-batches 1",
        "with a larger --batch: no gradient held across micro-batches",
        [](PlanOptions* o) { o->micro_batches = 1; }},
@@ -354,10 +392,11 @@ Status Placer::PlaceAllOnHost(uint64_t cache_min_host) {
   pp.resident_bytes = state_bytes;
   uint64_t all_grads = 0;
   for (int b = 0; b < blocks; ++b) all_grads += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
+  hin.spill_grads = may_spill && opt.grad_spill == GradSpill::kOn;
   STRATA_ASSIGN_OR_RETURN(
       const std::optional<uint64_t> capacity,
-      CapacityFor(hin, pp.cached,
-                  opt.host_budget ? opt.host_budget - state_bytes - pp.staging_bytes : all_grads));
+      Capacity(pp.cached,
+               opt.host_budget ? opt.host_budget - state_bytes - pp.staging_bytes : all_grads));
   if (!capacity) return Status::Aborted("internal: the validated gradient cache does not fit");
   pp.cache_capacity = *capacity;
   rep.reasons.push_back(
@@ -374,16 +413,27 @@ Status Placer::PlaceWithNvme() {
   std::vector<bool> cached_all = pp.cached;
   for (int o : state_objs) cached_all[o] = true;
   hin.cached = cached_all;
-  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_nvme, MinCacheCapacity(hin));
-  const uint64_t host_min = cache_min_nvme + pp.staging_bytes;
+  // Gradients held in host memory (no NVMe writes) when the budget holds them beside the
+  // states' cache and a prefetch window; else written to NVMe (the smaller minimum).
+  hin.spill_grads = false;
+  const Result<uint64_t> hold_min = MinCache(hin);
+  hin.spill_grads = may_spill;
+  STRATA_ASSIGN_OR_RETURN(const uint64_t least_cache, MinCache(hin));
+  const uint64_t host_min = least_cache + pp.staging_bytes;
   rep.host_min_bytes = host_min;
+  const uint64_t room = opt.host_budget > pp.staging_bytes ? opt.host_budget - pp.staging_bytes : 0;
+  if (may_spill && opt.grad_spill == GradSpill::kAuto && hold_min.ok() &&
+      room >= *hold_min + 6 * largest_f32) {
+    hin.spill_grads = false;
+  }
+  const uint64_t cache_min_nvme = hin.spill_grads || !hold_min.ok() ? least_cache : *hold_min;
   if (opt.host_budget < host_min) {
     return Status::OutOfMemory(
         "host budget " + FormatBytes(opt.host_budget) +
         " is too small even with every state on NVMe: the host must stage the optimizer "
         "step of the largest block (master, exp_avg, exp_avg_sq and gradient, " +
         FormatBytes(largest_step) + ")" +
-        (hin.clip || opt.micro_batches > 1
+        (!hin.spill_grads && (hin.clip || opt.micro_batches > 1)
              ? " while holding every block's gradient until the update"
              : std::string()) +
         (pp.staging_bytes ? " plus " + FormatBytes(pp.staging_bytes) + " of staging" : "") +
@@ -407,7 +457,7 @@ Status Placer::PlaceWithNvme() {
   // every state cached, the minimum found above fits by construction.
   for (;;) {
     STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> capacity,
-                            CapacityFor(hin, cached, budget - resident));
+                            Capacity(cached, budget - resident));
     if (capacity) {
       pp.cache_capacity = *capacity;
       break;
@@ -433,7 +483,9 @@ Status Placer::PlaceWithNvme() {
   rep.reasons.push_back(
       "host cache " + FormatBytes(pp.cache_capacity) + " (minimum " + FormatBytes(cache_min_nvme) +
       ": the largest optimizer step's master, moments and gradient" +
-      (hin.clip || opt.micro_batches > 1 ? ", plus every gradient held to the update" : "") +
+      (hin.spill_grads                     ? "; gradients go to NVMe at their final landing"
+       : hin.clip || opt.micro_batches > 1 ? ", plus every gradient held to the update"
+                                           : "") +
       "); the rest of the budget holds components at home");
   for (Component c :
        {Component::kParam, Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
@@ -460,6 +512,9 @@ Status Placer::PredictTraffic() {
   const bool host_collectives = opt.collectives == CollectiveMemory::kHost;
   hin.cached = pp.cached;
   hin.capacity = pp.cache_capacity;
+  hin.speculative = pp.speculation;  // the steady state, while clipping does not apply
+  hin.restorable = pp.restorable;
+  hin.spill_grads = pp.spill_grads;
   STRATA_ASSIGN_OR_RETURN(HostPlan first, PlanHost(hin));
   HostPlanInput next = hin;
   next.start_resident = first.end_resident;
@@ -479,8 +534,14 @@ Status Placer::PredictTraffic() {
           grad_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
   }
   for (const HostOp& op : steady.ops) {
-    if (op.kind == HostOpKind::kLoad && pp.home[op.obj] == Tier::kNvme) {
+    const bool grad = ObjComponent(op.obj) == Component::kGrad;
+    if (op.kind == HostOpKind::kLoad && (grad ? pp.spill_grads : pp.home[op.obj] == Tier::kNvme)) {
       rep.predicted_bytes.nvme_read += pp.obj_bytes[op.obj];
+    }
+  }
+  if (pp.spill_grads) {
+    for (int b = 0; b < blocks; ++b) {
+      rep.predicted_bytes.nvme_write += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
     }
   }
   for (int u : steady.opt_uses) {
@@ -515,13 +576,46 @@ Status Placer::PredictTraffic() {
   return Status::OK();
 }
 
+// The budgets are those of the updates that wait for the norm; a speculative step (its
+// updates interleaved with backward) may need more cache, so the blocks speculate only when
+// its plan fits the capacity chosen.
+void Placer::PlanSpeculation() {
+  HostPlanInput in = hin;
+  in.cached = pp.cached;
+  in.capacity = pp.cache_capacity;
+  in.spill_grads = pp.spill_grads;
+  in.restorable = Restorable(in, opt.durable);
+  std::vector<int> speculate, wait;
+  for (int b = 0; b < blocks; ++b) (in.restorable[b] ? speculate : wait).push_back(b);
+  if (speculate.empty()) return;
+  in.speculative = true;
+  if (!PlanHost(in).ok()) {
+    pp.report.reasons.push_back(
+        "clipping: every update waits for the global norm (the host cache cannot hold an "
+        "update's states beside the gradients still accumulating; more --host-mem lets the "
+        "updates run during backward)");
+    return;
+  }
+  pp.restorable = in.restorable;
+  pp.speculation = true;
+  pp.report.reasons.push_back(
+      "clipping: the updates of blocks " + BlockList(speculate) +
+      " run during backward, before the global norm (redone from their committed NVMe "
+      "versions when clipping applies" +
+      (opt.speculation == Speculation::kAuto ? "; after a step that clipped, they wait" : "") +
+      ")" +
+      (wait.empty() ? std::string()
+                    : "; blocks " + BlockList(wait) +
+                          " wait for the norm (a host home keeps no previous version)"));
+}
+
 }  // namespace
 
 Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                     const PlanOptions& opt) {
   Placer p(layout, opt);
   STRATA_RETURN_IF_ERROR(p.Prepare());
-  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, MinCacheCapacity(p.hin));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, p.MinCache(p.hin));
   PlacementPlan& pp = p.pp;
   const Status host =
       opt.host_budget == 0 || !opt.nvme ? p.PlaceAllOnHost(cache_min_host) : p.PlaceWithNvme();
@@ -531,10 +625,23 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                (host_short ? "; and the " + host.message() : std::string()));
   }
   STRATA_RETURN_IF_ERROR(host);
-  pp.use_nvme = pp.use_nvme || opt.durable;
+  pp.spill_grads = p.hin.spill_grads;
+  pp.use_nvme = pp.use_nvme || opt.durable || pp.spill_grads;
   for (int o : p.state_objs) {
     pp.home[o] = pp.cached[o] ? Tier::kNvme : Tier::kHost;
     if (pp.home[o] == Tier::kNvme || opt.durable) pp.nvme_bytes += pp.obj_bytes[o];
+  }
+  if (pp.spill_grads) {
+    for (int b = 0; b < p.blocks; ++b) pp.nvme_bytes += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
+  }
+  if (p.speculation) p.PlanSpeculation();
+  if (pp.spill_grads) {
+    pp.report.reasons.push_back(
+        "gradients: written to NVMe at their final landing and reloaded for a deferred update "
+        "or a redo" +
+        std::string(opt.grad_spill == GradSpill::kOn
+                        ? " (--grad-spill on)"
+                        : " (the host budget cannot also hold them all until the norm)"));
   }
   // Objects are whole 4 KiB pages, so a partial page of cache is never used; dropping it
   // keeps the pinned pool (which rounds up to pages) inside the budget.

@@ -330,10 +330,13 @@ Result<SwapTicket> SwapStore::SubmitOneLocked(const SwapOp& sop, std::vector<IoR
   } else {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(sop.key);
-    std::shared_ptr<Version> v = it == entries_.end() ? nullptr : VisibleLocked(it->second);
+    std::shared_ptr<Version> v = it == entries_.end() ? nullptr
+                                 : sop.committed      ? it->second.committed
+                                                      : VisibleLocked(it->second);
     Status err;
     if (!v) {
-      err = Status::NotFound("no extent '" + sop.key + "' in the swap store");
+      err = Status::NotFound(std::string(sop.committed ? "no committed extent '" : "no extent '") +
+                             sop.key + "' in the swap store");
     } else if (v->length > sop.length) {
       err = Status::InvalidArgument("extent '" + sop.key + "' has " + std::to_string(v->length) +
                                     " bytes but the read buffer " + std::to_string(sop.length));
@@ -580,7 +583,14 @@ Status SwapStore::Write(std::string_view key, const void* data, uint64_t length)
 }
 
 Result<uint64_t> SwapStore::Read(std::string_view key, void* buffer, uint64_t capacity) {
-  SwapOp op{IoOp::kRead, std::string(key), buffer, capacity};
+  return ReadVersion(SwapOp{IoOp::kRead, std::string(key), buffer, capacity});
+}
+
+Result<uint64_t> SwapStore::ReadCommitted(std::string_view key, void* buffer, uint64_t capacity) {
+  return ReadVersion(SwapOp{IoOp::kRead, std::string(key), buffer, capacity, /*committed=*/true});
+}
+
+Result<uint64_t> SwapStore::ReadVersion(const SwapOp& op) {
   STRATA_ASSIGN_OR_RETURN(std::vector<SwapTicket> t,
                           SubmitInternal(std::span<const SwapOp>(&op, 1), /*sync=*/true));
   std::lock_guard<std::mutex> lock(io_mu_);
@@ -602,6 +612,18 @@ Status SwapStore::Delete(std::string_view key) {
   e.deleted = true;
   e.seq = ++seq_;
   return Status::OK();
+}
+
+void SwapStore::Revert(std::string_view key) {
+  std::lock_guard<std::mutex> io_lock(io_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  DropVersionLocked(e.pending);
+  e.pending.reset();
+  e.deleted = false;
+  e.seq = ++seq_;
 }
 
 Status SwapStore::WriteManifest(const Manifest& manifest) {

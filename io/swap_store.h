@@ -146,6 +146,8 @@ struct SwapOp {
   // kWrite: bytes to write. kRead: the buffer's capacity; an extent longer than it fails
   // with InvalidArgument.
   uint64_t length = 0;
+  // kRead: the committed version, not the newest (NotFound when there is none).
+  bool committed = false;
 };
 
 struct SwapCompletion {
@@ -227,9 +229,16 @@ class SwapStore {
   Status Write(std::string_view key, const void* data, uint64_t length);
   // Returns the extent's length.
   Result<uint64_t> Read(std::string_view key, void* buffer, uint64_t capacity);
+  // Reads the committed version of `key` (the one a crash would come back to), even when a
+  // newer one was written since; NotFound when the key has no committed version.
+  Result<uint64_t> ReadCommitted(std::string_view key, void* buffer, uint64_t capacity);
   // Removes `key` from the next Commit on; reads fail with NotFound from now on. NotFound
   // when the key does not exist.
   Status Delete(std::string_view key);
+  // Forgets what was written to or deleted from `key` since the last Commit: the committed
+  // version (or none) is visible again and the pending version's space is free. Writes of
+  // the key in flight must have completed.
+  void Revert(std::string_view key);
   // Makes every completed write and delete durable as step `step` (see the top comment).
   // Waits for the I/O in flight first (their completions stay for Poll). InvalidArgument
   // when `step` is not greater than the last committed step. On failure the last committed
@@ -282,6 +291,7 @@ class SwapStore {
   Result<std::vector<SwapTicket>> SubmitInternal(std::span<const SwapOp> ops, bool sync);
   Result<SwapTicket> SubmitOneLocked(const SwapOp& op, std::vector<IoRequest>* requests);
   Result<SwapCompletion> WaitLocked(SwapTicket ticket);
+  Result<uint64_t> ReadVersion(const SwapOp& op);  // Read and ReadCommitted
   Status ProcessCompletions(size_t min_complete);
   void FinishOp(std::unique_ptr<Op> op);
   Status WriteManifest(const swap_internal::Manifest& manifest);

@@ -221,6 +221,8 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.eps = config_.eps;
   eo.weight_decay = config_.weight_decay;
   eo.grad_clip = config_.grad_clip;
+  eo.speculation = config_.speculation;
+  eo.grad_spill = config_.grad_spill;
   eo.state_format = config_.state_format;
   eo.state_rounding = config_.state_rounding;
   eo.micro_batches = config_.micro_batches;

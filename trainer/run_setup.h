@@ -75,7 +75,9 @@ struct RunConfig {
   MicroBatchOrderChoice micro_batch_order = MicroBatchOrderChoice::kAuto;
   // AdamW. weight_decay applies to tensors marked for it.
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-  double grad_clip = 1.0;  // global gradient-norm clip; 0 = off
+  double grad_clip = 1.0;                        // global gradient-norm clip; 0 = off
+  Speculation speculation = Speculation::kAuto;  // with clipping (EngineOptions)
+  GradSpill grad_spill = GradSpill::kAuto;       // with clipping and NVMe (EngineOptions)
   // The Adam moments' format in host memory and on NVMe (master weights stay fp32) and, for
   // bf16, their rounding (see StateFormat, StateRounding in strata/optim.h).
   StateFormat state_format = StateFormat::kFp32;

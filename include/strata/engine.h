@@ -169,6 +169,29 @@ struct ScheduleEntry {
 enum class MicroBatchOrder : uint8_t { kBatchMajor, kLayerMajor };
 const char* MicroBatchOrderName(MicroBatchOrder order);  // "batch", "layer"
 
+// With clipping, when a block's AdamW step may run (EngineOptions::speculation).
+//   kAuto: speculatively (as soon as its gradient is final, assuming the step will not
+//     clip) unless the last step clipped or was skipped; then it waits for the norm, which
+//     costs the serial tail but no redo while clipping keeps applying.
+//   kOn: speculatively every step. kOff: after the global norm, every step.
+// A speculative update that the norm invalidates (clipping applies, or a gradient is not
+// finite) is redone at EndStep from the block's previous versions — the committed NVMe
+// extents, which the store keeps until the commit — with the right scale, or undone for a
+// skipped step: the result is bit-identical to waiting. Only blocks whose every state has a
+// committed NVMe version (home NVMe, or durable) speculate; the others wait for the norm.
+enum class Speculation : uint8_t { kAuto, kOn, kOff };
+const char* SpeculationName(Speculation s);  // "auto", "on", "off"
+// Whether gradients go to NVMe (EngineOptions::grad_spill). With clipping a gradient is
+// needed until the norm is known (a deferred update, or a redo of a speculative one).
+//   kAuto: held in host memory when the host budget holds them all beside the cache the
+//     states need, else written to NVMe at their final landing (kOn).
+//   kOn: written to NVMe (checksummed extents like the states) at their final landing, so
+//     the host may drop them and reload them when needed: the host minimum no longer grows
+//     with the number of gradients pending. kOff: always held in host memory.
+// Needs NVMe paths and clipping; otherwise gradients stay in host memory.
+enum class GradSpill : uint8_t { kAuto, kOn, kOff };
+const char* GradSpillName(GradSpill s);  // "auto", "on", "off"
+
 struct EngineOptions {
   // The device the model computes on. Not owned; must outlive the engine. Required.
   Device* device = nullptr;
@@ -199,9 +222,11 @@ struct EngineOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // applied to tensors with weight_decay = true
   // Clip the global gradient L2 norm to this value (0 = off). With clipping on, a block's
-  // update waits until every block's gradient is final (the global norm), while the NVMe
-  // reads of its master weights and moments still run ahead during backward.
+  // update runs speculatively or waits for the global norm (see Speculation), while the NVMe
+  // reads of its master weights and moments run ahead during backward.
   double grad_clip = 0.0;
+  Speculation speculation = Speculation::kAuto;
+  GradSpill grad_spill = GradSpill::kAuto;
   // The Adam moments' format in host memory and on NVMe (the master weights stay fp32):
   // kBf16 keeps 8 bytes of state per parameter instead of 12 (see StateFormat and
   // StateRounding in strata/optim.h); its stochastic rounding draws from a hash of the step,
@@ -360,6 +385,10 @@ struct StepStats {
   // was known and redone from their previous versions once it showed that clipping or a
   // non-finite gradient applies. 0 while the optimizer waits for the norm before updating.
   int64_t redone_blocks = 0;
+  // The time EndStep spent redoing (or undoing) them, part of tail_seconds.
+  double redo_seconds = 0;
+  // This step's updates ran speculatively (before the norm; see Speculation).
+  bool speculative = false;
   double busy_seconds[kNumResources] = {};
   // The NVMe drives' busy time: reads and writes share the drives, so the union of their
   // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).

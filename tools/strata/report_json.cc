@@ -14,6 +14,8 @@ nlohmann::json StepStatsJson(const StepStats& st) {
           {"stall_seconds", st.stall_seconds},
           {"tail_seconds", st.tail_seconds},
           {"redone_blocks", st.redone_blocks},
+          {"redo_seconds", st.redo_seconds},
+          {"speculative", st.speculative},
           {"nvme_busy_seconds", st.nvme_busy_seconds},
           {"grad_norm", st.grad_norm},
           {"skipped", st.skipped},

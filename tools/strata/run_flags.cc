@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -124,6 +125,20 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
       ->capture_default_str();
   cmd->add_option("--grad-clip", f->grad_clip, "Clip the global gradient norm (0: off)")
       ->capture_default_str();
+  cmd->add_option("--speculate", f->speculate,
+                  "With --grad-clip: auto, on or off. on runs each block's optimizer step "
+                  "during backward, before the global norm is known, and redoes the blocks "
+                  "from their committed NVMe versions when clipping (or a non-finite "
+                  "gradient) applies: same results, no serial tail; off waits for the norm; "
+                  "auto speculates unless the last step clipped. Blocks whose states live in "
+                  "host memory without --durable always wait")
+      ->capture_default_str();
+  cmd->add_option("--grad-spill", f->grad_spill,
+                  "With --grad-clip and --nvme: auto, on or off. on writes each gradient to "
+                  "NVMe when final, so host memory need not hold every gradient until the "
+                  "norm is known (a lower --host-mem minimum, more NVMe writes); auto does "
+                  "so when --host-mem cannot hold them")
+      ->capture_default_str();
   cmd->add_option("--state-dtype", f->state_dtype,
                   "The Adam moments in host memory and on NVMe: fp32, or bf16 (8 bytes of "
                   "state per parameter instead of 12, a third less NVMe traffic for them; "
@@ -228,6 +243,22 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
     config->micro_batch_order = *order;
   }
   config->grad_clip = f.grad_clip;
+  const auto tri = [](const std::string& v) -> std::optional<int> {
+    if (v == "auto") return 0;
+    if (v == "on") return 1;
+    if (v == "off") return 2;
+    return std::nullopt;
+  };
+  if (!tri(f.speculate)) {
+    return fail("--speculate", Status::InvalidArgument("--speculate " + f.speculate +
+                                                       ": expected auto, on or off"));
+  }
+  config->speculation = Speculation(*tri(f.speculate));
+  if (!tri(f.grad_spill)) {
+    return fail("--grad-spill", Status::InvalidArgument("--grad-spill " + f.grad_spill +
+                                                        ": expected auto, on or off"));
+  }
+  config->grad_spill = GradSpill(*tri(f.grad_spill));
   if (f.state_dtype == "fp32") {
     config->state_format = StateFormat::kFp32;
   } else if (f.state_dtype == "bf16" || f.state_dtype == "bf16-rne") {

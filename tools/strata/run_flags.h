@@ -24,6 +24,8 @@ struct RunFlags {
   std::string micro_batch_order =
       trainer::MicroBatchOrderChoiceName(trainer::RunConfig{}.micro_batch_order);
   double grad_clip = trainer::RunConfig{}.grad_clip;
+  std::string speculate = SpeculationName(trainer::RunConfig{}.speculation);
+  std::string grad_spill = GradSpillName(trainer::RunConfig{}.grad_spill);
   std::string state_dtype = "fp32";  // fp32, bf16 (stochastic rounding) or bf16-rne
   std::string trace;
   std::string trace_steps;  // "a:b", "a:", ":b" or "a"; "" = every step

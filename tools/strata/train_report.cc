@@ -244,6 +244,9 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     totals->stall_seconds += st.stall_seconds;
     totals->tail_seconds += st.tail_seconds;
     totals->redone_blocks += st.redone_blocks;
+    totals->redone_steps += st.redone_blocks > 0 ? 1 : 0;
+    totals->redo_seconds += st.redo_seconds;
+    totals->speculative_steps += st.speculative ? 1 : 0;
     totals->bound_seconds += st.bound_seconds;
     if (st.skipped) ++totals->skipped_steps;
     totals->losses.push_back(r->loss);
@@ -343,9 +346,12 @@ void PrintTotals(const TrainTotals& t) {
   for (const auto& [name, x] : split) {
     std::printf(" %-11s %10.3f %10.1f\n", name, x, t.seconds > 0 ? 100.0 * x / t.seconds : 0.0);
   }
-  if (t.redone_blocks > 0) {
-    std::printf("# updates redone once the gradient norm was known: %lld blocks\n",
-                static_cast<long long>(t.redone_blocks));
+  if (t.speculative_steps > 0) {
+    std::printf(
+        "# speculative steps (updates before the norm): %lld; redone (clipping or a non-finite "
+        "gradient applied): %lld steps, %lld block updates, %.3f s\n",
+        static_cast<long long>(t.speculative_steps), static_cast<long long>(t.redone_steps),
+        static_cast<long long>(t.redone_blocks), t.redo_seconds);
   }
 }
 
@@ -367,6 +373,9 @@ nlohmann::json TotalsJson(const TrainTotals& t) {
                         {"skipped_steps", t.skipped_steps},
                         {"tail_seconds", t.tail_seconds},
                         {"redone_blocks", t.redone_blocks},
+                        {"redone_steps", t.redone_steps},
+                        {"redo_seconds", t.redo_seconds},
+                        {"speculative_steps", t.speculative_steps},
                         {"busy_seconds", busy},
                         {"bytes",
                          {{"nvme_read", t.bytes.nvme_read},

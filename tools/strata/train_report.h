@@ -77,6 +77,9 @@ struct TrainTotals {
   double stall_seconds = 0, tail_seconds = 0, bound_seconds = 0;
   int64_t skipped_steps = 0;  // steps whose gradient was not finite (nothing updated)
   int64_t redone_blocks = 0;
+  int64_t redone_steps = 0;  // steps whose speculative updates were redone or undone
+  double redo_seconds = 0;   // EndStep's time on them (part of tail_seconds)
+  int64_t speculative_steps = 0;
   std::vector<double> losses;
 };
 
