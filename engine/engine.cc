@@ -244,12 +244,12 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
                                    std::to_string(args.grad_scale) + ")");
   }
   const int64_t done = ctx_.resumed_step + ctx_.step;
-  if (params_dirty_ && host_.has_store() &&
-      (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < done)) {
-    STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(done)));
-  }
   // A redo needs the committed versions to be the states the step starts from.
-  const bool uncommitted = params_dirty_ && host_.has_store();
+  bool uncommitted = params_dirty_ && host_.has_store();
+  if (uncommitted && (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < done)) {
+    STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(done)));
+    uncommitted = false;
+  }
   params_dirty_ = false;
   const bool speculative = SpeculateLocked() && !uncommitted;
   STRATA_ASSIGN_OR_RETURN(ctx_.hplan, PlanStepLocked(speculative));

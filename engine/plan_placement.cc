@@ -334,8 +334,7 @@ std::string WaysToMeetHost(const std::vector<BlockLayout>& layout, const PlanOpt
   const Way ways[] = {
       {!opt.nvme, "--nvme DIR", "states on NVMe, in host memory while in use",
        [](PlanOptions* o) { o->nvme = true; }},
-      {opt.clip && !opt.nvme, "--grad-clip 0",
-       "each gradient freed after its update, not held for the norm",
+      {opt.clip, "--grad-clip 0", "each gradient freed after its update, not held for the norm",
        [](PlanOptions* o) { o->clip = false; }},
       {opt.clip && opt.nvme && opt.grad_spill == GradSpill::kOff, "--grad-spill auto",
        "gradients written to NVMe, not held in host memory for the norm",
@@ -414,7 +413,7 @@ Status Placer::PlaceWithNvme() {
   for (int o : state_objs) cached_all[o] = true;
   hin.cached = cached_all;
   // Gradients held in host memory (no NVMe writes) when the budget holds them beside the
-  // states' cache and a prefetch window; else written to NVMe (the smaller minimum).
+  // states' cache; else written to NVMe (the smaller minimum).
   hin.spill_grads = false;
   const Result<uint64_t> hold_min = MinCache(hin);
   hin.spill_grads = may_spill;
@@ -422,8 +421,7 @@ Status Placer::PlaceWithNvme() {
   const uint64_t host_min = least_cache + pp.staging_bytes;
   rep.host_min_bytes = host_min;
   const uint64_t room = opt.host_budget > pp.staging_bytes ? opt.host_budget - pp.staging_bytes : 0;
-  if (may_spill && opt.grad_spill == GradSpill::kAuto && hold_min.ok() &&
-      room >= *hold_min + 6 * largest_f32) {
+  if (may_spill && opt.grad_spill == GradSpill::kAuto && hold_min.ok() && room >= *hold_min) {
     hin.spill_grads = false;
   }
   const uint64_t cache_min_nvme = hin.spill_grads || !hold_min.ok() ? least_cache : *hold_min;

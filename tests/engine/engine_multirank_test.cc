@@ -99,6 +99,7 @@ struct RunConfig {
   // Where the collectives run. On a HostDevice both work (auto picks device memory).
   CollectiveMemory memory = CollectiveMemory::kAuto;
   bool one_rank_comm = false;  // RunRanks(1, ...): a communicator of one rank
+  Speculation speculation = Speculation::kAuto;
 };
 
 // What one run produces: per block, master/m/v over the full block (padded_numel of the
@@ -108,6 +109,7 @@ struct Outcome {
   std::vector<double> norms;
   std::vector<std::vector<float>> params;  // ReadParams of every tensor
   uint64_t h2d = 0, d2h = 0;               // bytes copied over all steps
+  uint64_t redone_blocks = 0;              // speculative updates redone over all steps
 };
 
 EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
@@ -119,6 +121,7 @@ EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
   opt.dtype = rc.dtype;
   opt.nvme_stripe_bytes = 64 << 10;
   opt.collective_memory = rc.memory;
+  opt.speculation = rc.speculation;
   return opt;
 }
 
@@ -170,6 +173,7 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
     }
     STRATA_ASSIGN_OR_RETURN(StepStats st, e->EndStep());
     out.norms.push_back(st.grad_norm);
+    out.redone_blocks += uint64_t(st.redone_blocks);
     if (comm && comm->world_size() > 1 && st.bytes.comm == 0) {
       return Status::Aborted("a multi-rank step reported no collective bytes");
     }
@@ -228,6 +232,7 @@ void WriteOutcome(const std::string& path, const Outcome& o) {
   f.write(reinterpret_cast<const char*>(o.norms.data()), std::streamsize(n * 8));
   f.write(reinterpret_cast<const char*>(&o.h2d), 8);
   f.write(reinterpret_cast<const char*>(&o.d2h), 8);
+  f.write(reinterpret_cast<const char*>(&o.redone_blocks), 8);
 }
 
 bool ReadOutcome(const std::string& path, Outcome* o) {
@@ -252,6 +257,7 @@ bool ReadOutcome(const std::string& path, Outcome* o) {
   f.read(reinterpret_cast<char*>(o->norms.data()), std::streamsize(n * 8));
   f.read(reinterpret_cast<char*>(&o->h2d), 8);
   f.read(reinterpret_cast<char*>(&o->d2h), 8);
+  f.read(reinterpret_cast<char*>(&o->redone_blocks), 8);
   return bool(f);
 }
 
@@ -451,6 +457,40 @@ TEST_F(EngineMultirankTest, ClippingCombinesTheNormAcrossRanks) {
   ASSERT_FALSE(ref.norms.empty());
   EXPECT_GT(ref.norms[0], 0.05 * 10);
   ExpectShardsMatch(ref, RunRanks(2, rc), 1e-5);
+}
+
+// Speculative updates on each rank's shard, redone where the norm combined across the ranks
+// clips: the same bits as updates that wait for it, with a threshold that clips some steps.
+TEST_F(EngineMultirankTest, SpeculativeUpdatesMatchWaitingOnesAcrossRanks) {
+  RunConfig rc;
+  rc.tight = true;
+  rc.steps = 4;
+  rc.grad_clip = 1e30;
+  const Outcome unclipped = Reference(rc);
+  ASSERT_EQ(unclipped.norms.size(), 4u);
+  const auto [lo, hi] = std::minmax_element(unclipped.norms.begin(), unclipped.norms.end());
+  ASSERT_LT(*lo, *hi);
+  rc.grad_clip = 0.5 * (*lo + *hi);
+  rc.speculation = Speculation::kOff;
+  const std::vector<Outcome> waited = RunRanks(2, rc);
+  rc.speculation = Speculation::kOn;
+  const std::vector<Outcome> speculated = RunRanks(2, rc);
+  ASSERT_EQ(waited.size(), 2u);
+  ASSERT_EQ(speculated.size(), 2u);
+  EXPECT_EQ(waited[0].redone_blocks, 0u);
+  EXPECT_GT(speculated[0].redone_blocks, 0u);  // some step clipped after speculating
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(waited[r].norms, speculated[r].norms) << "rank " << r;
+    ASSERT_EQ(waited[r].states.size(), speculated[r].states.size());
+    for (size_t i = 0; i < waited[r].states.size(); ++i) {
+      // (Bytes: other ranks' shards are NaN.)
+      const auto& a = waited[r].states[i];
+      const auto& b = speculated[r].states[i];
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "rank " << r << " component " << i;
+    }
+  }
 }
 
 TEST_F(EngineMultirankTest, Bf16WorkingCopyGathersBytes) {

@@ -188,7 +188,9 @@ std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
         return "op " + std::to_string(k) + " evicts for a use that waits for a later load";
       }
       const bool grad = ObjComponent(o) == Component::kGrad;
-      if (grad && kb > 0 && kb < int(uses_of[o].size())) {
+      // (A spilled gradient is on NVMe from its final landing on.)
+      const int landings = int(uses_of[o].size()) - 1;
+      if (grad && kb > 0 && kb < int(uses_of[o].size()) && !(in.spill_grads && kb >= landings)) {
         return "a gradient evicted between its landing and its update";
       }
       served[o].push_back({from[o], kb});
@@ -212,10 +214,12 @@ std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
     if (used > in.capacity) return "cache over capacity";
   }
   std::set<int> end_resident;
+  const std::set<int> held(p.held.begin(), p.held.end());
   for (int o = 0; o < n_obj; ++o) {
+    if (held.count(o) && from[o] < 0) return "a held gradient was evicted";
     if (from[o] >= 0) {
       served[o].push_back({from[o], int(uses_of[o].size())});
-      end_resident.insert(o);
+      if (!held.count(o)) end_resident.insert(o);
       if (p.offset[o] != off_of[o]) return "offset of an end resident";
     }
     if (!in.cached[o]) continue;
@@ -249,7 +253,14 @@ std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
   }
   for (int b = 0; b < in.blocks; ++b) {
     if (opt_at[b] < last_grad[b]) return "an update before its gradients";
-    if (in.clip && opt_at[b] < last_any_grad) return "an update before the global norm";
+    const bool speculates = in.speculative && b < int(in.restorable.size()) && in.restorable[b];
+    if (in.clip && !speculates && opt_at[b] < last_any_grad) {
+      return "an update before the global norm";
+    }
+    // A speculative update's gradient stays until the end of the step (or is on NVMe).
+    if (in.clip && speculates && !in.spill_grads && !held.count(ObjIndex(b, Component::kGrad))) {
+      return "a speculative update's gradient is not held";
+    }
   }
   return "";
 }
@@ -523,13 +534,17 @@ RandomCase MakeRandomCase(std::mt19937_64& rng) {
   if (world > 1) o.collectives = rng() % 2 ? CollectiveMemory::kDevice : CollectiveMemory::kHost;
   o.nvme = rng() % 4 != 0;
   o.durable = o.nvme && rng() % 3 == 0;
+  o.speculation = Speculation(rng() % 3);
+  o.grad_spill = GradSpill(rng() % 3);
   if (rng() % 2) o.schedule = RandomOrder(rng, L);
   if (rng() % 3 == 0) o.micro_batch_order = MicroBatchOrder::kLayerMajor;
   std::ostringstream t;
   t << "L=" << L << " world=" << world << " align=" << align << " micro=" << o.micro_batches
     << " clip=" << o.clip << " dtype=" << WorkingDtypeName(o.dtype)
     << " collectives=" << CollectiveMemoryName(o.collectives) << " nvme=" << o.nvme
-    << " durable=" << o.durable << " schedule=" << (o.schedule.empty() ? "standard" : "random")
+    << " durable=" << o.durable << " speculation=" << SpeculationName(o.speculation)
+    << " spill=" << GradSpillName(o.grad_spill)
+    << " schedule=" << (o.schedule.empty() ? "standard" : "random")
     << " order=" << MicroBatchOrderName(o.micro_batch_order);
   c.text = t.str();
   return c;
@@ -564,6 +579,8 @@ void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
   }
   HostPlanInput hin = HostInputFor(*pp);
   for (int step = 0; step < 3; ++step) {
+    // The engine speculates step by step (a step that clipped makes the next wait).
+    hin.speculative = pp->speculation && step != 1;
     auto plan = PlanHost(hin);
     if (!plan.ok()) {
       // The engine's fallback: evict what the last step left and start from empty.

@@ -93,7 +93,9 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
     EXPECT_GT(st["tail_seconds"].get<double>(), 0.0);
     EXPECT_LT(st["tail_seconds"].get<double>() + st["stall_seconds"].get<double>(),
               st["seconds"].get<double>());
-    EXPECT_EQ(st["redone_blocks"], 0);
+    // Redone only when the step updated speculatively and then clipped.
+    EXPECT_GE(st["redone_blocks"].get<int64_t>(), 0);
+    if (!st["speculative"].get<bool>()) EXPECT_EQ(st["redone_blocks"], 0);
     tail += st["tail_seconds"].get<double>();
   }
   EXPECT_NEAR(full["totals"]["tail_seconds"].get<double>(), tail, 1e-9);
