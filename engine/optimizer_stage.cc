@@ -221,7 +221,10 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
   }
   ctx_.timeline.Add(TraceLane::kCpuOptim, "adam " + ctx_.layout[b].name, t0, Clock::now(),
                     ctx_.layout[b].shard_numel * 4);
-  if (*applied && !final_norm && ctx_.opt.grad_clip > 0) {
+  // Updated before the norm: a restorable block can be redone (clipping) or undone (a late
+  // non-finite gradient, with or without clipping).
+  const bool restorable = b < int(ctx_.place.restorable.size()) && ctx_.place.restorable[b];
+  if (*applied && !final_norm && restorable) {
     MutexLock lock(&ctx_.mu);
     speculated_[b] = true;
   }

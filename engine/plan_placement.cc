@@ -582,7 +582,7 @@ void Placer::PlanSpeculation() {
   in.cached = pp.cached;
   in.capacity = pp.cache_capacity;
   in.spill_grads = pp.spill_grads;
-  in.restorable = Restorable(in, opt.durable);
+  in.restorable = pp.restorable;
   std::vector<int> speculate, wait;
   for (int b = 0; b < blocks; ++b) (in.restorable[b] ? speculate : wait).push_back(b);
   if (speculate.empty()) return;
@@ -594,7 +594,6 @@ void Placer::PlanSpeculation() {
         "updates run during backward)");
     return;
   }
-  pp.restorable = in.restorable;
   pp.speculation = true;
   pp.report.reasons.push_back(
       "clipping: the updates of blocks " + BlockList(speculate) +
@@ -631,6 +630,13 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
   }
   if (pp.spill_grads) {
     for (int b = 0; b < p.blocks; ++b) pp.nvme_bytes += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
+  }
+  // Restorable blocks: a speculative update can be redone, and without clipping an update
+  // made before a late non-finite gradient undone (the step is then skipped whole).
+  if (pp.use_nvme && opt.speculation != Speculation::kOff) {
+    HostPlanInput in = p.hin;
+    in.cached = pp.cached;
+    pp.restorable = Restorable(in, opt.durable);
   }
   if (p.speculation) p.PlanSpeculation();
   if (pp.spill_grads) {

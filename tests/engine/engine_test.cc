@@ -892,6 +892,7 @@ TEST(EngineNumericsTest, LateNonFiniteGradientWithoutClippingIsNeverCommitted) {
   const auto specs = FixedModel();
   TempDir dir;
   RunConfig rc = TightNvme(specs, dir.path(), 1, 0.0);
+  rc.speculation = Speculation::kOff;  // no undo: the step is refused (see below for the undo)
   std::vector<std::vector<float>> good_states;
   {
     auto f = MakeEngine(specs, rc);
@@ -917,6 +918,29 @@ TEST(EngineNumericsTest, LateNonFiniteGradientWithoutClippingIsNeverCommitted) {
   auto s = States(*reopened->engine);
   ASSERT_TRUE(s.ok());
   EXPECT_TRUE(BitIdentical(good_states, *s));
+  SetLogSink(nullptr);
+}
+
+// By default the updates made before the late non-finite gradient are undone from their
+// committed NVMe versions: the step is skipped whole and the run goes on.
+TEST(EngineNumericsTest, LateNonFiniteGradientWithoutClippingIsUndoneFromNvme) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = FixedModel();
+  TempDir dir;
+  RunConfig rc = TightNvme(specs, dir.path(), 1, 0.0);
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(StepWithNan(*f, -1).ok());
+  auto good = States(*f->engine);
+  ASSERT_TRUE(good.ok());
+  auto st = StepWithNan(*f, 0);  // block 0's gradient lands last
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_TRUE(st->skipped);
+  EXPECT_GT(st->redone_blocks, 0);  // updates ran before the NaN landed (as the test above)
+  auto after = States(*f->engine);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(BitIdentical(*good, *after));
+  ASSERT_TRUE(StepWithNan(*f, -1).ok());  // and the run goes on
   SetLogSink(nullptr);
 }
 
