@@ -519,6 +519,9 @@ Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
   for (Component c : states) {
     const int o = ObjIndex(b, c);
     if (!bufs[int(c)]) continue;
+    // The speculative version goes first: the swap file has room for one pending version of
+    // each extent beside the committed one, not two.
+    store_->Revert(ctx_.Key(o));
     STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(o), bufs[int(c)], objs_[o].bytes)
                                .Annotate("writing the redone " + ctx_.ObjName(o)));
     objs_[o].on_nvme = true;

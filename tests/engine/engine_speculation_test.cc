@@ -185,6 +185,28 @@ TEST(EngineSpeculationTest, EveryStepRedoneAndTheHostMinimumDropsToTheUnclippedO
   EXPECT_LE(automatic->rec.speculative_steps, 1);
 }
 
+// Found by bench/clip_speculation.sh: a redo wrote the new version of a block's state beside
+// its speculative one, and the swap file (room for a committed and a pending version of each
+// extent, plus 16 MiB) ran out once an extent was larger than that slack.
+TEST(EngineSpeculationTest, RedoOfExtentsLargerThanTheSwapSlackFits) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < 2; ++b) {  // 24 MiB per fp32 state
+    specs.push_back(BlockSpec{"big." + std::to_string(b), {TensorSpec{"w", {6 << 20}, true}}});
+  }
+  TempDir dir;
+  RunConfig rc;
+  rc.nvme = dir.path();
+  rc.host_mem = 300 << 20;  // below the states (2 x 96 MiB with gradients): NVMe homes
+  rc.grad_clip = 1e-3;      // clips every step
+  rc.speculation = Speculation::kOn;
+  auto got = Train(specs, rc, 3);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->rec.speculative_steps, 3);
+  EXPECT_GE(got->rec.redone_blocks, 3);  // every step redoes its NVMe-homed block(s)
+  SetLogSink(nullptr);
+}
+
 // The fake model with a non-finite gradient in block 0 (the last to land) at `bad_step`.
 Status RunWithLateNaN(Fixture& f, int64_t steps, int64_t bad_step, RunRecord* rec) {
   Engine& e = *f.engine;
