@@ -28,7 +28,7 @@ model=(--layers 6 --d-model 384 --seq-len 128 --batch 4 --device-mem 24M --lr 1e
 minimum() {
   rm -rf "$work/min" && mkdir -p "$work/min"
   "$strata" train "${model[@]}" --steps 1 --host-mem 1M --nvme "$work/min" "$@" 2>&1 |
-    sed -n 's/.*need at least [^(]*(\([0-9]*\) bytes).*/\1/p' | head -1
+    sed -n 's/.*need at least [^(]*(\([0-9]*\) bytes).*/\1/p' | head -1 || true
 }
 echo "# ${model[*]}"
 printf "%-13s %-30s %14s\n" "micro-batches" "variant" "host_min_MiB"

@@ -248,6 +248,7 @@ Status DeviceTier::EnqueueAccumulate(int obj, bool first, int block) {
         MutexLock lock(&ctx_.mu);
         // The final landing: a spilled gradient goes to NVMe now.
         const bool final_landing = optimizer_.GradLandedLocked(block);
+        if (final_landing) host_.SetNormPendingLocked(obj, true);
         return host_.LeaveLocked(obj, final_landing);
       },
       "grad landed");

@@ -261,7 +261,9 @@ bool HostTier::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
   };
   switch (op.kind) {
     case HostOpKind::kEvict: {
-      if (h.uses_done < op.uses_before || h.res.state != S::kReady) return false;
+      if (h.uses_done < op.uses_before || h.res.state != S::kReady || h.norm_pending) {
+        return false;
+      }
       cache_used_ -= RoundUp(h.bytes, 4096);
       h.buf = nullptr;
       if (!transition(S::kAbsent)) return false;

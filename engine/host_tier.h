@@ -41,6 +41,9 @@ struct HostObj {
   void* buf = nullptr;
   uint64_t offset = 0;  // place in the cache region (cached objects)
   int uses_done = 0;    // uses of this step completed
+  // A final gradient whose norm the optimizer has not read yet: not evicted until it has (a
+  // spilled gradient may otherwise leave memory between its landing and its update).
+  bool norm_pending = false;
   // State of the NVMe copy: the store holds a version (else the content is zeros).
   bool on_nvme = false;
 };
@@ -90,6 +93,10 @@ class HostTier {
            (h.res.state == ResidencyState::kReady || h.res.state == ResidencyState::kInUse);
   }
   Status EnterLocked(int obj) REQUIRES(ctx_.mu);
+  void SetNormPendingLocked(int obj, bool pending) REQUIRES(ctx_.mu) {
+    objs_[obj].norm_pending = pending;
+    if (!pending) ctx_.NotifyLocked();
+  }
   // Ends a use; a modified copy that must reach NVMe joins the write queue.
   Status LeaveLocked(int obj, bool modified) REQUIRES(ctx_.mu);
   // Where a gradient lands for a micro-batch after the first.

@@ -143,6 +143,7 @@ Result<bool> OptimizerStage::ComputeOneNormLocked() {
   norm_sq_[x] = r->sum_squares;
   non_finite_[x] = r->non_finite;
   norm_known_[x] = true;
+  host_.SetNormPendingLocked(ObjIndex(x, Component::kGrad), false);
   ctx_.NotifyLocked();  // the collectives combine the ranks' norms once all are known
   return true;
 }
