@@ -583,6 +583,7 @@ void Placer::PlanSpeculation() {
   in.capacity = pp.cache_capacity;
   in.spill_grads = pp.spill_grads;
   in.restorable = pp.restorable;
+  if (in.restorable.empty()) return;  // no store: nothing has a committed version
   std::vector<int> speculate, wait;
   for (int b = 0; b < blocks; ++b) (in.restorable[b] ? speculate : wait).push_back(b);
   if (speculate.empty()) return;
