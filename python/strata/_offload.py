@@ -589,13 +589,11 @@ class _LayerClock:
 
     def __init__(self):
         self.totals = dict.fromkeys(self.KINDS, 0.0)
-        self._regions = {k: _Region(self, k) for k in self.KINDS}
+        self.calls = {}  # engine seconds per binding method (acquire, submit_grads, ...)
+        self._regions = {k: _Region(self, k) for k in ("layer", "compute", "copy")}
 
     def layer(self):
         return self._regions["layer"]
-
-    def engine(self):
-        return self._regions["engine"]
 
     def compute(self):
         return self._regions["compute"]
@@ -606,12 +604,14 @@ class _LayerClock:
     def reset(self):
         for k in self.KINDS:
             self.totals[k] = 0.0
+        self.calls = {}
 
     def snapshot(self):
         """{kind: seconds} plus "own": layer - engine - compute - copy, the layer's own Python
-        (hooks, views, checks, bookkeeping)."""
+        (hooks, views, checks, bookkeeping), and "engine_calls": {method: seconds}."""
         t = dict(self.totals)
         t["own"] = t["layer"] - t["engine"] - t["compute"] - t["copy"]
+        t["engine_calls"] = dict(self.calls)
         return t
 
 
@@ -623,7 +623,7 @@ class _NullClock:
     def layer(self):
         return self._NULL
 
-    engine = compute = copy = layer
+    compute = copy = layer
 
     def reset(self):
         pass
@@ -642,11 +642,16 @@ class _TimedCore:
         attr = getattr(self._c, name)
         if not callable(attr):
             return attr
-        region = self._clock.engine()
+        clock = self._clock
 
         def timed(*args, **kwargs):
-            with region:
+            start = time.perf_counter()
+            try:
                 return attr(*args, **kwargs)
+            finally:
+                sec = time.perf_counter() - start
+                clock.totals["engine"] += sec
+                clock.calls[name] = clock.calls.get(name, 0.0) + sec
 
         return timed
 
