@@ -1,5 +1,7 @@
 #include "gpu/host_device.h"
 
+#include <sanitizer/asan_interface.h>  // no-op macros unless built with AddressSanitizer
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +95,7 @@ Result<void*> HostDevice::Allocate(size_t bytes) {
       ptr = it->second;
       cached_bytes_ -= rounded;
       cached_.erase(it);
+      ASAN_UNPOISON_MEMORY_REGION(ptr, rounded);
     }
   }
   if (ptr == nullptr) ptr = std::aligned_alloc(kDeviceAlignment, rounded);
@@ -129,6 +132,8 @@ Status HostDevice::Free(void* ptr) {
     live_rounded_bytes_ -= rounded;
     allocations_.erase(it);
     if (cached_bytes_ + rounded <= high_water_rounded_bytes_) {
+      // Under ASan a kept block stays off limits, as freed memory would be.
+      ASAN_POISON_MEMORY_REGION(ptr, rounded);
       cached_.emplace(rounded, ptr);
       cached_bytes_ += rounded;
       return Status::OK();
@@ -139,7 +144,10 @@ Status HostDevice::Free(void* ptr) {
 }
 
 void HostDevice::ReleaseCachedLocked() {
-  for (auto& [rounded, ptr] : cached_) std::free(ptr);
+  for (auto& [rounded, ptr] : cached_) {
+    ASAN_UNPOISON_MEMORY_REGION(ptr, rounded);
+    std::free(ptr);
+  }
   cached_.clear();
   cached_bytes_ = 0;
 }
