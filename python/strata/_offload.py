@@ -328,6 +328,15 @@ class _Offloaded:
             p.data = empty
         self._core.release(b)
 
+    def _copy(self, dst, src):
+        """dst.copy_(src) for same-shaped tensors; on the CPU, contiguous fp32 ones go through
+        memcpy (_strata.copy_bytes), measured faster than copy_ for these sizes."""
+        if (self._torch_device.type == "cpu" and src.dtype == dst.dtype
+                and src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous()):
+            _strata.copy_bytes(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+        else:
+            dst.copy_(src)
+
     def submit(self, b, grads):
         """Writes the block's gradients (None: zeros) into the engine and submits them."""
         _, tensors, padded = self._layout[b]
@@ -337,7 +346,7 @@ class _Offloaded:
                 if g is None:
                     flat[off:off + n].zero_()
                 else:
-                    flat[off:off + n].copy_(g.reshape(-1))
+                    self._copy(flat[off:off + n], g.reshape(-1))
             self._sync()
         self._core.submit_grads(b)
 
@@ -375,7 +384,7 @@ class _Offloaded:
                 for (_, p), v in zip(self.rest, views):
                     if p.data.shape != v.shape:
                         p.data = torch.empty(v.shape, dtype=p.dtype, device=self._torch_device)
-                    p.data.copy_(v)
+                    self._copy(p.data, v)
                     p.grad = None
                 self._sync()
             core.release(0)
