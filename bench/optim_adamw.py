@@ -11,7 +11,10 @@ runs per optimizer, the ratio strata / torch of those medians, and the paired ra
 median of the per-run ratios, which cancels most of a shared machine's drift). Gparam/s = parameters
 updated per second / 1e9. torch's variants: the default for-loop and foreach (torch 1.13 has
 no fused CPU AdamW). --threads sets both torch's intra-op threads and the kernel's OpenMP
-threads.
+threads. --rounding picks strata's form (torch: torch's rounding, the default; fused: the
+engine's). #wrong counts elements of strata's parameters beyond 1e-6 relative of torch's
+after each run (fused: with a floor of 1e-6 of the tensor's largest value, see
+tests/python/test_optim.py).
 """
 import argparse
 import json
@@ -54,20 +57,22 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rounding", choices=("torch", "fused"), default="torch")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     n = parse_bytes("--params", args.params)
     torch.set_num_threads(args.threads)
     kw = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     makers = {
-        "strata": lambda ps: strata.optim.AdamW(ps, threads=args.threads, **kw),
+        "strata": lambda ps: strata.optim.AdamW(ps, threads=args.threads,
+                                                rounding=args.rounding, **kw),
         "torch": lambda ps: torch.optim.AdamW(ps, foreach=False, **kw),
         "torch_foreach": lambda ps: torch.optim.AdamW(ps, foreach=True, **kw),
     }
     names = list(makers)
     print(f"# {n} params in {args.tensors} tensors, {args.threads} thread(s), torch "
           f"{torch.__version__}, strata {strata.__version__} (kernel "
-          f"{strata._strata.cpu_isa()}); Gparam/s per run:")
+          f"{strata._strata.cpu_isa()}, rounding {args.rounding}); Gparam/s per run:")
     runs = {k: [] for k in names}
     wrong = 0
     for r in range(args.runs):
@@ -79,10 +84,11 @@ def main():
             runs[name].append(n / sec / 1e9)
             final[name] = params
         # The data check: after the same steps, strata's parameters agree with torch's within
-        # 1e-6 relative (floor: 1e-6 of the tensor's largest value), as tests/python/ asserts.
+        # 1e-6 relative, as tests/python/test_optim.py asserts.
         for a, b in zip(final["strata"], final["torch"]):
             a, b = a.detach(), b.detach()
-            wrong += int(((a - b).abs() > 1e-6 * (b.abs() + b.abs().max())).sum())
+            floor = b.abs().max() if args.rounding == "fused" else 0.0
+            wrong += int(((a - b).abs() > 1e-6 * (b.abs() + floor)).sum())
         del final
         print("run %d: " % (r + 1) + "  ".join(f"{k} {runs[k][-1]:.3f}" for k in names) +
               f"  #wrong {wrong}", flush=True)

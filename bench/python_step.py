@@ -13,11 +13,29 @@ accumulated, the commit). Its engine is unlimited (no NVMe), so this measures ov
 I/O. Both models live at once and their steps alternate (--warmup unmeasured pairs, then
 --steps measured ones), so each pair sees the same load; printed: every pair, the medians, and
 overhead = (offloaded - plain) / offloaded, of the medians and paired (median per pair).
+
+With --against-train BIN (the issue's comparison), the offloaded step is set against `BIN train`
+(strata train: the same geometry, recompute, host device, no NVMe) instead: --rounds rounds,
+each one `strata train` run of --steps steps (a subprocess, its per-step seconds from --json;
+its first step is warm-up and not counted) and --steps offloaded steps in this process, the
+order flipping every round. The offloaded engine runs with timing=True, so each step also
+splits into the layer's own Python work, its copies between torch and the engine, engine calls,
+the blocks' torch compute and the rest (the model's non-block compute: embeddings, head, loss).
+The two sides compute differently (torch's CPU ops against Strata's own GEMMs), so the ratio of
+step times is not the layer's overhead; the layer's share is measured directly: own / step
+(and (own + copy) / step, counting the copies the layer adds), and each side's non-compute
+time is set against the other's (see against_train).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=build/release/python /usr/bin/python3 bench/python_step.py \
+        --against-train build/release/tools/strata --rounds 3 --steps 6
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -66,7 +84,12 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=9, help="measured pairs of steps")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--against-train", metavar="BIN", default=None,
+                    help="the strata binary: compare with `BIN train` instead of plain torch")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against-train")
     args = ap.parse_args()
+    if args.against_train:
+        return against_train(args)
     g = torch.Generator().manual_seed(0)
     data = []
     for _ in range(4):
@@ -103,6 +126,99 @@ def main():
     paired = statistics.median((a - b) / a for a, b in zip(res["offloaded"], res["plain"]))
     print(f"median: offloaded {off:.3f} s  plain {plain:.3f} s  overhead of medians "
           f"{(off - plain) / off * 100:.1f}%  paired (median of per-pair) {paired * 100:.1f}%")
+
+
+def train_run(args):
+    """One `strata train` run at the benchmark's geometry; its steps' --json records."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "train.json")
+        cmd = [args.against_train, "train", "--layers", str(args.layers), "--d-model",
+               str(args.dim), "--heads", str(args.heads), "--seq-len", str(args.seq), "--batch",
+               str(args.batch), "--vocab", str(args.vocab), "--steps", str(args.steps + 1),
+               "--recompute", "--device", "cpu", "--lr", "1e-4", "--json", out]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["steps"]
+
+
+def against_train(args):
+    """Rounds of `strata train` against the offloaded Python step; see the module docstring.
+
+    Per side, a step's seconds split into compute and the rest ("other"):
+      strata train: compute = the compute lane's busy seconds (its model's kernels);
+      Python: compute = the blocks' torch compute (forward, recompute, autograd.grad) plus
+        everything outside the layer (the model's embeddings, head and loss, forward and
+        backward, and autograd's own work), other = the layer's own Python + its copies +
+        its engine calls.
+    Printed per round (medians over its steps): both splits, the layer's own share of the
+    Python step, own + copy, and extra = (other_python - other_train) / step_python, what the
+    Python path adds beyond strata train's own non-compute time."""
+    g = torch.Generator().manual_seed(0)
+    data = []
+    for _ in range(4):
+        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
+        data.append((t[:, :-1], t[:, 1:]))
+    geo = (args.vocab, args.seq, args.dim, args.heads, args.layers)
+    torch.manual_seed(0)
+    model = GPT(*geo)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"# GPT {n / 1e6:.1f}M params (vocab {args.vocab}, seq {args.seq}, dim {args.dim}, "
+          f"{args.heads} heads, {args.layers} layers), batch {args.batch}, recompute, host "
+          f"device, no NVMe; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+          f"torch threads {torch.get_num_threads()}; {args.rounds} rounds of {args.steps} steps "
+          f"per side (strata train runs {args.steps + 1}, its first not counted; "
+          f"{args.warmup} Python steps before round 1 not counted); medians in seconds")
+    eng = strata.Engine(device="cpu", timing=True)
+    model = strata.offload(model, blocks=list(model.blocks), engine=eng)
+    opt = strata.optim.AdamW(groups(model), lr=1e-4, max_grad_norm=1.0)
+    for i in range(args.warmup):
+        one_step(model, opt, data[i % len(data)])
+    cols = ("train_step", "train_compute", "train_other", "py_step", "py_compute", "py_own",
+            "py_copy", "py_engine", "py_other", "own_pct", "own_copy_pct", "extra_pct")
+    print("round  " + "  ".join(cols))
+    rows = []
+    for r in range(args.rounds):
+        py = []
+
+        def python_side():
+            for i in range(args.steps):
+                sec = one_step(model, opt, data[i % len(data)])
+                t = eng.last_step_stats()["python"]
+                py.append(dict(step=sec, compute=t["compute"] + sec - t["layer"], own=t["own"],
+                               copy=t["copy"], engine=t["engine"],
+                               other=t["own"] + t["copy"] + t["engine"],
+                               calls=t["engine_calls"]))
+
+        if r % 2 == 0:
+            train = train_run(args)[1:]
+            python_side()
+        else:
+            python_side()
+            train = train_run(args)[1:]
+        med = statistics.median
+        row = dict(train_step=med(s["seconds"] for s in train),
+                   train_compute=med(s["busy_seconds"]["compute"] for s in train),
+                   train_other=med(s["seconds"] - s["busy_seconds"]["compute"] for s in train),
+                   py_step=med(s["step"] for s in py), py_compute=med(s["compute"] for s in py),
+                   py_own=med(s["own"] for s in py), py_copy=med(s["copy"] for s in py),
+                   py_engine=med(s["engine"] for s in py), py_other=med(s["other"] for s in py),
+                   own_pct=med(100 * s["own"] / s["step"] for s in py),
+                   own_copy_pct=med(100 * (s["own"] + s["copy"]) / s["step"] for s in py))
+        row["extra_pct"] = 100 * (row["py_other"] - row["train_other"]) / row["py_step"]
+        rows.append(row)
+        print(f"{r + 1:5d}  " + "  ".join(f"{row[c]:.4f}" if c == "py_own" else
+                                           f"{row[c]:.1f}" if c.endswith("pct") else
+                                           f"{row[c]:.3f}" for c in cols))
+        names = sorted({k for s in py for k in s["calls"]})
+        print("#   py_engine by call: " + "  ".join(
+            f"{k} {med(s['calls'].get(k, 0.0) for s in py):.3f}" for k in names), flush=True)
+    eng.close()
+    m = {c: statistics.median(r[c] for r in rows) for c in cols}
+    print("median " + "  ".join(f"{c} {m[c]:.4g}" for c in cols))
+    print(f"# the layer's own Python: {m['own_pct']:.1f} % of the Python step; with its copies "
+          f"{m['own_copy_pct']:.1f} %; Python step / strata train step "
+          f"{m['py_step'] / m['train_step']:.2f} (compute {m['py_compute']:.3f} s vs "
+          f"{m['train_compute']:.3f} s)")
 
 
 if __name__ == "__main__":

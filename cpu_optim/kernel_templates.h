@@ -71,12 +71,13 @@ inline void StoreMoment(void* p, size_t i, typename V::F x, const typename V::R&
 
 template <class V>
 struct AdamConsts {
-  typename V::F grad_scale, weight_decay, neg_lr_wd, beta1, one_minus_beta1, beta2, one_minus_beta2,
-      bias_correction2_sqrt, eps, neg_step_size;
+  typename V::F grad_scale, weight_decay, neg_lr_wd, one_minus_lr_wd, beta1, one_minus_beta1, beta2,
+      one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
   explicit AdamConsts(const AdamScalars& s)
       : grad_scale(V::Set1(s.grad_scale)),
         weight_decay(V::Set1(s.weight_decay)),
         neg_lr_wd(V::Set1(s.neg_lr_wd)),
+        one_minus_lr_wd(V::Set1(s.one_minus_lr_wd)),
         beta1(V::Set1(s.beta1)),
         one_minus_beta1(V::Set1(s.one_minus_beta1)),
         beta2(V::Set1(s.beta2)),
@@ -94,6 +95,23 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
   using F = typename V::F;
   F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
   F p = V::template LoadF32<kTail>(a.master + i, t);
+  if constexpr (M == AdamMode::kAdamWTorch) {
+    // torch.optim.AdamW's own rounding, operation by operation (optim.h).
+    static_assert(G == FloatFormat::kFp32 && O == ParamOut::kNone && S == MomentStore::kF32);
+    p = V::Mul(p, c.one_minus_lr_wd);
+    const F m =
+        V::Fma(g, c.one_minus_beta1,
+               V::Mul(V::template LoadF32<kTail>(static_cast<float*>(a.exp_avg) + i, t), c.beta1));
+    const F v = V::Fma(
+        V::Mul(g, c.one_minus_beta2), g,
+        V::Mul(V::template LoadF32<kTail>(static_cast<float*>(a.exp_avg_sq) + i, t), c.beta2));
+    const F denom = V::Add(V::Div(V::Sqrt(v), c.bias_correction2_sqrt), c.eps);
+    p = V::Add(p, V::Div(V::Mul(c.neg_step_size, m), denom));
+    V::template StoreF32<kTail>(static_cast<float*>(a.exp_avg) + i, m, t);
+    V::template StoreF32<kTail>(static_cast<float*>(a.exp_avg_sq) + i, v, t);
+    V::template StoreF32<kTail>(a.master + i, p, t);
+    return;
+  }
   if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, p, g);
   const F m =
       V::Fma(c.beta1, LoadMoment<V, S, kTail>(a.exp_avg, i, t), V::Mul(c.one_minus_beta1, g));
@@ -243,6 +261,10 @@ void AdamRangeOut(const AdamArgs& a, size_t begin, size_t end) {
 
 template <class V>
 void AdamDispatch(const AdamArgs& a, size_t begin, size_t end) {
+  if (a.mode == AdamMode::kAdamWTorch) {  // one instantiation: AdamStep admits no other formats
+    return AdamRange<V, FloatFormat::kFp32, ParamOut::kNone, AdamMode::kAdamWTorch,
+                     MomentStore::kF32>(a, begin, end);
+  }
   switch (a.grad_format) {
     case FloatFormat::kFp32:
       return AdamRangeOut<V, FloatFormat::kFp32>(a, begin, end);

@@ -21,8 +21,9 @@ namespace strata::cpu_optim {
 // every ISA starts from the same float constants.
 struct AdamScalars {
   float grad_scale;
-  float weight_decay;  // Adam (L2) mode: g = fma(wd, p, g)
-  float neg_lr_wd;     // AdamW mode: -lr*wd (see AdamVector)
+  float weight_decay;     // Adam (L2) mode: g = fma(wd, p, g)
+  float neg_lr_wd;        // AdamW mode: -lr*wd (see AdamVector)
+  float one_minus_lr_wd;  // AdamWTorch mode: 1 - lr*wd
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)

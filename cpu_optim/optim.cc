@@ -333,6 +333,7 @@ AdamScalars MakeAdamScalars(const AdamHyperParams& h, float grad_scale) {
   s.grad_scale = grad_scale;
   s.weight_decay = static_cast<float>(h.weight_decay);
   s.neg_lr_wd = static_cast<float>(-h.lr * h.weight_decay);
+  s.one_minus_lr_wd = static_cast<float>(1.0 - h.lr * h.weight_decay);
   s.beta1 = static_cast<float>(h.beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   s.beta2 = static_cast<float>(h.beta2);
@@ -378,9 +379,17 @@ Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper, float grad
   const IsaKernels* kernels = nullptr;
   STRATA_RETURN_IF_ERROR(PrepareAdam(slice, options, &kernels));
   STRATA_RETURN_IF_ERROR(CheckHyper(hyper, grad_scale));
-  if (hyper.mode != AdamMode::kAdamW && hyper.mode != AdamMode::kAdam) {
+  if (hyper.mode != AdamMode::kAdamW && hyper.mode != AdamMode::kAdam &&
+      hyper.mode != AdamMode::kAdamWTorch) {
     return Status::InvalidArgument("AdamStep: unknown AdamMode value " +
                                    std::to_string(static_cast<int>(hyper.mode)));
+  }
+  if (hyper.mode == AdamMode::kAdamWTorch &&
+      (slice.grad_format != FloatFormat::kFp32 || slice.param_out_format != ParamOut::kNone ||
+       slice.state_format != StateFormat::kFp32)) {
+    return Status::NotSupported(
+        "AdamStep: AdamMode::kAdamWTorch (torch's rounding order) takes fp32 gradients, fp32 "
+        "moments and no parameter copy; use AdamMode::kAdamW for the other formats");
   }
   const AdamArgs args = ArgsOf(slice, hyper.mode, MakeAdamScalars(hyper, grad_scale));
   ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),

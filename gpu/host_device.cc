@@ -1,5 +1,8 @@
 #include "gpu/host_device.h"
 
+#include <sanitizer/asan_interface.h>  // no-op macros unless built with AddressSanitizer
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -72,22 +75,35 @@ HostDevice::~HostDevice() {
     if (state.worker.joinable()) state.worker.join();
   }
   for (auto& [addr, bytes] : allocations_) std::free(reinterpret_cast<void*>(addr));
+  ReleaseCachedLocked();  // no other thread is left
 }
 
 // ---- memory ----
 
 Result<void*> HostDevice::Allocate(size_t bytes) {
+  // A zero-byte request still gets a distinct, freeable pointer.
+  const size_t rounded = RoundUp(bytes == 0 ? 1 : bytes, kDeviceAlignment);
+  void* ptr = nullptr;
   {
     std::lock_guard<std::mutex> lock(mem_mu_);
     if (budget_bytes_ != 0 && (bytes > budget_bytes_ || in_use_bytes_ > budget_bytes_ - bytes)) {
       return gpu_internal::BudgetExceeded("host device", bytes, in_use_bytes_, budget_bytes_);
     }
     in_use_bytes_ += bytes;  // reserve before the (slow) allocation
+    auto it = cached_.find(rounded);
+    if (it != cached_.end()) {
+      ptr = it->second;
+      cached_bytes_ -= rounded;
+      cached_.erase(it);
+      ASAN_UNPOISON_MEMORY_REGION(ptr, rounded);
+    }
   }
-  // A zero-byte request still gets a distinct, freeable pointer.
-  void* ptr =
-      std::aligned_alloc(kDeviceAlignment, RoundUp(bytes == 0 ? 1 : bytes, kDeviceAlignment));
+  if (ptr == nullptr) ptr = std::aligned_alloc(kDeviceAlignment, rounded);
   std::lock_guard<std::mutex> lock(mem_mu_);
+  if (ptr == nullptr && !cached_.empty()) {  // the kept blocks may be what RAM lacks
+    ReleaseCachedLocked();
+    ptr = std::aligned_alloc(kDeviceAlignment, rounded);
+  }
   if (ptr == nullptr) {
     in_use_bytes_ -= bytes;
     return Status::OutOfMemory("host device: host RAM exhausted allocating " +
@@ -97,6 +113,8 @@ Result<void*> HostDevice::Allocate(size_t bytes) {
   }
   allocations_.emplace(reinterpret_cast<uintptr_t>(ptr), bytes);
   if (in_use_bytes_ > peak_bytes_) peak_bytes_ = in_use_bytes_;
+  live_rounded_bytes_ += rounded;
+  high_water_rounded_bytes_ = std::max(high_water_rounded_bytes_, live_rounded_bytes_);
   return ptr;
 }
 
@@ -109,11 +127,29 @@ Status HostDevice::Free(void* ptr) {
       return Status::InvalidArgument(
           "host device: Free of a pointer this device did not allocate (or already freed)");
     }
+    const size_t rounded = RoundUp(it->second == 0 ? 1 : it->second, kDeviceAlignment);
     in_use_bytes_ -= it->second;
+    live_rounded_bytes_ -= rounded;
     allocations_.erase(it);
+    if (cached_bytes_ + rounded <= high_water_rounded_bytes_) {
+      // Under ASan a kept block stays off limits, as freed memory would be.
+      ASAN_POISON_MEMORY_REGION(ptr, rounded);
+      cached_.emplace(rounded, ptr);
+      cached_bytes_ += rounded;
+      return Status::OK();
+    }
   }
   std::free(ptr);
   return Status::OK();
+}
+
+void HostDevice::ReleaseCachedLocked() {
+  for (auto& [rounded, ptr] : cached_) {
+    ASAN_UNPOISON_MEMORY_REGION(ptr, rounded);
+    std::free(ptr);
+  }
+  cached_.clear();
+  cached_bytes_ = 0;
 }
 
 DeviceMemoryStats HostDevice::MemoryStats() const {

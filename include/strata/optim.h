@@ -65,8 +65,11 @@ struct CpuKernelOptions {
 };
 
 // kAdamW: decoupled weight decay (torch.optim.AdamW). kAdam: L2 penalty added to the
-// gradient before the moments (torch.optim.Adam with weight_decay).
-enum class AdamMode : uint8_t { kAdamW, kAdam };
+// gradient before the moments (torch.optim.Adam with weight_decay). kAdamWTorch: AdamW
+// rounded step by step as torch.optim.AdamW rounds it on the CPU (see AdamStep), for
+// strata.optim.AdamW to reproduce torch's results; fp32 gradients, fp32 moments and no
+// parameter copy only. The engine uses kAdamW or kAdam.
+enum class AdamMode : uint8_t { kAdamW, kAdam, kAdamWTorch };
 
 // Hyper-parameters of one parameter group at one step. Scalars derived from them
 // (bias corrections, step size, decay factor) are computed in double and rounded to
@@ -140,6 +143,15 @@ struct AdamSlice {
 // with m and v read from and stored to state_format (bf16: rounded per state_rounding).
 // which is torch's formula (decay p *= 1 - lr*wd; p -= lr/bc1 * m/denom), grouped so that
 // p is rounded once per step (half an ulp) and lr*wd's rounding touches only a small term.
+// kAdamWTorch instead rounds every operation as torch 1.13's single-tensor CPU AdamW does
+// (its vectorised kernels fuse the two multiply-adds marked fma):
+//   p = p * (1 - lr*wd)
+//   m = fma(g, 1-b1, m * b1)
+//   v = fma((1-b2) * g, g, v * b2)
+//   denom = sqrt(v) / sqrt(1 - b2^t) + eps
+//   p = p + ((-lr / (1 - b1^t)) * m) / denom
+// Near a weight that crosses zero the two groupings differ by ulps of the weight's earlier
+// magnitude, which is a large relative difference of the small result.
 // grad_scale is the product of the loss-scale unscale and the clip coefficient; pass 1
 // for neither. Non-finite gradients are not filtered: check GradNormSquared first.
 // Returns InvalidArgument (nothing written) for a null array with n > 0, param_out set

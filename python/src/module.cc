@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "python/src/binding.h"
@@ -28,9 +29,10 @@ void ThrowIfError(const Status& status) {
 namespace {
 
 // The SIMD AdamW/Adam step over one fp32 tensor (parameters, moments and gradient all fp32).
+// torch_rounding: AdamW rounded as torch.optim.AdamW rounds it (AdamMode::kAdamWTorch).
 void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintptr_t grad, size_t n,
                  double lr, double beta1, double beta2, double eps, double weight_decay,
-                 int64_t step, float grad_scale, bool adamw, int threads) {
+                 int64_t step, float grad_scale, bool adamw, int threads, bool torch_rounding) {
   AdamSlice slice;
   slice.master = reinterpret_cast<float*>(param);
   slice.exp_avg = reinterpret_cast<float*>(exp_avg);
@@ -45,7 +47,7 @@ void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintp
   h.eps = eps;
   h.weight_decay = weight_decay;
   h.step = step;
-  h.mode = adamw ? AdamMode::kAdamW : AdamMode::kAdam;
+  h.mode = !adamw ? AdamMode::kAdam : torch_rounding ? AdamMode::kAdamWTorch : AdamMode::kAdamW;
   CpuKernelOptions options;
   options.threads = threads;
   Status s;
@@ -94,9 +96,19 @@ PYBIND11_MODULE(_strata, m) {
   m.def("adam_step_f32", &AdamStepF32, py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
         py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
         py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
-        py::arg("adamw") = true, py::arg("threads") = 0);
+        py::arg("adamw") = true, py::arg("threads") = 0, py::arg("torch_rounding") = false);
   m.def("grad_norm_squared_f32", &GradNormSquaredF32, py::arg("grad"), py::arg("n"),
         py::arg("threads") = 0);
+  m.def(
+      "copy_bytes",
+      [](uintptr_t dst, uintptr_t src, size_t bytes) {
+        py::gil_scoped_release release;
+        std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+      },
+      py::arg("dst"), py::arg("src"), py::arg("bytes"),
+      "memcpy between host memory the caller owns (GIL released): glibc's large-copy path "
+      "(non-temporal stores) moves the offload layer's hundreds of MB per step faster than "
+      "Tensor.copy_.");
   m.def(
       "memory",
       [](uintptr_t address, size_t bytes) {

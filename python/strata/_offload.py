@@ -15,15 +15,22 @@ the parameter gradients to the engine, which accumulates them over micro-batches
 as soon as a block's gradient is final. The engine itself is created when strata.optim.AdamW
 binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
 
+Engine(timing=True) times the layer itself: last_step_stats()["python"] splits the seconds spent
+inside it (its hooks, its autograd Function, opt.step) into engine calls, the blocks' own torch
+compute (forward, recompute, their autograd.grad), copies of values into and out of the engine,
+and the rest, the layer's own Python work. Off by default (each region then costs one check).
+
 device="cuda" (written, not yet run on a GPU): the acquired buffers are wrapped through
 __cuda_array_interface__, Acquire waits on the host for the engine's compute lane, and torch's
 current stream is synchronised before a block is released or its gradient submitted. That is
 correct but serialises torch's stream with the engine's at block edges; adopting torch's stream
 as the engine's compute lane (events instead of host waits) is the next step.
 """
+import contextlib
 import json
 import os
 import struct
+import time
 
 import torch
 
@@ -38,7 +45,7 @@ class Engine:
     """Budgets and drives for one offloaded model (see strata.offload)."""
 
     def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
-                 optimizer_threads=0, trace=None, rendezvous=None):
+                 optimizer_threads=0, trace=None, rendezvous=None, timing=False):
         if device not in ("cpu", "cuda", "auto"):
             raise Error(f"device={device!r}: expected \"cpu\", \"cuda\" or \"auto\"")
         self.config = _strata.EngineConfig()
@@ -66,10 +73,12 @@ class Engine:
         self.config.rendezvous = str(rendezvous or "")
         self._model = None  # the _Offloaded state using this engine
         self._stats = None
+        self._clock = _LayerClock() if timing else None
 
     def last_step_stats(self):
         """The last committed step's statistics: seconds, bound, efficiency, bytes per edge,
-        busy seconds per resource, grad_norm, clip_coef, peaks."""
+        busy seconds per resource, grad_norm, clip_coef, peaks; with Engine(timing=True) also
+        "python": the layer's seconds in this step (see _LayerClock.snapshot)."""
         if self._stats is None:
             raise Error("no step has been committed yet; call opt.step() first")
         return dict(self._stats)
@@ -158,6 +167,7 @@ class _Offloaded:
             if any(b is c for c in blocks[:i]):
                 raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
         self._assign_owners()
+        self._clock = engine._clock or _NO_CLOCK
         self._core = None
         self._closed = False
         self._opt = None
@@ -214,6 +224,8 @@ class _Offloaded:
             self.block_params.append((prefix, ps))
         for _, p in self.all_params():
             p._strata_offload = self
+        self._engine_blocks = ([("rest", self.rest)] if self.rest else []) + self.block_params
+        self._block_tensors = [[p for _, p in ps] for _, ps in self._engine_blocks]
 
     def all_params(self):
         yield from self.rest
@@ -223,8 +235,7 @@ class _Offloaded:
 
     def engine_blocks(self):
         """[(name, [(name, param)])] in engine order."""
-        out = [("rest", self.rest)] if self.rest else []
-        return out + list(self.block_params)
+        return self._engine_blocks
 
     def bind_optimizer(self, opt):
         """Creates the engine with `opt`'s settings and moves the parameters' values in."""
@@ -257,6 +268,8 @@ class _Offloaded:
         specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
                  for bname, ps in self.engine_blocks()]
         self._core = _strata.Engine(specs, c)
+        if self.engine._clock is not None:
+            self._core = _TimedCore(self._core, self.engine._clock)
         self._layout = self._core.layout()
         self._torch_device = torch.device("cuda" if self._core.device_kind == "cuda" else "cpu")
         if not c.resume:
@@ -303,32 +316,47 @@ class _Offloaded:
     def bind(self, b, backward):
         """Acquires engine block b and points its Parameters at the acquired buffer."""
         views = self._params_view(b, self._core.acquire(b, backward))
-        ps = self.engine_blocks()[b][1]
-        for (_, p), v in zip(ps, views):
+        ps = self._block_tensors[b]
+        for p, v in zip(ps, views):
             p.data = v if v.dtype == p.dtype else v.to(p.dtype)
-        return [p for _, p in ps]
+        return ps
 
     def unbind(self, b):
         self._sync()
-        for _, p in self.engine_blocks()[b][1]:
-            p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
+        empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
+        for p in self._block_tensors[b]:
+            p.data = empty
         self._core.release(b)
+
+    def _copy(self, dst, src):
+        """dst.copy_(src) for same-shaped tensors; on the CPU, contiguous fp32 ones go through
+        memcpy (_strata.copy_bytes), measured faster than copy_ for these sizes."""
+        if (self._torch_device.type == "cpu" and src.dtype == dst.dtype
+                and src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous()):
+            _strata.copy_bytes(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+        else:
+            dst.copy_(src)
 
     def submit(self, b, grads):
         """Writes the block's gradients (None: zeros) into the engine and submits them."""
         _, tensors, padded = self._layout[b]
         flat = self._wrap(self._core.grad_buffer(b), padded, torch.float32)
-        for (_, shape, off, n), g in zip(tensors, grads):
-            if g is None:
-                flat[off:off + n].zero_()
-            else:
-                flat[off:off + n].copy_(g.reshape(-1))
-        self._sync()
+        with self._clock.copy():
+            for (_, shape, off, n), g in zip(tensors, grads):
+                if g is None:
+                    flat[off:off + n].zero_()
+                else:
+                    self._copy(flat[off:off + n], g.reshape(-1))
+            self._sync()
         self._core.submit_grads(b)
 
     # --- the step -----------------------------------------------------------------------
 
     def _begin_forward(self, module, inputs):
+        with self._clock.layer():
+            self._begin_forward_timed()
+
+    def _begin_forward_timed(self):
         core = self.core()
         if not torch.is_grad_enabled():
             raise Error("an offloaded model runs forward only for training (each forward is "
@@ -343,6 +371,7 @@ class _Offloaded:
                         f"micro_batches={self.micro_batches}; call opt.step() after "
                         f"{self.micro_batches} forward/backward passes")
         if not self._step_open:
+            self._clock.reset()
             lrs = {g["lr"] for g in self._opt.param_groups}
             if len(lrs) != 1:
                 raise Error(f"param groups of an offloaded model must share lr; got {lrs}")
@@ -351,13 +380,13 @@ class _Offloaded:
         self._micro += 1
         if self.rest:
             views = self._params_view(0, core.acquire(0, False))
-            with torch.no_grad():
+            with torch.no_grad(), self._clock.copy():
                 for (_, p), v in zip(self.rest, views):
                     if p.data.shape != v.shape:
                         p.data = torch.empty(v.shape, dtype=p.dtype, device=self._torch_device)
-                    p.data.copy_(v)
+                    self._copy(p.data, v)
                     p.grad = None
-            self._sync()
+                self._sync()
             core.release(0)
         self._next_fwd = self.first_block
 
@@ -406,14 +435,21 @@ class _Offloaded:
         """Submits the rest block's gradient once backward through every block is done."""
         if not self._rest_pending:
             return
-        self._rest_pending = False
-        self._core.acquire(0, True)
-        self.submit(0, [p.grad for _, p in self.rest])
-        for _, p in self.rest:
-            p.grad = None
-        self._core.release(0)
+        with self._clock.layer():
+            self._rest_pending = False
+            self._core.acquire(0, True)
+            self.submit(0, [p.grad for _, p in self.rest])
+            for _, p in self.rest:
+                p.grad = None
+            self._core.release(0)
 
     def end_step(self, opt):
+        with self._clock.layer():
+            self._end_step_timed(opt)
+        if self.engine._clock is not None:
+            self.engine._stats["python"] = self.engine._clock.snapshot()
+
+    def _end_step_timed(self, opt):
         self._finish_backward()
         if self._next_fwd is not None or self._next_bwd is not None:
             raise Error("opt.step() called before loss.backward() finished; call "
@@ -453,6 +489,10 @@ class _BlockForward:
         self.state, self.b, self.forward = state, b, forward
 
     def __call__(self, *args, **kwargs):
+        with self.state._clock.layer():
+            return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor) and v.requires_grad:
                 raise Error(f"block {self.state.block_name(self.b)} got keyword argument "
@@ -472,7 +512,8 @@ class _BlockFunction(torch.autograd.Function):
         ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
         st.bind(b, backward=False)
         try:
-            out = fwd.forward(*args, **kwargs)
+            with st._clock.compute():
+                out = fwd.forward(*args, **kwargs)
         finally:
             st.unbind(b)
         if not isinstance(out, (torch.Tensor, tuple, list)):
@@ -485,6 +526,11 @@ class _BlockFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outs):
+        with ctx.fwd.state._clock.layer():
+            return _BlockFunction._backward(ctx, grad_outs)
+
+    @staticmethod
+    def _backward(ctx, grad_outs):
         fwd = ctx.fwd
         st, b = fwd.state, fwd.b
         st.block_backward_begin(b)
@@ -499,15 +545,17 @@ class _BlockFunction(torch.autograd.Function):
                 torch.set_rng_state(ctx.rng)
                 if ctx.cuda_rng is not None:
                     torch.cuda.set_rng_state(ctx.cuda_rng)
-                out = fwd.forward(*args, **ctx.kwargs)
+                with st._clock.compute():
+                    out = fwd.forward(*args, **ctx.kwargs)
             outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
             # The outputs backward reached (a tuple's other values get no gradient).
             pairs = [(o, g) for o, g in zip(outs, grad_outs)
                      if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
             need = [t for t in inputs if t.requires_grad]
             if pairs:
-                grads = torch.autograd.grad([o for o, _ in pairs], need + params,
-                                            [g for _, g in pairs], allow_unused=True)
+                with st._clock.compute():
+                    grads = torch.autograd.grad([o for o, _ in pairs], need + params,
+                                                [g for _, g in pairs], allow_unused=True)
             else:
                 grads = (None,) * (len(need) + len(params))
             st.submit(b, grads[len(need):])
@@ -516,6 +564,105 @@ class _BlockFunction(torch.autograd.Function):
         st.block_backward_end(b)
         gi = iter(grads[:len(need)])
         return (None, None, None) + tuple(next(gi) if t.requires_grad else None for t in inputs)
+
+
+class _Region:
+    """Adds the seconds between __enter__ and __exit__ to one of a _LayerClock's totals; nested
+    regions of the same kind count once (the outermost)."""
+
+    __slots__ = ("clock", "kind", "depth", "start")
+
+    def __init__(self, clock, kind):
+        self.clock, self.kind, self.depth, self.start = clock, kind, 0, 0.0
+
+    def __enter__(self):
+        self.depth += 1
+        if self.depth == 1:
+            self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if self.depth == 0:
+            self.clock.totals[self.kind] += time.perf_counter() - self.start
+
+
+class _LayerClock:
+    """Engine(timing=True): where the layer's time goes in a step, as seconds per kind:
+    layer (inside its entry points: the forward hook, each block's forward and backward,
+    the rest block's gradient submission, opt.step), of which engine (calls into the engine),
+    compute (the blocks' own forward, recompute and autograd.grad: torch's work, not the
+    layer's) and copy (values copied between torch's tensors and the engine's buffers). One
+    Python thread drives a step, so no locking."""
+
+    KINDS = ("layer", "engine", "compute", "copy")
+
+    def __init__(self):
+        self.totals = dict.fromkeys(self.KINDS, 0.0)
+        self.calls = {}  # engine seconds per binding method (acquire, submit_grads, ...)
+        self._regions = {k: _Region(self, k) for k in ("layer", "compute", "copy")}
+
+    def layer(self):
+        return self._regions["layer"]
+
+    def compute(self):
+        return self._regions["compute"]
+
+    def copy(self):
+        return self._regions["copy"]
+
+    def reset(self):
+        for k in self.KINDS:
+            self.totals[k] = 0.0
+        self.calls = {}
+
+    def snapshot(self):
+        """{kind: seconds} plus "own": layer - engine - compute - copy, the layer's own Python
+        (hooks, views, checks, bookkeeping), and "engine_calls": {method: seconds}."""
+        t = dict(self.totals)
+        t["own"] = t["layer"] - t["engine"] - t["compute"] - t["copy"]
+        t["engine_calls"] = dict(self.calls)
+        return t
+
+
+class _NullClock:
+    """The clock of an Engine without timing: every region is a no-op."""
+
+    _NULL = contextlib.nullcontext()
+
+    def layer(self):
+        return self._NULL
+
+    compute = copy = layer
+
+    def reset(self):
+        pass
+
+
+_NO_CLOCK = _NullClock()
+
+
+class _TimedCore:
+    """The engine's binding with each call timed as the clock's "engine" kind."""
+
+    def __init__(self, core, clock):
+        self._c, self._clock = core, clock
+
+    def __getattr__(self, name):
+        attr = getattr(self._c, name)
+        if not callable(attr):
+            return attr
+        clock = self._clock
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                sec = time.perf_counter() - start
+                clock.totals["engine"] += sec
+                clock.calls[name] = clock.calls.get(name, 0.0) + sec
+
+        return timed
 
 
 def _cuda_tensor(address, numel, dtype):

@@ -5,6 +5,12 @@ Two uses, chosen by the parameters it is given:
 * plain CPU parameters (fp32, contiguous): a CPU optimizer like DeepSpeedCPUAdam. Each group
   has its own lr, betas, eps and weight_decay; max_grad_norm clips the gradient norm over all
   groups together (torch.nn.utils.clip_grad_norm_'s coefficient, fused into the update).
+  rounding="torch" (the default) rounds every operation as torch.optim.AdamW does on the CPU,
+  and computes the clipping norm as clip_grad_norm_ does (fp32), so the results equal
+  torch.optim.AdamW's after clip_grad_norm_ (bit for bit in tests/python/test_optim.py).
+  rounding="fused" is the engine's form: the weight rounded once per step (closer to exact
+  AdamW) and the norm exact in double; what an offloaded model computes. Both run the same
+  SIMD kernel (cpu_optim, AdamMode::kAdamWTorch or kAdamW).
 * the parameters of a model given to strata.offload: the engine holds them and their states
   and runs the update itself, overlapped with backward; step() waits for it and commits it.
 
@@ -24,7 +30,7 @@ __all__ = ["AdamW"]
 
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 max_grad_norm=0.0, threads=0):
+                 max_grad_norm=0.0, threads=0, rounding="torch"):
         if not lr >= 0.0:
             raise Error(f"AdamW lr={lr}: must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -33,12 +39,15 @@ class AdamW(torch.optim.Optimizer):
             raise Error(f"AdamW eps={eps}: must be >= 0")
         if not weight_decay >= 0.0:
             raise Error(f"AdamW weight_decay={weight_decay}: must be >= 0")
+        if rounding not in ("torch", "fused"):
+            raise Error(f"AdamW rounding={rounding!r}: expected \"torch\" or \"fused\"")
         if not max_grad_norm >= 0.0:
             raise Error(f"AdamW max_grad_norm={max_grad_norm}: must be >= 0 (0 = no clipping)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.max_grad_norm = float(max_grad_norm)
         self.threads = int(threads)
+        self.rounding = rounding
         self.last_grad_norm = None  # the norm before clipping, when max_grad_norm > 0
         self.last_step_skipped = False  # a non-finite gradient: nothing was updated
         offloaded = [getattr(p, "_strata_offload", None) for g in self.param_groups
@@ -74,21 +83,17 @@ class AdamW(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         scale = 1.0
         self.last_step_skipped = False
-        if self.max_grad_norm > 0:
-            total, non_finite = 0.0, 0
+        if self.max_grad_norm > 0 and params:
             for p in params:
                 _check_plain(p)
-                s, n = _strata.grad_norm_squared_f32(p.grad.data_ptr(), p.grad.numel(),
-                                                     self.threads)
-                total += s
-                non_finite += n
-            norm = math.sqrt(total) if non_finite == 0 else float("nan")
+            if self.rounding == "torch":
+                norm, scale = _torch_clip(params, self.max_grad_norm)
+            else:
+                norm, scale = self._fused_clip(params)
             self.last_grad_norm = norm
-            if non_finite:
+            if not math.isfinite(norm):
                 self.last_step_skipped = True
                 return loss
-            if norm > self.max_grad_norm:  # the engine's rule, and clip_grad_norm_'s value
-                scale = self.max_grad_norm / (norm + 1e-6)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -106,8 +111,37 @@ class AdamW(torch.optim.Optimizer):
                                       state["exp_avg_sq"].data_ptr(), p.grad.data_ptr(),
                                       p.numel(), float(group["lr"]), float(beta1), float(beta2),
                                       float(group["eps"]), float(group["weight_decay"]),
-                                      int(state["step"]), scale, True, self.threads)
+                                      int(state["step"]), scale, True, self.threads,
+                                      self.rounding == "torch")
         return loss
+
+
+    def _fused_clip(self, params):
+        """The engine's clipping: the norm exact in double (Strata's deterministic kernel),
+        scaled only when above max_grad_norm. (norm, scale); norm NaN when non-finite."""
+        total, non_finite = 0.0, 0
+        for p in params:
+            s, n = _strata.grad_norm_squared_f32(p.grad.data_ptr(), p.grad.numel(), self.threads)
+            total += s
+            non_finite += n
+        if non_finite:
+            return float("nan"), 1.0
+        norm = math.sqrt(total)
+        if norm > self.max_grad_norm:
+            return norm, self.max_grad_norm / (norm + 1e-6)
+        return norm, 1.0
+
+
+def _torch_clip(params, max_norm):
+    """torch.nn.utils.clip_grad_norm_'s norm and coefficient, rounded as it rounds them (fp32
+    per-tensor norms in param-group order, their norm, max_norm / (norm + 1e-6) clamped at 1):
+    the kernel's g * scale then equals clip_grad_norm_'s g.mul_(coef). (norm, scale); norm NaN
+    when non-finite."""
+    total = torch.norm(torch.stack([torch.norm(p.grad.detach(), 2.0) for p in params]), 2.0)
+    if not math.isfinite(total.item()):
+        return float("nan"), 1.0
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return total.item(), coef.item()
 
 
 def _check_plain(p):

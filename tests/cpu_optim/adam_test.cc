@@ -293,7 +293,9 @@ void ExpectIdentical(const IdentityCase& c) {
                                 std::to_string(threads) + " n " + std::to_string(c.n) + " offset " +
                                 std::to_string(c.offset) + " grad " +
                                 FloatFormatName(c.grad_format) + " out " + ParamOutName(c.out) +
-                                (c.mode == AdamMode::kAdamW ? " adamw" : " adam");
+                                (c.mode == AdamMode::kAdamW  ? " adamw"
+                                 : c.mode == AdamMode::kAdam ? " adam"
+                                                             : " adamw-torch");
       ASSERT_EQ(test::FirstBitDifference(got.p.data(), ref.p.data(), c.n), -1) << where;
       ASSERT_EQ(test::FirstBitDifference(got.m.data(), ref.m.data(), c.n), -1) << where;
       ASSERT_EQ(test::FirstBitDifference(got.v.data(), ref.v.data(), c.n), -1) << where;
@@ -323,6 +325,130 @@ TEST(AdamIdentityTest, OneMebiPlusSeven) {
   ExpectIdentical({n, 0, FloatFormat::kFp32, ParamOut::kNone, AdamMode::kAdamW});
   ExpectIdentical({n, 5, FloatFormat::kBf16, ParamOut::kBf16, AdamMode::kAdamW});
   ExpectIdentical({n, 9, FloatFormat::kFp16, ParamOut::kFp16, AdamMode::kAdam});
+}
+
+TEST(AdamIdentityTest, TorchRoundingOddLengthsAndOffsets) {
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{15}, size_t{17}, size_t{1023}, (size_t{1} << 20) + 7}) {
+    for (size_t offset = 0; offset < 16; offset += (n > 17 ? 5 : 1)) {
+      ExpectIdentical({n, offset, FloatFormat::kFp32, ParamOut::kNone, AdamMode::kAdamWTorch});
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// kAdamWTorch: torch.optim.AdamW's rounding (torch 1.13, single-tensor CPU path), one float
+// operation at a time as optim.h lists them; this file is compiled with -ffp-contract=off,
+// so only the two std::fma calls fuse. Every ISA must give these bits.
+// ---------------------------------------------------------------------------------------
+
+TEST(AdamTorchRoundingTest, EqualsTorchsOperationSequenceBitForBit) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t n = 4099;
+  AdamHyperParams h;
+  h.lr = 1e-2;
+  h.beta1 = 0.9;
+  h.beta2 = 0.95;
+  h.eps = 1e-8;
+  h.weight_decay = 0.05;
+  h.mode = AdamMode::kAdamWTorch;
+  const float scale = 0.37f;
+  std::vector<float> p0(n);
+  for (float& x : p0) x = normal(rng);
+  std::vector<std::vector<float>> grads(10, std::vector<float>(n));
+  for (auto& g : grads) {
+    for (float& x : g) x = normal(rng) * 3.0f;
+  }
+  // The reference: float arithmetic, scalars rounded from double as torch passes them.
+  std::vector<float> rp = p0, rm(n, 0.0f), rv(n, 0.0f);
+  for (int64_t t = 1; t <= 10; ++t) {
+    const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+    const float b1 = static_cast<float>(h.beta1), c1 = static_cast<float>(1.0 - h.beta1);
+    const float b2 = static_cast<float>(h.beta2), c2 = static_cast<float>(1.0 - h.beta2);
+    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
+    const float bc2_sqrt =
+        static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(t))));
+    const float neg_step = static_cast<float>(-h.lr / bc1);
+    const float eps = static_cast<float>(h.eps);
+    for (size_t i = 0; i < n; ++i) {
+      const float g = grads[t - 1][i] * scale;
+      rp[i] = rp[i] * decay;
+      rm[i] = std::fma(g, c1, rm[i] * b1);
+      rv[i] = std::fma(g * c2, g, rv[i] * b2);
+      const float denom = std::sqrt(rv[i]) / bc2_sqrt + eps;
+      rp[i] = rp[i] + (neg_step * rm[i]) / denom;
+    }
+  }
+  for (CpuIsa isa : test::SupportedIsas()) {
+    std::vector<float> p = p0, m(n, 0.0f), v(n, 0.0f);
+    CpuKernelOptions opt;
+    opt.isa = isa;
+    opt.threads = 2;
+    for (int64_t t = 1; t <= 10; ++t) {
+      h.step = t;
+      AdamSlice s;
+      s.master = p.data();
+      s.exp_avg = m.data();
+      s.exp_avg_sq = v.data();
+      s.grad = grads[t - 1].data();
+      s.n = n;
+      Status st = AdamStep(s, h, scale, opt);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+    ASSERT_EQ(test::FirstBitDifference(p.data(), rp.data(), n), -1) << CpuIsaName(isa);
+    ASSERT_EQ(test::FirstBitDifference(m.data(), rm.data(), n), -1) << CpuIsaName(isa);
+    ASSERT_EQ(test::FirstBitDifference(v.data(), rv.data(), n), -1) << CpuIsaName(isa);
+  }
+}
+
+TEST(AdamTorchRoundingTest, TakesFp32OnlyAndDiffersFromTheFusedForm) {
+  const size_t n = 257;
+  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), g(n), p2(n), m2(n, 0.0f), v2(n, 0.0f);
+  std::vector<uint16_t> g16(n, 0), out(n);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = p2[i] = normal(rng);
+    g[i] = normal(rng);
+  }
+  AdamHyperParams h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  h.mode = AdamMode::kAdamWTorch;
+  AdamSlice s;
+  s.master = p.data();
+  s.exp_avg = m.data();
+  s.exp_avg_sq = v.data();
+  s.grad = g16.data();
+  s.grad_format = FloatFormat::kBf16;
+  s.n = n;
+  EXPECT_EQ(AdamStep(s, h, 1.0f).code(), StatusCode::kNotSupported);
+  s.grad = g.data();
+  s.grad_format = FloatFormat::kFp32;
+  s.param_out = out.data();
+  s.param_out_format = ParamOut::kBf16;
+  EXPECT_EQ(AdamStep(s, h, 1.0f).code(), StatusCode::kNotSupported);
+  s.param_out = nullptr;
+  s.param_out_format = ParamOut::kNone;
+  // Several steps: the two roundings must give different bits somewhere (else the mode
+  // would not be selected), but agree to float precision.
+  AdamSlice f = s;
+  f.master = p2.data();
+  f.exp_avg = m2.data();
+  f.exp_avg_sq = v2.data();
+  AdamHyperParams hf = h;
+  hf.mode = AdamMode::kAdamW;
+  for (int64_t t = 1; t <= 5; ++t) {
+    h.step = hf.step = t;
+    ASSERT_TRUE(AdamStep(s, h, 1.0f).ok());
+    ASSERT_TRUE(AdamStep(f, hf, 1.0f).ok());
+  }
+  EXPECT_NE(test::FirstBitDifference(p.data(), p2.data(), n), -1);
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(p[i], p2[i], 1e-6f * 4) << i;
 }
 
 // Random lengths and offsets; the seed is printed on failure.

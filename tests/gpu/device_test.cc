@@ -616,6 +616,48 @@ TEST(HostDeviceTest, ComputeReadsDeviceMemoryDirectlyAndNativeStreamIsNull) {
   ASSERT_TRUE(d.Free(*buf).ok());
 }
 
+// Free keeps a block for the next Allocate of its rounded size (as the CUDA device's pool
+// does): the engine allocates its buffers per access, and fresh pages fault on first write.
+TEST(HostDeviceTest, FreedBlocksAreReusedOutsideTheBudgetAndTheirRangeIsDead) {
+  DeviceOptions o;
+  o.memory_budget_bytes = 3 * kMiB;
+  auto dev = CreateHostDevice(o);
+  ASSERT_TRUE(dev.ok());
+  Device& d = **dev;
+  const size_t big = 2 * kMiB + 7;
+  auto a = d.Allocate(big);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(d.Free(*a).ok());
+  EXPECT_EQ(d.MemoryStats().in_use_bytes, 0u);
+  // A freed block is no longer device memory: copies into it are refused, a second Free too.
+  std::vector<uint8_t> host(64, 1);
+  EXPECT_EQ(d.CopyToDevice(*a, host.data(), host.size(), "into freed").code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.Free(*a).code(), StatusCode::kInvalidArgument);
+  // The same rounded size gets the kept block back.
+  auto b = d.Allocate(big + 1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, *a);
+  EXPECT_EQ(d.MemoryStats().in_use_bytes, big + 1);
+  ASSERT_TRUE(d.Free(*b).ok());
+  // Kept blocks do not count against the budget: 3 MiB of other sizes still fit, and their
+  // bytes round-trip.
+  auto c = d.Allocate(kMiB);
+  auto e = d.Allocate(2 * kMiB);
+  ASSERT_TRUE(c.ok() && e.ok());
+  EXPECT_EQ(d.MemoryStats().in_use_bytes, 3 * kMiB);
+  std::vector<uint8_t> in(2 * kMiB), out(2 * kMiB);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(d.CopyToDevice(*e, in.data(), in.size(), "h2d").ok());
+  ASSERT_TRUE(d.SynchronizeLane(Lane::kH2D).ok());
+  ASSERT_TRUE(d.CopyToHost(out.data(), *e, out.size(), "d2h").ok());
+  ASSERT_TRUE(d.SynchronizeLane(Lane::kD2H).ok());
+  EXPECT_EQ(in, out);
+  EXPECT_FALSE(d.Allocate(1).ok());  // the budget itself is unchanged
+  ASSERT_TRUE(d.Free(*c).ok());
+  ASSERT_TRUE(d.Free(*e).ok());
+}
+
 TEST(HostDeviceTest, DestructorFinishesEnqueuedWork) {
   std::atomic<int> ran{0};
   {

@@ -121,6 +121,33 @@ def test_dropout_is_recomputed_with_the_same_mask():
             assert abs(a - b) <= 1e-4 * abs(b), (off, ref)
 
 
+def test_timing_splits_the_layers_time_and_leaves_the_results_unchanged():
+    """Engine(timing=True): each step's stats carry the layer's seconds by kind; the split adds
+    up (own = layer - engine - compute - copy >= 0), lies within the step's wall time, and the
+    instrumented run trains bit for bit as the plain one."""
+    import time
+    torch.manual_seed(0)
+    _, plain, _ = train_strata(strata.Engine(device="cpu"))
+    eng = strata.Engine(device="cpu", timing=True)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    _, timed, stats = train_strata(eng)
+    wall = time.perf_counter() - t0
+    assert timed == plain
+    for s in stats:
+        t = s["python"]
+        assert set(t) == {"layer", "engine", "compute", "copy", "own", "engine_calls"}
+        assert {"acquire", "release", "submit_grads", "end_step"} <= set(t["engine_calls"])
+        assert abs(sum(t["engine_calls"].values()) - t["engine"]) < 1e-9
+        assert all(t[k] > 0 for k in ("layer", "engine", "compute", "copy"))
+        assert t["own"] >= 0
+        assert abs(t["own"] - (t["layer"] - t["engine"] - t["compute"] - t["copy"])) < 1e-9
+    assert sum(s["python"]["layer"] for s in stats) < wall
+    untimed = strata.Engine(device="cpu")
+    train_strata(untimed)
+    assert "python" not in untimed.last_step_stats()
+
+
 def test_close_releases_the_folders_for_a_resume_in_the_same_process(tmp_path):
     nvme = [tmp_path / "d0"]
     nvme[0].mkdir()
