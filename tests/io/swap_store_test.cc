@@ -426,6 +426,41 @@ TEST(SwapStoreTest, DeleteTakesEffectAtCommit) {
   EXPECT_EQ(store->Commit(2).code(), StatusCode::kInvalidArgument);  // steps increase
 }
 
+// ReadCommitted reads the committed version beside a pending one (NotFound before any
+// commit); Revert drops the pending version, frees its space and shows the committed one (or
+// none) again, across a reopen too. The engine's redo of speculative updates uses both.
+TEST(SwapStoreTest, ReadCommittedAndRevertSeeThroughThePendingVersion) {
+  TempDir dir;
+  auto o = Options({dir.path()}, 4 * kMiB);
+  {
+    auto store = MustOpen(o);
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(WriteString(*store, "a", Pattern(5000, 1)).ok());
+    ASSERT_TRUE(WriteString(*store, "new", Pattern(100, 9)).ok());
+    AlignedBuffer buf(8192);
+    EXPECT_EQ(store->ReadCommitted("a", buf.data(), 8192).status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(store->Commit(1).ok());
+    ASSERT_TRUE(WriteString(*store, "a", Pattern(3000, 2)).ok());
+    EXPECT_EQ(*ReadAll(*store, "a"), Pattern(3000, 2));  // the newest
+    auto got = store->ReadCommitted("a", buf.data(), 8192);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(std::string(buf.data(), *got), Pattern(5000, 1));
+    const uint64_t in_use = store->Stats().in_use_bytes;
+    store->Revert("a");
+    EXPECT_EQ(store->Stats().in_use_bytes, in_use - 4096);  // the pending version's space
+    EXPECT_EQ(*ReadAll(*store, "a"), Pattern(5000, 1));
+    ASSERT_TRUE(WriteString(*store, "b", Pattern(10, 3)).ok());
+    store->Revert("b");  // never committed: gone
+    EXPECT_EQ(ReadAll(*store, "b").status().code(), StatusCode::kNotFound);
+    store->Revert("missing");  // a no-op
+    ASSERT_TRUE(store->Commit(2).ok());
+  }
+  auto store = MustOpen(o);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->Keys(), (std::vector<std::string>{"a", "new"}));
+  EXPECT_EQ(*ReadAll(*store, "a"), Pattern(5000, 1));
+}
+
 // Superseded versions are released at commit: a store about twice its live data (a new
 // version is written beside each committed one) keeps taking new versions step after step,
 // and runs out when it is not committed.
