@@ -179,10 +179,6 @@ struct Placer {
   Status PlaceWithNvme();
   Status PredictTraffic();
 
-  Result<uint64_t> MinCache(const HostPlanInput& in) const { return MinCacheCapacity(in); }
-  Result<std::optional<uint64_t>> Capacity(const std::vector<bool>& cached, uint64_t room) const {
-    return CapacityFor(hin, cached, room);
-  }
   // Whether steps may speculate (PlacementPlan::speculation, restorable), with the reason.
   void PlanSpeculation();
 };
@@ -303,10 +299,10 @@ Result<uint64_t> Placer::HostMinimum() {
   if (opt.nvme) {
     for (int o : state_objs) in.cached[o] = true;
     in.spill_grads = may_spill;
-    STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCache(in));
+    STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCacheCapacity(in));
     return cache + pp.staging_bytes;
   }
-  STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCache(in));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache, MinCacheCapacity(in));
   return state_bytes + cache + pp.staging_bytes;
 }
 
@@ -394,8 +390,8 @@ Status Placer::PlaceAllOnHost(uint64_t cache_min_host) {
   hin.spill_grads = may_spill && opt.grad_spill == GradSpill::kOn;
   STRATA_ASSIGN_OR_RETURN(
       const std::optional<uint64_t> capacity,
-      Capacity(pp.cached,
-               opt.host_budget ? opt.host_budget - state_bytes - pp.staging_bytes : all_grads));
+      CapacityFor(hin, pp.cached,
+                  opt.host_budget ? opt.host_budget - state_bytes - pp.staging_bytes : all_grads));
   if (!capacity) return Status::Aborted("internal: the validated gradient cache does not fit");
   pp.cache_capacity = *capacity;
   rep.reasons.push_back(
@@ -415,9 +411,9 @@ Status Placer::PlaceWithNvme() {
   // Gradients held in host memory (no NVMe writes) when the budget holds them beside the
   // states' cache; else written to NVMe (the smaller minimum).
   hin.spill_grads = false;
-  const Result<uint64_t> hold_min = MinCache(hin);
+  const Result<uint64_t> hold_min = MinCacheCapacity(hin);
   hin.spill_grads = may_spill;
-  STRATA_ASSIGN_OR_RETURN(const uint64_t least_cache, MinCache(hin));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t least_cache, MinCacheCapacity(hin));
   const uint64_t host_min = least_cache + pp.staging_bytes;
   rep.host_min_bytes = host_min;
   const uint64_t room = opt.host_budget > pp.staging_bytes ? opt.host_budget - pp.staging_bytes : 0;
@@ -455,7 +451,7 @@ Status Placer::PlaceWithNvme() {
   // every state cached, the minimum found above fits by construction.
   for (;;) {
     STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> capacity,
-                            Capacity(cached, budget - resident));
+                            CapacityFor(hin, cached, budget - resident));
     if (capacity) {
       pp.cache_capacity = *capacity;
       break;
@@ -613,7 +609,7 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                     const PlanOptions& opt) {
   Placer p(layout, opt);
   STRATA_RETURN_IF_ERROR(p.Prepare());
-  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, p.MinCache(p.hin));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, MinCacheCapacity(p.hin));
   PlacementPlan& pp = p.pp;
   const Status host =
       opt.host_budget == 0 || !opt.nvme ? p.PlaceAllOnHost(cache_min_host) : p.PlaceWithNvme();
