@@ -295,11 +295,12 @@ Status CudaDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_v
       return Status::OK();
     }
   }
-  return Status::InvalidArgument(name_ + ": " + std::string(what) + " of " +
-                                 FormatBytesExact(bytes) +
-                                 ": the device range is not inside one live allocation of "
-                                 "this device (host pointer passed as device pointer, or a "
-                                 "freed/overrun buffer?)");
+  if (adopted_.Contains(ptr, bytes)) return Status::OK();
+  return Status::InvalidArgument(
+      name_ + ": " + std::string(what) + " of " + FormatBytesExact(bytes) +
+      ": the device range is not inside one live allocation or adopted "
+      "range of this device (host pointer passed as device pointer, or a "
+      "freed/overrun buffer?)");
 }
 
 // ---- host memory ----
@@ -313,6 +314,33 @@ Status CudaDevice::RegisterHostMemory(void* ptr, size_t bytes) {
     (void)cudaGetLastError();
     return CudaStatus(err, "cudaHostRegister(" + FormatBytesExact(bytes) + ")")
         .Annotate("registering the pinned pool with CUDA");
+  }
+  return Status::OK();
+}
+
+Status CudaDevice::AdoptMemory(const void* ptr, size_t bytes) {
+  if (ptr == nullptr) return Status::InvalidArgument(name_ + ": AdoptMemory of a null pointer");
+  STRATA_CUDA_GUARD(ordinal_);
+  cudaPointerAttributes attr{};
+  cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CudaStatus(err, "cudaPointerGetAttributes").Annotate("adopting device memory");
+  }
+  if (attr.type != cudaMemoryTypeDevice || attr.device != ordinal_) {
+    return Status::InvalidArgument(name_ + ": AdoptMemory of " + FormatBytesExact(bytes) +
+                                   " that is not device memory of this GPU (a CPU tensor, or "
+                                   "one on another GPU?)");
+  }
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  adopted_.Add(ptr, bytes);
+  return Status::OK();
+}
+
+Status CudaDevice::ForgetMemory(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  if (!adopted_.Remove(ptr)) {
+    return Status::InvalidArgument(name_ + ": ForgetMemory of memory that is not adopted");
   }
   return Status::OK();
 }

@@ -53,6 +53,7 @@
 #include <string_view>
 #include <thread>
 
+#include "gpu/device_util.h"
 #include "strata/device.h"
 
 namespace strata {
@@ -116,6 +117,8 @@ class CudaDevice final : public Device {
 
   Status RegisterHostMemory(void* ptr, size_t bytes) override;
   Status UnregisterHostMemory(void* ptr) override;
+  Status AdoptMemory(const void* ptr, size_t bytes) override;
+  Status ForgetMemory(const void* ptr) override;
 
   Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes, std::string_view label,
                       Lane lane = Lane::kH2D) override;
@@ -170,6 +173,7 @@ class CudaDevice final : public Device {
 
   mutable std::mutex mem_mu_;
   std::map<uintptr_t, size_t> allocations_;
+  gpu_internal::AdoptedRanges adopted_;  // AdoptMemory: torch's tensors, say
   uint64_t in_use_bytes_ = 0;
   uint64_t peak_bytes_ = 0;
 

@@ -171,6 +171,21 @@ Status HostDevice::RegisterHostMemory(void* ptr, size_t bytes) {
 
 Status HostDevice::UnregisterHostMemory(void*) { return Status::OK(); }
 
+Status HostDevice::AdoptMemory(const void* ptr, size_t bytes) {
+  if (ptr == nullptr) return Status::InvalidArgument("host device: AdoptMemory of a null pointer");
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  adopted_.Add(ptr, bytes);
+  return Status::OK();
+}
+
+Status HostDevice::ForgetMemory(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  if (!adopted_.Remove(ptr)) {
+    return Status::InvalidArgument("host device: ForgetMemory of memory that is not adopted");
+  }
+  return Status::OK();
+}
+
 Status HostDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_view what) const {
   if (bytes == 0) return Status::OK();
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
@@ -182,11 +197,12 @@ Status HostDevice::CheckDeviceRange(const void* ptr, size_t bytes, std::string_v
       return Status::OK();
     }
   }
-  return Status::InvalidArgument("host device: " + std::string(what) + " of " +
-                                 FormatBytesExact(bytes) +
-                                 ": the device range is not inside one live allocation of "
-                                 "this device (host pointer passed as device pointer, or a "
-                                 "freed/overrun buffer?)");
+  if (adopted_.Contains(ptr, bytes)) return Status::OK();
+  return Status::InvalidArgument(
+      "host device: " + std::string(what) + " of " + FormatBytesExact(bytes) +
+      ": the device range is not inside one live allocation or adopted "
+      "range of this device (host pointer passed as device pointer, or a "
+      "freed/overrun buffer?)");
 }
 
 // ---- enqueueing ----

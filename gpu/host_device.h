@@ -42,6 +42,7 @@
 #include <string>
 #include <thread>
 
+#include "gpu/device_util.h"
 #include "strata/device.h"
 
 namespace strata {
@@ -65,6 +66,8 @@ class HostDevice final : public Device {
 
   Status RegisterHostMemory(void* ptr, size_t bytes) override;
   Status UnregisterHostMemory(void* ptr) override;
+  Status AdoptMemory(const void* ptr, size_t bytes) override;
+  Status ForgetMemory(const void* ptr) override;
 
   Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes, std::string_view label,
                       Lane lane = Lane::kH2D) override;
@@ -120,6 +123,7 @@ class HostDevice final : public Device {
 
   mutable std::mutex mem_mu_;
   std::map<uintptr_t, size_t> allocations_;  // start address -> bytes requested
+  gpu_internal::AdoptedRanges adopted_;
   uint64_t in_use_bytes_ = 0;
   uint64_t peak_bytes_ = 0;
   // Rounded sizes of the live blocks, and their largest total ever (ResetPeak leaves it).

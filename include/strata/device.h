@@ -111,11 +111,20 @@ class Device {
   virtual Status RegisterHostMemory(void* ptr, size_t bytes) = 0;
   virtual Status UnregisterHostMemory(void* ptr) = 0;
 
+  // Lets the device side of copies lie in [ptr, ptr+bytes), memory this device did not
+  // allocate: a framework's own tensors (torch's CUDA allocator; on HostDevice, ordinary host
+  // memory standing in for device memory). Not counted in the budget. CUDA checks that it is
+  // device memory of this GPU (InvalidArgument otherwise). Until ForgetMemory(ptr), which the
+  // caller calls once no enqueued copy uses it (it makes no CUDA call, so a host function may);
+  // adopting the same ptr twice needs two forgets.
+  virtual Status AdoptMemory(const void* ptr, size_t bytes) = 0;
+  virtual Status ForgetMemory(const void* ptr) = 0;
+
   // Asynchronous copies on the kH2D / kD2H lanes (or `lane` when given). The host side must
   // stay valid until the copy completes; registered host memory is fastest (CUDA: a copy
   // from or to unregistered memory may block the caller until the stream reaches it, and
-  // does not overlap like a DMA transfer). The device side
-  // must lie inside one live allocation of this device (InvalidArgument otherwise).
+  // does not overlap like a DMA transfer). The device side must lie inside one live
+  // allocation of this device or one adopted range (InvalidArgument otherwise).
   virtual Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes,
                               std::string_view label, Lane lane = Lane::kH2D) = 0;
   virtual Status CopyToHost(void* host_dst, const void* device_src, size_t bytes,

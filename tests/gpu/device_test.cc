@@ -241,6 +241,41 @@ TEST_P(DeviceTest, CopiesRejectRangesOutsideAllocations) {
   ASSERT_TRUE(dev->Free(*p).ok());
 }
 
+// AdoptMemory: memory the device did not allocate (a framework's tensors) may be the device
+// side of copies until ForgetMemory. On the host device that is any host memory; a GPU takes
+// only its own device memory and refuses host memory with a clear error.
+TEST_P(DeviceTest, AdoptedMemoryIsADeviceRangeUntilForgotten) {
+  auto dev = Make();
+  ASSERT_NE(dev, nullptr);
+  std::vector<uint8_t> foreign(1000), out(1000, 0);
+  for (size_t i = 0; i < foreign.size(); ++i) foreign[i] = uint8_t(i * 7 + 3);
+  EXPECT_EQ(dev->ForgetMemory(foreign.data()).code(), StatusCode::kInvalidArgument);
+  if (GetParam() == DeviceKind::kHost) {
+    ASSERT_TRUE(dev->AdoptMemory(foreign.data(), foreign.size()).ok());
+    ASSERT_TRUE(dev->AdoptMemory(foreign.data(), 10).ok());  // twice: two forgets
+    ASSERT_TRUE(dev->CopyToHost(out.data(), foreign.data() + 1, 999, "adopted").ok());
+    EXPECT_EQ(dev->CopyToHost(out.data(), foreign.data() + 1, 1000, "overrun").code(),
+              StatusCode::kInvalidArgument);
+    SyncAll(*dev);
+    EXPECT_EQ(0, std::memcmp(out.data(), foreign.data() + 1, 999));
+    ASSERT_TRUE(dev->ForgetMemory(foreign.data()).ok());
+    EXPECT_TRUE(dev->CopyToHost(out.data(), foreign.data(), 10, "still adopted once").ok());
+    ASSERT_TRUE(dev->ForgetMemory(foreign.data()).ok());
+    SyncAll(*dev);
+  } else {
+    Status s = dev->AdoptMemory(foreign.data(), foreign.size());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("not device memory"), std::string::npos) << s.ToString();
+    auto p = dev->Allocate(1000);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(dev->AdoptMemory(static_cast<char*>(*p) + 100, 100).ok());
+    ASSERT_TRUE(dev->ForgetMemory(static_cast<char*>(*p) + 100).ok());
+    ASSERT_TRUE(dev->Free(*p).ok());
+  }
+  EXPECT_EQ(dev->CopyToHost(out.data(), foreign.data(), 10, "forgotten").code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_P(DeviceTest, CopiesRoundTripByteExact) {
   const uint64_t seed = NewSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
