@@ -67,10 +67,14 @@ Status DeviceTier::ReleaseLocked(int a, EventPtr last) {
   return Status::OK();
 }
 
-Status DeviceTier::SubmitLocked(int a, EventPtr computed) {
+Status DeviceTier::SubmitLocked(int a, EventPtr computed, std::vector<const float*> sources,
+                                uint64_t ticket) {
+  // With sources the gradient buffer stays unused but is entered all the same, so the feeder
+  // still waits for the landing before reusing its memory: the pending landings, and the
+  // caller's memory they hold, stay bounded by the device plan.
   DevBuf& d = dbufs_[ctx_.dplan.steps[a].grad_buffer];
   STRATA_RETURN_IF_ERROR(d.res.Enter().Annotate("device gradient of access " + std::to_string(a)));
-  landings_.push_back(Landing{a, std::move(computed)});
+  landings_.push_back(Landing{a, std::move(computed), std::move(sources), ticket});
   ++landings_pending_;
   ctx_.NotifyLocked();
   return Status::OK();
@@ -202,7 +206,12 @@ Status DeviceTier::RunLanding(const Landing& l) {
     dst = first ? host_.Obj(obj).buf : host_.staging();
     src = dbufs_[id].ptr;
   }
-  STRATA_ASSIGN_OR_RETURN(EventPtr freed_after, collectives_->LandGrad(a, src, dst, l.computed));
+  EventPtr freed_after;
+  if (l.ticket != 0) {
+    STRATA_RETURN_IF_ERROR(CopySourcesToHost(l, static_cast<float*>(dst)));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(freed_after, collectives_->LandGrad(a, src, dst, l.computed));
+  }
   STRATA_RETURN_IF_ERROR(EnqueueAccumulate(obj, first, block));
   STRATA_ASSIGN_OR_RETURN(EventPtr landed, ctx_.dev->Record(Lane::kD2H));
   MutexLock lock(&ctx_.mu);
@@ -213,6 +222,35 @@ Status DeviceTier::RunLanding(const Landing& l) {
   --landings_pending_;
   ctx_.NotifyLocked();
   return Status::OK();
+}
+
+Status DeviceTier::CopySourcesToHost(const Landing& l, float* dst) {
+  const BlockLayout& bl = ctx_.layout[ctx_.schedule[l.access].block];
+  STRATA_RETURN_IF_ERROR(ctx_.dev->WaitEvent(Lane::kD2H, l.computed));
+  std::vector<std::pair<float*, uint64_t>> zeros;  // (dst, numel) of the null sources
+  for (size_t t = 0; t < bl.tensors.size(); ++t) {
+    const TensorLayout& tl = bl.tensors[t];
+    if (l.sources[t] == nullptr) {
+      zeros.emplace_back(dst + tl.offset, tl.numel);
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(ctx_.dev->CopyToHost(dst + tl.offset, l.sources[t], tl.numel * 4,
+                                                "d2h grad " + bl.name + "." + tl.name));
+  }
+  return ctx_.dev->EnqueueHostFunction(
+      Lane::kD2H,
+      [this, zeros = std::move(zeros), sources = l.sources, ticket = l.ticket] {
+        for (const auto& [p, n] : zeros) std::memset(p, 0, n * sizeof(float));
+        Status first;
+        for (const float* p : sources) {
+          if (p == nullptr) continue;
+          Status s = ctx_.dev->ForgetMemory(p);
+          if (first.ok()) first = s;
+        }
+        tickets_read_.store(ticket, std::memory_order_release);
+        return first;
+      },
+      "grad sources read");
 }
 
 Status DeviceTier::EnqueueAccumulate(int obj, bool first, int block) {

@@ -16,6 +16,7 @@
 // without it.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <thread>
 #include <vector>
@@ -82,7 +83,13 @@ class DeviceTier {
   // The model ends access `a`; `last` is the compute that used its buffers.
   Status ReleaseLocked(int a, EventPtr last) REQUIRES(ctx_.mu);
   // The model submitted access `a`'s gradient, written by `computed`: queue its landing.
-  Status SubmitLocked(int a, EventPtr computed) REQUIRES(ctx_.mu);
+  // `sources` (Engine::SubmitGradsFrom; empty: the gradient buffer) are per-tensor addresses
+  // adopted by the device; they are forgotten, and `ticket` marked read, once copied.
+  Status SubmitLocked(int a, EventPtr computed, std::vector<const float*> sources = {},
+                      uint64_t ticket = 0) REQUIRES(ctx_.mu);
+  // The next ticket of a SubmitGradsFrom, and the last one whose sources were read.
+  uint64_t NextTicketLocked() REQUIRES(ctx_.mu) { return ++tickets_issued_; }
+  uint64_t TicketsRead() const { return tickets_read_.load(std::memory_order_acquire); }
 
   // ---- For the collectives. ----
   // Copies this rank's shard of the block's params (one rank: the whole block) from its
@@ -96,7 +103,9 @@ class DeviceTier {
  private:
   struct Landing {
     int access = 0;
-    EventPtr computed;  // the compute that wrote the gradient
+    EventPtr computed;                  // the compute that wrote the gradient
+    std::vector<const float*> sources;  // per tensor, or empty: the gradient buffer
+    uint64_t ticket = 0;
   };
   Status RunFeederAccess(int a) EXCLUDES(ctx_.mu);
   Status FreeBuffer(int id) EXCLUDES(ctx_.mu);
@@ -106,6 +115,10 @@ class DeviceTier {
   // Enqueues, on the D2H lane after the landed copy, the fp32 accumulation of a
   // micro-batch after the first and the zeroing of the padding.
   Status EnqueueAccumulate(int obj, bool first, int block) EXCLUDES(ctx_.mu);
+  // One rank's landing from the caller's tensors (SubmitGradsFrom): a copy per tensor into
+  // `dst` at its offset (zeros for a null source), then, on the D2H lane, the sources are
+  // forgotten and the ticket marked read.
+  Status CopySourcesToHost(const Landing& l, float* dst) EXCLUDES(ctx_.mu);
 
   EngineContext& ctx_;
   HostTier& host_;
@@ -118,6 +131,8 @@ class DeviceTier {
   int feeder_pos_ GUARDED_BY(ctx_.mu) = 0;            // accesses prepared by the feeder
   std::deque<Landing> landings_ GUARDED_BY(ctx_.mu);  // submitted, waiting for their D2H
   int landings_pending_ GUARDED_BY(ctx_.mu) = 0;      // submitted, the lander not done
+  uint64_t tickets_issued_ GUARDED_BY(ctx_.mu) = 0;   // SubmitGradsFrom calls so far
+  std::atomic<uint64_t> tickets_read_{0};             // their sources copied (in order)
   std::thread feeder_thread_, lander_thread_;
 };
 

@@ -61,6 +61,8 @@ class EngineImpl final : public Engine {
   Status Release(int block) override;
   Result<float*> GradBuffer(int block) override;
   Status SubmitGrads(int block) override;
+  Result<uint64_t> SubmitGradsFrom(int block, std::span<const float* const> grads) override;
+  uint64_t GradsRead() const override { return device_.TicketsRead(); }
   Result<StepStats> EndStep() override;
   Status Error() const override { return ctx_.Error(); }
 
@@ -76,6 +78,10 @@ class EngineImpl final : public Engine {
   // The checks of Acquire: a step is open, nothing is acquired, and (block, pass) is the
   // schedule's next access. Returns that access.
   Result<int> CheckAcquireLocked(int block, Pass pass) const REQUIRES(ctx_.mu);
+  // SubmitGrads and SubmitGradsFrom: checks that `block` is acquired for backward and not yet
+  // submitted, then queues its landing (from `sources`, adopted, when given). Returns the
+  // ticket (0 without sources).
+  Result<uint64_t> Submit(int block, std::vector<const float*> sources);
   // EndStep, once every part finished the step: free the device copies and commit.
   Status FinishStepLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   Status RefusePartialUpdateLocked(uint64_t step_number) REQUIRES(ctx_.mu);
@@ -358,15 +364,48 @@ Result<float*> EngineImpl::GradBuffer(int block) {
   return device_.GradLocked(acquired_);
 }
 
-Status EngineImpl::SubmitGrads(int block) {
+Status EngineImpl::SubmitGrads(int block) { return Submit(block, {}).status(); }
+
+Result<uint64_t> EngineImpl::SubmitGradsFrom(int block, std::span<const float* const> grads) {
+  if (ctx_.comm != nullptr) {
+    return Status::NotSupported("SubmitGradsFrom with " + std::to_string(ctx_.comm->world_size()) +
+                                " ranks: the reduce-scatter reads the gradient buffer; write it "
+                                "(GradBuffer) and call SubmitGrads");
+  }
+  if (block < 0 || block >= int(ctx_.layout.size()) ||
+      grads.size() != ctx_.layout[block].tensors.size()) {
+    return Status::InvalidArgument(
+        "SubmitGradsFrom(" + std::to_string(block) + ") with " + std::to_string(grads.size()) +
+        " gradients; the block has " +
+        (block < 0 || block >= int(ctx_.layout.size())
+             ? std::string("no such index")
+             : std::to_string(ctx_.layout[block].tensors.size()) + " tensors"));
+  }
+  std::vector<const float*> sources(grads.begin(), grads.end());
+  std::vector<const float*> adopted;  // the lander forgets them once copied
+  Status s;
+  for (size_t t = 0; t < sources.size() && s.ok(); ++t) {
+    if (sources[t] == nullptr) continue;
+    s = ctx_.dev->AdoptMemory(sources[t], ctx_.layout[block].tensors[t].numel * 4);
+    if (s.ok()) adopted.push_back(sources[t]);
+  }
+  Result<uint64_t> ticket = s.ok() ? Submit(block, std::move(sources)) : Result<uint64_t>(s);
+  if (!ticket.ok()) {  // nothing was queued
+    for (const float* p : adopted) (void)ctx_.dev->ForgetMemory(p);
+  }
+  return ticket;
+}
+
+Result<uint64_t> EngineImpl::Submit(int block, std::vector<const float*> sources) {
   int a;
   {
     MutexLock lock(&ctx_.mu);
     STRATA_RETURN_IF_ERROR(ctx_.error);
     if (acquired_ < 0 || ctx_.schedule[acquired_].block != block ||
         ctx_.schedule[acquired_].pass != Pass::kBackward || grads_submitted_) {
-      return Status::InvalidArgument("SubmitGrads(" + std::to_string(block) +
-                                     ") needs the block acquired for backward, once");
+      return Status::InvalidArgument(
+          std::string(sources.empty() ? "SubmitGrads(" : "SubmitGradsFrom(") +
+          std::to_string(block) + ") needs the block acquired for backward, once");
     }
     a = acquired_;
     grads_submitted_ = true;
@@ -375,10 +414,14 @@ Status EngineImpl::SubmitGrads(int block) {
   // the host buffer is free, so the model never waits here for host memory.
   STRATA_ASSIGN_OR_RETURN(EventPtr computed, ctx_.dev->Record(Lane::kCompute));
   MutexLock lock(&ctx_.mu);
-  collectives_->GradComputedLocked(a, computed);
-  Status s = device_.SubmitLocked(a, std::move(computed));
-  if (!s.ok()) ctx_.SetErrorLocked(s);
-  return s;
+  const uint64_t ticket = sources.empty() ? 0 : device_.NextTicketLocked();
+  if (ticket == 0) collectives_->GradComputedLocked(a, computed);
+  Status s = device_.SubmitLocked(a, std::move(computed), std::move(sources), ticket);
+  if (!s.ok()) {
+    ctx_.SetErrorLocked(s);
+    return s;
+  }
+  return ticket;
 }
 
 Result<StepStats> EngineImpl::EndStep() {

@@ -46,8 +46,8 @@
 // Belady's rule (evict what is needed farthest ahead) fixes every eviction, load and copy
 // of the step within the budgets, and the engine's threads run that plan as far ahead as
 // its dependencies allow (NVMe->pinned, pinned->device). A block is acquired at most once
-// per pass per micro-batch, one block at a time, and SubmitGrads is called exactly once
-// per block per micro-batch, before the backward Release.
+// per pass per micro-batch, one block at a time, and SubmitGrads (or SubmitGradsFrom) is
+// called exactly once per block per micro-batch, before the backward Release.
 //
 // Numerics: the result does not depend on the budgets, the tiers or the timing — an
 // offloaded run is bit-identical to the same run with unlimited budgets (same kernels,
@@ -460,6 +460,17 @@ class Engine {
   // The engine copies it to the host and accumulates it; after the last micro-batch the
   // block's optimizer step starts as soon as the copy lands.
   virtual Status SubmitGrads(int block) = 0;
+  // SubmitGrads with the gradient read from the caller's memory instead of the GradBuffer, for
+  // frameworks that allocate their own gradient tensors (the Python layer): it saves copying
+  // them into the buffer. grads[i] holds tensor i's numel fp32 values (nullptr: zeros) in
+  // memory the device can copy from: torch's CUDA tensors on a CudaDevice, host memory on the
+  // HostDevice. Written by work already enqueued on Lane::kCompute or done. The memory must
+  // stay valid and unchanged until GradsRead() reaches the returned ticket (tickets count 1,
+  // 2, ... over the engine's life; EndStep waits for all). One rank only: with a
+  // communicator the reduce-scatter reads the gradient buffer (NotSupported; use SubmitGrads).
+  virtual Result<uint64_t> SubmitGradsFrom(int block, std::span<const float* const> grads) = 0;
+  // The last ticket of SubmitGradsFrom whose memory the engine has finished reading.
+  virtual uint64_t GradsRead() const = 0;
   // Waits for every optimizer step and NVMe write of the step, commits the new state
   // (atomic manifest switch), and returns the step's statistics. A step partly updated
   // before a non-finite gradient was found is not committed (kAborted; see

@@ -112,15 +112,22 @@ struct RunRecord {
   int64_t redone_blocks = 0, speculative_steps = 0, skipped_steps = 0;
 };
 
-inline Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batches, RunRecord* rec) {
+inline Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batches, RunRecord* rec,
+                       testing::CallerGrads* caller = nullptr, bool zero_last = false) {
   Engine& e = *f.engine;
   Device& d = *f.device;
   for (int64_t step = first; step <= last; ++step) {
     STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}));
     for (int m = 0; m < micro_batches; ++m) {
-      STRATA_RETURN_IF_ERROR(testing::RunFakeMicroBatch(e, d, step, m));
+      STRATA_RETURN_IF_ERROR(testing::RunFakeMicroBatch(e, d, step, m, caller, zero_last));
     }
     STRATA_ASSIGN_OR_RETURN(StepStats st, e.EndStep());
+    if (caller) {
+      if (e.GradsRead() < (caller->held.empty() ? 0 : caller->held.back().first)) {
+        return Status::Aborted("EndStep returned before the engine read every caller gradient");
+      }
+      caller->DropRead(e);
+    }
     if (st.step != step) {
       return Status::Aborted("EndStep says step " + std::to_string(st.step) + ", expected " +
                              std::to_string(step));

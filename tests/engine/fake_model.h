@@ -4,8 +4,12 @@
 // results are comparable.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
+#include <utility>
+#include <vector>
 
 #include "strata/device.h"
 #include "strata/engine.h"
@@ -24,9 +28,33 @@ inline float Param(const BlockView& v, uint64_t k) {
   return static_cast<const float*>(v.params)[k];
 }
 
+// The fake gradient of element k: 0.3 p + a small step/micro-batch dependent term.
+inline float FakeGrad(const BlockView& v, uint64_t k, int64_t step, int m) {
+  return 0.3f * Param(v, k) + float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
+}
+
+// The backward's gradient in memory the model owns, handed over with SubmitGradsFrom (as the
+// Python layer hands torch's tensors) instead of written into the GradBuffer. Each submission's
+// memory is held until the engine says it has read it, then filled with NaN before it is
+// freed, so a read after GradsRead() would show in the results.
+struct CallerGrads {
+  std::deque<std::pair<uint64_t, std::vector<std::vector<float>>>> held;
+  uint64_t max_held = 0;  // the most submissions held at once
+
+  void DropRead(const Engine& e) {
+    while (!held.empty() && held.front().first <= e.GradsRead()) {
+      for (auto& t : held.front().second) std::fill(t.begin(), t.end(), std::nanf(""));
+      held.pop_front();
+    }
+  }
+};
+
 // Micro-batch m of `step`: forward reads every tensor on the compute lane; backward writes
-// g = 0.3 p + a small step/micro-batch dependent term, and hands it to the engine.
-inline Status RunFakeMicroBatch(Engine& e, Device& d, int64_t step, int m) {
+// FakeGrad and hands it to the engine, through the GradBuffer or, given `caller`, from the
+// model's own memory. With `zero_last` the block's last tensor gets a zero gradient (from
+// the caller: a null pointer).
+inline Status RunFakeMicroBatch(Engine& e, Device& d, int64_t step, int m,
+                                CallerGrads* caller = nullptr, bool zero_last = false) {
   const int L = int(e.Layout().size());
   for (int b = 0; b < L; ++b) {
     STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(b, Pass::kForward));
@@ -42,21 +70,50 @@ inline Status RunFakeMicroBatch(Engine& e, Device& d, int64_t step, int m) {
   }
   for (int b = L - 1; b >= 0; --b) {
     STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(b, Pass::kBackward));
-    STRATA_ASSIGN_OR_RETURN(float* g, e.GradBuffer(b));
-    STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
-        Lane::kCompute,
-        [v, g, step, m] {
-          for (const TensorLayout& t : v.layout->tensors) {
-            for (uint64_t i = 0; i < t.numel; ++i) {
-              const uint64_t k = t.offset + i;
-              g[k] = 0.3f * Param(v, k) +
-                     float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
+    const size_t n = v.layout->tensors.size();
+    if (caller == nullptr) {
+      STRATA_ASSIGN_OR_RETURN(float* g, e.GradBuffer(b));
+      STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
+          Lane::kCompute,
+          [v, g, step, m, n, zero_last] {
+            for (size_t ti = 0; ti < n; ++ti) {
+              const TensorLayout& t = v.layout->tensors[ti];
+              for (uint64_t i = 0; i < t.numel; ++i) {
+                const uint64_t k = t.offset + i;
+                g[k] = zero_last && ti + 1 == n ? 0.f : FakeGrad(v, k, step, m);
+              }
             }
-          }
-          return Status::OK();
-        },
-        "backward"));
-    STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
+            return Status::OK();
+          },
+          "backward"));
+      STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
+    } else {
+      std::vector<std::vector<float>> mine(n);
+      std::vector<const float*> ptrs(n, nullptr);
+      for (size_t ti = 0; ti < n; ++ti) {
+        if (zero_last && ti + 1 == n) continue;
+        mine[ti].assign(v.layout->tensors[ti].numel, std::nanf(""));
+        ptrs[ti] = mine[ti].data();
+      }
+      std::vector<float*> out(n);
+      for (size_t ti = 0; ti < n; ++ti) out[ti] = mine[ti].data();
+      STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
+          Lane::kCompute,
+          [v, out, step, m] {
+            for (size_t ti = 0; ti < out.size(); ++ti) {
+              const TensorLayout& t = v.layout->tensors[ti];
+              if (out[ti] == nullptr) continue;
+              for (uint64_t i = 0; i < t.numel; ++i)
+                out[ti][i] = FakeGrad(v, t.offset + i, step, m);
+            }
+            return Status::OK();
+          },
+          "backward"));
+      STRATA_ASSIGN_OR_RETURN(uint64_t ticket, e.SubmitGradsFrom(b, ptrs));
+      caller->held.emplace_back(ticket, std::move(mine));
+      caller->max_held = std::max<uint64_t>(caller->max_held, caller->held.size());
+      caller->DropRead(e);
+    }
     STRATA_RETURN_IF_ERROR(e.Release(b));
   }
   return Status::OK();

@@ -63,6 +63,17 @@ class PlainEngine : public Engine {
     for (size_t i = 0; i < acc_[b].size(); ++i) acc_[b][i] += buf_[b][i];
     return Status::OK();
   }
+  Result<uint64_t> SubmitGradsFrom(int b, std::span<const float* const> grads) override {
+    STRATA_RETURN_IF_ERROR(o_.device->SynchronizeLane(Lane::kCompute));
+    for (size_t t = 0; t < grads.size(); ++t) {
+      const TensorLayout& tl = layouts_[b].tensors[t];
+      for (uint64_t i = 0; i < tl.numel; ++i) {
+        acc_[b][tl.offset + i] += grads[t] == nullptr ? 0.f : grads[t][i];
+      }
+    }
+    return ++tickets_;
+  }
+  uint64_t GradsRead() const override { return tickets_; }
   Result<StepStats> EndStep() override {
     StepStats s;
     s.step = ++step_;
@@ -103,6 +114,7 @@ class PlainEngine : public Engine {
   std::vector<std::vector<float>> master_, m_, v_, acc_, buf_;
   StepArgs args_;
   int64_t step_ = 0;
+  uint64_t tickets_ = 0;
 };
 
 }  // namespace strata::model
