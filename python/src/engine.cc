@@ -210,6 +210,18 @@ class PyEngine {
     py::gil_scoped_release release;
     ThrowIfError(engine_->SubmitGrads(block));
   }
+  // SubmitGradsFrom: the gradient read from the caller's tensors (addresses, 0 for zeros),
+  // which the caller keeps alive until grads_read() reaches the returned ticket.
+  uint64_t SubmitGradsFrom(int block, const std::vector<uintptr_t>& addresses) {
+    std::vector<const float*> grads;
+    grads.reserve(addresses.size());
+    for (uintptr_t a : addresses) grads.push_back(reinterpret_cast<const float*>(a));
+    py::gil_scoped_release release;
+    Result<uint64_t> ticket = engine_->SubmitGradsFrom(block, grads);
+    ThrowIfError(ticket.status());
+    return *ticket;
+  }
+  uint64_t GradsRead() const { return engine_->GradsRead(); }
   py::dict EndStep() {
     Result<StepStats> r = Status::OK();
     {
@@ -296,6 +308,8 @@ void BindEngine(py::module_& m) {
       .def("release", &PyEngine::Release)
       .def("grad_buffer", &PyEngine::GradBuffer)
       .def("submit_grads", &PyEngine::SubmitGrads)
+      .def("submit_grads_from", &PyEngine::SubmitGradsFrom, py::arg("block"), py::arg("addresses"))
+      .def("grads_read", &PyEngine::GradsRead)
       .def("end_step", &PyEngine::EndStep);
 }
 

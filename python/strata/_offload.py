@@ -26,6 +26,7 @@ current stream is synchronised before a block is released or its gradient submit
 correct but serialises torch's stream with the engine's at block edges; adopting torch's stream
 as the engine's compute lane (events instead of host waits) is the next step.
 """
+import collections
 import contextlib
 import json
 import os
@@ -176,6 +177,9 @@ class _Offloaded:
         self._next_fwd = None  # engine index expected next in forward; None between passes
         self._next_bwd = None
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
+        # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
+        # read them (see submit).
+        self._held_grads = collections.deque()
         self._hooks = [model.register_forward_pre_hook(self._begin_forward)]
         for i, b in enumerate(blocks):
             b.forward = _BlockForward(self, self.first_block + i, b.forward)
@@ -338,7 +342,42 @@ class _Offloaded:
             dst.copy_(src)
 
     def submit(self, b, grads):
-        """Writes the block's gradients (None: zeros) into the engine and submits them."""
+        """Submits the block's gradients (None: zeros). With one rank the engine copies them
+        straight from torch's tensors (SubmitGradsFrom), which are kept alive here until it has
+        read them; with several, the reduce-scatter needs them in the engine's gradient buffer,
+        so they are copied there first."""
+        if self._core.world_size == 1:
+            self._submit_from(b, grads)
+        else:
+            self._submit_copied(b, grads)
+
+    def _submit_from(self, b, grads):
+        keep, addresses = [], []
+        with self._clock.copy():  # nothing is copied unless a gradient is not plain fp32
+            for g in grads:
+                if g is None:
+                    addresses.append(0)
+                    continue
+                g = g.detach()
+                if (g.dtype != torch.float32 or g.device != self._torch_device
+                        or not g.is_contiguous()):
+                    g = g.to(self._torch_device, torch.float32).contiguous()
+                keep.append(g)
+                addresses.append(g.data_ptr())
+            self._sync()
+        ticket = self._core.submit_grads_from(b, addresses)
+        self._held_grads.append((ticket, keep))
+        self._drop_read_grads()
+
+    def _drop_read_grads(self):
+        """Lets go of the gradients the engine has finished reading."""
+        held = self._held_grads
+        if held:
+            read = self._core.grads_read()
+            while held and held[0][0] <= read:
+                held.popleft()
+
+    def _submit_copied(self, b, grads):
         _, tensors, padded = self._layout[b]
         flat = self._wrap(self._core.grad_buffer(b), padded, torch.float32)
         with self._clock.copy():
@@ -457,7 +496,10 @@ class _Offloaded:
         if self._micro != self.micro_batches:
             raise Error(f"opt.step() after {self._micro} forward/backward passes, with "
                         f"micro_batches={self.micro_batches}; run {self.micro_batches} per step")
-        stats = self._core.end_step()
+        try:
+            stats = self._core.end_step()
+        finally:
+            self._held_grads.clear()  # read by now, or the step failed
         self._step_open = False
         self._micro = 0
         opt.last_grad_norm = stats["grad_norm"]

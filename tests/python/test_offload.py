@@ -137,7 +137,7 @@ def test_timing_splits_the_layers_time_and_leaves_the_results_unchanged():
     for s in stats:
         t = s["python"]
         assert set(t) == {"layer", "engine", "compute", "copy", "own", "engine_calls"}
-        assert {"acquire", "release", "submit_grads", "end_step"} <= set(t["engine_calls"])
+        assert {"acquire", "release", "submit_grads_from", "end_step"} <= set(t["engine_calls"])
         assert abs(sum(t["engine_calls"].values()) - t["engine"]) < 1e-9
         assert all(t[k] > 0 for k in ("layer", "engine", "compute", "copy"))
         assert t["own"] >= 0
