@@ -115,3 +115,12 @@ def test_gpt2_head_stays_tied_and_saved_weights_load_with_from_pretrained(tmp_pa
         b = ref(input_ids=x, labels=x).loss.item()
     assert abs(a - b) <= 1e-4 * abs(b), (a, b)
 
+
+def test_gpt2_gradient_checkpointing_is_refused_as_not_needed():
+    model = make_model()
+    model.gradient_checkpointing_enable()
+    model = strata.offload(model, blocks=list(model.transformer.h), engine=strata.Engine())
+    strata.optim.AdamW(model.parameters(), lr=LR)
+    (x, _), = next(batches(1, 1, seq=SEQ, vocab=VOCAB))
+    with pytest.raises(strata.Error, match="gradient_checkpointing_disable"):
+        model(input_ids=x, labels=x)
