@@ -3,6 +3,10 @@ its blocks (model.transformer.h) in the engine, trained as a user calls it,
 model(input_ids=x, labels=x).loss. The blocks are called with keyword arguments (an attention
 mask tensor, flags) and return a tuple (with the default use_cache=True, a nested (key, value)
 tuple). Skipped where transformers is not installed (tools/bootstrap.sh installs it)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -124,3 +128,22 @@ def test_gpt2_gradient_checkpointing_is_refused_as_not_needed():
     (x, _), = next(batches(1, 1, seq=SEQ, vocab=VOCAB))
     with pytest.raises(strata.Error, match="gradient_checkpointing_disable"):
         model(input_ids=x, labels=x)
+
+
+def test_example_trains_offloaded_and_saves_what_from_pretrained_loads(tmp_path):
+    """examples/train_hf_gpt2.py: states on NVMe, the loss falls, the saved folder loads."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", "train_hf_gpt2.py"),
+                        "--data", os.path.join(root, "README.md"), "--steps", "8", "--dim", "32",
+                        "--layers", "2", "--seq", "32", "--batch", "4", "--host-mem", "300K",
+                        "--nvme", str(tmp_path / "run"), "--out", str(tmp_path / "out")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    steps = [line.split() for line in r.stdout.splitlines() if line.startswith("step ")]
+    assert [int(s[1]) for s in steps] == list(range(1, 9))
+    assert all(float(s[s.index("read") + 1]) > 0 for s in steps)  # nvme read, MiB
+    assert float(steps[-1][3]) < float(steps[0][3]) - 0.2
+    assert "from_pretrained loads it: eval loss" in r.stdout
+    got = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
+    assert got["transformer.wte.weight"].shape == (256, 32) and "lm_head.weight" not in got
