@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Strata builds with, when any is missing. Idempotent: when all
-# are present it installs nothing and does not touch apt's lists.
+# Installs the Debian packages Strata builds with, when any is missing, then the PyPI-only
+# packages the Hugging Face test and example need (see pydeps below). Idempotent: when all are
+# present it installs nothing, prints nothing and does not touch apt's lists.
 set -euo pipefail
 
 packages=(
@@ -10,6 +11,9 @@ packages=(
   fio redis-server
   # the Python binding (python/) and its tests: CPU torch 1.13 for /usr/bin/python3
   python3-dev pybind11-dev python3-pytest python3-torch
+  # what transformers imports that Debian ships (the PyPI-only rest: pydeps below)
+  python3-numpy python3-regex python3-requests python3-yaml python3-tqdm python3-filelock
+  python3-packaging python3-typing-extensions python3-pip
 )
 
 missing=()
@@ -19,18 +23,47 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
+install_debian() {
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "bootstrap: installing ${missing[*]}"
+  local SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null; then SUDO="sudo"; else
+      echo "bootstrap: need root to install: ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+}
+install_debian
 
-echo "bootstrap: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then SUDO="sudo"; else
-    echo "bootstrap: need root to install: ${missing[*]}" >&2
-    exit 1
+# pydeps: transformers and its PyPI-only dependencies for /usr/bin/python3 (Debian's torch
+# 1.13), in a folder outside the repository that a fresh clone reuses; tests/python/conftest.py
+# puts it on sys.path (STRATA_PYDEPS overrides the place in both). Exact pins and --no-deps, so
+# pip never brings another torch or numpy: transformers 4.49.0 is the newest release that
+# imports with torch 1.13 (4.50 imports torch.distributed.tensor, which torch 2.x added);
+# tokenizers and huggingface_hub are within its bounds. Without network (or pip) the step warns
+# and the test that needs it is skipped.
+pydeps_pins=(transformers==4.49.0 tokenizers==0.21.4 huggingface_hub==0.30.2 safetensors==0.5.3)
+pydeps="${STRATA_PYDEPS:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/pydeps}"
+pydeps_ok=1
+for pin in "${pydeps_pins[@]}"; do
+  [ -d "$pydeps/${pin%%==*}-${pin##*==}.dist-info" ] || pydeps_ok=0
+done
+if [ "$pydeps_ok" -eq 0 ]; then
+  echo "bootstrap: installing ${pydeps_pins[*]} into $pydeps"
+  tmp="$pydeps.tmp.$$" log="$pydeps.pip.log"
+  rm -rf "$tmp"
+  if mkdir -p "$(dirname "$pydeps")" &&
+     /usr/bin/python3 -m pip install -q --disable-pip-version-check --no-input --retries 2 \
+       --no-deps --target "$tmp" "${pydeps_pins[@]}" >"$log" 2>&1; then
+    rm -rf "$pydeps" "$log"
+    mv "$tmp" "$pydeps"
+  else
+    echo "bootstrap: warning: pip could not install ${pydeps_pins[*]} (no network?); the" \
+      "Hugging Face test will be skipped; pip's output: $log" >&2
+    rm -rf "$tmp"
   fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null

@@ -535,6 +535,19 @@ class _BlockForward:
             return self._call(args, kwargs)
 
     def _call(self, args, kwargs):
+        st = self.state
+        # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
+        # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
+        # backward; the layer already does both itself, and the second run would be taken for
+        # a second forward.
+        if ((st._next_fwd is not None and not torch.is_grad_enabled())
+                or st._next_bwd is not None):
+            raise Error(f"block {st.block_name(self.b)} was called "
+                        f"{'in backward' if st._next_bwd is not None else 'under no_grad'}: "
+                        "activation checkpointing around an offloaded block (torch.utils."
+                        "checkpoint, model.gradient_checkpointing_enable()) is not supported "
+                        "and not needed, as strata.offload recomputes each block in backward "
+                        "itself; turn it off (model.gradient_checkpointing_disable())")
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor) and v.requires_grad:
                 raise Error(f"block {self.state.block_name(self.b)} got keyword argument "

@@ -8,3 +8,10 @@ import sys
 _BUILD = os.path.join(os.path.dirname(__file__), "..", "..", "build", "release", "python")
 if not any(os.path.isdir(os.path.join(p, "strata")) for p in sys.path if p):
     sys.path.insert(0, os.path.abspath(_BUILD))
+
+# transformers and its PyPI-only dependencies, where tools/bootstrap.sh installed them (the
+# Hugging Face test is skipped without them).
+_PYDEPS = os.environ.get("STRATA_PYDEPS") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata", "pydeps")
+if os.path.isdir(_PYDEPS) and _PYDEPS not in sys.path:
+    sys.path.append(_PYDEPS)

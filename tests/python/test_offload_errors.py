@@ -2,6 +2,7 @@
 what is wrong and what to do."""
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import strata
 from gpt_model import GPT, batches
@@ -39,6 +40,22 @@ class CallsTwice(GPT):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         x = self.blocks[0](self.blocks[0](x))
         return x.mean()
+
+
+class Checkpointed(GPT):
+    """Each block under torch.utils.checkpoint, as Hugging Face's
+    model.gradient_checkpointing_enable() runs them."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=self.reentrant)
+        return torch.nn.functional.cross_entropy((x @ self.wte.weight.t()).flatten(0, 1),
+                                                 targets.reshape(-1))
 
 
 def test_block_not_called_in_forward():
@@ -118,3 +135,18 @@ def test_bad_arguments():
                             {"params": list(m.parameters())[3:]}])
     with pytest.raises(strata.Error, match="every parameter"):
         strata.optim.AdamW(list(m.parameters())[:3])
+
+
+def test_activation_checkpointing_around_a_block_is_refused_as_not_needed():
+    """The reentrant form runs the block under no_grad (refused in forward); the other one
+    recomputes it when backward unpacks its saved inputs (refused there; torch passes the error
+    on as a RuntimeError)."""
+    model, _ = _ready(Checkpointed(reentrant=True))
+    with pytest.raises(strata.Error, match="'blocks.0' was called under no_grad: activation "
+                                           "checkpointing .* not needed"):
+        model(*_batch())
+    model, _ = _ready(Checkpointed(reentrant=False))
+    loss = model(*_batch())
+    with pytest.raises(RuntimeError, match="'blocks.2' was called in backward: activation "
+                                           "checkpointing .* not needed"):
+        loss.backward()
