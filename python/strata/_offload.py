@@ -12,7 +12,10 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
 its backward re-acquires the block, recomputes the forward with the same RNG state, and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
-as soon as a block's gradient is final. The engine itself is created when strata.optim.AdamW
+as soon as a block's gradient is final. With one rank the engine reads them straight from
+torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
+copied per step are the rest block's weights, out of its acquired buffer at the start of
+forward (the head needs them after the engine has moved on). The engine itself is created when strata.optim.AdamW
 binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
 
 Engine(timing=True) times the layer itself: last_step_stats()["python"] splits the seconds spent
