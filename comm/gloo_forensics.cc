@@ -2,15 +2,17 @@
 #include "comm/gloo_forensics.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -93,11 +95,36 @@ std::vector<std::string> LocalTcpEndpoints(int* established) {
   return out;
 }
 
+namespace {
+
+// A /proc/<pid>/stat file, read with read(2): nullopt when it cannot be opened or read (the
+// process is gone; reading a stat file whose process exits meanwhile fails with ESRCH, which
+// libstdc++'s filebuf would throw through an istreambuf_iterator).
+std::optional<std::string> ReadStat(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  char buf[1024];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace
+
 std::string ProcessIdentity() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  std::ifstream f("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string stat = ReadStat("/proc/self/stat").value_or("");
   return std::string(host) + " " + std::to_string(::getpid()) + " " + StartTimeFromStat(stat);
 }
 
@@ -121,9 +148,9 @@ bool ProcessIsGone(const std::string& identity) {
   char me[256] = {};
   ::gethostname(me, sizeof(me) - 1);
   if (host != me) return false;  // another host: cannot tell from here
-  std::ifstream f("/proc/" + pid_s + "/stat");
-  if (!f) return true;  // no such process
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::optional<std::string> read = ReadStat("/proc/" + pid_s + "/stat");
+  if (!read) return true;  // no such process (or it exited while being read)
+  const std::string& stat = *read;
   if (StartTimeFromStat(stat) != start) return true;  // the pid was reused
   size_t close = stat.rfind(") ");
   char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';

@@ -62,6 +62,31 @@ TEST(ProcessIsGone, TellsLiveZombieAndReapedProcessesApart) {
   EXPECT_EQ(gloo_internal::StartTimeFromStat("garbage"), "");
 }
 
+// A process that exits and is reaped while its stat file is being read: ProcessIsGone says
+// gone (reading such a file fails with ESRCH, which once escaped as a C++ exception and
+// terminated a surviving rank). Children are reaped by another thread while this one asks.
+TEST(ProcessIsGone, AProcessReapedWhileItIsReadIsGone) {
+  std::string host;
+  std::istringstream(gloo_internal::ProcessIdentity()) >> host;
+  for (int i = 0; i < 200; ++i) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::usleep(200 + 50 * (i % 20));
+      ::_exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    const std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string child =
+        host + " " + std::to_string(pid) + " " + gloo_internal::StartTimeFromStat(stat);
+    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
+    bool gone = false;
+    for (int k = 0; k < 100000 && !gone; ++k) gone = gloo_internal::ProcessIsGone(child);
+    reaper.join();
+    EXPECT_TRUE(gone || gloo_internal::ProcessIsGone(child)) << child;
+  }
+}
+
 TEST(LocalTcpEndpoints, ListsAListeningSocketOfThisProcess) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
