@@ -1,18 +1,8 @@
 // SwapStore implementation.
 //
-// Metadata. entries_ maps a key to its committed version (what the manifest on disk names)
-// and its pending version (completed since the last Commit), or a pending delete. A Version
-// is a range of the logical space plus length and checksum. Ranges come from a first-fit
-// free map (offset -> length, coalesced) over the logical space.
-//
-// When space is freed. A version's range returns to the free map once (a) it is no longer
-// named by entries_ (superseded pending version, failed or out-raced write, or a committed
-// version replaced or deleted by a Commit that has reached the disk) and (b) no read in
-// flight still targets it (Version::readers). (b) matters because a read of version A may
-// still be in flight when a newer write replaces A; reusing A's space for a third write
-// would let the read see foreign bytes. Committed versions are dropped only after the new
-// manifest is durable, which is what makes re-opening after a crash safe: every range the
-// on-disk manifest names is untouched until a later manifest stops naming it.
+// Metadata. table_ (ExtentTable, io/extent_table.h) holds every key's committed and pending
+// versions, the free ranges of the logical space and when a range may be reused; the store
+// asks it where a write goes and what a read reads, and tells it when they finish.
 //
 // I/O. Each operation (Op) becomes one IoRequest per stripe piece of its 4 KiB-aligned
 // part, plus one for its partial last block, which goes through a private 4 KiB bounce
@@ -42,8 +32,9 @@
 namespace strata {
 
 using swap_internal::Checksum64;
+using swap_internal::ExtentVersion;
 using swap_internal::Manifest;
-using swap_internal::ManifestEntry;
+using swap_internal::VersionPtr;
 
 namespace {
 
@@ -78,30 +69,11 @@ Status ValidateBuffer(std::string_view key, const void* buffer, uint64_t length)
 
 }  // namespace
 
-struct SwapStore::Version {
-  uint64_t offset = 0;  // logical
-  uint64_t length = 0;
-  uint64_t alloc = 0;  // RoundUp(length, 4 KiB): the range held
-  uint64_t checksum = 0;
-  uint64_t step = 0;
-  bool committed = false;
-  int readers = 0;       // reads in flight
-  bool dropped = false;  // no longer named by entries_
-  bool freed = false;
-};
-
-struct SwapStore::Entry {
-  std::shared_ptr<Version> committed;
-  std::shared_ptr<Version> pending;
-  bool deleted = false;  // pending delete
-  uint64_t seq = 0;      // seq_ of the write or delete that set the pending state
-};
-
 struct SwapStore::Op {
   SwapTicket ticket = 0;
   IoOp kind = IoOp::kRead;
   std::string key;
-  std::shared_ptr<Version> version;
+  VersionPtr version;
   char* buffer = nullptr;
   uint64_t length = 0;
   uint64_t seq = 0;
@@ -161,7 +133,6 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
 
   STRATA_ASSIGN_OR_RETURN(layout_, swap_internal::SwapLayout::Resolve(
                                        options_, manifest ? &*manifest : nullptr, n, folder0));
-  if (manifest) committed_step_ = manifest->step;
   // Existing data files must cover every committed extent ("swap files that come back
   // short" are caught here, not as checksum errors later).
   const std::vector<uint64_t> needed_end =
@@ -188,34 +159,9 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   }
 
   std::lock_guard<std::mutex> lock(mu_);
-  ranges_.Reset(layout_.capacity);
+  table_.Reset(layout_.capacity);
   if (manifest) {
-    for (ManifestEntry& e : manifest->entries) {
-      auto v = std::make_shared<Version>();
-      v->offset = e.offset;
-      v->length = e.length;
-      v->alloc = RoundUp(e.length, kBlock);
-      v->checksum = e.checksum;
-      v->step = e.step;
-      v->committed = true;
-      if (v->alloc > 0) {
-        // The extent must lie wholly inside free space: no two extents overlap.
-        if (!ranges_.Claim(v->offset, v->alloc)) {
-          return Status::Corruption("swap store manifest " + manifest_path + ": extent '" + e.key +
-                                    "' overlaps another extent")
-              .WithPath(manifest_path);
-        }
-        in_use_ += v->alloc;
-        committed_bytes_ += v->alloc;
-      }
-      Entry& en = entries_[e.key];
-      if (en.committed) {
-        return Status::Corruption("swap store manifest " + manifest_path + " names '" + e.key +
-                                  "' twice")
-            .WithPath(manifest_path);
-      }
-      en.committed = std::move(v);
-    }
+    STRATA_RETURN_IF_ERROR(table_.Load(*manifest, manifest_path));
   } else {
     // A new store: an empty manifest makes the next Open find it.
     Manifest m;
@@ -245,7 +191,7 @@ SwapStore::~SwapStore() {
   folders_.reset();  // the folders' descriptors and locks, after every file is closed
 }
 
-std::string SwapStore::DescribeLocation(const Version& v) const {
+std::string SwapStore::DescribeLocation(const ExtentVersion& v) const {
   std::vector<swap_internal::SwapChunk> chunks;
   layout_.Map(v.offset, v.alloc, &chunks);
   std::string s;
@@ -258,48 +204,6 @@ std::string SwapStore::DescribeLocation(const Version& v) const {
   return s;
 }
 
-Result<uint64_t> SwapStore::AllocateLocked(uint64_t bytes, std::string_view key) {
-  if (std::optional<uint64_t> offset = ranges_.Allocate(bytes)) {
-    in_use_ += bytes;
-    return *offset;
-  }
-  const uint64_t largest = ranges_.LargestFree();
-  return Status::NoSpace(
-      "swap store is full: no room for " + FormatBytesExact(bytes) + " of extent '" +
-      std::string(key) + "'; capacity " + FormatBytesExact(layout_.capacity) + ", in use " +
-      FormatBytesExact(in_use_) + " (committed " + FormatBytesExact(committed_bytes_) +
-      "), largest free range " + FormatBytesExact(largest) +
-      ". Commit to release superseded versions, or raise the capacity");
-}
-
-void SwapStore::FreeRangeLocked(uint64_t offset, uint64_t bytes) {
-  if (bytes == 0) return;
-  in_use_ -= bytes;
-  ranges_.Free(offset, bytes);
-}
-
-void SwapStore::DropVersionLocked(const std::shared_ptr<Version>& v) {
-  if (!v || v->dropped) return;
-  v->dropped = true;
-  if (v->committed) committed_bytes_ -= v->alloc;
-  if (v->readers == 0 && !v->freed) {
-    v->freed = true;
-    FreeRangeLocked(v->offset, v->alloc);
-  }
-}
-
-void SwapStore::ReleaseReaderLocked(const std::shared_ptr<Version>& v) {
-  if (--v->readers == 0 && v->dropped && !v->freed) {
-    v->freed = true;
-    FreeRangeLocked(v->offset, v->alloc);
-  }
-}
-
-std::shared_ptr<SwapStore::Version> SwapStore::VisibleLocked(const Entry& e) const {
-  if (e.deleted) return nullptr;
-  return e.pending ? e.pending : e.committed;
-}
-
 Result<SwapTicket> SwapStore::SubmitOneLocked(const SwapOp& sop, std::vector<IoRequest>* requests) {
   auto op = std::make_unique<Op>();
   op->ticket = next_ticket_++;
@@ -310,49 +214,29 @@ Result<SwapTicket> SwapStore::SubmitOneLocked(const SwapOp& sop, std::vector<IoR
 
   if (sop.op == IoOp::kWrite) {
     op->length = sop.length;
-    uint64_t sum = Checksum64(sop.buffer, sop.length);
+    const uint64_t sum = Checksum64(sop.buffer, sop.length);
     std::lock_guard<std::mutex> lock(mu_);
-    auto v = std::make_shared<Version>();
-    v->length = sop.length;
-    v->alloc = RoundUp(sop.length, kBlock);
-    v->checksum = sum;
-    if (v->alloc > 0) {
-      Result<uint64_t> off = AllocateLocked(v->alloc, sop.key);
-      if (!off.ok()) {
-        op->status = off.status();
-        ready_.push_back(SwapCompletion{ticket, op->kind, op->key, 0, op->status});
-        return ticket;
-      }
-      v->offset = *off;
-    }
-    op->seq = ++seq_;
-    op->version = std::move(v);
-  } else {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(sop.key);
-    std::shared_ptr<Version> v = it == entries_.end() ? nullptr
-                                 : sop.committed      ? it->second.committed
-                                                      : VisibleLocked(it->second);
-    Status err;
-    if (!v) {
-      err = Status::NotFound(std::string(sop.committed ? "no committed extent '" : "no extent '") +
-                             sop.key + "' in the swap store");
-    } else if (v->length > sop.length) {
-      err = Status::InvalidArgument("extent '" + sop.key + "' has " + std::to_string(v->length) +
-                                    " bytes but the read buffer " + std::to_string(sop.length));
-    }
-    if (!err.ok()) {
-      ready_.push_back(SwapCompletion{ticket, op->kind, op->key, 0, err});
+    Result<VersionPtr> v = table_.NewVersion(sop.key, sop.length, sum);
+    if (!v.ok()) {
+      ready_.push_back(SwapCompletion{ticket, op->kind, op->key, 0, v.status()});
       return ticket;
     }
-    ++v->readers;
-    op->length = v->length;
-    op->version = std::move(v);
+    op->seq = table_.NextSeq();
+    op->version = std::move(*v);
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    Result<VersionPtr> v = table_.BeginRead(sop.key, sop.committed, sop.length);
+    if (!v.ok()) {
+      ready_.push_back(SwapCompletion{ticket, op->kind, op->key, 0, v.status()});
+      return ticket;
+    }
+    op->length = (*v)->length;
+    op->version = std::move(*v);
   }
 
   // Requests: whole blocks straight from/to the caller's buffer, the partial tail block
   // through the bounce block.
-  const Version& v = *op->version;
+  const ExtentVersion& v = *op->version;
   const uint64_t whole = op->length / kBlock * kBlock;
   const IoOp kind = op->kind;
   auto add = [&](uint64_t logical, uint64_t len, char* buf) {
@@ -461,7 +345,7 @@ Status SwapStore::ProcessCompletions(size_t min_complete) {
 }
 
 void SwapStore::FinishOp(std::unique_ptr<Op> op) {
-  Version& v = *op->version;
+  const ExtentVersion& v = *op->version;
   if (op->kind == IoOp::kRead) {
     if (op->status.ok() && op->tail) {
       std::memcpy(op->buffer + op->tail_pos, op->tail.get(), op->length - op->tail_pos);
@@ -487,7 +371,7 @@ void SwapStore::FinishOp(std::unique_ptr<Op> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (op->kind == IoOp::kRead) {
-      ReleaseReaderLocked(op->version);
+      table_.EndRead(op->version);
       if (op->status.ok()) {
         ++reads_;
         bytes_read_ += op->length;
@@ -498,17 +382,9 @@ void SwapStore::FinishOp(std::unique_ptr<Op> op) {
       bytes_written_ += op->length;
       for (const swap_internal::SwapChunk& c : op->chunks)
         paths_[c.path]->bytes_written += c.length;
-      Entry& e = entries_[op->key];
-      if (op->seq > e.seq) {
-        DropVersionLocked(e.pending);
-        e.pending = op->version;
-        e.deleted = false;
-        e.seq = op->seq;
-      } else {
-        DropVersionLocked(op->version);  // a later write or delete of the key won
-      }
+      table_.WriteCompleted(op->key, op->version, op->seq);
     } else {
-      DropVersionLocked(op->version);
+      table_.WriteFailed(op->version);
     }
   }
   ready_.push_back(SwapCompletion{op->ticket, op->kind, std::move(op->key),
@@ -602,28 +478,13 @@ Result<uint64_t> SwapStore::ReadVersion(const SwapOp& op) {
 Status SwapStore::Delete(std::string_view key) {
   std::lock_guard<std::mutex> io_lock(io_mu_);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end() || !VisibleLocked(it->second)) {
-    return Status::NotFound("no extent '" + std::string(key) + "' in the swap store");
-  }
-  Entry& e = it->second;
-  DropVersionLocked(e.pending);
-  e.pending.reset();
-  e.deleted = true;
-  e.seq = ++seq_;
-  return Status::OK();
+  return table_.Delete(key);
 }
 
 void SwapStore::Revert(std::string_view key) {
   std::lock_guard<std::mutex> io_lock(io_mu_);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  Entry& e = it->second;
-  DropVersionLocked(e.pending);
-  e.pending.reset();
-  e.deleted = false;
-  e.seq = ++seq_;
+  table_.Revert(key);
 }
 
 Status SwapStore::WriteManifest(const Manifest& manifest) {
@@ -665,16 +526,7 @@ Status SwapStore::FinishCommit() {
 Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (prepared_step_) {
-      return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
-                                     " while step " + std::to_string(*prepared_step_) +
-                                     " is prepared; finish it first");
-    }
-    if (committed_step_ && step <= *committed_step_) {
-      return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
-                                     " after step " + std::to_string(*committed_step_) +
-                                     "; steps must increase");
-    }
+    STRATA_RETURN_IF_ERROR(table_.CheckCanPrepare(step));
   }
   while (!ops_.empty()) STRATA_RETURN_IF_ERROR(ProcessCompletions(ops_.size()));
   Hook("commit_begin");
@@ -691,19 +543,12 @@ Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
   m.step = step;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    m.entries.reserve(entries_.size());
-    for (const auto& [key, e] : entries_) {
-      std::shared_ptr<Version> v = VisibleLocked(e);
-      if (!v) continue;
-      m.entries.push_back(
-          ManifestEntry{key, v->offset, v->length, v->checksum, v == e.pending ? step : v->step});
-    }
+    m.entries = table_.ManifestEntries(step);
   }
   Status s = WriteManifestTemp(m, sync_folder);
   if (!s.ok()) return s.Annotate("commit of step " + std::to_string(step));
   std::lock_guard<std::mutex> lock(mu_);
-  prepared_step_ = step;
-  prepared_seq_ = seq_;
+  table_.MarkPrepared(step);
   return Status::OK();
 }
 
@@ -711,46 +556,19 @@ Status SwapStore::FinishLocked() {
   uint64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!prepared_step_) {
-      return Status::InvalidArgument("swap store: FinishCommit without PrepareCommit");
-    }
-    if (seq_ != prepared_seq_) {
-      return Status::InvalidArgument(
-          "swap store: the extents changed between PrepareCommit and "
-          "FinishCommit of step " +
-          std::to_string(*prepared_step_));
-    }
-    step = *prepared_step_;
+    STRATA_ASSIGN_OR_RETURN(step, table_.PreparedStep());
   }
   Hook("commit_finishing");
   Status s = RenameManifestTemp();
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    prepared_step_.reset();
+    table_.AbortPrepared();
     return s.Annotate("commit of step " + std::to_string(step));
   }
 
   // The new manifest is durable: the versions it no longer names may be reused.
   std::lock_guard<std::mutex> lock(mu_);
-  prepared_step_.reset();
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    Entry& e = it->second;
-    if (e.deleted) {
-      DropVersionLocked(e.committed);
-      it = entries_.erase(it);
-      continue;
-    }
-    if (e.pending) {
-      DropVersionLocked(e.committed);
-      e.pending->committed = true;
-      e.pending->step = step;
-      committed_bytes_ += e.pending->alloc;
-      e.committed = std::move(e.pending);
-      e.pending.reset();
-    }
-    ++it;
-  }
-  committed_step_ = step;
+  table_.FinishCommit(step);
   ++commits_;
   Hook("committed");
   return Status::OK();
@@ -758,25 +576,19 @@ Status SwapStore::FinishLocked() {
 
 std::optional<ExtentInfo> SwapStore::Lookup(std::string_view key) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return std::nullopt;
-  std::shared_ptr<Version> v = VisibleLocked(it->second);
+  VersionPtr v = table_.Lookup(key);
   if (!v) return std::nullopt;
   return ExtentInfo{v->length, v->checksum, v->committed, v->step};
 }
 
 std::vector<std::string> SwapStore::Keys() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::string> keys;
-  for (const auto& [key, e] : entries_) {
-    if (VisibleLocked(e)) keys.push_back(key);
-  }
-  return keys;
+  return table_.Keys();
 }
 
 std::optional<uint64_t> SwapStore::CommittedStep() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return committed_step_;
+  return table_.committed_step();
 }
 
 SwapStoreStats SwapStore::Stats() const {
@@ -785,16 +597,16 @@ SwapStoreStats SwapStore::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   s.capacity_bytes = layout_.capacity;
   s.stripe_bytes = layout_.stripe;
-  s.in_use_bytes = in_use_;
-  s.committed_bytes = committed_bytes_;
-  s.largest_free_bytes = ranges_.LargestFree();
+  s.in_use_bytes = table_.in_use();
+  s.committed_bytes = table_.committed_bytes();
+  s.largest_free_bytes = table_.largest_free();
   s.bytes_read = bytes_read_;
   s.bytes_written = bytes_written_;
   s.reads = reads_;
   s.writes = writes_;
   s.commits = commits_;
-  for (const auto& [key, e] : entries_) s.extents += VisibleLocked(e) ? 1 : 0;
-  s.committed_step = committed_step_;
+  s.extents = table_.Extents();
+  s.committed_step = table_.committed_step();
   for (size_t i = 0; i < paths_.size(); ++i) {
     const PathState* ps = paths_[i].get();
     SwapPathStats p;

@@ -87,7 +87,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "io/range_allocator.h"
+#include "io/extent_table.h"
 #include "io/swap_layout.h"
 #include "strata/io.h"
 #include "strata/status.h"
@@ -269,8 +269,6 @@ class SwapStore {
   Status RegisterBuffers(std::span<const BufferRegion> regions);
 
  private:
-  struct Version;
-  struct Entry;
   struct Op;
   struct PathState;
 
@@ -278,14 +276,7 @@ class SwapStore {
   Status Init(std::unique_ptr<IoBackend> backend);
   void Hook(std::string_view point) const;
 
-  std::string DescribeLocation(const Version& v) const;
-
-  // Allocator over the logical space (mu_ held).
-  Result<uint64_t> AllocateLocked(uint64_t bytes, std::string_view key);
-  void FreeRangeLocked(uint64_t offset, uint64_t bytes);
-  void DropVersionLocked(const std::shared_ptr<Version>& v);
-  void ReleaseReaderLocked(const std::shared_ptr<Version>& v);
-  std::shared_ptr<Version> VisibleLocked(const Entry& e) const;
+  std::string DescribeLocation(const swap_internal::ExtentVersion& v) const;
 
   // I/O (io_mu_ held).
   Result<std::vector<SwapTicket>> SubmitInternal(std::span<const SwapOp> ops, bool sync);
@@ -317,16 +308,9 @@ class SwapStore {
   std::unordered_set<SwapTicket> sync_tickets_;
   SwapTicket next_ticket_ = 1;
 
-  mutable std::mutex mu_;  // metadata
+  mutable std::mutex mu_;  // metadata: the table, the paths' byte counts, the counters
   std::vector<std::unique_ptr<PathState>> paths_;
-  std::map<std::string, Entry, std::less<>> entries_;
-  RangeAllocator ranges_;  // logical free ranges across the striped files
-  uint64_t in_use_ = 0;
-  uint64_t committed_bytes_ = 0;
-  uint64_t seq_ = 0;  // orders writes and deletes of one key
-  std::optional<uint64_t> committed_step_;
-  std::optional<uint64_t> prepared_step_;  // between PrepareCommit and FinishCommit
-  uint64_t prepared_seq_ = 0;              // seq_ at PrepareCommit: nothing may change after
+  swap_internal::ExtentTable table_;  // versions, free space, committed and prepared steps
   uint64_t bytes_read_ = 0, bytes_written_ = 0, reads_ = 0, writes_ = 0, commits_ = 0;
 };
 
