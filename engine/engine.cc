@@ -372,14 +372,15 @@ Result<uint64_t> EngineImpl::SubmitGradsFrom(int block, std::span<const float* c
                                 " ranks: the reduce-scatter reads the gradient buffer; write it "
                                 "(GradBuffer) and call SubmitGrads");
   }
-  if (block < 0 || block >= int(ctx_.layout.size()) ||
-      grads.size() != ctx_.layout[block].tensors.size()) {
-    return Status::InvalidArgument(
-        "SubmitGradsFrom(" + std::to_string(block) + ") with " + std::to_string(grads.size()) +
-        " gradients; the block has " +
-        (block < 0 || block >= int(ctx_.layout.size())
-             ? std::string("no such index")
-             : std::to_string(ctx_.layout[block].tensors.size()) + " tensors"));
+  if (block < 0 || block >= int(ctx_.layout.size())) {
+    return Status::InvalidArgument("SubmitGradsFrom(" + std::to_string(block) +
+                                   "): the model has blocks 0.." +
+                                   std::to_string(ctx_.layout.size() - 1));
+  }
+  if (grads.size() != ctx_.layout[block].tensors.size()) {
+    return Status::InvalidArgument("SubmitGradsFrom(" + std::to_string(block) + ") with " +
+                                   std::to_string(grads.size()) + " gradients; the block has " +
+                                   std::to_string(ctx_.layout[block].tensors.size()) + " tensors");
   }
   std::vector<const float*> sources(grads.begin(), grads.end());
   std::vector<const float*> adopted;  // the lander forgets them once copied

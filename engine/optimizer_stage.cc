@@ -81,8 +81,8 @@ std::vector<int> OptimizerStage::SpeculativeBlocksLocked() const {
 
 bool OptimizerStage::NormAllowsUpdateLocked(int b) {
   if (ctx_.opt.grad_clip <= 0 || norm_final_) return true;
-  const bool restorable = b < int(ctx_.place.restorable.size()) && ctx_.place.restorable[b];
-  if (ctx_.speculative && restorable) return true;  // redone at EndStep if clipping applies
+  if (ctx_.speculative && ctx_.place.Restorable(b))
+    return true;  // redone at EndStep if clipping applies
   // Clipping scales every update by the step's norm: wait for all of it.
   if (ranks_combine_norm_ || !AllNormsKnownLocked()) return false;
   const NormPart mine = LocalNormPartLocked();
@@ -224,8 +224,7 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
                     ctx_.layout[b].shard_numel * 4);
   // Updated before the norm: a restorable block can be redone (clipping) or undone (a late
   // non-finite gradient, with or without clipping).
-  const bool restorable = b < int(ctx_.place.restorable.size()) && ctx_.place.restorable[b];
-  if (*applied && !final_norm && restorable) {
+  if (*applied && !final_norm && ctx_.place.Restorable(b)) {
     MutexLock lock(&ctx_.mu);
     speculated_[b] = true;
   }

@@ -226,9 +226,11 @@ struct PlacementPlan {
   int micro_batches = 1;
   bool clip = false;
   bool speculation = false;      // clip, and some step may update speculatively
-  std::vector<bool> restorable;  // per block (see HostPlanInput)
+  std::vector<bool> restorable;  // per block (see HostPlanInput); empty without a store
   bool spill_grads = false;      // see HostPlanInput
   bool separate_param = false;
+
+  bool Restorable(int b) const { return b < int(restorable.size()) && restorable[b]; }
 };
 
 // The swap store's extent space for `nvme_bytes` of states: a committed and a pending
