@@ -278,6 +278,7 @@ class _Offloaded:
         if self.engine._clock is not None:
             self._core = _TimedCore(self._core, self.engine._clock)
         self._layout = self._core.layout()
+        self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
         self._torch_device = torch.device("cuda" if self._core.device_kind == "cuda" else "cpu")
         if not c.resume:
             for b, (_, ps) in enumerate(self.engine_blocks()):
@@ -349,7 +350,7 @@ class _Offloaded:
         straight from torch's tensors (SubmitGradsFrom), which are kept alive here until it has
         read them; with several, the reduce-scatter needs them in the engine's gradient buffer,
         so they are copied there first."""
-        if self._core.world_size == 1:
+        if self._one_rank:
             self._submit_from(b, grads)
         else:
             self._submit_copied(b, grads)
