@@ -21,25 +21,6 @@ namespace {
 
 using namespace engine_test;  // NOLINT: the harness is this test's vocabulary
 
-struct Outcome {
-  std::vector<std::vector<float>> states;
-  RunRecord rec;
-  uint64_t max_held = 0;
-};
-
-Result<Outcome> Train(const std::vector<BlockSpec>& specs, const RunConfig& rc, int steps,
-                      bool from_caller, bool zero_last) {
-  STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
-  Outcome out;
-  testing::CallerGrads caller;
-  STRATA_RETURN_IF_ERROR(RunSteps(f, 1, steps, rc.micro_batches, &out.rec,
-                                  from_caller ? &caller : nullptr, zero_last));
-  if (!caller.held.empty()) return Status::Aborted("caller memory still held after EndStep");
-  out.max_held = caller.max_held;
-  STRATA_ASSIGN_OR_RETURN(out.states, States(*f.engine));
-  return out;
-}
-
 void RandomTrial(uint64_t seed, int trial) {
   std::mt19937_64 rng(seed + uint64_t(trial));
   SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial) +
@@ -76,7 +57,7 @@ void RandomTrial(uint64_t seed, int trial) {
   EXPECT_EQ(buffered->rec.norms, caller->rec.norms);
   if (rc.device_mem != 0) EXPECT_LE(caller->rec.peak_device, rc.device_mem);
   if (rc.host_mem != 0) EXPECT_LE(caller->rec.peak_host, rc.host_mem);
-  EXPECT_GE(caller->max_held, 1u);
+  EXPECT_GE(caller->max_caller_held, 1u);
 }
 
 TEST(EngineGradSourcesTest, RandomModelsAndBudgetsMatchTheGradBufferBitForBit) {

@@ -157,6 +157,28 @@ inline Result<std::vector<std::vector<float>>> States(const Engine& e) {
   return out;
 }
 
+// One fresh run of `steps` steps: the states it ends with and its record. With `from_caller`
+// the gradients go in from the model's own memory (SubmitGradsFrom); `zero_last`: see
+// RunFakeMicroBatch.
+struct Outcome {
+  std::vector<std::vector<float>> states;
+  RunRecord rec;
+  uint64_t max_caller_held = 0;  // from_caller: the most submissions held at once
+};
+
+inline Result<Outcome> Train(const std::vector<BlockSpec>& specs, const RunConfig& rc, int steps,
+                             bool from_caller = false, bool zero_last = false) {
+  STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
+  Outcome out;
+  testing::CallerGrads caller;
+  STRATA_RETURN_IF_ERROR(RunSteps(f, 1, steps, rc.micro_batches, &out.rec,
+                                  from_caller ? &caller : nullptr, zero_last));
+  if (!caller.held.empty()) return Status::Aborted("caller memory still held after EndStep");
+  out.max_caller_held = caller.max_held;
+  STRATA_ASSIGN_OR_RETURN(out.states, States(*f.engine));
+  return out;
+}
+
 inline ::testing::AssertionResult BitIdentical(const std::vector<std::vector<float>>& a,
                                                const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << "different component count";

@@ -32,19 +32,6 @@ double ThresholdClippingSomeSteps(const std::vector<double>& norms) {
   return 0.5 * (sorted.front() + sorted.back());
 }
 
-struct Outcome {
-  std::vector<std::vector<float>> states;
-  RunRecord rec;
-};
-
-Result<Outcome> Train(const std::vector<BlockSpec>& specs, RunConfig rc, int steps) {
-  STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
-  Outcome out;
-  STRATA_RETURN_IF_ERROR(RunSteps(f, 1, steps, rc.micro_batches, &out.rec));
-  STRATA_ASSIGN_OR_RETURN(out.states, States(*f.engine));
-  return out;
-}
-
 void RandomTrial(uint64_t seed, int trial) {
   std::mt19937_64 rng(seed + uint64_t(trial));
   SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial) +

@@ -46,11 +46,9 @@ Result<std::vector<std::vector<float>>> Reference(const std::vector<BlockSpec>& 
   rc.dtype = dtype;
   rc.micro_batches = micro_batches;
   rc.grad_clip = clip;
-  STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
-  RunRecord rec;
-  STRATA_RETURN_IF_ERROR(RunSteps(f, 1, steps, micro_batches, &rec));
-  if (norms) *norms = rec.norms;
-  return States(*f.engine);
+  STRATA_ASSIGN_OR_RETURN(Outcome run, Train(specs, rc, steps));
+  if (norms) *norms = run.rec.norms;
+  return std::move(run.states);
 }
 
 // The minimum budgets the planner reports for this model.
