@@ -18,9 +18,10 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -96,8 +97,10 @@ struct Op {
   std::shared_ptr<GlooHandle> handle;
 };
 
-// Chunking of reduce-scatter so the scratch copy stays bounded and Gloo's int counts hold.
+// Chunking of reduce-scatter so its scratch memory stays bounded.
 std::atomic<size_t> g_reduce_scatter_max_elements{size_t{1} << 24};  // 64 MiB of fp32
+// The slot prefix of Strata's own reduce-scatter; Gloo's collectives use 0x01..0x08.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x53;
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -192,36 +195,13 @@ class GlooCommunicator final : public Communicator {
       return Invalid("reduce-scatter: output overlaps input other than at input + rank*count");
     }
     uint64_t bus = count * 4 * static_cast<uint64_t>(world_ - 1);
-    return Enqueue("reduce-scatter", options, bus, [=, this](uint32_t) {
+    return Enqueue("reduce-scatter", options, bus, [=, this](uint32_t tag) {
       if (count == 0) return;
       if (world_ == 1) {
         if (!in_place) std::memcpy(out, in, count * sizeof(float));
         return;
       }
-      // Gloo's ReduceScatterHalvingDoubling works in place on one buffer of world*piece
-      // elements and leaves this rank's piece at its front. Pieces bound the scratch
-      // memory and keep Gloo's int element counts in range. In place, piece k of the output
-      // overwrites only input this rank has already copied (its own slot, up to piece k).
-      size_t piece_max = std::max<size_t>(1, g_reduce_scatter_max_elements.load() / world_);
-      std::vector<float> scratch(std::min(count, piece_max) * world_);
-      for (size_t off = 0; off < count; off += piece_max) {
-        size_t piece = std::min(piece_max, count - off);
-        for (int r = 0; r < world_; ++r) {
-          std::memcpy(scratch.data() + r * piece, in + r * count + off, piece * sizeof(float));
-        }
-        std::vector<int> recv_counts(world_, static_cast<int>(piece));
-        gloo::ReduceScatterHalvingDoubling<float> algo(
-            context_, std::vector<float*>{scratch.data()}, static_cast<int>(piece * world_),
-            recv_counts);
-        algo.run();
-        float* dst = out + off;
-        if (op == ReduceOp::kAverage) {
-          const float n = static_cast<float>(world_);
-          for (size_t i = 0; i < piece; ++i) dst[i] = scratch[i] / n;
-        } else {
-          std::memcpy(dst, scratch.data(), piece * sizeof(float));
-        }
-      }
+      DirectReduceScatter(in, out, count, op == ReduceOp::kAverage, tag);
     });
   }
 
@@ -291,6 +271,50 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // Reduce-scatter by direct exchange, in pieces: for each piece, this rank sends slot r's
+  // piece of its input to rank r and receives every peer's piece of its own slot, each on
+  // this op's tagged slot (unique per op, so back-to-back calls never share a buffer), then
+  // sums the contributions in rank order 0..N-1 (the same order on every rank and run, so
+  // the result does not depend on timing). Every send is waited for before the piece's sum
+  // is written: an in-place output aliases only this rank's own slot, which is never sent.
+  //
+  // This replaces Gloo's ReduceScatterHalvingDoubling, which returned wrong elements under
+  // load: a rank other than 0 moves its reduced chunk to the front of the buffer while its
+  // own send of that front half may still be in flight, so the peer receives a mix of
+  // input and result (seen as hundreds of wrong elements in `bench comm` at 128 KiB+).
+  // Bytes on the wire are (N-1)/N of the input per rank, as for the ring or halving-doubling.
+  // Throws what Gloo throws (timeout, closed connection); the worker turns it into a Status.
+  void DirectReduceScatter(const float* in, float* out, size_t count, bool average, uint32_t tag) {
+    const size_t piece_max = std::max<size_t>(1, g_reduce_scatter_max_elements.load() / world_);
+    std::vector<float> scratch(std::min(count, piece_max) * world_);
+    auto send =
+        context_->createUnboundBuffer(const_cast<float*>(in), count * world_ * sizeof(float));
+    auto recv = context_->createUnboundBuffer(scratch.data(), scratch.size() * sizeof(float));
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    for (size_t off = 0; off < count; off += piece_max) {
+      const size_t piece = std::min(piece_max, count - off);
+      const size_t piece_bytes = piece * sizeof(float);
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_) continue;
+        recv->recv(r, slot, r * piece_bytes, piece_bytes);
+        send->send(r, slot, (r * count + off) * sizeof(float), piece_bytes);
+      }
+      for (int i = 0; i < world_ - 1; ++i) {
+        if (!recv->waitRecv(timeout_)) throw std::runtime_error("reduce-scatter: receive aborted");
+      }
+      for (int i = 0; i < world_ - 1; ++i) {
+        if (!send->waitSend(timeout_)) throw std::runtime_error("reduce-scatter: send aborted");
+      }
+      const float* mine = in + rank_ * count + off;
+      float* dst = out + off;
+      for (size_t e = 0; e < piece; ++e) {
+        float acc = rank_ == 0 ? mine[e] : scratch[e];
+        for (int r = 1; r < world_; ++r) acc += r == rank_ ? mine[e] : scratch[r * piece + e];
+        dst[e] = average ? acc / static_cast<float>(world_) : acc;
+      }
+    }
+  }
+
   static bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
     auto pa = reinterpret_cast<uintptr_t>(a);
     auto pb = reinterpret_cast<uintptr_t>(b);

@@ -10,7 +10,11 @@
 //   comm/gloo_communicator.* the collective worker and CreateGlooCommunicator.
 //
 // How it runs: one worker thread per communicator executes the collectives in issue order
-// (one FIFO), each through Gloo's algorithms on one gloo::Context connected as a full mesh.
+// (one FIFO) on one gloo::Context connected as a full mesh: all-gather, all-reduce,
+// broadcast and barrier through Gloo's tagged collectives, reduce-scatter through Strata's
+// own direct exchange on a tagged slot (gloo_communicator.cc says why: Gloo's
+// ReduceScatterHalvingDoubling returned wrong elements under load). Every op has a tag of
+// its own, so back-to-back ops never share a slot or a buffer.
 // A Gloo exception is caught on the worker and becomes the handle's Status: Timeout when a
 // peer stayed silent past the timeout, Comm when a connection broke. The lost rank is named
 // as comm/gloo_forensics.h describes.
@@ -26,7 +30,7 @@ namespace strata::gloo_internal {
 bool HasRedis();
 
 // Reduce-scatter runs in pieces of at most `elements` (summed over ranks) to bound its
-// scratch memory (default 2^24). Lets tests cover the piecewise path with small buffers;
+// scratch memory (default 2^24, 64 MiB). Lets tests cover the piecewise path with small buffers;
 // set it before creating communicators (it is read by every rank's worker).
 void SetReduceScatterPieceForTesting(size_t elements);
 
