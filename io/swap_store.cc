@@ -117,6 +117,10 @@ Status SwapStore::CheckRunId(const Manifest& manifest, const std::string& manife
     run_id_ = options_.run_id;
     return Status::OK();
   }
+  // A caller that would create a store and finds another run's committed one decides
+  // itself (the engine refuses it, saying how to resume it); its commits keep the store's
+  // identity.
+  if (options_.create) return Status::OK();
   const std::string stored = manifest.run_id.empty()
                                  ? "no run identity (written by a strata before identities)"
                                  : "run '" + manifest.run_id + "'";

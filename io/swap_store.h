@@ -118,10 +118,12 @@ struct SwapStoreOptions {
   // is made in the folders (not even the lock file).
   bool create = true;
   // The identity of the run the store belongs to (opaque bytes, at most 256; e.g. a random
-  // run id and the rank). A new store records it in its manifest; an existing one must
-  // record the same, else Open fails with InvalidArgument naming both (a manifest and data
-  // files copied from another run or rank). Empty: any store is accepted, and keeps the
-  // identity it has.
+  // run id and the rank). A new store records it in its manifest, and so does one in which
+  // nothing was ever committed. With create = false an existing store must record the
+  // same, else Open fails with InvalidArgument naming both (a manifest and data files
+  // copied from another run or rank); with create = true another run's committed store is
+  // opened as it is, for the caller to refuse (Lookup, CommittedStep). Empty: any store is
+  // accepted, and keeps the identity it has.
   std::string run_id;
   // Backend made by Open when it is not handed one.
   IoBackendOptions backend;
