@@ -104,7 +104,9 @@ Status HostTier::InitObjects() NO_THREAD_SAFETY_ANALYSIS {
   if (ctx_.opt.resume) {
     if (!committed) {
       return Status::NotFound("resume: the store in " + ctx_.opt.nvme_paths[0] +
-                              " has no committed step");
+                              " has no committed step: the run stopped before its first "
+                              "commit, so there is nothing to resume; start it afresh (the "
+                              "same command without --resume works in this folder)");
     }
     ctx_.resumed_step = int64_t(*committed);
     return ResumeFromStore();
@@ -125,6 +127,7 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   sopt.capacity_bytes = ctx_.place.swap_capacity_bytes;  // see SwapCapacity
   sopt.stripe_bytes = opt.nvme_stripe_bytes;
   sopt.create = !opt.resume;
+  sopt.run_id = opt.run_id;
   sopt.backend = opt.io;
   std::unique_ptr<IoBackend> backend;
   STRATA_ASSIGN_OR_RETURN(const IoBackendFactory factory,

@@ -10,7 +10,8 @@ namespace strata::swap_internal {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'F'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersionWithoutRunId = 1;
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kFlagHasStep = 1;
 constexpr uint32_t kMaxKeyBytes = 1 << 16;
 
@@ -55,12 +56,16 @@ std::string EncodeManifest(const Manifest& m) {
   for (const auto& e : m.entries) approx += 36 + e.key.size();
   out.reserve(approx + 8);
   out.append(kMagic, sizeof(kMagic));
-  Put<uint32_t>(out, kVersion);
+  Put<uint32_t>(out, m.run_id.empty() ? kVersionWithoutRunId : kVersion);
   Put<uint32_t>(out, m.num_paths);
   Put<uint64_t>(out, m.stripe_bytes);
   Put<uint64_t>(out, m.capacity_bytes);
   Put<uint64_t>(out, m.step ? kFlagHasStep : 0);
   Put<uint64_t>(out, m.step.value_or(0));
+  if (!m.run_id.empty()) {
+    Put<uint32_t>(out, static_cast<uint32_t>(m.run_id.size()));
+    out.append(m.run_id);
+  }
   Put<uint64_t>(out, m.entries.size());
   for (const auto& e : m.entries) {
     Put<uint32_t>(out, static_cast<uint32_t>(e.key.size()));
@@ -95,14 +100,21 @@ Result<Manifest> DecodeManifest(std::string_view bytes, const std::string& path)
   Manifest m;
   uint64_t flags = 0, step = 0, count = 0;
   if (!r.GetBytes(8, &magic) || !r.Get(&version) || !r.Get(&m.num_paths) ||
-      !r.Get(&m.stripe_bytes) || !r.Get(&m.capacity_bytes) || !r.Get(&flags) || !r.Get(&step) ||
-      !r.Get(&count)) {
+      !r.Get(&m.stripe_bytes) || !r.Get(&m.capacity_bytes) || !r.Get(&flags) || !r.Get(&step)) {
     return bad("truncated header");
   }
-  if (version != kVersion) {
+  if (version != kVersion && version != kVersionWithoutRunId) {
     return bad("format version " + std::to_string(version) + ", this build reads " +
-               std::to_string(kVersion));
+               std::to_string(kVersionWithoutRunId) + " and " + std::to_string(kVersion));
   }
+  if (version == kVersion) {
+    uint32_t id_len = 0;
+    if (!r.Get(&id_len) || id_len == 0 || id_len > kMaxRunIdBytes ||
+        !r.GetBytes(id_len, &m.run_id)) {
+      return bad("truncated or invalid run identity");
+    }
+  }
+  if (!r.Get(&count)) return bad("truncated header");
   // Bits or a step this build would ignore: written by another format, or damaged.
   if ((flags & ~kFlagHasStep) != 0) {
     return bad("unknown flags " + std::to_string(flags & ~kFlagHasStep));

@@ -80,6 +80,11 @@ Result<std::unique_ptr<SwapFolders>> SwapFolders::Open(const std::vector<std::st
   return f;
 }
 
+bool SwapFolders::HasManifest(const std::string& folder) {
+  struct stat st {};
+  return lstat(JoinPath(folder, kManifestName).c_str(), &st) == 0;
+}
+
 SwapFolders::~SwapFolders() {
   for (const Folder& f : folders_) {
     if (f.lock_fd >= 0) close(f.lock_fd);
@@ -273,12 +278,13 @@ Result<std::optional<Manifest>> SwapFolders::ReadManifest() const {
 
 Result<Manifest> SwapFolders::ResolvePrepared(Manifest committed, const Decider& decide) const {
   std::optional<Manifest> prepared;
-  // Anything short of a complete manifest of a later step with the same geometry is a
+  // Anything short of a complete manifest of a later step with the same run and geometry is a
   // commit cut short before its manifest was durable: not a prepared one.
   if (std::optional<std::string> bytes = ReadTemporary()) {
     auto m = DecodeManifest(*bytes, manifest_path_ + ".tmp");
     if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
-        m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
+        m->run_id == committed.run_id && m->num_paths == committed.num_paths &&
+        m->stripe_bytes == committed.stripe_bytes &&
         m->capacity_bytes == committed.capacity_bytes) {
       prepared = std::move(*m);
     }

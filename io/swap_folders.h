@@ -31,6 +31,10 @@ class SwapFolders {
   // each, and records this process's pid in the lock file. Errors name the folder and say
   // what to do (another process holding a lock is named by its pid).
   static Result<std::unique_ptr<SwapFolders>> Open(const std::vector<std::string>& paths);
+  // Whether `folder` holds a manifest (a regular file or not), looked up without opening
+  // or locking anything: a store that is only to be reopened checks it first, so that a
+  // folder it refuses is left as it was (no lock file made).
+  static bool HasManifest(const std::string& folder);
   ~SwapFolders();
   SwapFolders(const SwapFolders&) = delete;
   SwapFolders& operator=(const SwapFolders&) = delete;

@@ -15,6 +15,7 @@
 // the metadata and is never held across a blocking backend call. Order: io_mu_, then mu_.
 #include "io/swap_store.h"
 
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -105,6 +106,33 @@ void SwapStore::Hook(std::string_view point) const {
   if (options_.test_hook) options_.test_hook(point);
 }
 
+// A store made by another run (or rank) is refused; a caller that names no run adopts the
+// store's, so that its commits keep it.
+Status SwapStore::CheckRunId(const Manifest& manifest, const std::string& manifest_path) {
+  run_id_ = manifest.run_id;
+  if (options_.run_id.empty() || manifest.run_id == options_.run_id) return Status::OK();
+  if (options_.create && !manifest.step && manifest.entries.empty()) {
+    // Nothing was ever committed (a run stopped before its first commit): the store is as
+    // good as new, and the run creating it now makes it its own.
+    run_id_ = options_.run_id;
+    return Status::OK();
+  }
+  // A caller that would create a store and finds another run's committed one decides
+  // itself (the engine refuses it, saying how to resume it); its commits keep the store's
+  // identity.
+  if (options_.create) return Status::OK();
+  const std::string stored = manifest.run_id.empty()
+                                 ? "no run identity (written by a strata before identities)"
+                                 : "run '" + manifest.run_id + "'";
+  return Status::InvalidArgument("the swap store in " + options_.paths[0] +
+                                 " belongs to another run: its manifest " + manifest_path +
+                                 " names " + stored + ", this run is '" + options_.run_id +
+                                 "' (the manifest and data files were copied from another run "
+                                 "or rank?); resume the folder this run wrote, or start a fresh "
+                                 "run in an empty folder")
+      .WithPath(manifest_path);
+}
+
 Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   const size_t n = options_.paths.size();
   if (n == 0) return Status::InvalidArgument("swap store: no swap folder given");
@@ -113,7 +141,21 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
                                    std::to_string(options_.stripe_bytes) +
                                    " is not a multiple of 4096 bytes");
   }
+  if (options_.run_id.size() > swap_internal::kMaxRunIdBytes) {
+    return Status::InvalidArgument("swap store: run identity of " +
+                                   std::to_string(options_.run_id.size()) + " bytes; at most " +
+                                   std::to_string(swap_internal::kMaxRunIdBytes));
+  }
   const std::string& folder0 = options_.paths[0];
+  struct stat folder_st {};
+  if (!options_.create && ::stat(folder0.c_str(), &folder_st) == 0 &&
+      !swap_internal::SwapFolders::HasManifest(folder0)) {
+    // Before the folders are locked: a folder refused here is left as it was.
+    return Status::NotFound("no swap store in " + folder0 + " (no " +
+                            swap_internal::JoinPath(folder0, "strata.manifest") +
+                            "); start a fresh run there (without --resume)")
+        .WithPath(folder0);
+  }
   STRATA_ASSIGN_OR_RETURN(folders_, swap_internal::SwapFolders::Open(options_.paths));
   const std::string& manifest_path = folders_->manifest_path();
   for (size_t i = 0; i < n; ++i) paths_.push_back(std::make_unique<PathState>());
@@ -125,6 +167,7 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
                             "); start a fresh run there (without --resume)")
         .WithPath(manifest_path);
   }
+  if (manifest) STRATA_RETURN_IF_ERROR(CheckRunId(*manifest, manifest_path));
   if (manifest && options_.resolve_prepared) {
     STRATA_ASSIGN_OR_RETURN(
         manifest, folders_->ResolvePrepared(std::move(*manifest), options_.resolve_prepared));
@@ -162,9 +205,15 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   table_.Reset(layout_.capacity);
   if (manifest) {
     STRATA_RETURN_IF_ERROR(table_.Load(*manifest, manifest_path));
+    if (manifest->run_id != run_id_) {  // adopted by a new run (CheckRunId)
+      manifest->run_id = run_id_;
+      STRATA_RETURN_IF_ERROR(WriteManifest(*manifest));
+    }
   } else {
     // A new store: an empty manifest makes the next Open find it.
     Manifest m;
+    run_id_ = options_.run_id;
+    m.run_id = run_id_;
     m.num_paths = static_cast<uint32_t>(n);
     m.stripe_bytes = layout_.stripe;
     m.capacity_bytes = layout_.capacity;
@@ -537,6 +586,7 @@ Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
   Hook("data_synced");
 
   Manifest m;
+  m.run_id = run_id_;
   m.num_paths = static_cast<uint32_t>(paths_.size());
   m.stripe_bytes = layout_.stripe;
   m.capacity_bytes = layout_.capacity;

@@ -114,8 +114,17 @@ struct SwapStoreOptions {
   // Stripe size, a multiple of 4 KiB. 0 = 1 MiB for a new store, the stored value on
   // re-open (a different non-zero value is refused: it would change the layout).
   uint64_t stripe_bytes = 0;
-  // Create the store when folder 0 has no manifest. false: NotFound instead.
+  // Create the store when folder 0 has no manifest. false: NotFound instead, and nothing
+  // is made in the folders (not even the lock file).
   bool create = true;
+  // The identity of the run the store belongs to (opaque bytes, at most 256; e.g. a random
+  // run id and the rank). A new store records it in its manifest, and so does one in which
+  // nothing was ever committed. With create = false an existing store must record the
+  // same, else Open fails with InvalidArgument naming both (a manifest and data files
+  // copied from another run or rank); with create = true another run's committed store is
+  // opened as it is, for the caller to refuse (Lookup, CommittedStep). Empty: any store is
+  // accepted, and keeps the identity it has.
+  std::string run_id;
   // Backend made by Open when it is not handed one.
   IoBackendOptions backend;
   // Set by a caller whose commits must agree with other stores' (the ranks of one run; see
@@ -285,6 +294,7 @@ class SwapStore {
   Result<uint64_t> ReadVersion(const SwapOp& op);  // Read and ReadCommitted
   Status ProcessCompletions(size_t min_complete);
   void FinishOp(std::unique_ptr<Op> op);
+  Status CheckRunId(const swap_internal::Manifest& manifest, const std::string& manifest_path);
   Status WriteManifest(const swap_internal::Manifest& manifest);
   // The two halves of WriteManifest: the temporary file written and synced (and its
   // folder, with `sync_folder`), then renamed over the manifest and the folder synced.
@@ -295,6 +305,7 @@ class SwapStore {
   Status FinishLocked();
 
   const SwapStoreOptions options_;
+  std::string run_id_;  // the store's run identity (set by Init; the manifests carry it)
   swap_internal::SwapLayout layout_;  // the geometry, fixed at Open
 
   std::unique_ptr<swap_internal::SwapFolders> folders_;  // descriptors, locks, manifest files

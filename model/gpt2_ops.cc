@@ -63,32 +63,39 @@ void BlasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, doubl
 
 // C[m,n] = alpha op(A) op(B) + beta C, row-major. One thread pool per process: OpenBLAS
 // runs single-threaded and the rows of C are split across the OpenMP team, each thread
-// multiplying its slice. Two pools (OpenMP's for the loops, OpenBLAS's pthreads for the
+// multiplying its slices. Two pools (OpenMP's for the loops, OpenBLAS's pthreads for the
 // GEMMs) on the same cores made each spin while the other worked: on a loaded 2-core
-// machine a step took 20x longer. The bits of C depend on the slicing (OpenBLAS picks its
-// blocking and edge kernels by the slice's shape), hence on the thread count: fixed
-// for a run (the same count gives the same bits), not across counts.
+// machine a step took 20x longer. The bits of a row of C depend on the slice it falls in
+// (OpenBLAS picks its blocking and edge kernels by the slice's shape), so the slices are
+// fixed by the product's shape alone: blocks of at least kGemmBlockRows rows, at most
+// kGemmMaxBlocks of them, whatever the thread count. The threads share out whole blocks,
+// and any thread count (--threads, one per core) gives the same bits.
+constexpr int kGemmBlockRows = 64;
+constexpr int kGemmMaxBlocks = 32;
+
 template <typename F>
 void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, F alpha, const F* a, int lda,
           const F* b, int ldb, F beta, F* c, int ldc) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-  const int threads = omp_get_max_threads();
   const double flops = 2.0 * m * n * k;
-  if (threads <= 1 || flops < 4e6 || m < 8 * threads) {
+  if (flops < 4e6 || m < 2 * kGemmBlockRows) {
     BlasGemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int r0 = static_cast<int>(static_cast<int64_t>(m) * t / nt);
-    const int r1 = static_cast<int>(static_cast<int64_t>(m) * (t + 1) / nt);
+  // Rows per block: a multiple of 16 (every kernel's row unroll), so only the last block
+  // has an edge.
+  const int spread = (m + kGemmMaxBlocks - 1) / kGemmMaxBlocks;
+  const int rows = (std::max(kGemmBlockRows, spread) + 15) / 16 * 16;
+  const int blocks = (m + rows - 1) / rows;
+  const int threads = std::min(omp_get_max_threads(), blocks);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int r0 = blk * rows;
+    const int r1 = std::min(m, r0 + rows);
     // op(A) rows r0..r1: rows of A, or columns of A when A is transposed.
     const F* as = ta == CblasNoTrans ? a + static_cast<size_t>(r0) * lda : a + r0;
-    if (r1 > r0) {
-      BlasGemm(ta, tb, r1 - r0, n, k, alpha, as, lda, b, ldb, beta,
-               c + static_cast<size_t>(r0) * ldc, ldc);
-    }
+    BlasGemm(ta, tb, r1 - r0, n, k, alpha, as, lda, b, ldb, beta, c + static_cast<size_t>(r0) * ldc,
+             ldc);
   }
 }
 

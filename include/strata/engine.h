@@ -277,6 +277,11 @@ struct EngineOptions {
   // nvme_paths: the committed state (master weights and moments of every block) is kept
   // on NVMe, including components whose home is the host.
   bool resume = false;
+  // The run's identity, written into the NVMe store's manifest when it is created; with
+  // `resume` the store must carry the same, else Create fails with InvalidArgument (a
+  // store copied from another run or rank). Opaque, at most 256 bytes (the CLI gives a
+  // random run id and the rank). Empty: any store is resumed.
+  std::string run_id;
   // Write a Chrome/Perfetto trace (JSON) of every operation to this file; "" = none.
   std::string trace_path;
   // The trace's process: its name and pid (one per rank, so that the ranks' traces opened

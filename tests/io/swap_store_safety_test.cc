@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "io/manifest.h"
@@ -184,6 +186,82 @@ TEST(SwapStoreSafetyTest, ManifestCannotInflateThePreallocation) {
   auto got = (*store)->Read("k", buf.data(), 8192);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(static_cast<unsigned char>(buf.data()[8191]), 7);
+}
+
+// A store knows the run that made it: a manifest and data file copied from another run
+// (or rank) are refused by name, a caller that names no run adopts the store's, and the
+// identity survives every commit and a version 1 manifest (no identity) still opens.
+TEST(SwapStoreSafetyTest, StoreOfAnotherRunIsRefused) {
+  TempDir mine, theirs;
+  auto opts = [](const std::string& dir, const std::string& id) {
+    SwapStoreOptions o = Options({dir}, kMiB);
+    o.run_id = id;
+    return o;
+  };
+  AlignedBuffer buf(8192);
+  for (const auto& [dir, id, fill] :
+       {std::tuple{mine.path(), "run-a rank 0", 1}, std::tuple{theirs.path(), "run-b rank 0", 2}}) {
+    auto store = SwapStore::Open(opts(dir, id));
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    std::memset(buf.data(), fill, 8192);
+    ASSERT_TRUE((*store)->Write("k", buf.data(), 8192).ok());
+    ASSERT_TRUE((*store)->Commit(1).ok());
+    ASSERT_TRUE((*store)->Commit(2).ok());  // a later commit keeps the identity
+  }
+  auto reopen = [&](const std::string& id) {
+    SwapStoreOptions o = opts(mine.path(), id);
+    o.capacity_bytes = 0;
+    o.create = false;
+    return SwapStore::Open(o);
+  };
+  ASSERT_TRUE(reopen("run-a rank 0").ok());
+  // Copy the other run's manifest and data file over this one's (same step, same keys).
+  for (const char* name : {"strata.manifest", "strata.swap.0-of-1"}) {
+    WriteAll(mine.File(name), ReadAll(theirs.File(name)));
+  }
+  auto r = reopen("run-a rank 0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().path(), mine.File("strata.manifest"));
+  EXPECT_NE(r.status().message().find("belongs to another run"), std::string::npos);
+  EXPECT_NE(r.status().message().find("'run-b rank 0'"), std::string::npos);
+  EXPECT_NE(r.status().message().find("'run-a rank 0'"), std::string::npos);
+  // Without an identity asked for, the store opens and its commits keep its own.
+  {
+    auto any = reopen("");
+    ASSERT_TRUE(any.ok()) << any.status().ToString();
+    ASSERT_TRUE((*any)->Commit(3).ok());
+  }
+  ASSERT_TRUE(reopen("run-b rank 0").ok());
+  // A version 1 manifest (no identity) opens without one and is refused with one.
+  auto m = swap_internal::DecodeManifest(ReadAll(mine.File("strata.manifest")), "m");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->run_id, "run-b rank 0");
+  m->run_id.clear();
+  const std::string v1 = swap_internal::EncodeManifest(*m);
+  EXPECT_EQ(v1[8], 1);  // the version field
+  WriteAll(mine.File("strata.manifest"), v1);
+  EXPECT_TRUE(reopen("").ok());
+  r = reopen("run-a rank 0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no run identity"), std::string::npos)
+      << r.status().ToString();
+  // Too long an identity is refused before anything is opened.
+  EXPECT_EQ(reopen(std::string(257, 'x')).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Reopening (create = false) a folder that holds no store leaves it as it was: no lock
+// file, no data file.
+TEST(SwapStoreSafetyTest, ReopeningAFolderWithoutAStoreMakesNothingThere) {
+  TempDir dir;
+  SwapStoreOptions o = Options({dir.path()}, kMiB);
+  o.create = false;
+  auto r = SwapStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("no swap store in " + dir.path()), std::string::npos)
+      << r.status().ToString();
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
 }  // namespace

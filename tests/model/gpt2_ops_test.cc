@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -292,10 +293,10 @@ TEST(Gpt2OpsFloat, IndependentOfThreadCount) {
   EXPECT_EQ(one, three);
 }
 
-// GEMMs large enough to be split across the OpenMP team: with a fixed thread count the bits
-// repeat run to run; across thread counts (different slices, so different OpenBLAS blocking)
-// the values agree to rounding.
-TEST(Gpt2OpsFloat, SplitGemmsRepeatForAFixedThreadCount) {
+// GEMMs large enough to be split across the OpenMP team: the slices are fixed by the
+// product's shape, so every thread count gives the same bits (a resumed run on another
+// machine, or with another --threads, continues bit for bit).
+TEST(Gpt2OpsFloat, SplitGemmsAreIndependentOfThreadCount) {
   std::mt19937 rng(99);
   std::normal_distribution<float> nd;
   const int N = 257, IC = 129, OC = 385, V = 259;  // odd: slices end mid-tile
@@ -315,13 +316,12 @@ TEST(Gpt2OpsFloat, SplitGemmsRepeatForAFixedThreadCount) {
     return all;
   };
   const std::vector<float> one = RunWithThreads(1, run);
-  for (int threads : {2, 3}) {
-    const std::vector<float> a = RunWithThreads(threads, run), b2 = RunWithThreads(threads, run);
-    EXPECT_EQ(a, b2) << threads << " threads";
+  for (int threads : {2, 3, 5}) {
+    const std::vector<float> a = RunWithThreads(threads, run);
     ASSERT_EQ(a.size(), one.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_NEAR(a[i], one[i], 1e-4f * (1 + std::abs(one[i]))) << i;
-    }
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &one[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << a.size() << " values with " << threads << " threads";
   }
 }
 

@@ -64,15 +64,31 @@ TEST(TrainTokenizerCli, TrainsOnTokensAndEvalAndGenerateUseTheSameTokenizer) {
   EXPECT_TRUE(Contains(trained.output, "sample: The ")) << trained.output;
   EXPECT_FALSE(Contains(trained.output, "<25")) << "ids above 255 are decoded\n" << trained.output;
 
-  // The tokenizer is part of the run: --resume alone uses it, another one is refused.
+  // The tokenizer is part of the run: --resume alone uses it; a copy of it elsewhere is the
+  // same tokenizer; another one, or the same file changed, is refused (its content is
+  // recorded, as --data's is).
   const CliRun resumed = Strata("train --resume" + nvme + " --steps 32");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(Contains(resumed.output, "vocab 259")) << resumed.output;
-  WriteTokenizer(tmp.File("other.json"));
+  WriteTokenizer(tmp.File("copy.json"));
+  const CliRun copied = Strata("train --resume" + nvme + " --steps 33 --tokenizer" +
+                               ShellQuote({tmp.File("copy.json")}));
+  ASSERT_EQ(copied.exit_code, 0) << copied.output;
+  EXPECT_TRUE(Contains(copied.output, "copy.json\" (the same content)")) << copied.output;
+  // Three merges too (259 tokens), but other ones.
+  const std::vector<std::pair<std::string, std::string>> other_merges = {
+      {"h e", "he"}, {"a t", "at"}, {"\xC4\xA0 t", "\xC4\xA0t"}};
+  strata::testing::WriteByteLevelTokenizer(tmp.File("other.json"), other_merges);
   const CliRun other = Strata("train --resume" + nvme + " --steps 34 --tokenizer" +
                               ShellQuote({tmp.File("other.json")}));
   EXPECT_NE(other.exit_code, 0) << other.output;
-  EXPECT_TRUE(Contains(other.output, "--tokenizer")) << other.output;
+  EXPECT_TRUE(Contains(other.output, "--tokenizer: \"")) << other.output;
+  strata::testing::WriteByteLevelTokenizer(tmp.File("tokenizer.json"), other_merges);
+  const CliRun changed = Strata("train --resume" + nvme + " --steps 34");
+  EXPECT_NE(changed.exit_code, 0) << changed.output;
+  EXPECT_TRUE(Contains(changed.output, "--tokenizer file content")) << changed.output;
+  EXPECT_TRUE(Contains(changed.output, "the file changed since the run started")) << changed.output;
+  WriteTokenizer(tmp.File("tokenizer.json"));
 
   const std::string init = " --init" + ShellQuote({tmp.File("m.safetensors")});
   const CliRun eval = Strata("eval" + init + " --data" + data + " --tokenizer" + tok);

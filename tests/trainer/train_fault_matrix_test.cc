@@ -41,6 +41,9 @@ enum class Outcome {
   // A bit flipped on its way back from the disk: Corruption (the checksum), or nothing when
   // the bit fell in the padding of the extent's last 4 KiB block (not part of the data).
   kCaughtOrHarmless,
+  // The first commit failed: nothing to resume. The resume says so and that a fresh run
+  // works; the same command (no --resume) in the same folder gives the fault-free losses.
+  kBeforeFirstCommit,
 };
 
 struct Case {
@@ -100,6 +103,7 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
       {"STRATA_TEST_FAULT", "flip_read@70", Outcome::kCaughtOrHarmless, "Corruption"},
       {"STRATA_TEST_FAULT", "flip_read@150", Outcome::kCaughtOrHarmless, "Corruption"},
       {"STRATA_TEST_FAULT", "flip_write@100", Outcome::kDamaged, "Corruption"},
+      {"STRATA_TEST_FAULT", "sync_eio@1", Outcome::kBeforeFirstCommit, "fdatasync"},
       {"STRATA_TEST_FAULT", "sync_eio@2", Outcome::kError, "fdatasync"},
       {"STRATA_TEST_FAULT", "sync_eio@6", Outcome::kError, "fdatasync"},
       {"STRATA_TEST_KILL_AT", "write_submitted:40", Outcome::kKilled, ""},
@@ -126,6 +130,18 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
       case Outcome::kDamaged:
         EXPECT_EQ(r.exit_code, 1) << r.output;
         break;
+      case Outcome::kBeforeFirstCommit: {
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_TRUE(Contains(r.output, c.expect)) << r.output;
+        const auto resumed = Train({"--resume", store}, nullptr);
+        EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
+        EXPECT_TRUE(Contains(resumed.output, "before its first commit")) << resumed.output;
+        EXPECT_TRUE(Contains(resumed.output, "without --resume")) << resumed.output;
+        const auto fresh = Train({"--nvme", store, "--json", store + ".json"}, nullptr);
+        EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
+        EXPECT_EQ(Losses(store + ".json"), ref);
+        continue;
+      }
       case Outcome::kInvisible:
         EXPECT_EQ(r.exit_code, 0) << r.output;
         EXPECT_EQ(Losses(store + ".json"), ref);

@@ -2,6 +2,7 @@
 #include "tools/strata/run_record.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -9,9 +10,14 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <random>
+#include <sstream>
 #include <system_error>
+#include <tuple>
 
 namespace strata::cli {
 namespace {
@@ -37,6 +43,58 @@ bool ParseNumber(const std::string& text, T* out) {
   const char* end = text.data() + text.size();
   const auto r = std::from_chars(text.data(), end, *out);
   return r.ec == std::errc() && r.ptr == end;
+}
+
+std::string Hex64(uint64_t v) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(v));
+  return hex;
+}
+
+constexpr char kSealPrefix[] = "# xxh3-64 of the text above: ";
+constexpr size_t kMaxRecordBytes = 1 << 20;
+
+// The record's text, checked whole: present, not empty, not too long, sealed, and its seal
+// matches. Messages never echo the file's bytes (they may be anything).
+Result<std::string> ReadSealedRecord(const std::string& path) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("--resume: the run record " + path + " " + why +
+                                   "; the run cannot be resumed from it. Restore the record "
+                                   "from a copy of the folder, or start a fresh run")
+        .WithPath(path);
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "--resume: " + path).WithPath(path);
+  std::string text;
+  std::vector<char> buf(1 << 16);
+  ssize_t n;
+  while (text.size() <= kMaxRecordBytes && (n = ::read(fd, buf.data(), buf.size())) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      return Status::FromErrno(e, "--resume: reading " + path).WithPath(path);
+    }
+    text.append(buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (text.empty()) return bad("is empty (truncated, or emptied)");
+  if (text.size() > kMaxRecordBytes) return bad("is longer than a record can be (1 MiB)");
+  // The seal: the last line, "# xxh3-64 of the text above: <16 hex digits>\n".
+  const size_t seal_len = sizeof(kSealPrefix) - 1 + 16 + 1;
+  const size_t body_len = text.size() >= seal_len ? text.size() - seal_len : 0;
+  if (text.size() < seal_len || text.back() != '\n' ||
+      text.compare(body_len, sizeof(kSealPrefix) - 1, kSealPrefix) != 0 ||
+      (body_len > 0 && text[body_len - 1] != '\n')) {
+    return bad(
+        "does not end with its checksum line (truncated, damaged, or written by a "
+        "strata before records were sealed)");
+  }
+  const std::string body = text.substr(0, body_len);
+  if (SealRunRecord(body) != text) {
+    return bad("fails its checksum: it was edited or damaged since the run wrote it");
+  }
+  return body;
 }
 
 }  // namespace
@@ -107,9 +165,35 @@ Status SetFromToml(const Setting& s, const std::vector<std::string>& inputs) {
       s.value);
 }
 
-Status HashDataFile(const std::string& path, RunIdentity* identity) {
+std::string NewRunId() {
+  unsigned char bits[16] = {};
+  size_t got = 0;
+  while (got < sizeof bits) {
+    const ssize_t n = ::getrandom(bits + got, sizeof bits - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    if (n < 0 && errno != EINTR) break;
+  }
+  if (got < sizeof bits) {
+    // No getrandom: the time and the pid still tell two runs apart.
+    std::random_device rd;
+    for (unsigned char& b : bits) b = static_cast<unsigned char>(rd());
+    const uint64_t t =
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+        static_cast<uint64_t>(::getpid());
+    for (int i = 0; i < 8; ++i) bits[i] ^= static_cast<unsigned char>(t >> (8 * i));
+  }
+  char hex[33];
+  for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", bits[i]);
+  return std::string(hex, 32);
+}
+
+std::string StoreRunId(const std::string& run_id, int rank, int world_size) {
+  return run_id + " rank " + std::to_string(rank) + " of " + std::to_string(world_size);
+}
+
+Result<FileHash> HashFile(const std::string& flag, const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "--data " + path + ": open").WithPath(path);
+  if (fd < 0) return Status::FromErrno(errno, flag + " " + path + ": open").WithPath(path);
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   std::vector<char> buf(1 << 20);
@@ -123,26 +207,31 @@ Status HashDataFile(const std::string& path, RunIdentity* identity) {
   ::close(fd);
   const uint64_t hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);
-  if (n < 0) return Status::FromErrno(read_errno, "--data " + path + ": read").WithPath(path);
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  identity->data_bytes = bytes;
-  identity->data_xxh3 = hex;
-  return Status::OK();
+  if (n < 0) return Status::FromErrno(read_errno, flag + " " + path + ": read").WithPath(path);
+  return FileHash{bytes, Hex64(hash)};
+}
+
+std::string SealRunRecord(const std::string& body) {
+  return body + kSealPrefix + Hex64(XXH3_64bits(body.data(), body.size())) + "\n";
 }
 
 std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity) {
   std::string out =
       "# strata train: the configuration of the run whose swap store is in this folder,\n"
       "# written when the store was created. `strata train --resume DIR` continues it with\n"
-      "# these settings; do not edit.\n";
+      "# these settings; do not edit (the last line is a checksum of the rest).\n";
   out += TomlTable("train", settings);
-  out += "\n[identity]\nworld-size = " + std::to_string(identity.world_size) + "\n";
-  if (identity.data_bytes) {
-    out += "data-bytes = " + std::to_string(*identity.data_bytes) + "\n";
-    out += "data-xxh3 = \"" + identity.data_xxh3 + "\"\n";
+  out += "\n[identity]\n";
+  if (!identity.run_id.empty()) out += "run-id = \"" + identity.run_id + "\"\n";
+  out += "rank = " + std::to_string(identity.rank) + "\n";
+  out += "world-size = " + std::to_string(identity.world_size) + "\n";
+  for (const auto& [name, file] :
+       {std::pair{"data", &identity.data}, std::pair{"tokenizer", &identity.tokenizer}}) {
+    if (!file->bytes) continue;
+    out += std::string(name) + "-bytes = " + std::to_string(*file->bytes) + "\n";
+    out += std::string(name) + "-xxh3 = \"" + file->xxh3 + "\"\n";
   }
-  return out;
+  return SealRunRecord(out);
 }
 
 Status WriteRunRecord(const std::string& folder, const std::string& text) {
@@ -190,9 +279,11 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder) {
   if (!S_ISREG(st.st_mode)) {
     return Status::InvalidArgument("--resume: " + path + " is not a regular file").WithPath(path);
   }
+  STRATA_ASSIGN_OR_RETURN(const std::string body, ReadSealedRecord(path));
   std::vector<CLI::ConfigItem> items;
   try {
-    items = CLI::ConfigTOML().from_file(path);
+    std::istringstream in(body);
+    items = CLI::ConfigTOML().from_config(in);
   } catch (const CLI::Error& e) {
     return Status::InvalidArgument("--resume: " + path + ": " + e.what()).WithPath(path);
   }
@@ -206,15 +297,31 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder) {
       continue;
     }
     const std::string value = item.inputs.empty() ? "" : item.inputs[0];
-    bool ok = section == "identity";
-    if (ok && item.name == "world-size") {
-      ok = ParseNumber(value, &r.identity.world_size);
-    } else if (ok && item.name == "data-bytes") {
+    RunIdentity& id = r.identity;
+    bool ok = true;
+    auto bytes = [&](FileHash* f) {
       uint64_t b = 0;
       ok = ParseNumber(value, &b);
-      r.identity.data_bytes = b;
-    } else if (ok && item.name == "data-xxh3") {
-      r.identity.data_xxh3 = value;
+      f->bytes = b;
+    };
+    if (section != "identity") {
+      ok = false;
+    } else if (item.name == "run-id") {
+      id.run_id = value;
+    } else if (item.name == "rank") {
+      ok = ParseNumber(value, &id.rank);
+    } else if (item.name == "world-size") {
+      ok = ParseNumber(value, &id.world_size);
+    } else if (item.name == "data-bytes") {
+      bytes(&id.data);
+    } else if (item.name == "data-xxh3") {
+      id.data.xxh3 = value;
+    } else if (item.name == "tokenizer-bytes") {
+      bytes(&id.tokenizer);
+    } else if (item.name == "tokenizer-xxh3") {
+      id.tokenizer.xxh3 = value;
+    } else {
+      ok = false;
     }
     if (!ok) {
       return Status::InvalidArgument("--resume: " + path + ": unexpected entry " + section + "." +
@@ -230,7 +337,8 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
                    const std::function<Status(RunIdentity*)>& identity, bool allow_schedule_change,
                    std::vector<std::string>* applied) {
   std::vector<std::string> refused;
-  std::string moved_data;  // "--data: A -> B" when the path differs
+  // "--data: A -> B" when the path of a file whose content is recorded differs.
+  std::map<std::string, std::string> moved;
   for (const auto& entry : record.train) {
     // Not a structured binding: clang 14 lambdas (the libFuzzer build) cannot capture one.
     const std::string& key = entry.first;
@@ -270,8 +378,8 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
                       (s->on_resume == OnResume::kSchedule && allow_schedule_change);
     if (free) {
       applied->push_back(line);
-    } else if (key == "data") {
-      moved_data = line;  // refused below unless the content is the recorded one
+    } else if (key == "data" || key == "tokenizer") {
+      moved[key] = line;  // refused below unless the content is the recorded one
     } else {
       refused.push_back(line + (s->on_resume == OnResume::kSchedule
                                     ? " (the learning-rate schedule: --allow-schedule-change)"
@@ -285,19 +393,29 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
     refused.push_back("ranks (WORLD_SIZE): " + std::to_string(was.world_size) + " -> " +
                       std::to_string(id.world_size));
   }
-  const bool same_content = was.data_bytes && id.data_bytes && *was.data_bytes == *id.data_bytes &&
-                            was.data_xxh3 == id.data_xxh3;
-  if (!moved_data.empty()) {
-    // A data file moved or copied elsewhere is the same data: its content decides.
-    if (same_content) {
-      applied->push_back(moved_data + " (the same content)");
-    } else {
-      refused.push_back(moved_data);
+  if (id.rank != was.rank) {
+    refused.push_back("rank: the folder holds the store of rank " + std::to_string(was.rank) +
+                      ", this is rank " + std::to_string(id.rank) +
+                      " (give each rank its own folder, e.g. --resume DIR/{rank})");
+  }
+  for (const auto& [key, was_file, now_file] :
+       {std::tuple{"data", &was.data, &id.data},
+        std::tuple{"tokenizer", &was.tokenizer, &id.tokenizer}}) {
+    const bool same_content = was_file->bytes && *was_file == *now_file;
+    const auto m = moved.find(key);
+    if (m != moved.end()) {
+      // A file moved or copied elsewhere is the same file: its content decides.
+      if (same_content) {
+        applied->push_back(m->second + " (the same content)");
+      } else {
+        refused.push_back(m->second);
+      }
+    } else if (!same_content && was_file->bytes && now_file->bytes) {
+      refused.push_back(
+          "--" + std::string(key) + " file content: " + std::to_string(*was_file->bytes) +
+          " bytes, xxh3 " + was_file->xxh3 + " -> " + std::to_string(*now_file->bytes) +
+          " bytes, xxh3 " + now_file->xxh3 + " (the file changed since the run started)");
     }
-  } else if (!same_content && was.data_bytes && id.data_bytes) {
-    refused.push_back("--data file content: " + std::to_string(*was.data_bytes) + " bytes, xxh3 " +
-                      was.data_xxh3 + " -> " + std::to_string(*id.data_bytes) + " bytes, xxh3 " +
-                      id.data_xxh3 + " (the file changed since the run started)");
   }
   if (refused.empty()) return Status::OK();
   std::string m =

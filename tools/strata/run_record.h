@@ -5,8 +5,11 @@
 // The record. A fresh run with --nvme writes "strata.run.toml" into each of its store
 // folders (0600, through a temporary file that is fsync'd and renamed, then the folder
 // fsync'd), right after the store is created and before the first step: a [train] table of
-// flags (paths absolute) and an [identity] table of what no flag says (the world size, the
-// --data file's size and XXH3-64). `--resume DIR` reads DIR's record: the settings the
+// flags (paths absolute), an [identity] table of what no flag says (the run's random id,
+// which the store's manifest carries too, the rank and world size, the size and XXH3-64 of
+// the --data and --tokenizer files), and a last line holding the XXH3-64 of the text
+// before it: a truncated, damaged or edited record is refused, never read in part.
+// `--resume DIR` reads DIR's record: the settings the
 // command line leaves out come from it; one given with another value is applied and
 // printed when it may change (OnResume::kFree), and otherwise refused, every difference
 // listed in one message.
@@ -55,21 +58,41 @@ std::string TomlTable(const std::string& section, const std::vector<Setting>& se
 // InvalidArgument naming the key and the text when it does not fit the type.
 Status SetFromToml(const Setting& s, const std::vector<std::string>& inputs);
 
-// What identifies the run besides its flags.
-struct RunIdentity {
-  int world_size = 1;
-  // The --data file's size and XXH3-64 (hex); empty for the built-in corpus.
-  std::optional<uint64_t> data_bytes;
-  std::string data_xxh3;
+// A file's size and XXH3-64 (16 hex digits); bytes unset when no file is named.
+struct FileHash {
+  std::optional<uint64_t> bytes;
+  std::string xxh3;
+  bool operator==(const FileHash&) const = default;
 };
 
-// The size and XXH3-64 of the file at `path` (read in 1 MiB pieces). IOError naming --data.
-Status HashDataFile(const std::string& path, RunIdentity* identity);
+// What identifies the run besides its flags.
+struct RunIdentity {
+  // Random, made by rank 0 when the run starts (NewRunId) and shared by its ranks; also in
+  // each rank's swap store manifest (StoreRunId), so that a store copied from another run
+  // or rank is refused. Empty in a record written before identities.
+  std::string run_id;
+  int rank = 0;  // the rank whose store the folder holds
+  int world_size = 1;
+  FileHash data;       // --data's; unset for the built-in corpus
+  FileHash tokenizer;  // --tokenizer's; unset without one
+};
+
+// 128 random bits as 32 hex digits (getrandom).
+std::string NewRunId();
+// What the swap store of `rank` of the run records as its identity: "<run id> rank R of N".
+std::string StoreRunId(const std::string& run_id, int rank, int world_size);
+
+// The size and XXH3-64 of the file at `path` (read in 1 MiB pieces). IOError naming `flag`
+// ("--data") and the path.
+Result<FileHash> HashFile(const std::string& flag, const std::string& path);
 
 inline constexpr char kRunRecordFile[] = "strata.run.toml";
 
-// The record's text: a comment saying what it is, TomlTable("train", ...), [identity].
+// The record's text: a comment saying what it is, TomlTable("train", ...), [identity], and
+// a last line that seals it: "# xxh3-64 of the text above: <16 hex digits>".
 std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity);
+// `body` with its sealing line appended (a record's text is SealRunRecord of the rest).
+std::string SealRunRecord(const std::string& body);
 // Writes `text` as folder/strata.run.toml: 0600, atomic (temporary, fsync, rename, folder
 // fsync), never through a symbolic link. IOError naming the file.
 Status WriteRunRecord(const std::string& folder, const std::string& text);
@@ -80,16 +103,19 @@ struct RunRecord {
   std::vector<std::pair<std::string, std::vector<std::string>>> train;
   RunIdentity identity;
 };
-// folder/strata.run.toml, or nullopt when the folder has none (a store made before strata
-// recorded its runs). InvalidArgument naming the file when it is not readable TOML.
+// folder/strata.run.toml, or nullopt when the folder has none. InvalidArgument naming the
+// file, never echoing its bytes, when it is not a regular file, is empty, longer than
+// 1 MiB, lacks its sealing line (truncated, or written by a strata before records were
+// sealed), fails its checksum (edited or damaged), or is not the TOML a record holds.
 Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder);
 
 // Merges `record` into `settings` for a resumed run. `given(key)` says whether the command
 // line (or --config) set the flag. A setting not given takes the recorded value; a given
 // one that differs is applied and noted in *applied ("--steps: 30 -> 50") when it may
-// change, else it is listed in the error (--data at another path is accepted when the
-// file's content is the recorded one). `identity` is this run's (world size, data file),
-// compared with the recorded one. InvalidArgument listing every refused difference, each
+// change, else it is listed in the error (--data and --tokenizer at another path are
+// accepted when the file's content is the recorded one). `identity` is this run's (world
+// size, rank, data and tokenizer files; its run_id is not compared), compared with the
+// recorded one. InvalidArgument listing every refused difference, each
 // with the recorded and the new value, and how to proceed.
 Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings,
                    const std::function<bool(const std::string&)>& given,

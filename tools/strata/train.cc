@@ -301,15 +301,42 @@ Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineO
   resolved.heads = cfg.heads;
   resolved.vocab = cfg.vocab;
   RunIdentity id;
+  id.run_id = a.run_id;
+  id.rank = rank.rank;
   id.world_size = rank.world_size;
-  if (!a.data.empty()) STRATA_RETURN_IF_ERROR(HashDataFile(a.data, &id));
+  if (!a.data.empty()) {
+    STRATA_ASSIGN_OR_RETURN(id.data, HashFile("--data", a.data));
+  }
+  if (!a.tokenizer.empty()) {
+    STRATA_ASSIGN_OR_RETURN(id.tokenizer, HashFile("--tokenizer", a.tokenizer));
+  }
   const std::string text = RunRecordText(TrainSettings(resolved), id);
   for (const std::string& folder : eo.nvme_paths)
     STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
   return Status::OK();
 }
 
-Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
+// A fresh run's identity: made by rank 0 and shared, so that every rank's store and record
+// name the same run. A resumed run has its record's (ResolveFlags).
+Status MakeRunId(Communicator* comm, TrainArgs* a, std::string* what) {
+  if (!a->resume.empty()) return Status::OK();
+  struct RunIdMessage {
+    char hex[33];
+  };
+  RunIdMessage mine{};
+  const std::string id = NewRunId();
+  std::snprintf(mine.hex, sizeof mine.hex, "%s", id.c_str());
+  if (comm != nullptr) {
+    *what = "sharing the run identity";
+    STRATA_ASSIGN_OR_RETURN(std::optional<RunIdMessage> shared,
+                            ShareFromRoot(*comm, 0, std::optional(mine), "share the run id"));
+    if (shared) mine = *shared;
+  }
+  a->run_id = std::string(mine.hex, strnlen(mine.hex, sizeof mine.hex - 1));
+  return Status::OK();
+}
+
+Status Train(TrainArgs a, int* interrupted, std::string* what) {
   STRATA_RETURN_IF_ERROR(CheckTrainFlags(a, what));
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty())) {
     *what = "--save-every";
@@ -333,6 +360,7 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   STRATA_RETURN_IF_ERROR(setup->Start({"strata-train", "/tmp/strata-train-rdzv-"}, what));
   Communicator* const comm = setup->host_comm();  // nullptr: one rank, no collectives
   if (comm != nullptr && ri.rank != 0) SilenceStdout();
+  STRATA_RETURN_IF_ERROR(MakeRunId(comm, &a, what));
 
   *what = "--data";
   STRATA_ASSIGN_OR_RETURN(model::TokenStream data, LoadDataFile(a.data, a.tok.get()));
@@ -357,6 +385,7 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   report.log_every = a.log_every;
   PrintConfig(report);
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
+  eo.run_id = StoreRunId(a.run_id, ri.rank, ri.world_size);
   if (!a.run.io_config.empty() && !eo.nvme_paths.empty()) {
     std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
                 IoSettingsText(eo).c_str());

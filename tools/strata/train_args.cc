@@ -2,11 +2,16 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <optional>
 
+#include "io/manifest.h"
 #include "strata/atomic_file.h"
 #include "strata/log.h"
 #include "tools/strata/commands.h"
@@ -45,7 +50,8 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"state-dtype", fixed, &a.run.state_dtype},
       {"device", fixed, &a.run.device},
       {"comm-backend", fixed, &a.run.comm_backend},
-      {"nvme", fixed, &a.run.nvme, true},
+      // The store's folders may move (each holds a record of the run's identity, checked).
+      {"nvme", free, &a.run.nvme, true},
       {"steps", steps, &a.steps},
       {"recompute", free, &a.recompute},  // bit-identical either way
       {"max-skipped-steps", free, &a.max_skipped_steps},
@@ -90,6 +96,8 @@ std::vector<NamedValue> RankAgreedOptions(const TrainArgs& a, const model::Token
                     XXH3_64bits(data.tokens.data(), data.tokens.size() * sizeof(int32_t))));
   out.push_back(
       {"--data (its tokens)", std::to_string(data.tokens.size()) + " tokens, xxh3 " + hash});
+  // Resumed: every rank's store must belong to the same run.
+  if (!a.resume.empty()) out.push_back({"the run identity (run-id in strata.run.toml)", a.run_id});
   return out;
 }
 
@@ -153,6 +161,144 @@ Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what)
   return Status::OK();
 }
 
+namespace {
+
+using GivenFn = std::function<bool(const std::string&)>;
+
+// Whether folder's manifest names a committed step (true when it cannot be read: the store
+// then reports it).
+bool StoreHasCommitted(const std::string& folder) {
+  const std::string path = folder + "/strata.manifest";
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto m = swap_internal::DecodeManifest(bytes, path);
+  return !m.ok() || m->step.has_value();
+}
+
+// The folder --resume names for this rank must hold a store and its run's record; each is
+// checked here, before anything runs or is made there, with a message that names what is
+// missing.
+Result<RunRecord> ReadResumedRecord(const std::string& folder, const RankInfo& rank) {
+  const std::string whose =
+      rank.world_size > 1 ? " (rank " + std::to_string(rank.rank) + "'s folder)" : "";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(folder, ec)) {
+    return Status::NotFound(
+               "--resume " + folder + whose + ": " +
+               (std::filesystem::exists(folder, ec) ? "not a folder" : "no such folder") +
+               "; give the folder of the run's swap store" +
+               (rank.world_size > 1 ? ", which holds a folder for every rank" : ""))
+        .WithPath(folder);
+  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
+  const bool has_store = std::filesystem::exists(folder + "/strata.manifest", ec);
+  if (!record && !has_store) {
+    return Status::NotFound("--resume " + folder + whose +
+                            ": no swap store there (no strata.manifest, no " + kRunRecordFile +
+                            "): nothing to resume; start a fresh run (without --resume)")
+        .WithPath(folder);
+  }
+  if (!record && !StoreHasCommitted(folder)) {
+    return Status::NotFound("--resume " + folder + whose +
+                            ": the swap store there has no committed step: the run stopped "
+                            "before its first commit, so there is nothing to resume; start it "
+                            "afresh (the same command without --resume works in this folder)")
+        .WithPath(folder);
+  }
+  if (!record) {
+    return Status::InvalidArgument(
+               "--resume " + folder + whose + ": the swap store there has no run record (" +
+               kRunRecordFile +
+               " was removed, or the store was made by a strata before records), so its run's "
+               "settings are unknown; restore the record from a copy of the folder")
+        .WithPath(folder);
+  }
+  if (record->identity.run_id.empty()) {
+    return Status::InvalidArgument("--resume: the run record " + record->path +
+                                   " holds no run-id; restore the record as the run wrote it")
+        .WithPath(record->path);
+  }
+  return std::move(*record);
+}
+
+// The store moved (another folder or drive): --nvme follows --resume when it was one folder
+// and is not given. Each of the run's other folders must hold a record of the same run.
+Status PlaceMovedStore(TrainArgs* a, const RunRecord& record, const RankInfo& rank,
+                       const GivenFn& given) {
+  auto rank_path = [&](const std::string& p) { return RankPath(p, rank); };
+  const std::string resume = rank_path(a->resume);
+  const bool listed = std::any_of(a->run.nvme.begin(), a->run.nvme.end(),
+                                  [&](const std::string& f) { return rank_path(f) == resume; });
+  if (!listed && !given("nvme")) {
+    if (a->run.nvme.size() > 1) {
+      return Status::InvalidArgument(
+                 "--resume " + resume + ": the run's store spans " +
+                 std::to_string(a->run.nvme.size()) + " folders (" +
+                 CLI::detail::join(a->run.nvme, ", ") +
+                 ") and this is none of them: it moved; give every folder of the store with "
+                 "--nvme, in the order of the record, as they are now")
+          .WithPath(record.path);
+    }
+    if (!a->run.nvme.empty()) {
+      std::printf("# resuming %s: the store moved here from %s (the run identity matches)\n",
+                  resume.c_str(), rank_path(a->run.nvme.front()).c_str());
+    }
+    a->run.nvme = {a->resume};
+  }
+  for (const std::string& f : a->run.nvme) {
+    const std::string folder = rank_path(f);
+    if (folder == resume) continue;
+    STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> other, ReadRunRecord(folder));
+    if (!other || other->identity.run_id != record.identity.run_id) {
+      return Status::InvalidArgument("--nvme " + folder + ": " +
+                                     (other ? "its record names run " + other->identity.run_id
+                                            : std::string("it holds no run record")) +
+                                     ", but the run resumed from " + resume + " is " +
+                                     record.identity.run_id +
+                                     "; give the folders of one run's store")
+          .WithPath(folder);
+    }
+  }
+  return Status::OK();
+}
+
+// --resume: merges the stored run's record into the flags (run_record.h) and takes its
+// identity.
+Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
+  STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
+  // The record's folders are absolute: so is --resume, to be found among them.
+  a->resume = AbsolutePath(a->resume);
+  const std::string folder = RankPath(a->resume, rank);
+  STRATA_ASSIGN_OR_RETURN(const RunRecord record, ReadResumedRecord(folder, rank));
+  // The recorded schedule decides whether --steps may change (it shapes a cosine one).
+  for (const auto& [key, inputs] : record.train) {
+    if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
+  }
+  std::vector<std::string> applied;
+  auto identity = [&](RunIdentity* id) -> Status {
+    id->world_size = rank.world_size;
+    id->rank = rank.rank;
+    if (!a->data.empty()) {
+      STRATA_ASSIGN_OR_RETURN(id->data, HashFile("--data", a->data));
+    }
+    if (!a->tokenizer.empty()) {
+      STRATA_ASSIGN_OR_RETURN(id->tokenizer, HashFile("--tokenizer", a->tokenizer));
+    }
+    return Status::OK();
+  };
+  STRATA_RETURN_IF_ERROR(
+      MergeRecord(record, TrainSettings(*a), given, identity, a->allow_schedule_change, &applied));
+  for (const std::string& line : applied) {
+    std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
+  }
+  for (std::string& f : a->run.nvme) f = AbsolutePath(f);
+  STRATA_RETURN_IF_ERROR(PlaceMovedStore(a, record, rank, given));
+  a->run_id = record.identity.run_id;
+  return Status::OK();
+}
+
+}  // namespace
+
 Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool* done) {
   a->durable_given = a->durable_opt->count() > 0;  // before the file adds its own
   if (!config.empty()) STRATA_RETURN_IF_ERROR(ApplyConfigFile(sub, config));
@@ -166,40 +312,9 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
     STRATA_ASSIGN_OR_RETURN(const uint64_t bytes, ParseBytes("--io-block", a->run.io_block));
     a->run.io_block = std::to_string(bytes);
   }
-  bool recorded = false;  // the settings came from a stored run's record
-  if (!a->resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
-    const std::string folder = RankPath(a->resume, rank);
-    STRATA_ASSIGN_OR_RETURN(std::optional<RunRecord> record, ReadRunRecord(folder));
-    if (!record) {
-      // (A missing folder is the engine's to report.)
-      if (std::filesystem::is_directory(folder)) {
-        std::printf(
-            "# %s has no record of its run (a store from before strata kept one): the "
-            "flags given are used unchecked\n",
-            folder.c_str());
-      }
-    } else {
-      // The recorded schedule decides whether --steps may change (it shapes a cosine one).
-      for (const auto& [key, inputs] : record->train) {
-        if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
-      }
-      std::vector<std::string> applied;
-      auto identity = [&](RunIdentity* id) {
-        id->world_size = rank.world_size;
-        return a->data.empty() ? Status::OK() : HashDataFile(a->data, id);
-      };
-      STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
-                                         a->allow_schedule_change, &applied));
-      recorded = true;
-      for (const std::string& line : applied) {
-        std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
-      }
-      // The record's folders are absolute: so is --resume, to be found among them.
-      a->resume = AbsolutePath(a->resume);
-      for (std::string& f : a->run.nvme) f = AbsolutePath(f);
-    }
-  }
+  // With --resume the settings come from the stored run's record.
+  if (!a->resume.empty()) STRATA_RETURN_IF_ERROR(MergeStoredRun(a, given));
+  const bool recorded = !a->resume.empty();
   if (!a->tokenizer.empty()) {
     auto tok = model::Tokenizer::Load(a->tokenizer);
     if (!tok.ok()) {

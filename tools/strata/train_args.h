@@ -55,7 +55,10 @@ struct TrainArgs {
   bool durable_given = false;
   CLI::Option* durable_opt = nullptr;
   bool print_config = false, allow_schedule_change = false;
-  GeometryFlags init_given;  // the geometry flags given with --init (checked against the file)
+  GeometryFlags init_given;
+  // The run's identity (run_record.h): the record's with --resume (set by ResolveFlags),
+  // else made when the run starts.
+  std::string run_id;  // the geometry flags given with --init (checked against the file)
 };
 
 // Defines every flag of train on `sub` (bound to *a), except --config.
