@@ -35,6 +35,9 @@ class SwapFolders {
   // or locking anything: a store that is only to be reopened checks it first, so that a
   // folder it refuses is left as it was (no lock file made).
   static bool HasManifest(const std::string& folder);
+  // The committed step named by `folder`'s manifest, read without locking (see
+  // SwapStore::PeekCommittedStep).
+  static Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
   ~SwapFolders();
   SwapFolders(const SwapFolders&) = delete;
   SwapFolders& operator=(const SwapFolders&) = delete;

@@ -95,6 +95,10 @@ struct SwapStore::PathState {
 
 SwapStore::SwapStore(const SwapStoreOptions& options) : options_(options) {}
 
+Result<std::optional<uint64_t>> SwapStore::PeekCommittedStep(const std::string& folder) {
+  return swap_internal::SwapFolders::PeekCommittedStep(folder);
+}
+
 Result<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& options,
                                                    std::unique_ptr<IoBackend> backend) {
   std::unique_ptr<SwapStore> store(new SwapStore(options));

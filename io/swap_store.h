@@ -210,6 +210,11 @@ class SwapStore {
   // another process (IOError), a damaged manifest or data file (Corruption).
   static Result<std::unique_ptr<SwapStore>> Open(const SwapStoreOptions& options,
                                                  std::unique_ptr<IoBackend> backend = nullptr);
+  // The step of the last commit of the store whose first folder is `folder`, read from its
+  // manifest without opening or locking the store; nullopt before the first commit.
+  // NotFound without a manifest (a link or non-regular file there: InvalidArgument), Corruption
+  // when it does not decode.
+  static Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
   // Waits for the I/O in flight; does not commit.
   ~SwapStore();
   SwapStore(const SwapStore&) = delete;

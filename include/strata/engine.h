@@ -72,6 +72,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -485,5 +486,11 @@ class Engine {
   // The first stored background error, or OK.
   virtual Status Error() const = 0;
 };
+
+// The step of the last commit of the swap store whose first folder is `folder`, read from its
+// manifest without opening or locking the store (nothing is made or changed there):
+// nullopt when the store was created but never committed. NotFound when the folder holds no
+// manifest; Corruption (naming the file) when it cannot be decoded.
+Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
 
 }  // namespace strata

@@ -11,8 +11,8 @@
 #include <iterator>
 #include <optional>
 
-#include "io/manifest.h"
 #include "strata/atomic_file.h"
+#include "strata/engine.h"
 #include "strata/log.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/config_file.h"
@@ -168,11 +168,8 @@ using GivenFn = std::function<bool(const std::string&)>;
 // Whether folder's manifest names a committed step (true when it cannot be read: the store
 // then reports it).
 bool StoreHasCommitted(const std::string& folder) {
-  const std::string path = folder + "/strata.manifest";
-  std::ifstream f(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto m = swap_internal::DecodeManifest(bytes, path);
-  return !m.ok() || m->step.has_value();
+  Result<std::optional<uint64_t>> step = PeekCommittedStep(folder);
+  return !step.ok() || step->has_value();
 }
 
 // The folder --resume names for this rank must hold a store and its run's record; each is
