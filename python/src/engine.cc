@@ -102,6 +102,8 @@ class PyEngine {
       ThrowIfError(Status::InvalidArgument("device '" + c.device +
                                            "': expected \"cpu\", \"cuda\" or \"auto\""));
     }
+    for (const std::string& p : c.nvme) CheckPathArgument(p, "nvme folder");
+    CheckPathArgument(c.trace_path, "trace path");
     DeviceOptions dopt;
     Result<std::unique_ptr<Device>> dev = cuda ? CreateCudaDevice(dopt) : CreateHostDevice(dopt);
     ThrowIfError(dev.status());

@@ -26,6 +26,14 @@ void ThrowIfError(const Status& status) {
   if (!status.ok()) throw StrataError(status.ToString());
 }
 
+void CheckPathArgument(const std::string& path, const char* what) {
+  const size_t nul = path.find('\0');
+  if (nul == std::string::npos) return;
+  ThrowIfError(Status::InvalidArgument(std::string(what) + " '" + path.substr(0, nul) +
+                                       "\\0...' holds a NUL byte at offset " + std::to_string(nul) +
+                                       "; a file name cannot contain one"));
+}
+
 namespace {
 
 // The SIMD AdamW/Adam step over one fp32 tensor (parameters, moments and gradient all fp32).

@@ -758,10 +758,15 @@ def save_safetensors(model, path):
         offset += nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
-    tmp = str(path) + ".tmp"
-    with open(tmp, "wb") as f:
+    # The CLI's writer (include/strata/atomic_file.h): a temporary created O_EXCL|O_NOFOLLOW next
+    # to `path`, fsynced and renamed over it, so `path` holds the old file or the whole new one
+    # and nothing planted at a predictable name is followed; removed again on any failure.
+    f = _strata.AtomicFile(os.fspath(path))
+    try:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for t in blobs:
-            f.write(t.numpy().tobytes())
-    os.replace(tmp, path)
+            f.write_from(t.data_ptr(), t.numel() * t.element_size())
+        f.commit()
+    finally:
+        f.discard()
