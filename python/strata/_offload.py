@@ -43,6 +43,7 @@ import struct
 import torch
 
 from . import _strata
+from ._block import CHECKPOINTING_REFUSED, _BlockForward
 from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
 from ._sizes import parse_bytes
 from ._strata import Error
@@ -188,6 +189,13 @@ class _Offloaded:
             if any(b is c for c in blocks[:i]):
                 raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
         self._assign_owners()
+        # Hugging Face's gradient checkpointing flag, on the blocks (transformers 5) or on a
+        # module holding them (4.x); checked at each forward, as it can be set at any time.
+        within = {id(m) for b in blocks for m in b.modules()}
+        block_ids = {id(b) for b in blocks}
+        self._checkpointing_flags = [
+            m for m in model.modules() if hasattr(m, "gradient_checkpointing") and (
+                id(m) in within or any(id(c) in block_ids for c in m.modules()))]
         self._clock = engine._clock or _NO_CLOCK
         self._core = None
         self._closed = None  # why the model cannot train any more, once it cannot
@@ -310,6 +318,9 @@ class _Offloaded:
         self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
         self._torch_device = torch.device("cuda" if self._core.device_kind == "cuda" else "cpu")
+        # Every block's autograd Function takes it, so that backward reaches the blocks even when
+        # no block input requires grad (its gradient is None: it never accumulates one).
+        self.anchor = torch.zeros((), device=self._torch_device, requires_grad=True)
         if not c.resume:
             for b, (_, ps) in enumerate(self.engine_blocks()):
                 for t, (_, p) in enumerate(ps):
@@ -467,6 +478,9 @@ class _Offloaded:
             raise Error("an offloaded model runs forward only for training (each forward is "
                         "followed by backward); evaluate on weights saved with "
                         "strata.save_safetensors")
+        if self.model.training and any(m.gradient_checkpointing is True
+                                       for m in self._checkpointing_flags):
+            raise Error(f"the model has gradient checkpointing on: {CHECKPOINTING_REFUSED}")
         self._finish_backward()
         if self._next_fwd is not None or self._next_bwd is not None:
             raise Error("forward called again before loss.backward() of the previous forward "
@@ -686,112 +700,6 @@ class _Offloaded:
                 full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
                 out[full] = v.view(shape)
         return out
-
-
-class _BlockForward:
-    """Replaces a block's forward: runs it through _BlockFunction (acquire, no_grad forward,
-    release; recompute in backward)."""
-
-    def __init__(self, state, b, forward):
-        self.state, self.b, self.forward = state, b, forward
-
-    def __call__(self, *args, **kwargs):
-        with self.state._clock.layer():
-            return self._call(args, kwargs)
-
-    def _call(self, args, kwargs):
-        st = self.state
-        # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
-        # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
-        # backward; the layer already does both itself, and the second run would be taken for
-        # a second forward.
-        if ((st._next_fwd is not None and not torch.is_grad_enabled())
-                or st._next_bwd is not None):
-            raise Error(f"block {st.block_name(self.b)} was called "
-                        f"{'in backward' if st._next_bwd is not None else 'under no_grad'}: "
-                        "activation checkpointing around an offloaded block (torch.utils."
-                        "checkpoint, model.gradient_checkpointing_enable()) is not supported "
-                        "and not needed, as strata.offload recomputes each block in backward "
-                        "itself; turn it off (model.gradient_checkpointing_disable())")
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor) and v.requires_grad:
-                raise Error(f"block {self.state.block_name(self.b)} got keyword argument "
-                            f"{k!r}, a tensor that requires grad; pass such tensors "
-                            "positionally (keyword tensors get no gradient)")
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        return _BlockFunction.apply(self, args, kwargs, *tensors)
-
-
-class _BlockFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, fwd, args, kwargs, *tensors):
-        st, b = fwd.state, fwd.b
-        st.block_forward_begin(b)
-        ctx.fwd, ctx.args, ctx.kwargs = fwd, args, kwargs
-        ctx.rng = torch.get_rng_state()
-        ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
-        st.bind(b, backward=False)
-        try:
-            with st._clock.compute():
-                out = fwd.forward(*args, **kwargs)
-        except BaseException as e:
-            st.clear_params(b)  # the block stays acquired: abort_after releases it
-            st.abort_after(e)
-            raise
-        st.unbind(b)
-        if not isinstance(out, (torch.Tensor, tuple, list)):
-            raise Error(f"block {st.block_name(b)} returned {type(out).__name__}; an offloaded "
-                        "block returns a tensor or a tuple (tensors and other values, as Hugging "
-                        "Face blocks do)")
-        st.block_forward_end(b)
-        ctx.save_for_backward(*tensors)
-        return tuple(out) if isinstance(out, (tuple, list)) else out
-
-    @staticmethod
-    def backward(ctx, *grad_outs):
-        st = ctx.fwd.state
-        with st._clock.layer():
-            try:
-                return _BlockFunction._backward(ctx, grad_outs)
-            except BaseException as e:
-                if st._acquired is not None:
-                    st.clear_params(st._acquired[0])
-                st.abort_after(e)
-                raise
-
-    @staticmethod
-    def _backward(ctx, grad_outs):
-        fwd = ctx.fwd
-        st, b = fwd.state, fwd.b
-        st.block_backward_begin(b)
-        saved = list(ctx.saved_tensors)
-        inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
-        it = iter(inputs)
-        args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
-        params = st.bind(b, backward=True)
-        cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
-        with torch.enable_grad(), torch.random.fork_rng(devices=cuda):
-            torch.set_rng_state(ctx.rng)
-            if ctx.cuda_rng is not None:
-                torch.cuda.set_rng_state(ctx.cuda_rng)
-            with st._clock.compute():
-                out = fwd.forward(*args, **ctx.kwargs)
-        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        # The outputs backward reached (a tuple's other values get no gradient).
-        pairs = [(o, g) for o, g in zip(outs, grad_outs)
-                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-        need = [t for t in inputs if t.requires_grad]
-        if pairs:
-            with st._clock.compute():
-                grads = torch.autograd.grad([o for o, _ in pairs], need + params,
-                                            [g for _, g in pairs], allow_unused=True)
-        else:
-            grads = (None,) * (len(need) + len(params))
-        st.submit(b, grads[len(need):])
-        st.unbind(b)
-        st.block_backward_end(b)
-        gi = iter(grads[:len(need)])
-        return (None, None, None) + tuple(next(gi) if t.requires_grad else None for t in inputs)
 
 
 def _cuda_tensor(address, numel, dtype):
