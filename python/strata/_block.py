@@ -110,7 +110,8 @@ CHECKPOINTING_REFUSED = (
     "activation checkpointing around an offloaded block (torch.utils.checkpoint, "
     "model.gradient_checkpointing_enable()) is not supported and not needed, as "
     "strata.offload recomputes each block in backward itself; turn it off "
-    "(model.gradient_checkpointing_disable())")
+    "(model.gradient_checkpointing_disable(), or activation_checkpointing_disable() from "
+    "transformers 5)")
 
 
 class _BlockFunction(torch.autograd.Function):
