@@ -615,7 +615,7 @@ class _Offloaded:
             self.abort_step()
         except Exception as failure:  # noqa: BLE001 (exc stays the error the user sees)
             if hasattr(exc, "add_note"):
-                exc.add_note(f"strata: the step could not be dropped: {failure}")
+                exc.add_note(f"strata: {failure}")
 
     def abort_step(self):
         """Engine.abort_step. With NVMe folders and one rank the engine is closed and reopened
@@ -678,7 +678,8 @@ class _Offloaded:
         if not config.nvme or several:
             self.close_core(why + (": with several ranks each must reopen its engine" if several
                                    else ": an engine without NVMe folders keeps no earlier "
-                                   "state to go back to"))
+                                   "state to go back to (with max_grad_norm > 0 updates wait "
+                                   "for the whole gradient, so a step can always be dropped)"))
             raise Error(f"{self._closed}; create a new Engine")
         self.close_core(why)
         config.resume = True

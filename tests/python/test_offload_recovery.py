@@ -54,10 +54,13 @@ def _gather(eng):
     return {n: t.numpy().tobytes() for n, t in eng._model.gather().items()}
 
 
-@pytest.mark.parametrize("how,micro", [("forward", 1), ("forward", 2), ("recompute", 2)])
-def test_an_exception_inside_a_step_drops_it_and_training_goes_on(how, micro):
-    """No NVMe: the step is run out with a non-finite gradient, so the engine skips it."""
-    eng, model, weights = _train(fail_at=1, fail_how=how, micro=micro)
+@pytest.mark.parametrize("how,micro,clip", [("forward", 1, 0.0), ("forward", 2, 0.0),
+                                            ("recompute", 2, 0.0), ("recompute", 1, 1.0)])
+def test_an_exception_inside_a_step_drops_it_and_training_goes_on(how, micro, clip):
+    """No NVMe: the step is run out with a non-finite gradient, so the engine skips it. In the
+    last micro-batch's backward other blocks' gradients are final: with clipping their updates
+    wait for the norm (or are undone, when speculative), so the step is still skipped whole."""
+    eng, model, weights = _train(fail_at=1, fail_how=how, micro=micro, clip=clip)
     assert len(weights) == 4 and weights[1] != weights[0]
     eng.close()
 
@@ -99,6 +102,12 @@ def test_an_exception_outside_the_model_is_dropped_with_abort_step():
     opt.step()
     assert _gather(eng) != before
     eng.abort_step()  # between steps: nothing to drop
+    model(x, y).backward()
+    with pytest.raises(strata.Error, match="after the step's last backward: its updates have "
+                                           "run.*call opt.step"):
+        eng.abort_step()  # no NVMe folders: an update that ran cannot be undone
+    opt.step()  # the step is still whole
+    assert not eng.last_step_stats()["skipped"]
     eng.close()
 
 
