@@ -10,7 +10,7 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
               accumulated by autograd in .grad, submitted when autograd finishes the backward)
 
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
-its backward re-acquires the block, recomputes the forward with the same RNG state, and hands
+its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
 as soon as a block's gradient is final. With one rank the engine reads them straight from
 torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
