@@ -95,13 +95,17 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
   using F = typename V::F;
   F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
   F p = V::template LoadF32<kTail>(a.master + i, t);
-  if constexpr (M == AdamMode::kAdamWTorch) {
+  if constexpr (M == AdamMode::kAdamWTorch || M == AdamMode::kAdamWTorchLerp) {
     // torch.optim.AdamW's own rounding, operation by operation (optim.h).
     static_assert(G == FloatFormat::kFp32 && O == ParamOut::kNone && S == MomentStore::kF32);
     p = V::Mul(p, c.one_minus_lr_wd);
-    const F m =
-        V::Fma(g, c.one_minus_beta1,
-               V::Mul(V::template LoadF32<kTail>(static_cast<float*>(a.exp_avg) + i, t), c.beta1));
+    const F m_old = V::template LoadF32<kTail>(static_cast<float*>(a.exp_avg) + i, t);
+    F m;
+    if constexpr (M == AdamMode::kAdamWTorchLerp) {  // exp_avg.lerp_(grad, 1 - beta1)
+      m = V::Fma(c.one_minus_beta1, V::Add(g, V::Mul(m_old, V::Set1(-1.0f))), m_old);
+    } else {
+      m = V::Fma(g, c.one_minus_beta1, V::Mul(m_old, c.beta1));
+    }
     const F v = V::Fma(
         V::Mul(g, c.one_minus_beta2), g,
         V::Mul(V::template LoadF32<kTail>(static_cast<float*>(a.exp_avg_sq) + i, t), c.beta2));
@@ -263,6 +267,10 @@ template <class V>
 void AdamDispatch(const AdamArgs& a, size_t begin, size_t end) {
   if (a.mode == AdamMode::kAdamWTorch) {  // one instantiation: AdamStep admits no other formats
     return AdamRange<V, FloatFormat::kFp32, ParamOut::kNone, AdamMode::kAdamWTorch,
+                     MomentStore::kF32>(a, begin, end);
+  }
+  if (a.mode == AdamMode::kAdamWTorchLerp) {
+    return AdamRange<V, FloatFormat::kFp32, ParamOut::kNone, AdamMode::kAdamWTorchLerp,
                      MomentStore::kF32>(a, begin, end);
   }
   switch (a.grad_format) {

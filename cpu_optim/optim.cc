@@ -379,16 +379,17 @@ Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper, float grad
   const IsaKernels* kernels = nullptr;
   STRATA_RETURN_IF_ERROR(PrepareAdam(slice, options, &kernels));
   STRATA_RETURN_IF_ERROR(CheckHyper(hyper, grad_scale));
-  if (hyper.mode != AdamMode::kAdamW && hyper.mode != AdamMode::kAdam &&
-      hyper.mode != AdamMode::kAdamWTorch) {
+  const bool torch_rounding =
+      hyper.mode == AdamMode::kAdamWTorch || hyper.mode == AdamMode::kAdamWTorchLerp;
+  if (hyper.mode != AdamMode::kAdamW && hyper.mode != AdamMode::kAdam && !torch_rounding) {
     return Status::InvalidArgument("AdamStep: unknown AdamMode value " +
                                    std::to_string(static_cast<int>(hyper.mode)));
   }
-  if (hyper.mode == AdamMode::kAdamWTorch &&
+  if (torch_rounding &&
       (slice.grad_format != FloatFormat::kFp32 || slice.param_out_format != ParamOut::kNone ||
        slice.state_format != StateFormat::kFp32)) {
     return Status::NotSupported(
-        "AdamStep: AdamMode::kAdamWTorch (torch's rounding order) takes fp32 gradients, fp32 "
+        "AdamStep: AdamMode::kAdamWTorch[Lerp] (torch's rounding order) takes fp32 gradients, fp32 "
         "moments and no parameter copy; use AdamMode::kAdamW for the other formats");
   }
   const AdamArgs args = ArgsOf(slice, hyper.mode, MakeAdamScalars(hyper, grad_scale));

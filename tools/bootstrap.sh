@@ -67,3 +67,31 @@ if [ "$pydeps_ok" -eq 0 ]; then
     rm -rf "$tmp"
   fi
 fi
+
+# The torch matrix: tools/test.sh runs tests/python a second time under PyPI's newest torch
+# and transformers, in a venv over /usr/bin/python3 outside the repository (Debian's torch
+# 1.13 is what /usr/bin/python3 has). Same CPython, so the binding built for /usr/bin/python3
+# imports there unchanged (it links no libtorch). Every package is pinned, --no-deps, by
+# tools/torch-matrix-requirements.txt; the venv keeps a copy, so a changed list reinstalls it.
+# PyPI's torch for Linux is a CUDA build: its nvidia-* wheels come along (about 6 GiB).
+# STRATA_TORCH_MATRIX=0 skips it (and the second run); without network the step warns and
+# tests/python runs once.
+matrix_lock="$(dirname "$0")/torch-matrix-requirements.txt"
+matrix_venv="${STRATA_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/venv-torch-matrix}"
+if [ "${STRATA_TORCH_MATRIX:-1}" != 0 ] && ! cmp -s "$matrix_lock" "$matrix_venv/requirements.txt"
+then
+  echo "bootstrap: installing the torch matrix's $(grep -E '^(torch|transformers)==' \
+    "$matrix_lock" | tr '\n' ' ')into $matrix_venv"
+  log="$matrix_venv.pip.log"
+  rm -rf "$matrix_venv"
+  if mkdir -p "$(dirname "$matrix_venv")" && /usr/bin/python3 -m venv "$matrix_venv" &&
+     "$matrix_venv/bin/python" -m pip install -q --disable-pip-version-check --no-input \
+       --retries 2 --no-deps -r "$matrix_lock" >"$log" 2>&1; then
+    cp "$matrix_lock" "$matrix_venv/requirements.txt"
+    rm -f "$log"
+  else
+    echo "bootstrap: warning: pip could not install the torch matrix (no network?);" \
+      "tests/python runs under /usr/bin/python3 only; pip's output: $log" >&2
+    rm -rf "$matrix_venv"
+  fi
+fi

@@ -7,7 +7,8 @@
 #   extra arguments after -- go to ctest (e.g. -- -L io, -- -R SwapStore)
 # After ctest, when the Python binding was built (STRATA_WITH_PYTHON), pytest runs
 # tests/python with the interpreter it was built for (not when ctest is given a selection
-# after --).
+# after --), then again in the torch matrix's venv (tools/bootstrap.sh: PyPI's newest torch
+# and transformers; STRATA_TORCH_MATRIX=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,4 +39,18 @@ if [ "$selection" -eq 0 ] && [ -f "$py_dir/interpreter.txt" ] &&
    ls "$py_dir"/strata/_strata*.so >/dev/null 2>&1; then
   py=$(cat "$py_dir/interpreter.txt")
   PYTHONPATH="$py_dir" "$py" -m pytest -q tests/python
+  venv="${STRATA_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/venv-torch-matrix}"
+  soabi='import sysconfig; print(sysconfig.get_config_var("SOABI"))'
+  if [ "${STRATA_TORCH_MATRIX:-1}" != 0 ] && [ -x "$venv/bin/python" ]; then
+    if [ "$("$venv/bin/python" -c "$soabi")" = "$("$py" -c "$soabi")" ]; then
+      echo "test.sh: tests/python under $("$venv/bin/python" -c 'import torch, transformers
+print("torch", torch.__version__, "transformers", transformers.__version__)')"
+      # STRATA_PYDEPS: not the pydeps folder (transformers 4.49 for torch 1.13).
+      STRATA_PYDEPS="$venv/no-pydeps" PYTHONPATH="$py_dir" "$venv/bin/python" -m pytest -q \
+        tests/python
+    else
+      echo "test.sh: warning: $venv is another CPython than $py, which the binding was" \
+        "built for; tests/python ran once" >&2
+    fi
+  fi
 fi

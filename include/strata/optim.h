@@ -68,8 +68,9 @@ struct CpuKernelOptions {
 // gradient before the moments (torch.optim.Adam with weight_decay). kAdamWTorch: AdamW
 // rounded step by step as torch.optim.AdamW rounds it on the CPU (see AdamStep), for
 // strata.optim.AdamW to reproduce torch's results; fp32 gradients, fp32 moments and no
-// parameter copy only. The engine uses kAdamW or kAdam.
-enum class AdamMode : uint8_t { kAdamW, kAdam, kAdamWTorch };
+// parameter copy only. kAdamWTorchLerp: the same for torch >= 2.0, which computes the first
+// moment as exp_avg.lerp_(grad, 1 - beta1). The engine uses kAdamW or kAdam.
+enum class AdamMode : uint8_t { kAdamW, kAdam, kAdamWTorch, kAdamWTorchLerp };
 
 // Hyper-parameters of one parameter group at one step. Scalars derived from them
 // (bias corrections, step size, decay factor) are computed in double and rounded to
@@ -146,7 +147,7 @@ struct AdamSlice {
 // kAdamWTorch instead rounds every operation as torch 1.13's single-tensor CPU AdamW does
 // (its vectorised kernels fuse the two multiply-adds marked fma):
 //   p = p * (1 - lr*wd)
-//   m = fma(g, 1-b1, m * b1)
+//   m = fma(g, 1-b1, m * b1)          kAdamWTorchLerp (torch >= 2.0): m = fma(1-b1, g - m, m)
 //   v = fma((1-b2) * g, g, v * b2)
 //   denom = sqrt(v) / sqrt(1 - b2^t) + eps
 //   p = p + ((-lr / (1 - b1^t)) * m) / denom

@@ -19,7 +19,11 @@ class StrataError : public std::runtime_error {
 // Throws StrataError(status.ToString()) unless `status` is OK.
 void ThrowIfError(const Status& status);
 
-void BindIo(pybind11::module_& m);      // io.cc: IoHandle, AlignedBuffer
+// Throws StrataError when `path` (what the caller calls `what`: "path", "nvme folder") holds a
+// NUL byte: the C library would stop at it and use another file ("a\0b" names "a").
+void CheckPathArgument(const std::string& path, const char* what);
+
+void BindIo(pybind11::module_& m);      // io.cc: IoHandle, AlignedBuffer, AtomicFile
 void BindEngine(pybind11::module_& m);  // engine.cc: Engine
 
 }  // namespace strata::python

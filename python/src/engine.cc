@@ -102,6 +102,8 @@ class PyEngine {
       ThrowIfError(Status::InvalidArgument("device '" + c.device +
                                            "': expected \"cpu\", \"cuda\" or \"auto\""));
     }
+    for (const std::string& p : c.nvme) CheckPathArgument(p, "nvme folder");
+    CheckPathArgument(c.trace_path, "trace path");
     DeviceOptions dopt;
     Result<std::unique_ptr<Device>> dev = cuda ? CreateCudaDevice(dopt) : CreateHostDevice(dopt);
     ThrowIfError(dev.status());
@@ -138,6 +140,16 @@ class PyEngine {
     comm_.reset();
   }
 
+  // Ends the engine now, not when Python lets go of this object (a traceback can keep it
+  // alive): its threads stop, its memory is freed and its NVMe folders are unlocked, so an
+  // Engine(resume=True) can reopen them. A step in progress is dropped, not committed. Every
+  // later call raises.
+  void Close() {
+    py::gil_scoped_release release;
+    engine_.reset();
+    comm_.reset();
+  }
+
   int Rank() const { return comm_ ? comm_->rank() : 0; }
   int WorldSize() const { return comm_ ? comm_->world_size() : 1; }
   // Every rank gets rank 0's `n` floats at `address` (one rank: nothing to do).
@@ -154,7 +166,7 @@ class PyEngine {
 
   py::list Layout() const {
     py::list out;
-    for (const BlockLayout& b : engine_->Layout()) {
+    for (const BlockLayout& b : Live().Layout()) {
       py::list tensors;
       for (const TensorLayout& t : b.tensors) {
         tensors.append(py::make_tuple(t.name, t.shape, t.offset, t.numel));
@@ -167,48 +179,48 @@ class PyEngine {
   std::string DeviceKindName() const {
     return device_->Kind() == DeviceKind::kCuda ? "cuda" : "cpu";
   }
-  std::string Dtype() const { return WorkingDtypeName(engine_->Placement().dtype); }
-  std::string Placement() const { return engine_->Placement().ToString(); }
-  int64_t ResumedStep() const { return engine_->ResumedStep(); }
+  std::string Dtype() const { return WorkingDtypeName(Live().Placement().dtype); }
+  std::string Placement() const { return Live().Placement().ToString(); }
+  int64_t ResumedStep() const { return Live().ResumedStep(); }
 
   void WriteParams(int block, int tensor, uintptr_t address, size_t n) {
     py::gil_scoped_release release;
-    ThrowIfError(engine_->WriteParams(
+    ThrowIfError(Live().WriteParams(
         block, tensor, std::span<const float>(reinterpret_cast<const float*>(address), n)));
   }
   void ReadParams(int block, int tensor, uintptr_t address, size_t n) const {
     py::gil_scoped_release release;
     ThrowIfError(
-        engine_->ReadParams(block, tensor, std::span<float>(reinterpret_cast<float*>(address), n)));
+        Live().ReadParams(block, tensor, std::span<float>(reinterpret_cast<float*>(address), n)));
   }
   void CommitParams() {
     py::gil_scoped_release release;
-    ThrowIfError(engine_->CommitParams());
+    ThrowIfError(Live().CommitParams());
   }
   void BeginStep(double lr, double grad_scale) {
     py::gil_scoped_release release;
-    ThrowIfError(engine_->BeginStep({.lr = lr, .grad_scale = grad_scale}));
+    ThrowIfError(Live().BeginStep({.lr = lr, .grad_scale = grad_scale}));
   }
   // The address of the block's working parameters, readable once this returns.
   uintptr_t Acquire(int block, bool backward) {
     py::gil_scoped_release release;
-    Result<BlockView> v = engine_->Acquire(block, backward ? Pass::kBackward : Pass::kForward);
+    Result<BlockView> v = Live().Acquire(block, backward ? Pass::kBackward : Pass::kForward);
     ThrowIfError(v.status());
     ThrowIfError(device_->SynchronizeLane(Lane::kCompute));
     return reinterpret_cast<uintptr_t>(v->params);
   }
   void Release(int block) {
     py::gil_scoped_release release;
-    ThrowIfError(engine_->Release(block));
+    ThrowIfError(Live().Release(block));
   }
   uintptr_t GradBuffer(int block) {
-    Result<float*> g = engine_->GradBuffer(block);
+    Result<float*> g = Live().GradBuffer(block);
     ThrowIfError(g.status());
     return reinterpret_cast<uintptr_t>(*g);
   }
   void SubmitGrads(int block) {
     py::gil_scoped_release release;
-    ThrowIfError(engine_->SubmitGrads(block));
+    ThrowIfError(Live().SubmitGrads(block));
   }
   // SubmitGradsFrom: the gradient read from the caller's tensors (addresses, 0 for zeros),
   // which the caller keeps alive until grads_read() reaches the returned ticket.
@@ -217,22 +229,27 @@ class PyEngine {
     grads.reserve(addresses.size());
     for (uintptr_t a : addresses) grads.push_back(reinterpret_cast<const float*>(a));
     py::gil_scoped_release release;
-    Result<uint64_t> ticket = engine_->SubmitGradsFrom(block, grads);
+    Result<uint64_t> ticket = Live().SubmitGradsFrom(block, grads);
     ThrowIfError(ticket.status());
     return *ticket;
   }
-  uint64_t GradsRead() const { return engine_->GradsRead(); }
+  uint64_t GradsRead() const { return Live().GradsRead(); }
   py::dict EndStep() {
     Result<StepStats> r = Status::OK();
     {
       py::gil_scoped_release release;
-      r = engine_->EndStep();
+      r = Live().EndStep();
     }
     ThrowIfError(r.status());
     return StatsDict(*r);
   }
 
  private:
+  Engine& Live() const {
+    if (!engine_) ThrowIfError(Status::InvalidArgument("this engine was closed"));
+    return *engine_;
+  }
+
   static py::dict StatsDict(const StepStats& s) {
     py::dict d;
     d["step"] = s.step;
@@ -310,7 +327,8 @@ void BindEngine(py::module_& m) {
       .def("submit_grads", &PyEngine::SubmitGrads)
       .def("submit_grads_from", &PyEngine::SubmitGradsFrom, py::arg("block"), py::arg("addresses"))
       .def("grads_read", &PyEngine::GradsRead)
-      .def("end_step", &PyEngine::EndStep);
+      .def("end_step", &PyEngine::EndStep)
+      .def("close", &PyEngine::Close);
 }
 
 }  // namespace strata::python

@@ -1,6 +1,7 @@
 // strata.io's core: IoHandle (reads and writes of raw memory against files, through one
-// IoBackend: io_uring, else posix) and AlignedBuffer (page-aligned host memory, so that
-// transfers from it can use O_DIRECT).
+// IoBackend: io_uring, else posix), AlignedBuffer (page-aligned host memory, so that
+// transfers from it can use O_DIRECT) and AtomicFile (include/strata/atomic_file.h: the
+// CLI's writer of output files, for strata.save_safetensors).
 //
 // A request is split into block_size pieces, all submitted at once (the backend queues what
 // exceeds its queue depth). A file is opened with O_DIRECT when the address, offset and
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "python/src/binding.h"
+#include "strata/atomic_file.h"
 
 namespace py = pybind11;
 
@@ -59,6 +61,7 @@ class IoHandle {
   // Queues a transfer of `bytes` at `address` against `path` at `offset`; returns its id.
   uint64_t Submit(IoOp op, uintptr_t address, uint64_t bytes, const std::string& path,
                   uint64_t offset) {
+    CheckPathArgument(path, "path");
     py::gil_scoped_release release;  // before the mutex: a waiter holds it without the GIL
     std::lock_guard<std::mutex> lock(mu_);
     const bool aligned =
@@ -183,6 +186,47 @@ class AlignedBuffer {
   void* data_;
 };
 
+// An AtomicFile for Python: the bytes are streamed to the temporary file (so a large model is
+// never held twice in memory) and land at the path only at commit(); discard() (or the object's
+// end) removes the temporary and leaves the path as it was.
+class PyAtomicFile {
+ public:
+  explicit PyAtomicFile(const std::string& path) {
+    CheckPathArgument(path, "path");
+    Result<std::unique_ptr<AtomicFile>> f = AtomicFile::Create(path);
+    ThrowIfError(f.status());
+    file_ = std::move(*f);
+  }
+
+  void Write(std::string_view bytes) {
+    py::gil_scoped_release release;
+    ThrowIfError(Open().Write(bytes));
+  }
+  // Writes `bytes` bytes of host memory at `address` (a tensor's data_ptr()).
+  void WriteFrom(uintptr_t address, size_t bytes) {
+    Write(std::string_view(reinterpret_cast<const char*>(address), bytes));
+  }
+  void Commit() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = Open().Commit();
+    }
+    file_.reset();
+    ThrowIfError(s);
+  }
+  void Discard() { file_.reset(); }
+
+ private:
+  AtomicFile& Open() {
+    if (!file_)
+      ThrowIfError(Status::InvalidArgument("the file was already committed or discarded"));
+    return *file_;
+  }
+
+  std::unique_ptr<AtomicFile> file_;
+};
+
 }  // namespace
 
 void BindIo(py::module_& m) {
@@ -207,6 +251,12 @@ void BindIo(py::module_& m) {
         return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.size())}, {py::ssize_t{1}});
       });
+  py::class_<PyAtomicFile>(m, "AtomicFile")
+      .def(py::init<const std::string&>(), py::arg("path"))
+      .def("write", [](PyAtomicFile& f, const py::bytes& b) { f.Write(std::string_view(b)); })
+      .def("write_from", &PyAtomicFile::WriteFrom, py::arg("address"), py::arg("bytes"))
+      .def("commit", &PyAtomicFile::Commit)
+      .def("discard", &PyAtomicFile::Discard);
 }
 
 }  // namespace strata::python

@@ -26,13 +26,23 @@ void ThrowIfError(const Status& status) {
   if (!status.ok()) throw StrataError(status.ToString());
 }
 
+void CheckPathArgument(const std::string& path, const char* what) {
+  const size_t nul = path.find('\0');
+  if (nul == std::string::npos) return;
+  ThrowIfError(Status::InvalidArgument(std::string(what) + " '" + path.substr(0, nul) +
+                                       "\\0...' holds a NUL byte at offset " + std::to_string(nul) +
+                                       "; a file name cannot contain one"));
+}
+
 namespace {
 
 // The SIMD AdamW/Adam step over one fp32 tensor (parameters, moments and gradient all fp32).
-// torch_rounding: AdamW rounded as torch.optim.AdamW rounds it (AdamMode::kAdamWTorch).
+// rounding: "fused" (AdamMode::kAdamW), or AdamW rounded as torch.optim.AdamW rounds it:
+// "torch1" (torch 1.x, AdamMode::kAdamWTorch) or "torch2" (lerp_ moments, kAdamWTorchLerp).
 void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintptr_t grad, size_t n,
                  double lr, double beta1, double beta2, double eps, double weight_decay,
-                 int64_t step, float grad_scale, bool adamw, int threads, bool torch_rounding) {
+                 int64_t step, float grad_scale, bool adamw, int threads,
+                 const std::string& rounding) {
   AdamSlice slice;
   slice.master = reinterpret_cast<float*>(param);
   slice.exp_avg = reinterpret_cast<float*>(exp_avg);
@@ -47,7 +57,14 @@ void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintp
   h.eps = eps;
   h.weight_decay = weight_decay;
   h.step = step;
-  h.mode = !adamw ? AdamMode::kAdam : torch_rounding ? AdamMode::kAdamWTorch : AdamMode::kAdamW;
+  if (rounding != "fused" && rounding != "torch1" && rounding != "torch2") {
+    ThrowIfError(Status::InvalidArgument("rounding '" + rounding +
+                                         "': expected \"fused\", \"torch1\" or \"torch2\""));
+  }
+  h.mode = !adamw                 ? AdamMode::kAdam
+           : rounding == "torch1" ? AdamMode::kAdamWTorch
+           : rounding == "torch2" ? AdamMode::kAdamWTorchLerp
+                                  : AdamMode::kAdamW;
   CpuKernelOptions options;
   options.threads = threads;
   Status s;
@@ -96,7 +113,7 @@ PYBIND11_MODULE(_strata, m) {
   m.def("adam_step_f32", &AdamStepF32, py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
         py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
         py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
-        py::arg("adamw") = true, py::arg("threads") = 0, py::arg("torch_rounding") = false);
+        py::arg("adamw") = true, py::arg("threads") = 0, py::arg("rounding") = "fused");
   m.def("grad_norm_squared_f32", &GradNormSquaredF32, py::arg("grad"), py::arg("n"),
         py::arg("threads") = 0);
   m.def(

@@ -5,6 +5,12 @@ NVMe tensor I/O on io_uring (strata.io.Handle).
 The C++ core (strata._strata) links libstrata only, not libtorch: tensors cross as addresses,
 so one build works with any torch version. Every failure is raised as strata.Error.
 """
+# torch first: a CUDA build of torch brings its own libcudart and libnccl, and libtorch_cuda
+# needs its NCCL's newer symbols (ncclCommResume). libstrata asks for the same sonames
+# (libcudart.so.N, libnccl.so.2); loaded second, it shares torch's libraries instead of
+# binding the process to the system's older ones first.
+import torch  # noqa: F401,I001
+
 from . import _strata
 from ._strata import Error
 

@@ -10,13 +10,18 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
               accumulated by autograd in .grad, submitted when autograd finishes the backward)
 
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
-its backward re-acquires the block, recomputes the forward with the same RNG state, and hands
+its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
 as soon as a block's gradient is final. With one rank the engine reads them straight from
 torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
 copied per step are the rest block's weights, out of its acquired buffer at the start of
 forward (the head needs them after the engine has moved on). The engine itself is created when strata.optim.AdamW
 binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
+
+An exception part way through a step (in the model's forward, in a block's recompute) drops
+the step (Engine.abort_step): the engine goes back to its last commit and the next forward
+starts a new step. The layer knows where in the engine's schedule the step stopped (accesses
+released, the block acquired now), which is what running the step out needs.
 
 Engine(timing=True) times the layer itself: last_step_stats()["python"] splits the seconds spent
 inside it (its hooks, its autograd Function, opt.step) into engine calls, the blocks' own torch
@@ -30,15 +35,16 @@ correct but serialises torch's stream with the engine's at block edges; adopting
 as the engine's compute lane (events instead of host waits) is the next step.
 """
 import collections
-import contextlib
+import functools
 import json
 import os
 import struct
-import time
 
 import torch
 
 from . import _strata
+from ._block import CHECKPOINTING_REFUSED, _BlockForward
+from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
 from ._sizes import parse_bytes
 from ._strata import Error
 
@@ -105,6 +111,17 @@ class Engine:
         """The last committed step a resumed engine continues from (0 for a fresh run)."""
         return self._state().core().resumed_step()
 
+    def abort_step(self):
+        """Drops the step in progress (nothing when none is): no weight or moment changes, and
+        the next forward starts a new step. An exception raised inside the offloaded model's
+        forward or a block's backward does this itself; call it after an exception elsewhere
+        in the step (computing the loss, say). The step is run to its end with a non-finite
+        gradient, so the engine skips it whole (last_step_stats()["skipped"]) and commits the
+        states it started from; where some blocks were already updated (an exception late in
+        the last backward, without max_grad_norm) an engine with NVMe folders is reopened at
+        its last commit, and one without cannot go back and is closed (strata.Error says so)."""
+        self._state().abort_step()
+
     def close(self):
         """Ends the engine: frees its memory and releases its NVMe folders (their lock), so a
         later Engine(..., resume=True) in this process can continue the run. The offloaded
@@ -112,19 +129,16 @@ class Engine:
         st = self._model
         if st is not None and st._core is not None:
             if st._step_open:
-                raise Error("Engine.close() in the middle of a step; call opt.step() first "
-                            "(a step not committed is lost)")
-            st._core = None
-            st._closed = True
+                raise Error("Engine.close() in the middle of a step; call opt.step() first, "
+                            "or engine.abort_step() to drop the step")
+            st.close_core()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if self._model is not None and self._model._step_open:
-            self._model._core = None  # an exception mid-step: the step is abandoned
-            self._model._closed = True
-        self.close()
+        if self._model is not None and self._model._core is not None:
+            self._model.close_core()  # an exception mid-step: the step is dropped
 
     def _state(self):
         if self._model is None:
@@ -143,6 +157,10 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True):
         raise Error("offload(engine=...) takes a strata.Engine")
     if engine._model is not None:
         raise Error("this strata.Engine already holds a model; create one Engine per model")
+    for p in model.parameters():
+        if getattr(p, "_strata_offload", None) is not None:
+            raise Error("this model is already offloaded into another strata.Engine; a model "
+                        "trains in one engine (create the model anew for another)")
     if not recompute:
         raise Error("offload(recompute=False) is not supported: a block's parameters are "
                     "re-acquired for backward, so its forward is recomputed; pass recompute=True")
@@ -171,11 +189,22 @@ class _Offloaded:
             if any(b is c for c in blocks[:i]):
                 raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
         self._assign_owners()
+        # Hugging Face's gradient checkpointing flag, on the blocks (transformers 5) or on a
+        # module holding them (4.x); checked at each forward, as it can be set at any time.
+        within = {id(m) for b in blocks for m in b.modules()}
+        block_ids = {id(b) for b in blocks}
+        self._checkpointing_flags = [
+            m for m in model.modules() if hasattr(m, "gradient_checkpointing") and (
+                id(m) in within or any(id(c) in block_ids for c in m.modules()))]
         self._clock = engine._clock or _NO_CLOCK
         self._core = None
-        self._closed = False
+        self._closed = None  # why the model cannot train any more, once it cannot
         self._opt = None
         self._step_open = False
+        # The engine's position in the step's schedule (for abort_step): accesses released so
+        # far, and the one acquired now as (block, backward, gradient submitted).
+        self._released = 0
+        self._acquired = None
         self._micro = 0  # micro-batches begun in this step
         self._next_fwd = None  # engine index expected next in forward; None between passes
         self._next_bwd = None
@@ -184,10 +213,22 @@ class _Offloaded:
         # read them (see submit).
         self._held_grads = collections.deque()
         self._hooks = [model.register_forward_pre_hook(self._begin_forward)]
+        model.forward = self._dropping_step_on_error(model.forward)
         for i, b in enumerate(blocks):
             b.forward = _BlockForward(self, self.first_block + i, b.forward)
 
     # --- set-up -------------------------------------------------------------------------
+
+    def _dropping_step_on_error(self, forward):
+        """The model's forward, dropping the step when it raises part way (abort_after)."""
+        @functools.wraps(forward)
+        def guarded(*args, **kwargs):
+            try:
+                return forward(*args, **kwargs)
+            except BaseException as e:
+                self.abort_after(e)
+                raise
+        return guarded
 
     def _assign_owners(self):
         """Every parameter gets one owner: a block (engine index) or the rest (0)."""
@@ -272,14 +313,14 @@ class _Offloaded:
         c.weight_decay = float(decay.pop()) if decay else 0.0
         c.grad_clip = float(opt.max_grad_norm)
         c.optimizer_threads = c.optimizer_threads or opt.threads
-        specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
-                 for bname, ps in self.engine_blocks()]
-        self._core = _strata.Engine(specs, c)
-        if self.engine._clock is not None:
-            self._core = _TimedCore(self._core, self.engine._clock)
-        self._layout = self._core.layout()
+        self._specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
+                       for bname, ps in self.engine_blocks()]
+        self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
         self._torch_device = torch.device("cuda" if self._core.device_kind == "cuda" else "cpu")
+        # Every block's autograd Function takes it, so that backward reaches the blocks even when
+        # no block input requires grad (its gradient is None: it never accumulates one).
+        self.anchor = torch.zeros((), device=self._torch_device, requires_grad=True)
         if not c.resume:
             for b, (_, ps) in enumerate(self.engine_blocks()):
                 for t, (_, p) in enumerate(ps):
@@ -293,10 +334,26 @@ class _Offloaded:
                 p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
         self._opt = opt
 
+    def _open_core(self, config):
+        self._core = _strata.Engine(self._specs, config)
+        if self.engine._clock is not None:
+            self._core = _TimedCore(self._core, self.engine._clock)
+        self._layout = self._core.layout()
+
+    def close_core(self, why="the strata.Engine of this model was closed"):
+        """Ends the engine now (see _strata.Engine.close); a step in progress is dropped."""
+        core, self._core = self._core, None
+        self._closed = why
+        self._reset_step()
+        try:
+            core.close()
+        finally:
+            self._held_grads.clear()  # after the engine stopped reading them
+
     def core(self):
         if self._closed:
-            raise Error("the strata.Engine of this model was closed; create a new Engine "
-                        "(resume=True continues a run from its NVMe folders)")
+            raise Error(f"{self._closed}; create a new Engine (resume=True continues a run "
+                        "from its NVMe folders)")
         if self._core is None:
             raise Error("the offloaded model has no optimizer yet; create "
                         "strata.optim.AdamW(model.parameters(), ...) before the first forward")
@@ -323,18 +380,32 @@ class _Offloaded:
 
     def bind(self, b, backward):
         """Acquires engine block b and points its Parameters at the acquired buffer."""
-        views = self._params_view(b, self._core.acquire(b, backward))
+        views = self._params_view(b, self._acquire(b, backward))
         ps = self._block_tensors[b]
         for p, v in zip(ps, views):
             p.data = v if v.dtype == p.dtype else v.to(p.dtype)
         return ps
 
     def unbind(self, b):
+        self.clear_params(b)
+        self._release(b)
+
+    def clear_params(self, b):
+        """Points block b's Parameters back at empty placeholders (the block stays acquired)."""
         self._sync()
         empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
         for p in self._block_tensors[b]:
             p.data = empty
+
+    def _acquire(self, b, backward):
+        address = self._core.acquire(b, backward)
+        self._acquired = (b, backward, False)
+        return address
+
+    def _release(self, b):
         self._core.release(b)
+        self._acquired = None
+        self._released += 1
 
     def _copy(self, dst, src):
         """dst.copy_(src) for same-shaped tensors; on the CPU, contiguous fp32 ones go through
@@ -370,6 +441,7 @@ class _Offloaded:
                 addresses.append(g.data_ptr())
             self._sync()
         ticket = self._core.submit_grads_from(b, addresses)
+        self._acquired = (b, True, True)
         self._held_grads.append((ticket, keep))
         self._drop_read_grads()
 
@@ -392,6 +464,7 @@ class _Offloaded:
                     self._copy(flat[off:off + n], g.reshape(-1))
             self._sync()
         self._core.submit_grads(b)
+        self._acquired = (b, True, True)
 
     # --- the step -----------------------------------------------------------------------
 
@@ -405,10 +478,14 @@ class _Offloaded:
             raise Error("an offloaded model runs forward only for training (each forward is "
                         "followed by backward); evaluate on weights saved with "
                         "strata.save_safetensors")
+        if self.model.training and any(m.gradient_checkpointing is True
+                                       for m in self._checkpointing_flags):
+            raise Error(f"the model has gradient checkpointing on: {CHECKPOINTING_REFUSED}")
         self._finish_backward()
         if self._next_fwd is not None or self._next_bwd is not None:
             raise Error("forward called again before loss.backward() of the previous forward "
-                        "finished; every forward of an offloaded model needs its backward")
+                        "finished; every forward of an offloaded model needs its backward "
+                        "(engine.abort_step() drops the step, after a failed loss say)")
         if self._micro == self.micro_batches:
             raise Error(f"forward number {self._micro + 1} in one step, with "
                         f"micro_batches={self.micro_batches}; call opt.step() after "
@@ -422,7 +499,7 @@ class _Offloaded:
             self._step_open = True
         self._micro += 1
         if self.rest:
-            views = self._params_view(0, core.acquire(0, False))
+            views = self._params_view(0, self._acquire(0, False))
             with torch.no_grad(), self._clock.copy():
                 for (_, p), v in zip(self.rest, views):
                     if p.data.shape != v.shape:
@@ -430,7 +507,7 @@ class _Offloaded:
                     self._copy(p.data, v)
                     p.grad = None
                 self._sync()
-            core.release(0)
+            self._release(0)
         self._next_fwd = self.first_block
 
     def block_forward_begin(self, b):
@@ -450,6 +527,11 @@ class _Offloaded:
 
     def block_backward_begin(self, b):
         last = self.first_block + len(self.blocks) - 1
+        if self._next_fwd is None and self._next_bwd is None:
+            raise Error(f"backward reached block {self.block_name(b)} after this forward's "
+                        "backward had finished; call backward once per forward (a second "
+                        "backward through an offloaded model, retain_graph=True, is not "
+                        "supported)")
         if self._next_fwd is not None:  # the first backward of this micro-batch
             if self._next_fwd != last + 1:
                 missing = self.block_name(self._next_fwd)
@@ -480,11 +562,11 @@ class _Offloaded:
             return
         with self._clock.layer():
             self._rest_pending = False
-            self._core.acquire(0, True)
+            self._acquire(0, True)
             self.submit(0, [p.grad for _, p in self.rest])
             for _, p in self.rest:
                 p.grad = None
-            self._core.release(0)
+            self._release(0)
 
     def end_step(self, opt):
         with self._clock.layer():
@@ -504,11 +586,105 @@ class _Offloaded:
             stats = self._core.end_step()
         finally:
             self._held_grads.clear()  # read by now, or the step failed
-        self._step_open = False
-        self._micro = 0
+        self._reset_step()
         opt.last_grad_norm = stats["grad_norm"]
         opt.last_step_skipped = stats["skipped"]
         self.engine._stats = stats
+
+    def _reset_step(self):
+        self._step_open = False
+        self._micro = 0
+        self._next_fwd = self._next_bwd = None
+        self._rest_pending = False
+        self._released = 0
+        self._acquired = None
+        for _, p in self.rest:
+            p.grad = None
+
+    # --- dropping a step ----------------------------------------------------------------
+
+    def abort_after(self, exc):
+        """`exc` was raised inside the step: drops the step when the engine is part way through
+        a forward or backward (a misuse refused between passes leaves a usable step alone). A
+        failure to drop it is added to `exc` as a note; `exc` is what the caller sees."""
+        if self._core is None or not self._step_open:
+            return
+        if self._next_fwd is None and self._next_bwd is None and self._acquired is None:
+            return
+        try:
+            self.abort_step()
+        except Exception as failure:  # noqa: BLE001 (exc stays the error the user sees)
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"strata: {failure}")
+
+    def abort_step(self):
+        """Engine.abort_step. With NVMe folders and one rank the engine is closed and reopened
+        at its last commit (the run continues as if the step had not begun). Otherwise the rest
+        of the step's schedule runs with a non-finite gradient for every block not yet
+        submitted, so that the engine skips the step whole (with several ranks too: the norm
+        is global) and commits the states it began from; when some updates already ran, it
+        cannot, and is closed (strata.Error)."""
+        core = self.core()
+        if not self._step_open:
+            return
+        if self.engine.config.nvme and core.world_size == 1:
+            self._reopen("dropping the step in progress")
+            return
+        total = 2 * len(self._engine_blocks) * self.micro_batches
+        if self._released == total and self._acquired is None:
+            raise Error("abort_step() after the step's last backward: its updates have run, and "
+                        "an engine without NVMe folders keeps no earlier state to go back to; "
+                        "call opt.step() to commit the step")
+        try:
+            self._run_out_step(total)
+            stats = core.end_step()
+        except Error as failure:
+            self._reopen(f"the step in progress could not be dropped ({failure})")
+            return
+        finally:
+            self._held_grads.clear()
+        self._reset_step()
+        stats["aborted"] = True
+        self.engine._stats = stats
+
+    def _run_out_step(self, total):
+        """Acquires and releases every access left in the step, in the schedule's order (per
+        micro-batch: forward 0..n-1, backward n-1..0), submitting NaN gradients in backward."""
+        if self._acquired is not None:
+            b, backward, submitted = self._acquired
+            if backward and not submitted:
+                self._submit_nan(b)
+            self._release(b)
+        per = 2 * len(self._engine_blocks)
+        while self._released < total:
+            j = self._released % per
+            b, backward = (j, False) if j < per // 2 else (per - 1 - j, True)
+            self._acquire(b, backward)
+            if backward:
+                self._submit_nan(b)
+            self._release(b)
+
+    def _submit_nan(self, b):
+        _, tensors, _ = self._layout[b]
+        nan = torch.full((max(n for *_, n in tensors),), float("nan"),
+                         device=self._torch_device)
+        self.submit(b, [nan[:n] for *_, n in tensors])
+
+    def _reopen(self, why):
+        """Closes the engine and reopens it at its last commit (NVMe folders, one rank); closes
+        it for good and raises strata.Error where it cannot."""
+        config = self.engine.config
+        several = self._core.world_size != 1
+        if not config.nvme or several:
+            self.close_core(why + (": with several ranks each must reopen its engine" if several
+                                   else ": an engine without NVMe folders keeps no earlier "
+                                   "state to go back to (with max_grad_norm > 0 updates wait "
+                                   "for the whole gradient, so a step can always be dropped)"))
+            raise Error(f"{self._closed}; create a new Engine")
+        self.close_core(why)
+        config.resume = True
+        self._open_core(config)
+        self._closed = None
 
     def block_name(self, b):
         return repr(self.engine_blocks()[b][0])
@@ -525,203 +701,6 @@ class _Offloaded:
                 full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
                 out[full] = v.view(shape)
         return out
-
-
-class _BlockForward:
-    """Replaces a block's forward: runs it through _BlockFunction (acquire, no_grad forward,
-    release; recompute in backward)."""
-
-    def __init__(self, state, b, forward):
-        self.state, self.b, self.forward = state, b, forward
-
-    def __call__(self, *args, **kwargs):
-        with self.state._clock.layer():
-            return self._call(args, kwargs)
-
-    def _call(self, args, kwargs):
-        st = self.state
-        # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
-        # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
-        # backward; the layer already does both itself, and the second run would be taken for
-        # a second forward.
-        if ((st._next_fwd is not None and not torch.is_grad_enabled())
-                or st._next_bwd is not None):
-            raise Error(f"block {st.block_name(self.b)} was called "
-                        f"{'in backward' if st._next_bwd is not None else 'under no_grad'}: "
-                        "activation checkpointing around an offloaded block (torch.utils."
-                        "checkpoint, model.gradient_checkpointing_enable()) is not supported "
-                        "and not needed, as strata.offload recomputes each block in backward "
-                        "itself; turn it off (model.gradient_checkpointing_disable())")
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor) and v.requires_grad:
-                raise Error(f"block {self.state.block_name(self.b)} got keyword argument "
-                            f"{k!r}, a tensor that requires grad; pass such tensors "
-                            "positionally (keyword tensors get no gradient)")
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        return _BlockFunction.apply(self, args, kwargs, *tensors)
-
-
-class _BlockFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, fwd, args, kwargs, *tensors):
-        st, b = fwd.state, fwd.b
-        st.block_forward_begin(b)
-        ctx.fwd, ctx.args, ctx.kwargs = fwd, args, kwargs
-        ctx.rng = torch.get_rng_state()
-        ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
-        st.bind(b, backward=False)
-        try:
-            with st._clock.compute():
-                out = fwd.forward(*args, **kwargs)
-        finally:
-            st.unbind(b)
-        if not isinstance(out, (torch.Tensor, tuple, list)):
-            raise Error(f"block {st.block_name(b)} returned {type(out).__name__}; an offloaded "
-                        "block returns a tensor or a tuple (tensors and other values, as Hugging "
-                        "Face blocks do)")
-        st.block_forward_end(b)
-        ctx.save_for_backward(*tensors)
-        return tuple(out) if isinstance(out, (tuple, list)) else out
-
-    @staticmethod
-    def backward(ctx, *grad_outs):
-        with ctx.fwd.state._clock.layer():
-            return _BlockFunction._backward(ctx, grad_outs)
-
-    @staticmethod
-    def _backward(ctx, grad_outs):
-        fwd = ctx.fwd
-        st, b = fwd.state, fwd.b
-        st.block_backward_begin(b)
-        saved = list(ctx.saved_tensors)
-        inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
-        it = iter(inputs)
-        args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
-        params = st.bind(b, backward=True)
-        try:
-            cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
-            with torch.enable_grad(), torch.random.fork_rng(devices=cuda):
-                torch.set_rng_state(ctx.rng)
-                if ctx.cuda_rng is not None:
-                    torch.cuda.set_rng_state(ctx.cuda_rng)
-                with st._clock.compute():
-                    out = fwd.forward(*args, **ctx.kwargs)
-            outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-            # The outputs backward reached (a tuple's other values get no gradient).
-            pairs = [(o, g) for o, g in zip(outs, grad_outs)
-                     if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-            need = [t for t in inputs if t.requires_grad]
-            if pairs:
-                with st._clock.compute():
-                    grads = torch.autograd.grad([o for o, _ in pairs], need + params,
-                                                [g for _, g in pairs], allow_unused=True)
-            else:
-                grads = (None,) * (len(need) + len(params))
-            st.submit(b, grads[len(need):])
-        finally:
-            st.unbind(b)
-        st.block_backward_end(b)
-        gi = iter(grads[:len(need)])
-        return (None, None, None) + tuple(next(gi) if t.requires_grad else None for t in inputs)
-
-
-class _Region:
-    """Adds the seconds between __enter__ and __exit__ to one of a _LayerClock's totals; nested
-    regions of the same kind count once (the outermost)."""
-
-    __slots__ = ("clock", "kind", "depth", "start")
-
-    def __init__(self, clock, kind):
-        self.clock, self.kind, self.depth, self.start = clock, kind, 0, 0.0
-
-    def __enter__(self):
-        self.depth += 1
-        if self.depth == 1:
-            self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.depth -= 1
-        if self.depth == 0:
-            self.clock.totals[self.kind] += time.perf_counter() - self.start
-
-
-class _LayerClock:
-    """Engine(timing=True): where the layer's time goes in a step, as seconds per kind:
-    layer (inside its entry points: the forward hook, each block's forward and backward,
-    the rest block's gradient submission, opt.step), of which engine (calls into the engine),
-    compute (the blocks' own forward, recompute and autograd.grad: torch's work, not the
-    layer's) and copy (values copied between torch's tensors and the engine's buffers). One
-    Python thread drives a step, so no locking."""
-
-    KINDS = ("layer", "engine", "compute", "copy")
-
-    def __init__(self):
-        self.totals = dict.fromkeys(self.KINDS, 0.0)
-        self.calls = {}  # engine seconds per binding method (acquire, submit_grads, ...)
-        self._regions = {k: _Region(self, k) for k in ("layer", "compute", "copy")}
-
-    def layer(self):
-        return self._regions["layer"]
-
-    def compute(self):
-        return self._regions["compute"]
-
-    def copy(self):
-        return self._regions["copy"]
-
-    def reset(self):
-        for k in self.KINDS:
-            self.totals[k] = 0.0
-        self.calls = {}
-
-    def snapshot(self):
-        """{kind: seconds} plus "own": layer - engine - compute - copy, the layer's own Python
-        (hooks, views, checks, bookkeeping), and "engine_calls": {method: seconds}."""
-        t = dict(self.totals)
-        t["own"] = t["layer"] - t["engine"] - t["compute"] - t["copy"]
-        t["engine_calls"] = dict(self.calls)
-        return t
-
-
-class _NullClock:
-    """The clock of an Engine without timing: every region is a no-op."""
-
-    _NULL = contextlib.nullcontext()
-
-    def layer(self):
-        return self._NULL
-
-    compute = copy = layer
-
-    def reset(self):
-        pass
-
-
-_NO_CLOCK = _NullClock()
-
-
-class _TimedCore:
-    """The engine's binding with each call timed as the clock's "engine" kind."""
-
-    def __init__(self, core, clock):
-        self._c, self._clock = core, clock
-
-    def __getattr__(self, name):
-        attr = getattr(self._c, name)
-        if not callable(attr):
-            return attr
-        clock = self._clock
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                sec = time.perf_counter() - start
-                clock.totals["engine"] += sec
-                clock.calls[name] = clock.calls.get(name, 0.0) + sec
-
-        return timed
 
 
 def _cuda_tensor(address, numel, dtype):
@@ -758,10 +737,15 @@ def save_safetensors(model, path):
         offset += nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
-    tmp = str(path) + ".tmp"
-    with open(tmp, "wb") as f:
+    # The CLI's writer (include/strata/atomic_file.h): a temporary created O_EXCL|O_NOFOLLOW next
+    # to `path`, fsynced and renamed over it, so `path` holds the old file or the whole new one
+    # and nothing planted at a predictable name is followed; removed again on any failure.
+    f = _strata.AtomicFile(os.fspath(path))
+    try:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for t in blobs:
-            f.write(t.numpy().tobytes())
-    os.replace(tmp, path)
+            f.write_from(t.data_ptr(), t.numel() * t.element_size())
+        f.commit()
+    finally:
+        f.discard()

@@ -5,9 +5,11 @@ Two uses, chosen by the parameters it is given:
 * plain CPU parameters (fp32, contiguous): a CPU optimizer like DeepSpeedCPUAdam. Each group
   has its own lr, betas, eps and weight_decay; max_grad_norm clips the gradient norm over all
   groups together (torch.nn.utils.clip_grad_norm_'s coefficient, fused into the update).
-  rounding="torch" (the default) rounds every operation as torch.optim.AdamW does on the CPU,
-  and computes the clipping norm as clip_grad_norm_ does (fp32), so the results equal
-  torch.optim.AdamW's after clip_grad_norm_ (bit for bit in tests/python/test_optim.py).
+  rounding="torch" (the default) rounds every operation as the installed torch's
+  torch.optim.AdamW does on the CPU (torch 1.x: exp_avg.mul_(beta1).add_(grad, ...); torch 2:
+  exp_avg.lerp_(grad, 1 - beta1)), and computes the clipping norm as clip_grad_norm_ does
+  (fp32), so the results equal torch.optim.AdamW's after clip_grad_norm_ (within 1e-6
+  relative, element by element, in tests/python/test_optim.py, on torch 1.13 and 2.15).
   rounding="fused" is the engine's form: the weight rounded once per step (closer to exact
   AdamW) and the norm exact in double; what an offloaded model computes. Both run the same
   SIMD kernel (cpu_optim, AdamMode::kAdamWTorch or kAdamW).
@@ -26,6 +28,9 @@ from . import _strata
 from ._strata import Error
 
 __all__ = ["AdamW"]
+
+# The kernel's rounding that reproduces this torch's AdamW (see the module docstring).
+_TORCH_ROUNDING = "torch2" if int(torch.__version__.split(".")[0]) >= 2 else "torch1"
 
 
 class AdamW(torch.optim.Optimizer):
@@ -112,7 +117,7 @@ class AdamW(torch.optim.Optimizer):
                                       p.numel(), float(group["lr"]), float(beta1), float(beta2),
                                       float(group["eps"]), float(group["weight_decay"]),
                                       int(state["step"]), scale, True, self.threads,
-                                      self.rounding == "torch")
+                                      _TORCH_ROUNDING if self.rounding == "torch" else "fused")
         return loss
 
 

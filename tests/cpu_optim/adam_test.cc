@@ -340,10 +340,12 @@ TEST(AdamIdentityTest, TorchRoundingOddLengthsAndOffsets) {
 // ---------------------------------------------------------------------------------------
 // kAdamWTorch: torch.optim.AdamW's rounding (torch 1.13, single-tensor CPU path), one float
 // operation at a time as optim.h lists them; this file is compiled with -ffp-contract=off,
-// so only the two std::fma calls fuse. Every ISA must give these bits.
+// so only the std::fma calls fuse. kAdamWTorchLerp: torch >= 2.0's, whose first moment is
+// exp_avg.lerp_(grad, 1 - beta1) (ATen's vectorised lerp: fma(w, end - self, self) for
+// w < 0.5). Every ISA must give these bits.
 // ---------------------------------------------------------------------------------------
 
-TEST(AdamTorchRoundingTest, EqualsTorchsOperationSequenceBitForBit) {
+void ExpectTorchsOperationSequence(AdamMode mode) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -355,7 +357,7 @@ TEST(AdamTorchRoundingTest, EqualsTorchsOperationSequenceBitForBit) {
   h.beta2 = 0.95;
   h.eps = 1e-8;
   h.weight_decay = 0.05;
-  h.mode = AdamMode::kAdamWTorch;
+  h.mode = mode;
   const float scale = 0.37f;
   std::vector<float> p0(n);
   for (float& x : p0) x = normal(rng);
@@ -377,7 +379,8 @@ TEST(AdamTorchRoundingTest, EqualsTorchsOperationSequenceBitForBit) {
     for (size_t i = 0; i < n; ++i) {
       const float g = grads[t - 1][i] * scale;
       rp[i] = rp[i] * decay;
-      rm[i] = std::fma(g, c1, rm[i] * b1);
+      rm[i] = mode == AdamMode::kAdamWTorchLerp ? std::fma(c1, g - rm[i], rm[i])
+                                                : std::fma(g, c1, rm[i] * b1);
       rv[i] = std::fma(g * c2, g, rv[i] * b2);
       const float denom = std::sqrt(rv[i]) / bc2_sqrt + eps;
       rp[i] = rp[i] + (neg_step * rm[i]) / denom;
@@ -403,6 +406,14 @@ TEST(AdamTorchRoundingTest, EqualsTorchsOperationSequenceBitForBit) {
     ASSERT_EQ(test::FirstBitDifference(m.data(), rm.data(), n), -1) << CpuIsaName(isa);
     ASSERT_EQ(test::FirstBitDifference(v.data(), rv.data(), n), -1) << CpuIsaName(isa);
   }
+}
+
+TEST(AdamTorchRoundingTest, EqualsTorch1OperationSequenceBitForBit) {
+  ExpectTorchsOperationSequence(AdamMode::kAdamWTorch);
+}
+
+TEST(AdamTorchRoundingTest, EqualsTorch2LerpOperationSequenceBitForBit) {
+  ExpectTorchsOperationSequence(AdamMode::kAdamWTorchLerp);
 }
 
 TEST(AdamTorchRoundingTest, TakesFp32OnlyAndDiffersFromTheFusedForm) {

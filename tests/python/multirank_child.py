@@ -18,15 +18,31 @@ opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2, betas=(0.9, 0.95),
                          max_grad_norm=1.0)
 rank, world = eng.rank, eng.world_size
 rows = 4 // world
-losses = []
-for mb in batches(steps, micro):
-    for x, y in mb:
-        loss = model(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
-        (loss / micro).backward()
-        losses.append(loss.item())
-    opt.step()
+# STRATA_TEST_FAIL="RANK:STEP": that rank's block 1 raises in the first forward of that step
+# (0-based); the rank drops the step and goes on with the next one.
+fail_rank, fail_step = (int(v) for v in os.environ.get("STRATA_TEST_FAIL", "-1:-1").split(":"))
+
+
+def fail(module, inputs):
+    raise ValueError("injected failure")
+
+
+losses, skipped = [], []
+for step, mb in enumerate(batches(steps, micro)):
+    hook = model.blocks[1].register_forward_pre_hook(fail) if (rank, step) == (
+        fail_rank, fail_step) else None
+    try:
+        for x, y in mb:
+            loss = model(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
+            (loss / micro).backward()
+            losses.append(loss.item())
+        opt.step()
+    except ValueError:
+        hook.remove()
+        losses.extend([None] * micro)
+    skipped.append(eng.last_step_stats()["skipped"])
     opt.zero_grad()
 strata.save_safetensors(model, out + ".safetensors")  # a collective: every rank gathers
 with open(out, "w") as f:
-    json.dump({"rank": rank, "world": world, "losses": losses,
+    json.dump({"rank": rank, "world": world, "losses": losses, "skipped": skipped,
                "norm": eng.last_step_stats()["grad_norm"]}, f)

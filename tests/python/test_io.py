@@ -91,6 +91,14 @@ def test_errors_are_strata_errors(tmp_path):
         h.pwrite(torch.zeros(4, 4).t(), tmp_path / "t.bin")
 
 
+def test_a_path_with_a_nul_byte_is_refused_not_cut_short(tmp_path):
+    h = strata.io.Handle()
+    for call in (h.pwrite, h.pread):
+        with pytest.raises(strata.Error, match="NUL byte at offset"):
+            call(_pattern(100, 1), str(tmp_path / "a") + "\0b")
+    assert os.listdir(tmp_path) == []  # nothing was written to "a"
+
+
 def test_blocking_calls_release_the_gil(tmp_path):
     """A Python thread counts while the main thread is inside pread/pwrite."""
     h = strata.io.Handle(block_size="4K", queue_depth=1, backend="posix")

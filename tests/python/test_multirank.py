@@ -19,7 +19,7 @@ def _env(extra):
     return env
 
 
-def _run_ranks(tmp_path, world, nvme):
+def _run_ranks(tmp_path, world, nvme, fail=None):
     rdzv = tmp_path / f"rdzv{world}"
     rdzv.mkdir()
     procs = []
@@ -33,6 +33,8 @@ def _run_ranks(tmp_path, world, nvme):
             "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
             "LOCAL_WORLD_SIZE": str(world), "STRATA_RENDEZVOUS": f"file:{rdzv}",
             "STRATA_COMM_TIMEOUT": "60"}
+        if fail:
+            extra["STRATA_TEST_FAIL"] = fail
         out = tmp_path / f"w{world}r{r}.json"
         procs.append((subprocess.Popen(
             [sys.executable, CHILD, str(STEPS), str(MICRO), str(out)] + folders,
@@ -57,6 +59,19 @@ def test_two_ranks_follow_the_single_rank_run(tmp_path):
     assert abs(two[0]["norm"] - one["norm"]) <= 1e-4 * one["norm"]
     assert two[0]["norm"] == two[1]["norm"]  # one global norm
     # Both ranks hold the same model: the gathered weights are identical.
+    with open(tmp_path / "w2r0.json.safetensors", "rb") as a, \
+            open(tmp_path / "w2r1.json.safetensors", "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_an_exception_on_one_rank_drops_the_step_on_every_rank(tmp_path):
+    """Rank 1's forward raises in step 2: it runs the step out with a non-finite gradient, so
+    the global norm skips the step on both ranks (rank 0 never sees an error), and the two go on
+    in step, holding the same model."""
+    two = _run_ranks(tmp_path, 2, nvme=1, fail="1:2")
+    assert [r["skipped"] for r in two] == [[False, False, True, False, False, False]] * 2
+    assert two[1]["losses"][2 * MICRO:3 * MICRO] == [None] * MICRO
+    assert two[0]["norm"] == two[1]["norm"]
     with open(tmp_path / "w2r0.json.safetensors", "rb") as a, \
             open(tmp_path / "w2r1.json.safetensors", "rb") as b:
         assert a.read() == b.read()

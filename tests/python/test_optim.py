@@ -25,9 +25,22 @@ def _max_relative_error(a, b):
     return rel.max().item()
 
 
-def _assert_close(a, b):
-    """Every element within 1e-6 relative of torch's (no absolute floor: an element torch left
-    at 0 must be 0)."""
+# torch >= 2 takes Tensor.sqrt() on the CPU from its own vector library (Sleef), which is not
+# correctly rounded: on torch 2.15 about 1 element in 6 is an ulp off IEEE sqrt, the kernel's.
+# So there the weights, which divide by sqrt(exp_avg_sq), can differ from torch's by an ulp
+# of the update per step: within 1e-6 relative or one ulp of the tensor's largest magnitude.
+# The moments involve no sqrt and match on every torch.
+TORCH_SQRT_NOT_IEEE = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _assert_close(a, b, weights=False):
+    """Every element within 1e-6 relative of torch's; no absolute floor (an element torch left
+    at 0 must be 0) except for weights where torch's sqrt is not IEEE's (above)."""
+    if weights and TORCH_SQRT_NOT_IEEE:
+        floor = torch.finfo(torch.float32).eps * b.abs().max().item()
+        worst = ((a - b).abs() - 1e-6 * b.abs()).max().item()
+        assert worst <= floor, f"{worst:.3g} beyond 1e-6 relative, more than one ulp ({floor:.3g})"
+        return
     err = _max_relative_error(a, b)
     assert err <= 1e-6, f"max relative error {err:.3g} > 1e-6"
 
@@ -43,9 +56,11 @@ def _groups(params, lr):
 
 @pytest.mark.parametrize("max_norm", [0.0, 1.0])
 def test_matches_torch_adamw_with_groups_and_scheduler(max_norm):
-    """rounding="torch" (the default) performs torch's float operations in torch's order, so
-    after 10 steps every weight and moment is within 1e-6 relative of torch's, including the
-    weights that crossed zero (where the fused form is not: see the next test)."""
+    """rounding="torch" (the default) performs the installed torch's float operations in its
+    order (torch 1.x: exp_avg.mul_().add_(); torch 2: exp_avg.lerp_()), so after 10 steps the
+    moments equal torch's bit for bit and every weight is within 1e-6 relative of torch's,
+    including the weights that crossed zero (where the fused form is not: see the next test);
+    on torch 2 within one ulp of the largest weight too (TORCH_SQRT_NOT_IEEE)."""
     ours, ref = _params(0, SHAPES), _params(0, SHAPES)
     lr = 1e-2
     opt = strata.optim.AdamW(_groups(ours, lr), lr=lr, betas=(0.9, 0.95), eps=1e-8,
@@ -72,10 +87,10 @@ def test_matches_torch_adamw_with_groups_and_scheduler(max_norm):
     assert opt.param_groups[1]["lr"] == topt.param_groups[1]["lr"]
     for a, b, start in zip(ours, ref, _params(0, SHAPES)):
         assert not torch.equal(a.detach(), start.detach())  # it trained
-        _assert_close(a.detach(), b.detach())
+        _assert_close(a.detach(), b.detach(), weights=True)
         sa, sb = opt.state[a], topt.state[b]
-        _assert_close(sa["exp_avg"], sb["exp_avg"])
-        _assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"])
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"])
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
         assert sa["step"] == 10
 
 

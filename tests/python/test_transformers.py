@@ -1,8 +1,10 @@
 """strata.offload on a Hugging Face model: GPT2LMHeadModel(GPT2Config(...)), randomly initialised,
 its blocks (model.transformer.h) in the engine, trained as a user calls it,
 model(input_ids=x, labels=x).loss. The blocks are called with keyword arguments (an attention
-mask tensor, flags) and return a tuple (with the default use_cache=True, a nested (key, value)
-tuple). Skipped where transformers is not installed (tools/bootstrap.sh installs it)."""
+mask tensor, flags) and return a tuple (transformers 4: with the default use_cache=True, a
+nested (key, value) tuple) or a tensor (transformers 5, which passes every block one mutable
+DynamicCache). Skipped where transformers is not installed (tools/bootstrap.sh installs it)."""
+import inspect
 import os
 import subprocess
 import sys
@@ -122,12 +124,34 @@ def test_gpt2_head_stays_tied_and_saved_weights_load_with_from_pretrained(tmp_pa
 
 def test_gpt2_gradient_checkpointing_is_refused_as_not_needed():
     model = make_model()
-    model.gradient_checkpointing_enable()
+    # transformers 5 renames it (the old name warns, and goes in 6)
+    enable = (getattr(model, "activation_checkpointing_enable", None)
+              or model.gradient_checkpointing_enable)
+    enable()
     model = strata.offload(model, blocks=list(model.transformer.h), engine=strata.Engine())
     strata.optim.AdamW(model.parameters(), lr=LR)
     (x, _), = next(batches(1, 1, seq=SEQ, vocab=VOCAB))
     with pytest.raises(strata.Error, match="gradient_checkpointing_disable"):
         model(input_ids=x, labels=x)
+
+
+def test_gpt2_key_value_cache_holding_positions_is_refused():
+    """A block appends to the key/value cache it is given (transformers 5: one DynamicCache
+    for all blocks, use_cache=True by default); the layer gives the blocks none, which for an
+    empty cache computes the same (the defaults test above). A cache that already holds
+    positions would change the result, so it is refused."""
+    (x, _), = next(batches(1, 1, seq=SEQ // 2, vocab=VOCAB))
+    with torch.no_grad():
+        past = make_model()(input_ids=x, use_cache=True).past_key_values
+    if isinstance(past, tuple):
+        pytest.skip(f"transformers {transformers.__version__} passes tuples, not a Cache")
+    model = make_model()
+    model = strata.offload(model, blocks=list(model.transformer.h), engine=strata.Engine())
+    strata.optim.AdamW(model.parameters(), lr=LR)
+    # transformers 5 renames the argument (past_key_values warns, and goes in 5.40)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with pytest.raises(strata.Error, match=f"already holds {SEQ // 2} positions.*use_cache=False"):
+        model(input_ids=x, labels=x, **{name: past})
 
 
 def test_example_trains_offloaded_and_saves_what_from_pretrained_loads(tmp_path):

@@ -1,0 +1,188 @@
+"""One offloaded block's forward and backward: _BlockForward replaces the block's forward and
+runs it through _BlockFunction, an autograd Function that acquires the block's parameters,
+runs the forward under no_grad keeping only the inputs, and in backward re-acquires them,
+recomputes the forward and hands the parameter gradients to the engine (see _offload.py).
+
+The recompute must compute what the forward computed, so it runs with the forward's
+  - RNG state (dropout masks),
+  - autocast state (torch.autocast: its device types, dtypes, enabled flags; backward usually
+    runs outside the autocast block),
+  - arguments, except a key/value cache object (a Hugging Face Cache: transformers 5 passes a
+    mutable DynamicCache to every block when use_cache=True, GPT2Config's default). A block
+    appends its keys and values to the cache, so a recompute on the same cache would attend
+    over them twice. The layer gives the block None instead, in forward and recompute alike:
+    training uses no cache, and an empty cache and none compute the same. A cache that already
+    holds entries (a prefix) is refused.
+The Function always takes one tensor that requires grad (the state's anchor), so that autograd
+runs its backward even when no input of the block requires grad (the first block of a model
+whose inputs are data, not embeddings).
+"""
+import contextlib
+
+import torch
+
+from ._strata import Error
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_state():
+    """{device type: (enabled, dtype)} of torch.autocast now, and whether its cast cache is on."""
+    state = {}
+    for dev in _AUTOCAST_DEVICES:
+        try:  # torch >= 2.4
+            state[dev] = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        except TypeError:  # torch 1.13 .. 2.3
+            if dev == "cpu":
+                state[dev] = (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())
+            else:
+                state[dev] = (torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype())
+    return state, torch.is_autocast_cache_enabled()
+
+
+def _autocast(saved):
+    """Enters the autocast state `saved` (_autocast_state()) for the block's recompute."""
+    state, cache_enabled = saved
+    stack = contextlib.ExitStack()
+    for dev, (enabled, dtype) in state.items():
+        if dev == "cuda" and not enabled and not torch.cuda.is_available():
+            continue  # torch warns about a CUDA autocast where CUDA is absent, even disabled
+        stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled,
+                                           cache_enabled=cache_enabled))
+    return stack
+
+
+def _is_cache(value):
+    """A Hugging Face key/value cache (a subclass of transformers' Cache), found without
+    importing transformers."""
+    return any(c.__name__ == "Cache" and c.__module__.startswith("transformers.")
+               for c in type(value).__mro__[:-1])
+
+
+class _BlockForward:
+    """Replaces a block's forward: runs it through _BlockFunction (acquire, no_grad forward,
+    release; recompute in backward)."""
+
+    def __init__(self, state, b, forward):
+        self.state, self.b, self.forward = state, b, forward
+
+    def __call__(self, *args, **kwargs):
+        with self.state._clock.layer():
+            return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
+        st = self.state
+        # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
+        # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
+        # backward; the layer already does both itself, and the second run would be taken for
+        # a second forward.
+        if ((st._next_fwd is not None and not torch.is_grad_enabled())
+                or st._next_bwd is not None):
+            raise Error(f"block {st.block_name(self.b)} was called "
+                        f"{'in backward' if st._next_bwd is not None else 'under no_grad'}: "
+                        + CHECKPOINTING_REFUSED)
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                raise Error(f"block {self.state.block_name(self.b)} got keyword argument "
+                            f"{k!r}, a tensor that requires grad; pass such tensors "
+                            "positionally (keyword tensors get no gradient)")
+        args = tuple(self._without_cache(f"argument {i}", a) for i, a in enumerate(args))
+        kwargs = {k: self._without_cache(repr(k), v) for k, v in kwargs.items()}
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        return _BlockFunction.apply(self, args, kwargs, st.anchor, *tensors)
+
+    def _without_cache(self, what, value):
+        if not _is_cache(value):
+            return value
+        try:
+            held = value.get_seq_length()
+        except Exception:  # noqa: BLE001 (a cache that cannot say is taken as empty)
+            held = 0
+        if held:
+            raise Error(f"block {self.state.block_name(self.b)} got a key/value cache "
+                        f"({what}, {type(value).__name__}) that already holds {held} "
+                        "positions; an offloaded model trains without a cache (the block is "
+                        "recomputed in backward): pass use_cache=False and no past_key_values")
+        return None
+
+
+CHECKPOINTING_REFUSED = (
+    "activation checkpointing around an offloaded block (torch.utils.checkpoint, "
+    "model.gradient_checkpointing_enable()) is not supported and not needed, as "
+    "strata.offload recomputes each block in backward itself; turn it off "
+    "(model.gradient_checkpointing_disable(), or activation_checkpointing_disable() from "
+    "transformers 5)")
+
+
+class _BlockFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fwd, args, kwargs, anchor, *tensors):
+        st, b = fwd.state, fwd.b
+        st.block_forward_begin(b)
+        ctx.fwd, ctx.args, ctx.kwargs = fwd, args, kwargs
+        ctx.rng = torch.get_rng_state()
+        ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
+        ctx.autocast = _autocast_state()
+        st.bind(b, backward=False)
+        try:
+            with st._clock.compute():
+                out = fwd.forward(*args, **kwargs)
+        except BaseException as e:
+            st.clear_params(b)  # the block stays acquired: abort_after releases it
+            st.abort_after(e)
+            raise
+        st.unbind(b)
+        if not isinstance(out, (torch.Tensor, tuple, list)):
+            raise Error(f"block {st.block_name(b)} returned {type(out).__name__}; an offloaded "
+                        "block returns a tensor or a tuple (tensors and other values, as Hugging "
+                        "Face blocks do)")
+        st.block_forward_end(b)
+        ctx.save_for_backward(*tensors)
+        return tuple(out) if isinstance(out, (tuple, list)) else out
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        st = ctx.fwd.state
+        with st._clock.layer():
+            try:
+                return _BlockFunction._backward(ctx, grad_outs)
+            except BaseException as e:
+                if st._acquired is not None:
+                    st.clear_params(st._acquired[0])
+                st.abort_after(e)
+                raise
+
+    @staticmethod
+    def _backward(ctx, grad_outs):
+        fwd = ctx.fwd
+        st, b = fwd.state, fwd.b
+        st.block_backward_begin(b)
+        saved = list(ctx.saved_tensors)
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
+        it = iter(inputs)
+        args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
+        params = st.bind(b, backward=True)
+        cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
+        with torch.enable_grad(), torch.random.fork_rng(devices=cuda), _autocast(ctx.autocast):
+            torch.set_rng_state(ctx.rng)
+            if ctx.cuda_rng is not None:
+                torch.cuda.set_rng_state(ctx.cuda_rng)
+            with st._clock.compute():
+                out = fwd.forward(*args, **ctx.kwargs)
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        # The outputs backward reached (a tuple's other values get no gradient).
+        pairs = [(o, g) for o, g in zip(outs, grad_outs)
+                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        need = [t for t in inputs if t.requires_grad]
+        if pairs:
+            with st._clock.compute():
+                grads = torch.autograd.grad([o for o, _ in pairs], need + params,
+                                            [g for _, g in pairs], allow_unused=True)
+        else:
+            grads = (None,) * (len(need) + len(params))
+        st.submit(b, grads[len(need):])
+        st.unbind(b)
+        st.block_backward_end(b)
+        gi = iter(grads[:len(need)])
+        return (None, None, None, None) + tuple(next(gi) if t.requires_grad else None
+                                                for t in inputs)
