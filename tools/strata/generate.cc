@@ -36,13 +36,13 @@ int RunGenerate(const GenerateArgs& a) {
                                         ": expected a token count >= 0"));
   }
   auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
-  if (!file.ok()) return fail(file.status());
+  if (!file.ok()) return fail(Status(file.status()).Annotate("--init"));
   const model::Gpt2Config& cfg = file->config;
   std::vector<int32_t> prompt;
   std::string text;
   if (!a.tokenizer.empty()) {
     auto tok = model::Tokenizer::Load(a.tokenizer);
-    if (!tok.ok()) return fail(tok.status());
+    if (!tok.ok()) return fail(Status(tok.status()).Annotate("--tokenizer"));
     if (tok->vocab_size() > cfg.vocab) {
       return fail(Status::InvalidArgument(
           "--tokenizer " + a.tokenizer + " has " + std::to_string(tok->vocab_size()) +

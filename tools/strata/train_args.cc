@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "strata/atomic_file.h"
+#include "strata/input_file.h"
 #include "strata/log.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/config_file.h"
@@ -187,7 +188,10 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
       std::vector<std::string> applied;
       auto identity = [&](RunIdentity* id) {
         id->world_size = rank.world_size;
-        return a->data.empty() ? Status::OK() : HashDataFile(a->data, id);
+        if (a->data.empty()) return Status::OK();
+        // A regular file (HashDataFile would wait on a FIFO for a writer forever).
+        STRATA_RETURN_IF_ERROR(InputFile::Open(a->data, "--data").status());
+        return HashDataFile(a->data, id);
       };
       STRATA_RETURN_IF_ERROR(MergeRecord(*record, TrainSettings(*a), given, identity,
                                          a->allow_schedule_change, &applied));
