@@ -3,15 +3,20 @@
 // FIFO is one line naming the flag and the path, never an empty config, a read until memory
 // runs out or a wait for a writer forever); a --config that CLI11's lenient reader would
 // misread (a string or an array left open, a '#' inside a quoted value) is refused naming the
-// line; a UTF-8 byte order mark is read past.
+// line; a UTF-8 byte order mark is read past. Counts that would exhaust the host (--threads,
+// launch -n) are refused, and --steps near the int64 limit trains (and stops on SIGTERM).
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/temp_dir.h"
@@ -161,6 +166,91 @@ TEST_F(InputFilesCliTest, InitAndTokenizerThatAreNotRegularFilesAreRefused) {
     const CliRun g = Strata({"generate", "--init", path, "--tokens", "1"}, 20);
     ExpectRefused(g, "--init", path);
   }
+}
+
+// Before: 100000 threads (OpenMP teams) or ranks (processes) were started.
+TEST_F(InputFilesCliTest, ThreadAndRankCountsAreBounded) {
+  const CliRun t = Train({"--threads", "100000"});
+  EXPECT_EQ(t.exit_code, 1) << t.output;
+  EXPECT_TRUE(Contains(t.output, "--threads 100000")) << t.output;
+  EXPECT_TRUE(Contains(t.output, "1024")) << t.output;
+  for (const std::vector<std::string>& cmd :
+       {std::vector<std::string>{"generate", "--init", "x", "--threads", "100000"},
+        {"eval", "--init", "x", "--threads", "100000"},
+        {"bench", "model", "--threads", "100000"},
+        {"bench", "adam", "--threads", "1,100000"},
+        {"bench", "step", "--threads", "100000"}}) {
+    const CliRun r = Strata(cmd, 20);
+    EXPECT_NE(r.exit_code, 0) << cmd[1] << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, "--threads")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "1024")) << r.output;
+  }
+  for (const std::vector<std::string>& cmd :
+       {std::vector<std::string>{"launch", "-n", "100000", "--", "true"},
+        {"launch", "-n", "2", "--nnodes", "100000", "--node-rank", "0", "--rendezvous",
+         "file:" + tmp_.path(), "--", "true"}}) {
+    const CliRun r = Strata(cmd, 20);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(Contains(r.output, "100000")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "at most")) << r.output;
+  }
+}
+
+// Before: DefaultLogEvery overflowed int64 (from about 5e18 steps, depending on how the
+// overflow wrapped) and spun before the first step, deaf to SIGTERM.
+TEST_F(InputFilesCliTest, StepsNearTheInt64LimitTrainAndStopOnSigterm) {
+  std::vector<std::string> args = kTrain;
+  args.back() = "9223372036854775807";  // INT64_MAX
+  args.insert(args.end(), {"--log-every", "0"});
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(p[1], 1);
+    ::dup2(p[1], 2);
+    ::close(p[0]);
+    ::close(p[1]);
+    std::vector<char*> argv = {const_cast<char*>(STRATA_CLI_PATH)};
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(STRATA_CLI_PATH, argv.data());
+    ::_exit(127);
+  }
+  ::close(p[1]);
+  // Reads what comes until `done` says so or `seconds` pass; false on a timeout.
+  std::string out;
+  auto read_until = [&](auto done, int seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (!done()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          end - std::chrono::steady_clock::now());
+      pollfd pfd{p[0], POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return false;
+      char buf[4096];
+      const ssize_t n = ::read(p[0], buf, sizeof buf);
+      if (n <= 0) return true;  // the end: `done` decides
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  };
+  const bool stepped = read_until([&] { return Contains(out, "step     1/"); }, 60);
+  ::kill(pid, SIGTERM);
+  read_until([] { return false; }, 30);  // to the end of its output
+  int status = 0;
+  pid_t reaped = 0;
+  for (int i = 0; i < 50 && reaped == 0; ++i) {
+    reaped = ::waitpid(pid, &status, WNOHANG);
+    if (reaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (reaped != pid) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  ::close(p[0]);
+  EXPECT_TRUE(stepped) << "no step within 60 s\n" << out;
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal (ignored SIGTERM?)\n" << out;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << out;
+  EXPECT_TRUE(Contains(out, "interrupted (SIGTERM) at step")) << out;
 }
 
 }  // namespace

@@ -108,6 +108,7 @@ void AddGenerate(CLI::App& app, int* exit_code) {
   sub->add_option("--threads", a->threads,
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
+      ->check(CLI::Range(0, kMaxThreads))
       ->capture_default_str();
   SetCallbackWithConfig(
       sub, [a] { return RunGenerate(*a); }, exit_code);

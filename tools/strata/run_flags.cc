@@ -271,6 +271,12 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
     config->trace_first_step = range->first;
     config->trace_last_step = range->second;
   }
+  if (f.cpu_threads < 0 || f.cpu_threads > kMaxThreads) {
+    return fail("--threads",
+                Status::InvalidArgument("--threads " + std::to_string(f.cpu_threads) +
+                                        ": expected a thread count from 0 (one per core) to " +
+                                        std::to_string(kMaxThreads)));
+  }
   config->cpu_threads = f.cpu_threads;
   config->rendezvous = f.rendezvous;
   config->comm_timeout_seconds = f.comm_timeout;
