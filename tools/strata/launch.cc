@@ -39,6 +39,7 @@
 
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/interrupt.h"
 
 namespace strata::cli {
 namespace {
@@ -261,6 +262,9 @@ int RunLaunch(LaunchArgs& args) {
   }
   const std::string world = std::to_string(args.world);
   const std::string local_world = std::to_string(args.nproc);
+  // The launch's own arguments, up to the command: an interrupted run's resume command
+  // starts with them (ResumeCommand).
+  const std::string launch_command = CommandLinePrefix(args.command.size());
 
   std::vector<char*> argv;
   for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -300,6 +304,7 @@ int RunLaunch(LaunchArgs& args) {
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", local_world.c_str(), 1);
       ::setenv("STRATA_RENDEZVOUS", rendezvous.c_str(), 1);
+      ::setenv("STRATA_LAUNCH_COMMAND", launch_command.c_str(), 1);
       if (!args.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args.comm_host.c_str(), 1);
       if (!args.comm_interface.empty()) {
         ::setenv("GLOO_SOCKET_IFNAME", args.comm_interface.c_str(), 1);

@@ -284,8 +284,8 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
                  folder.empty() ? "it had no --nvme folder to commit its state to"
                                 : "--no-durable commits no complete state");
   } else {
-    std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; resume with: %s\n",
-                 InterruptName(totals.interrupted), step, ResumeCommand(folder).c_str());
+    std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; %s\n",
+                 InterruptName(totals.interrupted), step, ResumeHint(folder).c_str());
   }
   return Status::OK();
 }
