@@ -118,7 +118,12 @@ TEST_F(InputFilesCliTest, ConfigWithAnOpenStringOrArrayIsRefusedNamingTheLine) {
     EXPECT_EQ(e.path().filename().string().find('\''), std::string::npos) << e.path();
   }
   ASSERT_EQ(::chdir(cwd.c_str()), 0);
-  // Strings that are closed are read as they were.
+  // Strings that are closed are read as they were, and an array may span lines (an '=' in
+  // a quoted element does not end it).
+  const std::string lines = Write("lines.toml", "nvme = [\"/a\",\n  \"/b=c\",\n  \"/d\"]\n");
+  const CliRun multi = Strata({"train", "--config", lines, "--print-config"});
+  EXPECT_EQ(multi.exit_code, 0) << multi.output;
+  EXPECT_TRUE(Contains(multi.output, "nvme = [\"/a\", \"/b=c\", \"/d\"]")) << multi.output;
   const std::string ok = Write("ok.toml", "save = 'a \"quoted\" name.safetensors'\nlayers = 3\n");
   const CliRun r = Strata({"train", "--config", ok, "--print-config"});
   EXPECT_EQ(r.exit_code, 0) << r.output;

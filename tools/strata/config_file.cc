@@ -102,6 +102,7 @@ struct Quotes {
   size_t open = std::string_view::npos;            // the quote of a string left open
   size_t hash_in_string = std::string_view::npos;  // the first '#' inside a string
   size_t comment = std::string_view::npos;         // the first '#' outside one
+  size_t equals = std::string_view::npos;          // the first '=' outside one (before '#')
 };
 
 Quotes ScanQuotes(std::string_view text) {
@@ -115,6 +116,8 @@ Quotes ScanQuotes(std::string_view text) {
       q.open = i;
     } else if (c == '#') {
       q.comment = i;
+    } else if (c == '=' && q.equals == std::string_view::npos) {
+      q.equals = i;
     }
   }
   return q;
@@ -167,11 +170,12 @@ Status CheckConfigSyntax(const std::string& text, const std::string& where) {
     size_t last = i;
     while (array.back() != ']' && last + 1 < lines.size()) {
       const std::string_view next = Trim(lines[last + 1]);
-      if (next.find('=') != std::string_view::npos || (!next.empty() && next.front() == '[')) {
+      const Quotes nq = ScanQuotes(next);
+      if (nq.equals != std::string_view::npos || (!next.empty() && next.front() == '[')) {
         break;  // the next flag or section: the array was left open
       }
       ++last;
-      if (ScanQuotes(next).comment != std::string_view::npos) {
+      if (nq.comment != std::string_view::npos) {
         return fail(last, "a comment inside an array is not read as one; move it above");
       }
       array += next;
