@@ -1,15 +1,10 @@
 #include "model/data.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 
+#include "strata/input_file.h"
 #include "strata/log.h"
 
 namespace strata::model {
@@ -161,36 +156,12 @@ namespace {
 // The whole of `path`, which must be a regular file (a folder, a FIFO or a device is
 // refused by name rather than read until something gives way).
 Result<std::string> ReadDataFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    return Status::FromErrno(err, "open data file " + path).WithPath(path);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const bool dir = S_ISDIR(st.st_mode);
-    ::close(fd);
-    return Status::InvalidArgument("data file " + path + " is " +
-                                   (dir ? "a folder" : "not a regular file") +
-                                   "; give a text file or an llm.c token file")
-        .WithPath(path);
-  }
-  std::string bytes;
-  bytes.reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::FromErrno(err, "read data file " + path).WithPath(path);
-    }
-    if (n == 0) break;
-    bytes.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return bytes;
+  Result<std::string> bytes = ReadInputFile(path, "data file");
+  if (bytes.ok()) return std::move(bytes).value();
+  if (bytes.status().code() != StatusCode::kInvalidArgument) return bytes.status();
+  return Status::InvalidArgument(bytes.status().message() +
+                                 "; give a text file or an llm.c token file")
+      .WithPath(path);
 }
 
 // The share of bytes that plain text (UTF-8 included) never holds: control characters other

@@ -1,8 +1,5 @@
 #include "model/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +8,7 @@
 #include <set>
 
 #include "strata/atomic_file.h"
+#include "strata/input_file.h"
 
 namespace strata::model {
 namespace {
@@ -44,29 +42,16 @@ float F16ToFloat(uint16_t h) {
   return sign ? -f : f;
 }
 
+// The whole file, which must be a regular file (a folder, a FIFO or a device is refused
+// by name, never waited on or sized by lseek).
 Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path).WithPath(path);
-  off_t size = ::lseek(fd, 0, SEEK_END);
-  if (size < 0) {
-    const int e = errno;
-    ::close(fd);
-    return Status::FromErrno(e, "lseek " + path).WithPath(path);
+  STRATA_ASSIGN_OR_RETURN(InputFile file, InputFile::Open(path, "safetensors file"));
+  if (file.size() > out->max_size()) {
+    return Status::OutOfMemory("safetensors file " + path + " is larger than this host can hold")
+        .WithPath(path);
   }
-  out->resize(static_cast<size_t>(size));
-  size_t done = 0;
-  while (done < out->size()) {
-    const ssize_t r = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      const int e = r < 0 ? errno : EIO;
-      ::close(fd);
-      return Status::FromErrno(e, "read " + path).WithPath(path).WithOffset(done);
-    }
-    done += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  return Status::OK();
+  out->resize(static_cast<size_t>(file.size()));
+  return file.ReadAt(0, out->data(), out->size());
 }
 
 // The tensors' byte ranges must tile the data section: no two overlap (one write would

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
+
+#include "strata/input_file.h"
 
 namespace strata::model {
 namespace {
@@ -189,12 +189,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Result<Tokenizer> Tokenizer::Load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::FromErrno(errno, "opening the tokenizer file " + path).WithPath(path);
-  std::ostringstream text;
-  text << f.rdbuf();
-  if (f.bad()) return Status::IOError("reading the tokenizer file " + path).WithPath(path);
-  return Parse(text.str(), path);
+  // Hugging Face's tokenizer.json files run to a few MiB (GPT-2's 1.4, Llama 3's 9).
+  constexpr uint64_t kMaxTokenizerBytes = uint64_t{256} << 20;
+  STRATA_ASSIGN_OR_RETURN(const std::string text,
+                          ReadInputFile(path, "tokenizer file", kMaxTokenizerBytes));
+  return Parse(text, path);
 }
 
 Result<Tokenizer> Tokenizer::Parse(std::string_view text, const std::string& name) {

@@ -286,7 +286,9 @@ Status Trainer::CountSkipped(const StepResult& r) {
                          " steps in a row had a non-finite gradient, stopping at step " +
                          std::to_string(r.step) +
                          " (--max-skipped-steps). The last commit holds the last good weights: "
-                         "resume from it with a lower --lr, or raise --max-skipped-steps");
+                         "resume from it (--resume) with a lower --lr and "
+                         "--allow-schedule-change (the stored run's learning rate is part of "
+                         "it), or raise --max-skipped-steps");
 }
 
 Result<double> Trainer::ValidationLoss() {

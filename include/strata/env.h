@@ -28,6 +28,9 @@ inline constexpr EnvVar kEnvVars[] = {
      "where ranks meet: file:DIR (shared folder) or redis://HOST:PORT/PREFIX"},
     {"STRATA_COMM_TIMEOUT", "300", "seconds a collective may wait for a peer before failing"},
     {"STRATA_COMM_HOST", "", "Gloo listen address; empty: 127.0.0.1 on one host, else hostname"},
+    {"STRATA_LAUNCH_COMMAND", "",
+     "set by strata launch for its ranks: its own command (strata launch -n N --), which the "
+     "resume command of an interrupted run starts with"},
 };
 
 // The variable's value, or its declared default when unset or empty.

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -336,6 +337,35 @@ TEST_F(TrainReliabilityTest, DivergenceIsSkippedAndNeverCommitted) {
       for (float x : v) ASSERT_TRUE(std::isfinite(x)) << clip << " " << name;
     }
   }
+}
+
+// A run stopped by --max-skipped-steps says how to resume with a lower --lr, naming
+// --allow-schedule-change (a stored run refuses another --lr without it), and writes its
+// --json with the steps it ran and the error (before: no --json at all, and a hint that, as
+// given, the resume refused).
+TEST_F(TrainReliabilityTest, StoppedBySkippedStepsWritesItsJsonAndAResumeHintThatWorks) {
+  const std::string nvme = dir_ + "/n", json = dir_ + "/r.json";
+  std::filesystem::create_directory(nvme);
+  const auto r = Train({"--nvme", nvme, "--durable", "--lr", "1e4", "--grad-clip", "1", "--steps",
+                        "40", "--json", json});
+  ASSERT_EQ(r.exit_code, 1) << r.output;
+  ASSERT_TRUE(Contains(r.output, "steps in a row had a non-finite gradient")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--allow-schedule-change")) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(json)) << r.output;
+  const nlohmann::json js = nlohmann::json::parse(ReadAll(json));
+  EXPECT_GE(js["steps"].size(), 3u) << js.dump();
+  // The step that stopped the run is not among them.
+  EXPECT_GE(js["totals"]["skipped_steps"].get<int64_t>(), 2) << js.dump();
+  EXPECT_TRUE(Contains(js["error"].get<std::string>(), "non-finite gradient")) << js.dump();
+  // As the hint says: a lower --lr with --allow-schedule-change resumes (--steps 1: nothing
+  // to train, the weights of this divergence may be past saving); without it, refused.
+  const auto refused = Train({"--resume", nvme, "--lr", "1e-4", "--steps", "1"});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_TRUE(Contains(refused.output, "--allow-schedule-change")) << refused.output;
+  const auto resumed =
+      Train({"--resume", nvme, "--lr", "1e-4", "--allow-schedule-change", "--steps", "1"});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_GE(CommittedStep(resumed.output), 1) << resumed.output;
 }
 
 // --init weights holding a NaN or an infinity are refused naming the tensor (before, they

@@ -573,6 +573,7 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", fl->threads,
                   "OpenMP threads (comma list); 0 = STRATA_NUM_THREADS or one per core")
+      ->check(CLI::Range(0, kMaxThreads))
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--isa", fl->isas,

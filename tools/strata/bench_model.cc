@@ -149,6 +149,7 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   sub->add_option("--threads", a->threads,
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
+      ->check(CLI::Range(0, kMaxThreads))
       ->capture_default_str();
   SetCallbackWithConfig(
       sub, [a] { return RunBenchModel(*a); }, exit_code);

@@ -66,6 +66,10 @@ class JsonDestination {
 CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
                        const std::string& help);
 
+// The most threads --threads takes: a typo (100000) would otherwise start that many OpenMP
+// threads, and the run would fail in thread creation (or crash) rather than at the flag.
+inline constexpr int kMaxThreads = 1024;
+
 // Threads for CPU work: `flag` when > 0, else STRATA_NUM_THREADS when > 0, else 0 (one per
 // core, OpenMP's default).
 int ResolveThreads(int flag);

@@ -200,6 +200,7 @@ void AddEval(CLI::App& app, int* exit_code) {
   sub->add_option("--threads", a->threads,
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
+      ->check(CLI::Range(0, kMaxThreads))
       ->capture_default_str();
   sub->add_option("--json", a->json, "Also write the results as JSON to FILE (-: standard output)");
   SetCallbackWithConfig(

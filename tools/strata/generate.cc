@@ -36,13 +36,13 @@ int RunGenerate(const GenerateArgs& a) {
                                         ": expected a token count >= 0"));
   }
   auto file = LoadModelFile(a.init, GeometryFlags{.heads = a.heads});
-  if (!file.ok()) return fail(file.status());
+  if (!file.ok()) return fail(Status(file.status()).Annotate("--init"));
   const model::Gpt2Config& cfg = file->config;
   std::vector<int32_t> prompt;
   std::string text;
   if (!a.tokenizer.empty()) {
     auto tok = model::Tokenizer::Load(a.tokenizer);
-    if (!tok.ok()) return fail(tok.status());
+    if (!tok.ok()) return fail(Status(tok.status()).Annotate("--tokenizer"));
     if (tok->vocab_size() > cfg.vocab) {
       return fail(Status::InvalidArgument(
           "--tokenizer " + a.tokenizer + " has " + std::to_string(tok->vocab_size()) +
@@ -108,6 +108,7 @@ void AddGenerate(CLI::App& app, int* exit_code) {
   sub->add_option("--threads", a->threads,
                   "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
                   "per core)")
+      ->check(CLI::Range(0, kMaxThreads))
       ->capture_default_str();
   SetCallbackWithConfig(
       sub, [a] { return RunGenerate(*a); }, exit_code);

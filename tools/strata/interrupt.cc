@@ -7,9 +7,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+
+#include "strata/env.h"
 
 namespace strata::cli {
 namespace {
@@ -48,6 +52,12 @@ std::string Quote(const std::string& a) {
   return q;
 }
 
+// A variable set by the launcher (not a STRATA_* one), or `fallback`.
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
 }  // namespace
 
 void SetCommandLine(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
@@ -70,8 +80,17 @@ int InterruptExitCode(int signal) { return 128 + signal; }
 
 const char* InterruptName(int signal) { return signal == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
-std::string ResumeCommand(const std::string& resume_folder) {
+std::string CommandLinePrefix(size_t drop_last) {
   std::string cmd;
+  for (size_t i = 0; i + drop_last < g_argv.size(); ++i) {
+    if (!cmd.empty()) cmd.push_back(' ');
+    cmd.append(Quote(g_argv[i]));
+  }
+  return cmd;
+}
+
+std::string ResumeCommand(const std::string& resume_folder) {
+  std::string cmd = EnvGet("STRATA_LAUNCH_COMMAND");
   for (size_t i = 0; i < g_argv.size(); ++i) {
     const std::string& a = g_argv[i];
     if (a == "--resume") {
@@ -85,6 +104,19 @@ std::string ResumeCommand(const std::string& resume_folder) {
   cmd.append(" --resume ");
   cmd.append(Quote(resume_folder));
   return cmd;
+}
+
+std::string ResumeHint(const std::string& resume_folder) {
+  const int64_t world = std::strtoll(EnvOr("WORLD_SIZE", "1").c_str(), nullptr, 10);
+  const int64_t local = std::strtoll(EnvOr("LOCAL_WORLD_SIZE", "0").c_str(), nullptr, 10);
+  std::string where;
+  if (world > 1 && EnvGet("STRATA_LAUNCH_COMMAND").empty()) {
+    where = ", on each of the " + std::to_string(world) +
+            " ranks, started as this run was (torchrun, mpirun, srun)";
+  } else if (world > 1 && local > 0 && local < world) {
+    where = ", on each host, with that host's --node-rank";
+  }
+  return "resume with" + where + ": " + ResumeCommand(resume_folder);
 }
 
 }  // namespace strata::cli

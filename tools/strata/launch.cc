@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,9 +39,15 @@
 
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/interrupt.h"
 
 namespace strata::cli {
 namespace {
+
+// Bounds on -n and --nnodes: each local rank is a process with two pipes here, and a typo
+// (-n 100000) would fork until the host's process table is full.
+constexpr int kMaxLocalRanks = 1024;
+constexpr int kMaxNodes = 65536;  // with kMaxLocalRanks, WORLD_SIZE still fits an int
 
 volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int sig) { g_signal = sig; }
@@ -160,8 +167,9 @@ bool ResolveNodes(LaunchArgs& args) {
     if (args.node_rank < 0) args.node_rank = *EnvInt("SLURM_NODEID");
   }
   if (args.nnodes == 0) args.nnodes = 1;
-  if (args.nnodes < 1) {
-    std::fprintf(stderr, "strata launch: --nnodes %d: expected at least 1\n", args.nnodes);
+  if (args.nnodes < 1 || args.nnodes > kMaxNodes) {
+    std::fprintf(stderr, "strata launch: --nnodes %d: expected at least 1 and at most %d\n",
+                 args.nnodes, kMaxNodes);
     return false;
   }
   if (args.node_rank < 0) {
@@ -197,12 +205,35 @@ bool ResolveNodes(LaunchArgs& args) {
   return true;
 }
 
+// Whether this process may hold the read ends of the two pipes of each of `nproc` ranks
+// (raising its soft limit on open files when the hard one allows); prints why not. Checked
+// before the first fork: a pipe that failed midway would leave the ranks already started
+// waiting for peers that never come.
+bool RoomForPipes(int nproc) {
+  const rlim_t need = 2 * static_cast<rlim_t>(nproc) + 64;  // and a margin for the rest
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= need) return true;
+  if (lim.rlim_max == RLIM_INFINITY || lim.rlim_max >= need) {
+    lim.rlim_cur = need;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) return true;
+  }
+  std::fprintf(stderr,
+               "strata launch: -n %d needs %llu open files for the ranks' output pipes, more "
+               "than this host allows (ulimit -n: %llu); start fewer ranks or raise the limit\n",
+               nproc, static_cast<unsigned long long>(need),
+               static_cast<unsigned long long>(lim.rlim_max));
+  return false;
+}
+
 int RunLaunch(LaunchArgs& args) {
-  if (args.nproc < 1) {
-    std::fprintf(stderr, "strata launch: -n %d: the number of ranks must be at least 1\n",
-                 args.nproc);
+  if (args.nproc < 1 || args.nproc > kMaxLocalRanks) {
+    std::fprintf(stderr,
+                 "strata launch: -n %d: the number of ranks on this host must be at least 1 and "
+                 "at most %d\n",
+                 args.nproc, kMaxLocalRanks);
     return 2;
   }
+  if (!RoomForPipes(args.nproc)) return 2;
   if (args.command.empty()) {
     std::fprintf(stderr,
                  "strata launch: no command given; usage: strata launch -n N -- COMMAND...\n");
@@ -231,6 +262,9 @@ int RunLaunch(LaunchArgs& args) {
   }
   const std::string world = std::to_string(args.world);
   const std::string local_world = std::to_string(args.nproc);
+  // The launch's own arguments, up to the command: an interrupted run's resume command
+  // starts with them (ResumeCommand).
+  const std::string launch_command = CommandLinePrefix(args.command.size());
 
   std::vector<char*> argv;
   for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -270,6 +304,7 @@ int RunLaunch(LaunchArgs& args) {
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", local_world.c_str(), 1);
       ::setenv("STRATA_RENDEZVOUS", rendezvous.c_str(), 1);
+      ::setenv("STRATA_LAUNCH_COMMAND", launch_command.c_str(), 1);
       if (!args.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args.comm_host.c_str(), 1);
       if (!args.comm_interface.empty()) {
         ::setenv("GLOO_SOCKET_IFNAME", args.comm_interface.c_str(), 1);

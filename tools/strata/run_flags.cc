@@ -1,16 +1,13 @@
 // The flags every engine run shares; see run_flags.h.
 #include "tools/strata/run_flags.h"
 
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 
+#include "strata/input_file.h"
 #include "tools/strata/cli_common.h"
 
 namespace strata::cli {
@@ -48,13 +45,11 @@ Status ApplyIoConfig(const std::string& path, bool io_given, trainer::RunConfig*
       "; give the file `strata bench io --sweep --io-config FILE` writes, e.g. {\"io\": "
       "{\"block_bytes\": 1048576, \"queue_depth\": 32, \"backend\": \"uring\", "
       "\"direct\": true}}";
-  std::ifstream in(path);
-  if (!in) {
-    return Status::FromErrno(errno, where + ": cannot read the file").WithPath(path);
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, false);
+  // The file holds a few settings; /dev/zero would be read until memory runs out.
+  constexpr uint64_t kMaxIoConfigBytes = uint64_t{1} << 20;
+  STRATA_ASSIGN_OR_RETURN(const std::string text,
+                          ReadInputFile(path, "--io-config", kMaxIoConfigBytes));
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
     return Status::InvalidArgument(where + ": not a JSON object" + fix).WithPath(path);
   }
@@ -275,6 +270,12 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
     if (!range.ok()) return fail("--trace-steps", range.status());
     config->trace_first_step = range->first;
     config->trace_last_step = range->second;
+  }
+  if (f.cpu_threads < 0 || f.cpu_threads > kMaxThreads) {
+    return fail("--threads",
+                Status::InvalidArgument("--threads " + std::to_string(f.cpu_threads) +
+                                        ": expected a thread count from 0 (one per core) to " +
+                                        std::to_string(kMaxThreads)));
   }
   config->cpu_threads = f.cpu_threads;
   config->rendezvous = f.rendezvous;

@@ -19,6 +19,8 @@
 #include <system_error>
 #include <tuple>
 
+#include "strata/input_file.h"
+
 namespace strata::cli {
 namespace {
 
@@ -192,8 +194,9 @@ std::string StoreRunId(const std::string& run_id, int rank, int world_size) {
 }
 
 Result<FileHash> HashFile(const std::string& flag, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, flag + " " + path + ": open").WithPath(path);
+  // A regular file only (a FIFO would wait for a writer forever).
+  STRATA_ASSIGN_OR_RETURN(InputFile file, InputFile::Open(path, flag));
+  const int fd = file.fd();
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   std::vector<char> buf(1 << 20);
@@ -204,7 +207,6 @@ Result<FileHash> HashFile(const std::string& flag, const std::string& path) {
     bytes += static_cast<uint64_t>(n);
   }
   const int read_errno = errno;
-  ::close(fd);
   const uint64_t hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   if (n < 0) return Status::FromErrno(read_errno, flag + " " + path + ": read").WithPath(path);

@@ -235,10 +235,24 @@ Status WriteJson(const JsonDestination& out, bool lead, const nlohmann::json& js
   return out.Write("--json", js.dump(1) + "\n");
 }
 
-// After training: --save (rank 0 writes), --sample, --json (rank 0 writes).
-Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const trainer::Trainer& trainer,
-                    const model::Gpt2Config& cfg, bool lead, const nlohmann::json& js,
-                    std::string* what) {
+// A run that fails after it ran steps still writes its --json, as an interrupted one does:
+// the steps it ran, their totals and the error (the line the run ends with). Returns
+// `failed`; `what` keeps naming what failed.
+Status FailAfterSteps(const JsonDestination& out, bool lead, const TrainTotals& totals,
+                      const Status& failed, nlohmann::json* js, const std::string& what) {
+  if (totals.steps == 0) return failed;
+  (*js)["totals"] = TotalsJson(totals);
+  (*js)["error"] = g_rank_prefix + what + ": " + failed.ToString();
+  std::string json_what;
+  if (Status s = WriteJson(out, lead, *js, &json_what); !s.ok()) {
+    LogWarning("--json: " + s.ToString());
+  }
+  return failed;
+}
+
+// After training: --save (rank 0 writes), --sample.
+Status WriteOutputs(const TrainArgs& a, const trainer::Trainer& trainer,
+                    const model::Gpt2Config& cfg, bool lead, std::string* what) {
   if (!a.save.empty()) {
     STRATA_RETURN_IF_ERROR(
         SaveWeightsAtomically(a, trainer, cfg, lead, trainer.next_step() - 1, what));
@@ -258,7 +272,7 @@ Status WriteOutputs(const TrainArgs& a, const JsonDestination& out, const traine
     const auto out = model::Generate(cfg, w, p, a.sample, sampling);
     std::printf("sample: %s\n", Decode(out, cfg.vocab, a.tok.get()).c_str());
   }
-  return WriteJson(out, lead, js, what);
+  return Status::OK();
 }
 
 // After SIGINT/SIGTERM: the finished steps' --json, and how to continue.
@@ -284,8 +298,8 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
                  folder.empty() ? "it had no --nvme folder to commit its state to"
                                 : "--no-durable commits no complete state");
   } else {
-    std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; resume with: %s\n",
-                 InterruptName(totals.interrupted), step, ResumeCommand(folder).c_str());
+    std::fprintf(stderr, "strata train: interrupted (%s) at step %lld; %s\n",
+                 InterruptName(totals.interrupted), step, ResumeHint(folder).c_str());
   }
   return Status::OK();
 }
@@ -480,15 +494,18 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
       return SaveWeightsAtomically(a, trainer, cfg, ri.rank == 0, step, what);
     };
   }
-  STRATA_RETURN_IF_ERROR(
-      RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what));
+  const bool lead = ri.rank == 0;
+  Status ran = RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what);
+  if (!ran.ok()) return FailAfterSteps(json_out, lead, totals, ran, &js, *what);
   PrintTotals(totals);
   js["totals"] = TotalsJson(totals);
   if (totals.interrupted != 0) {
     *interrupted = totals.interrupted;
     return ReportInterrupt(a, json_out, totals, *setup, js, what);
   }
-  return WriteOutputs(a, json_out, trainer, cfg, ri.rank == 0, js, what);
+  Status wrote = WriteOutputs(a, trainer, cfg, lead, what);
+  if (!wrote.ok()) return FailAfterSteps(json_out, lead, totals, wrote, &js, *what);
+  return WriteJson(json_out, lead, js, what);
 }
 
 int RunTrain(const TrainArgs& a) {

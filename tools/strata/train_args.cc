@@ -13,6 +13,7 @@
 
 #include "strata/atomic_file.h"
 #include "strata/engine.h"
+#include "strata/input_file.h"
 #include "strata/log.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/config_file.h"
@@ -123,8 +124,9 @@ Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
       {"--weight-decay", a.weight_decay, finite_ge0(a.weight_decay), "a finite number >= 0"},
       {"--grad-clip", a.run.grad_clip, finite_ge0(a.run.grad_clip),
        "a finite gradient norm >= 0 (0: off)"},
-      {"--threads", double(a.run.cpu_threads), a.run.cpu_threads >= 0,
-       "a thread count >= 0 (0: one per core)"},
+      {"--threads", double(a.run.cpu_threads),
+       a.run.cpu_threads >= 0 && a.run.cpu_threads <= kMaxThreads,
+       "a thread count from 0 (one per core) to 1024"},
       {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
        "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
   };

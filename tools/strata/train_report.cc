@@ -109,9 +109,13 @@ Result<int> AgreeOnInterrupt(const TrainReportInputs& in, std::string* what) {
 
 int64_t DefaultLogEvery(int64_t steps) {
   constexpr int64_t kLines = 50;
+  // The interval must reach ceil(steps / kLines), computed so that nothing overflows: the
+  // product kLines * interval wrapped past 2^63 for --steps near the int64 limit, and the
+  // loop never ended. An interval of up to 5e18 fits, and covers every int64 step count.
+  const int64_t need = steps / kLines + (steps % kLines > 0 ? 1 : 0);
   for (int64_t decade = 1;; decade *= 10) {
     for (int64_t m : {1, 2, 5}) {
-      if (steps <= kLines * m * decade) return m * decade;
+      if (need <= m * decade) return m * decade;
     }
   }
 }
