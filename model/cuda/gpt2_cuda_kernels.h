@@ -4,6 +4,7 @@
 // what the stream allows.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -11,10 +12,23 @@
 
 namespace strata::model::cuda_ops {
 
+class CudaOpContext;
+
+// A Cuda status for a cuBLAS error ("<what>: <name> (<string>)"), or OK.
+Status CublasStatus(cublasStatus_t st, const char* what);
+
 // out[n, c] = row[c] for n < N, c < C (the bias broadcast that a GEMM then adds to).
 Status LaunchBroadcastRows(cudaStream_t stream, __nv_bfloat16* out, const __nv_bfloat16* row, int N,
                            int C);
 // sums[c] += Σ_{n<N} x[n, c] in fp32 (bias gradients). Fixed summation order.
 Status LaunchColumnSum(cudaStream_t stream, float* sums, const __nv_bfloat16* x, int N, int C);
+
+// The warp-per-row attention kernels (gpt2_cuda_attention.cu): AttentionForward/Backward of
+// gpt2_cuda_ops.h when KernelChoice::naive_attention is set.
+Status AttentionForwardNaive(const CudaOpContext& ctx, __nv_bfloat16* out, float* stats,
+                             const __nv_bfloat16* qkv, int B, int T, int C, int NH);
+Status AttentionBackwardNaive(const CudaOpContext& ctx, __nv_bfloat16* dqkv,
+                              const __nv_bfloat16* dout, const __nv_bfloat16* qkv, float* stats,
+                              int B, int T, int C, int NH);
 
 }  // namespace strata::model::cuda_ops

@@ -24,12 +24,6 @@
 namespace strata::model::cuda_ops {
 namespace {
 
-Status CublasStatus(cublasStatus_t st, const char* what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::OK();
-  return Status::Cuda(std::string(what) + ": " + cublasGetStatusName(st) + " (" +
-                      cublasGetStatusString(st) + ")");
-}
-
 // Column-major C(m×n) = alpha · op(A)(m×k) · op(B)(k×n) + beta · C, bf16 A/B, fp32 compute.
 Status Gemm(const CudaOpContext& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
             int k, const Bf16* a, int lda, const Bf16* b, int ldb, void* c, cudaDataType_t c_type,
@@ -56,32 +50,6 @@ Status CheckDims(int N, int a, int b, const char* op) {
 }
 
 }  // namespace
-
-Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::OK();
-  return Status::Cuda(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                      cudaGetErrorString(err) + ")");
-}
-
-Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream) {
-  cublasHandle_t handle = nullptr;
-  STRATA_RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle), "cublasCreate"));
-  Status st = CublasStatus(cublasSetStream(handle, stream), "cublasSetStream");
-  if (st.ok()) {
-    // Tensor cores with bf16 inputs are used regardless; this only keeps cuBLAS from
-    // choosing reduced-precision fp32 emulation paths.
-    st = CublasStatus(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  }
-  if (!st.ok()) {
-    cublasDestroy(handle);
-    return st;
-  }
-  return std::unique_ptr<CudaOpContext>(new CudaOpContext(stream, handle));
-}
-
-CudaOpContext::~CudaOpContext() {
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
-}
 
 Status MatmulForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, const Bf16* w,
                      const Bf16* bias, int N, int IC, int OC) {

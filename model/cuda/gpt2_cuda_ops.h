@@ -44,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "strata/status.h"
 
@@ -51,12 +52,51 @@ namespace strata::model::cuda_ops {
 
 using Bf16 = __nv_bfloat16;
 
-// The stream and cuBLAS handle every op is enqueued with. Owns the cuBLAS handle; does not
-// own the stream (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
+// Which implementation each op runs: the tuned kernel (the default) or the previous, simple
+// one, kept so that a device run can time them against each other per kernel and fall back
+// when a tuned kernel misbehaves on some GPU. Both give results within the ops test's
+// tolerances of the CPU reference, and each is deterministic on its own; they do not give the
+// same bits as each other.
+struct KernelChoice {
+  // Attention: warp-per-row kernels (one row of scores in shared memory) instead of cuBLAS
+  // strided-batched QKᵀ / PV on tensor cores with fused causal-softmax kernels.
+  bool naive_attention = false;
+  // Embedding backward: one block per vocabulary row scanning every token, instead of a
+  // radix sort by token and a segmented sum.
+  bool naive_embedding = false;
+  // Classifier (read by the model, not by an op): a [N,V] probability tensor and a separate
+  // backward over the unpadded vocabulary, instead of the fused loss+dlogits kernel over a
+  // vocabulary padded to a multiple of 128.
+  bool naive_classifier = false;
+  // Linear layers: a bias broadcast, cublasGemmEx and a column-sum kernel, instead of
+  // cuBLASLt with the bias / GeLU / bias-gradient epilogues.
+  bool naive_matmul = false;
+  // Elementwise kernels: one bf16 per thread and separate residual + LayerNorm, instead of
+  // 128-bit loads and the fused residual + LayerNorm.
+  bool naive_elementwise = false;
+  // Tuned attention: bytes of T×T score buffers per batch of heads (more heads than fit run
+  // in several batches; at least one head per batch). Tests lower it to cover the batching.
+  size_t attention_batch_bytes = size_t{1} << 30;
+
+  // "" or "default": every tuned kernel; "naive": every previous kernel; otherwise a comma
+  // list of attention, embedding, classifier, matmul, elementwise, each optionally "=naive"
+  // or "=tuned" ("attention=naive,classifier=naive"). InvalidArgument naming the bad entry.
+  static Result<KernelChoice> Parse(const std::string& spec);
+  // Parse(STRATA_CUDA_KERNELS).
+  static Result<KernelChoice> FromEnv();
+  // "tuned" when nothing is naive, else the naive ones ("naive: attention,classifier").
+  std::string ToString() const;
+};
+
+// The stream and cuBLAS handle every op is enqueued with, the kernel choice, and a workspace
+// for ops' intermediates. Owns the cuBLAS handle and the workspace; does not own the stream
+// (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
 class CudaOpContext {
  public:
   // Creates a cuBLAS handle bound to `stream` (nullptr = the legacy default stream) on the
-  // current CUDA device. Cuda status (naming the cuBLAS error) when the handle cannot be made.
+  // current CUDA device; the kernel choice comes from STRATA_CUDA_KERNELS. Cuda status
+  // (naming the cuBLAS error) when the handle cannot be made; InvalidArgument for a bad
+  // STRATA_CUDA_KERNELS.
   static Result<std::unique_ptr<CudaOpContext>> Create(cudaStream_t stream);
   ~CudaOpContext();
   CudaOpContext(const CudaOpContext&) = delete;
@@ -64,11 +104,26 @@ class CudaOpContext {
 
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  const KernelChoice& kernels() const { return kernels_; }
+  void set_kernels(const KernelChoice& k) { kernels_ = k; }
+
+  // Device memory of at least `bytes` (256-byte aligned) for one op's intermediates, valid
+  // until the next Workspace call on this context; ops on the context's stream run in
+  // order, so consecutive ops may reuse it. Grows by synchronising the stream, freeing and
+  // allocating (cudaMalloc, outside any Device budget: reserve the largest size up front,
+  // before timing, to keep allocations out of the steady state). OutOfMemory when the
+  // device has no room. Not const: ops that need it take the context by const reference and
+  // call this through a mutable member, as the workspace is scratch, not state.
+  Result<void*> Workspace(size_t bytes) const;
+  size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
   CudaOpContext(cudaStream_t stream, cublasHandle_t cublas) : stream_(stream), cublas_(cublas) {}
   cudaStream_t stream_;
   cublasHandle_t cublas_;
+  KernelChoice kernels_;
+  mutable void* workspace_ = nullptr;
+  mutable size_t workspace_bytes_ = 0;
 };
 
 // A Cuda status for `err` ("<what>: <cudaGetErrorString>"), or OK for cudaSuccess.

@@ -174,6 +174,24 @@ class GpuOpsTest : public ::testing::Test {
   std::unique_ptr<CudaOpContext> ctx_;
 };
 
+// STRATA_CUDA_KERNELS's grammar; needs no GPU.
+TEST(KernelChoiceTest, Parses) {
+  auto all = KernelChoice::Parse("naive");
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->naive_attention && all->naive_embedding && all->naive_classifier &&
+              all->naive_matmul && all->naive_elementwise);
+  EXPECT_EQ(all->ToString(), "naive: attention,embedding,classifier,matmul,elementwise");
+  auto none = KernelChoice::Parse("default");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->ToString(), "tuned");
+  auto some = KernelChoice::Parse("attention=naive,classifier,matmul=tuned");
+  ASSERT_TRUE(some.ok());
+  EXPECT_TRUE(some->naive_attention && some->naive_classifier);
+  EXPECT_FALSE(some->naive_embedding || some->naive_matmul || some->naive_elementwise);
+  EXPECT_EQ(KernelChoice::Parse("attenton").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(KernelChoice::Parse("attention=fast").status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(GpuOpsTest, Conversions) {
   const std::vector<float> host = {0.0f, 1.0f, -1.5f, 3.14159265f, 1e-3f, -65504.0f, 1e30f};
   auto f = Upload(host);
@@ -308,32 +326,43 @@ TEST_F(GpuOpsTest, LmHead) {
   }
 }
 
-// hs = 12 (C=36, NH=3) takes the scalar path of the dot products; the others the 16-byte one.
+// hs = 12 (C=36, NH=3) takes the scalar paths (dot products, head copies); the others the
+// 16-byte ones. Both kernels: cuBLAS + fused softmax (the default) and the naive one.
 TEST_F(GpuOpsTest, Attention) {
-  for (auto [B, T, C, NH] :
-       {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3}, std::tuple{1, 70, 128, 2},
-        std::tuple{2, 33, 96, 1}, std::tuple{1, 40, 36, 3}, std::tuple{1, 257, 256, 4}}) {
-    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                 " NH=" + std::to_string(NH));
-    const size_t N = size_t(B) * T;
-    auto qkv = Random(N * 3 * C);
-    std::vector<float> out_ref(N * C), att(size_t(B) * NH * T * T);
-    cpu::AttentionForward<float>(out_ref.data(), att.data(), qkv.data(), B, T, C, NH);
-    auto d_qkv = UploadBf16(qkv);
-    DeviceBuffer<Bf16> d_out(N * C);
-    DeviceBuffer<float> d_stats(AttentionStatsSize(B, T, NH));
-    ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
-    ExpectClose("attention out", DownloadBf16(d_out), out_ref);
+  // variant 0: tuned, all heads in one batch; 1: tuned, one head per batch; 2: naive.
+  for (int variant : {0, 1, 2}) {
+    KernelChoice k;
+    k.naive_attention = variant == 2;
+    if (variant == 1) k.attention_batch_bytes = 1;
+    ctx_->set_kernels(k);
+    const std::string tag = variant == 2   ? "attention(naive) "
+                            : variant == 1 ? "attention(1 head per batch) "
+                                           : "attention ";
+    for (auto [B, T, C, NH] :
+         {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3}, std::tuple{1, 70, 128, 2},
+          std::tuple{2, 33, 96, 1}, std::tuple{1, 40, 36, 3}, std::tuple{1, 257, 256, 4}}) {
+      SCOPED_TRACE(tag + "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                   " C=" + std::to_string(C) + " NH=" + std::to_string(NH));
+      const size_t N = size_t(B) * T;
+      auto qkv = Random(N * 3 * C);
+      std::vector<float> out_ref(N * C), att(size_t(B) * NH * T * T);
+      cpu::AttentionForward<float>(out_ref.data(), att.data(), qkv.data(), B, T, C, NH);
+      auto d_qkv = UploadBf16(qkv);
+      DeviceBuffer<Bf16> d_out(N * C);
+      DeviceBuffer<float> d_stats(AttentionStatsSize(B, T, NH));
+      ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
+      ExpectClose(tag + "out", DownloadBf16(d_out), out_ref);
 
-    auto dout = Random(N * C);
-    auto dqkv_ref = Random(N * 3 * C);
-    auto d_dqkv = UploadBf16(dqkv_ref);
-    auto d_dout = UploadBf16(dout);
-    cpu::AttentionBackward<float>(dqkv_ref.data(), dout.data(), qkv.data(), att.data(), B, T, C,
-                                  NH);
-    ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(), d_stats.get(), B,
-                                T, C, NH));
-    ExpectClose("attention dqkv", DownloadBf16(*d_dqkv), dqkv_ref);
+      auto dout = Random(N * C);
+      auto dqkv_ref = Random(N * 3 * C);
+      auto d_dqkv = UploadBf16(dqkv_ref);
+      auto d_dout = UploadBf16(dout);
+      cpu::AttentionBackward<float>(dqkv_ref.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                                    NH);
+      ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(), d_stats.get(),
+                                  B, T, C, NH));
+      ExpectClose(tag + "dqkv", DownloadBf16(*d_dqkv), dqkv_ref);
+    }
   }
 }
 
@@ -408,34 +437,44 @@ TEST_F(GpuOpsTest, SoftmaxCrossEntropy) {
   }
 }
 
-// The same inputs twice give the same bits (no atomics, fixed reduction orders).
+// The same inputs twice give the same bits (no atomics, fixed reduction orders), for the
+// tuned kernels and for the naive ones.
 TEST_F(GpuOpsTest, BackwardIsDeterministic) {
   const int B = 4, T = 64, C = 128, NH = 4, V = 11;  // small V: many repeated tokens
   const size_t N = size_t(B) * T;
   auto qkv = UploadBf16(Random(N * 3 * C)), dout = UploadBf16(Random(N * C));
   auto tokens = Upload(RandomTokens(N, V));
-  DeviceBuffer<float> stats(AttentionStatsSize(B, T, NH));
-  DeviceBuffer<Bf16> out(N * C);
-  ASSERT_OK(AttentionForward(*ctx_, out.get(), stats.get(), qkv->get(), B, T, C, NH));
-  std::vector<float> first_dqkv, first_dwte;
-  for (int run = 0; run < 2; ++run) {
-    DeviceBuffer<Bf16> dqkv(N * 3 * C);
-    DeviceBuffer<float> dwte(size_t(V) * C), dwpe(size_t(T) * C);
-    ASSERT_CUDA(cudaMemset(dqkv.get(), 0, dqkv.size() * sizeof(Bf16)));
-    ASSERT_CUDA(cudaMemset(dwte.get(), 0, dwte.size() * sizeof(float)));
-    ASSERT_CUDA(cudaMemset(dwpe.get(), 0, dwpe.size() * sizeof(float)));
-    ASSERT_OK(
-        AttentionBackward(*ctx_, dqkv.get(), dout->get(), qkv->get(), stats.get(), B, T, C, NH));
-    ASSERT_OK(
-        EmbeddingBackward(*ctx_, dwte.get(), dwpe.get(), dout->get(), tokens->get(), B, T, C, V));
-    auto a = DownloadBf16(dqkv);
-    auto b = Download(dwte);
-    if (run == 0) {
-      first_dqkv = a;
-      first_dwte = b;
-    } else {
-      EXPECT_EQ(std::memcmp(a.data(), first_dqkv.data(), a.size() * sizeof(float)), 0);
-      EXPECT_EQ(std::memcmp(b.data(), first_dwte.data(), b.size() * sizeof(float)), 0);
+  for (const char* spec : {"default", "naive"}) {
+    SCOPED_TRACE(spec);
+    auto kernels = KernelChoice::Parse(spec);
+    ASSERT_TRUE(kernels.ok());
+    ctx_->set_kernels(*kernels);
+    DeviceBuffer<float> stats(AttentionStatsSize(B, T, NH));
+    DeviceBuffer<Bf16> out(N * C);
+    std::vector<float> first_out, first_dqkv, first_dwte;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_OK(AttentionForward(*ctx_, out.get(), stats.get(), qkv->get(), B, T, C, NH));
+      DeviceBuffer<Bf16> dqkv(N * 3 * C);
+      DeviceBuffer<float> dwte(size_t(V) * C), dwpe(size_t(T) * C);
+      ASSERT_CUDA(cudaMemset(dqkv.get(), 0, dqkv.size() * sizeof(Bf16)));
+      ASSERT_CUDA(cudaMemset(dwte.get(), 0, dwte.size() * sizeof(float)));
+      ASSERT_CUDA(cudaMemset(dwpe.get(), 0, dwpe.size() * sizeof(float)));
+      ASSERT_OK(
+          AttentionBackward(*ctx_, dqkv.get(), dout->get(), qkv->get(), stats.get(), B, T, C, NH));
+      ASSERT_OK(
+          EmbeddingBackward(*ctx_, dwte.get(), dwpe.get(), dout->get(), tokens->get(), B, T, C, V));
+      auto o = DownloadBf16(out);
+      auto a = DownloadBf16(dqkv);
+      auto b = Download(dwte);
+      if (run == 0) {
+        first_out = o;
+        first_dqkv = a;
+        first_dwte = b;
+      } else {
+        EXPECT_EQ(std::memcmp(o.data(), first_out.data(), o.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(a.data(), first_dqkv.data(), a.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(b.data(), first_dwte.data(), b.size() * sizeof(float)), 0);
+      }
     }
   }
 }
