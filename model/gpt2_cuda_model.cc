@@ -38,7 +38,12 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   Status Init(int micro_batches) {
     STRATA_ASSIGN_OR_RETURN(ctx_, co::CudaOpContext::Create(static_cast<cudaStream_t>(
                                       device_->NativeStream(Lane::kCompute))));
-    const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab;
+    // The fused classifier runs over a vocabulary padded to a multiple of 128 (the tied head's
+    // copy of wte has zero rows there, their logits are ignored and their gradients zero);
+    // the naive one over the real V.
+    fused_classifier_ = !ctx_->kernels().naive_classifier;
+    Vp_ = fused_classifier_ ? co::PaddedVocab(cfg_.vocab) : cfg_.vocab;
+    const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = Vp_;
     shape_ = {B_, T_, cfg_.d_model, cfg_.heads};
     STRATA_RETURN_IF_ERROR(Alloc(&tokens_, N * sizeof(int32_t)));
     STRATA_RETURN_IF_ERROR(Alloc(&targets_, N * sizeof(int32_t)));
@@ -55,6 +60,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     scratch_ = co::BlockScratch::Carve(sbase, shape_);
     STRATA_RETURN_IF_ERROR(Alloc(&tmp_, N * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&wte_copy_, V * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Zero(wte_copy_, V * C * sizeof(Bf16)));  // the padding rows
     STRATA_RETURN_IF_ERROR(Alloc(&dwte_head_, V * C * sizeof(float)));
     STRATA_RETURN_IF_ERROR(Alloc(&lnf_, N * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&lnf_mean_, N * sizeof(float)));
@@ -131,18 +137,23 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
         co::CudaStatus(cudaMemsetAsync(g, 0, lay.padded_numel * sizeof(float), s), "zero grads"));
     if (b == L + 1) {
       Bf16* logits = static_cast<Bf16*>(logits_);
+      int32_t* targets = static_cast<int32_t*>(targets_);
       STRATA_RETURN_IF_ERROR(
-          co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, V));
-      STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyForward(*ctx_, logits, F32(losses_),
-                                                            F32(mean_losses_) + micro, logits,
-                                                            static_cast<int32_t*>(targets_), N, V));
-      STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyBackward(
-          *ctx_, logits, logits, static_cast<int32_t*>(targets_), N, V, dloss));
+          co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, Vp_));
+      if (fused_classifier_) {
+        STRATA_RETURN_IF_ERROR(co::FusedClassifier(
+            *ctx_, logits, F32(losses_), F32(mean_losses_) + micro, targets, N, V, Vp_, dloss));
+      } else {
+        STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyForward(
+            *ctx_, logits, F32(losses_), F32(mean_losses_) + micro, logits, targets, N, V));
+        STRATA_RETURN_IF_ERROR(
+            co::SoftmaxCrossEntropyBackward(*ctx_, logits, logits, targets, N, V, dloss));
+      }
       STRATA_RETURN_IF_ERROR(Zero(dlnf_, NC * sizeof(Bf16)));
-      STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(V) * C * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(Vp_) * C * sizeof(float)));
       STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), F32(dwte_head_),
                                                 logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C,
-                                                V));
+                                                Vp_));
       STRATA_RETURN_IF_ERROR(Zero(dres_, NC * sizeof(Bf16)));
       STRATA_RETURN_IF_ERROR(co::LayerNormBackward(*ctx_, static_cast<Bf16*>(dres_), G(kLnfW),
                                                    G(kLnfB), static_cast<Bf16*>(dlnf_), X(L),
@@ -226,6 +237,8 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   Device* device_;
   Gpt2Config cfg_;
   int B_, T_;
+  int Vp_ = 0;  // the logits' row length: V padded to 128 (fused classifier) or V
+  bool fused_classifier_ = true;
   bool recompute_;
   int micro_slots_ = 0;
   std::unique_ptr<co::CudaOpContext> ctx_;

@@ -368,6 +368,13 @@ Status LaunchBroadcastRows(cudaStream_t stream, Bf16* out, const Bf16* row, int 
   return LaunchStatus("BroadcastRowsKernel");
 }
 
+Status LaunchMeanLoss(cudaStream_t stream, float* mean, const float* losses, int N) {
+  if (N == 0)
+    return CudaStatus(cudaMemsetAsync(mean, 0, sizeof(float), stream), "mean loss memset");
+  MeanKernel<<<1, 1024, 0, stream>>>(mean, losses, N);
+  return LaunchStatus("MeanKernel");
+}
+
 Status LaunchColumnSum(cudaStream_t stream, float* sums, const Bf16* x, int N, int C) {
   if (C <= 0) return Status::OK();
   ColumnSumKernel<false><<<RowsGrid(C, 32), dim3(32, kColRows), 0, stream>>>(
@@ -488,14 +495,7 @@ Status SoftmaxCrossEntropyForward(const CudaOpContext& ctx, Bf16* probs, float* 
         probs, losses, logits, targets, V);
     STRATA_RETURN_IF_ERROR(LaunchStatus("SoftmaxXentForwardKernel"));
   }
-  if (mean_loss != nullptr) {
-    if (N == 0) {
-      return CudaStatus(cudaMemsetAsync(mean_loss, 0, sizeof(float), ctx.stream()),
-                        "SoftmaxCrossEntropyForward memset");
-    }
-    MeanKernel<<<1, 1024, 0, ctx.stream()>>>(mean_loss, losses, N);
-    STRATA_RETURN_IF_ERROR(LaunchStatus("MeanKernel"));
-  }
+  if (mean_loss != nullptr) return LaunchMeanLoss(ctx.stream(), mean_loss, losses, N);
   return Status::OK();
 }
 

@@ -20,6 +20,8 @@ Status CublasStatus(cublasStatus_t st, const char* what);
 // out[n, c] = row[c] for n < N, c < C (the bias broadcast that a GEMM then adds to).
 Status LaunchBroadcastRows(cudaStream_t stream, __nv_bfloat16* out, const __nv_bfloat16* row, int N,
                            int C);
+// *mean = (1/N) Σ losses[n], summed in double in a fixed order (0 when N == 0).
+Status LaunchMeanLoss(cudaStream_t stream, float* mean, const float* losses, int N);
 // sums[c] += Σ_{n<N} x[n, c] in fp32 (bias gradients). Fixed summation order.
 Status LaunchColumnSum(cudaStream_t stream, float* sums, const __nv_bfloat16* x, int N, int C);
 

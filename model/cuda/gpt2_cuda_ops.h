@@ -215,4 +215,19 @@ Status SoftmaxCrossEntropyForward(const CudaOpContext& ctx, Bf16* probs, float* 
 Status SoftmaxCrossEntropyBackward(const CudaOpContext& ctx, Bf16* dlogits, const Bf16* probs,
                                    const int32_t* targets, int N, int V, float dloss);
 
+// ---- fused classifier (softmax cross-entropy, forward and backward in one kernel) ---------
+// The vocabulary padded to a multiple of 128: the row length of the fused classifier's logits
+// (and of the tied head's copy of wte), so that rows are 256-byte aligned and the LM-head GEMM
+// has a tensor-core-friendly size. The model files keep the real V.
+inline int PaddedVocab(int V) { return (V + 127) / 128 * 128; }
+// For each of N rows of logits [N, Vp] (columns [V, Vp) are padding, ignored), in one pass
+// for the statistics and one for the gradient, with no probability tensor:
+//   losses[n] = lse_n - z[n, target_n],   lse_n = log Σ_{v<V} exp z[n, v]
+//   logits[n, v] := (exp(z[n, v] - lse_n) - [v = target_n]) · dloss   (v < V),   0 (v >= V)
+// i.e. the logits are OVERWRITTEN by dlogits. *mean_loss (device; may be nullptr) as in
+// SoftmaxCrossEntropyForward. REQUIRES V <= Vp. 16-byte loads when Vp % 8 == 0 and logits is
+// 16-byte aligned, else one value at a time (the same bits either way).
+Status FusedClassifier(const CudaOpContext& ctx, Bf16* logits, float* losses, float* mean_loss,
+                       const int32_t* targets, int N, int V, int Vp, float dloss);
+
 }  // namespace strata::model::cuda_ops

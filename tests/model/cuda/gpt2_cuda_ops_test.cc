@@ -437,6 +437,52 @@ TEST_F(GpuOpsTest, SoftmaxCrossEntropy) {
   }
 }
 
+// The fused classifier against the CPU's softmax cross-entropy forward + backward: padded rows
+// (Vp = PaddedVocab(V): 16-byte path) and unpadded ones (Vp = V, V odd: one value at a time).
+// The padding holds garbage that must not leak into the loss and must come back zero.
+TEST_F(GpuOpsTest, FusedClassifier) {
+  for (auto [N, V, padded] :
+       {std::tuple{1, 1, true}, std::tuple{23, 257, true}, std::tuple{23, 257, false},
+        std::tuple{4, 50257, true}, std::tuple{3, 50257, false}}) {
+    const int Vp = padded ? PaddedVocab(V) : V;
+    SCOPED_TRACE("N=" + std::to_string(N) + " V=" + std::to_string(V) +
+                 " Vp=" + std::to_string(Vp));
+    auto logits = Random(size_t(N) * V, 3.0f);
+    auto targets = RandomTokens(N, V);
+    std::vector<float> probs_ref(size_t(N) * V), losses_ref(N);
+    const double mean_ref = cpu::SoftmaxCrossEntropyForward<float>(
+        probs_ref.data(), losses_ref.data(), logits.data(), targets.data(), N, V);
+    const float dloss = 1.0f / N;
+    std::vector<float> dlogits_ref(size_t(N) * V);
+    cpu::SoftmaxCrossEntropyBackward<float>(dlogits_ref.data(), probs_ref.data(), targets.data(), N,
+                                            V, dloss);
+    std::vector<float> rows = Random(size_t(N) * Vp, 50.0f);  // padding: large garbage
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(logits.begin() + size_t(n) * V, V, rows.begin() + size_t(n) * Vp);
+    }
+    auto d_logits = UploadBf16(rows);
+    auto d_targets = Upload(targets);
+    DeviceBuffer<float> d_losses(N), d_mean(1);
+    ASSERT_OK(FusedClassifier(*ctx_, d_logits->get(), d_losses.get(), d_mean.get(),
+                              d_targets->get(), N, V, Vp, dloss));
+    ExpectClose("classifier losses", Download(d_losses), losses_ref, 1e-4f, 1e-5f);
+    const float mean = Download(d_mean)[0];
+    EXPECT_NEAR(mean, mean_ref, 1e-4 * std::fabs(mean_ref) + 1e-6) << "seed=" << seed_;
+    const std::vector<float> got = DownloadBf16(*d_logits);
+    std::vector<float> dlogits(size_t(N) * V);
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(got.begin() + size_t(n) * Vp, V, dlogits.begin() + size_t(n) * V);
+      for (int v = V; v < Vp; ++v) ASSERT_EQ(got[size_t(n) * Vp + v], 0.0f) << n << "," << v;
+    }
+    ExpectClose("classifier dlogits", dlogits, dlogits_ref);
+  }
+  DeviceBuffer<Bf16> buf(8);
+  DeviceBuffer<float> f(8);
+  DeviceBuffer<int32_t> t(8);
+  EXPECT_EQ(FusedClassifier(*ctx_, buf.get(), f.get(), nullptr, t.get(), 1, 9, 8, 1.0f).code(),
+            StatusCode::kInvalidArgument);
+}
+
 // The same inputs twice give the same bits (no atomics, fixed reduction orders), for the
 // tuned kernels and for the naive ones.
 TEST_F(GpuOpsTest, BackwardIsDeterministic) {
