@@ -5,8 +5,10 @@
 //
 // What each kernel computes (n indexes the N = B*T token rows, c the C channels):
 //   EmbeddingForward   out[b,t,c] = wte[tok[b,t], c] + wpe[t, c]
-//   EmbeddingBackward  dwte[v,c] += Σ_{n: tok[n]=v} dout[n,c]   (one block per vocabulary row
-//                      gathers its positions in ascending order: no atomics, deterministic);
+//   EmbeddingBackward  dwte[v,c] += Σ_{n: tok[n]=v} dout[n,c]   (by default a sort by token
+//                      and a segmented sum, gpt2_cuda_embedding.cu; the naive kernel here: one
+//                      block per vocabulary row gathers its positions in ascending order. Both
+//                      without atomics, with the same bits);
 //                      dwpe[t,c] += Σ_b dout[b,t,c]
 //   LayerNormForward   μ = (1/C) Σ_c x,  σ² = (1/C) Σ_c (x-μ)²,  r = 1/sqrt(σ² + 1e-5),
 //                      x̂ = (x-μ)·r,  out = x̂·w + b          (one warp per row)
@@ -412,7 +414,10 @@ Status EmbeddingBackward(const CudaOpContext& ctx, float* dwte, float* dwpe, con
   const int64_t N = int64_t(B) * T;
   if (N == 0 || C == 0) return Status::OK();
   if (N > INT32_MAX) return Status::InvalidArgument("EmbeddingBackward: B*T exceeds 2^31-1");
-  if (dwte != nullptr && V > 0) {
+  if (dwte != nullptr && V > 0 && !ctx.kernels().naive_embedding) {
+    STRATA_RETURN_IF_ERROR(
+        EmbeddingBackwardWteSorted(ctx, dwte, dout, tokens, static_cast<int>(N), C, V));
+  } else if (dwte != nullptr && V > 0) {
     const dim3 grid(static_cast<unsigned>(V), RowsGrid(C, kWteCols));
     if (grid.y > 65535) return Status::InvalidArgument("EmbeddingBackward: C too large");
     EmbeddingBackwardWteKernel<<<grid, kThreads, 0, ctx.stream()>>>(dwte, dout, tokens,

@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "strata/status.h"
 
 namespace strata::model::cuda_ops {
@@ -24,6 +26,11 @@ Status LaunchBroadcastRows(cudaStream_t stream, __nv_bfloat16* out, const __nv_b
 Status LaunchMeanLoss(cudaStream_t stream, float* mean, const float* losses, int N);
 // sums[c] += Σ_{n<N} x[n, c] in fp32 (bias gradients). Fixed summation order.
 Status LaunchColumnSum(cudaStream_t stream, float* sums, const __nv_bfloat16* x, int N, int C);
+
+// dwte[tokens[n], :] += dout[n, :] by a sort of the positions by token and a segmented sum
+// (gpt2_cuda_embedding.cu): EmbeddingBackward's dwte unless KernelChoice::naive_embedding.
+Status EmbeddingBackwardWteSorted(const CudaOpContext& ctx, float* dwte, const __nv_bfloat16* dout,
+                                  const int32_t* tokens, int N, int C, int V);
 
 // The warp-per-row attention kernels (gpt2_cuda_attention.cu): AttentionForward/Backward of
 // gpt2_cuda_ops.h when KernelChoice::naive_attention is set.

@@ -204,8 +204,8 @@ TEST_F(GpuOpsTest, Conversions) {
 }
 
 TEST_F(GpuOpsTest, Embedding) {
-  for (auto [B, T, C, V] :
-       {std::tuple{1, 1, 1, 1}, std::tuple{3, 17, 33, 50}, std::tuple{2, 64, 1100, 7}}) {
+  for (auto [B, T, C, V] : {std::tuple{1, 1, 1, 1}, std::tuple{3, 17, 33, 50},
+                            std::tuple{2, 64, 1100, 7}, std::tuple{4, 256, 64, 50257}}) {
     SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                  " V=" + std::to_string(V));
     const size_t N = size_t(B) * T;
@@ -227,10 +227,21 @@ TEST_F(GpuOpsTest, Embedding) {
     auto d_dout = UploadBf16(dout);
     cpu::EmbeddingBackward<float>(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B,
                                   T, C);
+    // The sort + segmented sum (default) and the V-block kernel (naive) from the same start:
+    // the same bits, since both sum each row's positions in ascending order.
+    auto d_dwte_naive = Upload(std::vector<float>(Download(*d_dwte)));
     ASSERT_OK(EmbeddingBackward(*ctx_, d_dwte->get(), d_dwpe->get(), d_dout->get(), d_tokens->get(),
                                 B, T, C, V));
+    KernelChoice naive;
+    naive.naive_embedding = true;
+    ctx_->set_kernels(naive);
+    ASSERT_OK(EmbeddingBackward(*ctx_, d_dwte_naive->get(), nullptr, d_dout->get(), d_tokens->get(),
+                                B, T, C, V));
+    ctx_->set_kernels(KernelChoice{});
     // fp32 gradients from bf16 inputs: only the summation order differs.
-    ExpectClose("embedding dwte", Download(*d_dwte), dwte_ref, 1e-4f, 1e-4f);
+    const std::vector<float> dwte = Download(*d_dwte), dwte_naive = Download(*d_dwte_naive);
+    ExpectClose("embedding dwte", dwte, dwte_ref, 1e-4f, 1e-4f);
+    EXPECT_EQ(std::memcmp(dwte.data(), dwte_naive.data(), dwte.size() * sizeof(float)), 0);
     ExpectClose("embedding dwpe", Download(*d_dwpe), dwpe_ref, 1e-4f, 1e-4f);
   }
 }
