@@ -59,6 +59,12 @@ class Gpt2Backend {
 
   // Waits for the compute lane; the mean token losses of micro-batch slots [0, n).
   virtual Result<std::vector<double>> Losses(int n) = 0;
+
+  // The device time of the backend's own kernels between the two latest Losses calls (the
+  // CUDA model: CUDA events around each Forward/Backward's work on the compute stream, so
+  // waits for the engine's copies are not counted). 0 where the backend does not measure it
+  // (the CPU model: the engine times its compute lane itself).
+  virtual double ComputeSeconds() const { return 0; }
 };
 
 }  // namespace strata::model

@@ -32,6 +32,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
 
   ~Gpt2CudaModelImpl() override {
     (void)device_->SynchronizeLane(Lane::kCompute);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     for (void* p : allocations_) (void)device_->Free(p);
   }
 
@@ -89,6 +90,23 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   }
 
   Status Forward(int b, const BlockView& v) override {
+    STRATA_RETURN_IF_ERROR(StartTiming());
+    Status st = ForwardWork(b, v);
+    STRATA_RETURN_IF_ERROR(StopTiming());
+    return st;
+  }
+
+  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro,
+                  GradWrite write) override {
+    STRATA_RETURN_IF_ERROR(StartTiming());
+    Status st = BackwardWork(b, v, g, dloss, micro, write);
+    STRATA_RETURN_IF_ERROR(StopTiming());
+    return st;
+  }
+
+  double ComputeSeconds() const override { return compute_seconds_; }
+
+  Status ForwardWork(int b, const BlockView& v) {
     const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
     cudaStream_t s = ctx_->stream();
     STRATA_RETURN_IF_ERROR(CheckView(v));
@@ -115,8 +133,8 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
         "the CUDA model keeps one micro-batch's activations; use --micro-batch-order batch");
   }
 
-  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro,
-                  GradWrite write) override {
+  Status BackwardWork(int b, const BlockView& v, float* g, float dloss, int micro,
+                      GradWrite write) {
     if (write != GradWrite::kOverwrite) {
       return Status::NotSupported(
           "the CUDA model does not accumulate gradients over micro-batches on the device; use "
@@ -190,6 +208,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     std::vector<float> h(static_cast<size_t>(n));
     STRATA_RETURN_IF_ERROR(co::CudaStatus(
         cudaMemcpy(h.data(), mean_losses_, h.size() * 4, cudaMemcpyDeviceToHost), "read losses"));
+    STRATA_RETURN_IF_ERROR(CollectTiming());
     return std::vector<double>(h.begin(), h.end());
   }
 
@@ -206,6 +225,37 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     *p = static_cast<T*>(v);
     return Status::OK();
   }
+  // Compute time: a pair of CUDA events around each Forward/Backward call's work, recorded on
+  // the compute stream after whatever wait for the engine's copies precedes it; the pairs are
+  // read and summed once the lane is idle (Losses), and the pool is reused.
+  Status StartTiming() {
+    if (used_events_ + 2 > events_.size()) {
+      for (int i = 0; i < 2; ++i) {
+        cudaEvent_t e = nullptr;
+        STRATA_RETURN_IF_ERROR(co::CudaStatus(cudaEventCreate(&e), "cudaEventCreate (timing)"));
+        events_.push_back(e);
+      }
+    }
+    return co::CudaStatus(cudaEventRecord(events_[used_events_++], ctx_->stream()),
+                          "cudaEventRecord (timing)");
+  }
+  Status StopTiming() {
+    return co::CudaStatus(cudaEventRecord(events_[used_events_++], ctx_->stream()),
+                          "cudaEventRecord (timing)");
+  }
+  Status CollectTiming() {
+    double ms_total = 0;
+    for (size_t i = 0; i + 1 < used_events_; i += 2) {
+      float ms = 0;
+      STRATA_RETURN_IF_ERROR(co::CudaStatus(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]),
+                                            "cudaEventElapsedTime"));
+      ms_total += ms;
+    }
+    used_events_ = 0;
+    compute_seconds_ = ms_total / 1e3;
+    return Status::OK();
+  }
+
   Status Zero(void* p, size_t bytes) {
     return co::CudaStatus(cudaMemsetAsync(p, 0, bytes, ctx_->stream()), "zero");
   }
@@ -244,6 +294,9 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   std::unique_ptr<co::CudaOpContext> ctx_;
   co::BlockShape shape_;
   std::vector<void*> allocations_;
+  std::vector<cudaEvent_t> events_;  // start/stop pairs, [0, used_events_) recorded this step
+  size_t used_events_ = 0;
+  double compute_seconds_ = 0;
   void *tokens_ = nullptr, *targets_ = nullptr;
   std::vector<void*> xs_;
   std::vector<co::BlockActivations> acts_;

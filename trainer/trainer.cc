@@ -251,6 +251,7 @@ Result<StepResult> Trainer::Step() {
   }
   STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
   STRATA_ASSIGN_OR_RETURN(losses, backend_->Losses(M));
+  r.compute_seconds = backend_->ComputeSeconds();
   double sum = 0;
   for (double l : losses) sum += l;
   r.loss = sum / M;

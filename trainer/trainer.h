@@ -101,6 +101,9 @@ struct StepResult {
   int64_t step = 0;
   double loss = 0;  // mean over the step's micro-batches of their mean token loss (all ranks)
   double lr = 0;
+  // The device time of the model's kernels this step, as the backend measured it (CUDA
+  // events on a CudaDevice); 0 where it does not (the CPU model: see stats.busy_seconds).
+  double compute_seconds = 0;
   StepStats stats;
 };
 

@@ -79,10 +79,24 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
   ASSERT_EQ(0, Run(Args({"--nvme", dir_ + "/a", "--json", dir_ + "/a.json"}), &out)) << out;
   const nlohmann::json full = Json(dir_ + "/a.json");
   ASSERT_EQ(full["steps"].size(), 30u);
-  for (const char* k : {"step", "loss", "seconds", "tokens_per_s", "efficiency", "bytes",
-                        "stall_seconds", "tail_seconds", "redone_blocks"}) {
+  for (const char* k :
+       {"step", "loss", "seconds", "tokens_per_s", "efficiency", "bytes", "stall_seconds",
+        "tail_seconds", "redone_blocks", "model_tflops_per_s", "compute_seconds"}) {
     EXPECT_TRUE(full["steps"][0].contains(k)) << k;
   }
+  // Model TFLOP/s = Gpt2TrainFlopsPerToken x tokens / seconds: 6 x params + the attention's
+  // 12·L·T·C per token, 2 layers of 32 channels, T 16, batch 2.
+  {
+    const double per_token = 6.0 * full["config"]["params"].get<double>() + 12.0 * 2 * 16 * 32;
+    const double tokens = 2.0 * 16;
+    for (const auto& st : full["steps"]) {
+      EXPECT_NEAR(st["model_tflops_per_s"].get<double>(),
+                  per_token * tokens / st["seconds"].get<double>() / 1e12, 1e-9);
+      EXPECT_EQ(st["compute_seconds"].get<double>(), 0.0);  // the CPU model: the engine's lane
+    }
+    EXPECT_DOUBLE_EQ(full["totals"]["model_flops"].get<double>(), per_token * tokens * 30);
+  }
+  EXPECT_NE(out.find("TFLOP/s"), std::string::npos) << out;
   for (const char* k : {"nvme_read", "nvme_write", "h2d", "d2h"}) {
     EXPECT_TRUE(full["steps"][0]["bytes"].contains(k)) << k;
   }
