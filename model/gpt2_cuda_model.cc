@@ -100,11 +100,17 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
                   GradWrite write) override {
     STRATA_RETURN_IF_ERROR(StartTiming());
     Status st = BackwardWork(b, v, g, dloss, micro, write);
+    if (st.ok() && grad_dtype_ == GradDtype::kBf16) st = PackBf16(g, v.layout->padded_numel);
     STRATA_RETURN_IF_ERROR(StopTiming());
     return st;
   }
 
   double ComputeSeconds() const override { return compute_seconds_; }
+
+  Status SetGradDtype(GradDtype dtype) override {
+    grad_dtype_ = dtype;
+    return Status::OK();
+  }
 
   Status ForwardWork(int b, const BlockView& v) {
     const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
@@ -256,6 +262,22 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     return Status::OK();
   }
 
+  // grad[0, n) fp32 -> n bf16 at the start of the same buffer (through a scratch buffer: an
+  // in-place conversion by parallel threads would overwrite values not yet read).
+  Status PackBf16(float* grad, size_t n) {
+    if (n > pack_scratch_numel_) {
+      // A larger block: a new buffer (the old one may still be read by queued work; both are
+      // freed with the model).
+      STRATA_RETURN_IF_ERROR(Alloc(&pack_scratch_, n * sizeof(Bf16)));
+      pack_scratch_numel_ = n;
+    }
+    Bf16* scratch = static_cast<Bf16*>(pack_scratch_);
+    STRATA_RETURN_IF_ERROR(co::ConvertF32ToBf16(*ctx_, scratch, grad, n));
+    return co::CudaStatus(
+        cudaMemcpyAsync(grad, scratch, n * sizeof(Bf16), cudaMemcpyDeviceToDevice, ctx_->stream()),
+        "pack bf16 gradient");
+  }
+
   Status Zero(void* p, size_t bytes) {
     return co::CudaStatus(cudaMemsetAsync(p, 0, bytes, ctx_->stream()), "zero");
   }
@@ -297,6 +319,9 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   std::vector<cudaEvent_t> events_;  // start/stop pairs, [0, used_events_) recorded this step
   size_t used_events_ = 0;
   double compute_seconds_ = 0;
+  GradDtype grad_dtype_ = GradDtype::kFp32;
+  void* pack_scratch_ = nullptr;
+  size_t pack_scratch_numel_ = 0;
   void *tokens_ = nullptr, *targets_ = nullptr;
   std::vector<void*> xs_;
   std::vector<co::BlockActivations> acts_;

@@ -232,6 +232,7 @@ Result<StepResult> Trainer::Step() {
           backend_, model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
                                                 options_.recompute, M, layer_major ? M : 1));
     }
+    STRATA_RETURN_IF_ERROR(backend_->SetGradDtype(options_.grad_dtype));
   }
   if (layer_major) {
     std::vector<const int32_t*> ins, tgs;
