@@ -99,11 +99,13 @@ Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream
     // choosing reduced-precision fp32 emulation paths.
     st = CublasStatus(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
+  cublasLtHandle_t lt = nullptr;
+  if (st.ok()) st = CublasStatus(cublasLtCreate(&lt), "cublasLtCreate");
   if (!st.ok()) {
     cublasDestroy(handle);
     return st;
   }
-  std::unique_ptr<CudaOpContext> ctx(new CudaOpContext(stream, handle));
+  std::unique_ptr<CudaOpContext> ctx(new CudaOpContext(stream, handle, lt));
   ctx->kernels_ = kernels;
   return ctx;
 }
@@ -113,6 +115,7 @@ CudaOpContext::~CudaOpContext() {
     cudaStreamSynchronize(stream_);
     cudaFree(workspace_);
   }
+  if (cublaslt_ != nullptr) cublasLtDestroy(cublaslt_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
 }
 

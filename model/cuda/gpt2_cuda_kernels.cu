@@ -388,12 +388,14 @@ Status LaunchColumnSum(cudaStream_t stream, float* sums, const Bf16* x, int N, i
 
 Status ConvertF32ToBf16(const CudaOpContext& ctx, Bf16* dst, const float* src, size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {dst, src})) return ConvertF32ToBf16Vec(ctx, dst, src, n);
   F32ToBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dst, src, n);
   return LaunchStatus("F32ToBf16Kernel");
 }
 
 Status ConvertBf16ToF32(const CudaOpContext& ctx, float* dst, const Bf16* src, size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {dst, src})) return ConvertBf16ToF32Vec(ctx, dst, src, n);
   Bf16ToF32Kernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dst, src, n);
   return LaunchStatus("Bf16ToF32Kernel");
 }
@@ -466,6 +468,7 @@ Status LayerNormBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float*
 
 Status GeluForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {out, inp})) return GeluForwardVec(ctx, out, inp, n);
   GeluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(out, inp, n);
   return LaunchStatus("GeluForwardKernel");
 }
@@ -473,6 +476,8 @@ Status GeluForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, size_t 
 Status GeluBackward(const CudaOpContext& ctx, Bf16* dinp, const Bf16* inp, const Bf16* dout,
                     size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {dinp, inp, dout}))
+    return GeluBackwardVec(ctx, dinp, inp, dout, n);
   GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dinp, inp, dout, n);
   return LaunchStatus("GeluBackwardKernel");
 }
@@ -480,12 +485,14 @@ Status GeluBackward(const CudaOpContext& ctx, Bf16* dinp, const Bf16* inp, const
 Status ResidualForward(const CudaOpContext& ctx, Bf16* out, const Bf16* a, const Bf16* b,
                        size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {out, a, b})) return ResidualForwardVec(ctx, out, a, b, n);
   ResidualForwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(out, a, b, n);
   return LaunchStatus("ResidualForwardKernel");
 }
 
 Status ResidualBackward(const CudaOpContext& ctx, Bf16* da, Bf16* db, const Bf16* dout, size_t n) {
   if (n == 0 || (da == nullptr && db == nullptr)) return Status::OK();
+  if (VectorizedElementwise(ctx, {da, db, dout})) return ResidualBackwardVec(ctx, da, db, dout, n);
   ResidualBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(da, db, dout, n);
   return LaunchStatus("ResidualBackwardKernel");
 }

@@ -4,11 +4,14 @@
 // what the stream allows.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "strata/status.h"
 
@@ -31,6 +34,53 @@ Status LaunchColumnSum(cudaStream_t stream, float* sums, const __nv_bfloat16* x,
 // (gpt2_cuda_embedding.cu): EmbeddingBackward's dwte unless KernelChoice::naive_embedding.
 Status EmbeddingBackwardWteSorted(const CudaOpContext& ctx, float* dwte, const __nv_bfloat16* dout,
                                   const int32_t* tokens, int N, int C, int V);
+
+// The 128-bit elementwise kernels (gpt2_cuda_elementwise.cu). VectorizedElementwise: whether
+// to use them (KernelChoice::naive_elementwise unset, every non-null pointer 16-byte aligned).
+bool VectorizedElementwise(const CudaOpContext& ctx, std::initializer_list<const void*> ptrs);
+Status GeluForwardVec(const CudaOpContext& ctx, __nv_bfloat16* out, const __nv_bfloat16* inp,
+                      size_t n);
+Status GeluBackwardVec(const CudaOpContext& ctx, __nv_bfloat16* dinp, const __nv_bfloat16* inp,
+                       const __nv_bfloat16* dout, size_t n);
+Status ResidualForwardVec(const CudaOpContext& ctx, __nv_bfloat16* out, const __nv_bfloat16* a,
+                          const __nv_bfloat16* b, size_t n);
+Status ResidualBackwardVec(const CudaOpContext& ctx, __nv_bfloat16* da, __nv_bfloat16* db,
+                           const __nv_bfloat16* dout, size_t n);
+Status ConvertF32ToBf16Vec(const CudaOpContext& ctx, __nv_bfloat16* dst, const float* src,
+                           size_t n);
+Status ConvertBf16ToF32Vec(const CudaOpContext& ctx, float* dst, const __nv_bfloat16* src,
+                           size_t n);
+
+// dst[i] += src[i] over n floats (fp32; gpt2_cuda_elementwise.cu).
+Status LaunchAddF32(cudaStream_t stream, float* dst, const float* src, size_t n);
+
+// One cuBLASLt matmul, column-major D(m×n) = epilogue(alpha·op(A)·op(B) + beta·D), bf16 A and
+// B, fp32 compute (gpt2_cuda_matmul_lt.cc).
+struct LtCall {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int m = 0, n = 0, k = 0;
+  const __nv_bfloat16* a = nullptr;
+  int lda = 0;
+  const __nv_bfloat16* b = nullptr;
+  int ldb = 0;
+  void* d = nullptr;
+  cudaDataType_t d_type = CUDA_R_16BF;
+  int ldd = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  // EPILOGUE_BIAS / GELU_AUX_BIAS: the bias over D's m rows (input); BGRADA: its gradient
+  // (output, written, not accumulated).
+  const void* bias = nullptr;
+  cudaDataType_t bias_type = CUDA_R_16BF;
+  // GELU_AUX_BIAS: the pre-activation (output); DGELU: the pre-activation (input). bf16,
+  // m × n with leading dimension aux_ld (a multiple of 8).
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+};
+// Runs `c` with `workspace` (LtWorkspaceBytes() bytes). NotSupported when cuBLASLt offers no
+// algorithm for it (the caller falls back); Cuda for any other failure.
+Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const char* what);
+size_t LtWorkspaceBytes();
 
 // The warp-per-row attention kernels (gpt2_cuda_attention.cu): AttentionForward/Backward of
 // gpt2_cuda_ops.h when KernelChoice::naive_attention is set.

@@ -49,11 +49,36 @@ Status CheckDims(int N, int a, int b, const char* op) {
   return Status::OK();
 }
 
+// out (OC×N col-major) = W·X + bias through cuBLASLt's BIAS or GELU_AUX_BIAS epilogue
+// (`pre` non-null: out = GELU(W·X + bias), pre = W·X + bias). NotSupported: fall back.
+Status LtForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp, const Bf16* w,
+                 const Bf16* bias, int N, int IC, int OC) {
+  if (ctx.kernels().naive_matmul || N == 0 || IC == 0 || OC == 0) {
+    return Status::NotSupported("naive matmul");
+  }
+  if (pre != nullptr && OC % 8 != 0) return Status::NotSupported("GELU aux needs OC % 8 == 0");
+  LtCall c;
+  c.m = OC, c.n = N, c.k = IC;
+  c.a = w, c.lda = OC, c.b = inp, c.ldb = IC;
+  c.d = out, c.d_type = CUDA_R_16BF, c.ldd = OC;
+  c.epilogue = pre != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  c.bias = bias, c.bias_type = CUDA_R_16BF;
+  c.aux = pre, c.aux_ld = OC;
+  STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(LtWorkspaceBytes()));
+  return RunLt(
+      ctx, c, ws,
+      pre != nullptr ? "MatmulGeluForward cublasLtMatmul" : "MatmulForward cublasLtMatmul");
+}
+
 }  // namespace
 
 Status MatmulForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, const Bf16* w,
                      const Bf16* bias, int N, int IC, int OC) {
   STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulForward"));
+  if (bias != nullptr) {
+    const Status lt = LtForward(ctx, out, nullptr, inp, w, bias, N, IC, OC);
+    if (lt.code() != StatusCode::kNotSupported) return lt;
+  }
   float beta = 0.0f;
   if (bias != nullptr) {
     // out = bias broadcast, then out = inp·w + out: the bias is added in fp32 inside the
@@ -77,6 +102,24 @@ Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* db
     STRATA_RETURN_IF_ERROR(Gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, IC, N, OC, w, OC, dout, OC, dinp,
                                 CUDA_R_16BF, IC, 1.0f, "MatmulBackward dinp cublasGemmEx"));
   }
+  if (dw != nullptr && dbias != nullptr && !ctx.kernels().naive_matmul && N > 0 && IC > 0 &&
+      OC > 0) {
+    // dw through cuBLASLt, its BGRADA epilogue reducing A = doutᵀ over k = N into a scratch
+    // (written, not accumulated) that is then added to dbias.
+    const size_t ws_bytes = LtWorkspaceBytes();
+    STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(ws_bytes + sizeof(float) * size_t(OC)));
+    float* db = reinterpret_cast<float*>(static_cast<char*>(ws) + ws_bytes);
+    LtCall c;
+    c.ta = CUBLAS_OP_N, c.tb = CUBLAS_OP_T;
+    c.m = OC, c.n = IC, c.k = N;
+    c.a = dout, c.lda = OC, c.b = inp, c.ldb = IC;
+    c.d = dw, c.d_type = CUDA_R_32F, c.ldd = OC, c.beta = 1.0f;
+    c.epilogue = CUBLASLT_EPILOGUE_BGRADA;
+    c.bias = db, c.bias_type = CUDA_R_32F;
+    const Status lt = RunLt(ctx, c, ws, "MatmulBackward dw+dbias cublasLtMatmul");
+    if (lt.ok()) return LaunchAddF32(ctx.stream(), dbias, db, size_t(OC));
+    if (lt.code() != StatusCode::kNotSupported) return lt;
+  }
   if (dw != nullptr) {
     // dwᵀ (OC×IC) += doutᵀ (OC×N) · (inp as col-major IC×N)ᵀ.
     STRATA_RETURN_IF_ERROR(Gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, N, dout, OC, inp, IC, dw,
@@ -86,6 +129,43 @@ Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* db
     STRATA_RETURN_IF_ERROR(LaunchColumnSum(ctx.stream(), dbias, dout, N, OC));
   }
   return Status::OK();
+}
+
+Status MatmulGeluForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp,
+                         const Bf16* w, const Bf16* bias, int N, int IC, int OC) {
+  STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulGeluForward"));
+  if (bias == nullptr) return Status::InvalidArgument("MatmulGeluForward: bias is required");
+  const Status lt = LtForward(ctx, out, pre, inp, w, bias, N, IC, OC);
+  if (lt.code() != StatusCode::kNotSupported) return lt;
+  STRATA_RETURN_IF_ERROR(MatmulForward(ctx, pre, inp, w, bias, N, IC, OC));
+  return GeluForward(ctx, out, pre, size_t(N) * OC);
+}
+
+Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, const Bf16* dout,
+                           const Bf16* pre, const Bf16* w, int N, int IC, int OC) {
+  STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulDgeluBackward"));
+  const size_t n = size_t(N) * IC;
+  if (!ctx.kernels().naive_matmul && N > 0 && IC > 0 && OC > 0 && IC % 8 == 0) {
+    // dpreᵀ (IC×N) = dgelu((w as col-major OC×IC)ᵀ · doutᵀ (OC×N), preᵀ).
+    LtCall c;
+    c.ta = CUBLAS_OP_T, c.tb = CUBLAS_OP_N;
+    c.m = IC, c.n = N, c.k = OC;
+    c.a = w, c.lda = OC, c.b = dout, c.ldb = OC;
+    c.d = dpre, c.d_type = CUDA_R_16BF, c.ldd = IC;
+    c.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    c.aux = const_cast<Bf16*>(pre), c.aux_ld = IC;  // read only (DGELU's input)
+    STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(LtWorkspaceBytes()));
+    const Status lt = RunLt(ctx, c, ws, "MatmulDgeluBackward cublasLtMatmul");
+    if (lt.code() != StatusCode::kNotSupported) return lt;
+  }
+  // The GEMM into scratch, then GELU's backward.
+  STRATA_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(scratch, 0, n * sizeof(Bf16), ctx.stream()), "memset"));
+  STRATA_RETURN_IF_ERROR(
+      MatmulBackward(ctx, scratch, nullptr, nullptr, dout, nullptr, w, N, IC, OC));
+  STRATA_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(dpre, 0, n * sizeof(Bf16), ctx.stream()), "memset"));
+  return GeluBackward(ctx, dpre, pre, scratch, n);
 }
 
 Status LmHeadForward(const CudaOpContext& ctx, Bf16* logits, const Bf16* x, const Bf16* wte, int N,

@@ -37,6 +37,7 @@
 // from include/strata/.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -88,8 +89,8 @@ struct KernelChoice {
   std::string ToString() const;
 };
 
-// The stream and cuBLAS handle every op is enqueued with, the kernel choice, and a workspace
-// for ops' intermediates. Owns the cuBLAS handle and the workspace; does not own the stream
+// The stream and cuBLAS / cuBLASLt handles every op is enqueued with, the kernel choice, and a
+// workspace for ops' intermediates. Owns the handles and the workspace; does not own the stream
 // (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
 class CudaOpContext {
  public:
@@ -104,6 +105,7 @@ class CudaOpContext {
 
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  cublasLtHandle_t cublaslt() const { return cublaslt_; }
   const KernelChoice& kernels() const { return kernels_; }
   void set_kernels(const KernelChoice& k) { kernels_ = k; }
 
@@ -118,9 +120,11 @@ class CudaOpContext {
   size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
-  CudaOpContext(cudaStream_t stream, cublasHandle_t cublas) : stream_(stream), cublas_(cublas) {}
+  CudaOpContext(cudaStream_t stream, cublasHandle_t cublas, cublasLtHandle_t cublaslt)
+      : stream_(stream), cublas_(cublas), cublaslt_(cublaslt) {}
   cudaStream_t stream_;
   cublasHandle_t cublas_;
+  cublasLtHandle_t cublaslt_;
   KernelChoice kernels_;
   mutable void* workspace_ = nullptr;
   mutable size_t workspace_bytes_ = 0;
@@ -164,6 +168,19 @@ Status MatmulForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, const
 Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* dbias,
                       const Bf16* dout, const Bf16* inp, const Bf16* w, int N, int IC, int OC);
 
+// out = GELU(pre), pre = inp · w + bias ([N,OC] both; bias required): one cuBLASLt GEMM with
+// the GELU_AUX_BIAS epilogue (OC % 8 == 0), else MatmulForward then GeluForward. cuBLASLt's
+// GELU is the same tanh approximation, computed inside the GEMM in fp32 before the one bf16
+// rounding of out (the fallback rounds pre first): within the ops test's tolerance, not the
+// same bits.
+Status MatmulGeluForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp,
+                         const Bf16* w, const Bf16* bias, int N, int IC, int OC);
+// dpre[N,IC] = gelu'(pre) ⊙ (dout[N,OC] · wᵀ), OVERWRITING dpre (w [IC,OC], pre [N,IC]): one
+// cuBLASLt GEMM with the DGELU epilogue (IC % 8 == 0), else the dinp GEMM into `scratch`
+// ([N,IC], overwritten) and GeluBackward. dpre must not alias scratch, dout or pre.
+Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, const Bf16* dout,
+                           const Bf16* pre, const Bf16* w, int N, int IC, int OC);
+
 // ---- causal multi-head self-attention ------------------------------------------------------
 // Number of floats of the `stats` buffer: B*NH*T log-sum-exps saved by the forward pass, then
 // B*NH*T values the backward pass computes (the row sums D = sum_s P·dP).
@@ -180,6 +197,14 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
 // qkv; its second half is overwritten as scratch.
 Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout, const Bf16* qkv,
                          float* stats, int B, int T, int C, int NH);
+
+// res = a + b (bf16, as ResidualForward), then out, mean, rstd = LayerNormForward(res, w, bias):
+// one kernel (the same arithmetic, the residual read once less), or the two ops with
+// KernelChoice::naive_elementwise. res may alias a or b (each element is read before the same
+// thread writes it); out must not alias res, a or b.
+Status ResidualLayerNormForward(const CudaOpContext& ctx, Bf16* res, Bf16* out, float* mean,
+                                float* rstd, const Bf16* a, const Bf16* b, const Bf16* w,
+                                const Bf16* bias, int N, int C);
 
 // ---- GELU, tanh approximation --------------------------------------------------------------
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise over n values.
