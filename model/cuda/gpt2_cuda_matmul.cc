@@ -62,9 +62,17 @@ Status LtForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp
   c.a = w, c.lda = OC, c.b = inp, c.ldb = IC;
   c.d = out, c.d_type = CUDA_R_16BF, c.ldd = OC;
   c.epilogue = pre != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  c.bias = bias, c.bias_type = CUDA_R_16BF;
   c.aux = pre, c.aux_ld = OC;
-  STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(LtWorkspaceBytes()));
+  // The bias is staged behind the GEMM's workspace, at a 256-byte boundary: the heuristic
+  // reads the bias pointer's alignment, and the parameters' addresses differ between the
+  // engine's resident and offloaded runs, which must choose the same algorithm.
+  const size_t ws_bytes = LtWorkspaceBytes();
+  STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(ws_bytes + sizeof(Bf16) * size_t(OC)));
+  Bf16* staged = reinterpret_cast<Bf16*>(static_cast<char*>(ws) + ws_bytes);
+  STRATA_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(staged, bias, sizeof(Bf16) * size_t(OC),
+                                                    cudaMemcpyDeviceToDevice, ctx.stream()),
+                                    "stage bias"));
+  c.bias = staged, c.bias_type = CUDA_R_16BF;
   return RunLt(
       ctx, c, ws,
       pre != nullptr ? "MatmulGeluForward cublasLtMatmul" : "MatmulForward cublasLtMatmul");

@@ -5,10 +5,12 @@
 // (DGELU); the bias gradient reduced by the dw GEMM (BGRADA) instead of a column-sum kernel.
 //
 // Each call builds its descriptors, asks the heuristic for the best algorithm given the
-// pointers' real alignment (cuBLASLt assumes 256 bytes unless told), with a 32 MiB workspace
+// pointers' alignment (cuBLASLt assumes 256 bytes unless told; we say 16, see AlignmentOf),
+// with a 32 MiB workspace
 // from the context, and runs it. When the heuristic offers no algorithm for an epilogue (some
-// shapes, alignments or GPUs lack one), the caller falls back to the cublasGemmEx path and the
-// separate kernels: RunLt returns NotSupported for that, and only for that.
+// shapes, alignments or GPUs lack one, or refuse the combination), the caller falls back to the
+// cublasGemmEx path and the separate kernels: RunLt returns NotSupported for that, and only for
+// that. Which path ran is not reported per call; gpu_model_bench's kernel rows time both.
 //
 // Layout rule as in gpt2_cuda_matmul.cc: a row-major [R,K] buffer is the column-major K×R
 // matrix, so out[N,OC] = inp[N,IC] · w[IC,OC] is D (OC×N) = W (OC×IC, op N) · X (IC×N, op N),
@@ -30,10 +32,13 @@ namespace {
 
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
-// The largest power of two up to 256 dividing the address (256 for nullptr).
+// The largest power of two up to 16 dividing the address (16 for nullptr). Capped at 16 (what
+// the tensor-core kernels need) rather than cuBLASLt's 256 so that the algorithm chosen does
+// not depend on where a buffer happens to sit: the engine's resident and offloaded runs hand
+// the model parameters at different addresses, and must give the same bits.
 uint32_t AlignmentOf(const void* p) {
   const uintptr_t x = reinterpret_cast<uintptr_t>(p);
-  uint32_t a = 256;
+  uint32_t a = 16;
   while (a > 1 && x % a != 0) a /= 2;
   return a;
 }
@@ -112,14 +117,19 @@ Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const c
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt(), x.op, x.a, x.b, x.d, x.d,
                                                            x.pref, 1, &result, &found);
-  if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0)) {
-    return Status::NotSupported(std::string(what) + ": cuBLASLt has no algorithm for it");
+  // Any refusal here (no algorithm, or an epilogue / type combination this cuBLASLt or GPU
+  // does not take: NOT_SUPPORTED or INVALID_VALUE) leaves the caller's fallback to run.
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+    return Status::NotSupported(std::string(what) + ": cuBLASLt offers no algorithm (" +
+                                cublasGetStatusName(hs) + ", " + std::to_string(found) + " found)");
   }
-  STRATA_RETURN_IF_ERROR(CublasStatus(hs, "cublasLtMatmulAlgoGetHeuristic"));
-  return CublasStatus(
+  const cublasStatus_t ms =
       cublasLtMatmul(ctx.cublaslt(), x.op, &c.alpha, c.a, x.a, c.b, x.b, &c.beta, c.d, x.d, c.d,
-                     x.d, &result.algo, workspace, kLtWorkspace, ctx.stream()),
-      what);
+                     x.d, &result.algo, workspace, kLtWorkspace, ctx.stream());
+  if (ms == CUBLAS_STATUS_NOT_SUPPORTED) {
+    return Status::NotSupported(std::string(what) + ": cublasLtMatmul NOT_SUPPORTED");
+  }
+  return CublasStatus(ms, what);
 }
 
 size_t LtWorkspaceBytes() { return kLtWorkspace; }
