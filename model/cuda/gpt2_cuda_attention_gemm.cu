@@ -41,6 +41,7 @@
 
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
+#include "model/cuda/gpt2_cuda_vec.cuh"
 
 namespace strata::model::cuda_ops {
 namespace {
@@ -50,9 +51,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr size_t kAlign = 256;
 
-__device__ __forceinline__ float ToF(Bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ Bf16 ToB(float x) { return __float2bfloat16_rn(x); }
-
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
@@ -61,16 +59,6 @@ __device__ __forceinline__ float WarpMax(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
   return v;
 }
-
-// kVec consecutive values as one aligned unit: one 16-byte load/store for 8 bf16.
-template <int kVec>
-struct alignas(kVec * sizeof(Bf16)) Bf16Vec {
-  Bf16 v[kVec];
-};
-template <int kVec>
-struct alignas(kVec * sizeof(float)) F32Vec {
-  float v[kVec];
-};
 
 struct Dims {
   int B, T, C, NH, hs;
@@ -202,8 +190,6 @@ unsigned GridFor(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 4));
 }
 unsigned RowGrid(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The interleaved tensors' rows and heads start on 16-byte boundaries.
 bool Vectorizable(const Dims& d, const void* a, const void* b) {

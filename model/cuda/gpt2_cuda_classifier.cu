@@ -23,20 +23,13 @@
 
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
+#include "model/cuda/gpt2_cuda_vec.cuh"
 
 namespace strata::model::cuda_ops {
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kThreads = 512;
-
-__device__ __forceinline__ float ToF(Bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ Bf16 ToB(float x) { return __float2bfloat16_rn(x); }
-
-template <int kVec>
-struct alignas(kVec * sizeof(Bf16)) Bf16Vec {
-  Bf16 v[kVec];
-};
 
 // The running (max, sum of exp(z - max)) of a set of logits; m = -inf for the empty set.
 struct MaxSum {
@@ -127,7 +120,7 @@ Status FusedClassifier(const CudaOpContext& ctx, Bf16* logits, float* losses, fl
         " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp) + ")");
   }
   if (N > 0) {
-    const bool vec = Vp % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+    const bool vec = Vp % 8 == 0 && Aligned16(logits);
     if (vec) {
       FusedClassifierKernel<8><<<static_cast<unsigned>(N), kThreads, 0, ctx.stream()>>>(
           logits, losses, targets, V, Vp, dloss);

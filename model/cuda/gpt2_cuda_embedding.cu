@@ -19,17 +19,13 @@
 
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
+#include "model/cuda/gpt2_cuda_vec.cuh"
 
 namespace strata::model::cuda_ops {
 namespace {
 
 constexpr int kThreads = 128;
 constexpr size_t kAlign = 256;
-
-template <int kVec>
-struct alignas(kVec * sizeof(Bf16)) Bf16Vec {
-  Bf16 v[kVec];
-};
 
 __global__ void IotaKernel(int32_t* out, int N) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += gridDim.x * blockDim.x) {
@@ -90,7 +86,7 @@ Status EmbeddingBackwardWteSorted(const CudaOpContext& ctx, float* dwte, const B
       CudaStatus(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, tokens, keys, pos_in, pos, N,
                                                  0, 32, ctx.stream()),
                  "EmbeddingBackward: cub sort"));
-  const bool vec = C % 8 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0;
+  const bool vec = C % 8 == 0 && Aligned16(dout);
   if (vec) {
     SegmentSumKernel<8>
         <<<static_cast<unsigned>(N), kThreads, 0, ctx.stream()>>>(dwte, dout, keys, pos, N, C, V);
