@@ -552,6 +552,14 @@ TEST_F(TrainCliTest, Bf16GradientsHalveTheD2hBytes) {
   for (size_t i = 0; i < g["steps"].size(); ++i) {
     EXPECT_EQ(r["steps"][i]["loss"].get<double>(), g["steps"][i]["loss"].get<double>()) << i;
   }
+  // Several micro-batches, resident (where auto would pick layer-major and sum them on the
+  // device): batch-major instead (the model cannot sum bf16 gradients there), and it says so.
+  out.clear();
+  ASSERT_EQ(0, Run({"train", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "16",
+                    "--batch", "2", "--steps", "3", "--grad-dtype", "bf16", "--micro-batches", "2"},
+                   &out))
+      << out;
+  EXPECT_NE(out.find("batch-major: with --grad-dtype bf16"), std::string::npos) << out;
   // Refused with a communicator is the engine's (one rank only); a bad value names the flag.
   out.clear();
   EXPECT_NE(0, Run(Args({"--grad-dtype", "fp16"}), &out));
