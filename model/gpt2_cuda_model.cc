@@ -59,6 +59,9 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     void* sbase = nullptr;
     STRATA_RETURN_IF_ERROR(Alloc(&sbase, co::BlockScratch::Bytes(shape_)));
     scratch_ = co::BlockScratch::Carve(sbase, shape_);
+    // The ops' workspace now, not in the first step (an OutOfMemory belongs to start-up).
+    STRATA_RETURN_IF_ERROR(
+        ctx_->Workspace(co::ModelWorkspaceBytes(*ctx_, B_, T_, cfg_.d_model, cfg_.heads)).status());
     STRATA_RETURN_IF_ERROR(Alloc(&tmp_, N * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&wte_copy_, V * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Zero(wte_copy_, V * C * sizeof(Bf16)));  // the padding rows

@@ -247,6 +247,22 @@ Status GemmBatched(const CudaOpContext& ctx, cublasOperation_t ta, cublasOperati
 
 }  // namespace
 
+size_t AttentionWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH) {
+  if (ctx.kernels().naive_attention || B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH != 0) {
+    return 0;
+  }
+  const Dims d{B, T, C, NH, C / NH};
+  const size_t nc = size_t(B) * T * C, tt = size_t(T) * T;
+  // The backward's pieces (AttentionBackward's carve), a superset of the forward's.
+  const int64_t heads = HeadsPerBatch(ctx, d, sizeof(float) + 2 * sizeof(Bf16));
+  Carver c(nullptr);
+  for (int i = 0; i < 4; ++i) c.Take<Bf16>(nc);
+  for (int i = 0; i < 3; ++i) c.Take<float>(nc);
+  c.Take<float>(heads * tt);
+  c.Take<Bf16>(heads * tt), c.Take<Bf16>(heads * tt);
+  return c.used();
+}
+
 Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv, int B,
                         int T, int C, int NH) {
   if (ctx.kernels().naive_attention) {

@@ -63,6 +63,18 @@ size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
+size_t EmbeddingWorkspaceBytes(int N) {
+  if (N <= 0) return 0;
+  size_t sort_bytes = 0;
+  if (cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
+                                      static_cast<int32_t*>(nullptr),
+                                      static_cast<const int32_t*>(nullptr),
+                                      static_cast<int32_t*>(nullptr), N, 0, 32) != cudaSuccess) {
+    return 0;
+  }
+  return 3 * Aligned(sizeof(int32_t) * size_t(N)) + Aligned(sort_bytes);
+}
+
 Status EmbeddingBackwardWteSorted(const CudaOpContext& ctx, float* dwte, const Bf16* dout,
                                   const int32_t* tokens, int N, int C, int V) {
   if (N == 0 || C == 0 || V == 0) return Status::OK();

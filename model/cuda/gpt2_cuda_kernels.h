@@ -82,6 +82,11 @@ struct LtCall {
 Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const char* what);
 size_t LtWorkspaceBytes();
 
+// The workspace the tuned attention (gpt2_cuda_attention_gemm.cu) and embedding backward
+// (gpt2_cuda_embedding.cu) take; 0 for the naive kernels or empty shapes.
+size_t AttentionWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH);
+size_t EmbeddingWorkspaceBytes(int N);
+
 // The warp-per-row attention kernels (gpt2_cuda_attention.cu): AttentionForward/Backward of
 // gpt2_cuda_ops.h when KernelChoice::naive_attention is set.
 Status AttentionForwardNaive(const CudaOpContext& ctx, __nv_bfloat16* out, float* stats,

@@ -21,6 +21,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -133,5 +134,13 @@ Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const c
 }
 
 size_t LtWorkspaceBytes() { return kLtWorkspace; }
+
+size_t ModelWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH) {
+  const size_t lt = ctx.kernels().naive_matmul ? 0 : kLtWorkspace + sizeof(float) * 4 * size_t(C);
+  const size_t attention = AttentionWorkspaceBytes(ctx, B, T, C, NH);
+  const size_t embedding =
+      ctx.kernels().naive_embedding ? 0 : EmbeddingWorkspaceBytes(int(int64_t(B) * T));
+  return std::max({lt, attention, embedding});
+}
 
 }  // namespace strata::model::cuda_ops

@@ -253,6 +253,12 @@ Status SoftmaxCrossEntropyForward(const CudaOpContext& ctx, Bf16* probs, float* 
 Status SoftmaxCrossEntropyBackward(const CudaOpContext& ctx, Bf16* dlogits, const Bf16* probs,
                                    const int32_t* targets, int N, int V, float dloss);
 
+// ---- workspace -----------------------------------------------------------------------------
+// The most workspace the ops of a model of this shape take at once with the context's kernel
+// choice (attention's batches, cuBLASLt's 32 MiB and staging, the embedding sort): reserving
+// it up front (ctx.Workspace(bytes)) moves the allocation, and an OutOfMemory, to start-up.
+size_t ModelWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH);
+
 // ---- fused classifier (softmax cross-entropy, forward and backward in one kernel) ---------
 // The vocabulary padded to a multiple of 128: the row length of the fused classifier's logits
 // (and of the tied head's copy of wte), so that rows are 256-byte aligned and the LM-head GEMM
