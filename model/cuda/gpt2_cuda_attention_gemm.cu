@@ -12,7 +12,8 @@
 // The GEMMs compute the full T×T square (the masked half is zeroed by the softmax kernels): twice
 // the causal FLOPs, on tensor cores. cuBLAS is column-major: a row-major [R,K] matrix is its
 // column-major transpose, so S (row-major [T,T] = column-major Sᵀ) = K Qᵀ is
-// gemm(T, N, m=T, n=T, k=hs, A=K, B=Q); the other products follow the same rule (see each call).
+// gemm(T, N, m=T, n=T, k=hs, A=K, B=Q); the other products follow the same rule
+// (gpt2_cuda_attention_plan.h, whose GEMM descriptions and head index math a CPU test checks).
 //
 // Layout: the heads are first copied out of the interleaved qkv [B,T,3,NH,hs] into head-major
 // [B·NH, T, hs] buffers (q, k, v, dout), so that one strided batch covers many heads; the
@@ -39,6 +40,7 @@
 #include <cstdint>
 #include <string>
 
+#include "model/cuda/gpt2_cuda_attention_plan.h"
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 #include "model/cuda/gpt2_cuda_vec.cuh"
@@ -60,29 +62,7 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-struct Dims {
-  int B, T, C, NH, hs;
-  __host__ __device__ int64_t BH() const { return int64_t(B) * NH; }
-};
-
-// Decodes element chunk i of a head-major [B,NH,T,hs/kVec] walk: the head-major row
-// (b·NH + h)·T + t, and the offset of the same values in an interleaved [B,T,stride] tensor
-// whose head h starts at channel h·hs.
-struct HeadIndex {
-  int64_t row;
-  size_t interleaved;
-};
-template <int kVec>
-__device__ __forceinline__ HeadIndex Locate(int64_t i, const Dims& d, int64_t stride) {
-  const int chunks = d.hs / kVec;
-  const int c = static_cast<int>(i % chunks);
-  const int64_t row = i / chunks;
-  const int t = static_cast<int>(row % d.T);
-  const int64_t bh = row / d.T;
-  const int h = static_cast<int>(bh % d.NH);
-  const int64_t b = bh / d.NH;
-  return {row, size_t(b * d.T + t) * size_t(stride) + size_t(h) * d.hs + size_t(c) * kVec};
-}
+using Dims = AttentionDims;
 
 // dst [B·NH, T, hs] = the heads of src [B, T, stride] (head h at channel h·hs).
 template <int kVec>
@@ -90,8 +70,8 @@ __global__ void SplitHeadsKernel(Bf16* dst, const Bf16* src, int64_t stride, Dim
   const int64_t total = d.BH() * d.T * (d.hs / kVec);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const HeadIndex x = Locate<kVec>(i, d, stride);
-    const size_t head_major = size_t(x.row) * d.hs + size_t(i % (d.hs / kVec)) * kVec;
+    const HeadIndex x = LocateHead<kVec>(i, d, stride);
+    const size_t head_major = x.head_major;
     *reinterpret_cast<Bf16Vec<kVec>*>(dst + head_major) =
         *reinterpret_cast<const Bf16Vec<kVec>*>(src + x.interleaved);
   }
@@ -103,8 +83,8 @@ __global__ void MergeHeadsKernel(Bf16* dst, const Bf16* src, int64_t stride, Dim
   const int64_t total = d.BH() * d.T * (d.hs / kVec);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const HeadIndex x = Locate<kVec>(i, d, stride);
-    const size_t head_major = size_t(x.row) * d.hs + size_t(i % (d.hs / kVec)) * kVec;
+    const HeadIndex x = LocateHead<kVec>(i, d, stride);
+    const size_t head_major = x.head_major;
     *reinterpret_cast<Bf16Vec<kVec>*>(dst + x.interleaved) =
         *reinterpret_cast<const Bf16Vec<kVec>*>(src + head_major);
   }
@@ -116,8 +96,8 @@ __global__ void AddHeadsKernel(Bf16* dst, const float* src, int64_t stride, Dims
   const int64_t total = d.BH() * d.T * (d.hs / kVec);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const HeadIndex x = Locate<kVec>(i, d, stride);
-    const size_t head_major = size_t(x.row) * d.hs + size_t(i % (d.hs / kVec)) * kVec;
+    const HeadIndex x = LocateHead<kVec>(i, d, stride);
+    const size_t head_major = x.head_major;
     Bf16Vec<kVec> out = *reinterpret_cast<const Bf16Vec<kVec>*>(dst + x.interleaved);
     const F32Vec<kVec> g = *reinterpret_cast<const F32Vec<kVec>*>(src + head_major);
 #pragma unroll
@@ -231,18 +211,28 @@ class Carver {
   size_t used_ = 0;
 };
 
-// Column-major C = alpha op(A) op(B) + 0·C over `batch` strided problems, bf16 A and B, fp32
-// accumulation, C in c_type.
-Status GemmBatched(const CudaOpContext& ctx, cublasOperation_t ta, cublasOperation_t tb, int m,
-                   int n, int k, float alpha, const Bf16* a, int lda, int64_t stride_a,
-                   const Bf16* b, int ldb, int64_t stride_b, void* c, cudaDataType_t c_type,
-                   int ldc, int64_t stride_c, int64_t batch, const char* what) {
+template <typename Out>
+cudaDataType_t CudaType();
+template <>
+cudaDataType_t CudaType<float>() {
+  return CUDA_R_32F;
+}
+template <>
+cudaDataType_t CudaType<Bf16>() {
+  return CUDA_R_16BF;
+}
+
+// One StridedGemm (gpt2_cuda_attention_plan.h) through cublasGemmStridedBatchedEx: bf16 A and
+// B, fp32 accumulation, C in Out.
+template <typename Out>
+Status RunGemm(const CudaOpContext& ctx, const StridedGemm<Bf16, Out>& g, const char* what) {
   const float beta = 0.0f;
-  return CublasStatus(cublasGemmStridedBatchedEx(
-                          ctx.cublas(), ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, stride_a, b,
-                          CUDA_R_16BF, ldb, stride_b, &beta, c, c_type, ldc, stride_c,
-                          static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                      what);
+  return CublasStatus(
+      cublasGemmStridedBatchedEx(
+          ctx.cublas(), g.ta, g.tb, g.m, g.n, g.k, &g.alpha, g.a, CUDA_R_16BF, g.lda, g.stride_a,
+          g.b, CUDA_R_16BF, g.ldb, g.stride_b, &beta, g.c, CudaType<Out>(), g.ldc, g.stride_c,
+          static_cast<int>(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      what);
 }
 
 }  // namespace
@@ -295,17 +285,14 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
   for (int64_t h0 = 0; h0 < d.BH(); h0 += heads) {
     const int64_t n = std::min(heads, d.BH() - h0);
     const size_t off = size_t(h0) * head_stride;
-    // Sᵀ (col-major T×T) = σ · (K as col-major hs×T)ᵀ · (Q as col-major hs×T).
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k + off, hs,
-                                       head_stride, q + off, hs, head_stride, S, CUDA_R_32F, T,
-                                       int64_t(tt), n, "AttentionForward S=QK^T"));
+    STRATA_RETURN_IF_ERROR(RunGemm(ctx,
+                                   ScoresGemm<Bf16, float>(T, hs, scale, q + off, k + off, S, n),
+                                   "AttentionForward S=QK^T"));
     CausalSoftmaxKernel<<<RowGrid(n * T), kThreads, 0, ctx.stream()>>>(P, stats + h0 * T, S, T,
                                                                        n * T);
     STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "CausalSoftmaxKernel"));
-    // Oᵀ (col-major hs×T) = (V as col-major hs×T) · (P as col-major T×T, i.e. Pᵀ).
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v + off, hs,
-                                       head_stride, P, T, int64_t(tt), o + off, CUDA_R_16BF, hs,
-                                       head_stride, n, "AttentionForward O=PV"));
+    STRATA_RETURN_IF_ERROR(RunGemm(ctx, ValuesGemm<Bf16, Bf16>(T, hs, P, v + off, o + off, n),
+                                   "AttentionForward O=PV"));
   }
   const int64_t n = d.BH() * T * hs;
   if (vec) {
@@ -351,37 +338,32 @@ Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
   const int hs = d.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t hstr = int64_t(T) * hs;  // one head's [T,hs] block
-  const int64_t sstr = int64_t(tt);      // one head's [T,T] block
   const float* lse = stats;
   float* delta = stats + d.BH() * T;
   for (int64_t h0 = 0; h0 < d.BH(); h0 += heads) {
     const int64_t n = std::min(heads, d.BH() - h0);
     const size_t off = size_t(h0) * hstr;
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, w.k + off,
-                                       hs, hstr, w.q + off, hs, hstr, w.S, CUDA_R_32F, T, sstr, n,
-                                       "AttentionBackward S=QK^T"));
+    STRATA_RETURN_IF_ERROR(
+        RunGemm(ctx, ScoresGemm<Bf16, float>(T, hs, scale, w.q + off, w.k + off, w.S, n),
+                "AttentionBackward S=QK^T"));
     CausalProbsKernel<<<GridFor(n * T * T), kThreads, 0, ctx.stream()>>>(w.P, w.S, lse + h0 * T, T,
                                                                          n * T);
     STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "CausalProbsKernel"));
-    // dVᵀ (hs×T) = dOᵀ (dO as col-major hs×T) · P (stored col-major as Pᵀ: transposed back).
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, w.dO + off,
-                                       hs, hstr, w.P, T, sstr, w.dv + off, CUDA_R_32F, hs, hstr, n,
-                                       "AttentionBackward dV=P^T dO"));
-    // dP = dO Vᵀ: as S = Q Kᵀ with Q -> dO, K -> V; written over S.
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, w.v + off, hs,
-                                       hstr, w.dO + off, hs, hstr, w.S, CUDA_R_32F, T, sstr, n,
-                                       "AttentionBackward dP=dO V^T"));
+    STRATA_RETURN_IF_ERROR(
+        RunGemm(ctx, ValueGradGemm<Bf16, float>(T, hs, w.P, w.dO + off, w.dv + off, n),
+                "AttentionBackward dV=P^T dO"));
+    STRATA_RETURN_IF_ERROR(RunGemm(ctx,
+                                   ProbGradGemm<Bf16, float>(T, hs, w.dO + off, w.v + off, w.S, n),
+                                   "AttentionBackward dP=dO V^T"));  // over S
     CausalSoftmaxBackwardKernel<<<RowGrid(n * T), kThreads, 0, ctx.stream()>>>(w.dS, delta + h0 * T,
                                                                                w.P, w.S, T, n * T);
     STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "CausalSoftmaxBackwardKernel"));
-    // dQᵀ (hs×T) = σ · (K as col-major hs×T) · (dS stored col-major as dSᵀ).
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, w.k + off,
-                                       hs, hstr, w.dS, T, sstr, w.dq + off, CUDA_R_32F, hs, hstr, n,
-                                       "AttentionBackward dQ=dS K"));
-    // dKᵀ (hs×T) = σ · (Q as col-major hs×T) · dS (transposed back).
-    STRATA_RETURN_IF_ERROR(GemmBatched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, scale, w.q + off,
-                                       hs, hstr, w.dS, T, sstr, w.dk + off, CUDA_R_32F, hs, hstr, n,
-                                       "AttentionBackward dK=dS^T Q"));
+    STRATA_RETURN_IF_ERROR(
+        RunGemm(ctx, QueryGradGemm<Bf16, float>(T, hs, scale, w.dS, w.k + off, w.dq + off, n),
+                "AttentionBackward dQ=dS K"));
+    STRATA_RETURN_IF_ERROR(
+        RunGemm(ctx, KeyGradGemm<Bf16, float>(T, hs, scale, w.dS, w.q + off, w.dk + off, n),
+                "AttentionBackward dK=dS^T Q"));
   }
   const int64_t n = d.BH() * T * hs;
   const float* grads[3] = {w.dq, w.dk, w.dv};
