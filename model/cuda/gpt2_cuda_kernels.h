@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "model/cuda/gpt2_cuda_matmul_plan.h"
 #include "strata/status.h"
 
 namespace strata::model::cuda_ops {
@@ -54,29 +55,7 @@ Status ConvertBf16ToF32Vec(const CudaOpContext& ctx, float* dst, const __nv_bflo
 // dst[i] += src[i] over n floats (fp32; gpt2_cuda_elementwise.cu).
 Status LaunchAddF32(cudaStream_t stream, float* dst, const float* src, size_t n);
 
-// One cuBLASLt matmul, column-major D(m×n) = epilogue(alpha·op(A)·op(B) + beta·D), bf16 A and
-// B, fp32 compute (gpt2_cuda_matmul_lt.cc).
-struct LtCall {
-  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
-  int m = 0, n = 0, k = 0;
-  const __nv_bfloat16* a = nullptr;
-  int lda = 0;
-  const __nv_bfloat16* b = nullptr;
-  int ldb = 0;
-  void* d = nullptr;
-  cudaDataType_t d_type = CUDA_R_16BF;
-  int ldd = 0;
-  float alpha = 1.0f, beta = 0.0f;
-  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  // EPILOGUE_BIAS / GELU_AUX_BIAS: the bias over D's m rows (input); BGRADA: its gradient
-  // (output, written, not accumulated).
-  const void* bias = nullptr;
-  cudaDataType_t bias_type = CUDA_R_16BF;
-  // GELU_AUX_BIAS: the pre-activation (output); DGELU: the pre-activation (input). bf16,
-  // m × n with leading dimension aux_ld (a multiple of 8).
-  void* aux = nullptr;
-  int64_t aux_ld = 0;
-};
+using LtCall = LtCallT<__nv_bfloat16>;  // gpt2_cuda_matmul_plan.h
 // Runs `c` with `workspace` (LtWorkspaceBytes() bytes). NotSupported when cuBLASLt offers no
 // algorithm for it (the caller falls back); Cuda for any other failure.
 Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const char* what);

@@ -57,12 +57,6 @@ Status LtForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp
     return Status::NotSupported("naive matmul");
   }
   if (pre != nullptr && OC % 8 != 0) return Status::NotSupported("GELU aux needs OC % 8 == 0");
-  LtCall c;
-  c.m = OC, c.n = N, c.k = IC;
-  c.a = w, c.lda = OC, c.b = inp, c.ldb = IC;
-  c.d = out, c.d_type = CUDA_R_16BF, c.ldd = OC;
-  c.epilogue = pre != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  c.aux = pre, c.aux_ld = OC;
   // The bias is staged behind the GEMM's workspace, at a 256-byte boundary: the heuristic
   // reads the bias pointer's alignment, and the parameters' addresses differ between the
   // engine's resident and offloaded runs, which must choose the same algorithm.
@@ -72,7 +66,7 @@ Status LtForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp
   STRATA_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(staged, bias, sizeof(Bf16) * size_t(OC),
                                                     cudaMemcpyDeviceToDevice, ctx.stream()),
                                     "stage bias"));
-  c.bias = staged, c.bias_type = CUDA_R_16BF;
+  const LtCall c = LinearForwardCall<Bf16>(out, pre, inp, w, staged, N, IC, OC);
   return RunLt(
       ctx, c, ws,
       pre != nullptr ? "MatmulGeluForward cublasLtMatmul" : "MatmulForward cublasLtMatmul");
@@ -117,13 +111,7 @@ Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* db
     const size_t ws_bytes = LtWorkspaceBytes();
     STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(ws_bytes + sizeof(float) * size_t(OC)));
     float* db = reinterpret_cast<float*>(static_cast<char*>(ws) + ws_bytes);
-    LtCall c;
-    c.ta = CUBLAS_OP_N, c.tb = CUBLAS_OP_T;
-    c.m = OC, c.n = IC, c.k = N;
-    c.a = dout, c.lda = OC, c.b = inp, c.ldb = IC;
-    c.d = dw, c.d_type = CUDA_R_32F, c.ldd = OC, c.beta = 1.0f;
-    c.epilogue = CUBLASLT_EPILOGUE_BGRADA;
-    c.bias = db, c.bias_type = CUDA_R_32F;
+    const LtCall c = WeightGradCall<Bf16>(dw, db, dout, inp, N, IC, OC);
     const Status lt = RunLt(ctx, c, ws, "MatmulBackward dw+dbias cublasLtMatmul");
     if (lt.ok()) return LaunchAddF32(ctx.stream(), dbias, db, size_t(OC));
     if (lt.code() != StatusCode::kNotSupported) return lt;
@@ -154,14 +142,7 @@ Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, 
   STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulDgeluBackward"));
   const size_t n = size_t(N) * IC;
   if (!ctx.kernels().naive_matmul && N > 0 && IC > 0 && OC > 0 && IC % 8 == 0) {
-    // dpreᵀ (IC×N) = dgelu((w as col-major OC×IC)ᵀ · doutᵀ (OC×N), preᵀ).
-    LtCall c;
-    c.ta = CUBLAS_OP_T, c.tb = CUBLAS_OP_N;
-    c.m = IC, c.n = N, c.k = OC;
-    c.a = w, c.lda = OC, c.b = dout, c.ldb = OC;
-    c.d = dpre, c.d_type = CUDA_R_16BF, c.ldd = IC;
-    c.epilogue = CUBLASLT_EPILOGUE_DGELU;
-    c.aux = const_cast<Bf16*>(pre), c.aux_ld = IC;  // read only (DGELU's input)
+    const LtCall c = DgeluCall<Bf16>(dpre, pre, dout, w, N, IC, OC);
     STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(LtWorkspaceBytes()));
     const Status lt = RunLt(ctx, c, ws, "MatmulDgeluBackward cublasLtMatmul");
     if (lt.code() != StatusCode::kNotSupported) return lt;
