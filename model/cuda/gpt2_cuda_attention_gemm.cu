@@ -235,6 +235,36 @@ Status RunGemm(const CudaOpContext& ctx, const StridedGemm<Bf16, Out>& g, const 
       what);
 }
 
+// The workspace pieces of one op (null pointers when `c` only counts). Bytes per score: 6
+// forward (S fp32, P bf16), 8 backward (S, P, dS).
+struct ForwardPieces {
+  Bf16 *q, *k, *v, *o, *P;
+  float* S;
+};
+ForwardPieces CarveForward(Carver& c, const Dims& d, int64_t heads) {
+  const size_t nc = size_t(d.BH()) * d.T * d.hs, tt = size_t(d.T) * d.T;
+  ForwardPieces x;
+  x.q = c.Take<Bf16>(nc), x.k = c.Take<Bf16>(nc), x.v = c.Take<Bf16>(nc), x.o = c.Take<Bf16>(nc);
+  x.S = c.Take<float>(heads * tt), x.P = c.Take<Bf16>(heads * tt);
+  return x;
+}
+struct BackwardPieces {
+  Bf16 *q, *k, *v, *dO, *P, *dS;
+  float *dq, *dk, *dv, *S;
+};
+BackwardPieces CarveBackward(Carver& c, const Dims& d, int64_t heads) {
+  const size_t nc = size_t(d.BH()) * d.T * d.hs, tt = size_t(d.T) * d.T;
+  BackwardPieces x;
+  x.q = c.Take<Bf16>(nc), x.k = c.Take<Bf16>(nc), x.v = c.Take<Bf16>(nc);
+  x.dO = c.Take<Bf16>(nc);
+  x.dq = c.Take<float>(nc), x.dk = c.Take<float>(nc), x.dv = c.Take<float>(nc);
+  x.S = c.Take<float>(heads * tt);
+  x.P = c.Take<Bf16>(heads * tt), x.dS = c.Take<Bf16>(heads * tt);
+  return x;
+}
+constexpr size_t kForwardScoreBytes = sizeof(float) + sizeof(Bf16);
+constexpr size_t kBackwardScoreBytes = sizeof(float) + 2 * sizeof(Bf16);
+
 }  // namespace
 
 size_t AttentionWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH) {
@@ -242,15 +272,11 @@ size_t AttentionWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, in
     return 0;
   }
   const Dims d{B, T, C, NH, C / NH};
-  const size_t nc = size_t(B) * T * C, tt = size_t(T) * T;
-  // The backward's pieces (AttentionBackward's carve), a superset of the forward's.
-  const int64_t heads = HeadsPerBatch(ctx, d, sizeof(float) + 2 * sizeof(Bf16));
-  Carver c(nullptr);
-  for (int i = 0; i < 4; ++i) c.Take<Bf16>(nc);
-  for (int i = 0; i < 3; ++i) c.Take<float>(nc);
-  c.Take<float>(heads * tt);
-  c.Take<Bf16>(heads * tt), c.Take<Bf16>(heads * tt);
-  return c.used();
+  // The larger of the two ops' (the forward's batches of heads can be the larger).
+  Carver f(nullptr), b(nullptr);
+  CarveForward(f, d, HeadsPerBatch(ctx, d, kForwardScoreBytes));
+  CarveBackward(b, d, HeadsPerBatch(ctx, d, kBackwardScoreBytes));
+  return std::max(f.used(), b.used());
 }
 
 Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv, int B,
@@ -260,19 +286,14 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionForward", B, T, C, NH));
   if (int64_t(B) * T * C == 0) return Status::OK();
-  const size_t nc = size_t(B) * T * C, tt = size_t(T) * T;
-  const int64_t heads = HeadsPerBatch(ctx, d, sizeof(float) + sizeof(Bf16));
-  const auto carve = [&](Carver& c, Bf16** q, Bf16** k, Bf16** v, Bf16** o, float** s, Bf16** p) {
-    *q = c.Take<Bf16>(nc), *k = c.Take<Bf16>(nc), *v = c.Take<Bf16>(nc), *o = c.Take<Bf16>(nc);
-    *s = c.Take<float>(heads * tt), *p = c.Take<Bf16>(heads * tt);
-  };
-  Bf16 *q, *k, *v, *o, *P;
-  float* S;
+  const int64_t heads = HeadsPerBatch(ctx, d, kForwardScoreBytes);
   Carver sizer(nullptr);
-  carve(sizer, &q, &k, &v, &o, &S, &P);
+  CarveForward(sizer, d, heads);
   STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(sizer.used()));
   Carver carver(ws);
-  carve(carver, &q, &k, &v, &o, &S, &P);
+  const ForwardPieces w = CarveForward(carver, d, heads);
+  Bf16 *q = w.q, *k = w.k, *v = w.v, *o = w.o, *P = w.P;
+  float* S = w.S;
 
   const bool vec = Vectorizable(d, qkv, out);
   const int64_t stride = 3 * int64_t(C);
@@ -310,24 +331,12 @@ Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionBackward", B, T, C, NH));
   if (int64_t(B) * T * C == 0) return Status::OK();
-  const size_t nc = size_t(B) * T * C, tt = size_t(T) * T;
-  const int64_t heads = HeadsPerBatch(ctx, d, sizeof(float) + 2 * sizeof(Bf16));
-  struct Pieces {
-    Bf16 *q, *k, *v, *dO, *P, *dS;
-    float *dq, *dk, *dv, *S;
-  } w{};
-  const auto carve = [&](Carver& c, Pieces* x) {
-    x->q = c.Take<Bf16>(nc), x->k = c.Take<Bf16>(nc), x->v = c.Take<Bf16>(nc);
-    x->dO = c.Take<Bf16>(nc);
-    x->dq = c.Take<float>(nc), x->dk = c.Take<float>(nc), x->dv = c.Take<float>(nc);
-    x->S = c.Take<float>(heads * tt);
-    x->P = c.Take<Bf16>(heads * tt), x->dS = c.Take<Bf16>(heads * tt);
-  };
+  const int64_t heads = HeadsPerBatch(ctx, d, kBackwardScoreBytes);
   Carver sizer(nullptr);
-  carve(sizer, &w);
+  CarveBackward(sizer, d, heads);
   STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(sizer.used()));
   Carver carver(ws);
-  carve(carver, &w);
+  const BackwardPieces w = CarveBackward(carver, d, heads);
 
   const bool vec = Vectorizable(d, qkv, dqkv) && Aligned16(dout);
   const int64_t stride = 3 * int64_t(C);
