@@ -8,20 +8,29 @@
 //                   step time; TFLOP/s from 6·params + 12·L·T·C FLOPs per token. The bound it is
 //                   compared with: the same run's cuBLAS GEMMs of the model's shapes alone
 //                   (gemm_ratio = gemm_only_ms / step_ms; 1.0 = the non-GEMM kernels cost
-//                   nothing).
+//                   nothing). Then (unless --no-naive) the same step with the previous
+//                   kernels (STRATA_CUDA_KERNELS=naive) and the speedup.
+//   kernels         each op that has a tuned and a previous kernel, on the model's shapes
+//                   (attention fwd/bwd, LM head + classifier, embedding bwd, fc + GELU,
+//                   fc_proj bwd + GELU bwd, residual + LayerNorm, GELU bwd):
+//                   tuned_ms, naive_ms, speedup, and the largest difference of their outputs
+//                   relative to the output's largest value (#wrong above 2e-2; embedding
+//                   backward must match bit for bit).
 //   copies          one large cudaMemcpyAsync from/to pinned memory (the peak), then the
 //                   model's transfer pattern (one copy per block: bf16 parameters H2D, fp32
 //                   gradients D2H), pageable memory, both directions at once, and
 //                   strata::Device::CopyToDevice/CopyToHost (what the engine uses);
 //                   ratio = GB/s / the peak of that direction.
 // #wrong: model: 1 when the initial loss is not finite or far from the expected
-//         ln V + 0.0002·C (near-uniform predictions at GPT-2's initialisation); copies: the
+//         ln V + 0.0002·C (near-uniform predictions at GPT-2's initialisation), or the naive
+//         kernels' first loss is more than 1 % from the tuned ones'; copies: the
 //         number of bytes that differ after a round trip.
 //
 // Run (needs a GPU; prints a message and exits 0 without one):
 //   cmake --build build/cuda --target gpu_model_bench && build/cuda/bench/gpu_model_bench
 //   build/cuda/bench/gpu_model_bench --layers 12 --d-model 768 --heads 12 --seq-len 1024
 //       --batch 8 --vocab 50257 --iters 10 --json /tmp/gpu_model_bench.json   (one line)
+//   --model-only skips the copy cases; --no-naive skips the previous kernels.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -49,6 +58,8 @@ struct Config {
   int layers = 12, d_model = 768, heads = 12, seq_len = 1024, batch = 8, vocab = 50257;
   int iters = 10, warmup = 3;
   int copy_mib = 256;
+  bool naive = true;  // also time the previous kernels (whole step and per kernel)
+  bool model_only = false;
   std::string json;
 };
 
@@ -113,14 +124,21 @@ std::vector<Bf16> RandomBf16(size_t n, float stddev, std::mt19937& rng) {
 // The whole GPT-2 held in GPU memory.
 class GpuModel {
  public:
-  GpuModel(const Config& cfg, const CudaOpContext& ctx) : cfg_(cfg), ctx_(ctx) {
+  GpuModel(const Config& cfg, CudaOpContext& ctx) : cfg_(cfg), ctx_(ctx) {
     s_.B = cfg.batch, s_.T = cfg.seq_len, s_.C = cfg.d_model, s_.NH = cfg.heads;
-    const size_t N = size_t(s_.N()), C = size_t(s_.C), V = size_t(cfg.vocab), T = size_t(s_.T);
+    // wte, its gradient and the logits are held at the padded vocabulary (zero rows beyond V),
+    // as in the CUDA model; the naive classifier uses the first V rows / columns.
+    Vp_ = PaddedVocab(cfg.vocab);
+    const size_t N = size_t(s_.N()), C = size_t(s_.C), V = size_t(Vp_), T = size_t(s_.T);
     const int L = cfg.layers;
     block_params_ = BlockParams::Count(s_.C);
     std::mt19937 rng(1234);
 
-    wte_ = Upload(RandomBf16(V * C, 0.02f, rng));
+    {
+      std::vector<Bf16> wte = RandomBf16(V * C, 0.02f, rng);
+      std::fill(wte.begin() + size_t(cfg.vocab) * C, wte.end(), __float2bfloat16(0.0f));
+      wte_ = Upload(wte);
+    }
     wpe_ = Upload(RandomBf16(T * C, 0.01f, rng));
     std::vector<Bf16> ones(C, __float2bfloat16(1.0f)), zeros(C, __float2bfloat16(0.0f));
     lnf_w_ = Upload(ones);
@@ -179,7 +197,7 @@ class GpuModel {
   size_t BlockGradBytes() const { return sizeof(float) * block_params_; }
 
   void Step() {
-    const int N = static_cast<int>(s_.N()), C = s_.C, V = cfg_.vocab, L = cfg_.layers;
+    const int N = static_cast<int>(s_.N()), C = s_.C, L = cfg_.layers;
     const size_t nc = size_t(N) * C;
     BENCH_CHECK_CUDA(cudaMemsetAsync(grads_, 0, grads_bytes_, ctx_.stream()));
     BENCH_CHECK(EmbeddingForward(ctx_, X(0), tokens_, wte_, wpe_, s_.B, s_.T, C));
@@ -187,12 +205,11 @@ class GpuModel {
       BENCH_CHECK(BlockForward(ctx_, s_, P(l), X(l), X(l + 1), tmp_, A(l)));
     }
     BENCH_CHECK(LayerNormForward(ctx_, lnf_, lnf_mean_, lnf_rstd_, X(L), lnf_w_, lnf_b_, N, C));
-    BENCH_CHECK(LmHeadForward(ctx_, logits_, lnf_, wte_, N, C, V));
-    BENCH_CHECK(
-        SoftmaxCrossEntropyForward(ctx_, logits_, losses_, mean_loss_, logits_, targets_, N, V));
-    BENCH_CHECK(SoftmaxCrossEntropyBackward(ctx_, logits_, logits_, targets_, N, V, 1.0f / N));
+    const int VL = Vlogits();
+    BENCH_CHECK(LmHeadForward(ctx_, logits_, lnf_, wte_, N, C, VL));
+    BENCH_CHECK(Classifier());
     BENCH_CHECK_CUDA(cudaMemsetAsync(d_lnf_, 0, sizeof(Bf16) * nc, ctx_.stream()));
-    BENCH_CHECK(LmHeadBackward(ctx_, d_lnf_, dwte_, logits_, lnf_, wte_, N, C, V));
+    BENCH_CHECK(LmHeadBackward(ctx_, d_lnf_, dwte_, logits_, lnf_, wte_, N, C, VL));
     BENCH_CHECK_CUDA(cudaMemsetAsync(dres_[0], 0, sizeof(Bf16) * nc, ctx_.stream()));
     BENCH_CHECK(LayerNormBackward(ctx_, dres_[0], dlnf_w_, dlnf_b_, d_lnf_, X(L), lnf_w_, lnf_mean_,
                                   lnf_rstd_, N, C));
@@ -203,12 +220,26 @@ class GpuModel {
           BlockBackward(ctx_, s_, P(l), G(l), X(l), A(l), dres_[cur], dres_[1 - cur], scratch_));
       cur = 1 - cur;
     }
-    BENCH_CHECK(EmbeddingBackward(ctx_, dwte_, dwpe_, dres_[cur], tokens_, s_.B, s_.T, C, V));
+    BENCH_CHECK(
+        EmbeddingBackward(ctx_, dwte_, dwpe_, dres_[cur], tokens_, s_.B, s_.T, C, cfg_.vocab));
+  }
+
+  // The logits' row length: the padded vocabulary for the fused classifier, else V.
+  int Vlogits() const { return ctx_.kernels().naive_classifier ? cfg_.vocab : Vp_; }
+  // Loss and dlogits over logits_ (as LmHeadForward left them at Vlogits()), in place.
+  Status Classifier() {
+    const int N = static_cast<int>(s_.N()), V = cfg_.vocab;
+    if (!ctx_.kernels().naive_classifier) {
+      return FusedClassifier(ctx_, logits_, losses_, mean_loss_, targets_, N, V, Vp_, 1.0f / N);
+    }
+    STRATA_RETURN_IF_ERROR(
+        SoftmaxCrossEntropyForward(ctx_, logits_, losses_, mean_loss_, logits_, targets_, N, V));
+    return SoftmaxCrossEntropyBackward(ctx_, logits_, logits_, targets_, N, V, 1.0f / N);
   }
 
   // The GEMMs of Step() alone (same shapes, same buffers, no bias or other kernels).
   void GemmsOnly() {
-    const int N = static_cast<int>(s_.N()), C = s_.C, V = cfg_.vocab, L = cfg_.layers;
+    const int N = static_cast<int>(s_.N()), C = s_.C, V = Vlogits(), L = cfg_.layers;
     for (int l = 0; l < L; ++l) {
       const BlockParams p = P(l);
       const BlockActivations a = A(l);
@@ -255,8 +286,10 @@ class GpuModel {
     return BlockActivations::Carve(acts_ + size_t(l) * act_bytes_, s_);
   }
 
+  friend class KernelBench;
   const Config& cfg_;
-  const CudaOpContext& ctx_;
+  CudaOpContext& ctx_;
+  int Vp_ = 0;
   BlockShape s_;
   size_t block_params_ = 0, grads_bytes_ = 0, act_bytes_ = 0;
   // Device memory is released at process exit (a benchmark process holds one model).
@@ -267,6 +300,155 @@ class GpuModel {
   Bf16 *xs_, *tmp_, *lnf_, *d_lnf_, *dres_[2], *logits_;
   float *lnf_mean_, *lnf_rstd_, *losses_, *mean_loss_;
   int32_t *tokens_, *targets_;
+};
+
+// Per-kernel milliseconds of the tuned kernels against the previous (naive) ones on the
+// model's shapes (layer 0's activations after a step), and how far their outputs are apart:
+// max |tuned - naive| / max |naive| over the op's output (#wrong when above 2e-2, the ops
+// test's tolerance scale; embedding: any difference, the two must give the same bits).
+struct KernelRow {
+  std::string name;
+  double tuned_ms, naive_ms, diff;
+  int wrong;
+};
+
+class KernelBench {
+ public:
+  KernelBench(GpuModel& m, cudaStream_t stream, int warmup, int iters)
+      : m_(m), stream_(stream), warmup_(warmup), iters_(iters) {}
+
+  std::vector<KernelRow> Run() {
+    GpuModel& m = m_;
+    const BlockShape& s = m.s_;
+    const int N = static_cast<int>(s.N()), C = s.C, V = m.cfg_.vocab;
+    const BlockActivations a = m.A(0);
+    const size_t nc = size_t(N) * C;
+    std::vector<KernelRow> rows;
+    rows.push_back(Compare(
+        "attention_fwd",
+        [&] { return AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH); },
+        [&] { return Bf16Out(a.atty, nc); }, nullptr, 2e-2));
+    rows.push_back(Compare(
+        "attention_bwd",
+        [&] {
+          return AttentionBackward(m.ctx_, m.scratch_.d_qkv, m.X(1), a.qkv, a.att_stats, s.B, s.T,
+                                   C, s.NH);
+        },
+        [&] { return Bf16Out(m.scratch_.d_qkv, 3 * nc); },
+        [&] {
+          BENCH_CHECK(AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH));
+          BENCH_CHECK_CUDA(cudaMemsetAsync(m.scratch_.d_qkv, 0, 3 * nc * sizeof(Bf16), stream_));
+        },
+        2e-2));
+    // The classifier includes the LM-head forward that makes its input (it works in place).
+    rows.push_back(Compare(
+        "lmhead+classifier",
+        [&] {
+          STRATA_RETURN_IF_ERROR(
+              LmHeadForward(m.ctx_, m.logits_, m.lnf_, m.wte_, N, C, m.Vlogits()));
+          return m.Classifier();
+        },
+        [&] {
+          // The real V columns of each row, whatever the row length.
+          std::vector<float> all = Bf16Out(m.logits_, size_t(N) * m.Vlogits());
+          std::vector<float> out;
+          for (int n = 0; n < N; ++n) {
+            const float* row = all.data() + size_t(n) * m.Vlogits();
+            out.insert(out.end(), row, row + V);
+          }
+          return out;
+        },
+        nullptr, 2e-2));
+    rows.push_back(Compare(
+        "embedding_bwd",
+        [&] {
+          return EmbeddingBackward(m.ctx_, m.dwte_, nullptr, m.X(1), m.tokens_, s.B, s.T, C, V);
+        },
+        [&] { return F32Out(m.dwte_, size_t(V) * C); },
+        [&] {
+          BENCH_CHECK_CUDA(cudaMemsetAsync(m.dwte_, 0, sizeof(float) * size_t(V) * C, stream_));
+        },
+        0.0));
+    const BlockParams p = m.P(0);
+    const BlockGrads g = m.G(0);
+    rows.push_back(Compare(
+        "mlp_fwd(fc+gelu)",
+        [&] { return MatmulGeluForward(m.ctx_, a.fcg, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C); },
+        [&] { return Bf16Out(a.fcg, 4 * nc); }, nullptr, 2e-2));
+    rows.push_back(Compare(
+        "mlp_bwd(proj+dgelu)",
+        [&] {
+          STRATA_RETURN_IF_ERROR(MatmulBackward(m.ctx_, nullptr, g.fc_proj_w, g.fc_proj_b, m.X(1),
+                                                a.fcg, p.fc_proj_w, N, 4 * C, C));
+          return MatmulDgeluBackward(m.ctx_, m.scratch_.d_fch, m.scratch_.d_fcg, m.X(1), a.fch,
+                                     p.fc_proj_w, N, 4 * C, C);
+        },
+        [&] { return Bf16Out(m.scratch_.d_fch, 4 * nc); }, nullptr, 2e-2));
+    rows.push_back(Compare(
+        "residual+layernorm",
+        [&] {
+          return ResidualLayerNormForward(m.ctx_, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, m.X(0),
+                                          m.tmp_, p.ln2_w, p.ln2_b, N, C);
+        },
+        [&] { return Bf16Out(a.ln2, nc); }, nullptr, 2e-2));
+    rows.push_back(Compare(
+        "gelu_bwd",
+        [&] { return GeluBackward(m.ctx_, m.scratch_.d_fch, a.fch, m.scratch_.d_fcg, 4 * nc); },
+        [&] { return Bf16Out(m.scratch_.d_fch, 4 * nc); },
+        [&] {
+          BENCH_CHECK_CUDA(cudaMemsetAsync(m.scratch_.d_fch, 0, 4 * nc * sizeof(Bf16), stream_));
+        },
+        2e-2));
+    m.ctx_.set_kernels(KernelChoice{});
+    return rows;
+  }
+
+ private:
+  // Times `op` with the tuned kernels and with the naive ones; `prepare` (may be null) runs
+  // before the single run whose output `read` fetches for the comparison.
+  KernelRow Compare(const char* name, const std::function<Status()>& op,
+                    const std::function<std::vector<float>()>& read,
+                    const std::function<void()>& prepare, double tolerance) {
+    KernelRow row{name, 0, 0, 0, 0};
+    std::vector<float> outs[2];
+    for (int variant = 0; variant < 2; ++variant) {
+      KernelChoice k;
+      if (variant == 1) k = *KernelChoice::Parse("naive");
+      m_.ctx_.set_kernels(k);
+      if (prepare) prepare();
+      BENCH_CHECK(op());
+      outs[variant] = read();
+      const double ms = TimeMs(stream_, warmup_, iters_, [&] { BENCH_CHECK(op()); });
+      (variant == 0 ? row.tuned_ms : row.naive_ms) = ms;
+    }
+    double max_ref = 0, max_err = 0;
+    for (size_t i = 0; i < outs[1].size(); ++i) {
+      max_ref = std::max(max_ref, double(std::fabs(outs[1][i])));
+      const double e = std::fabs(double(outs[0][i]) - outs[1][i]);
+      max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
+    }
+    row.diff = max_ref > 0 ? max_err / max_ref : max_err;
+    row.wrong = (outs[0].size() != outs[1].size() || !(row.diff <= tolerance)) ? 1 : 0;
+    return row;
+  }
+  std::vector<float> Bf16Out(const Bf16* p, size_t n) {
+    BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<Bf16> h(n);
+    BENCH_CHECK_CUDA(cudaMemcpy(h.data(), p, n * sizeof(Bf16), cudaMemcpyDeviceToHost));
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(h[i]);
+    return out;
+  }
+  std::vector<float> F32Out(const float* p, size_t n) {
+    BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<float> out(n);
+    BENCH_CHECK_CUDA(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+  GpuModel& m_;
+  cudaStream_t stream_;
+  int warmup_, iters_;
 };
 
 struct CopyRow {
@@ -307,6 +489,15 @@ int Query() {
   return err == cudaSuccess && count > 0 ? 0 : 3;
 }
 
+// Writes `doc` to `path` ("" = nowhere); false (and a message) when it cannot.
+bool WriteJson(const std::string& path, const nlohmann::json& doc) {
+  if (path.empty()) return true;
+  std::ofstream out(path);
+  out << doc.dump(2) << "\n";
+  if (!out) std::fprintf(stderr, "error: cannot write --json file %s\n", path.c_str());
+  return static_cast<bool>(out);
+}
+
 int Run(const Config& cfg) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -326,7 +517,7 @@ int Run(const Config& cfg) {
   BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto ctx_or = CudaOpContext::Create(stream);
   BENCH_CHECK(ctx_or.status());
-  const CudaOpContext& ctx = **ctx_or;
+  CudaOpContext& ctx = **ctx_or;
   nlohmann::json doc;
   doc["config"] = {{"layers", cfg.layers},   {"d_model", cfg.d_model}, {"heads", cfg.heads},
                    {"seq_len", cfg.seq_len}, {"batch", cfg.batch},     {"vocab", cfg.vocab},
@@ -334,6 +525,7 @@ int Run(const Config& cfg) {
                    {"device", prop.name},    {"cuda_runtime", runtime}};
 
   // ---- model -------------------------------------------------------------------------------
+  int wrong_kernels = 0;
   GpuModel model(cfg, ctx);
   const double tokens = double(cfg.batch) * cfg.seq_len;
   std::printf("# gpu_model_bench on %s (%d SMs, %.1f GiB), CUDA runtime %d\n", prop.name,
@@ -344,9 +536,20 @@ int Run(const Config& cfg) {
       cfg.layers, cfg.d_model, cfg.heads, cfg.seq_len, cfg.batch, cfg.vocab, model.Params() / 1e6);
   std::printf("# timing: median of %d steps after %d warm-up steps (CUDA events)\n", cfg.iters,
               cfg.warmup);
+  // The tuned kernels (whatever STRATA_CUDA_KERNELS says), then the previous ones.
+  ctx.set_kernels(KernelChoice{});
   model.Step();
   const float loss0 = model.Loss();
   const double step_ms = TimeMs(stream, cfg.warmup, cfg.iters, [&] { model.Step(); });
+  double naive_step_ms = 0;
+  float naive_loss0 = 0;
+  if (cfg.naive) {
+    ctx.set_kernels(*KernelChoice::Parse("naive"));
+    model.Step();
+    naive_loss0 = model.Loss();
+    naive_step_ms = TimeMs(stream, cfg.warmup, cfg.iters, [&] { model.Step(); });
+    ctx.set_kernels(KernelChoice{});
+  }
   const double gemm_ms = TimeMs(stream, cfg.warmup, cfg.iters, [&] { model.GemmsOnly(); });
   const double flops_per_token =
       6.0 * model.Params() + 12.0 * cfg.layers * double(cfg.seq_len) * cfg.d_model;
@@ -357,8 +560,15 @@ int Run(const Config& cfg) {
   // ln V + σ²/2.
   const double sigma2 = 0.0004 * cfg.d_model;
   const double expected_loss0 = std::log(double(cfg.vocab)) + 0.5 * sigma2;
+  const auto loss_wrong = [&](float loss) {
+    return !std::isfinite(loss) || std::fabs(loss - expected_loss0) > 0.25 + 0.25 * sigma2;
+  };
+  // Both kernel sets see the same first batch: their losses agree to bf16 rounding.
   const int wrong_model =
-      (!std::isfinite(loss0) || std::fabs(loss0 - expected_loss0) > 0.25 + 0.25 * sigma2) ? 1 : 0;
+      (loss_wrong(loss0) ||
+       (cfg.naive && (loss_wrong(naive_loss0) || std::fabs(naive_loss0 - loss0) > 0.01 * loss0)))
+          ? 1
+          : 0;
   std::printf("%-16s %10s %12s %9s %13s %11s %9s %7s\n", "#case", "step_ms", "tokens/s", "TFLOP/s",
               "gemm_only_ms", "gemm_ratio", "loss0", "#wrong");
   std::printf("%-16s %10.3f %12.0f %9.2f %13.3f %11.3f %9.4f %7d\n", "fwd+bwd", step_ms, tok_s,
@@ -366,6 +576,40 @@ int Run(const Config& cfg) {
   doc["model"] = {{"step_ms", step_ms},      {"tokens_per_s", tok_s},           {"tflops", tflops},
                   {"gemm_only_ms", gemm_ms}, {"gemm_ratio", gemm_ms / step_ms}, {"loss0", loss0},
                   {"wrong", wrong_model}};
+  if (cfg.naive) {
+    std::printf("%-16s %10.3f %12.0f %9.2f %13s %11s %9.4f %7s\n", "fwd+bwd(naive)", naive_step_ms,
+                tokens / (naive_step_ms / 1e3),
+                flops_per_token * tokens / (naive_step_ms / 1e3) / 1e12, "", "", naive_loss0, "");
+    std::printf("# speedup of the tuned kernels over the previous ones, whole step: %.2fx\n",
+                naive_step_ms / step_ms);
+    doc["model"]["naive_step_ms"] = naive_step_ms;
+    doc["model"]["naive_loss0"] = naive_loss0;
+    doc["model"]["speedup"] = naive_step_ms / step_ms;
+
+    // Per kernel, on the model's shapes.
+    KernelBench kernels(model, stream, cfg.warmup, cfg.iters);
+    const std::vector<KernelRow> krows = kernels.Run();
+    std::printf("%-18s %10s %10s %8s %12s %7s\n", "#kernel", "tuned_ms", "naive_ms", "speedup",
+                "max_rel_diff", "#wrong");
+    nlohmann::json kj = nlohmann::json::array();
+    for (const KernelRow& r : krows) {
+      std::printf("%-18s %10.3f %10.3f %8.2f %12.3g %7d\n", r.name.c_str(), r.tuned_ms, r.naive_ms,
+                  r.naive_ms / r.tuned_ms, r.diff, r.wrong);
+      kj.push_back({{"kernel", r.name},
+                    {"tuned_ms", r.tuned_ms},
+                    {"naive_ms", r.naive_ms},
+                    {"speedup", r.naive_ms / r.tuned_ms},
+                    {"max_rel_diff", r.diff},
+                    {"wrong", r.wrong}});
+      if (r.wrong) wrong_kernels = 1;
+    }
+    doc["kernels"] = kj;
+  }
+
+  if (cfg.model_only) {
+    if (!WriteJson(cfg.json, doc)) return 1;
+    return wrong_model != 0 || wrong_kernels != 0 ? 1 : 0;
+  }
 
   // ---- copies ------------------------------------------------------------------------------
   const size_t bytes = size_t(cfg.copy_mib) << 20;
@@ -501,17 +745,10 @@ int Run(const Config& cfg) {
                       {"wrong", r.wrong}});
   }
   doc["copies"] = copies;
-  if (!cfg.json.empty()) {
-    std::ofstream out(cfg.json);
-    out << doc.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "error: cannot write --json file %s\n", cfg.json.c_str());
-      return 1;
-    }
-  }
+  if (!WriteJson(cfg.json, doc)) return 1;
   cudaFreeHost(sink);
   cudaFreeHost(pinned);
-  bool any_wrong = wrong_model != 0;
+  bool any_wrong = wrong_model != 0 || wrong_kernels != 0;
   for (const CopyRow& r : rows) any_wrong = any_wrong || r.wrong != 0;
   return any_wrong ? 1 : 0;
 }
@@ -535,6 +772,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--copy-mib", cfg.copy_mib, "MiB per copy case")->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json, "also write the results as JSON to this file");
+  app.add_flag("!--no-naive", cfg.naive,
+               "skip timing the previous (naive) kernels against the tuned ones");
+  app.add_flag("--model-only", cfg.model_only, "skip the copy cases");
   bool query = false;
   app.add_flag("--query", query,
                "print the CUDA devices, driver and runtime versions as one JSON line and exit "

@@ -21,10 +21,28 @@ class NoCollectives final : public Collectives {
   }
   Result<EventPtr> LandGrad(int a, const void* src, void* dst, const EventPtr& computed) override {
     const int b = ctx_.schedule[a].block;
-    const uint64_t bytes = ctx_.layout[b].shard_numel * 4;
+    const uint64_t n = ctx_.layout[b].shard_numel;
+    const bool bf16 = ctx_.opt.grad_dtype == GradDtype::kBf16;
     STRATA_RETURN_IF_ERROR(ctx_.dev->WaitEvent(Lane::kD2H, computed));
     STRATA_RETURN_IF_ERROR(
-        ctx_.dev->CopyToHost(dst, src, bytes, "d2h grad " + ctx_.layout[b].name));
+        ctx_.dev->CopyToHost(dst, src, n * (bf16 ? 2 : 4), "d2h grad " + ctx_.layout[b].name));
+    if (bf16) {
+      // The n bf16 values landed in the first half of the fp32 buffer: widen in place from the
+      // last value down (value i's fp32 bytes [4i, 4i+4) hold bf16 values 2i and 2i+1, both
+      // already read), on the D2H lane so the accumulation after it sees fp32.
+      STRATA_RETURN_IF_ERROR(ctx_.dev->EnqueueHostFunction(
+          Lane::kD2H,
+          [dst, n] {
+            const uint16_t* in = static_cast<const uint16_t*>(dst);
+            float* out = static_cast<float*>(dst);
+            for (uint64_t i = n; i-- > 0;) {
+              const uint32_t bits = uint32_t{in[i]} << 16;
+              std::memcpy(&out[i], &bits, 4);
+            }
+            return Status::OK();
+          },
+          "widen bf16 grad"));
+    }
     return EventPtr();
   }
   Status AllGatherHost(const float* shard, float* all, uint64_t n,

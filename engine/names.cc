@@ -55,6 +55,8 @@ const char* SpeculationName(Speculation s) {
   return s == Speculation::kOn ? "on" : s == Speculation::kOff ? "off" : "auto";
 }
 
+const char* GradDtypeName(GradDtype d) { return d == GradDtype::kBf16 ? "bf16" : "fp32"; }
+
 const char* GradSpillName(GradSpill s) {
   return s == GradSpill::kOn ? "on" : s == GradSpill::kOff ? "off" : "auto";
 }

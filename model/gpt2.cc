@@ -79,6 +79,14 @@ uint64_t Gpt2NumParams(const Gpt2Config& cfg) {
   return n;
 }
 
+double Gpt2TrainFlopsPerToken(const Gpt2Config& cfg, int seq_len, bool recompute) {
+  const double C = cfg.d_model, L = cfg.layers, T = seq_len;
+  const double attention_fwd = 4.0 * L * T * C;
+  double flops = 6.0 * static_cast<double>(Gpt2NumParams(cfg)) + 3.0 * attention_fwd;
+  if (recompute) flops += 2.0 * L * (12.0 * C * C + 13.0 * C) + attention_fwd;
+  return flops;
+}
+
 std::vector<BlockLayout> PlainLayout(const std::vector<BlockSpec>& specs, uint32_t alignment) {
   std::vector<BlockLayout> out;
   for (const BlockSpec& b : specs) {

@@ -73,6 +73,12 @@ std::vector<BlockSpec> Gpt2BlockSpecs(const Gpt2Config& config);
 // Hugging Face name of tensor `tensor` of `block` ("h.3.attn.c_attn.weight", "wte.weight").
 std::string HfTensorName(const std::vector<BlockSpec>& specs, int block, int tensor);
 uint64_t Gpt2NumParams(const Gpt2Config& config);
+// The model FLOPs of one token of a training step (forward + backward) at sequence length
+// seq_len: 6·P (P = Gpt2NumParams: 2 per parameter per token forward, 4 backward) plus the
+// attention's score and value products, 12·L·T·C (QKᵀ and PV, 4·T·C forward per layer, both
+// counted over the full T×T square); with recompute, one more forward of the layers,
+// 2·P_layers + 4·L·T·C. The usual "model FLOPs" of MFU figures, not the FLOPs a kernel runs.
+double Gpt2TrainFlopsPerToken(const Gpt2Config& config, int seq_len, bool recompute);
 // A dense layout of `specs` (each tensor at a multiple of `alignment` elements), the same
 // rule the engine uses; for plain in-memory parameter buffers.
 std::vector<BlockLayout> PlainLayout(const std::vector<BlockSpec>& specs, uint32_t alignment = 1);

@@ -59,6 +59,19 @@ class Gpt2Backend {
 
   // Waits for the compute lane; the mean token losses of micro-batch slots [0, n).
   virtual Result<std::vector<double>> Losses(int n) = 0;
+
+  // The device time of the backend's own kernels between the two latest Losses calls (the
+  // CUDA model: CUDA events around each Forward/Backward's work on the compute stream, so
+  // waits for the engine's copies are not counted). 0 where the backend does not measure it
+  // (the CPU model: the engine times its compute lane itself).
+  virtual double ComputeSeconds() const { return 0; }
+
+  // The format Backward leaves the gradient in (EngineOptions::grad_dtype, which must match):
+  // kBf16 packs it as padded_numel bf16 values (round to nearest even) at the start of the
+  // buffer, after computing it in fp32 as before, so the engine copies half the bytes. On
+  // the CPU model this is the rounding emulation of the CUDA path. NotSupported for kBf16
+  // with GradWrite::kAccumulate (the next micro-batch adds to fp32), at that Backward.
+  virtual Status SetGradDtype(GradDtype dtype) = 0;
 };
 
 }  // namespace strata::model

@@ -1,8 +1,11 @@
 // GPT-2 through the engine on the host device; see gpt2_cpu_model.h.
 #include "model/gpt2_cpu_model.h"
 
+#include <cstring>
 #include <string>
 #include <utility>
+
+#include "strata/optim.h"
 
 namespace strata::model {
 
@@ -90,13 +93,18 @@ Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float
     }
     p.g = scratch_.back()->data();
   }
+  const bool pack_bf16 = grad_dtype_ == GradDtype::kBf16;
+  if (pack_bf16 && write == GradWrite::kAccumulate) {
+    return Status::NotSupported(
+        "bf16 gradients with gradients accumulated on the device; use --micro-batch-order batch");
+  }
   Gpt2Model<float>* m = model_;
   const int L = m->config().layers;
   double* loss = losses_ + micro;
   // The block's gradient into p.g, then (kAccumulate) added to the engine's buffer in the
   // order the engine sums micro-batches: grad = ((g0 + g1) + g2) ...
   return Enqueue(
-      [m, p, b, L, dloss, loss, grad, n] {
+      [m, p, b, L, dloss, loss, grad, n, pack_bf16] {
         if (b == L + 1) {
           *loss = m->Head(/*backward=*/true, dloss);
           m->FinalBackward(p);
@@ -107,6 +115,13 @@ Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float
         }
         if (p.g != grad) {
           for (uint64_t i = 0; i < n; ++i) grad[i] += p.g[i];
+        }
+        if (pack_bf16) {
+          // In place, ascending: bf16 value i lands in float i/2's bytes, already read.
+          for (uint64_t i = 0; i < n; ++i) {
+            const uint16_t h = FloatToBf16(grad[i]);
+            std::memcpy(reinterpret_cast<char*>(grad) + 2 * i, &h, 2);
+          }
         }
       },
       b == L + 1 ? "head + backward ln_f"

@@ -34,6 +34,10 @@ class Gpt2CpuModel final : public Gpt2Backend {
   Status Backward(int block, const BlockView& params, float* grad, float dloss, int micro,
                   GradWrite write) override;
   Result<std::vector<double>> Losses(int n) override;
+  Status SetGradDtype(GradDtype dtype) override {
+    grad_dtype_ = dtype;
+    return Status::OK();
+  }
 
  private:
   Result<BlockPtrs<float>> Ptrs(const BlockView& v) const;
@@ -43,6 +47,7 @@ class Gpt2CpuModel final : public Gpt2Backend {
   Gpt2Model<float>* model_;
   double* losses_;
   int slots_;
+  GradDtype grad_dtype_ = GradDtype::kFp32;
   // What Create made (empty when the caller's are used).
   std::unique_ptr<Gpt2Model<float>> own_model_;
   std::vector<double> own_losses_;

@@ -32,13 +32,19 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
 
   ~Gpt2CudaModelImpl() override {
     (void)device_->SynchronizeLane(Lane::kCompute);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     for (void* p : allocations_) (void)device_->Free(p);
   }
 
   Status Init(int micro_batches) {
     STRATA_ASSIGN_OR_RETURN(ctx_, co::CudaOpContext::Create(static_cast<cudaStream_t>(
                                       device_->NativeStream(Lane::kCompute))));
-    const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab;
+    // The fused classifier runs over a vocabulary padded to a multiple of 128 (the tied head's
+    // copy of wte has zero rows there, their logits are ignored and their gradients zero);
+    // the naive one over the real V.
+    fused_classifier_ = !ctx_->kernels().naive_classifier;
+    Vp_ = fused_classifier_ ? co::PaddedVocab(cfg_.vocab) : cfg_.vocab;
+    const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = Vp_;
     shape_ = {B_, T_, cfg_.d_model, cfg_.heads};
     STRATA_RETURN_IF_ERROR(Alloc(&tokens_, N * sizeof(int32_t)));
     STRATA_RETURN_IF_ERROR(Alloc(&targets_, N * sizeof(int32_t)));
@@ -53,8 +59,12 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     void* sbase = nullptr;
     STRATA_RETURN_IF_ERROR(Alloc(&sbase, co::BlockScratch::Bytes(shape_)));
     scratch_ = co::BlockScratch::Carve(sbase, shape_);
+    // The ops' workspace now, not in the first step (an OutOfMemory belongs to start-up).
+    STRATA_RETURN_IF_ERROR(
+        ctx_->Workspace(co::ModelWorkspaceBytes(*ctx_, B_, T_, cfg_.d_model, cfg_.heads)).status());
     STRATA_RETURN_IF_ERROR(Alloc(&tmp_, N * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&wte_copy_, V * C * sizeof(Bf16)));
+    STRATA_RETURN_IF_ERROR(Zero(wte_copy_, V * C * sizeof(Bf16)));  // the padding rows
     STRATA_RETURN_IF_ERROR(Alloc(&dwte_head_, V * C * sizeof(float)));
     STRATA_RETURN_IF_ERROR(Alloc(&lnf_, N * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&lnf_mean_, N * sizeof(float)));
@@ -83,6 +93,29 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   }
 
   Status Forward(int b, const BlockView& v) override {
+    STRATA_RETURN_IF_ERROR(StartTiming());
+    Status st = ForwardWork(b, v);
+    STRATA_RETURN_IF_ERROR(StopTiming());
+    return st;
+  }
+
+  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro,
+                  GradWrite write) override {
+    STRATA_RETURN_IF_ERROR(StartTiming());
+    Status st = BackwardWork(b, v, g, dloss, micro, write);
+    if (st.ok() && grad_dtype_ == GradDtype::kBf16) st = PackBf16(g, v.layout->padded_numel);
+    STRATA_RETURN_IF_ERROR(StopTiming());
+    return st;
+  }
+
+  double ComputeSeconds() const override { return compute_seconds_; }
+
+  Status SetGradDtype(GradDtype dtype) override {
+    grad_dtype_ = dtype;
+    return Status::OK();
+  }
+
+  Status ForwardWork(int b, const BlockView& v) {
     const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
     cudaStream_t s = ctx_->stream();
     STRATA_RETURN_IF_ERROR(CheckView(v));
@@ -109,8 +142,8 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
         "the CUDA model keeps one micro-batch's activations; use --micro-batch-order batch");
   }
 
-  Status Backward(int b, const BlockView& v, float* g, float dloss, int micro,
-                  GradWrite write) override {
+  Status BackwardWork(int b, const BlockView& v, float* g, float dloss, int micro,
+                      GradWrite write) {
     if (write != GradWrite::kOverwrite) {
       return Status::NotSupported(
           "the CUDA model does not accumulate gradients over micro-batches on the device; use "
@@ -131,18 +164,23 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
         co::CudaStatus(cudaMemsetAsync(g, 0, lay.padded_numel * sizeof(float), s), "zero grads"));
     if (b == L + 1) {
       Bf16* logits = static_cast<Bf16*>(logits_);
+      int32_t* targets = static_cast<int32_t*>(targets_);
       STRATA_RETURN_IF_ERROR(
-          co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, V));
-      STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyForward(*ctx_, logits, F32(losses_),
-                                                            F32(mean_losses_) + micro, logits,
-                                                            static_cast<int32_t*>(targets_), N, V));
-      STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyBackward(
-          *ctx_, logits, logits, static_cast<int32_t*>(targets_), N, V, dloss));
+          co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, Vp_));
+      if (fused_classifier_) {
+        STRATA_RETURN_IF_ERROR(co::FusedClassifier(
+            *ctx_, logits, F32(losses_), F32(mean_losses_) + micro, targets, N, V, Vp_, dloss));
+      } else {
+        STRATA_RETURN_IF_ERROR(co::SoftmaxCrossEntropyForward(
+            *ctx_, logits, F32(losses_), F32(mean_losses_) + micro, logits, targets, N, V));
+        STRATA_RETURN_IF_ERROR(
+            co::SoftmaxCrossEntropyBackward(*ctx_, logits, logits, targets, N, V, dloss));
+      }
       STRATA_RETURN_IF_ERROR(Zero(dlnf_, NC * sizeof(Bf16)));
-      STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(V) * C * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(Vp_) * C * sizeof(float)));
       STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), F32(dwte_head_),
                                                 logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C,
-                                                V));
+                                                Vp_));
       STRATA_RETURN_IF_ERROR(Zero(dres_, NC * sizeof(Bf16)));
       STRATA_RETURN_IF_ERROR(co::LayerNormBackward(*ctx_, static_cast<Bf16*>(dres_), G(kLnfW),
                                                    G(kLnfB), static_cast<Bf16*>(dlnf_), X(L),
@@ -179,6 +217,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     std::vector<float> h(static_cast<size_t>(n));
     STRATA_RETURN_IF_ERROR(co::CudaStatus(
         cudaMemcpy(h.data(), mean_losses_, h.size() * 4, cudaMemcpyDeviceToHost), "read losses"));
+    STRATA_RETURN_IF_ERROR(CollectTiming());
     return std::vector<double>(h.begin(), h.end());
   }
 
@@ -195,6 +234,53 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     *p = static_cast<T*>(v);
     return Status::OK();
   }
+  // Compute time: a pair of CUDA events around each Forward/Backward call's work, recorded on
+  // the compute stream after whatever wait for the engine's copies precedes it; the pairs are
+  // read and summed once the lane is idle (Losses), and the pool is reused.
+  Status StartTiming() {
+    if (used_events_ + 2 > events_.size()) {
+      for (int i = 0; i < 2; ++i) {
+        cudaEvent_t e = nullptr;
+        STRATA_RETURN_IF_ERROR(co::CudaStatus(cudaEventCreate(&e), "cudaEventCreate (timing)"));
+        events_.push_back(e);
+      }
+    }
+    return co::CudaStatus(cudaEventRecord(events_[used_events_++], ctx_->stream()),
+                          "cudaEventRecord (timing)");
+  }
+  Status StopTiming() {
+    return co::CudaStatus(cudaEventRecord(events_[used_events_++], ctx_->stream()),
+                          "cudaEventRecord (timing)");
+  }
+  Status CollectTiming() {
+    double ms_total = 0;
+    for (size_t i = 0; i + 1 < used_events_; i += 2) {
+      float ms = 0;
+      STRATA_RETURN_IF_ERROR(co::CudaStatus(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]),
+                                            "cudaEventElapsedTime"));
+      ms_total += ms;
+    }
+    used_events_ = 0;
+    compute_seconds_ = ms_total / 1e3;
+    return Status::OK();
+  }
+
+  // grad[0, n) fp32 -> n bf16 at the start of the same buffer (through a scratch buffer: an
+  // in-place conversion by parallel threads would overwrite values not yet read).
+  Status PackBf16(float* grad, size_t n) {
+    if (n > pack_scratch_numel_) {
+      // A larger block: a new buffer (the old one may still be read by queued work; both are
+      // freed with the model).
+      STRATA_RETURN_IF_ERROR(Alloc(&pack_scratch_, n * sizeof(Bf16)));
+      pack_scratch_numel_ = n;
+    }
+    Bf16* scratch = static_cast<Bf16*>(pack_scratch_);
+    STRATA_RETURN_IF_ERROR(co::ConvertF32ToBf16(*ctx_, scratch, grad, n));
+    return co::CudaStatus(
+        cudaMemcpyAsync(grad, scratch, n * sizeof(Bf16), cudaMemcpyDeviceToDevice, ctx_->stream()),
+        "pack bf16 gradient");
+  }
+
   Status Zero(void* p, size_t bytes) {
     return co::CudaStatus(cudaMemsetAsync(p, 0, bytes, ctx_->stream()), "zero");
   }
@@ -226,11 +312,19 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   Device* device_;
   Gpt2Config cfg_;
   int B_, T_;
+  int Vp_ = 0;  // the logits' row length: V padded to 128 (fused classifier) or V
+  bool fused_classifier_ = true;
   bool recompute_;
   int micro_slots_ = 0;
   std::unique_ptr<co::CudaOpContext> ctx_;
   co::BlockShape shape_;
   std::vector<void*> allocations_;
+  std::vector<cudaEvent_t> events_;  // start/stop pairs, [0, used_events_) recorded this step
+  size_t used_events_ = 0;
+  double compute_seconds_ = 0;
+  GradDtype grad_dtype_ = GradDtype::kFp32;
+  void* pack_scratch_ = nullptr;
+  size_t pack_scratch_numel_ = 0;
   void *tokens_ = nullptr, *targets_ = nullptr;
   std::vector<void*> xs_;
   std::vector<co::BlockActivations> acts_;

@@ -53,6 +53,15 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
     if (forced) return Status::NotSupported("--micro-batch-order layer: " + why);
     return BatchMajor(specs, options, "batch-major: " + why);
   }
+  if (options.grad_dtype == GradDtype::kBf16 && !in.multi_rank) {
+    // One rank, layer-major: the model would sum the micro-batches into the gradient buffer,
+    // which bf16 gradients leave packed as bf16 after each.
+    const std::string why =
+        "with --grad-dtype bf16 the model cannot sum micro-batches on the "
+        "device";
+    if (forced) return Status::NotSupported("--micro-batch-order layer: " + why);
+    return BatchMajor(specs, options, "batch-major: " + why);
+  }
   // Saturating: a product past 64 bits cannot fit any budget anyway.
   const uint64_t per = in.saved_activation_bytes;
   const uint64_t extra = per > UINT64_MAX / uint64_t(M - 1) ? UINT64_MAX : per * uint64_t(M - 1);

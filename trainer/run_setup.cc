@@ -225,6 +225,7 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.grad_spill = config_.grad_spill;
   eo.state_format = config_.state_format;
   eo.state_rounding = config_.state_rounding;
+  eo.grad_dtype = config_.grad_dtype;
   eo.micro_batches = config_.micro_batches;
   eo.trace_path = RankPath(config_.trace, rank_);
   // Each rank's trace names its rank, under its own pid (traces opened together stay apart).

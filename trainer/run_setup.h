@@ -82,7 +82,8 @@ struct RunConfig {
   // bf16, their rounding (see StateFormat, StateRounding in strata/optim.h).
   StateFormat state_format = StateFormat::kFp32;
   StateRounding state_rounding = StateRounding::kStochastic;
-  std::string trace;  // Chrome trace file; {rank}/{local_rank} replaced
+  GradDtype grad_dtype = GradDtype::kFp32;  // gradients device -> host (EngineOptions)
+  std::string trace;                        // Chrome trace file; {rank}/{local_rank} replaced
   // The steps the trace records, 1-based and inclusive; 0 = unbounded.
   int64_t trace_first_step = 0, trace_last_step = 0;
   // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).

@@ -232,6 +232,7 @@ Result<StepResult> Trainer::Step() {
           backend_, model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
                                                 options_.recompute, M, layer_major ? M : 1));
     }
+    STRATA_RETURN_IF_ERROR(backend_->SetGradDtype(options_.grad_dtype));
   }
   if (layer_major) {
     std::vector<const int32_t*> ins, tgs;
@@ -251,6 +252,7 @@ Result<StepResult> Trainer::Step() {
   }
   STRATA_ASSIGN_OR_RETURN(r.stats, engine_->EndStep());
   STRATA_ASSIGN_OR_RETURN(losses, backend_->Losses(M));
+  r.compute_seconds = backend_->ComputeSeconds();
   double sum = 0;
   for (double l : losses) sum += l;
   r.loss = sum / M;

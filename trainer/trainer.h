@@ -81,6 +81,9 @@ struct TrainOptions {
   // whether the model accumulates their gradients on the device (OrderedEngine's fields).
   MicroBatchOrder micro_batch_order = MicroBatchOrder::kBatchMajor;
   bool accumulate_on_device = false;
+  // The gradient's format device -> host: the engine's EngineOptions::grad_dtype (the model
+  // packs its gradients to match).
+  GradDtype grad_dtype = GradDtype::kFp32;
   int val_batches = 4;  // batches of the held-out tail per validation
   // A step whose gradient is not finite updates nothing (StepStats::skipped) and is warned
   // about; this many such steps in a row stop the run with kAborted (the state committed
@@ -101,6 +104,9 @@ struct StepResult {
   int64_t step = 0;
   double loss = 0;  // mean over the step's micro-batches of their mean token loss (all ranks)
   double lr = 0;
+  // The device time of the model's kernels this step, as the backend measured it (CUDA
+  // events on a CudaDevice); 0 where it does not (the CPU model: see stats.busy_seconds).
+  double compute_seconds = 0;
   StepStats stats;
 };
 

@@ -193,6 +193,15 @@ const char* SpeculationName(Speculation s);  // "auto", "on", "off"
 enum class GradSpill : uint8_t { kAuto, kOn, kOff };
 const char* GradSpillName(GradSpill s);  // "auto", "on", "off"
 
+// The gradient's format on its way from the device to the host. kBf16 halves the D2H bytes
+// of the gradient path: before SubmitGrads the model leaves the block's gradient as
+// padded_numel bf16 values (rounded to nearest even) packed at the start of the GradBuffer;
+// the engine copies those bytes and widens them to fp32 on the host, where accumulation over
+// micro-batches, the norm and the optimizer stay fp32. One rank, GradBuffer gradients only
+// (SubmitGradsFrom copies fp32 as given).
+enum class GradDtype : uint8_t { kFp32, kBf16 };
+const char* GradDtypeName(GradDtype d);  // "fp32", "bf16"
+
 struct EngineOptions {
   // The device the model computes on. Not owned; must outlive the engine. Required.
   Device* device = nullptr;
@@ -235,6 +244,8 @@ struct EngineOptions {
   // engine must use the format its states were written in (else Corruption at Create).
   StateFormat state_format = StateFormat::kFp32;
   StateRounding state_rounding = StateRounding::kStochastic;
+  // See GradDtype. InvalidArgument at Create with kBf16 and a communicator.
+  GradDtype grad_dtype = GradDtype::kFp32;
 
   // OpenMP threads of the CPU optimizer kernels; 0 = the kernels' default (one per core).
   // Never changes a result bit.

@@ -1,5 +1,7 @@
 // Causal multi-head self-attention on CUDA, forward and backward, from the fused qkv
-// activation [B,T,3C] (q | k | v; head h uses channels [h*hs, (h+1)*hs), hs = C/NH).
+// activation [B,T,3C] (q | k | v; head h uses channels [h*hs, (h+1)*hs), hs = C/NH): the
+// simple kernels (KernelChoice::naive_attention; the default path is cuBLAS on tensor cores,
+// gpt2_cuda_attention_gemm.cu).
 //
 // Forward, per (b, h) and query row t (one warp per row), with scale σ = 1/sqrt(hs):
 //   s_j = σ q_t·k_j (j <= t),  m = max_j s_j,  l = Σ_j exp(s_j - m),  P_tj = exp(s_j - m)/l
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <string>
 
+#include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 
 namespace strata::model::cuda_ops {
@@ -273,8 +276,8 @@ unsigned Blocks(const Shape& s, int warps) {
 
 }  // namespace
 
-Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv, int B,
-                        int T, int C, int NH) {
+Status AttentionForwardNaive(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv,
+                             int B, int T, int C, int NH) {
   STRATA_ASSIGN_OR_RETURN(Shape s, MakeShape("AttentionForward", B, T, C, NH));
   s.vec = Aligned16(s, qkv, nullptr);
   if (int64_t(B) * T * C == 0) return Status::OK();
@@ -286,8 +289,8 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
   return CudaStatus(cudaGetLastError(), "AttentionForwardKernel");
 }
 
-Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout, const Bf16* qkv,
-                         float* stats, int B, int T, int C, int NH) {
+Status AttentionBackwardNaive(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
+                              const Bf16* qkv, float* stats, int B, int T, int C, int NH) {
   STRATA_ASSIGN_OR_RETURN(Shape s, MakeShape("AttentionBackward", B, T, C, NH));
   s.vec = Aligned16(s, qkv, dout);
   if (int64_t(B) * T * C == 0) return Status::OK();

@@ -96,11 +96,9 @@ Status BlockForward(const CudaOpContext& ctx, const BlockShape& s, const BlockPa
   STRATA_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C));
   STRATA_RETURN_IF_ERROR(AttentionForward(ctx, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH));
   STRATA_RETURN_IF_ERROR(MatmulForward(ctx, tmp, a.atty, p.attn_proj_w, p.attn_proj_b, N, C, C));
-  STRATA_RETURN_IF_ERROR(ResidualForward(ctx, a.res2, x, tmp, nc));
-  STRATA_RETURN_IF_ERROR(
-      LayerNormForward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C));
-  STRATA_RETURN_IF_ERROR(MatmulForward(ctx, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C));
-  STRATA_RETURN_IF_ERROR(GeluForward(ctx, a.fcg, a.fch, 4 * nc));
+  STRATA_RETURN_IF_ERROR(ResidualLayerNormForward(ctx, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x,
+                                                  tmp, p.ln2_w, p.ln2_b, N, C));
+  STRATA_RETURN_IF_ERROR(MatmulGeluForward(ctx, a.fcg, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C));
   STRATA_RETURN_IF_ERROR(MatmulForward(ctx, tmp, a.fcg, p.fc_proj_w, p.fc_proj_b, N, 4 * C, C));
   return ResidualForward(ctx, y, a.res2, tmp, nc);
 }
@@ -115,11 +113,11 @@ Status BlockBackward(const CudaOpContext& ctx, const BlockShape& s, const BlockP
   STRATA_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(d.d_res2, dy, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, ctx.stream()),
       "cudaMemcpyAsync"));
-  STRATA_RETURN_IF_ERROR(Zero(ctx, d.d_fcg, 4 * nc));
   STRATA_RETURN_IF_ERROR(
-      MatmulBackward(ctx, d.d_fcg, g.fc_proj_w, g.fc_proj_b, dy, a.fcg, p.fc_proj_w, N, 4 * C, C));
-  STRATA_RETURN_IF_ERROR(Zero(ctx, d.d_fch, 4 * nc));
-  STRATA_RETURN_IF_ERROR(GeluBackward(ctx, d.d_fch, a.fch, d.d_fcg, 4 * nc));
+      MatmulBackward(ctx, nullptr, g.fc_proj_w, g.fc_proj_b, dy, a.fcg, p.fc_proj_w, N, 4 * C, C));
+  // d(fch) = gelu'(fch) ⊙ (dy · fc_projᵀ), overwritten (d_fcg: the unfused path's scratch).
+  STRATA_RETURN_IF_ERROR(
+      MatmulDgeluBackward(ctx, d.d_fch, d.d_fcg, dy, a.fch, p.fc_proj_w, N, 4 * C, C));
   STRATA_RETURN_IF_ERROR(Zero(ctx, d.d_ln, nc));
   STRATA_RETURN_IF_ERROR(
       MatmulBackward(ctx, d.d_ln, g.fc_w, g.fc_b, d.d_fch, a.ln2, p.fc_w, N, C, 4 * C));

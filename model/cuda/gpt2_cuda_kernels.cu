@@ -5,8 +5,10 @@
 //
 // What each kernel computes (n indexes the N = B*T token rows, c the C channels):
 //   EmbeddingForward   out[b,t,c] = wte[tok[b,t], c] + wpe[t, c]
-//   EmbeddingBackward  dwte[v,c] += Σ_{n: tok[n]=v} dout[n,c]   (one block per vocabulary row
-//                      gathers its positions in ascending order: no atomics, deterministic);
+//   EmbeddingBackward  dwte[v,c] += Σ_{n: tok[n]=v} dout[n,c]   (by default a sort by token
+//                      and a segmented sum, gpt2_cuda_embedding.cu; the naive kernel here: one
+//                      block per vocabulary row gathers its positions in ascending order. Both
+//                      without atomics, with the same bits);
 //                      dwpe[t,c] += Σ_b dout[b,t,c]
 //   LayerNormForward   μ = (1/C) Σ_c x,  σ² = (1/C) Σ_c (x-μ)²,  r = 1/sqrt(σ² + 1e-5),
 //                      x̂ = (x-μ)·r,  out = x̂·w + b          (one warp per row)
@@ -368,6 +370,13 @@ Status LaunchBroadcastRows(cudaStream_t stream, Bf16* out, const Bf16* row, int 
   return LaunchStatus("BroadcastRowsKernel");
 }
 
+Status LaunchMeanLoss(cudaStream_t stream, float* mean, const float* losses, int N) {
+  if (N == 0)
+    return CudaStatus(cudaMemsetAsync(mean, 0, sizeof(float), stream), "mean loss memset");
+  MeanKernel<<<1, 1024, 0, stream>>>(mean, losses, N);
+  return LaunchStatus("MeanKernel");
+}
+
 Status LaunchColumnSum(cudaStream_t stream, float* sums, const Bf16* x, int N, int C) {
   if (C <= 0) return Status::OK();
   ColumnSumKernel<false><<<RowsGrid(C, 32), dim3(32, kColRows), 0, stream>>>(
@@ -379,12 +388,14 @@ Status LaunchColumnSum(cudaStream_t stream, float* sums, const Bf16* x, int N, i
 
 Status ConvertF32ToBf16(const CudaOpContext& ctx, Bf16* dst, const float* src, size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {dst, src})) return ConvertF32ToBf16Vec(ctx, dst, src, n);
   F32ToBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dst, src, n);
   return LaunchStatus("F32ToBf16Kernel");
 }
 
 Status ConvertBf16ToF32(const CudaOpContext& ctx, float* dst, const Bf16* src, size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {dst, src})) return ConvertBf16ToF32Vec(ctx, dst, src, n);
   Bf16ToF32Kernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dst, src, n);
   return LaunchStatus("Bf16ToF32Kernel");
 }
@@ -405,7 +416,10 @@ Status EmbeddingBackward(const CudaOpContext& ctx, float* dwte, float* dwpe, con
   const int64_t N = int64_t(B) * T;
   if (N == 0 || C == 0) return Status::OK();
   if (N > INT32_MAX) return Status::InvalidArgument("EmbeddingBackward: B*T exceeds 2^31-1");
-  if (dwte != nullptr && V > 0) {
+  if (dwte != nullptr && V > 0 && !ctx.kernels().naive_embedding) {
+    STRATA_RETURN_IF_ERROR(
+        EmbeddingBackwardWteSorted(ctx, dwte, dout, tokens, static_cast<int>(N), C, V));
+  } else if (dwte != nullptr && V > 0) {
     const dim3 grid(static_cast<unsigned>(V), RowsGrid(C, kWteCols));
     if (grid.y > 65535) return Status::InvalidArgument("EmbeddingBackward: C too large");
     EmbeddingBackwardWteKernel<<<grid, kThreads, 0, ctx.stream()>>>(dwte, dout, tokens,
@@ -454,6 +468,7 @@ Status LayerNormBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float*
 
 Status GeluForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {out, inp})) return GeluForwardVec(ctx, out, inp, n);
   GeluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(out, inp, n);
   return LaunchStatus("GeluForwardKernel");
 }
@@ -461,6 +476,8 @@ Status GeluForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, size_t 
 Status GeluBackward(const CudaOpContext& ctx, Bf16* dinp, const Bf16* inp, const Bf16* dout,
                     size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {dinp, inp, dout}))
+    return GeluBackwardVec(ctx, dinp, inp, dout, n);
   GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dinp, inp, dout, n);
   return LaunchStatus("GeluBackwardKernel");
 }
@@ -468,12 +485,14 @@ Status GeluBackward(const CudaOpContext& ctx, Bf16* dinp, const Bf16* inp, const
 Status ResidualForward(const CudaOpContext& ctx, Bf16* out, const Bf16* a, const Bf16* b,
                        size_t n) {
   if (n == 0) return Status::OK();
+  if (VectorizedElementwise(ctx, {out, a, b})) return ResidualForwardVec(ctx, out, a, b, n);
   ResidualForwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(out, a, b, n);
   return LaunchStatus("ResidualForwardKernel");
 }
 
 Status ResidualBackward(const CudaOpContext& ctx, Bf16* da, Bf16* db, const Bf16* dout, size_t n) {
   if (n == 0 || (da == nullptr && db == nullptr)) return Status::OK();
+  if (VectorizedElementwise(ctx, {da, db, dout})) return ResidualBackwardVec(ctx, da, db, dout, n);
   ResidualBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(da, db, dout, n);
   return LaunchStatus("ResidualBackwardKernel");
 }
@@ -488,14 +507,7 @@ Status SoftmaxCrossEntropyForward(const CudaOpContext& ctx, Bf16* probs, float* 
         probs, losses, logits, targets, V);
     STRATA_RETURN_IF_ERROR(LaunchStatus("SoftmaxXentForwardKernel"));
   }
-  if (mean_loss != nullptr) {
-    if (N == 0) {
-      return CudaStatus(cudaMemsetAsync(mean_loss, 0, sizeof(float), ctx.stream()),
-                        "SoftmaxCrossEntropyForward memset");
-    }
-    MeanKernel<<<1, 1024, 0, ctx.stream()>>>(mean_loss, losses, N);
-    STRATA_RETURN_IF_ERROR(LaunchStatus("MeanKernel"));
-  }
+  if (mean_loss != nullptr) return LaunchMeanLoss(ctx.stream(), mean_loss, losses, N);
   return Status::OK();
 }
 

@@ -24,12 +24,6 @@
 namespace strata::model::cuda_ops {
 namespace {
 
-Status CublasStatus(cublasStatus_t st, const char* what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::OK();
-  return Status::Cuda(std::string(what) + ": " + cublasGetStatusName(st) + " (" +
-                      cublasGetStatusString(st) + ")");
-}
-
 // Column-major C(m×n) = alpha · op(A)(m×k) · op(B)(k×n) + beta · C, bf16 A/B, fp32 compute.
 Status Gemm(const CudaOpContext& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
             int k, const Bf16* a, int lda, const Bf16* b, int ldb, void* c, cudaDataType_t c_type,
@@ -55,37 +49,38 @@ Status CheckDims(int N, int a, int b, const char* op) {
   return Status::OK();
 }
 
+// out (OC×N col-major) = W·X + bias through cuBLASLt's BIAS or GELU_AUX_BIAS epilogue
+// (`pre` non-null: out = GELU(W·X + bias), pre = W·X + bias). NotSupported: fall back.
+Status LtForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp, const Bf16* w,
+                 const Bf16* bias, int N, int IC, int OC) {
+  if (ctx.kernels().naive_matmul || N == 0 || IC == 0 || OC == 0) {
+    return Status::NotSupported("naive matmul");
+  }
+  if (pre != nullptr && OC % 8 != 0) return Status::NotSupported("GELU aux needs OC % 8 == 0");
+  // The bias is staged behind the GEMM's workspace, at a 256-byte boundary: the heuristic
+  // reads the bias pointer's alignment, and the parameters' addresses differ between the
+  // engine's resident and offloaded runs, which must choose the same algorithm.
+  const size_t ws_bytes = LtWorkspaceBytes();
+  STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(ws_bytes + sizeof(Bf16) * size_t(OC)));
+  Bf16* staged = reinterpret_cast<Bf16*>(static_cast<char*>(ws) + ws_bytes);
+  STRATA_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(staged, bias, sizeof(Bf16) * size_t(OC),
+                                                    cudaMemcpyDeviceToDevice, ctx.stream()),
+                                    "stage bias"));
+  const LtCall c = LinearForwardCall<Bf16>(out, pre, inp, w, staged, N, IC, OC);
+  return RunLt(
+      ctx, c, ws,
+      pre != nullptr ? "MatmulGeluForward cublasLtMatmul" : "MatmulForward cublasLtMatmul");
+}
+
 }  // namespace
-
-Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::OK();
-  return Status::Cuda(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                      cudaGetErrorString(err) + ")");
-}
-
-Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream) {
-  cublasHandle_t handle = nullptr;
-  STRATA_RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle), "cublasCreate"));
-  Status st = CublasStatus(cublasSetStream(handle, stream), "cublasSetStream");
-  if (st.ok()) {
-    // Tensor cores with bf16 inputs are used regardless; this only keeps cuBLAS from
-    // choosing reduced-precision fp32 emulation paths.
-    st = CublasStatus(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  }
-  if (!st.ok()) {
-    cublasDestroy(handle);
-    return st;
-  }
-  return std::unique_ptr<CudaOpContext>(new CudaOpContext(stream, handle));
-}
-
-CudaOpContext::~CudaOpContext() {
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
-}
 
 Status MatmulForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, const Bf16* w,
                      const Bf16* bias, int N, int IC, int OC) {
   STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulForward"));
+  if (bias != nullptr) {
+    const Status lt = LtForward(ctx, out, nullptr, inp, w, bias, N, IC, OC);
+    if (lt.code() != StatusCode::kNotSupported) return lt;
+  }
   float beta = 0.0f;
   if (bias != nullptr) {
     // out = bias broadcast, then out = inp·w + out: the bias is added in fp32 inside the
@@ -109,6 +104,18 @@ Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* db
     STRATA_RETURN_IF_ERROR(Gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, IC, N, OC, w, OC, dout, OC, dinp,
                                 CUDA_R_16BF, IC, 1.0f, "MatmulBackward dinp cublasGemmEx"));
   }
+  if (dw != nullptr && dbias != nullptr && !ctx.kernels().naive_matmul && N > 0 && IC > 0 &&
+      OC > 0) {
+    // dw through cuBLASLt, its BGRADA epilogue reducing A = doutᵀ over k = N into a scratch
+    // (written, not accumulated) that is then added to dbias.
+    const size_t ws_bytes = LtWorkspaceBytes();
+    STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(ws_bytes + sizeof(float) * size_t(OC)));
+    float* db = reinterpret_cast<float*>(static_cast<char*>(ws) + ws_bytes);
+    const LtCall c = WeightGradCall<Bf16>(dw, db, dout, inp, N, IC, OC);
+    const Status lt = RunLt(ctx, c, ws, "MatmulBackward dw+dbias cublasLtMatmul");
+    if (lt.ok()) return LaunchAddF32(ctx.stream(), dbias, db, size_t(OC));
+    if (lt.code() != StatusCode::kNotSupported) return lt;
+  }
   if (dw != nullptr) {
     // dwᵀ (OC×IC) += doutᵀ (OC×N) · (inp as col-major IC×N)ᵀ.
     STRATA_RETURN_IF_ERROR(Gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, N, dout, OC, inp, IC, dw,
@@ -118,6 +125,36 @@ Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* db
     STRATA_RETURN_IF_ERROR(LaunchColumnSum(ctx.stream(), dbias, dout, N, OC));
   }
   return Status::OK();
+}
+
+Status MatmulGeluForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp,
+                         const Bf16* w, const Bf16* bias, int N, int IC, int OC) {
+  STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulGeluForward"));
+  if (bias == nullptr) return Status::InvalidArgument("MatmulGeluForward: bias is required");
+  const Status lt = LtForward(ctx, out, pre, inp, w, bias, N, IC, OC);
+  if (lt.code() != StatusCode::kNotSupported) return lt;
+  STRATA_RETURN_IF_ERROR(MatmulForward(ctx, pre, inp, w, bias, N, IC, OC));
+  return GeluForward(ctx, out, pre, size_t(N) * OC);
+}
+
+Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, const Bf16* dout,
+                           const Bf16* pre, const Bf16* w, int N, int IC, int OC) {
+  STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulDgeluBackward"));
+  const size_t n = size_t(N) * IC;
+  if (!ctx.kernels().naive_matmul && N > 0 && IC > 0 && OC > 0 && IC % 8 == 0) {
+    const LtCall c = DgeluCall<Bf16>(dpre, pre, dout, w, N, IC, OC);
+    STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(LtWorkspaceBytes()));
+    const Status lt = RunLt(ctx, c, ws, "MatmulDgeluBackward cublasLtMatmul");
+    if (lt.code() != StatusCode::kNotSupported) return lt;
+  }
+  // The GEMM into scratch, then GELU's backward.
+  STRATA_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(scratch, 0, n * sizeof(Bf16), ctx.stream()), "memset"));
+  STRATA_RETURN_IF_ERROR(
+      MatmulBackward(ctx, scratch, nullptr, nullptr, dout, nullptr, w, N, IC, OC));
+  STRATA_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(dpre, 0, n * sizeof(Bf16), ctx.stream()), "memset"));
+  return GeluBackward(ctx, dpre, pre, scratch, n);
 }
 
 Status LmHeadForward(const CudaOpContext& ctx, Bf16* logits, const Bf16* x, const Bf16* wte, int N,

@@ -5,15 +5,20 @@
 // Precision: weights, activations and activation gradients are bf16 (`Bf16`); every sum is
 // accumulated in fp32; parameter gradients (dw, dbias, dwte, dwpe, LayerNorm dw/db), the
 // LayerNorm statistics and the per-token losses are fp32. Matrix products go through cuBLAS
-// (cublasGemmEx, bf16 inputs, CUBLAS_COMPUTE_32F); everything else is a hand-written kernel
-// (gpt2_cuda_kernels.cu, gpt2_cuda_attention.cu), each documented with its formula.
+// (bf16 inputs, CUBLAS_COMPUTE_32F): cuBLASLt with bias / GELU / bias-gradient epilogues for
+// the linear layers (gpt2_cuda_matmul_lt.cc), cublasGemmEx for the rest, strided-batched GEMMs
+// for attention's QKᵀ and PV (gpt2_cuda_attention_gemm.cu); everything else is a hand-written
+// kernel (gpt2_cuda_kernels.cu, gpt2_cuda_elementwise.cu, gpt2_cuda_classifier.cu,
+// gpt2_cuda_embedding.cu), each documented with its formula. The previous, simple kernel of
+// each op stays selectable (KernelChoice, STRATA_CUDA_KERNELS) for comparison and fallback.
 //
 // Output semantics are those of the CPU path: forward functions OVERWRITE their outputs;
 // backward functions ACCUMULATE (+=) into every gradient (bf16 activation grads are read,
 // added to in fp32 and rounded back once); SoftmaxCrossEntropyBackward overwrites dlogits.
 //
 // Differences from the CPU signatures, all forced by the GPU:
-//   - every function takes a CudaOpContext (stream + cuBLAS handle) first and returns a
+//   - every function takes a CudaOpContext (stream, cuBLAS handles, kernel choice, workspace)
+//     first and returns a
 //     Status: InvalidArgument for bad shapes, Cuda when a launch fails. Work is enqueued on
 //     the context's stream and runs asynchronously; errors of the running kernels surface at
 //     the next synchronisation of that stream (as with any CUDA work);
@@ -26,9 +31,17 @@
 //     it, so that no host synchronisation is forced.
 //
 // Determinism: no kernel uses floating-point atomics; every reduction has a fixed order
-// (row-parallel reductions sum their rows in ascending order, embedding gradients gather each
-// vocabulary row's positions in ascending order), and cuBLAS is bitwise reproducible for a
-// fixed GPU and toolkit. Two runs with the same inputs give the same bits.
+// (row-parallel reductions sum their rows in ascending order, embedding gradients sum each
+// token's positions in ascending order), and cuBLAS / cuBLASLt are bitwise reproducible for a
+// fixed GPU, toolkit and algorithm (cuBLASLt's is chosen independently of buffer addresses,
+// see gpt2_cuda_matmul_lt.cc). Two runs with the same inputs and KernelChoice give the same
+// bits; the tuned and naive kernels of an op agree within the ops test's tolerances (the
+// embedding's bit for bit), not in every bit.
+//
+// Memory beyond the caller's buffers: the context's workspace (attention's head-major copies
+// and T×T buffers, up to KernelChoice::attention_batch_bytes plus 7 N·C values; 32 MiB for
+// cuBLASLt; the embedding sort's keys), allocated on first use with cudaMalloc outside any
+// Device budget.
 //
 // Thread safety: a CudaOpContext must not be used by two threads at once (cuBLAS handles are
 // not thread-safe); distinct contexts may be used concurrently.
@@ -37,6 +50,7 @@
 // from include/strata/.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -44,6 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "strata/status.h"
 
@@ -51,12 +66,51 @@ namespace strata::model::cuda_ops {
 
 using Bf16 = __nv_bfloat16;
 
-// The stream and cuBLAS handle every op is enqueued with. Owns the cuBLAS handle; does not
-// own the stream (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
+// Which implementation each op runs: the tuned kernel (the default) or the previous, simple
+// one, kept so that a device run can time them against each other per kernel and fall back
+// when a tuned kernel misbehaves on some GPU. Both give results within the ops test's
+// tolerances of the CPU reference, and each is deterministic on its own; they do not give the
+// same bits as each other.
+struct KernelChoice {
+  // Attention: warp-per-row kernels (one row of scores in shared memory) instead of cuBLAS
+  // strided-batched QKᵀ / PV on tensor cores with fused causal-softmax kernels.
+  bool naive_attention = false;
+  // Embedding backward: one block per vocabulary row scanning every token, instead of a
+  // radix sort by token and a segmented sum.
+  bool naive_embedding = false;
+  // Classifier (read by the model, not by an op): a [N,V] probability tensor and a separate
+  // backward over the unpadded vocabulary, instead of the fused loss+dlogits kernel over a
+  // vocabulary padded to a multiple of 128.
+  bool naive_classifier = false;
+  // Linear layers: a bias broadcast, cublasGemmEx and a column-sum kernel, instead of
+  // cuBLASLt with the bias / GeLU / bias-gradient epilogues.
+  bool naive_matmul = false;
+  // Elementwise kernels: one bf16 per thread and separate residual + LayerNorm, instead of
+  // 128-bit loads and the fused residual + LayerNorm.
+  bool naive_elementwise = false;
+  // Tuned attention: bytes of T×T score buffers per batch of heads (more heads than fit run
+  // in several batches; at least one head per batch). Tests lower it to cover the batching.
+  size_t attention_batch_bytes = size_t{1} << 30;
+
+  // "" or "default": every tuned kernel; "naive": every previous kernel; otherwise a comma
+  // list of attention, embedding, classifier, matmul, elementwise, each optionally "=naive"
+  // or "=tuned" ("attention=naive,classifier=naive"). InvalidArgument naming the bad entry.
+  static Result<KernelChoice> Parse(const std::string& spec);
+  // Parse(STRATA_CUDA_KERNELS).
+  static Result<KernelChoice> FromEnv();
+  // "tuned" when nothing is naive, else the naive ones ("naive: attention,classifier").
+  std::string ToString() const;
+};
+
+// The stream and cuBLAS / cuBLASLt handles every op is enqueued with, the kernel choice, and a
+// workspace for ops' intermediates. Owns the handles and the workspace; does not own the stream
+// (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
 class CudaOpContext {
  public:
   // Creates a cuBLAS handle bound to `stream` (nullptr = the legacy default stream) on the
-  // current CUDA device. Cuda status (naming the cuBLAS error) when the handle cannot be made.
+  // current CUDA device; the kernel choice comes from STRATA_CUDA_KERNELS. Cuda status
+  // (naming the cuBLAS error) when the handle cannot be made; InvalidArgument for a bad
+  // STRATA_CUDA_KERNELS.
   static Result<std::unique_ptr<CudaOpContext>> Create(cudaStream_t stream);
   ~CudaOpContext();
   CudaOpContext(const CudaOpContext&) = delete;
@@ -64,11 +118,29 @@ class CudaOpContext {
 
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  cublasLtHandle_t cublaslt() const { return cublaslt_; }
+  const KernelChoice& kernels() const { return kernels_; }
+  void set_kernels(const KernelChoice& k) { kernels_ = k; }
+
+  // Device memory of at least `bytes` (256-byte aligned) for one op's intermediates, valid
+  // until the next Workspace call on this context; ops on the context's stream run in
+  // order, so consecutive ops may reuse it. Grows by synchronising the stream, freeing and
+  // allocating (cudaMalloc, outside any Device budget: reserve the largest size up front,
+  // before timing, to keep allocations out of the steady state). OutOfMemory when the
+  // device has no room. Not const: ops that need it take the context by const reference and
+  // call this through a mutable member, as the workspace is scratch, not state.
+  Result<void*> Workspace(size_t bytes) const;
+  size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
-  CudaOpContext(cudaStream_t stream, cublasHandle_t cublas) : stream_(stream), cublas_(cublas) {}
+  CudaOpContext(cudaStream_t stream, cublasHandle_t cublas, cublasLtHandle_t cublaslt)
+      : stream_(stream), cublas_(cublas), cublaslt_(cublaslt) {}
   cudaStream_t stream_;
   cublasHandle_t cublas_;
+  cublasLtHandle_t cublaslt_;
+  KernelChoice kernels_;
+  mutable void* workspace_ = nullptr;
+  mutable size_t workspace_bytes_ = 0;
 };
 
 // A Cuda status for `err` ("<what>: <cudaGetErrorString>"), or OK for cudaSuccess.
@@ -109,6 +181,19 @@ Status MatmulForward(const CudaOpContext& ctx, Bf16* out, const Bf16* inp, const
 Status MatmulBackward(const CudaOpContext& ctx, Bf16* dinp, float* dw, float* dbias,
                       const Bf16* dout, const Bf16* inp, const Bf16* w, int N, int IC, int OC);
 
+// out = GELU(pre), pre = inp · w + bias ([N,OC] both; bias required): one cuBLASLt GEMM with
+// the GELU_AUX_BIAS epilogue (OC % 8 == 0), else MatmulForward then GeluForward. cuBLASLt's
+// GELU is the same tanh approximation, computed inside the GEMM in fp32 before the one bf16
+// rounding of out (the fallback rounds pre first): within the ops test's tolerance, not the
+// same bits.
+Status MatmulGeluForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const Bf16* inp,
+                         const Bf16* w, const Bf16* bias, int N, int IC, int OC);
+// dpre[N,IC] = gelu'(pre) ⊙ (dout[N,OC] · wᵀ), OVERWRITING dpre (w [IC,OC], pre [N,IC]): one
+// cuBLASLt GEMM with the DGELU epilogue (IC % 8 == 0), else the dinp GEMM into `scratch`
+// ([N,IC], overwritten) and GeluBackward. dpre must not alias scratch, dout or pre.
+Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, const Bf16* dout,
+                           const Bf16* pre, const Bf16* w, int N, int IC, int OC);
+
 // ---- causal multi-head self-attention ------------------------------------------------------
 // Number of floats of the `stats` buffer: B*NH*T log-sum-exps saved by the forward pass, then
 // B*NH*T values the backward pass computes (the row sums D = sum_s P·dP).
@@ -125,6 +210,14 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
 // qkv; its second half is overwritten as scratch.
 Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout, const Bf16* qkv,
                          float* stats, int B, int T, int C, int NH);
+
+// res = a + b (bf16, as ResidualForward), then out, mean, rstd = LayerNormForward(res, w, bias):
+// one kernel (the same arithmetic, the residual read once less), or the two ops with
+// KernelChoice::naive_elementwise. res may alias a or b (each element is read before the same
+// thread writes it); out must not alias res, a or b.
+Status ResidualLayerNormForward(const CudaOpContext& ctx, Bf16* res, Bf16* out, float* mean,
+                                float* rstd, const Bf16* a, const Bf16* b, const Bf16* w,
+                                const Bf16* bias, int N, int C);
 
 // ---- GELU, tanh approximation --------------------------------------------------------------
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise over n values.
@@ -159,5 +252,26 @@ Status SoftmaxCrossEntropyForward(const CudaOpContext& ctx, Bf16* probs, float* 
 // probs). dloss = 1/N for the mean over N rows (1/(N*M) over M micro-batches).
 Status SoftmaxCrossEntropyBackward(const CudaOpContext& ctx, Bf16* dlogits, const Bf16* probs,
                                    const int32_t* targets, int N, int V, float dloss);
+
+// ---- workspace -----------------------------------------------------------------------------
+// The most workspace the ops of a model of this shape take at once with the context's kernel
+// choice (attention's batches, cuBLASLt's 32 MiB and staging, the embedding sort): reserving
+// it up front (ctx.Workspace(bytes)) moves the allocation, and an OutOfMemory, to start-up.
+size_t ModelWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH);
+
+// ---- fused classifier (softmax cross-entropy, forward and backward in one kernel) ---------
+// The vocabulary padded to a multiple of 128: the row length of the fused classifier's logits
+// (and of the tied head's copy of wte), so that rows are 256-byte aligned and the LM-head GEMM
+// has a tensor-core-friendly size. The model files keep the real V.
+inline int PaddedVocab(int V) { return (V + 127) / 128 * 128; }
+// For each of N rows of logits [N, Vp] (columns [V, Vp) are padding, ignored), in one pass
+// for the statistics and one for the gradient, with no probability tensor:
+//   losses[n] = lse_n - z[n, target_n],   lse_n = log Σ_{v<V} exp z[n, v]
+//   logits[n, v] := (exp(z[n, v] - lse_n) - [v = target_n]) · dloss   (v < V),   0 (v >= V)
+// i.e. the logits are OVERWRITTEN by dlogits. *mean_loss (device; may be nullptr) as in
+// SoftmaxCrossEntropyForward. REQUIRES V <= Vp. 16-byte loads when Vp % 8 == 0 and logits is
+// 16-byte aligned, else one value at a time (the same bits either way).
+Status FusedClassifier(const CudaOpContext& ctx, Bf16* logits, float* losses, float* mean_loss,
+                       const int32_t* targets, int N, int V, int Vp, float dloss);
 
 }  // namespace strata::model::cuda_ops

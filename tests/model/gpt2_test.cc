@@ -270,6 +270,23 @@ TEST(Gpt2Model, InitIsDeterministicAndHasGpt2Statistics) {
   EXPECT_EQ(Gpt2NumParams(cfg), 256u * 64 + 64u * 64 + 8u * (12u * 64 * 64 + 13u * 64) + 128);
 }
 
+// The model FLOPs per token: 6 per parameter, the attention products, and a recomputed
+// forward of the layers. GPT-2 small at T 1024: 6 x 124.4M + 12 x 12 x 1024 x 768.
+TEST(Gpt2Model, TrainFlopsPerToken) {
+  Gpt2Config cfg;
+  cfg.layers = 8;
+  cfg.d_model = 64;
+  const double P = double(Gpt2NumParams(cfg));
+  const double layers = 8.0 * (12.0 * 64 * 64 + 13.0 * 64);
+  EXPECT_DOUBLE_EQ(Gpt2TrainFlopsPerToken(cfg, 32, false), 6 * P + 12.0 * 8 * 32 * 64);
+  EXPECT_DOUBLE_EQ(Gpt2TrainFlopsPerToken(cfg, 32, true),
+                   6 * P + 12.0 * 8 * 32 * 64 + 2 * layers + 4.0 * 8 * 32 * 64);
+  Gpt2Config small;
+  small.layers = 12, small.d_model = 768, small.heads = 12, small.vocab = 50257,
+  small.max_seq = 1024;
+  EXPECT_NEAR(Gpt2TrainFlopsPerToken(small, 1024, false) / 1e9, 0.8599, 0.001);
+}
+
 // The geometry SaveWeights records comes back without being given; metadata that
 // contradicts the tensors is refused; without n_head the one default rule applies.
 TEST(Gpt2Model, GeometryMetadataRoundTrips) {

@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -79,10 +81,24 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
   ASSERT_EQ(0, Run(Args({"--nvme", dir_ + "/a", "--json", dir_ + "/a.json"}), &out)) << out;
   const nlohmann::json full = Json(dir_ + "/a.json");
   ASSERT_EQ(full["steps"].size(), 30u);
-  for (const char* k : {"step", "loss", "seconds", "tokens_per_s", "efficiency", "bytes",
-                        "stall_seconds", "tail_seconds", "redone_blocks"}) {
+  for (const char* k :
+       {"step", "loss", "seconds", "tokens_per_s", "efficiency", "bytes", "stall_seconds",
+        "tail_seconds", "redone_blocks", "model_tflops_per_s", "compute_seconds"}) {
     EXPECT_TRUE(full["steps"][0].contains(k)) << k;
   }
+  // Model TFLOP/s = Gpt2TrainFlopsPerToken x tokens / seconds: 6 x params + the attention's
+  // 12·L·T·C per token, 2 layers of 32 channels, T 16, batch 2.
+  {
+    const double per_token = 6.0 * full["config"]["params"].get<double>() + 12.0 * 2 * 16 * 32;
+    const double tokens = 2.0 * 16;
+    for (const auto& st : full["steps"]) {
+      EXPECT_NEAR(st["model_tflops_per_s"].get<double>(),
+                  per_token * tokens / st["seconds"].get<double>() / 1e12, 1e-9);
+      EXPECT_EQ(st["compute_seconds"].get<double>(), 0.0);  // the CPU model: the engine's lane
+    }
+    EXPECT_DOUBLE_EQ(full["totals"]["model_flops"].get<double>(), per_token * tokens * 30);
+  }
+  EXPECT_NE(out.find("TFLOP/s"), std::string::npos) << out;
   for (const char* k : {"nvme_read", "nvme_write", "h2d", "d2h"}) {
     EXPECT_TRUE(full["steps"][0]["bytes"].contains(k)) << k;
   }
@@ -366,6 +382,7 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
       {{"--lr", "0.01"}, "--lr: 0.001 -> 0.01"},
       {{"--beta2", "0.9"}, "--beta2: 0.95 -> 0.9"},
       {{"--state-dtype", "bf16"}, "--state-dtype: \"fp32\" -> \"bf16\""},
+      {{"--grad-dtype", "bf16"}, "--grad-dtype: \"fp32\" -> \"bf16\""},
   };
   for (const auto& [flags, line] : refused) {
     std::vector<std::string> args = {"train", "--resume", resume, "--steps", "5"};
@@ -497,6 +514,56 @@ TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
     }
   }
   EXPECT_GT(flags, 30) << help;
+}
+
+// --grad-dtype bf16 on the CPU path (the rounding emulation of the CUDA one): the gradient
+// crosses device -> host in half the bytes, the losses move by a little (the gradient is
+// rounded to bf16), not by nothing (the rounding ran) and not by much; the record keeps it.
+TEST_F(TrainCliTest, Bf16GradientsHalveTheD2hBytes) {
+  std::string out;
+  ASSERT_EQ(0, Run(Args({"--json", dir_ + "/f.json"}), &out)) << out;
+  ASSERT_EQ(0, Run(Args({"--grad-dtype", "bf16", "--json", dir_ + "/g.json"}), &out)) << out;
+  const nlohmann::json f = Json(dir_ + "/f.json"), g = Json(dir_ + "/g.json");
+  EXPECT_EQ(g["config"]["grad_dtype"], "bf16");
+  EXPECT_EQ(f["config"]["grad_dtype"], "fp32");
+  ASSERT_EQ(f["steps"].size(), g["steps"].size());
+  double max_rel = 0;
+  bool differs = false;
+  for (size_t i = 0; i < f["steps"].size(); ++i) {
+    const auto& a = f["steps"][i];
+    const auto& b = g["steps"][i];
+    EXPECT_EQ(b["bytes"]["d2h"].get<uint64_t>() * 2, a["bytes"]["d2h"].get<uint64_t>()) << i;
+    const double la = a["loss"], lb = b["loss"];
+    max_rel = std::max(max_rel, std::fabs(la - lb) / la);
+    differs = differs || la != lb;
+  }
+  std::printf("[grad-dtype] max relative loss difference bf16 vs fp32 over %zu steps: %.3g\n",
+              f["steps"].size(), max_rel);
+  EXPECT_TRUE(differs);
+  EXPECT_LT(max_rel, 0.01);
+  // Offloaded (the budgets of kModel) and resident give the same bits with bf16 gradients too.
+  ASSERT_EQ(0, Run({"train", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "16",
+                    "--batch", "2", "--steps", "30", "--lr", "3e-3", "--grad-dtype", "bf16",
+                    "--json", dir_ + "/r.json"},
+                   &out))
+      << out;
+  const nlohmann::json r = Json(dir_ + "/r.json");
+  ASSERT_EQ(r["steps"].size(), g["steps"].size());
+  for (size_t i = 0; i < g["steps"].size(); ++i) {
+    EXPECT_EQ(r["steps"][i]["loss"].get<double>(), g["steps"][i]["loss"].get<double>()) << i;
+  }
+  // Several micro-batches, resident (where auto would pick layer-major and sum them on the
+  // device): batch-major instead (the model cannot sum bf16 gradients there), and it says so.
+  out.clear();
+  ASSERT_EQ(0, Run({"train", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "16",
+                    "--batch", "2", "--steps", "3", "--grad-dtype", "bf16", "--micro-batches", "2"},
+                   &out))
+      << out;
+  EXPECT_NE(out.find("batch-major: with --grad-dtype bf16"), std::string::npos) << out;
+  // Refused with a communicator is the engine's (one rank only); a bad value names the flag.
+  out.clear();
+  EXPECT_NE(0, Run(Args({"--grad-dtype", "fp16"}), &out));
+  EXPECT_NE(out.find("--grad-dtype"), std::string::npos) << out;
 }
 
 // One rule for the default head count: d_model / 64 in train as in generate.

@@ -95,6 +95,11 @@ class TrainCudaTest : public ::testing::Test {
       EXPECT_TRUE(r.ok()) << r.status().ToString();
       if (!r.ok()) break;
       losses.push_back(r->loss);
+      // The model's kernels, timed with CUDA events: some time, and less than the step's.
+      if (cuda) {
+        EXPECT_GT(r->compute_seconds, 0.0);
+        EXPECT_LT(r->compute_seconds, r->stats.seconds);
+      }
     }
     return losses;
   }

@@ -140,6 +140,11 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "the master weights stay fp32; rounded stochastically) or bf16-rne (rounded "
                   "to nearest even, for comparison: it loses exp_avg_sq's small steps)")
       ->capture_default_str();
+  cmd->add_option("--grad-dtype", f->grad_dtype,
+                  "Gradients from the device to the host: fp32, or bf16 (rounded to nearest "
+                  "even on the device: half the D2H bytes; the host accumulates and steps in "
+                  "fp32). One rank; recorded, and a resume must use the same")
+      ->capture_default_str();
   cmd->add_option("--trace", f->trace,
                   "Write a Chrome/Perfetto trace of the run to this file ({rank} and "
                   "{local_rank} are replaced by the rank's numbers)");
@@ -263,6 +268,12 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   } else {
     return fail("--state-dtype", Status::InvalidArgument("--state-dtype " + f.state_dtype +
                                                          ": expected fp32, bf16 or bf16-rne"));
+  }
+  if (f.grad_dtype == "fp32" || f.grad_dtype == "bf16") {
+    config->grad_dtype = f.grad_dtype == "bf16" ? GradDtype::kBf16 : GradDtype::kFp32;
+  } else {
+    return fail("--grad-dtype", Status::InvalidArgument("--grad-dtype " + f.grad_dtype +
+                                                        ": expected fp32 or bf16"));
   }
   config->trace = f.trace;
   if (!f.trace_steps.empty()) {

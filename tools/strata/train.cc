@@ -435,6 +435,7 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   }
   std::unique_ptr<Engine> engine = std::move(created->engine);
   to.micro_batch_order = created->order;
+  to.grad_dtype = eo.grad_dtype;
   to.accumulate_on_device = created->accumulate_on_device;
   phase.Done();
   std::printf("# micro-batches: %s\n", created->reason.c_str());

@@ -49,6 +49,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"speculate", free, &a.run.speculate},    // bit-identical either way
       {"grad-spill", free, &a.run.grad_spill},  // bit-identical either way
       {"state-dtype", fixed, &a.run.state_dtype},
+      {"grad-dtype", fixed, &a.run.grad_dtype},
       {"device", fixed, &a.run.device},
       {"comm-backend", fixed, &a.run.comm_backend},
       // The store's folders may move (each holds a record of the run's identity, checked).

@@ -71,6 +71,15 @@ void PrintPredictedBound(const TrainReportInputs& in) {
   const PlacementReport& pl = in.engine->Placement();
   const trainer::TrainOptions& t = *in.train;
   double compute_s = 0;
+  if (in.setup->device().Kind() == DeviceKind::kCuda) {
+    // The GEMM timing below runs on the host; on a GPU the model's kernels are timed with
+    // CUDA events every step instead.
+    std::printf(
+        "# predicted bound per step: transfers %.4f s (%s); compute: measured each step with "
+        "CUDA events (the step line's compute and eff count it)\n",
+        pl.predicted_bound_seconds, pl.predicted_bound_resource.c_str());
+    return;
+  }
   if (in.setup->device().Kind() == DeviceKind::kHost) {
     std::printf("# timing the model's GEMMs for the predicted bound ...\n");
     std::fflush(stdout);
@@ -211,6 +220,7 @@ nlohmann::json PrintPlacement(const TrainReportInputs& in) {
           {"grad_clip", rc.grad_clip},
           {"state_dtype", StateFormatName(rc.state_format)},
           {"state_rounding", StateRoundingName(rc.state_rounding)},
+          {"grad_dtype", GradDtypeName(rc.grad_dtype)},
           {"seed", in.seed},
           {"recompute", t.recompute},
           {"device", setup.device().Name()},
@@ -230,6 +240,9 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
                 std::string* what) {
   const int64_t last = in.train->steps;
   const double tokens_per_step = static_cast<double>(TokensPerStep(*in.train));
+  const double flops_per_step =
+      model::Gpt2TrainFlopsPerToken(*in.model, in.train->seq_len, in.train->recompute) *
+      tokens_per_step;
   const bool tty = isatty(STDOUT_FILENO);
   totals->resumed_step = in.engine->ResumedStep();
   const int64_t log_every = in.log_every > 0 ? in.log_every : DefaultLogEvery(last);
@@ -255,6 +268,8 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     if (st.skipped) ++totals->skipped_steps;
     totals->losses.push_back(r->loss);
     totals->seconds += st.seconds;
+    totals->model_flops += flops_per_step;
+    totals->compute_seconds += r->compute_seconds;
     totals->bytes.nvme_read += st.bytes.nvme_read;
     totals->bytes.nvme_write += st.bytes.nvme_write;
     totals->bytes.h2d += st.bytes.h2d;
@@ -262,19 +277,39 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     totals->bytes.comm += st.bytes.comm;
     for (int i = 0; i < kNumResources; ++i) totals->busy[i] += st.busy_seconds[i];
     const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
+    const double tflops = st.seconds > 0 ? flops_per_step / st.seconds / 1e12 : 0;
+    // The engine's bound counts the transfers and the compute it times itself; the model's
+    // kernels timed on the device (CUDA) bound the step too.
+    const bool compute_bound = r->compute_seconds > st.bound_seconds;
+    const double eff =
+        compute_bound && st.seconds > 0 ? r->compute_seconds / st.seconds : st.efficiency;
+    const std::string bound_resource = compute_bound ? "compute" : st.bound_resource;
     const double eta = totals->seconds / totals->steps * static_cast<double>(last - s);
     // The engine's figures as `bench step --json` has them, with the model's.
     nlohmann::json step = StepStatsJson(st);
     step["step"] = s;
     step["loss"] = r->loss;
     step["tokens_per_s"] = tps;
+    step["model_tflops_per_s"] = tflops;
+    step["compute_seconds"] = r->compute_seconds;
+    if (compute_bound) {
+      step["efficiency"] = eff;
+      step["bound_seconds"] = r->compute_seconds;
+      step["bound_resource"] = bound_resource;
+    }
     step["lr"] = r->lr;
     steps_json->push_back(std::move(step));
-    char line[256];
-    std::snprintf(
-        line, sizeof line, "step %5lld/%lld  loss %.4f  %8.0f tok/s  eff %.2f (%s)  %s  ETA %s",
-        static_cast<long long>(s), static_cast<long long>(last), r->loss, tps, st.efficiency,
-        st.bound_resource.c_str(), StepTimeSplit(st).c_str(), Duration(eta).c_str());
+    char compute[48] = "";
+    if (r->compute_seconds > 0) {
+      std::snprintf(compute, sizeof compute, "  compute %.3f s", r->compute_seconds);
+    }
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "step %5lld/%lld  loss %.4f  %8.0f tok/s  %.3g TFLOP/s%s  eff %.2f (%s)  %s  "
+                  "ETA %s",
+                  static_cast<long long>(s), static_cast<long long>(last), r->loss, tps, tflops,
+                  compute, eff, bound_resource.c_str(), StepTimeSplit(st).c_str(),
+                  Duration(eta).c_str());
     if (tty) {
       const int width = 20;
       const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last));
@@ -322,6 +357,16 @@ void PrintTotals(const TrainTotals& t) {
   }
   std::printf("# loss: %s %.4f, mean of the last %zu steps %.4f (%+.1f%%)\n", first,
               t.losses.front(), tail, last, 100.0 * (last - t.losses.front()) / t.losses.front());
+  std::printf(
+      "# model: %.4g TFLOP in the steps, %.3g TFLOP/s (6 x params x tokens, attention, "
+      "recompute)",
+      t.model_flops / 1e12, t.seconds > 0 ? t.model_flops / t.seconds / 1e12 : 0.0);
+  if (t.compute_seconds > 0) {
+    std::printf("; model kernels %.3f s (CUDA events), %.1f%% of the step time, %.3g TFLOP/s",
+                t.compute_seconds, t.seconds > 0 ? 100.0 * t.compute_seconds / t.seconds : 0.0,
+                t.model_flops / t.compute_seconds / 1e12);
+  }
+  std::printf("\n");
   if (t.skipped_steps > 0) {
     std::printf("# %lld steps skipped: their gradient was not finite, nothing was updated\n",
                 static_cast<long long>(t.skipped_steps));
@@ -366,27 +411,31 @@ namespace strata::cli {
 nlohmann::json TotalsJson(const TrainTotals& t) {
   nlohmann::json busy;
   for (int i = 0; i < kNumResources; ++i) busy[ResourceName(static_cast<Resource>(i))] = t.busy[i];
-  nlohmann::json out = {{"steps", t.steps},
-                        {"first_step", t.first_step},
-                        {"last_step", t.last_step},
-                        {"resumed_step", t.resumed_step},
-                        {"interrupted", t.interrupted != 0},
-                        {"seconds", t.seconds},
-                        {"bound_seconds", t.bound_seconds},
-                        {"stall_seconds", t.stall_seconds},
-                        {"skipped_steps", t.skipped_steps},
-                        {"tail_seconds", t.tail_seconds},
-                        {"redone_blocks", t.redone_blocks},
-                        {"redone_steps", t.redone_steps},
-                        {"redo_seconds", t.redo_seconds},
-                        {"speculative_steps", t.speculative_steps},
-                        {"busy_seconds", busy},
-                        {"bytes",
-                         {{"nvme_read", t.bytes.nvme_read},
-                          {"nvme_write", t.bytes.nvme_write},
-                          {"h2d", t.bytes.h2d},
-                          {"d2h", t.bytes.d2h},
-                          {"comm", t.bytes.comm}}}};
+  nlohmann::json out = {
+      {"steps", t.steps},
+      {"first_step", t.first_step},
+      {"last_step", t.last_step},
+      {"resumed_step", t.resumed_step},
+      {"interrupted", t.interrupted != 0},
+      {"seconds", t.seconds},
+      {"bound_seconds", t.bound_seconds},
+      {"stall_seconds", t.stall_seconds},
+      {"skipped_steps", t.skipped_steps},
+      {"tail_seconds", t.tail_seconds},
+      {"redone_blocks", t.redone_blocks},
+      {"redone_steps", t.redone_steps},
+      {"redo_seconds", t.redo_seconds},
+      {"speculative_steps", t.speculative_steps},
+      {"model_flops", t.model_flops},
+      {"model_tflops_per_s", t.seconds > 0 ? t.model_flops / t.seconds / 1e12 : 0},
+      {"compute_seconds", t.compute_seconds},
+      {"busy_seconds", busy},
+      {"bytes",
+       {{"nvme_read", t.bytes.nvme_read},
+        {"nvme_write", t.bytes.nvme_write},
+        {"h2d", t.bytes.h2d},
+        {"d2h", t.bytes.d2h},
+        {"comm", t.bytes.comm}}}};
   if (t.interrupted != 0) out["signal"] = InterruptName(t.interrupted);
   if (!t.losses.empty()) {
     out["first_loss"] = t.losses.front();

@@ -81,6 +81,10 @@ struct TrainTotals {
   double redo_seconds = 0;   // EndStep's time on them (part of tail_seconds)
   int64_t speculative_steps = 0;
   std::vector<double> losses;
+  // Model FLOPs (Gpt2TrainFlopsPerToken x the tokens of the steps) and the device time of the
+  // model's kernels as the backend measured it (0 where it does not: the CPU model).
+  double model_flops = 0;
+  double compute_seconds = 0;
 };
 
 // What runs after each step (between steps: the engine is idle), e.g. --save-every.

@@ -174,6 +174,24 @@ class GpuOpsTest : public ::testing::Test {
   std::unique_ptr<CudaOpContext> ctx_;
 };
 
+// STRATA_CUDA_KERNELS's grammar; needs no GPU.
+TEST(KernelChoiceTest, Parses) {
+  auto all = KernelChoice::Parse("naive");
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->naive_attention && all->naive_embedding && all->naive_classifier &&
+              all->naive_matmul && all->naive_elementwise);
+  EXPECT_EQ(all->ToString(), "naive: attention,embedding,classifier,matmul,elementwise");
+  auto none = KernelChoice::Parse("default");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->ToString(), "tuned");
+  auto some = KernelChoice::Parse("attention=naive,classifier,matmul=tuned");
+  ASSERT_TRUE(some.ok());
+  EXPECT_TRUE(some->naive_attention && some->naive_classifier);
+  EXPECT_FALSE(some->naive_embedding || some->naive_matmul || some->naive_elementwise);
+  EXPECT_EQ(KernelChoice::Parse("attenton").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(KernelChoice::Parse("attention=fast").status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(GpuOpsTest, Conversions) {
   const std::vector<float> host = {0.0f, 1.0f, -1.5f, 3.14159265f, 1e-3f, -65504.0f, 1e30f};
   auto f = Upload(host);
@@ -186,8 +204,8 @@ TEST_F(GpuOpsTest, Conversions) {
 }
 
 TEST_F(GpuOpsTest, Embedding) {
-  for (auto [B, T, C, V] :
-       {std::tuple{1, 1, 1, 1}, std::tuple{3, 17, 33, 50}, std::tuple{2, 64, 1100, 7}}) {
+  for (auto [B, T, C, V] : {std::tuple{1, 1, 1, 1}, std::tuple{3, 17, 33, 50},
+                            std::tuple{2, 64, 1100, 7}, std::tuple{4, 256, 64, 50257}}) {
     SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                  " V=" + std::to_string(V));
     const size_t N = size_t(B) * T;
@@ -209,10 +227,21 @@ TEST_F(GpuOpsTest, Embedding) {
     auto d_dout = UploadBf16(dout);
     cpu::EmbeddingBackward<float>(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B,
                                   T, C);
+    // The sort + segmented sum (default) and the V-block kernel (naive) from the same start:
+    // the same bits, since both sum each row's positions in ascending order.
+    auto d_dwte_naive = Upload(std::vector<float>(Download(*d_dwte)));
     ASSERT_OK(EmbeddingBackward(*ctx_, d_dwte->get(), d_dwpe->get(), d_dout->get(), d_tokens->get(),
                                 B, T, C, V));
+    KernelChoice naive;
+    naive.naive_embedding = true;
+    ctx_->set_kernels(naive);
+    ASSERT_OK(EmbeddingBackward(*ctx_, d_dwte_naive->get(), nullptr, d_dout->get(), d_tokens->get(),
+                                B, T, C, V));
+    ctx_->set_kernels(KernelChoice{});
     // fp32 gradients from bf16 inputs: only the summation order differs.
-    ExpectClose("embedding dwte", Download(*d_dwte), dwte_ref, 1e-4f, 1e-4f);
+    const std::vector<float> dwte = Download(*d_dwte), dwte_naive = Download(*d_dwte_naive);
+    ExpectClose("embedding dwte", dwte, dwte_ref, 1e-4f, 1e-4f);
+    EXPECT_EQ(std::memcmp(dwte.data(), dwte_naive.data(), dwte.size() * sizeof(float)), 0);
     ExpectClose("embedding dwpe", Download(*d_dwpe), dwpe_ref, 1e-4f, 1e-4f);
   }
 }
@@ -252,35 +281,82 @@ TEST_F(GpuOpsTest, LayerNorm) {
   }
 }
 
+// cuBLASLt with the bias and bias-gradient epilogues (default; odd shapes may fall back to
+// cublasGemmEx inside), and cublasGemmEx + the broadcast and column-sum kernels (naive).
 TEST_F(GpuOpsTest, Matmul) {
-  for (auto [N, IC, OC, with_bias] :
-       {std::tuple{1, 1, 1, true}, std::tuple{17, 33, 47, true}, std::tuple{64, 128, 384, false},
-        std::tuple{129, 256, 1023, true}}) {
-    SCOPED_TRACE("N=" + std::to_string(N) + " IC=" + std::to_string(IC) +
-                 " OC=" + std::to_string(OC));
-    auto inp = Random(size_t(N) * IC), w = Random(size_t(IC) * OC, 0.1f), bias = Random(OC);
-    std::vector<float> out_ref(size_t(N) * OC);
-    cpu::MatmulForward<float>(out_ref.data(), inp.data(), w.data(),
-                              with_bias ? bias.data() : nullptr, N, IC, OC);
-    auto d_inp = UploadBf16(inp), d_w = UploadBf16(w), d_bias = UploadBf16(bias);
-    DeviceBuffer<Bf16> d_out(size_t(N) * OC);
-    ASSERT_OK(MatmulForward(*ctx_, d_out.get(), d_inp->get(), d_w->get(),
-                            with_bias ? d_bias->get() : nullptr, N, IC, OC));
-    ExpectClose("matmul out", DownloadBf16(d_out), out_ref);
+  for (bool naive : {false, true})
+    for (auto [N, IC, OC, with_bias] :
+         {std::tuple{1, 1, 1, true}, std::tuple{17, 33, 47, true}, std::tuple{64, 128, 384, false},
+          std::tuple{129, 256, 1023, true}, std::tuple{256, 64, 256, true}}) {
+      KernelChoice k;
+      k.naive_matmul = naive;
+      ctx_->set_kernels(k);
+      SCOPED_TRACE(std::string(naive ? "naive " : "") + "N=" + std::to_string(N) +
+                   " IC=" + std::to_string(IC) + " OC=" + std::to_string(OC));
+      auto inp = Random(size_t(N) * IC), w = Random(size_t(IC) * OC, 0.1f), bias = Random(OC);
+      std::vector<float> out_ref(size_t(N) * OC);
+      cpu::MatmulForward<float>(out_ref.data(), inp.data(), w.data(),
+                                with_bias ? bias.data() : nullptr, N, IC, OC);
+      auto d_inp = UploadBf16(inp), d_w = UploadBf16(w), d_bias = UploadBf16(bias);
+      DeviceBuffer<Bf16> d_out(size_t(N) * OC);
+      ASSERT_OK(MatmulForward(*ctx_, d_out.get(), d_inp->get(), d_w->get(),
+                              with_bias ? d_bias->get() : nullptr, N, IC, OC));
+      ExpectClose("matmul out", DownloadBf16(d_out), out_ref);
 
-    auto dout = Random(size_t(N) * OC);
-    auto dinp_ref = Random(size_t(N) * IC), dw_ref = Random(size_t(IC) * OC), db_ref = Random(OC);
-    auto d_dinp = UploadBf16(dinp_ref);
-    auto d_dw = Upload(dw_ref), d_db = Upload(db_ref);
-    auto d_dout = UploadBf16(dout);
-    cpu::MatmulBackward<float>(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(),
-                               inp.data(), w.data(), N, IC, OC);
-    ASSERT_OK(MatmulBackward(*ctx_, d_dinp->get(), d_dw->get(), d_db->get(), d_dout->get(),
-                             d_inp->get(), d_w->get(), N, IC, OC));
-    ExpectClose("matmul dinp", DownloadBf16(*d_dinp), dinp_ref);
-    ExpectClose("matmul dw", Download(*d_dw), dw_ref, 1e-3f, 1e-3f);
-    ExpectClose("matmul dbias", Download(*d_db), db_ref, 1e-4f, 1e-4f);
-  }
+      auto dout = Random(size_t(N) * OC);
+      auto dinp_ref = Random(size_t(N) * IC), dw_ref = Random(size_t(IC) * OC), db_ref = Random(OC);
+      auto d_dinp = UploadBf16(dinp_ref);
+      auto d_dw = Upload(dw_ref), d_db = Upload(db_ref);
+      auto d_dout = UploadBf16(dout);
+      cpu::MatmulBackward<float>(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(),
+                                 inp.data(), w.data(), N, IC, OC);
+      ASSERT_OK(MatmulBackward(*ctx_, d_dinp->get(), d_dw->get(), d_db->get(), d_dout->get(),
+                               d_inp->get(), d_w->get(), N, IC, OC));
+      ExpectClose("matmul dinp", DownloadBf16(*d_dinp), dinp_ref);
+      ExpectClose("matmul dw", Download(*d_dw), dw_ref, 1e-3f, 1e-3f);
+      ExpectClose("matmul dbias", Download(*d_db), db_ref, 1e-4f, 1e-4f);
+    }
+}
+
+// The fused GELU layer ops against the CPU's matmul + GELU (forward) and matmul backward +
+// GELU backward: cuBLASLt's GELU_AUX_BIAS / DGELU epilogues (OC, IC % 8 == 0) and the
+// fallbacks (OC = 36: no epilogue; naive: never).
+TEST_F(GpuOpsTest, MatmulGelu) {
+  for (bool naive : {false, true})
+    for (auto [N, IC, OC] :
+         {std::tuple{17, 32, 128}, std::tuple{64, 64, 256}, std::tuple{9, 16, 36}}) {
+      KernelChoice k;
+      k.naive_matmul = naive;
+      ctx_->set_kernels(k);
+      SCOPED_TRACE(std::string(naive ? "naive " : "") + "N=" + std::to_string(N) +
+                   " IC=" + std::to_string(IC) + " OC=" + std::to_string(OC));
+      auto inp = Random(size_t(N) * IC), w = Random(size_t(IC) * OC, 0.2f), bias = Random(OC);
+      std::vector<float> pre_ref(size_t(N) * OC), out_ref(size_t(N) * OC);
+      cpu::MatmulForward<float>(pre_ref.data(), inp.data(), w.data(), bias.data(), N, IC, OC);
+      cpu::GeluForward<float>(out_ref.data(), pre_ref.data(), pre_ref.size());
+      auto d_inp = UploadBf16(inp), d_w = UploadBf16(w), d_bias = UploadBf16(bias);
+      DeviceBuffer<Bf16> d_out(size_t(N) * OC), d_pre(size_t(N) * OC);
+      ASSERT_OK(MatmulGeluForward(*ctx_, d_out.get(), d_pre.get(), d_inp->get(), d_w->get(),
+                                  d_bias->get(), N, IC, OC));
+      ExpectClose("matmul+gelu pre", DownloadBf16(d_pre), pre_ref);
+      ExpectClose("matmul+gelu out", DownloadBf16(d_out), out_ref);
+
+      // Backward of the layer after it: dpre[N,IC'] = gelu'(pre) ⊙ (dout · w2ᵀ), with the
+      // GELU layer's output width as IC' = OC and a second weight w2 [OC, OC2].
+      const int OC2 = 48;
+      auto w2 = Random(size_t(OC) * OC2, 0.2f), dout = Random(size_t(N) * OC2);
+      // The CPU reference from the bf16-rounded pre-activation the GPU keeps.
+      const std::vector<float> pre_gpu = DownloadBf16(d_pre);
+      std::vector<float> dgelu_in(size_t(N) * OC, 0.0f), dpre_ref(size_t(N) * OC, 0.0f);
+      cpu::MatmulBackward<float>(dgelu_in.data(), nullptr, nullptr, dout.data(), nullptr, w2.data(),
+                                 N, OC, OC2);
+      cpu::GeluBackward<float>(dpre_ref.data(), pre_gpu.data(), dgelu_in.data(), dpre_ref.size());
+      auto d_w2 = UploadBf16(w2), d_dout = UploadBf16(dout);
+      DeviceBuffer<Bf16> d_dpre(size_t(N) * OC), d_scratch(size_t(N) * OC);
+      ASSERT_OK(MatmulDgeluBackward(*ctx_, d_dpre.get(), d_scratch.get(), d_dout->get(),
+                                    d_pre.get(), d_w2->get(), N, OC, OC2));
+      ExpectClose("matmul dgelu", DownloadBf16(d_dpre), dpre_ref);
+    }
 }
 
 TEST_F(GpuOpsTest, LmHead) {
@@ -308,32 +384,43 @@ TEST_F(GpuOpsTest, LmHead) {
   }
 }
 
-// hs = 12 (C=36, NH=3) takes the scalar path of the dot products; the others the 16-byte one.
+// hs = 12 (C=36, NH=3) takes the scalar paths (dot products, head copies); the others the
+// 16-byte ones. Both kernels: cuBLAS + fused softmax (the default) and the naive one.
 TEST_F(GpuOpsTest, Attention) {
-  for (auto [B, T, C, NH] :
-       {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3}, std::tuple{1, 70, 128, 2},
-        std::tuple{2, 33, 96, 1}, std::tuple{1, 40, 36, 3}, std::tuple{1, 257, 256, 4}}) {
-    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                 " NH=" + std::to_string(NH));
-    const size_t N = size_t(B) * T;
-    auto qkv = Random(N * 3 * C);
-    std::vector<float> out_ref(N * C), att(size_t(B) * NH * T * T);
-    cpu::AttentionForward<float>(out_ref.data(), att.data(), qkv.data(), B, T, C, NH);
-    auto d_qkv = UploadBf16(qkv);
-    DeviceBuffer<Bf16> d_out(N * C);
-    DeviceBuffer<float> d_stats(AttentionStatsSize(B, T, NH));
-    ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
-    ExpectClose("attention out", DownloadBf16(d_out), out_ref);
+  // variant 0: tuned, all heads in one batch; 1: tuned, one head per batch; 2: naive.
+  for (int variant : {0, 1, 2}) {
+    KernelChoice k;
+    k.naive_attention = variant == 2;
+    if (variant == 1) k.attention_batch_bytes = 1;
+    ctx_->set_kernels(k);
+    const std::string tag = variant == 2   ? "attention(naive) "
+                            : variant == 1 ? "attention(1 head per batch) "
+                                           : "attention ";
+    for (auto [B, T, C, NH] :
+         {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3}, std::tuple{1, 70, 128, 2},
+          std::tuple{2, 33, 96, 1}, std::tuple{1, 40, 36, 3}, std::tuple{1, 257, 256, 4}}) {
+      SCOPED_TRACE(tag + "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                   " C=" + std::to_string(C) + " NH=" + std::to_string(NH));
+      const size_t N = size_t(B) * T;
+      auto qkv = Random(N * 3 * C);
+      std::vector<float> out_ref(N * C), att(size_t(B) * NH * T * T);
+      cpu::AttentionForward<float>(out_ref.data(), att.data(), qkv.data(), B, T, C, NH);
+      auto d_qkv = UploadBf16(qkv);
+      DeviceBuffer<Bf16> d_out(N * C);
+      DeviceBuffer<float> d_stats(AttentionStatsSize(B, T, NH));
+      ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
+      ExpectClose(tag + "out", DownloadBf16(d_out), out_ref);
 
-    auto dout = Random(N * C);
-    auto dqkv_ref = Random(N * 3 * C);
-    auto d_dqkv = UploadBf16(dqkv_ref);
-    auto d_dout = UploadBf16(dout);
-    cpu::AttentionBackward<float>(dqkv_ref.data(), dout.data(), qkv.data(), att.data(), B, T, C,
-                                  NH);
-    ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(), d_stats.get(), B,
-                                T, C, NH));
-    ExpectClose("attention dqkv", DownloadBf16(*d_dqkv), dqkv_ref);
+      auto dout = Random(N * C);
+      auto dqkv_ref = Random(N * 3 * C);
+      auto d_dqkv = UploadBf16(dqkv_ref);
+      auto d_dout = UploadBf16(dout);
+      cpu::AttentionBackward<float>(dqkv_ref.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                                    NH);
+      ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(), d_stats.get(),
+                                  B, T, C, NH));
+      ExpectClose(tag + "dqkv", DownloadBf16(*d_dqkv), dqkv_ref);
+    }
   }
 }
 
@@ -347,35 +434,73 @@ TEST_F(GpuOpsTest, AttentionRejectsBadShapes) {
       StatusCode::kInvalidArgument);
 }
 
+// The 128-bit kernels (default; the odd sizes take their scalar tails), and the one-value
+// kernels (naive_elementwise).
 TEST_F(GpuOpsTest, GeluAndResidual) {
-  for (size_t n : {size_t{1}, size_t{15}, size_t{1023}, size_t{(1 << 20) + 7}}) {
-    SCOPED_TRACE("n=" + std::to_string(n));
-    auto x = Random(n, 2.0f), y = Random(n), dout = Random(n);
-    auto d_x = UploadBf16(x), d_y = UploadBf16(y), d_dout = UploadBf16(dout);
+  for (bool naive : {false, true})
+    for (size_t n : {size_t{1}, size_t{15}, size_t{1023}, size_t{(1 << 20) + 7}}) {
+      KernelChoice k;
+      k.naive_elementwise = naive;
+      ctx_->set_kernels(k);
+      SCOPED_TRACE(std::string(naive ? "naive " : "") + "n=" + std::to_string(n));
+      auto x = Random(n, 2.0f), y = Random(n), dout = Random(n);
+      auto d_x = UploadBf16(x), d_y = UploadBf16(y), d_dout = UploadBf16(dout);
 
-    std::vector<float> gelu_ref(n);
-    cpu::GeluForward<float>(gelu_ref.data(), x.data(), n);
-    DeviceBuffer<Bf16> d_out(n);
-    ASSERT_OK(GeluForward(*ctx_, d_out.get(), d_x->get(), n));
-    ExpectClose("gelu out", DownloadBf16(d_out), gelu_ref);
+      std::vector<float> gelu_ref(n);
+      cpu::GeluForward<float>(gelu_ref.data(), x.data(), n);
+      DeviceBuffer<Bf16> d_out(n);
+      ASSERT_OK(GeluForward(*ctx_, d_out.get(), d_x->get(), n));
+      ExpectClose("gelu out", DownloadBf16(d_out), gelu_ref);
 
-    auto dinp_ref = Random(n);
-    auto d_dinp = UploadBf16(dinp_ref);
-    cpu::GeluBackward<float>(dinp_ref.data(), x.data(), dout.data(), n);
-    ASSERT_OK(GeluBackward(*ctx_, d_dinp->get(), d_x->get(), d_dout->get(), n));
-    ExpectClose("gelu dinp", DownloadBf16(*d_dinp), dinp_ref);
+      auto dinp_ref = Random(n);
+      auto d_dinp = UploadBf16(dinp_ref);
+      cpu::GeluBackward<float>(dinp_ref.data(), x.data(), dout.data(), n);
+      ASSERT_OK(GeluBackward(*ctx_, d_dinp->get(), d_x->get(), d_dout->get(), n));
+      ExpectClose("gelu dinp", DownloadBf16(*d_dinp), dinp_ref);
 
-    std::vector<float> sum_ref(n);
-    cpu::ResidualForward<float>(sum_ref.data(), x.data(), y.data(), n);
-    ASSERT_OK(ResidualForward(*ctx_, d_out.get(), d_x->get(), d_y->get(), n));
-    ExpectClose("residual out", DownloadBf16(d_out), sum_ref);
+      std::vector<float> sum_ref(n);
+      cpu::ResidualForward<float>(sum_ref.data(), x.data(), y.data(), n);
+      ASSERT_OK(ResidualForward(*ctx_, d_out.get(), d_x->get(), d_y->get(), n));
+      ExpectClose("residual out", DownloadBf16(d_out), sum_ref);
 
-    auto da_ref = Random(n), db_ref = Random(n);
-    auto d_da = UploadBf16(da_ref), d_db = UploadBf16(db_ref);
-    cpu::ResidualBackward<float>(da_ref.data(), db_ref.data(), dout.data(), n);
-    ASSERT_OK(ResidualBackward(*ctx_, d_da->get(), d_db->get(), d_dout->get(), n));
-    ExpectClose("residual da", DownloadBf16(*d_da), da_ref);
-    ExpectClose("residual db", DownloadBf16(*d_db), db_ref);
+      auto da_ref = Random(n), db_ref = Random(n);
+      auto d_da = UploadBf16(da_ref), d_db = UploadBf16(db_ref);
+      cpu::ResidualBackward<float>(da_ref.data(), db_ref.data(), dout.data(), n);
+      ASSERT_OK(ResidualBackward(*ctx_, d_da->get(), d_db->get(), d_dout->get(), n));
+      ExpectClose("residual da", DownloadBf16(*d_da), da_ref);
+      ExpectClose("residual db", DownloadBf16(*d_db), db_ref);
+    }
+}
+
+// The fused residual + LayerNorm against the CPU's residual then LayerNorm, and the unfused
+// path (naive_elementwise) against the same.
+TEST_F(GpuOpsTest, ResidualLayerNorm) {
+  for (bool naive : {false, true}) {
+    KernelChoice k;
+    k.naive_elementwise = naive;
+    ctx_->set_kernels(k);
+    for (auto [N, C] : {std::pair{1, 1}, std::pair{17, 15}, std::pair{37, 768}}) {
+      SCOPED_TRACE(std::string(naive ? "naive " : "") + "N=" + std::to_string(N) +
+                   " C=" + std::to_string(C));
+      const size_t nc = size_t(N) * C;
+      auto a = Random(nc, 2.0f), b = Random(nc), w = Random(C), bias = Random(C);
+      std::vector<float> res_ref(nc), out_ref(nc), mean_ref(N), rstd_ref(N);
+      cpu::ResidualForward<float>(res_ref.data(), a.data(), b.data(), nc);
+      for (float& r : res_ref) r = RoundBf16(r);  // the GPU keeps the residual in bf16
+      cpu::LayerNormForward<float>(out_ref.data(), mean_ref.data(), rstd_ref.data(), res_ref.data(),
+                                   w.data(), bias.data(), N, C);
+      auto d_a = UploadBf16(a), d_b = UploadBf16(b), d_w = UploadBf16(w), d_bias = UploadBf16(bias);
+      DeviceBuffer<Bf16> d_res(nc), d_out(nc);
+      DeviceBuffer<float> d_mean(N), d_rstd(N);
+      ASSERT_OK(ResidualLayerNormForward(*ctx_, d_res.get(), d_out.get(), d_mean.get(),
+                                         d_rstd.get(), d_a->get(), d_b->get(), d_w->get(),
+                                         d_bias->get(), N, C));
+      const std::vector<float> res = DownloadBf16(d_res);
+      EXPECT_EQ(res, res_ref);  // one rounding of an exact fp32 sum of two bf16 values
+      ExpectClose("residual+layernorm out", DownloadBf16(d_out), out_ref);
+      ExpectClose("residual+layernorm mean", Download(d_mean), mean_ref, 1e-4f, 1e-4f);
+      ExpectClose("residual+layernorm rstd", Download(d_rstd), rstd_ref, 1e-3f, 1e-4f);
+    }
   }
 }
 
@@ -408,34 +533,90 @@ TEST_F(GpuOpsTest, SoftmaxCrossEntropy) {
   }
 }
 
-// The same inputs twice give the same bits (no atomics, fixed reduction orders).
+// The fused classifier against the CPU's softmax cross-entropy forward + backward: padded rows
+// (Vp = PaddedVocab(V): 16-byte path) and unpadded ones (Vp = V, V odd: one value at a time).
+// The padding holds garbage that must not leak into the loss and must come back zero.
+TEST_F(GpuOpsTest, FusedClassifier) {
+  for (auto [N, V, padded] :
+       {std::tuple{1, 1, true}, std::tuple{23, 257, true}, std::tuple{23, 257, false},
+        std::tuple{4, 50257, true}, std::tuple{3, 50257, false}}) {
+    const int Vp = padded ? PaddedVocab(V) : V;
+    SCOPED_TRACE("N=" + std::to_string(N) + " V=" + std::to_string(V) +
+                 " Vp=" + std::to_string(Vp));
+    auto logits = Random(size_t(N) * V, 3.0f);
+    auto targets = RandomTokens(N, V);
+    std::vector<float> probs_ref(size_t(N) * V), losses_ref(N);
+    const double mean_ref = cpu::SoftmaxCrossEntropyForward<float>(
+        probs_ref.data(), losses_ref.data(), logits.data(), targets.data(), N, V);
+    const float dloss = 1.0f / N;
+    std::vector<float> dlogits_ref(size_t(N) * V);
+    cpu::SoftmaxCrossEntropyBackward<float>(dlogits_ref.data(), probs_ref.data(), targets.data(), N,
+                                            V, dloss);
+    std::vector<float> rows = Random(size_t(N) * Vp, 50.0f);  // padding: large garbage
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(logits.begin() + size_t(n) * V, V, rows.begin() + size_t(n) * Vp);
+    }
+    auto d_logits = UploadBf16(rows);
+    auto d_targets = Upload(targets);
+    DeviceBuffer<float> d_losses(N), d_mean(1);
+    ASSERT_OK(FusedClassifier(*ctx_, d_logits->get(), d_losses.get(), d_mean.get(),
+                              d_targets->get(), N, V, Vp, dloss));
+    ExpectClose("classifier losses", Download(d_losses), losses_ref, 1e-4f, 1e-5f);
+    const float mean = Download(d_mean)[0];
+    EXPECT_NEAR(mean, mean_ref, 1e-4 * std::fabs(mean_ref) + 1e-6) << "seed=" << seed_;
+    const std::vector<float> got = DownloadBf16(*d_logits);
+    std::vector<float> dlogits(size_t(N) * V);
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(got.begin() + size_t(n) * Vp, V, dlogits.begin() + size_t(n) * V);
+      for (int v = V; v < Vp; ++v) ASSERT_EQ(got[size_t(n) * Vp + v], 0.0f) << n << "," << v;
+    }
+    ExpectClose("classifier dlogits", dlogits, dlogits_ref);
+  }
+  DeviceBuffer<Bf16> buf(8);
+  DeviceBuffer<float> f(8);
+  DeviceBuffer<int32_t> t(8);
+  EXPECT_EQ(FusedClassifier(*ctx_, buf.get(), f.get(), nullptr, t.get(), 1, 9, 8, 1.0f).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// The same inputs twice give the same bits (no atomics, fixed reduction orders), for the
+// tuned kernels and for the naive ones.
 TEST_F(GpuOpsTest, BackwardIsDeterministic) {
   const int B = 4, T = 64, C = 128, NH = 4, V = 11;  // small V: many repeated tokens
   const size_t N = size_t(B) * T;
   auto qkv = UploadBf16(Random(N * 3 * C)), dout = UploadBf16(Random(N * C));
   auto tokens = Upload(RandomTokens(N, V));
-  DeviceBuffer<float> stats(AttentionStatsSize(B, T, NH));
-  DeviceBuffer<Bf16> out(N * C);
-  ASSERT_OK(AttentionForward(*ctx_, out.get(), stats.get(), qkv->get(), B, T, C, NH));
-  std::vector<float> first_dqkv, first_dwte;
-  for (int run = 0; run < 2; ++run) {
-    DeviceBuffer<Bf16> dqkv(N * 3 * C);
-    DeviceBuffer<float> dwte(size_t(V) * C), dwpe(size_t(T) * C);
-    ASSERT_CUDA(cudaMemset(dqkv.get(), 0, dqkv.size() * sizeof(Bf16)));
-    ASSERT_CUDA(cudaMemset(dwte.get(), 0, dwte.size() * sizeof(float)));
-    ASSERT_CUDA(cudaMemset(dwpe.get(), 0, dwpe.size() * sizeof(float)));
-    ASSERT_OK(
-        AttentionBackward(*ctx_, dqkv.get(), dout->get(), qkv->get(), stats.get(), B, T, C, NH));
-    ASSERT_OK(
-        EmbeddingBackward(*ctx_, dwte.get(), dwpe.get(), dout->get(), tokens->get(), B, T, C, V));
-    auto a = DownloadBf16(dqkv);
-    auto b = Download(dwte);
-    if (run == 0) {
-      first_dqkv = a;
-      first_dwte = b;
-    } else {
-      EXPECT_EQ(std::memcmp(a.data(), first_dqkv.data(), a.size() * sizeof(float)), 0);
-      EXPECT_EQ(std::memcmp(b.data(), first_dwte.data(), b.size() * sizeof(float)), 0);
+  for (const char* spec : {"default", "naive"}) {
+    SCOPED_TRACE(spec);
+    auto kernels = KernelChoice::Parse(spec);
+    ASSERT_TRUE(kernels.ok());
+    ctx_->set_kernels(*kernels);
+    DeviceBuffer<float> stats(AttentionStatsSize(B, T, NH));
+    DeviceBuffer<Bf16> out(N * C);
+    std::vector<float> first_out, first_dqkv, first_dwte;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_OK(AttentionForward(*ctx_, out.get(), stats.get(), qkv->get(), B, T, C, NH));
+      DeviceBuffer<Bf16> dqkv(N * 3 * C);
+      DeviceBuffer<float> dwte(size_t(V) * C), dwpe(size_t(T) * C);
+      ASSERT_CUDA(cudaMemset(dqkv.get(), 0, dqkv.size() * sizeof(Bf16)));
+      ASSERT_CUDA(cudaMemset(dwte.get(), 0, dwte.size() * sizeof(float)));
+      ASSERT_CUDA(cudaMemset(dwpe.get(), 0, dwpe.size() * sizeof(float)));
+      ASSERT_OK(
+          AttentionBackward(*ctx_, dqkv.get(), dout->get(), qkv->get(), stats.get(), B, T, C, NH));
+      ASSERT_OK(
+          EmbeddingBackward(*ctx_, dwte.get(), dwpe.get(), dout->get(), tokens->get(), B, T, C, V));
+      auto o = DownloadBf16(out);
+      auto a = DownloadBf16(dqkv);
+      auto b = Download(dwte);
+      if (run == 0) {
+        first_out = o;
+        first_dqkv = a;
+        first_dwte = b;
+      } else {
+        EXPECT_EQ(std::memcmp(o.data(), first_out.data(), o.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(a.data(), first_dqkv.data(), a.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(b.data(), first_dwte.data(), b.size() * sizeof(float)), 0);
+      }
     }
   }
 }
@@ -499,49 +680,58 @@ TEST_F(GpuOpsTest, WholeBlock) {
   cpu::LayerNormBackward<float>(dx.data(), cg.ln1_w, cg.ln1_b, dln1.data(), x.data(), cp.ln1_w,
                                 m1.data(), r1.data(), N, C);
 
-  // GPU.
-  auto d_params = UploadBf16(params);
-  auto d_x = UploadBf16(x), d_dy = UploadBf16(dy);
-  DeviceBuffer<float> d_grads(P);
-  DeviceBuffer<Bf16> d_y(nc), d_tmp(nc), d_dx(nc);
-  DeviceBuffer<char> d_act(BlockActivations::Bytes(s)), d_scratch(BlockScratch::Bytes(s));
-  ASSERT_CUDA(cudaMemset(d_grads.get(), 0, P * sizeof(float)));
-  ASSERT_CUDA(cudaMemset(d_dx.get(), 0, nc * sizeof(Bf16)));
-  const BlockParams gp = BlockParams::Carve(d_params->get(), C);
-  const BlockGrads gg = BlockGrads::Carve(d_grads.get(), C);
-  const BlockActivations act = BlockActivations::Carve(d_act.get(), s);
-  const BlockScratch scratch = BlockScratch::Carve(d_scratch.get(), s);
-  ASSERT_OK(BlockForward(*ctx_, s, gp, d_x->get(), d_y.get(), d_tmp.get(), act));
-  ASSERT_OK(BlockBackward(*ctx_, s, gp, gg, d_x->get(), act, d_dy->get(), d_dx.get(), scratch));
-  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  // GPU: the tuned kernels (default) and the previous ones; the same tolerances for both.
+  for (const char* spec : {"default", "naive"}) {
+    SCOPED_TRACE(spec);
+    ctx_->set_kernels(*KernelChoice::Parse(spec));
+    const std::string tag = std::string(spec) == "naive" ? "(naive) " : "";
+    // What the model reserves at start-up covers every op of the block (no growth below).
+    const size_t reserved = ModelWorkspaceBytes(*ctx_, B, T, C, NH);
+    if (tag.empty()) ASSERT_TRUE(ctx_->Workspace(reserved).ok());
+    auto d_params = UploadBf16(params);
+    auto d_x = UploadBf16(x), d_dy = UploadBf16(dy);
+    DeviceBuffer<float> d_grads(P);
+    DeviceBuffer<Bf16> d_y(nc), d_tmp(nc), d_dx(nc);
+    DeviceBuffer<char> d_act(BlockActivations::Bytes(s)), d_scratch(BlockScratch::Bytes(s));
+    ASSERT_CUDA(cudaMemset(d_grads.get(), 0, P * sizeof(float)));
+    ASSERT_CUDA(cudaMemset(d_dx.get(), 0, nc * sizeof(Bf16)));
+    const BlockParams gp = BlockParams::Carve(d_params->get(), C);
+    const BlockGrads gg = BlockGrads::Carve(d_grads.get(), C);
+    const BlockActivations act = BlockActivations::Carve(d_act.get(), s);
+    const BlockScratch scratch = BlockScratch::Carve(d_scratch.get(), s);
+    ASSERT_OK(BlockForward(*ctx_, s, gp, d_x->get(), d_y.get(), d_tmp.get(), act));
+    ASSERT_OK(BlockBackward(*ctx_, s, gp, gg, d_x->get(), act, d_dy->get(), d_dx.get(), scratch));
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    if (tag.empty()) EXPECT_EQ(ctx_->workspace_bytes(), reserved);
 
-  ExpectClose("block y", DownloadBf16(d_y), y, 1e-2f, 3e-2f);
-  ExpectClose("block dx", DownloadBf16(d_dx), dx, 1e-2f, 3e-2f);
-  // Each parameter tensor separately, so that a failure names it.
-  const std::vector<float> got = Download(d_grads);
-  const auto gt = BlockTensors<const float>::Carve(got.data(), C);
-  const auto rt = BlockTensors<const float>::Carve(grads.data(), C);
-  const struct {
-    const char* name;
-    const float *g, *r;
-    size_t n;
-  } pieces[] = {
-      {"ln_1.weight", gt.ln1_w, rt.ln1_w, size_t(C)},
-      {"ln_1.bias", gt.ln1_b, rt.ln1_b, size_t(C)},
-      {"attn.c_attn.weight", gt.qkv_w, rt.qkv_w, 3 * size_t(C) * C},
-      {"attn.c_attn.bias", gt.qkv_b, rt.qkv_b, 3 * size_t(C)},
-      {"attn.c_proj.weight", gt.attn_proj_w, rt.attn_proj_w, size_t(C) * C},
-      {"attn.c_proj.bias", gt.attn_proj_b, rt.attn_proj_b, size_t(C)},
-      {"ln_2.weight", gt.ln2_w, rt.ln2_w, size_t(C)},
-      {"ln_2.bias", gt.ln2_b, rt.ln2_b, size_t(C)},
-      {"mlp.c_fc.weight", gt.fc_w, rt.fc_w, 4 * size_t(C) * C},
-      {"mlp.c_fc.bias", gt.fc_b, rt.fc_b, 4 * size_t(C)},
-      {"mlp.c_proj.weight", gt.fc_proj_w, rt.fc_proj_w, 4 * size_t(C) * C},
-      {"mlp.c_proj.bias", gt.fc_proj_b, rt.fc_proj_b, size_t(C)},
-  };
-  for (const auto& p : pieces) {
-    ExpectClose(std::string("block grad ") + p.name, std::vector<float>(p.g, p.g + p.n),
-                std::vector<float>(p.r, p.r + p.n), 1e-2f, 3e-2f);
+    ExpectClose(tag + "block y", DownloadBf16(d_y), y, 1e-2f, 3e-2f);
+    ExpectClose(tag + "block dx", DownloadBf16(d_dx), dx, 1e-2f, 3e-2f);
+    // Each parameter tensor separately, so that a failure names it.
+    const std::vector<float> got = Download(d_grads);
+    const auto gt = BlockTensors<const float>::Carve(got.data(), C);
+    const auto rt = BlockTensors<const float>::Carve(grads.data(), C);
+    const struct {
+      const char* name;
+      const float *g, *r;
+      size_t n;
+    } pieces[] = {
+        {"ln_1.weight", gt.ln1_w, rt.ln1_w, size_t(C)},
+        {"ln_1.bias", gt.ln1_b, rt.ln1_b, size_t(C)},
+        {"attn.c_attn.weight", gt.qkv_w, rt.qkv_w, 3 * size_t(C) * C},
+        {"attn.c_attn.bias", gt.qkv_b, rt.qkv_b, 3 * size_t(C)},
+        {"attn.c_proj.weight", gt.attn_proj_w, rt.attn_proj_w, size_t(C) * C},
+        {"attn.c_proj.bias", gt.attn_proj_b, rt.attn_proj_b, size_t(C)},
+        {"ln_2.weight", gt.ln2_w, rt.ln2_w, size_t(C)},
+        {"ln_2.bias", gt.ln2_b, rt.ln2_b, size_t(C)},
+        {"mlp.c_fc.weight", gt.fc_w, rt.fc_w, 4 * size_t(C) * C},
+        {"mlp.c_fc.bias", gt.fc_b, rt.fc_b, 4 * size_t(C)},
+        {"mlp.c_proj.weight", gt.fc_proj_w, rt.fc_proj_w, 4 * size_t(C) * C},
+        {"mlp.c_proj.bias", gt.fc_proj_b, rt.fc_proj_b, size_t(C)},
+    };
+    for (const auto& p : pieces) {
+      ExpectClose(tag + "block grad " + p.name, std::vector<float>(p.g, p.g + p.n),
+                  std::vector<float>(p.r, p.r + p.n), 1e-2f, 3e-2f);
+    }
   }
 }
 
