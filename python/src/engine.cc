@@ -75,7 +75,7 @@ int CudaDeviceFor(int configured) {
 
 // The ranks of a launcher's run (torchrun, strata launch, mpirun, srun), joined through Gloo as
 // `strata train` joins them; nullptr for a single process.
-std::unique_ptr<Communicator> JoinGloo(const EngineConfig& c) {
+std::unique_ptr<Communicator> JoinGloo(const EngineConfig& c, CommOptions* used) {
   Result<RankInfo> rank = RankInfoFromEnv();
   if (!rank.ok()) {
     if (rank.status().code() == StatusCode::kNotFound) return nullptr;  // no launcher
@@ -111,22 +111,15 @@ std::unique_ptr<Communicator> JoinGloo(const EngineConfig& c) {
     comm = CreateGlooCommunicator(o);
   }
   ThrowIfError(Status(comm.status()).Annotate("joining the other ranks"));
+  *used = o;
   return std::move(*comm);
 }
 
 // On a CUDA device the engine's collectives run through NCCL, on the device's comm lane,
 // meeting the other ranks through the Gloo communicator's store; nullptr where this build has
 // no NCCL (the engine then gathers through Gloo in pinned host memory).
-std::unique_ptr<Communicator> JoinNccl(const Communicator& gloo, Device& device) {
-  CommOptions o;
-  o.rank.rank = gloo.rank();
-  o.rank.world_size = gloo.world_size();
-  o.store_prefix = "strata-python-nccl";
-  if (std::getenv("STRATA_COMM_TIMEOUT") != nullptr) {
-    Result<std::chrono::milliseconds> t = CommTimeoutFromEnv();
-    ThrowIfError(t.status());
-    o.timeout = *t;
-  }
+std::unique_ptr<Communicator> JoinNccl(CommOptions o, const Communicator& gloo, Device& device) {
+  o.store_prefix += "-nccl";
   Result<std::unique_ptr<Communicator>> comm = Status::OK();
   {
     py::gil_scoped_release release;
@@ -165,8 +158,9 @@ class PyEngine {
     ThrowIfError(dev.status());
     device_ = std::move(*dev);
     cuda_device_ = dopt.cuda_device;
-    gloo_ = JoinGloo(c);
-    if (gloo_ && cuda) nccl_ = JoinNccl(*gloo_, *device_);
+    CommOptions joined;
+    gloo_ = JoinGloo(c, &joined);
+    if (gloo_ && cuda) nccl_ = JoinNccl(joined, *gloo_, *device_);
     EngineOptions o;
     o.device = device_.get();
     o.comm = nccl_ ? nccl_.get() : gloo_.get();

@@ -28,11 +28,12 @@ inside it (its hooks, its autograd Function, opt.step) into engine calls, the bl
 compute (forward, recompute, their autograd.grad), copies of values into and out of the engine,
 and the rest, the layer's own Python work. Off by default (each region then costs one check).
 
-device="cuda": the acquired buffers are wrapped through __cuda_array_interface__ and handed
-between the engine's compute lane and torch's current stream by CUDA events (_handoff.py), so
-the host never waits at a block edge. The GPU is the launcher's local rank (LOCAL_RANK under
-torchrun; torch's current device is set to it), and several ranks run the engine's collectives
-through NCCL where the build has it.
+device="cuda" (not yet run on a GPU; tools/gpu_check_python.sh runs it there): the acquired
+buffers are wrapped through __cuda_array_interface__ and handed between the engine's compute
+lane and torch's current stream by CUDA events (_handoff.py), so the host never waits at a
+block edge. The GPU is the launcher's local rank (LOCAL_RANK under torchrun; torch's current
+device is set to it), and several ranks run the engine's collectives through NCCL where the
+build has it.
 
 Dtypes: the model's parameters are all float32 or all bfloat16, and the engine computes in
 that dtype (fp32 master weights and moments either way), so an acquire converts nothing.
