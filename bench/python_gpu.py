@@ -117,7 +117,7 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--clip", type=float, default=1.0)
-    p.add_argument("--device-mem", default="400M", help="the offloaded run's device budget")
+    p.add_argument("--device-mem", default="512M", help="the offloaded run's device budget")
     p.add_argument("--host-mem", default="0", help="the offloaded run's host budget (0: all)")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest relative loss difference from the resident run")

@@ -27,7 +27,7 @@
 #           within 1e-4 of resident torch; a bf16 model; fp16 refused), the rest as on the CPU
 #   hf      bench/python_gpu.py --model hf: Hugging Face's GPT2LMHeadModel at GPT-2 small
 #           (12 x 768, seq 512, batch 8) resident, offloaded with unlimited budgets, and
-#           offloaded with a 400 MiB device budget (the states are ~2 GiB): offloaded == in
+#           offloaded with a 512 MiB device budget (the states are ~2 GiB): offloaded == in
 #           memory bit for bit, each within 1e-4 of resident, tokens/s of each. Without
 #           transformers on the GPU machine: FAIL hf, and the same run with tests/python's GPT
 #           at the same geometry (--model gpt), so the numbers are still measured.

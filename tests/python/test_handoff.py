@@ -197,3 +197,39 @@ def test_every_hand_off_of_engine_memory_is_ordered():
         if e[0] in ("release", "submit_grads", "submit_grads_from"):
             assert log[i - 1] == ("to_engine",), log[i - 1:i + 1]
     eng.close()
+
+
+@pytest.mark.filterwarnings("ignore:GradScaler is going to stop passing itself")
+def test_a_grad_scaler_is_refused_and_its_step_dropped(tmp_path):
+    """GradScaler.step(opt) on an offloaded model: its scaled gradients are in the engine, which
+    cannot unscale or check them, so the step is dropped (the weights stay) and refused."""
+    if not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"):
+        pytest.skip("this torch has no GradScaler for the CPU (torch < 2.3)")
+    m = GPT()
+    eng = strata.Engine(device="cpu", nvme=tmp_path)
+    strata.offload(m, blocks=list(m.blocks), engine=eng)
+    opt = strata.optim.AdamW(m.parameters(), lr=1e-2)
+    before = eng._model.gather()
+    scaler = torch.amp.GradScaler("cpu")
+    (x, y), = next(batches(1, 1))
+    scaler.scale(m(x, y)).backward()
+    with pytest.raises(strata.Error, match="GradScaler.*never reach .grad.*the step was dropped.*bf16"):
+        scaler.step(opt)
+    after = eng._model.gather()
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    m(x, y).backward()  # the next step runs as usual
+    opt.step()
+    assert not all(torch.equal(before[n], v) for n, v in eng._model.gather().items())
+    eng.close()
+    # Without NVMe the updates ran before the scaler was seen: committed, and said so.
+    m = GPT()
+    eng = strata.Engine(device="cpu")
+    strata.offload(m, blocks=list(m.blocks), engine=eng)
+    opt = strata.optim.AdamW(m.parameters(), lr=1e-2)
+    scaler.scale(m(x, y)).backward()
+    with pytest.raises(strata.Error, match="already run on the scaled gradients and it was "
+                                           "committed"):
+        scaler.step(opt)
+    m(x, y).backward()  # the next step runs
+    opt.step()
+    eng.close()
