@@ -78,16 +78,16 @@ def test_a_bfloat16_model_computes_on_the_engines_bf16_buffers_and_trains():
 
 def test_bf16_gradients_reach_the_engine_as_torch_computed_them():
     """The engine's update from a bf16 model's gradients (widened into its fp32 buffer) is
-    torch's gradient of the same bf16 model, to within two bf16 roundings (8e-3) of its largest
-    element: a bf16 sum of a few elements tips differently in the recompute's backward. A
-    gradient lost, misplaced or mis-scaled is off by the whole of it."""
+    torch's gradient of the same bf16 model, to within 1e-3 of its largest element (measured:
+    1.8e-4, in LayerNorm weights, whose gradient is a bf16 sum over tokens that tips differently
+    in the recompute's backward). A gradient lost, misplaced or mis-scaled is off by all of it."""
     torch.manual_seed(0)
     ours = _update_of_one_step(GPT().bfloat16(), offloaded=True)
     torch.manual_seed(0)
     theirs = _update_of_one_step(GPT().bfloat16(), offloaded=False)
     for n, b in theirs.items():
         err = (ours[n] - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
-        assert err <= 8e-3, f"{n}: the update differs from torch's gradient by {err:.3g}"
+        assert err <= 1e-3, f"{n}: the update differs from torch's gradient by {err:.3g}"
 
 
 def test_fp16_and_mixed_dtypes_are_refused():
