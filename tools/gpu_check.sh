@@ -494,6 +494,16 @@ PY
   if want scale; then scale_check; fi
 fi
 
+# ---- python: the Python layer on the GPU, tools/gpu_check_python.sh (its lines in python/) ----
+pyargs=(--from "$bundle" --out "$out/python"); [ "$mode" = dry ] && pyargs+=(--dry-run)
+if [ ! -d "$bundle/python" ]; then
+  say "$([ "$mode" = dry ] && echo SKIP || echo FAIL) python: no python/ in the bundle (tools/gpu_check_python.sh --bundle BUILD)"
+  [ "$mode" = dry ] || record python FAIL
+elif timeout --kill-after=10 540 tools/gpu_check_python.sh "${pyargs[@]}" >>"$log" 2>&1; then
+  say "PASS python: $(grep ^PASS "$out/python/gpu_check_python.txt" | cut -d: -f1 | tr '\n' ' ')(python/gpu_check_python.txt)"; record python PASS
+else
+  say "FAIL python: $(grep ^FAIL "$out/python/gpu_check_python.txt" | cut -c1-200 | tr '\n' ' ')"; record python FAIL
+fi
 say "# $pass passed, $fail failed"
 "${PYTHON:-python3}" - "$results" "$out/gpu_check.json" "$mode" <<'PY'
 import json, sys

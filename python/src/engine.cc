@@ -2,10 +2,14 @@
 // API of include/strata/engine.h one call each. Addresses cross as ints; the Python layer
 // (python/strata/_offload.py) wraps them as tensors.
 //
-// Acquire waits (GIL released) until the block's parameters have landed: the model computing
-// on them is torch, which does not wait for the engine's compute lane, so the lane is drained
-// here before torch reads the memory. Ownership: the device outlives the engine (members in
-// that order). One Python thread drives the step API, as the engine requires.
+// Hand-offs between torch and the engine's compute lane (python/strata/_offload.py, _Handoff):
+// on a HostDevice torch computes on the calling thread, so Acquire drains the compute lane
+// (GIL released) before torch reads the memory. On a CUDA device nothing here waits on the
+// host: Acquire returns once the copies are enqueued, and the layer orders the two streams
+// with events through compute_stream (torch's stream waits on the engine's lane after an
+// acquire; the engine's lane waits on torch's stream before a release or a submit).
+// Ownership: the device outlives the communicators, which outlive the engine (members in that
+// order). One Python thread drives the step API, as the engine requires.
 #include "strata/engine.h"
 
 #include <pybind11/pybind11.h>
@@ -42,12 +46,36 @@ struct EngineConfig {
   bool adamw = true;
   int optimizer_threads = 0;
   std::string trace_path;
-  std::string rendezvous;  // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
+  std::string rendezvous;      // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
+  std::string dtype = "auto";  // the working dtype: auto | fp32 | bf16 (the model's)
+  int cuda_device = -1;        // the GPU; -1 = the launcher's local rank (0 without one)
 };
+
+WorkingDtype ParseDtype(const std::string& name) {
+  if (name == "auto") return WorkingDtype::kAuto;
+  if (name == "fp32") return WorkingDtype::kFp32;
+  if (name == "bf16") return WorkingDtype::kBf16;
+  ThrowIfError(
+      Status::InvalidArgument("dtype '" + name + "': expected \"auto\", \"fp32\" or \"bf16\""));
+  return WorkingDtype::kAuto;
+}
+
+// The GPU this process uses: `configured` when >= 0, else the launcher's local rank (torchrun's
+// LOCAL_RANK, Open MPI's, Slurm's), so that the ranks on one host use one GPU each; 0 for a
+// single process.
+int CudaDeviceFor(int configured) {
+  if (configured >= 0) return configured;
+  Result<RankInfo> rank = RankInfoFromEnv();
+  if (!rank.ok()) {
+    if (rank.status().code() == StatusCode::kNotFound) return 0;  // no launcher
+    ThrowIfError(rank.status());
+  }
+  return rank->local_rank;
+}
 
 // The ranks of a launcher's run (torchrun, strata launch, mpirun, srun), joined through Gloo as
 // `strata train` joins them; nullptr for a single process.
-std::unique_ptr<Communicator> JoinRanks(const EngineConfig& c) {
+std::unique_ptr<Communicator> JoinGloo(const EngineConfig& c, CommOptions* used) {
   Result<RankInfo> rank = RankInfoFromEnv();
   if (!rank.ok()) {
     if (rank.status().code() == StatusCode::kNotFound) return nullptr;  // no launcher
@@ -83,6 +111,22 @@ std::unique_ptr<Communicator> JoinRanks(const EngineConfig& c) {
     comm = CreateGlooCommunicator(o);
   }
   ThrowIfError(Status(comm.status()).Annotate("joining the other ranks"));
+  *used = o;
+  return std::move(*comm);
+}
+
+// On a CUDA device the engine's collectives run through NCCL, on the device's comm lane,
+// meeting the other ranks through the Gloo communicator's store; nullptr where this build has
+// no NCCL (the engine then gathers through Gloo in pinned host memory).
+std::unique_ptr<Communicator> JoinNccl(CommOptions o, const Communicator& gloo, Device& device) {
+  o.store_prefix += "-nccl";
+  Result<std::unique_ptr<Communicator>> comm = Status::OK();
+  {
+    py::gil_scoped_release release;
+    comm = CreateNcclCommunicator(o, gloo.store(), device);
+  }
+  if (comm.status().code() == StatusCode::kNotSupported) return nullptr;
+  ThrowIfError(Status(comm.status()).Annotate("joining the other ranks through NCCL"));
   return std::move(*comm);
 }
 
@@ -105,13 +149,22 @@ class PyEngine {
     for (const std::string& p : c.nvme) CheckPathArgument(p, "nvme folder");
     CheckPathArgument(c.trace_path, "trace path");
     DeviceOptions dopt;
+    if (cuda) dopt.cuda_device = CudaDeviceFor(c.cuda_device);
     Result<std::unique_ptr<Device>> dev = cuda ? CreateCudaDevice(dopt) : CreateHostDevice(dopt);
+    if (!dev.ok() && cuda) {
+      ThrowIfError(
+          Status(dev.status()).Annotate("opening GPU " + std::to_string(dopt.cuda_device)));
+    }
     ThrowIfError(dev.status());
     device_ = std::move(*dev);
-    comm_ = JoinRanks(c);
+    cuda_device_ = dopt.cuda_device;
+    CommOptions joined;
+    gloo_ = JoinGloo(c, &joined);
+    if (gloo_ && cuda) nccl_ = JoinNccl(joined, *gloo_, *device_);
     EngineOptions o;
     o.device = device_.get();
-    o.comm = comm_.get();
+    o.comm = nccl_ ? nccl_.get() : gloo_.get();
+    o.dtype = ParseDtype(c.dtype);
     o.device_mem_bytes = c.device_mem;
     o.host_mem_bytes = c.host_mem;
     o.nvme_paths = c.nvme;
@@ -136,8 +189,9 @@ class PyEngine {
   }
 
   ~PyEngine() {
-    engine_.reset();  // before the device and the communicator it uses
-    comm_.reset();
+    engine_.reset();  // before the device and the communicators it uses
+    nccl_.reset();
+    gloo_.reset();
   }
 
   // Ends the engine now, not when Python lets go of this object (a traceback can keep it
@@ -147,19 +201,33 @@ class PyEngine {
   void Close() {
     py::gil_scoped_release release;
     engine_.reset();
-    comm_.reset();
+    nccl_.reset();
+    gloo_.reset();
   }
 
-  int Rank() const { return comm_ ? comm_->rank() : 0; }
-  int WorldSize() const { return comm_ ? comm_->world_size() : 1; }
+  int Rank() const { return gloo_ ? gloo_->rank() : 0; }
+  int WorldSize() const { return gloo_ ? gloo_->world_size() : 1; }
+  // "gloo", "nccl", or "" for a single rank: what the engine's collectives run on.
+  std::string Backend() const { return nccl_ ? "nccl" : gloo_ ? "gloo" : ""; }
+  // The cudaStream_t of the engine's compute lane, as an int (0 on a HostDevice).
+  uintptr_t ComputeStream() {
+    return reinterpret_cast<uintptr_t>(device_->NativeStream(Lane::kCompute));
+  }
+  // The GPU ordinal (-1 on a HostDevice).
+  int CudaDevice() const { return device_->Kind() == DeviceKind::kCuda ? cuda_device_ : -1; }
+  // Drains the engine's compute lane (the host hand-off; see the file comment).
+  void SynchronizeCompute() {
+    py::gil_scoped_release release;
+    ThrowIfError(device_->SynchronizeLane(Lane::kCompute));
+  }
   // Every rank gets rank 0's `n` floats at `address` (one rank: nothing to do).
   void BroadcastF32(uintptr_t address, size_t n) {
-    if (!comm_) return;
+    if (!gloo_) return;
     py::gil_scoped_release release;
     CollectiveOptions co;
     co.label = "broadcast initial weights";
     ThrowIfError(
-        comm_->Broadcast(reinterpret_cast<void*>(address), n, CommDataType::kFloat32, 0, co)
+        gloo_->Broadcast(reinterpret_cast<void*>(address), n, CommDataType::kFloat32, 0, co)
             .Wait()
             .Annotate("receiving the initial weights from rank 0"));
   }
@@ -201,12 +269,15 @@ class PyEngine {
     py::gil_scoped_release release;
     ThrowIfError(Live().BeginStep({.lr = lr, .grad_scale = grad_scale}));
   }
-  // The address of the block's working parameters, readable once this returns.
+  // The address of the block's working parameters: readable once this returns on a HostDevice;
+  // on CUDA by work ordered after the compute lane's work enqueued so far (see the file comment).
   uintptr_t Acquire(int block, bool backward) {
     py::gil_scoped_release release;
     Result<BlockView> v = Live().Acquire(block, backward ? Pass::kBackward : Pass::kForward);
     ThrowIfError(v.status());
-    ThrowIfError(device_->SynchronizeLane(Lane::kCompute));
+    if (device_->Kind() == DeviceKind::kHost) {
+      ThrowIfError(device_->SynchronizeLane(Lane::kCompute));
+    }
     return reinterpret_cast<uintptr_t>(v->params);
   }
   void Release(int block) {
@@ -280,7 +351,9 @@ class PyEngine {
   }
 
   std::unique_ptr<Device> device_;
-  std::unique_ptr<Communicator> comm_;  // nullptr: a single rank
+  int cuda_device_ = 0;
+  std::unique_ptr<Communicator> gloo_;  // nullptr: a single rank
+  std::unique_ptr<Communicator> nccl_;  // the engine's, on a CUDA device where NCCL is built
   std::unique_ptr<Engine> engine_;
 };
 
@@ -304,8 +377,12 @@ void BindEngine(py::module_& m) {
       .def_readwrite("adamw", &EngineConfig::adamw)
       .def_readwrite("optimizer_threads", &EngineConfig::optimizer_threads)
       .def_readwrite("trace_path", &EngineConfig::trace_path)
-      .def_readwrite("rendezvous", &EngineConfig::rendezvous);
+      .def_readwrite("rendezvous", &EngineConfig::rendezvous)
+      .def_readwrite("dtype", &EngineConfig::dtype)
+      .def_readwrite("cuda_device", &EngineConfig::cuda_device);
   m.def("cuda_available", &CudaAvailable);
+  m.def("cuda_device_for", &CudaDeviceFor, py::arg("configured") = -1,
+        "The GPU an Engine opens: `configured` when >= 0, else the launcher's local rank.");
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::vector<BlockTuple>&, const EngineConfig&>(), py::arg("blocks"),
            py::arg("config"))
@@ -313,6 +390,10 @@ void BindEngine(py::module_& m) {
       .def_property_readonly("rank", &PyEngine::Rank)
       .def_property_readonly("world_size", &PyEngine::WorldSize)
       .def("broadcast_f32", &PyEngine::BroadcastF32)
+      .def_property_readonly("backend", &PyEngine::Backend)
+      .def_property_readonly("compute_stream", &PyEngine::ComputeStream)
+      .def_property_readonly("cuda_device", &PyEngine::CudaDevice)
+      .def("synchronize_compute", &PyEngine::SynchronizeCompute)
       .def_property_readonly("device_kind", &PyEngine::DeviceKindName)
       .def_property_readonly("dtype", &PyEngine::Dtype)
       .def("placement", &PyEngine::Placement)

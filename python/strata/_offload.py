@@ -28,11 +28,18 @@ inside it (its hooks, its autograd Function, opt.step) into engine calls, the bl
 compute (forward, recompute, their autograd.grad), copies of values into and out of the engine,
 and the rest, the layer's own Python work. Off by default (each region then costs one check).
 
-device="cuda" (written, not yet run on a GPU): the acquired buffers are wrapped through
-__cuda_array_interface__, Acquire waits on the host for the engine's compute lane, and torch's
-current stream is synchronised before a block is released or its gradient submitted. That is
-correct but serialises torch's stream with the engine's at block edges; adopting torch's stream
-as the engine's compute lane (events instead of host waits) is the next step.
+device="cuda" (not yet run on a GPU; tools/gpu_check_python.sh runs it there): the acquired
+buffers are wrapped through __cuda_array_interface__ and handed between the engine's compute
+lane and torch's current stream by CUDA events (_handoff.py), so the host never waits at a
+block edge. The GPU is the launcher's local rank (LOCAL_RANK under torchrun; torch's current
+device is set to it), and several ranks run the engine's collectives through NCCL where the
+build has it.
+
+Dtypes: the model's parameters are all float32 or all bfloat16, and the engine computes in
+that dtype (fp32 master weights and moments either way), so an acquire converts nothing.
+bf16 gradients are widened into the engine's fp32 gradient buffer by the copy that puts them
+there. fp16 (a float16 model, torch.autocast(dtype=torch.float16), GradScaler) is refused: the
+engine's gradients never reach .grad, so a GradScaler could not unscale or check them.
 """
 import collections
 import functools
@@ -43,8 +50,9 @@ import struct
 import torch
 
 from . import _strata
-from ._block import CHECKPOINTING_REFUSED, _BlockForward
+from ._block import CHECKPOINTING_REFUSED, _autocast_state, _BlockForward
 from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
+from ._handoff import handoff_for
 from ._sizes import parse_bytes
 from ._strata import Error
 
@@ -252,11 +260,7 @@ class _Offloaded:
                                 "engine holds each parameter in one place: a parameter may be "
                                 "shared within one block or outside the blocks, not across them")
                 owner[id(p)] = where
-        for n, p in self.model.named_parameters():
-            if p.dtype != torch.float32:
-                raise Error(f"parameter {n!r} is {p.dtype}; strata.offload takes float32 "
-                            "parameters (the engine keeps fp32 master weights); call "
-                            "model.float() first")
+        self.dtype = _model_dtype(self.model)
         self.rest = [(n, p) for n, p in self.model.named_parameters()
                      if owner[id(p)][0] == "rest"]
         self.first_block = 1 if self.rest else 0
@@ -313,11 +317,14 @@ class _Offloaded:
         c.weight_decay = float(decay.pop()) if decay else 0.0
         c.grad_clip = float(opt.max_grad_norm)
         c.optimizer_threads = c.optimizer_threads or opt.threads
+        c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
         self._specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
                        for bname, ps in self.engine_blocks()]
         self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
-        self._torch_device = torch.device("cuda" if self._core.device_kind == "cuda" else "cpu")
+        self._torch_device = self._handoff.device
+        if self._torch_device.type == "cuda":
+            torch.cuda.set_device(self._torch_device)  # the rank's GPU, as the engine's
         # Every block's autograd Function takes it, so that backward reaches the blocks even when
         # no block input requires grad (its gradient is None: it never accumulates one).
         self.anchor = torch.zeros((), device=self._torch_device, requires_grad=True)
@@ -336,6 +343,7 @@ class _Offloaded:
 
     def _open_core(self, config):
         self._core = _strata.Engine(self._specs, config)
+        self._handoff = handoff_for(self._core)
         if self.engine._clock is not None:
             self._core = _TimedCore(self._core, self.engine._clock)
         self._layout = self._core.layout()
@@ -365,25 +373,20 @@ class _Offloaded:
         if self._torch_device.type == "cpu":
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
             return torch.frombuffer(_strata.memory(address, nbytes), dtype=dtype, count=numel)
-        return _cuda_tensor(address, numel, dtype)
+        return _cuda_tensor(address, numel, dtype, self._torch_device)
 
     def _params_view(self, b, address):
         """The block's tensors as views of the acquired flat buffer."""
-        dtype = torch.bfloat16 if self._core.dtype == "bf16" else torch.float32
         _, tensors, padded = self._layout[b]
-        flat = self._wrap(address, padded, dtype)
+        flat = self._wrap(address, padded, self.dtype)
         return [flat[off:off + n].view(shape) for (_, shape, off, n) in tensors]
-
-    def _sync(self):
-        if self._torch_device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
 
     def bind(self, b, backward):
         """Acquires engine block b and points its Parameters at the acquired buffer."""
         views = self._params_view(b, self._acquire(b, backward))
         ps = self._block_tensors[b]
         for p, v in zip(ps, views):
-            p.data = v if v.dtype == p.dtype else v.to(p.dtype)
+            p.data = v  # the engine's working dtype is the model's
         return ps
 
     def unbind(self, b):
@@ -392,17 +395,18 @@ class _Offloaded:
 
     def clear_params(self, b):
         """Points block b's Parameters back at empty placeholders (the block stays acquired)."""
-        self._sync()
-        empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
+        empty = torch.empty(0, dtype=self.dtype, device=self._torch_device)
         for p in self._block_tensors[b]:
             p.data = empty
 
     def _acquire(self, b, backward):
         address = self._core.acquire(b, backward)
         self._acquired = (b, backward, False)
+        self._handoff.to_torch()
         return address
 
     def _release(self, b):
+        self._handoff.to_engine()
         self._core.release(b)
         self._acquired = None
         self._released += 1
@@ -417,18 +421,19 @@ class _Offloaded:
             dst.copy_(src)
 
     def submit(self, b, grads):
-        """Submits the block's gradients (None: zeros). With one rank the engine copies them
-        straight from torch's tensors (SubmitGradsFrom), which are kept alive here until it has
-        read them; with several, the reduce-scatter needs them in the engine's gradient buffer,
-        so they are copied there first."""
-        if self._one_rank:
+        """Submits the block's gradients (None: zeros). With one rank and fp32 gradients the
+        engine copies them straight from torch's tensors (SubmitGradsFrom), which are kept alive
+        here until it has read them; otherwise they are copied into the engine's fp32 gradient
+        buffer first (the reduce-scatter of several ranks reads it; bf16 is widened by that
+        copy)."""
+        if self._one_rank and self.dtype == torch.float32:
             self._submit_from(b, grads)
         else:
             self._submit_copied(b, grads)
 
     def _submit_from(self, b, grads):
         keep, addresses = [], []
-        with self._clock.copy():  # nothing is copied unless a gradient is not plain fp32
+        with self._clock.copy():  # nothing is copied unless a gradient is not contiguous fp32
             for g in grads:
                 if g is None:
                     addresses.append(0)
@@ -439,7 +444,7 @@ class _Offloaded:
                     g = g.to(self._torch_device, torch.float32).contiguous()
                 keep.append(g)
                 addresses.append(g.data_ptr())
-            self._sync()
+            self._handoff.to_engine()
         ticket = self._core.submit_grads_from(b, addresses)
         self._acquired = (b, True, True)
         self._held_grads.append((ticket, keep))
@@ -462,7 +467,7 @@ class _Offloaded:
                     flat[off:off + n].zero_()
                 else:
                     self._copy(flat[off:off + n], g.reshape(-1))
-            self._sync()
+            self._handoff.to_engine()
         self._core.submit_grads(b)
         self._acquired = (b, True, True)
 
@@ -481,6 +486,11 @@ class _Offloaded:
         if self.model.training and any(m.gradient_checkpointing is True
                                        for m in self._checkpointing_flags):
             raise Error(f"the model has gradient checkpointing on: {CHECKPOINTING_REFUSED}")
+        if _fp16_autocast():
+            raise Error("the offloaded model runs under torch.autocast(dtype=torch.float16); "
+                        "strata.offload does not train in fp16 (its gradients never reach "
+                        ".grad, so a GradScaler could not unscale or check them): use "
+                        "torch.autocast(..., dtype=torch.bfloat16), or a bfloat16 model")
         self._finish_backward()
         if self._next_fwd is not None or self._next_bwd is not None:
             raise Error("forward called again before loss.backward() of the previous forward "
@@ -502,11 +512,10 @@ class _Offloaded:
             views = self._params_view(0, self._acquire(0, False))
             with torch.no_grad(), self._clock.copy():
                 for (_, p), v in zip(self.rest, views):
-                    if p.data.shape != v.shape:
+                    if p.data.shape != v.shape or p.data.device != v.device:
                         p.data = torch.empty(v.shape, dtype=p.dtype, device=self._torch_device)
                     self._copy(p.data, v)
                     p.grad = None
-                self._sync()
             self._release(0)
         self._next_fwd = self.first_block
 
@@ -703,7 +712,30 @@ class _Offloaded:
         return out
 
 
-def _cuda_tensor(address, numel, dtype):
+def _fp16_autocast():
+    """True when torch.autocast is on with float16 for the CPU or CUDA."""
+    state, _ = _autocast_state()
+    return any(enabled and dtype == torch.float16 for enabled, dtype in state.values())
+
+
+def _model_dtype(model):
+    """The one dtype of the model's parameters, float32 or bfloat16 (strata.Error otherwise)."""
+    dtypes = {}
+    for n, p in model.named_parameters():
+        dtypes.setdefault(p.dtype, n)
+    if torch.float16 in dtypes:
+        raise Error(f"parameter {dtypes[torch.float16]!r} is float16; strata.offload does not "
+                    "train in fp16 (its gradients never reach .grad, so a GradScaler could not "
+                    "unscale or check them): use model.bfloat16() or model.float()")
+    if len(dtypes) > 1 or not set(dtypes) <= {torch.float32, torch.bfloat16}:
+        found = ", ".join(f"{d} ({n!r})" for d, n in dtypes.items())
+        raise Error(f"the parameters of an offloaded model are all float32 or all bfloat16 (the "
+                    f"engine computes in one dtype); found {found}: call model.float() or "
+                    "model.bfloat16() first")
+    return next(iter(dtypes), torch.float32)
+
+
+def _cuda_tensor(address, numel, dtype, device):
     """A CUDA tensor over engine memory (__cuda_array_interface__; bf16 as int16 bits)."""
     typestr = {torch.float32: "<f4", torch.bfloat16: "<i2"}[dtype]
 
@@ -711,7 +743,7 @@ def _cuda_tensor(address, numel, dtype):
         __cuda_array_interface__ = {"shape": (numel,), "typestr": typestr,
                                     "data": (address, False), "version": 2}
 
-    t = torch.as_tensor(_Array(), device="cuda")
+    t = torch.as_tensor(_Array(), device=device)
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
 

@@ -77,12 +77,36 @@ class AdamW(torch.optim.Optimizer):
         super().zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    @property
+    def _step_supports_amp_scaling(self):
+        """For an offloaded model, GradScaler.step hands itself to step() (grad_scaler=, or the
+        grad_scale attribute in torch 2), which refuses it: see _refuse_grad_scaler."""
+        return self._offload is not None
+
+    def _refuse_grad_scaler(self):
+        """A GradScaler's scaled gradients went into the engine, which cannot unscale or check
+        them (they never reach .grad): the step is dropped where it can be (NVMe folders keep the
+        last commit), else committed as it ran, and the scaler is refused either way."""
+        try:
+            self._offload.abort_step()
+            done = "the step was dropped"
+        except Error:
+            self._offload.end_step(self)
+            done = ("the step's updates had already run on the scaled gradients and it was "
+                    "committed (with NVMe folders it is dropped instead)")
+        raise Error("GradScaler.step() with an offloaded model: its gradients never reach .grad, "
+                    f"so the scaler can neither unscale nor check them; {done}. fp16 is not "
+                    "supported: train in bf16 (torch.autocast(..., dtype=torch.bfloat16) or "
+                    "model.bfloat16()) without a GradScaler")
+
+    def step(self, closure=None, grad_scaler=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if self._offload is not None:
+            if grad_scaler is not None or getattr(self, "grad_scale", None) is not None:
+                self._refuse_grad_scaler()
             self._offload.end_step(self)
             return loss
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
