@@ -83,12 +83,13 @@ TEST(TrainTokenizerCli, TrainsOnTokensAndEvalAndGenerateUseTheSameTokenizer) {
                               ShellQuote({tmp.File("other.json")}));
   EXPECT_NE(other.exit_code, 0) << other.output;
   EXPECT_TRUE(Contains(other.output, "--tokenizer: \"")) << other.output;
-  strata::testing::WriteByteLevelTokenizer(tmp.File("tokenizer.json"), other_merges);
+  // The resume with the copy recorded the copy's path, so the run's tokenizer is now
+  // copy.json: change that file's content and resume with --resume alone.
+  strata::testing::WriteByteLevelTokenizer(tmp.File("copy.json"), other_merges);
   const CliRun changed = Strata("train --resume" + nvme + " --steps 34");
   EXPECT_NE(changed.exit_code, 0) << changed.output;
   EXPECT_TRUE(Contains(changed.output, "--tokenizer file content")) << changed.output;
   EXPECT_TRUE(Contains(changed.output, "the file changed since the run started")) << changed.output;
-  WriteTokenizer(tmp.File("tokenizer.json"));
 
   const std::string init = " --init" + ShellQuote({tmp.File("m.safetensors")});
   const CliRun eval = Strata("eval" + init + " --data" + data + " --tokenizer" + tok);
