@@ -543,7 +543,8 @@ bool EngineImpl::SpeculateLocked() const {
     case Speculation::kOn:
       return ctx_.place.speculation;
     case Speculation::kAuto:
-      return ctx_.place.speculation && !last_step_clipped_;
+      // Pipelined updates hide under the next forward without a redo's risk: prefer them.
+      return ctx_.place.speculation && !ctx_.place.pipeline && !last_step_clipped_;
   }
   return false;
 }

@@ -637,7 +637,10 @@ void Placer::PlanPipeline() {
     pp.report.reasons.push_back(
         "clipping: the updates that wait for the global norm run under the next step's "
         "forward, in the order it needs the blocks (the next forward waits only for the block "
-        "it acquires; the commit lands during it)");
+        "it acquires; the commit lands during it)" +
+        std::string(pp.speculation && opt.speculation == Speculation::kAuto
+                        ? "; so no step speculates (--speculate on would, with redos)"
+                        : ""));
     return;
   }
   uint64_t lo = pp.cache_capacity, hi = 0;

@@ -172,7 +172,9 @@ const char* MicroBatchOrderName(MicroBatchOrder order);  // "batch", "layer"
 // With clipping, when a block's AdamW step may run (EngineOptions::speculation).
 //   kAuto: speculatively (as soon as its gradient is final, assuming the step will not
 //     clip) unless the last step clipped or was skipped; then it waits for the norm, which
-//     costs the serial tail but no redo while clipping keeps applying.
+//     costs the serial tail but no redo while clipping keeps applying. With pipelined
+//     updates (EngineOptions::pipeline_updates, where the placement allows) never: the
+//     updates that wait for the norm then run under the next forward, with no redo.
 //   kOn: speculatively every step. kOff: after the global norm, every step.
 // A speculative update that the norm invalidates (clipping applies, or a gradient is not
 // finite) is redone at EndStep from the block's previous versions — the committed NVMe
@@ -237,7 +239,7 @@ struct EngineOptions {
   // commit. One rank only (ignored with a communicator); where the host cache cannot hold
   // two steps' plans back to back, the updates wait at the end of the step and Placement()
   // says why and which budget would do.
-  bool pipeline_updates = false;
+  bool pipeline_updates = true;
   // The Adam moments' format in host memory and on NVMe (the master weights stay fp32):
   // kBf16 keeps 8 bytes of state per parameter instead of 12 (see StateFormat and
   // StateRounding in strata/optim.h); its stochastic rounding draws from a hash of the step,

@@ -59,7 +59,7 @@ struct RunConfig {
   StateFormat state_format = StateFormat::kFp32;
   Speculation speculation = Speculation::kAuto;
   GradSpill grad_spill = GradSpill::kAuto;
-  bool pipeline = false;                // EngineOptions::pipeline_updates
+  bool pipeline = EngineOptions{}.pipeline_updates;
   std::vector<ScheduleEntry> schedule;  // empty = standard
   IoBackendFactory io_factory;          // empty = the default backend
 };
