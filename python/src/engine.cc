@@ -222,6 +222,15 @@ class PyEngine {
     return *ticket;
   }
   uint64_t GradsRead() const { return engine_->GradsRead(); }
+  // The last step's deferred updates run and it commits (reads do it themselves).
+  void Flush() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = engine_->Flush();
+    }
+    ThrowIfError(s);
+  }
   py::dict EndStep() {
     Result<StepStats> r = Status::OK();
     {
@@ -259,6 +268,8 @@ class PyEngine {
     d["skipped"] = s.skipped;
     d["peak_device_bytes"] = s.peak_device_bytes;
     d["peak_host_bytes"] = s.peak_host_bytes;
+    d["deferred_blocks"] = s.deferred_blocks;
+    d["overlapped_seconds"] = s.overlapped_seconds;
     return d;
   }
 
@@ -310,7 +321,8 @@ void BindEngine(py::module_& m) {
       .def("submit_grads", &PyEngine::SubmitGrads)
       .def("submit_grads_from", &PyEngine::SubmitGradsFrom, py::arg("block"), py::arg("addresses"))
       .def("grads_read", &PyEngine::GradsRead)
-      .def("end_step", &PyEngine::EndStep);
+      .def("end_step", &PyEngine::EndStep)
+      .def("flush", &PyEngine::Flush);
 }
 
 }  // namespace strata::python

@@ -453,6 +453,10 @@ Status Train(const TrainArgs& a, int* interrupted, std::string* what) {
   }
   STRATA_RETURN_IF_ERROR(
       RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what));
+  // The last step's deferred updates (--pipeline) run and it commits before anything reports
+  // it, also after Ctrl-C.
+  *what = "committing the last step";
+  STRATA_RETURN_IF_ERROR(engine->Flush());
   PrintTotals(totals);
   js["totals"] = TotalsJson(totals);
   if (totals.interrupted != 0) {

@@ -42,6 +42,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"grad-clip", fixed, &a.run.grad_clip},
       {"speculate", free, &a.run.speculate},    // bit-identical either way
       {"grad-spill", free, &a.run.grad_spill},  // bit-identical either way
+      {"pipeline", free, &a.run.pipeline},      // bit-identical either way
       {"state-dtype", fixed, &a.run.state_dtype},
       {"device", fixed, &a.run.device},
       {"comm-backend", fixed, &a.run.comm_backend},
