@@ -36,7 +36,7 @@ struct PlanOptions {
   bool clip = false;  // gradient clipping: an update's scale depends on the global norm
   Speculation speculation = Speculation::kAuto;  // with clip (see EngineOptions)
   GradSpill grad_spill = GradSpill::kAuto;
-  bool pipeline = false;  // with clip: EngineOptions::pipeline_updates (one rank)
+  bool pipeline = false;  // with clip: EngineOptions::pipeline_updates (one rank only)
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved: kFp32 or kBf16
   StateFormat state_format = StateFormat::kFp32;  // of the moments
   uint64_t device_budget = 0;                     // 0 = unlimited
@@ -251,8 +251,12 @@ struct PlacementPlan {
 
 // The swap store's extent space for `nvme_bytes` of states: a committed and a pending
 // version of every extent (a superseded version's space is reused only after the commit that
-// supersedes it), plus two stripes per folder and 16 MiB for fragmentation.
-uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders);
+// supersedes it), plus two stripes per folder, 16 MiB and two of the largest extent for
+// fragmentation: first fit over extents of different sizes leaves holes, and with extents
+// larger than the fixed slack the last write of a step found none big enough (12 x 768,
+// 27 MiB extents, with the updates written in forward order).
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders,
+                      uint64_t largest_extent);
 // What the swap files of that capacity take on disk, all folders together: each file holds
 // whole stripes and the files are equal (SwapStore::Open preallocates them so).
 uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders);

@@ -22,7 +22,7 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.clip = options.grad_clip > 0;
   p.speculation = options.speculation;
   p.grad_spill = options.grad_spill;
-  p.pipeline = options.pipeline_updates && options.world_size == 1;
+  p.pipeline = options.pipeline_updates;
   p.dtype = dtype;
   p.state_format = options.state_format;
   p.device_budget = options.device_mem_bytes;
@@ -41,8 +41,10 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   return p;
 }
 
-uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders) {
-  return 2 * nvme_bytes + 2 * stripe_bytes * uint64_t(folders) + (16ull << 20);
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders,
+                      uint64_t largest_extent) {
+  return 2 * nvme_bytes + 2 * stripe_bytes * uint64_t(folders) + (16ull << 20) +
+         2 * RoundUp(largest_extent, 4096);
 }
 
 uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders) {
@@ -614,6 +616,13 @@ void Placer::PlanSpeculation() {
 // of the step: where pipelining does not fit, the engine keeps that order.
 void Placer::PlanPipeline() {
   if (!opt.clip || !opt.pipeline) return;
+  if (opt.world_size > 1) {
+    pp.report.reasons.push_back(
+        "clipping: the updates that wait for the global norm run at the end of the step: "
+        "running them under the next step's forward is for one rank (the ranks' commit is a "
+        "collective the step's own collectives would have to make room for)");
+    return;
+  }
   HostPlanInput in = hin;
   in.cached = pp.cached;
   in.spill_grads = pp.spill_grads;
@@ -714,7 +723,15 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
   rep.host_cache_bytes = pp.cache_capacity + pp.staging_bytes;
   rep.nvme_bytes = pp.nvme_bytes;
   if (pp.use_nvme) {
-    pp.swap_capacity_bytes = SwapCapacity(pp.nvme_bytes, opt.nvme_stripe_bytes, opt.nvme_folders);
+    uint64_t largest = 0;
+    for (size_t o = 0; o < pp.obj_bytes.size(); ++o) {
+      const bool grad = ObjComponent(int(o)) == Component::kGrad;
+      if (grad ? pp.spill_grads : pp.home[o] == Tier::kNvme || opt.durable) {
+        largest = std::max(largest, pp.obj_bytes[o]);
+      }
+    }
+    pp.swap_capacity_bytes =
+        SwapCapacity(pp.nvme_bytes, opt.nvme_stripe_bytes, opt.nvme_folders, largest);
     rep.nvme_file_bytes =
         SwapFileBytes(pp.swap_capacity_bytes, opt.nvme_stripe_bytes, opt.nvme_folders);
     rep.nvme_stripe_bytes = opt.nvme_stripe_bytes;
