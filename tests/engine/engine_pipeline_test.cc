@@ -262,5 +262,28 @@ TEST(EnginePipelineTest, ReadsBetweenStepsWaitForTheDeferredUpdates) {
   }
 }
 
+// Found by the 12 x 768 benchmark: with the updates written in forward order, first fit over
+// extents of two sizes left the last extent of a step no hole big enough in a swap file with
+// a fixed 16 MiB of slack (NoSpace). The slack now grows with the largest extent.
+TEST(EnginePipelineTest, ExtentsLargerThanTheFixedSwapSlackFitInForwardOrder) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  std::vector<BlockSpec> specs;
+  specs.push_back(BlockSpec{"embed", {TensorSpec{"w", {983040}, true}}});  // 3.75 MiB
+  for (int b = 0; b < 3; ++b) {                                            // 27 MiB per fp32 state
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {7077888}, true}}});
+  }
+  specs.push_back(BlockSpec{"ln_f", {TensorSpec{"w", {1536}, false}}});
+  TempDir dir;
+  RunConfig rc;
+  rc.nvme = dir.path();
+  rc.host_mem = 200 << 20;  // below the states: NVMe homes
+  rc.grad_clip = 1e-3;      // every step defers its updates
+  rc.pipeline = true;
+  auto got = Train(specs, rc, 4);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->rec.deferred_blocks, 4 * int64_t(specs.size()));
+  SetLogSink(nullptr);
+}
+
 }  // namespace
 }  // namespace strata
