@@ -68,6 +68,10 @@ void RandomTrial(uint64_t seed, int trial) {
   rc.grad_spill = GradSpill(rng() % 3);
   rc.durable = nvme && rng() % 4 == 0;
   rc.speculation = Speculation(rng() % 3);
+  // A separate bf16 working copy (produced by every update, what the next forward copies)
+  // and bf16 moments (rounded with the step's key: a carried update must use its own step's).
+  rc.dtype = rng() % 2 ? WorkingDtype::kBf16 : WorkingDtype::kFp32;
+  rc.state_format = rng() % 2 ? StateFormat::kBf16 : StateFormat::kFp32;
   uint64_t min = 0, all = 0;
   Minimum(specs, rc, &min, &all);
   // At the minimum on even trials, else a random budget up to roomy.
@@ -75,7 +79,9 @@ void RandomTrial(uint64_t seed, int trial) {
   SCOPED_TRACE("L=" + std::to_string(L) + " mb=" + std::to_string(mb) +
                " clip=" + std::to_string(clip) + " host=" + std::to_string(rc.host_mem) +
                " spill=" + GradSpillName(rc.grad_spill) + " durable=" + std::to_string(rc.durable) +
-               " speculation=" + SpeculationName(rc.speculation));
+               " speculation=" + SpeculationName(rc.speculation) +
+               " dtype=" + WorkingDtypeName(rc.dtype) +
+               " moments=" + (rc.state_format == StateFormat::kBf16 ? "bf16" : "fp32"));
 
   auto waited = Train(specs, rc, steps);
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
