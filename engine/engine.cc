@@ -30,6 +30,7 @@
 #include "engine/host_tier.h"
 #include "engine/optimizer_stage.h"
 #include "engine/plan.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace engine_internal {
@@ -64,6 +65,7 @@ class EngineImpl final : public Engine {
   Result<uint64_t> SubmitGradsFrom(int block, std::span<const float* const> grads) override;
   uint64_t GradsRead() const override { return device_.TicketsRead(); }
   Result<StepStats> EndStep() override;
+  Status Flush() override;
   Status Error() const override { return ctx_.Error(); }
 
  private:
@@ -82,8 +84,12 @@ class EngineImpl final : public Engine {
   // submitted, then queues its landing (from `sources`, adopted, when given). Returns the
   // ticket (0 without sources).
   Result<uint64_t> Submit(int block, std::vector<const float*> sources);
-  // EndStep, once every part finished the step: free the device copies and commit.
-  Status FinishStepLocked(uint64_t step_number) REQUIRES(ctx_.mu);
+  // EndStep, once every part finished the step: free the device copies and, with `commit`,
+  // commit (else the next step, or a flush, commits it once its deferred updates ran).
+  Status FinishStepLocked(uint64_t step_number, bool commit) REQUIRES(ctx_.mu);
+  // Runs the deferred updates of the last step now, on this thread, and commits it (between
+  // steps: a read, a write, a flush or the end). OK when none are pending.
+  Status DrainLocked() REQUIRES(ctx_.mu);
   Status RefusePartialUpdateLocked(uint64_t step_number) REQUIRES(ctx_.mu);
   void StatsLocked(uint64_t step_number, StepStats* st) REQUIRES(ctx_.mu);
   void OnDeviceOp(const DeviceOpRecord& r);
@@ -101,6 +107,10 @@ class EngineImpl final : public Engine {
   bool grads_submitted_ GUARDED_BY(ctx_.mu) = false;
   // The last step clipped or was skipped (Speculation::kAuto then waits for the norm).
   bool last_step_clipped_ GUARDED_BY(ctx_.mu) = false;
+  // The last step's updates deferred to run under the next (HostPlan::deferred); the step
+  // commits once they are written.
+  std::vector<int> pending_blocks_ GUARDED_BY(ctx_.mu);
+  UpdateArgs pending_args_ GUARDED_BY(ctx_.mu);
   Clock::time_point step_start_;  // the model's thread only
 };
 
@@ -173,6 +183,11 @@ Status EngineImpl::Init() NO_THREAD_SAFETY_ANALYSIS {
 EngineImpl::~EngineImpl() {
   {
     MutexLock lock(&ctx_.mu);
+    // A step that EndStep returned is committed, as if the next step had run its updates.
+    if (ctx_.error.ok() && !ctx_.step_open) {
+      Status s = DrainLocked();
+      if (!s.ok()) LogWarning("closing the engine: " + s.ToString());
+    }
     ctx_.shutdown = true;
     ctx_.NotifyLocked();
   }
@@ -226,9 +241,12 @@ void EngineImpl::OnDeviceOp(const DeviceOpRecord& r) {
 Result<HostPlan> EngineImpl::PlanStepLocked(bool speculative) {
   HostPlanInput hin = HostInputFor(ctx_.place);
   hin.speculative = speculative;
+  hin.carried = ctx_.carried;
   host_.PlanStartLocked(&hin.start_resident, &hin.start_offset);
   auto plan = PlanHost(hin);
-  if (!plan.ok()) {
+  // Carried gradients cannot be evicted to start from an empty cache: the caller runs the
+  // carried updates first.
+  if (!plan.ok() && hin.carried.empty()) {
     // What the last step left in the cache can fragment it; start from an empty cache (the
     // configuration the planner validated) by evicting it first.
     std::vector<int> carried = hin.start_resident;
@@ -263,7 +281,19 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   }
   params_dirty_ = false;
   const bool speculative = SpeculateLocked() && !uncommitted;
-  STRATA_ASSIGN_OR_RETURN(ctx_.hplan, PlanStepLocked(speculative));
+  // The last step's deferred updates run first in this one, each before its block's forward.
+  ctx_.carried = pending_blocks_;
+  ctx_.carried_args = pending_args_;
+  auto plan = PlanStepLocked(speculative);
+  if (!plan.ok() && !ctx_.carried.empty()) {
+    // What the cache holds now leaves no room for them beside this step: run them first.
+    ctx_.carried.clear();
+    STRATA_RETURN_IF_ERROR(DrainLocked());
+    plan = PlanStepLocked(speculative);
+  }
+  STRATA_RETURN_IF_ERROR(plan.status());
+  ctx_.hplan = std::move(plan).value();
+  pending_blocks_.clear();
   ctx_.speculative = speculative;
 
   ++ctx_.step;
@@ -451,9 +481,64 @@ Result<StepStats> EngineImpl::EndStep() {
   StepStats st;
   STRATA_RETURN_IF_ERROR(RedoSpeculativeLocked(&st));
   STRATA_RETURN_IF_ERROR(RefusePartialUpdateLocked(step_number));
-  STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number));
+  // Updates deferred to the next step: it runs them (a skipped step has none to run; its
+  // gradients go now).
+  const GradNormResult norm = optimizer_.NormLocked();
+  const std::vector<int>& deferred = ctx_.hplan.deferred;
+  if (!deferred.empty() && norm.skipped) {
+    std::vector<int> grads;
+    for (int b : deferred) grads.push_back(ObjIndex(b, Component::kGrad));
+    Status released = host_.ReleaseLocked(grads);
+    if (!released.ok()) {
+      ctx_.step_open = false;
+      ctx_.SetErrorLocked(released);
+      return released;
+    }
+  } else if (!deferred.empty()) {
+    pending_blocks_ = deferred;
+    pending_args_ = StepUpdateArgs(ctx_, &norm);
+    st.deferred_blocks = int64_t(deferred.size());
+  }
+  STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number, /*commit=*/pending_blocks_.empty()));
   StatsLocked(step_number, &st);
   return st;
+}
+
+Status EngineImpl::DrainLocked() {
+  if (pending_blocks_.empty()) return Status::OK();
+  const std::vector<int> blocks = std::move(pending_blocks_);
+  pending_blocks_.clear();
+  const UpdateArgs args = pending_args_;
+  std::vector<int> grads;
+  for (int b : blocks) grads.push_back(ObjIndex(b, Component::kGrad));
+  const Clock::time_point t0 = Clock::now();
+  Status s = host_.RollBackLocked(
+      blocks, HostTier::StatesFrom::kCurrent, grads,
+      [this, args](int b, const BlockBuffers& bufs) { return ApplyAdamW(ctx_, b, bufs, args); });
+  const Clock::time_point t1 = Clock::now();
+  ctx_.timeline.Add(TraceLane::kCpuOptim,
+                    "adam " + std::to_string(blocks.size()) + " deferred updates (step " +
+                        std::to_string(args.step) + ")",
+                    t0, t1);
+  if (s.ok()) s = host_.ReleaseLocked(grads);
+  if (s.ok()) s = host_.CommitLocked(uint64_t(args.step));
+  if (host_.has_store()) {
+    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(args.step), t1,
+                      Clock::now());
+  }
+  if (!s.ok()) {
+    ctx_.SetErrorLocked(
+        Status(s).Annotate("running the deferred updates of step " + std::to_string(args.step)));
+    return ctx_.error;
+  }
+  return Status::OK();
+}
+
+Status EngineImpl::Flush() {
+  MutexLock lk(&ctx_.mu);
+  STRATA_RETURN_IF_ERROR(ctx_.error);
+  if (ctx_.step_open) return Status::InvalidArgument("Flush during a step (call EndStep first)");
+  return DrainLocked();
 }
 
 bool EngineImpl::SpeculateLocked() const {
@@ -463,7 +548,8 @@ bool EngineImpl::SpeculateLocked() const {
     case Speculation::kOn:
       return ctx_.place.speculation;
     case Speculation::kAuto:
-      return ctx_.place.speculation && !last_step_clipped_;
+      // Pipelined updates hide under the next forward without a redo's risk: prefer them.
+      return ctx_.place.speculation && !ctx_.place.pipeline && !last_step_clipped_;
   }
   return false;
 }
@@ -477,14 +563,14 @@ Status EngineImpl::RedoSpeculativeLocked(StepStats* st) {
   Status s;
   if (clipped && !blocks.empty()) {
     const Clock::time_point t0 = Clock::now();
-    const float scale = UpdateScale(ctx_, &norm);
+    const UpdateArgs args = StepUpdateArgs(ctx_, &norm);
     std::function<Status(int, const BlockBuffers&)> redo;
     if (!norm.skipped) {
-      redo = [this, scale](int b, const BlockBuffers& bufs) {
-        return ApplyAdamW(ctx_, b, bufs, scale);
+      redo = [this, args](int b, const BlockBuffers& bufs) {
+        return ApplyAdamW(ctx_, b, bufs, args);
       };
     }
-    s = host_.RollBackLocked(blocks, redo);
+    s = host_.RollBackLocked(blocks, HostTier::StatesFrom::kCommitted, ctx_.hplan.held, redo);
     const Clock::time_point t1 = Clock::now();
     ctx_.timeline.Add(TraceLane::kCpuOptim,
                       std::string(norm.skipped ? "undo " : "redo ") +
@@ -494,7 +580,7 @@ Status EngineImpl::RedoSpeculativeLocked(StepStats* st) {
     st->redo_seconds = std::chrono::duration<double>(t1 - t0).count();
     if (s.ok() && norm.skipped) optimizer_.UndoneLocked(int(blocks.size()));
   }
-  if (s.ok()) s = host_.ReleaseHeldLocked();
+  if (s.ok()) s = host_.ReleaseLocked(ctx_.hplan.held);
   if (!s.ok()) {
     ctx_.step_open = false;
     ctx_.SetErrorLocked(Status(s).Annotate("redoing the step's speculative updates"));
@@ -532,7 +618,7 @@ Status EngineImpl::RefusePartialUpdateLocked(uint64_t step_number) {
   return ctx_.error;
 }
 
-Status EngineImpl::FinishStepLocked(uint64_t step_number) {
+Status EngineImpl::FinishStepLocked(uint64_t step_number, bool commit) {
   ctx_.mu.Unlock();
   // Updates made every device copy stale: free them (their last users are done by now,
   // since every gradient has landed; synchronise anyway for the forward-only buffers).
@@ -545,6 +631,7 @@ Status EngineImpl::FinishStepLocked(uint64_t step_number) {
     ctx_.SetErrorLocked(sync);
     return sync;
   }
+  if (!commit) return Status::OK();
   // The commit flushes the drives (fdatasync) and writes the manifest: NVMe write time.
   const Clock::time_point commit_start = Clock::now();
   Status s = host_.CommitLocked(step_number);
@@ -576,6 +663,10 @@ void EngineImpl::StatsLocked(uint64_t step_number, StepStats* out) {
   st.grad_norm = norm.grad_norm;
   st.clip_coef = norm.clip_coef;
   st.skipped = norm.skipped;
+  if (!ctx_.carried.empty()) {
+    st.overlapped_seconds =
+        std::chrono::duration<double>(optimizer_.CarryCommitTimeLocked() - step_start_).count();
+  }
   st.peak_device_bytes = device_.PeakBytesLocked();
   st.peak_host_bytes = host_.PeakBytesLocked();
 }
@@ -601,6 +692,7 @@ Status EngineImpl::WriteParams(int block, int tensor, std::span<const float> val
   MutexLock lock(&ctx_.mu);
   STRATA_RETURN_IF_ERROR(ctx_.error);
   if (ctx_.step_open) return Status::InvalidArgument("WriteParams during a step");
+  STRATA_RETURN_IF_ERROR(DrainLocked());
   const BlockLayout& bl = ctx_.layout[block];
   const TensorLayout& t = bl.tensors[tensor];
   if (values.size() != t.numel) {
@@ -617,6 +709,7 @@ Status EngineImpl::CommitParams() {
   MutexLock lk(&ctx_.mu);
   STRATA_RETURN_IF_ERROR(ctx_.error);
   if (ctx_.step_open) return Status::InvalidArgument("CommitParams during a step");
+  STRATA_RETURN_IF_ERROR(DrainLocked());
   if (!params_dirty_ || !host_.has_store()) return Status::OK();
   const uint64_t step = uint64_t(ctx_.resumed_step + ctx_.step);
   if (host_.CommittedStep() && *host_.CommittedStep() >= step) {
@@ -657,6 +750,9 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
   if (component == Component::kParam) component = Component::kMaster;
   MutexLock lock(&ctx_.mu);
   if (ctx_.step_open) return Status::InvalidArgument("ReadComponent during a step");
+  // A read sees the last step's updates: the deferred ones run now. (Logically const: what
+  // a read returns was fixed when EndStep returned.)
+  STRATA_RETURN_IF_ERROR(const_cast<EngineImpl*>(this)->DrainLocked());
   const int obj = ObjIndex(block, component);
   const uint64_t n = ctx_.layout[block].shard_numel;
   if (out.size() != n) {

@@ -38,6 +38,15 @@
 
 namespace strata::engine_internal {
 
+// The arguments of one block's AdamW step: the step's learning rate, its number (bias
+// correction, the moments' rounding key) and the gradient's scale (grad_scale, times the clip
+// coefficient once the norm is known).
+struct UpdateArgs {
+  double lr = 0;
+  int64_t step = 0;
+  float scale = 1;
+};
+
 struct EngineContext {
   EngineContext(const EngineOptions& options, std::vector<BlockLayout> block_layout)
       : opt(options),
@@ -75,6 +84,10 @@ struct EngineContext {
   StepArgs args;
   bool speculative = false;  // with clipping: restorable blocks update before the norm
   int64_t step = 0;          // steps begun by this engine
+  // The previous step's updates that this one runs first (HostPlanInput::carried), with their
+  // arguments; the previous step commits once they are written.
+  std::vector<int> carried;
+  UpdateArgs carried_args;
 
   // ---- The shared lock. ----
   mutable Mutex mu;

@@ -437,12 +437,15 @@ Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
 // EndStep: redo or undo of speculative updates
 // ---------------------------------------------------------------------------------------
 
-Status HostTier::RollBackLocked(const std::vector<int>& blocks,
+Status HostTier::RollBackLocked(const std::vector<int>& blocks, StatesFrom from,
+                                const std::vector<int>& keep,
                                 const std::function<Status(int, const BlockBuffers&)>& redo) {
   if (blocks.empty()) return Status::OK();
-  if (!store_) return Status::Aborted("internal: a speculative update without an NVMe store");
+  if (!store_ && from == StatesFrom::kCommitted) {
+    return Status::Aborted("internal: a speculative update without an NVMe store");
+  }
   std::vector<bool> held(objs_.size(), false);
-  for (int o : ctx_.hplan.held) held[o] = objs_[o].res.state != S::kAbsent;
+  for (int o : keep) held[o] = objs_[o].res.state != S::kAbsent;
   // Every cached copy but the held gradients leaves: the step's writes have landed, so NVMe
   // has them, and the blocks' copies are staged afresh below.
   RangeAllocator free_ranges(ctx_.place.cache_capacity);
@@ -480,14 +483,14 @@ Status HostTier::RollBackLocked(const std::vector<int>& blocks,
       }
     }
     if (!ctx_.separate) bufs[int(Component::kParam)] = nullptr;
-    Status s = RestoreBlockLocked(b, bufs, redo);
+    Status s = RestoreBlockLocked(b, from, bufs, redo);
     for (auto [off, size] : staged) free_ranges.Free(off, size);
     STRATA_RETURN_IF_ERROR(s);
   }
   return Status::OK();
 }
 
-Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
+Status HostTier::RestoreBlockLocked(int b, StatesFrom from, const BlockBuffers& bufs,
                                     const std::function<Status(int, const BlockBuffers&)>& redo) {
   const Component states[] = {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq,
                               Component::kParam};
@@ -495,6 +498,17 @@ Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
     const int o = ObjIndex(b, c);
     if (!bufs[int(c)]) continue;
     const HostObj& h = objs_[o];
+    if (from == StatesFrom::kCurrent) {
+      // A host copy in place is current; a staged one comes from NVMe (zeros if never written).
+      if (bufs[int(c)] == h.buf) continue;
+      if (!h.on_nvme || !store_) {
+        std::memset(bufs[int(c)], 0, h.bytes);
+        continue;
+      }
+      auto got = store_->Read(ctx_.Key(o), bufs[int(c)], RoundUp(h.bytes, 4096));
+      if (!got.ok()) return Status(got.status()).Annotate("reading " + ctx_.ObjName(o));
+      continue;
+    }
     auto got = store_->ReadCommitted(ctx_.Key(o), bufs[int(c)], RoundUp(h.bytes, 4096));
     if (got.ok()) continue;
     if (got.status().code() != StatusCode::kNotFound) {
@@ -512,7 +526,7 @@ Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
     return Status::OK();
   }
   const int g = ObjIndex(b, Component::kGrad);
-  if (bufs[int(Component::kGrad)] != objs_[g].buf) {  // spilled: this step's version
+  if (bufs[int(Component::kGrad)] != objs_[g].buf && store_) {  // spilled: this step's
     auto got =
         store_->Read(ctx_.Key(g), bufs[int(Component::kGrad)], RoundUp(objs_[g].bytes, 4096));
     if (!got.ok()) {
@@ -523,10 +537,10 @@ Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
   STRATA_RETURN_IF_ERROR(redo(b, bufs));
   for (Component c : states) {
     const int o = ObjIndex(b, c);
-    if (!bufs[int(c)]) continue;
+    if (!bufs[int(c)] || !objs_[o].needs_write || !store_) continue;
     // The speculative version goes first: the swap file has room for one pending version of
     // each extent beside the committed one, not two.
-    store_->Revert(ctx_.Key(o));
+    if (from == StatesFrom::kCommitted) store_->Revert(ctx_.Key(o));
     STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(o), bufs[int(c)], objs_[o].bytes)
                                .Annotate("writing the redone " + ctx_.ObjName(o)));
     objs_[o].on_nvme = true;
@@ -534,8 +548,20 @@ Status HostTier::RestoreBlockLocked(int b, const BlockBuffers& bufs,
   return Status::OK();
 }
 
-Status HostTier::ReleaseHeldLocked() {
-  for (int o : ctx_.hplan.held) {
+bool HostTier::WritesLandedLocked(const std::vector<int>& blocks) const {
+  for (int b : blocks) {
+    for (int c = 0; c < kNumComponents; ++c) {
+      const HostObj& h = objs_[ObjIndex(b, Component(c))];
+      if (h.res.state == S::kDirty || h.res.state == S::kWriting || h.res.dirty_pending) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+Status HostTier::ReleaseLocked(const std::vector<int>& objs) {
+  for (int o : objs) {
     HostObj& h = objs_[o];
     if (h.res.state == S::kAbsent) continue;
     STRATA_RETURN_IF_ERROR(h.res.To(S::kAbsent).Annotate(ctx_.ObjName(o)));

@@ -115,17 +115,27 @@ class HostTier {
   Status CommitLocked(uint64_t step) REQUIRES(ctx_.mu);
 
   // ---- EndStep, once the step's work is done (model thread). ----
-  // Speculative updates the norm invalidated: each block of `blocks` gets its states back
-  // from their committed NVMe versions (zeros where none was ever committed) and then, with
-  // `redo`, is updated again (redo(block, buffers), its gradient included) and written as
-  // the new pending version; without `redo` (a skipped step) the pending versions are
-  // dropped. Cached copies are evicted first; the blocks' objects are staged in the cache
-  // region beside the held gradients (in plain aligned memory when those fragment it).
-  Status RollBackLocked(const std::vector<int>& blocks,
+  // Where RollBackLocked takes the blocks' states from.
+  enum class StatesFrom : uint8_t {
+    kCommitted,  // the committed NVMe versions (zeros where none): undo a speculative update
+    kCurrent,    // the host copies and the newest NVMe versions: an update not yet run
+  };
+  // Reruns the updates of `blocks` outside a step. With kCommitted (speculative updates the
+  // norm invalidated): each block gets its states back from their committed versions and
+  // then, with `redo`, is updated again (redo(block, buffers), its gradient included) and
+  // written as the new pending version; without `redo` (a skipped step) the pending
+  // versions are dropped. With kCurrent (the deferred updates of a pipelined step, run now):
+  // each block is updated from its current states and written. Cached copies are evicted
+  // first, but for `keep` (gradients still needed, in place); the blocks' objects are staged
+  // in the cache region beside them (in plain aligned memory when those fragment it).
+  Status RollBackLocked(const std::vector<int>& blocks, StatesFrom from,
+                        const std::vector<int>& keep,
                         const std::function<Status(int, const BlockBuffers&)>& redo)
       REQUIRES(ctx_.mu);
-  // Frees the gradients the step's plan held past their updates (HostPlan::held).
-  Status ReleaseHeldLocked() REQUIRES(ctx_.mu);
+  // Frees the gradients `objs` kept past their updates (HostPlan::held, a deferred step's).
+  Status ReleaseLocked(const std::vector<int>& objs) REQUIRES(ctx_.mu);
+  // Every updated state of `blocks` that goes to NVMe has been written.
+  bool WritesLandedLocked(const std::vector<int>& blocks) const REQUIRES(ctx_.mu);
 
  private:
   void IoLoop() EXCLUDES(ctx_.mu);
@@ -136,7 +146,7 @@ class HostTier {
   bool PlaceLocked(const HostOp& op) REQUIRES(ctx_.mu);
   Status ResumeFromStore() EXCLUDES(ctx_.mu);
   // RollBackLocked's work for one block, its objects' buffers in `bufs`.
-  Status RestoreBlockLocked(int block, const BlockBuffers& bufs,
+  Status RestoreBlockLocked(int block, StatesFrom from, const BlockBuffers& bufs,
                             const std::function<Status(int, const BlockBuffers&)>& redo)
       REQUIRES(ctx_.mu);
   Status OpenStore() EXCLUDES(ctx_.mu);

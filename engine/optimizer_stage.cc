@@ -18,12 +18,14 @@ void SetMomentFormat(const EngineContext& ctx, int64_t step, int b, uint64_t lo,
 
 }  // namespace
 
-float UpdateScale(const EngineContext& ctx, const GradNormResult* norm) {
+UpdateArgs StepUpdateArgs(const EngineContext& ctx, const GradNormResult* norm) {
   const double clip_coef = ctx.opt.grad_clip > 0 && norm ? norm->clip_coef : 1.0;
-  return float(ctx.args.grad_scale * clip_coef);
+  return UpdateArgs{ctx.args.lr, ctx.resumed_step + ctx.step,
+                    float(ctx.args.grad_scale * clip_coef)};
 }
 
-Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs, float scale) {
+Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
+                  const UpdateArgs& args) {
   const EngineOptions& opt = ctx.opt;
   float* master = static_cast<float*>(bufs[int(Component::kMaster)]);
   char* m = static_cast<char*>(bufs[int(Component::kExpAvg)]);
@@ -32,11 +34,11 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs, flo
   const float* grad = static_cast<const float*>(bufs[int(Component::kGrad)]);
   uint16_t* param = static_cast<uint16_t*>(bufs[int(Component::kParam)]);
   AdamHyperParams hp;
-  hp.lr = ctx.args.lr;
+  hp.lr = args.lr;
   hp.beta1 = opt.beta1;
   hp.beta2 = opt.beta2;
   hp.eps = opt.eps;
-  hp.step = ctx.resumed_step + ctx.step;
+  hp.step = args.step;
   hp.mode = opt.optimizer == OptimizerKind::kAdamW ? AdamMode::kAdamW : AdamMode::kAdam;
   for (const TensorLayout& t : ctx.layout[b].tensors) {
     // This rank's part of the tensor (all of it with one rank).
@@ -54,7 +56,7 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs, flo
       s.param_out_format = ParamOut::kBf16;
     }
     hp.weight_decay = t.weight_decay ? opt.weight_decay : 0.0;
-    STRATA_RETURN_IF_ERROR(AdamStep(s, hp, scale, ctx.kernel_options));
+    STRATA_RETURN_IF_ERROR(AdamStep(s, hp, args.scale, ctx.kernel_options));
   }
   return Status::OK();
 }
@@ -69,6 +71,28 @@ void OptimizerStage::BeginStepLocked() {
   norm_final_ = false;
   applied_ = 0;
   speculated_.assign(ctx_.L, false);
+  carried_left_ = ctx_.carried.size();
+  carry_committed_ = ctx_.carried.empty();
+  norms_done_ = ctx_.hplan.deferred.empty();
+}
+
+Status OptimizerStage::ComputeNorms() {
+  MutexLock lk(&ctx_.mu);
+  for (;;) {
+    STRATA_ASSIGN_OR_RETURN(const bool computed, ComputeOneNormLocked());
+    if (computed) continue;
+    if (!ctx_.error.ok()) return ctx_.error;
+    if (ctx_.shutdown) return Status::Aborted("engine is shutting down");
+    if (AllNormsKnownLocked()) break;
+    ctx_.cv.Wait();
+  }
+  if (!ranks_combine_norm_ && !norm_final_) {
+    const NormPart mine = LocalNormPartLocked();
+    FinalizeNormLocked(std::span<const NormPart>(&mine, 1));
+  }
+  norms_done_ = true;
+  ctx_.NotifyLocked();
+  return Status::OK();
 }
 
 std::vector<int> OptimizerStage::SpeculativeBlocksLocked() const {
@@ -165,28 +189,61 @@ Status OptimizerStage::WaitForUpdateLocked(const HostUse& u) {
   }
 }
 
+Status OptimizerStage::WaitForCarriedLocked(const HostUse& u) {
+  return ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) {
+    for (const UseObj& uo : u.objs) {
+      if (host_.Obj(uo.obj).exists && !host_.UsableLocked(uo.obj, uo.seq)) return false;
+    }
+    return true;
+  });
+}
+
+Status OptimizerStage::CommitCarriedLocked() {
+  STRATA_RETURN_IF_ERROR(
+      ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return host_.WritesLandedLocked(ctx_.carried); }));
+  const uint64_t step = uint64_t(ctx_.carried_args.step);
+  const Clock::time_point t0 = Clock::now();
+  Status s = host_.CommitLocked(step);
+  carry_commit_time_ = Clock::now();
+  if (host_.has_store()) {
+    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(step), t0,
+                      carry_commit_time_);
+  }
+  if (!s.ok()) return s.Annotate("committing step " + std::to_string(step));
+  carry_committed_ = true;
+  ctx_.NotifyLocked();
+  return Status::OK();
+}
+
 Status OptimizerStage::RunUpdate(int use_index) {
   const HostUse& u = ctx_.hplan.uses[use_index];
   const int b = u.block;
   const int g = ObjIndex(b, Component::kGrad);
   {
     MutexLock lk(&ctx_.mu);
-    STRATA_RETURN_IF_ERROR(WaitForUpdateLocked(u));
+    if (u.carried) {
+      STRATA_RETURN_IF_ERROR(WaitForCarriedLocked(u));
+    } else {
+      // The states this update starts from are the previous step's, committed.
+      STRATA_RETURN_IF_ERROR(ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return carry_committed_; }));
+      STRATA_RETURN_IF_ERROR(WaitForUpdateLocked(u));
+    }
     for (const UseObj& uo : u.objs) {
       if (host_.Obj(uo.obj).exists) STRATA_RETURN_IF_ERROR(host_.EnterLocked(uo.obj));
     }
   }
   bool applied = false;
-  Status status = AdamBlock(b, &applied);
+  Status status = AdamBlock(b, u.carried, &applied);
   MutexLock lock(&ctx_.mu);
   if (!status.ok()) return status.Annotate("optimizer step of block '" + ctx_.layout[b].name + "'");
   for (const UseObj& uo : u.objs) {
     if (!host_.Obj(uo.obj).exists) continue;
     STRATA_RETURN_IF_ERROR(host_.LeaveLocked(uo.obj, applied && uo.obj != g));
   }
-  if (applied) ++applied_;
+  if (applied && !u.carried) ++applied_;
   ++opts_done_;
   ctx_.NotifyLocked();
+  if (u.carried && --carried_left_ == 0) STRATA_RETURN_IF_ERROR(CommitCarriedLocked());
   return Status::OK();
 }
 
@@ -195,7 +252,7 @@ Status OptimizerStage::RunUpdate(int use_index) {
 // (no clipping, or a speculative update), every gradient known so far must be finite (the
 // optimizer computes the norm of every landed gradient before it decides, so a non-finite
 // loss, whose gradient lands first, skips every block).
-Status OptimizerStage::AdamBlock(int b, bool* applied) {
+Status OptimizerStage::AdamBlock(int b, bool carried, bool* applied) {
   BlockBuffers bufs{};
   GradNormResult norm;
   bool final_norm;
@@ -208,7 +265,7 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
     if (!ctx_.separate) bufs[int(Component::kParam)] = nullptr;
     norm = norm_;
     final_norm = norm_final_;
-    if (!norm_final_) {
+    if (!norm_final_ && !carried) {
       for (int x = 0; x < ctx_.L; ++x) {
         norm.skipped = norm.skipped || non_finite_[x] > 0 || !std::isfinite(norm_sq_[x]);
       }
@@ -216,12 +273,19 @@ Status OptimizerStage::AdamBlock(int b, bool* applied) {
   }
   const Clock::time_point t0 = Clock::now();
   Status status;
-  *applied = !norm.skipped;
+  // A carried update's step was not skipped (a skipped step carries none).
+  *applied = carried || !norm.skipped;
   if (*applied) {
-    status = ApplyAdamW(ctx_, b, bufs, UpdateScale(ctx_, final_norm ? &norm : nullptr));
+    status = ApplyAdamW(
+        ctx_, b, bufs,
+        carried ? ctx_.carried_args : StepUpdateArgs(ctx_, final_norm ? &norm : nullptr));
   }
-  ctx_.timeline.Add(TraceLane::kCpuOptim, "adam " + ctx_.layout[b].name, t0, Clock::now(),
-                    ctx_.layout[b].shard_numel * 4);
+  ctx_.timeline.Add(
+      TraceLane::kCpuOptim,
+      "adam " + ctx_.layout[b].name +
+          (carried ? " (step " + std::to_string(ctx_.carried_args.step) + ")" : std::string()),
+      t0, Clock::now(), ctx_.layout[b].shard_numel * 4);
+  if (carried) return status;
   // Updated before the norm: a restorable block can be redone (clipping) or undone (a late
   // non-finite gradient, with or without clipping).
   if (*applied && !final_norm && ctx_.place.Restorable(b)) {

@@ -45,11 +45,12 @@ struct GradNormResult {
 };
 
 // Block `b`'s AdamW step over this rank's part of each tensor, on its host copies
-// (`bufs[component]`; kParam may be null), with the gradient scaled by `scale`.
-Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs, float scale);
-// The gradient's scale of an update once the norm is known (UpdateScale(ctx, nullptr): of
-// one that assumes no clipping).
-float UpdateScale(const EngineContext& ctx, const GradNormResult* norm);
+// (`bufs[component]`; kParam may be null).
+Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
+                  const UpdateArgs& args);
+// The arguments of the open step's updates once the norm is known (nullptr: of one that
+// assumes no clipping).
+UpdateArgs StepUpdateArgs(const EngineContext& ctx, const GradNormResult* norm);
 
 class OptimizerStage {
  public:
@@ -60,8 +61,13 @@ class OptimizerStage {
 
   void Start() {
     thread_ = std::thread([this] {
-      ctx_.RunStepWorker([this] { return ctx_.hplan.opt_uses.size(); },
-                         [this](size_t k) { return RunUpdate(ctx_.hplan.opt_uses[k]); });
+      // With deferred updates, a last item computes the norms nobody else needed.
+      ctx_.RunStepWorker(
+          [this] { return ctx_.hplan.opt_uses.size() + (ctx_.hplan.deferred.empty() ? 0 : 1); },
+          [this](size_t k) {
+            return k < ctx_.hplan.opt_uses.size() ? RunUpdate(ctx_.hplan.opt_uses[k])
+                                                  : ComputeNorms();
+          });
     });
   }
   void Join() {
@@ -69,7 +75,13 @@ class OptimizerStage {
   }
 
   void BeginStepLocked() REQUIRES(ctx_.mu);
-  bool StepDoneLocked() const REQUIRES(ctx_.mu) { return opts_done_ == ctx_.hplan.opt_uses.size(); }
+  // Every update ran, and the previous step (whose updates this one carried) is committed.
+  bool StepDoneLocked() const REQUIRES(ctx_.mu) {
+    return opts_done_ == ctx_.hplan.opt_uses.size() && carry_committed_ && norms_done_;
+  }
+  // The previous step's commit has landed (or there was none to wait for); and when it did.
+  bool CarryCommittedLocked() const REQUIRES(ctx_.mu) { return carry_committed_; }
+  Clock::time_point CarryCommitTimeLocked() const REQUIRES(ctx_.mu) { return carry_commit_time_; }
   // The lander: one more micro-batch's gradient of `block` accumulated; true when it was the
   // last (the gradient is final).
   bool GradLandedLocked(int block) REQUIRES(ctx_.mu) {
@@ -102,7 +114,14 @@ class OptimizerStage {
   // Computes the squared norm of one final gradient whose norm is unknown; false when
   // there is none.
   Result<bool> ComputeOneNormLocked() REQUIRES(ctx_.mu);
-  Status AdamBlock(int block, bool* applied) EXCLUDES(ctx_.mu);
+  Status AdamBlock(int block, bool carried, bool* applied) EXCLUDES(ctx_.mu);
+  // Every final gradient's norm, and the step's (one rank), for a step whose updates are
+  // deferred to the next.
+  Status ComputeNorms() EXCLUDES(ctx_.mu);
+  // A carried update (HostUse::carried) may run once its states are in memory.
+  Status WaitForCarriedLocked(const HostUse& u) REQUIRES(ctx_.mu);
+  // After the last carried update: once its writes landed, commits the previous step.
+  Status CommitCarriedLocked() REQUIRES(ctx_.mu);
   // The update of `b` may run now: its gradient and states are ready, and with clipping
   // the norm is known or the step speculates on `b`.
   bool NormAllowsUpdateLocked(int b) REQUIRES(ctx_.mu);
@@ -119,6 +138,10 @@ class OptimizerStage {
   size_t opts_done_ GUARDED_BY(ctx_.mu) = 0;
   int applied_ GUARDED_BY(ctx_.mu) = 0;
   std::vector<bool> speculated_ GUARDED_BY(ctx_.mu);  // per block: updated before the norm
+  size_t carried_left_ GUARDED_BY(ctx_.mu) = 0;       // carried updates not yet run
+  bool carry_committed_ GUARDED_BY(ctx_.mu) = true;
+  bool norms_done_ GUARDED_BY(ctx_.mu) = true;  // ComputeNorms ran, when the step needs it
+  Clock::time_point carry_commit_time_ GUARDED_BY(ctx_.mu);
   std::thread thread_;
 };
 

@@ -247,11 +247,19 @@ void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
   p.grad_use.assign(n_access, -1);
   std::vector<int> grads_in(in.blocks, 0);
   std::vector<int> final_order;
+  // The next forward needs the blocks in the order of their first access: carried updates
+  // run in that order, each before its block's first use.
+  std::vector<int> first_access(in.blocks, n_access);
+  for (int a = n_access - 1; a >= 0; --a) first_access[schedule[a].block] = a;
+  const bool defer = in.pipelined && in.clip && !in.speculative;
   // An optimizer step is placed after the next access's parameter copy: the compute that
   // comes next needs its params more urgently than the update needs its states, so the
   // cache serves (and prefetches) the params first and the update lags by one access.
   std::vector<std::pair<int, int>> pending_opts;  // (block, access)
+  size_t next_carried = 0;                        // in.carried placed so far
   auto flush_opts = [&] {
+    // After every carried update: the step's own updates wait for the previous commit.
+    if (next_carried < in.carried.size()) return;
     for (auto [b, a] : pending_opts)
       p.opt_uses.push_back(add_use(UseKind::kOpt, b, a, opt_objs(b)));
     pending_opts.clear();
@@ -259,6 +267,11 @@ void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
   for (int a = 0; a < n_access; ++a) {
     const Access& acc = schedule[a];
     const int b = acc.block;
+    while (next_carried < in.carried.size() && first_access[in.carried[next_carried]] <= a) {
+      const int c = in.carried[next_carried++];
+      p.opt_uses.push_back(add_use(UseKind::kOpt, c, -1, opt_objs(c)));
+      p.uses.back().carried = true;
+    }
     if (in.device->steps[a].load) {
       const Component src = in.separate_param ? Component::kParam : Component::kMaster;
       p.h2d_use[a] = add_use(UseKind::kH2D, b, a, {{ObjIndex(b, src), false}});
@@ -277,6 +290,12 @@ void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
     }
   }
   flush_opts();
+  if (defer) {
+    std::sort(final_order.begin(), final_order.end(),
+              [&](int x, int y) { return first_access[x] < first_access[y]; });
+    p.deferred = final_order;
+    return;
+  }
   for (int b : final_order) {
     p.opt_uses.push_back(add_use(UseKind::kOpt, b, n_access - 1, opt_objs(b)));
   }
@@ -329,6 +348,8 @@ Status SimulateHostCache(const HostPlanInput& in, HostPlan* plan) {
     used += in.obj_bytes[obj];
   }
   p.peak_bytes = used;
+  // A carried gradient that NVMe does not hold stays until its update.
+  for (int b : in.carried) locked[ObjIndex(b, Component::kGrad)] = !in.spill_grads;
   for (int i = 0; i < n_use; ++i) {
     const HostUse& u = p.uses[i];
     for (const UseObj& uo : u.objs) {
@@ -377,11 +398,12 @@ Status SimulateHostCache(const HostPlanInput& in, HostPlan* plan) {
     if (u.kind == UseKind::kGradIn) {
       // A spilled gradient is written at its final landing: evictable from then on.
       locked[g] = !(in.spill_grads && ++landings[u.block] == in.micro_batches);
+      dead[g] = false;  // a carried update's gradient buffer, landed in again
     }
     if (u.kind == UseKind::kOpt) {
       // A speculative update's gradient stays until the norm is known (a redo may need it),
       // unless NVMe holds it.
-      const bool keep = in.clip && !in.spill_grads && Speculates(in, u.block);
+      const bool keep = in.clip && !in.spill_grads && !u.carried && Speculates(in, u.block);
       locked[g] = keep;
       held[g] = keep;
       dead[g] = !keep;

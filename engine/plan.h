@@ -36,6 +36,7 @@ struct PlanOptions {
   bool clip = false;  // gradient clipping: an update's scale depends on the global norm
   Speculation speculation = Speculation::kAuto;  // with clip (see EngineOptions)
   GradSpill grad_spill = GradSpill::kAuto;
+  bool pipeline = false;  // with clip: EngineOptions::pipeline_updates (one rank only)
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved: kFp32 or kBf16
   StateFormat state_format = StateFormat::kFp32;  // of the moments
   uint64_t device_budget = 0;                     // 0 = unlimited
@@ -144,6 +145,8 @@ struct HostUse {
   int block = 0;
   int access = -1;  // kH2D, kGradIn: the access; kOpt: the access after which it may run
   std::vector<UseObj> objs;
+  // kOpt: the update of the previous step, carried into this one (HostPlanInput::carried).
+  bool carried = false;
 };
 
 enum class HostOpKind : uint8_t { kEvict, kLoad, kAlloc };
@@ -163,8 +166,12 @@ struct HostPlan {
   std::vector<int> grad_use;      // per access: its kGradIn use or -1
   std::vector<int> end_resident;  // cached objects resident after the step
   // Gradients kept resident past their update until the step's norm is known (a redo may
-  // need them): the engine releases them at EndStep (HostTier::ReleaseHeldLocked).
+  // need them): the engine releases them at EndStep (HostTier::ReleaseLocked).
   std::vector<int> held;
+  // Blocks whose updates wait for the norm and run under the next step (HostPlanInput::
+  // pipelined), in the order the next forward needs them; their gradients stay (in
+  // end_resident, or on NVMe when spilled).
+  std::vector<int> deferred;
   std::vector<uint64_t> offset;  // per object: its place in the cache region (when cached)
   uint64_t peak_bytes = 0;       // simulated peak of the cache
 };
@@ -185,6 +192,12 @@ struct HostPlanInput {
   // from its first landing to its update, and to the end of the step when the update was
   // speculative.
   bool spill_grads = false;
+  // With clip and not speculative: the updates that wait for the norm are left out of this
+  // step (HostPlan::deferred) and run under the next one, as its `carried` updates.
+  bool pipelined = false;
+  // Updates of the previous step run by this one (its HostPlan::deferred), each before the
+  // first use of its block (the next forward's parameter copy waits for the update).
+  std::vector<int> carried;
   bool separate_param = false;         // the param component exists (working dtype != fp32)
   std::vector<uint64_t> obj_bytes;     // per object, as charged by the pinned pool
   std::vector<bool> cached;            // per object: lives in the cache (NVMe home, or grad)
@@ -228,6 +241,9 @@ struct PlacementPlan {
   bool speculation = false;      // clip, and some step may update speculatively
   std::vector<bool> restorable;  // per block (see HostPlanInput); empty without a store
   bool spill_grads = false;      // see HostPlanInput
+  // Updates that wait for the norm run under the next step's forward (HostPlanInput::
+  // pipelined): the option is on and the host cache holds two steps' plans back to back.
+  bool pipeline = false;
   bool separate_param = false;
 
   bool Restorable(int b) const { return b < int(restorable.size()) && restorable[b]; }
@@ -235,8 +251,12 @@ struct PlacementPlan {
 
 // The swap store's extent space for `nvme_bytes` of states: a committed and a pending
 // version of every extent (a superseded version's space is reused only after the commit that
-// supersedes it), plus two stripes per folder and 16 MiB for fragmentation.
-uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders);
+// supersedes it), plus two stripes per folder, 16 MiB and two of the largest extent for
+// fragmentation: first fit over extents of different sizes leaves holes, and with extents
+// larger than the fixed slack the last write of a step found none big enough (12 x 768,
+// 27 MiB extents, with the updates written in forward order).
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders,
+                      uint64_t largest_extent);
 // What the swap files of that capacity take on disk, all folders together: each file holds
 // whole stripes and the files are equal (SwapStore::Open preallocates them so).
 uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders);

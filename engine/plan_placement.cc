@@ -22,6 +22,7 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.clip = options.grad_clip > 0;
   p.speculation = options.speculation;
   p.grad_spill = options.grad_spill;
+  p.pipeline = options.pipeline_updates;
   p.dtype = dtype;
   p.state_format = options.state_format;
   p.device_budget = options.device_mem_bytes;
@@ -40,8 +41,10 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   return p;
 }
 
-uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders) {
-  return 2 * nvme_bytes + 2 * stripe_bytes * uint64_t(folders) + (16ull << 20);
+uint64_t SwapCapacity(uint64_t nvme_bytes, uint64_t stripe_bytes, int folders,
+                      uint64_t largest_extent) {
+  return 2 * nvme_bytes + 2 * stripe_bytes * uint64_t(folders) + (16ull << 20) +
+         2 * RoundUp(largest_extent, 4096);
 }
 
 uint64_t SwapFileBytes(uint64_t capacity_bytes, uint64_t stripe_bytes, int folders) {
@@ -61,6 +64,7 @@ HostPlanInput HostInputFor(const PlacementPlan& pp) {
   hin.speculative = pp.speculation;
   hin.restorable = pp.restorable;
   hin.spill_grads = pp.spill_grads;
+  hin.pipelined = pp.pipeline;
   hin.separate_param = pp.separate_param;
   hin.obj_bytes = pp.obj_bytes;
   hin.cached = pp.cached;
@@ -181,6 +185,9 @@ struct Placer {
 
   // Whether steps may speculate (PlacementPlan::speculation, restorable), with the reason.
   void PlanSpeculation();
+  // Whether the updates that wait for the norm run under the next step's forward
+  // (PlacementPlan::pipeline), with the reason.
+  void PlanPipeline();
 };
 
 // Object sizes, the device minimum and the device plan.
@@ -603,6 +610,69 @@ void Placer::PlanSpeculation() {
                           " wait for the norm (a host home keeps no previous version)"));
 }
 
+// Two steps' plans back to back must fit the cache: the first defers its updates, the
+// second runs them before its forward needs each block and defers its own, and a third
+// carries those (the steady state). The minimums stay those of updates that wait at the end
+// of the step: where pipelining does not fit, the engine keeps that order.
+void Placer::PlanPipeline() {
+  if (!opt.clip || !opt.pipeline) return;
+  if (opt.world_size > 1) {
+    pp.report.reasons.push_back(
+        "clipping: the updates that wait for the global norm run at the end of the step: "
+        "running them under the next step's forward is for one rank (the ranks' commit is a "
+        "collective the step's own collectives would have to make room for)");
+    return;
+  }
+  HostPlanInput in = hin;
+  in.cached = pp.cached;
+  in.spill_grads = pp.spill_grads;
+  in.restorable = pp.restorable;
+  in.speculative = false;
+  in.pipelined = true;
+  auto fits = [&](uint64_t capacity) {
+    in.capacity = capacity;
+    HostPlanInput step = in;
+    for (int k = 0; k < 3; ++k) {
+      auto plan = PlanHost(step);
+      if (!plan.ok()) return false;
+      step.carried = plan->deferred;
+      step.start_resident = plan->end_resident;
+      step.start_offset = plan->offset;
+    }
+    return true;
+  };
+  if (fits(pp.cache_capacity)) {
+    pp.pipeline = true;
+    pp.report.reasons.push_back(
+        "clipping: the updates that wait for the global norm run under the next step's "
+        "forward, in the order it needs the blocks (the next forward waits only for the block "
+        "it acquires; the commit lands during it)" +
+        std::string(pp.speculation && opt.speculation == Speculation::kAuto
+                        ? "; so no step speculates (--speculate on would, with redos)"
+                        : ""));
+    return;
+  }
+  uint64_t lo = pp.cache_capacity, hi = 0;
+  for (size_t o = 0; o < pp.cached.size(); ++o) hi += pp.cached[o] ? pp.obj_bytes[o] : 0;
+  hi = RoundUp(std::max(hi, lo), kPage);
+  std::string need = "more host memory than the states take";
+  if (fits(hi)) {
+    while (hi - lo > kPage) {
+      const uint64_t mid = RoundUp((lo + hi) / 2, kPage);
+      if (mid >= hi) break;
+      (fits(mid) ? hi : lo) = mid;
+    }
+    need = "a host cache of " + FormatBytes(hi) +
+           (opt.host_budget
+                ? " (--host-mem " + FormatBytes(opt.host_budget + (hi - pp.cache_capacity)) + ")"
+                : std::string());
+  }
+  pp.report.reasons.push_back(
+      "clipping: the updates that wait for the global norm run at the end of the step, not "
+      "under the next step's forward: pipelining them needs " +
+      need);
+}
+
 }  // namespace
 
 Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
@@ -647,12 +717,21 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
   // Objects are whole 4 KiB pages, so a partial page of cache is never used; dropping it
   // keeps the pinned pool (which rounds up to pages) inside the budget.
   pp.cache_capacity = pp.cache_capacity / kPage * kPage;
+  p.PlanPipeline();
   PlacementReport& rep = pp.report;
   rep.host_resident_bytes = pp.resident_bytes;
   rep.host_cache_bytes = pp.cache_capacity + pp.staging_bytes;
   rep.nvme_bytes = pp.nvme_bytes;
   if (pp.use_nvme) {
-    pp.swap_capacity_bytes = SwapCapacity(pp.nvme_bytes, opt.nvme_stripe_bytes, opt.nvme_folders);
+    uint64_t largest = 0;
+    for (size_t o = 0; o < pp.obj_bytes.size(); ++o) {
+      const bool grad = ObjComponent(int(o)) == Component::kGrad;
+      if (grad ? pp.spill_grads : pp.home[o] == Tier::kNvme || opt.durable) {
+        largest = std::max(largest, pp.obj_bytes[o]);
+      }
+    }
+    pp.swap_capacity_bytes =
+        SwapCapacity(pp.nvme_bytes, opt.nvme_stripe_bytes, opt.nvme_folders, largest);
     rep.nvme_file_bytes =
         SwapFileBytes(pp.swap_capacity_bytes, opt.nvme_stripe_bytes, opt.nvme_folders);
     rep.nvme_stripe_bytes = opt.nvme_stripe_bytes;

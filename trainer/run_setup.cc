@@ -223,6 +223,7 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.grad_clip = config_.grad_clip;
   eo.speculation = config_.speculation;
   eo.grad_spill = config_.grad_spill;
+  eo.pipeline_updates = config_.pipeline_updates;
   eo.state_format = config_.state_format;
   eo.state_rounding = config_.state_rounding;
   eo.grad_dtype = config_.grad_dtype;

@@ -78,6 +78,9 @@ struct RunConfig {
   double grad_clip = 1.0;                        // global gradient-norm clip; 0 = off
   Speculation speculation = Speculation::kAuto;  // with clipping (EngineOptions)
   GradSpill grad_spill = GradSpill::kAuto;       // with clipping and NVMe (EngineOptions)
+  // With clipping: the updates that wait for the norm run under the next step's forward
+  // (EngineOptions::pipeline_updates); the same results either way.
+  bool pipeline_updates = true;
   // The Adam moments' format in host memory and on NVMe (master weights stay fp32) and, for
   // bf16, their rounding (see StateFormat, StateRounding in strata/optim.h).
   StateFormat state_format = StateFormat::kFp32;

@@ -173,7 +173,9 @@ const char* MicroBatchOrderName(MicroBatchOrder order);  // "batch", "layer"
 // With clipping, when a block's AdamW step may run (EngineOptions::speculation).
 //   kAuto: speculatively (as soon as its gradient is final, assuming the step will not
 //     clip) unless the last step clipped or was skipped; then it waits for the norm, which
-//     costs the serial tail but no redo while clipping keeps applying.
+//     costs the serial tail but no redo while clipping keeps applying. With pipelined
+//     updates (EngineOptions::pipeline_updates, where the placement allows) never: the
+//     updates that wait for the norm then run under the next forward, with no redo.
 //   kOn: speculatively every step. kOff: after the global norm, every step.
 // A speculative update that the norm invalidates (clipping applies, or a gradient is not
 // finite) is redone at EndStep from the block's previous versions — the committed NVMe
@@ -237,6 +239,17 @@ struct EngineOptions {
   double grad_clip = 0.0;
   Speculation speculation = Speculation::kAuto;
   GradSpill grad_spill = GradSpill::kAuto;
+  // With clipping, the updates that wait for the global norm run under the next step's
+  // forward instead of at the end of this one (docs/design.md "Pipelined step boundary"):
+  // EndStep returns once the norm is known, the next step updates the blocks in the order
+  // its forward needs them (Acquire of block b waits only for b's update and its copy), and
+  // the step commits once those updates are written, during the next forward. Results are
+  // bit-identical either way. Reads and writes between steps (ReadParams, ReadComponent,
+  // WriteParams, CommitParams), Flush and the destructor run the pending updates first and
+  // commit. One rank only (ignored with a communicator); where the host cache cannot hold
+  // two steps' plans back to back, the updates wait at the end of the step and Placement()
+  // says why and which budget would do.
+  bool pipeline_updates = true;
   // The Adam moments' format in host memory and on NVMe (the master weights stay fp32):
   // kBf16 keeps 8 bytes of state per parameter instead of 12 (see StateFormat and
   // StateRounding in strata/optim.h); its stochastic rounding draws from a hash of the step,
@@ -404,6 +417,12 @@ struct StepStats {
   int64_t redone_blocks = 0;
   // The time EndStep spent redoing (or undoing) them, part of tail_seconds.
   double redo_seconds = 0;
+  // Blocks whose updates wait for the norm and run under the next step's forward
+  // (EngineOptions::pipeline_updates): this step commits during the next one (or at Flush).
+  int64_t deferred_blocks = 0;
+  // The previous step's deferred updates and its commit ran under this step for this long
+  // (BeginStep to that commit); 0 when nothing was carried.
+  double overlapped_seconds = 0;
   // This step's updates ran speculatively (before the norm; see Speculation).
   bool speculative = false;
   double busy_seconds[kNumResources] = {};
@@ -491,8 +510,12 @@ class Engine {
   // Waits for every optimizer step and NVMe write of the step, commits the new state
   // (atomic manifest switch), and returns the step's statistics. A step partly updated
   // before a non-finite gradient was found is not committed (kAborted; see
-  // StepStats::skipped).
+  // StepStats::skipped). With EngineOptions::pipeline_updates, the updates that wait for the
+  // norm are left to the next step (StepStats::deferred_blocks), which commits this one.
   virtual Result<StepStats> EndStep() = 0;
+  // Runs the last step's deferred updates now and commits it (between steps; OK when
+  // nothing is pending). For a program that ends, or stops on a signal, after EndStep.
+  virtual Status Flush() = 0;
 
   // The first stored background error, or OK.
   virtual Status Error() const = 0;

@@ -44,6 +44,7 @@ struct EngineConfig {
   int micro_batches = 1;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, grad_clip = 0.0;
   bool adamw = true;
+  bool pipeline = true;  // EngineOptions::pipeline_updates
   int optimizer_threads = 0;
   std::string trace_path;
   std::string rendezvous;      // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
@@ -177,6 +178,7 @@ class PyEngine {
     o.weight_decay = c.weight_decay;
     o.grad_clip = c.grad_clip;
     o.optimizer = c.adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+    o.pipeline_updates = c.pipeline;
     o.optimizer_threads = c.optimizer_threads;
     o.trace_path = c.trace_path;
     Result<std::unique_ptr<Engine>> e = Status::OK();
@@ -305,6 +307,15 @@ class PyEngine {
     return *ticket;
   }
   uint64_t GradsRead() const { return Live().GradsRead(); }
+  // The last step's deferred updates run and it commits (reads do it themselves).
+  void Flush() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = Live().Flush();
+    }
+    ThrowIfError(s);
+  }
   py::dict EndStep() {
     Result<StepStats> r = Status::OK();
     {
@@ -329,6 +340,7 @@ class PyEngine {
     d["bound"] = s.bound_resource;
     d["efficiency"] = s.efficiency;
     d["stall_seconds"] = s.stall_seconds;
+    d["tail_seconds"] = s.tail_seconds;
     py::dict busy;
     for (int i = 0; i < kNumResources; ++i) {
       busy[ResourceName(static_cast<Resource>(i))] = s.busy_seconds[i];
@@ -347,6 +359,8 @@ class PyEngine {
     d["skipped"] = s.skipped;
     d["peak_device_bytes"] = s.peak_device_bytes;
     d["peak_host_bytes"] = s.peak_host_bytes;
+    d["deferred_blocks"] = s.deferred_blocks;
+    d["overlapped_seconds"] = s.overlapped_seconds;
     return d;
   }
 
@@ -375,6 +389,7 @@ void BindEngine(py::module_& m) {
       .def_readwrite("weight_decay", &EngineConfig::weight_decay)
       .def_readwrite("grad_clip", &EngineConfig::grad_clip)
       .def_readwrite("adamw", &EngineConfig::adamw)
+      .def_readwrite("pipeline", &EngineConfig::pipeline)
       .def_readwrite("optimizer_threads", &EngineConfig::optimizer_threads)
       .def_readwrite("trace_path", &EngineConfig::trace_path)
       .def_readwrite("rendezvous", &EngineConfig::rendezvous)
@@ -409,6 +424,7 @@ void BindEngine(py::module_& m) {
       .def("submit_grads_from", &PyEngine::SubmitGradsFrom, py::arg("block"), py::arg("addresses"))
       .def("grads_read", &PyEngine::GradsRead)
       .def("end_step", &PyEngine::EndStep)
+      .def("flush", &PyEngine::Flush)
       .def("close", &PyEngine::Close);
 }
 

@@ -59,6 +59,7 @@ struct RunConfig {
   StateFormat state_format = StateFormat::kFp32;
   Speculation speculation = Speculation::kAuto;
   GradSpill grad_spill = GradSpill::kAuto;
+  bool pipeline = EngineOptions{}.pipeline_updates;
   std::vector<ScheduleEntry> schedule;  // empty = standard
   IoBackendFactory io_factory;          // empty = the default backend
 };
@@ -91,6 +92,7 @@ inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const Run
   opt.schedule = rc.schedule;
   opt.speculation = rc.speculation;
   opt.grad_spill = rc.grad_spill;
+  opt.pipeline_updates = rc.pipeline;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
   if (init_params && !rc.resume) {
     for (int b = 0; b < int(specs.size()); ++b) {
@@ -110,6 +112,7 @@ struct RunRecord {
   uint64_t peak_device = 0, peak_host = 0;
   std::vector<double> norms;
   int64_t redone_blocks = 0, speculative_steps = 0, skipped_steps = 0;
+  int64_t deferred_blocks = 0;  // updates run under the next step (pipeline_updates)
 };
 
 inline Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batches, RunRecord* rec,
@@ -139,6 +142,7 @@ inline Status RunSteps(Fixture& f, int64_t first, int64_t last, int micro_batche
       rec->redone_blocks += st.redone_blocks;
       rec->speculative_steps += st.speculative ? 1 : 0;
       rec->skipped_steps += st.skipped ? 1 : 0;
+      rec->deferred_blocks += st.deferred_blocks;
     }
   }
   return Status::OK();

@@ -844,6 +844,7 @@ TEST(EngineTraceTest, StepTimeSplitsIntoComputeStallAndTail) {
   TempDir dir;
   RunConfig rc = TightNvme(specs, dir.path(), 1, 1.0);
   rc.speculation = Speculation::kOff;  // the updates wait for the norm (see the speculation test)
+  rc.pipeline = false;                 // at the end of the step (see engine_pipeline_test.cc)
   auto f = MakeEngine(specs, rc);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   for (int64_t step = 1; step <= 3; ++step) {

@@ -188,10 +188,23 @@ std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
         return "op " + std::to_string(k) + " evicts for a use that waits for a later load";
       }
       const bool grad = ObjComponent(o) == Component::kGrad;
-      // (A spilled gradient is on NVMe from its final landing on.)
-      const int landings = int(uses_of[o].size()) - 1;
-      if (grad && kb > 0 && kb < int(uses_of[o].size()) && !(in.spill_grads && kb >= landings)) {
-        return "a gradient evicted between its landing and its update";
+      if (grad) {
+        // The gradient's uses: the last step's carried update (if any), this step's landings,
+        // and its own update unless deferred to the next step. A spilled gradient is on NVMe
+        // from its final landing on; one that is not must stay from its first landing to its
+        // update, across the step boundary when deferred.
+        const int b = ObjBlock(o);
+        const int n = int(uses_of[o].size());
+        const int c = std::count(in.carried.begin(), in.carried.end(), b) ? 1 : 0;
+        const bool deferred = std::count(p.deferred.begin(), p.deferred.end(), b) > 0;
+        const int final_landing = n - (deferred ? 0 : 1);  // uses done at the final landing
+        if (c && kb == 0 && !in.spill_grads) return "a carried gradient evicted before its update";
+        if (kb > c && kb < final_landing) {
+          return "a gradient evicted between its landing and its update";
+        }
+        if (kb == final_landing && kb > c && !in.spill_grads) {
+          return "a gradient evicted between its landing and its update";
+        }
       }
       served[o].push_back({from[o], kb});
       from[o] = -1;
@@ -240,18 +253,41 @@ std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
   }
   if (peak > in.capacity) return "peak over capacity";
   // Optimizer steps: one per block, after every gradient of the block (after all of them
-  // with clipping, which needs the global norm first).
-  std::vector<int> opt_at(in.blocks, -1), last_grad(in.blocks, -1);
+  // with clipping, which needs the global norm first), or none for a block whose update is
+  // deferred to the next step. The last step's carried updates come first: each before any
+  // other use of its block, all of them before the step's own updates, in the carried order.
+  std::vector<int> opt_at(in.blocks, -1), last_grad(in.blocks, -1), first_use(in.blocks, -1);
+  std::vector<int> carried_seen;
   int last_any_grad = -1;
   for (int u = 0; u < n_use; ++u) {
     const HostUse& hu = p.uses[u];
+    if (hu.kind == UseKind::kOpt && hu.carried) {
+      if (first_use[hu.block] >= 0) return "a carried update after a use of its block";
+      if (opt_at[hu.block] >= 0) return "a carried update after the step's own update";
+      carried_seen.push_back(hu.block);
+      first_use[hu.block] = u;
+      continue;
+    }
+    if (first_use[hu.block] < 0) first_use[hu.block] = u;
     if (hu.kind == UseKind::kGradIn) last_grad[hu.block] = u, last_any_grad = u;
     if (hu.kind == UseKind::kOpt) {
       if (opt_at[hu.block] >= 0) return "two optimizer steps of one block";
+      if (carried_seen.size() != in.carried.size()) return "an own update before a carried one";
       opt_at[hu.block] = u;
     }
   }
+  if (carried_seen != in.carried) return "carried updates missing or out of order";
+  const std::set<int> deferred(p.deferred.begin(), p.deferred.end());
   for (int b = 0; b < in.blocks; ++b) {
+    if (deferred.count(b)) {
+      if (opt_at[b] >= 0) return "a deferred update also in its step";
+      if (!in.pipelined || !in.clip) return "an update deferred without pipelining";
+      if (!in.spill_grads && !std::count(p.end_resident.begin(), p.end_resident.end(),
+                                         ObjIndex(b, Component::kGrad))) {
+        return "a deferred update's gradient does not stay";
+      }
+      continue;
+    }
     if (opt_at[b] < last_grad[b]) return "an update before its gradients";
     const bool speculates = in.speculative && b < int(in.restorable.size()) && in.restorable[b];
     if (in.clip && !speculates && opt_at[b] < last_any_grad) {
@@ -536,6 +572,7 @@ RandomCase MakeRandomCase(std::mt19937_64& rng) {
   o.durable = o.nvme && rng() % 3 == 0;
   o.speculation = Speculation(rng() % 3);
   o.grad_spill = GradSpill(rng() % 3);
+  o.pipeline = rng() % 2;
   if (rng() % 2) o.schedule = RandomOrder(rng, L);
   if (rng() % 3 == 0) o.micro_batch_order = MicroBatchOrder::kLayerMajor;
   std::ostringstream t;
@@ -543,7 +580,7 @@ RandomCase MakeRandomCase(std::mt19937_64& rng) {
     << " clip=" << o.clip << " dtype=" << WorkingDtypeName(o.dtype)
     << " collectives=" << CollectiveMemoryName(o.collectives) << " nvme=" << o.nvme
     << " durable=" << o.durable << " speculation=" << SpeculationName(o.speculation)
-    << " spill=" << GradSpillName(o.grad_spill)
+    << " spill=" << GradSpillName(o.grad_spill) << " pipeline=" << o.pipeline
     << " schedule=" << (o.schedule.empty() ? "standard" : "random")
     << " order=" << MicroBatchOrderName(o.micro_batch_order);
   c.text = t.str();
@@ -578,10 +615,14 @@ void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
     EXPECT_GE(o.device_budget, rep.device_min_bytes);
   }
   HostPlanInput hin = HostInputFor(*pp);
+  EXPECT_TRUE(!pp->pipeline || (o.clip && o.pipeline && o.world_size == 1));
   for (int step = 0; step < 3; ++step) {
-    // The engine speculates step by step (a step that clipped makes the next wait).
-    hin.speculative = pp->speculation && step != 1;
+    // The engine speculates step by step (a step that clipped makes the next wait); with
+    // pipelined updates it never does, and each step carries the last one's deferred updates.
+    hin.speculative = pp->speculation && step != 1 && !pp->pipeline;
     auto plan = PlanHost(hin);
+    // The placement checked that pipelined steps fit back to back from an empty cache.
+    if (pp->pipeline) ASSERT_TRUE(plan.ok()) << "step " << step << ": " << plan.status().ToString();
     if (!plan.ok()) {
       // The engine's fallback: evict what the last step left and start from empty.
       ASSERT_GT(step, 0) << "the first step's host plan fails: " << plan.status().ToString();
@@ -601,6 +642,8 @@ void PlanAndCheck(const RandomCase& c, const PlanOptions& o) {
     }
     hin.start_resident = plan->end_resident;
     hin.start_offset = plan->offset;
+    hin.carried = plan->deferred;
+    if (pp->pipeline) EXPECT_FALSE(plan->deferred.empty()) << "step " << step;
   }
 }
 

@@ -54,7 +54,9 @@ def test_sigkill_then_resume_continues_exactly(tmp_path):
               "--save", str(tmp_path / "run.safetensors")])
     assert r.returncode == 0, r.stderr
     resumed = int(r.stdout.split("resuming after step ")[1].split(",")[0])
-    assert resumed in (5, 6)  # the step killed was committed or not: both continue exactly
+    # Step 5's commit lands during step 6's forward (its updates are pipelined under it), so
+    # the kill finds step 4 or 5 committed (6 if step 6 ended): all continue exactly.
+    assert resumed in (4, 5, 6)
     after = _losses(log)  # each step's last line: the killed run's, then the resumed run's
     assert set(after) >= {str(s) for s in range(1, steps + 1) if s != resumed}
     assert all(after[s] == ref[s] for s in after), (after, ref)  # bit for bit

@@ -86,7 +86,9 @@ def test_gpt2_offloaded_equals_in_memory_bit_for_bit_and_torch_within_1e4(tmp_pa
     m_mem, mem, _ = train(strata.Engine(device="cpu"), dropout, mask, **config)
     m_ref, ref, _ = train(None, dropout, mask, **config)
     assert off == mem  # every micro-batch's loss, bit for bit
-    assert all(s["bytes"]["nvme_read"] > 0 and s["bytes"]["nvme_write"] > 0 for s in stats)
+    # Every step reads NVMe; its updates' writes land under the next step (pipelined).
+    assert all(s["bytes"]["nvme_read"] > 0 for s in stats)
+    assert all(s["bytes"]["nvme_write"] > 0 for s in stats[1:])
     assert all(s["peak_device_bytes"] <= 160 * 1024 for s in stats)
     assert len(off) == len(ref) == STEPS
     assert_close(off, ref)  # the same dropout masks as torch's

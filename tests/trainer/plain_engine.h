@@ -74,6 +74,7 @@ class PlainEngine : public Engine {
     return ++tickets_;
   }
   uint64_t GradsRead() const override { return tickets_; }
+  Status Flush() override { return Status::OK(); }
   Result<StepStats> EndStep() override {
     StepStats s;
     s.step = ++step_;

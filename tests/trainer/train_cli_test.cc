@@ -143,7 +143,9 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
   ASSERT_EQ(0, Run({"train", "--resume", dir_ + "/b"}, &out)) << out;
   const nlohmann::json resumed = Json(dir_ + "/c.json");
   const int64_t from = resumed["config"]["resumed_step"];
-  EXPECT_GE(from, 3);
+  // Step 3's updates run under step 4's forward and it commits there (--pipeline on, the
+  // default): the kill may find step 2 as the last commit.
+  EXPECT_GE(from, 2);
   EXPECT_LT(from, 30) << "the kill came after the last step; nothing left to compare";
   ASSERT_EQ(resumed["steps"].size(), static_cast<size_t>(30 - from));
   for (const auto& s : resumed["steps"]) {

@@ -16,6 +16,8 @@ nlohmann::json StepStatsJson(const StepStats& st) {
           {"redone_blocks", st.redone_blocks},
           {"redo_seconds", st.redo_seconds},
           {"speculative", st.speculative},
+          {"deferred_blocks", st.deferred_blocks},
+          {"overlapped_seconds", st.overlapped_seconds},
           {"nvme_busy_seconds", st.nvme_busy_seconds},
           {"grad_norm", st.grad_norm},
           {"skipped", st.skipped},

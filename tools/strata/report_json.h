@@ -10,8 +10,9 @@
 namespace strata::cli {
 
 // step, seconds, bound_seconds, bound_resource, efficiency, stall_seconds, tail_seconds,
-// redone_blocks, nvme_busy_seconds, grad_norm, peak_device_bytes, peak_host_bytes,
-// busy_seconds{resource}, bytes{nvme_read, nvme_write, h2d, d2h, comm}.
+// redone_blocks, deferred_blocks, overlapped_seconds, nvme_busy_seconds, grad_norm,
+// peak_device_bytes, peak_host_bytes, busy_seconds{resource}, bytes{nvme_read, nvme_write, h2d,
+// d2h, comm}.
 nlohmann::json StepStatsJson(const StepStats& st);
 
 // components[{block, component, home, bytes}], reasons, nvme_bytes (the states),

@@ -128,6 +128,12 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "auto speculates unless the last step clipped. Blocks whose states live in "
                   "host memory without --durable always wait")
       ->capture_default_str();
+  cmd->add_option("--pipeline", f->pipeline,
+                  "With --grad-clip: on or off. on runs the optimizer steps that wait for "
+                  "the global norm under the next step's forward, in the order it needs the "
+                  "blocks, and commits the step during it: same results, no serial tail; "
+                  "off runs them at the end of the step. One rank")
+      ->capture_default_str();
   cmd->add_option("--grad-spill", f->grad_spill,
                   "With --grad-clip and --nvme: auto, on or off. on writes each gradient to "
                   "NVMe when final, so host memory need not hold every gradient until the "
@@ -259,6 +265,11 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
                                                         ": expected auto, on or off"));
   }
   config->grad_spill = GradSpill(*tri(f.grad_spill));
+  if (f.pipeline != "on" && f.pipeline != "off") {
+    return fail("--pipeline",
+                Status::InvalidArgument("--pipeline " + f.pipeline + ": expected on or off"));
+  }
+  config->pipeline_updates = f.pipeline == "on";
   if (f.state_dtype == "fp32") {
     config->state_format = StateFormat::kFp32;
   } else if (f.state_dtype == "bf16" || f.state_dtype == "bf16-rne") {

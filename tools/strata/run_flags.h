@@ -26,6 +26,7 @@ struct RunFlags {
   double grad_clip = trainer::RunConfig{}.grad_clip;
   std::string speculate = SpeculationName(trainer::RunConfig{}.speculation);
   std::string grad_spill = GradSpillName(trainer::RunConfig{}.grad_spill);
+  std::string pipeline = trainer::RunConfig{}.pipeline_updates ? "on" : "off";
   std::string state_dtype = "fp32";  // fp32, bf16 (stochastic rounding) or bf16-rne
   std::string grad_dtype = "fp32";   // fp32 or bf16 (device -> host)
   std::string trace;

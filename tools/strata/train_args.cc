@@ -48,6 +48,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"grad-clip", fixed, &a.run.grad_clip},
       {"speculate", free, &a.run.speculate},    // bit-identical either way
       {"grad-spill", free, &a.run.grad_spill},  // bit-identical either way
+      {"pipeline", free, &a.run.pipeline},      // bit-identical either way
       {"state-dtype", fixed, &a.run.state_dtype},
       {"grad-dtype", fixed, &a.run.grad_dtype},
       {"device", fixed, &a.run.device},
