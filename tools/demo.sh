@@ -5,7 +5,7 @@
 # that the loss fell by at least 30 % and prints a generated sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/bootstrap.sh
+STRATA_TORCH_MATRIX=0 tools/bootstrap.sh  # the torch-matrix venv is for the tests only
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$(nproc)" --target strata
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/strata-demo.XXXXXX")
