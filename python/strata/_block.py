@@ -72,6 +72,8 @@ class _BlockForward:
 
     def _call(self, args, kwargs):
         st = self.state
+        if not torch.is_grad_enabled() and st._next_fwd is None and st._inference:
+            return st.inference_forward(self.b, self.forward, args, kwargs)
         # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
         # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
         # backward; the layer already does both itself, and the second run would be taken for

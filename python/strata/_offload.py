@@ -18,6 +18,10 @@ copied per step are the rest block's weights, out of its acquired buffer at the 
 forward (the head needs them after the engine has moved on). The engine itself is created when strata.optim.AdamW
 binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
 
+A forward under no_grad (model.eval() evaluation, Hugging Face's generate()) runs between
+steps outside the engine's schedule: each block's committed weights are read from the engine
+when it is called and dropped after it; its key/value cache is passed through unchanged.
+
 An exception part way through a step (in the model's forward, in a block's recompute) drops
 the step (Engine.abort_step): the engine goes back to its last commit and the next forward
 starts a new step. The layer knows where in the engine's schedule the step stopped (accesses
@@ -206,6 +210,7 @@ class _Offloaded:
         self._released = 0
         self._acquired = None
         self._micro = 0  # micro-batches begun in this step
+        self._inference = False  # the forward running now is a no_grad one (inference_forward)
         self._next_fwd = None  # engine index expected next in forward; None between passes
         self._next_bwd = None
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
@@ -475,9 +480,9 @@ class _Offloaded:
     def _begin_forward_timed(self):
         core = self.core()
         if not torch.is_grad_enabled():
-            raise Error("an offloaded model runs forward only for training (each forward is "
-                        "followed by backward); evaluate on weights saved with "
-                        "strata.save_safetensors")
+            self._begin_inference()
+            return
+        self._inference = False
         if self.model.training and any(m.gradient_checkpointing is True
                                        for m in self._checkpointing_flags):
             raise Error(f"the model has gradient checkpointing on: {CHECKPOINTING_REFUSED}")
@@ -509,6 +514,50 @@ class _Offloaded:
                 self._sync()
             self._release(0)
         self._next_fwd = self.first_block
+
+    # --- inference (no_grad forward, generate()) ------------------------------------------
+
+    def _begin_inference(self):
+        """A forward under no_grad (model.eval() evaluation, generate()): between steps, each
+        block's weights are read from the engine (ReadParams: the committed fp32 master
+        weights, wherever they live) when the block is called, and dropped after it; the
+        engine's step schedule is not entered, so training goes on afterwards unchanged."""
+        self._finish_backward()
+        if self._step_open:
+            raise Error("a forward under no_grad (evaluation) in the middle of a training step; "
+                        "call opt.step() first (or engine.abort_step() to drop the step)")
+        self._inference = True
+        if self.rest:
+            with torch.no_grad(), self._clock.copy():
+                for t, (_, p) in enumerate(self.rest):
+                    p.data = self._read_tensor(0, t)
+                    p.grad = None
+
+    def _read_tensor(self, b, t):
+        """Tensor t of engine block b, read from the engine onto torch's device (a normal
+        tensor under torch.inference_mode too: the rest block's stay for training)."""
+        _, shape, _, numel = self._layout[b][1][t]
+        with torch.inference_mode(False):
+            v = torch.empty(numel, dtype=torch.float32)
+            self.core().read_params(b, t, v.data_ptr(), numel)
+            return v.view(shape).to(self._torch_device)
+
+    def inference_forward(self, b, forward, args, kwargs):
+        """Runs block b under no_grad on weights read from the engine (see _begin_inference)."""
+        if not self._inference:
+            raise Error(f"block {self.block_name(b)} was called under no_grad outside the "
+                        "model's forward; call the offloaded model itself")
+        ps = self._block_tensors[b]
+        with self._clock.copy():
+            for t, p in enumerate(ps):
+                p.data = self._read_tensor(b, t)
+        try:
+            with self._clock.compute():
+                return forward(*args, **kwargs)
+        finally:
+            empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
+            for p in ps:
+                p.data = empty
 
     def block_forward_begin(self, b):
         if self._next_fwd is None:
