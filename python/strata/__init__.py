@@ -19,6 +19,7 @@ Error.__module__ = "strata"  # tracebacks say strata.Error
 __version__ = _strata.version()
 
 from . import io, optim  # noqa: E402
-from ._offload import Engine, offload, save_safetensors  # noqa: E402
+from ._checkpoint import save_safetensors  # noqa: E402
+from ._offload import Engine, offload  # noqa: E402
 
 __all__ = ["Engine", "Error", "__version__", "io", "offload", "optim", "save_safetensors"]

@@ -12,8 +12,10 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
 its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
-as soon as a block's gradient is final. With one rank the engine reads them straight from
-torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
+as soon as a block's gradient is final. With offload(recompute=False) (or "auto" within the
+activation budget) the forward keeps autograd's graph instead, and backward runs on it with the
+block acquired again (the saved parameters are unpacked from the new buffer). With one rank
+the engine reads them straight from torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
 copied per step are the rest block's weights, out of its acquired buffer at the start of
 forward (the head needs them after the engine has moved on). The engine itself is created when strata.optim.AdamW
 binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
@@ -40,19 +42,18 @@ as the engine's compute lane (events instead of host waits) is the next step.
 """
 import collections
 import functools
-import json
 import os
-import struct
 
 import torch
 
 from . import _strata
-from ._block import CHECKPOINTING_REFUSED, _BlockForward
+from ._block import (CHECKPOINTING_REFUSED, _BlockForward, activation_budget,
+                     keep_activations)
 from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
 from ._sizes import parse_bytes
 from ._strata import Error
 
-__all__ = ["Engine", "offload", "save_safetensors"]
+__all__ = ["Engine", "offload"]
 
 
 class Engine:
@@ -154,7 +155,11 @@ class Engine:
 def offload(model, blocks, engine, micro_batches=1, recompute=True):
     """Moves every parameter of `model` into `engine`; returns `model`, now offloaded.
 
-    `blocks`: the repeated sub-modules in forward order, each called once per forward."""
+    `blocks`: the repeated sub-modules in forward order, each called once per forward.
+    `recompute`: True keeps only each block's inputs and recomputes it in backward; False keeps
+    autograd's activations (backward runs on them, the block's parameters acquired again);
+    "auto" keeps them while this forward's kept activations fit the activation budget
+    (_Offloaded.activation_budget) and recomputes the blocks after that."""
     if not isinstance(model, torch.nn.Module):
         raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
     if not isinstance(engine, Engine):
@@ -165,12 +170,12 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True):
         if getattr(p, "_strata_offload", None) is not None:
             raise Error("this model is already offloaded into another strata.Engine; a model "
                         "trains in one engine (create the model anew for another)")
-    if not recompute:
-        raise Error("offload(recompute=False) is not supported: a block's parameters are "
-                    "re-acquired for backward, so its forward is recomputed; pass recompute=True")
+    if recompute not in (True, False, "auto"):
+        raise Error(f"offload(recompute={recompute!r}): expected True, False or \"auto\"")
     if int(micro_batches) < 1:
         raise Error(f"micro_batches={micro_batches}: must be >= 1")
     state = _Offloaded(model, list(blocks), engine, int(micro_batches))
+    state.recompute = recompute
     engine._model = state
     return model
 
@@ -211,6 +216,8 @@ class _Offloaded:
         self._acquired = None
         self._micro = 0  # micro-batches begun in this step
         self._inference = False  # the forward running now is a no_grad one (inference_forward)
+        self.recompute = True  # offload(recompute=...)
+        self._kept_bytes = 0  # activations kept by this forward's blocks (recompute != True)
         self._next_fwd = None  # engine index expected next in forward; None between passes
         self._next_bwd = None
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
@@ -503,6 +510,7 @@ class _Offloaded:
             core.begin_step(float(lrs.pop()), 1.0)
             self._step_open = True
         self._micro += 1
+        self._kept_bytes = 0
         if self.rest:
             views = self._params_view(0, self._acquire(0, False))
             with torch.no_grad(), self._clock.copy():
@@ -558,6 +566,17 @@ class _Offloaded:
             empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
             for p in ps:
                 p.data = empty
+
+    def keeps_activations(self):
+        """Whether the block now running forward keeps its autograd graph (recompute)."""
+        return self.recompute is not True
+
+    def keep_activations(self, nbytes):
+        """A block's forward saved `nbytes` of activations: keep them (see _block.py)?"""
+        return keep_activations(self, nbytes)
+
+    def activation_budget(self):
+        return activation_budget(self)
 
     def block_forward_begin(self, b):
         if self._next_fwd is None:
@@ -762,39 +781,3 @@ def _cuda_tensor(address, numel, dtype):
 
     t = torch.as_tensor(_Array(), device="cuda")
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
-
-
-def save_safetensors(model, path):
-    """Writes the model's current weights (fp32) as a safetensors file; for an offloaded model
-    they are gathered from the engine. Tied parameters are written once."""
-    state = None
-    for p in model.parameters():
-        state = getattr(p, "_strata_offload", None)
-        break
-    if state is not None:
-        tensors = state.gather()
-    else:
-        tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
-                   for n, p in model.named_parameters()}
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        nbytes = t.numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        blobs.append(t)
-        offset += nbytes
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    # The CLI's writer (include/strata/atomic_file.h): a temporary created O_EXCL|O_NOFOLLOW next
-    # to `path`, fsynced and renamed over it, so `path` holds the old file or the whole new one
-    # and nothing planted at a predictable name is followed; removed again on any failure.
-    f = _strata.AtomicFile(os.fspath(path))
-    try:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for t in blobs:
-            f.write_from(t.data_ptr(), t.numel() * t.element_size())
-        f.commit()
-    finally:
-        f.discard()
