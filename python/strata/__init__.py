@@ -19,7 +19,8 @@ Error.__module__ = "strata"  # tracebacks say strata.Error
 __version__ = _strata.version()
 
 from . import io, optim  # noqa: E402
-from ._checkpoint import save_safetensors  # noqa: E402
+from ._checkpoint import load_checkpoint, save_checkpoint, save_safetensors  # noqa: E402
 from ._offload import Engine, offload  # noqa: E402
 
-__all__ = ["Engine", "Error", "__version__", "io", "offload", "optim", "save_safetensors"]
+__all__ = ["Engine", "Error", "__version__", "io", "load_checkpoint", "offload", "optim",
+           "save_checkpoint", "save_safetensors"]
