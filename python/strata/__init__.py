@@ -21,6 +21,7 @@ __version__ = _strata.version()
 from . import io, optim  # noqa: E402
 from ._checkpoint import load_checkpoint, save_checkpoint, save_safetensors  # noqa: E402
 from ._offload import Engine, offload  # noqa: E402
+from ._deepspeed import DeepSpeedEngine, initialize  # noqa: E402
 
-__all__ = ["Engine", "Error", "__version__", "io", "load_checkpoint", "offload", "optim",
-           "save_checkpoint", "save_safetensors"]
+__all__ = ["DeepSpeedEngine", "Engine", "Error", "__version__", "initialize", "io",
+           "load_checkpoint", "offload", "optim", "save_checkpoint", "save_safetensors"]
