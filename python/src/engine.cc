@@ -19,6 +19,8 @@
 
 #include "python/src/binding.h"
 #include "strata/device.h"
+#include "strata/io.h"
+#include "strata/optim.h"
 
 namespace py = pybind11;
 
@@ -43,6 +45,15 @@ struct EngineConfig {
   int optimizer_threads = 0;
   std::string trace_path;
   std::string rendezvous;  // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
+  // The CLI's run flags (tools/strata/run_flags.cc), checked by the Python layer; ints are
+  // the enums' values (auto, on, off; fp32, bf16; ...).
+  int speculate = 0;          // Speculation
+  int grad_spill = 0;         // GradSpill
+  int state_format = 0;       // StateFormat
+  int state_rounding = 1;     // StateRounding (stochastic)
+  std::string io = "auto";    // ParseIoBackendKind
+  uint64_t io_block = 0;      // nvme_stripe_bytes; 0 = the default
+  int collective_memory = 0;  // CollectiveMemory
 };
 
 // The ranks of a launcher's run (torchrun, strata launch, mpirun, srun), joined through Gloo as
@@ -126,6 +137,15 @@ class PyEngine {
     o.optimizer = c.adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
     o.optimizer_threads = c.optimizer_threads;
     o.trace_path = c.trace_path;
+    o.speculation = static_cast<Speculation>(c.speculate);
+    o.grad_spill = static_cast<GradSpill>(c.grad_spill);
+    o.state_format = static_cast<StateFormat>(c.state_format);
+    o.state_rounding = static_cast<StateRounding>(c.state_rounding);
+    Result<IoBackendKind> io = ParseIoBackendKind(c.io);
+    ThrowIfError(io.status());
+    o.io.kind = *io;
+    if (c.io_block != 0) o.nvme_stripe_bytes = c.io_block;
+    o.collective_memory = static_cast<CollectiveMemory>(c.collective_memory);
     Result<std::unique_ptr<Engine>> e = Status::OK();
     {
       py::gil_scoped_release release;
@@ -304,7 +324,14 @@ void BindEngine(py::module_& m) {
       .def_readwrite("adamw", &EngineConfig::adamw)
       .def_readwrite("optimizer_threads", &EngineConfig::optimizer_threads)
       .def_readwrite("trace_path", &EngineConfig::trace_path)
-      .def_readwrite("rendezvous", &EngineConfig::rendezvous);
+      .def_readwrite("rendezvous", &EngineConfig::rendezvous)
+      .def_readwrite("speculate", &EngineConfig::speculate)
+      .def_readwrite("grad_spill", &EngineConfig::grad_spill)
+      .def_readwrite("state_format", &EngineConfig::state_format)
+      .def_readwrite("state_rounding", &EngineConfig::state_rounding)
+      .def_readwrite("io", &EngineConfig::io)
+      .def_readwrite("io_block", &EngineConfig::io_block)
+      .def_readwrite("collective_memory", &EngineConfig::collective_memory);
   m.def("cuda_available", &CudaAvailable);
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::vector<BlockTuple>&, const EngineConfig&>(), py::arg("blocks"),

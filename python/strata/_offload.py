@@ -50,6 +50,7 @@ from . import _strata
 from ._block import (CHECKPOINTING_REFUSED, _BlockForward, activation_budget,
                      keep_activations)
 from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
+from ._flags import apply_run_flags
 from ._sizes import parse_bytes
 from ._strata import Error
 
@@ -57,13 +58,16 @@ __all__ = ["Engine", "offload"]
 
 
 class Engine:
-    """Budgets and drives for one offloaded model (see strata.offload)."""
+    """Budgets and drives for one offloaded model (see strata.offload). Besides these, the
+    options of `strata train` under their CLI names (speculate, grad_spill, state_dtype, io,
+    io_block, collective_memory, threads; see _flags.py)."""
 
     def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
-                 optimizer_threads=0, trace=None, rendezvous=None, timing=False):
+                 optimizer_threads=0, trace=None, rendezvous=None, timing=False, **run_flags):
         if device not in ("cpu", "cuda", "auto"):
             raise Error(f"device={device!r}: expected \"cpu\", \"cuda\" or \"auto\"")
         self.config = _strata.EngineConfig()
+        optimizer_threads = apply_run_flags(self.config, run_flags, optimizer_threads)
         self.config.device = device
         self.config.device_mem = parse_bytes("device_mem", device_mem)
         self.config.host_mem = parse_bytes("host_mem", host_mem)
