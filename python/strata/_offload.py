@@ -51,6 +51,7 @@ from ._block import (CHECKPOINTING_REFUSED, _BlockForward, activation_budget,
                      keep_activations)
 from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
 from ._flags import apply_run_flags
+from ._lazy import LazyParams
 from ._sizes import parse_bytes
 from ._strata import Error
 
@@ -156,14 +157,18 @@ class Engine:
         return self._model
 
 
-def offload(model, blocks, engine, micro_batches=1, recompute=True):
+def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None, init=None):
     """Moves every parameter of `model` into `engine`; returns `model`, now offloaded.
 
     `blocks`: the repeated sub-modules in forward order, each called once per forward.
     `recompute`: True keeps only each block's inputs and recomputes it in backward; False keeps
     autograd's activations (backward runs on them, the block's parameters acquired again);
     "auto" keeps them while this forward's kept activations fit the activation budget
-    (_Offloaded.activation_budget) and recomputes the blocks after that."""
+    (_Offloaded.activation_budget) and recomputes the blocks after that.
+    A model built on the meta device (strata.init_empty()) is materialised one engine block at
+    a time when the optimizer binds (_lazy.py): from `weights` (safetensors files: a file, a
+    list, or a folder of shards) or by `init(module)` (default: the model's _init_weights, else
+    each module's reset_parameters())."""
     if not isinstance(model, torch.nn.Module):
         raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
     if not isinstance(engine, Engine):
@@ -178,7 +183,10 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True):
         raise Error(f"offload(recompute={recompute!r}): expected True, False or \"auto\"")
     if int(micro_batches) < 1:
         raise Error(f"micro_batches={micro_batches}: must be >= 1")
-    state = _Offloaded(model, list(blocks), engine, int(micro_batches))
+    lazy = None
+    if weights is not None or any(p.is_meta for p in model.parameters()):
+        lazy = LazyParams(model, weights, init)
+    state = _Offloaded(model, list(blocks), engine, int(micro_batches), lazy)
     state.recompute = recompute
     engine._model = state
     return model
@@ -188,8 +196,9 @@ class _Offloaded:
     """Who owns what: the engine owns the values; this object owns the hooks, the placeholders
     the model's Parameters keep between uses, and the step's progress."""
 
-    def __init__(self, model, blocks, engine, micro_batches):
+    def __init__(self, model, blocks, engine, micro_batches, lazy=None):
         self.model, self.blocks, self.engine = model, blocks, engine
+        self._lazy = lazy  # LazyParams of a model built on the meta device
         self.micro_batches = micro_batches
         if not blocks:
             raise Error("offload(blocks=[]): give the repeated sub-modules (e.g. "
@@ -329,7 +338,8 @@ class _Offloaded:
         c.weight_decay = float(decay.pop()) if decay else 0.0
         c.grad_clip = float(opt.max_grad_norm)
         c.optimizer_threads = c.optimizer_threads or opt.threads
-        self._specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
+        shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
+        self._specs = [(bname, [(n, list(shape(p)) or [1], wd_of[id(p)]) for n, p in ps])
                        for bname, ps in self.engine_blocks()]
         self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
@@ -338,11 +348,18 @@ class _Offloaded:
         # no block input requires grad (its gradient is None: it never accumulates one).
         self.anchor = torch.zeros((), device=self._torch_device, requires_grad=True)
         if not c.resume:
-            for b, (_, ps) in enumerate(self.engine_blocks()):
+            for b, (bname, ps) in enumerate(self.engine_blocks()):
+                if self._lazy:  # one block at a time in host memory
+                    self._lazy.materialise([(n if bname == "rest" else f"{bname}.{n}", p)
+                                            for n, p in ps])
                 for t, (_, p) in enumerate(ps):
-                    v = p.detach().to("cpu", torch.float32).contiguous().clone()
+                    v = p.detach().to("cpu", torch.float32).contiguous()
+                    if not self._lazy:  # broadcast_f32 writes into v; p is let go when lazy
+                        v = v.clone()
                     self._core.broadcast_f32(v.data_ptr(), v.numel())  # rank 0's values
                     self._core.write_params(b, t, v.data_ptr(), v.numel())
+                    if self._lazy:
+                        p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
             self._core.commit_params()
         # The engine holds the values now: block parameters keep an empty placeholder.
         for _, ps in self.block_params:
