@@ -213,6 +213,24 @@ class PyEngine {
     ThrowIfError(
         Live().ReadParams(block, tensor, std::span<float>(reinterpret_cast<float*>(address), n)));
   }
+  // One component ("master", "exp_avg", "exp_avg_sq") of this rank's shard of a block: n
+  // fp32 values (bf16 moments widened) written to `address`; between steps.
+  void ReadComponent(int block, const std::string& name, uintptr_t address, size_t n) const {
+    Component c;
+    if (name == "master") {
+      c = Component::kMaster;
+    } else if (name == "exp_avg") {
+      c = Component::kExpAvg;
+    } else if (name == "exp_avg_sq") {
+      c = Component::kExpAvgSq;
+    } else {
+      ThrowIfError(Status::InvalidArgument("component '" + name +
+                                           "': expected master, exp_avg or exp_avg_sq"));
+    }
+    py::gil_scoped_release release;
+    ThrowIfError(
+        Live().ReadComponent(block, c, std::span<float>(reinterpret_cast<float*>(address), n)));
+  }
   void CommitParams() {
     py::gil_scoped_release release;
     ThrowIfError(Live().CommitParams());
@@ -347,6 +365,7 @@ void BindEngine(py::module_& m) {
       .def("write_params", &PyEngine::WriteParams)
       .def("read_params", &PyEngine::ReadParams)
       .def("commit_params", &PyEngine::CommitParams)
+      .def("read_component", &PyEngine::ReadComponent)
       .def("begin_step", &PyEngine::BeginStep, py::arg("lr"), py::arg("grad_scale") = 1.0)
       .def("acquire", &PyEngine::Acquire, py::arg("block"), py::arg("backward"))
       .def("release", &PyEngine::Release)

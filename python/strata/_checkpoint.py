@@ -23,7 +23,7 @@ import torch
 from . import _strata
 from ._strata import Error
 
-__all__ = ["load_checkpoint", "save_checkpoint", "save_safetensors"]
+__all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors"]
 
 _LOCK = "strata.lock"  # held by an open engine; never part of a checkpoint
 
@@ -78,6 +78,41 @@ def _reopened(state, why, between):
         config.resume = True
         state._open_core(config)
         state._closed = None
+
+
+def read_moments(state, opt):
+    """torch's optimizer "state" of an offloaded model, read from the engine between steps:
+    {index of the parameter in opt's param_groups: {"step", "exp_avg", "exp_avg_sq"}}."""
+    core = state.core()
+    if state._step_open:
+        raise Error("optimizer.state_dict() in the middle of a step; call opt.step() first")
+    if core.world_size != 1:
+        raise Error("optimizer.state_dict() of an offloaded model with several ranks is not "
+                    "supported yet (each rank holds its shard of the moments)")
+    stats = state.engine._stats
+    step = stats["step"] if stats is not None else core.resumed_step()
+    where = {}  # id(param) -> (engine block, offset, numel, shape)
+    for b, (_, tensors, padded) in enumerate(state._layout):
+        for (_, p), (_, shape, off, n) in zip(state.engine_blocks()[b][1], tensors):
+            where[id(p)] = (b, off, n, shape)
+    cache = {}
+
+    def component(b, name):
+        if (b, name) not in cache:
+            v = torch.empty(state._layout[b][2], dtype=torch.float32)
+            core.read_component(b, name, v.data_ptr(), v.numel())
+            cache[(b, name)] = v
+        return cache[(b, name)]
+
+    out, i = {}, 0
+    for g in opt.param_groups:
+        for p in g["params"]:
+            b, off, n, shape = where[id(p)]
+            out[i] = {"step": torch.tensor(float(step)),
+                      **{k: component(b, k)[off:off + n].view(shape).clone()
+                         for k in ("exp_avg", "exp_avg_sq")}}
+            i += 1
+    return out
 
 
 def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state=None):
