@@ -15,6 +15,7 @@ machinery, which the engine's planner decides), or refused with strata.Error (an
 what strata would compute differently). The mapping is documented in python/README.md.
 """
 import math
+import os
 import warnings
 
 import torch
@@ -299,7 +300,6 @@ class DeepSpeedEngine:
     def save_checkpoint(self, save_dir, tag=None, client_state=None):
         """strata.save_checkpoint into save_dir/tag (tag: "global_step<N>" by default), and
         save_dir/latest naming it, as DeepSpeed lays a checkpoint out."""
-        import os
         tag = tag or f"global_step{self.global_steps}"
         os.makedirs(save_dir, exist_ok=True)
         state = dict(client_state or {})
@@ -313,7 +313,6 @@ class DeepSpeedEngine:
     def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True,
                         load_lr_scheduler_states=True):
         """(path, client_state), as DeepSpeed returns them."""
-        import os
         if not load_optimizer_states:
             raise Error("load_checkpoint(load_optimizer_states=False) is not supported: the "
                         "engine's checkpoint is its whole committed state")

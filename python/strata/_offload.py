@@ -15,10 +15,11 @@ the parameter gradients to the engine, which accumulates them over micro-batches
 as soon as a block's gradient is final. With offload(recompute=False) (or "auto" within the
 activation budget) the forward keeps autograd's graph instead, and backward runs on it with the
 block acquired again (the saved parameters are unpacked from the new buffer). With one rank
-the engine reads them straight from torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
-copied per step are the rest block's weights, out of its acquired buffer at the start of
-forward (the head needs them after the engine has moved on). The engine itself is created when strata.optim.AdamW
-binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
+the engine reads the gradients straight from torch's tensors (Engine::SubmitGradsFrom), which
+are held here until it has; the only values copied per step are the rest block's weights, out
+of its acquired buffer at the start of forward (the head needs them after the engine has moved
+on). The engine itself is created when strata.optim.AdamW binds to the model (it needs the
+optimizer's settings); its errors surface as strata.Error.
 
 A forward under no_grad (model.eval() evaluation, Hugging Face's generate()) runs between
 steps outside the engine's schedule: each block's committed weights are read from the engine
