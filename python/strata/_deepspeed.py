@@ -72,7 +72,10 @@ def initialize(model=None, config=None, model_parameters=None, optimizer=None,
     _check_batch(config, micro)
     nvme, zero_ignored = _zero(config.get("zero_optimization"))
     ignored += zero_ignored
-    engine = Engine(nvme=nvme or None, **engine_options)
+    if nvme and engine_options.get("nvme"):
+        raise Error(f"nvme={engine_options['nvme']!r} and the config's nvme_path {nvme}: give "
+                    "the NVMe folders in one place")
+    engine = Engine(**{"nvme": nvme or None, **engine_options})
     if blocks is None:
         blocks = _find_blocks(model)
     offload(model, blocks=blocks, engine=engine, micro_batches=micro, recompute=recompute)

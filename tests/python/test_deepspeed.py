@@ -118,3 +118,14 @@ def test_refused_config_keys_are_named(change, message):
     c.update(change)
     with pytest.raises(strata.Error, match=message):
         strata.initialize(model=GPT(), config=c)
+
+
+def test_nvme_folders_are_given_in_one_place(tmp_path):
+    with pytest.raises(strata.Error, match="give the NVMe folders in one place"):
+        strata.initialize(model=GPT(), config=_config(tmp_path), nvme=[tmp_path])
+    c = _config(tmp_path)  # the folders as an Engine option, the config offloading to the CPU
+    for k in ("offload_param", "offload_optimizer"):
+        c["zero_optimization"][k] = {"device": "cpu"}
+    with pytest.warns(UserWarning, match="ignores these DeepSpeed config keys"):
+        engine, _, _, _ = strata.initialize(model=GPT(), config=c, nvme=[tmp_path])
+    assert engine.strata_engine.config.nvme == [str(tmp_path)]
