@@ -23,6 +23,8 @@
 
 #include "python/src/binding.h"
 #include "strata/device.h"
+#include "strata/io.h"
+#include "strata/optim.h"
 
 namespace py = pybind11;
 
@@ -50,6 +52,15 @@ struct EngineConfig {
   std::string rendezvous;      // file:DIR or redis:HOST:PORT; "" = STRATA_RENDEZVOUS
   std::string dtype = "auto";  // the working dtype: auto | fp32 | bf16 (the model's)
   int cuda_device = -1;        // the GPU; -1 = the launcher's local rank (0 without one)
+  // The CLI's run flags (tools/strata/run_flags.cc), checked by the Python layer; ints are
+  // the enums' values (auto, on, off; fp32, bf16; ...).
+  int speculate = 0;          // Speculation
+  int grad_spill = 0;         // GradSpill
+  int state_format = 0;       // StateFormat
+  int state_rounding = 1;     // StateRounding (stochastic)
+  std::string io = "auto";    // ParseIoBackendKind
+  uint64_t io_block = 0;      // nvme_stripe_bytes; 0 = the default
+  int collective_memory = 0;  // CollectiveMemory
 };
 
 WorkingDtype ParseDtype(const std::string& name) {
@@ -181,6 +192,15 @@ class PyEngine {
     o.pipeline_updates = c.pipeline;
     o.optimizer_threads = c.optimizer_threads;
     o.trace_path = c.trace_path;
+    o.speculation = static_cast<Speculation>(c.speculate);
+    o.grad_spill = static_cast<GradSpill>(c.grad_spill);
+    o.state_format = static_cast<StateFormat>(c.state_format);
+    o.state_rounding = static_cast<StateRounding>(c.state_rounding);
+    Result<IoBackendKind> io = ParseIoBackendKind(c.io);
+    ThrowIfError(io.status());
+    o.io.kind = *io;
+    if (c.io_block != 0) o.nvme_stripe_bytes = c.io_block;
+    o.collective_memory = static_cast<CollectiveMemory>(c.collective_memory);
     Result<std::unique_ptr<Engine>> e = Status::OK();
     {
       py::gil_scoped_release release;
@@ -262,6 +282,24 @@ class PyEngine {
     py::gil_scoped_release release;
     ThrowIfError(
         Live().ReadParams(block, tensor, std::span<float>(reinterpret_cast<float*>(address), n)));
+  }
+  // One component ("master", "exp_avg", "exp_avg_sq") of this rank's shard of a block: n
+  // fp32 values (bf16 moments widened) written to `address`; between steps.
+  void ReadComponent(int block, const std::string& name, uintptr_t address, size_t n) const {
+    Component c;
+    if (name == "master") {
+      c = Component::kMaster;
+    } else if (name == "exp_avg") {
+      c = Component::kExpAvg;
+    } else if (name == "exp_avg_sq") {
+      c = Component::kExpAvgSq;
+    } else {
+      ThrowIfError(Status::InvalidArgument("component '" + name +
+                                           "': expected master, exp_avg or exp_avg_sq"));
+    }
+    py::gil_scoped_release release;
+    ThrowIfError(
+        Live().ReadComponent(block, c, std::span<float>(reinterpret_cast<float*>(address), n)));
   }
   void CommitParams() {
     py::gil_scoped_release release;
@@ -394,7 +432,14 @@ void BindEngine(py::module_& m) {
       .def_readwrite("trace_path", &EngineConfig::trace_path)
       .def_readwrite("rendezvous", &EngineConfig::rendezvous)
       .def_readwrite("dtype", &EngineConfig::dtype)
-      .def_readwrite("cuda_device", &EngineConfig::cuda_device);
+      .def_readwrite("cuda_device", &EngineConfig::cuda_device)
+      .def_readwrite("speculate", &EngineConfig::speculate)
+      .def_readwrite("grad_spill", &EngineConfig::grad_spill)
+      .def_readwrite("state_format", &EngineConfig::state_format)
+      .def_readwrite("state_rounding", &EngineConfig::state_rounding)
+      .def_readwrite("io", &EngineConfig::io)
+      .def_readwrite("io_block", &EngineConfig::io_block)
+      .def_readwrite("collective_memory", &EngineConfig::collective_memory);
   m.def("cuda_available", &CudaAvailable);
   m.def("cuda_device_for", &CudaDeviceFor, py::arg("configured") = -1,
         "The GPU an Engine opens: `configured` when >= 0, else the launcher's local rank.");
@@ -416,6 +461,7 @@ void BindEngine(py::module_& m) {
       .def("write_params", &PyEngine::WriteParams)
       .def("read_params", &PyEngine::ReadParams)
       .def("commit_params", &PyEngine::CommitParams)
+      .def("read_component", &PyEngine::ReadComponent)
       .def("begin_step", &PyEngine::BeginStep, py::arg("lr"), py::arg("grad_scale") = 1.0)
       .def("acquire", &PyEngine::Acquire, py::arg("block"), py::arg("backward"))
       .def("release", &PyEngine::Release)

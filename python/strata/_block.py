@@ -72,6 +72,8 @@ class _BlockForward:
 
     def _call(self, args, kwargs):
         st = self.state
+        if not torch.is_grad_enabled() and st._next_fwd is None and st._inference:
+            return st.inference_forward(self.b, self.forward, args, kwargs)
         # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
         # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
         # backward; the layer already does both itself, and the second run would be taken for
@@ -114,6 +116,45 @@ CHECKPOINTING_REFUSED = (
     "transformers 5)")
 
 
+class _ParamsSaved:
+    """saved_tensors_hooks for a block whose autograd graph is kept (recompute=False): a tensor
+    autograd saves that lies in one of the block's bound parameters (the parameter, a view of
+    it) is saved as (parameter index, offset, size, stride) instead, and unpacked from the
+    parameter bound again in backward; the engine's buffer it pointed at is reused meanwhile.
+    Every other saved tensor (an activation) is kept, and its bytes counted."""
+
+    def __init__(self, params):
+        self.params = params
+        self.regions = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), i, p.dtype)
+                        for i, p in enumerate(params) if p.numel()]
+        self.bytes = 0
+
+    def pack(self, t):
+        if t.numel():
+            at = t.data_ptr()
+            for start, end, i, dtype in self.regions:
+                if start <= at < end and t.dtype == dtype:
+                    return (_PARAM, i, (at - start) // t.element_size(), t.size(), t.stride())
+            self.bytes += t.numel() * t.element_size()
+        return t
+
+    def unpack(self, x):
+        if isinstance(x, tuple) and x[0] is _PARAM:
+            _, i, off, size, stride = x
+            base = self.params[i].data
+            return base.as_strided(size, stride, base.storage_offset() + off)
+        return x
+
+
+_PARAM = object()
+
+
+def _detached(out):
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    return type(out)(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
+
+
 class _BlockFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fwd, args, kwargs, anchor, *tensors):
@@ -123,11 +164,16 @@ class _BlockFunction(torch.autograd.Function):
         ctx.rng = torch.get_rng_state()
         ctx.cuda_rng = torch.cuda.get_rng_state() if st._torch_device.type == "cuda" else None
         ctx.autocast = _autocast_state()
-        st.bind(b, backward=False)
+        ctx.graph = None
+        params = st.bind(b, backward=False)
         try:
             with st._clock.compute():
-                out = fwd.forward(*args, **kwargs)
+                if st.keeps_activations():
+                    out = _BlockFunction._forward_kept(ctx, fwd, args, kwargs, params)
+                else:
+                    out = fwd.forward(*args, **kwargs)
         except BaseException as e:
+            ctx.graph = None
             st.clear_params(b)  # the block stays acquired: abort_after releases it
             st.abort_after(e)
             raise
@@ -139,6 +185,21 @@ class _BlockFunction(torch.autograd.Function):
         st.block_forward_end(b)
         ctx.save_for_backward(*tensors)
         return tuple(out) if isinstance(out, (tuple, list)) else out
+
+    @staticmethod
+    def _forward_kept(ctx, fwd, args, kwargs, params):
+        """The block's forward with its autograd graph kept for backward (recompute=False, or
+        "auto" within the budget); the graph is dropped, and the block recomputed in backward
+        instead, when its activations would overrun the budget."""
+        inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
+                  else a for a in args]
+        hooks = _ParamsSaved(params)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(hooks.pack,
+                                                                           hooks.unpack):
+            out = fwd.forward(*inputs, **kwargs)
+        if fwd.state.keep_activations(hooks.bytes):
+            ctx.graph = ([t for t in inputs if isinstance(t, torch.Tensor)], out)
+        return _detached(out) if isinstance(out, (torch.Tensor, tuple, list)) else out
 
     @staticmethod
     def backward(ctx, *grad_outs):
@@ -158,17 +219,12 @@ class _BlockFunction(torch.autograd.Function):
         st, b = fwd.state, fwd.b
         st.block_backward_begin(b)
         saved = list(ctx.saved_tensors)
-        inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
-        it = iter(inputs)
-        args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
         params = st.bind(b, backward=True)
-        cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
-        with torch.enable_grad(), torch.random.fork_rng(devices=cuda), _autocast(ctx.autocast):
-            torch.set_rng_state(ctx.rng)
-            if ctx.cuda_rng is not None:
-                torch.cuda.set_rng_state(ctx.cuda_rng)
-            with st._clock.compute():
-                out = fwd.forward(*args, **ctx.kwargs)
+        if ctx.graph is not None:  # kept from forward: its saved parameters unpack from params
+            (inputs, out), ctx.graph = ctx.graph, None
+        else:
+            inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
+            out = _BlockFunction._recompute(ctx, inputs)
         outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
         # The outputs backward reached (a tuple's other values get no gradient).
         pairs = [(o, g) for o, g in zip(outs, grad_outs)
@@ -186,3 +242,54 @@ class _BlockFunction(torch.autograd.Function):
         gi = iter(grads[:len(need)])
         return (None, None, None, None) + tuple(next(gi) if t.requires_grad else None
                                                 for t in inputs)
+
+    @staticmethod
+    def _recompute(ctx, inputs):
+        """The block's forward again, as it ran: the same RNG and autocast state."""
+        fwd = ctx.fwd
+        it = iter(inputs)
+        args = [next(it) if isinstance(a, torch.Tensor) else a for a in ctx.args]
+        cuda = [torch.cuda.current_device()] if ctx.cuda_rng is not None else []
+        with torch.enable_grad(), torch.random.fork_rng(devices=cuda), _autocast(ctx.autocast):
+            torch.set_rng_state(ctx.rng)
+            if ctx.cuda_rng is not None:
+                torch.cuda.set_rng_state(ctx.cuda_rng)
+            with fwd.state._clock.compute():
+                return fwd.forward(*args, **ctx.kwargs)
+
+
+def keep_activations(st, nbytes):
+    """A block's forward saved `nbytes` of activations: True to keep them for backward; False
+    (recompute="auto" past the budget) to drop them and recompute the block in backward."""
+    if st.recompute is False or st._kept_bytes + nbytes <= activation_budget(st):
+        st._kept_bytes += nbytes
+        return True
+    return False
+
+
+def activation_budget(st):
+    """Bytes of activations recompute="auto" keeps per forward: the device budget
+    (Engine(device_mem=...)) less what the engine used of it in the last step (before the
+    first: two of the largest block's parameters and gradient buffers); without a device
+    budget, half the memory free on torch's device now."""
+    if st.engine._stats is not None:
+        engine_bytes = st.engine._stats["peak_device_bytes"]
+    else:
+        engine_bytes = 2 * 2 * 4 * max(padded for _, _, padded in st._layout)
+    if st.engine.config.device_mem:
+        return max(0, st.engine.config.device_mem - engine_bytes)
+    if st._torch_device.type == "cuda":
+        return torch.cuda.mem_get_info()[0] // 2
+    return _available_host_bytes() // 2
+
+
+def _available_host_bytes():
+    """MemAvailable of /proc/meminfo, in bytes (0 where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

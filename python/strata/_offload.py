@@ -12,11 +12,18 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
 its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
-as soon as a block's gradient is final. With one rank the engine reads them straight from
-torch's tensors (Engine::SubmitGradsFrom), which are held here until it has; the only values
-copied per step are the rest block's weights, out of its acquired buffer at the start of
-forward (the head needs them after the engine has moved on). The engine itself is created when strata.optim.AdamW
-binds to the model (it needs the optimizer's settings); its errors surface as strata.Error.
+as soon as a block's gradient is final. With offload(recompute=False) (or "auto" within the
+activation budget) the forward keeps autograd's graph instead, and backward runs on it with the
+block acquired again (the saved parameters are unpacked from the new buffer). With one rank
+the engine reads the gradients straight from torch's tensors (Engine::SubmitGradsFrom), which
+are held here until it has; the only values copied per step are the rest block's weights, out
+of its acquired buffer at the start of forward (the head needs them after the engine has moved
+on). The engine itself is created when strata.optim.AdamW binds to the model (it needs the
+optimizer's settings); its errors surface as strata.Error.
+
+A forward under no_grad (model.eval() evaluation, Hugging Face's generate()) runs between
+steps outside the engine's schedule: each block's committed weights are read from the engine
+when it is called and dropped after it; its key/value cache is passed through unchanged.
 
 An exception part way through a step (in the model's forward, in a block's recompute) drops
 the step (Engine.abort_step): the engine goes back to its last commit and the next forward
@@ -43,30 +50,34 @@ engine's gradients never reach .grad, so a GradScaler could not unscale or check
 """
 import collections
 import functools
-import json
 import os
-import struct
 
 import torch
 
 from . import _strata
-from ._block import CHECKPOINTING_REFUSED, _autocast_state, _BlockForward
+from ._block import (CHECKPOINTING_REFUSED, _autocast_state, _BlockForward,
+                     activation_budget, keep_activations)
 from ._clock import _NO_CLOCK, _LayerClock, _TimedCore
+from ._flags import apply_run_flags
 from ._handoff import handoff_for
+from ._lazy import LazyParams
 from ._sizes import parse_bytes
 from ._strata import Error
 
-__all__ = ["Engine", "offload", "save_safetensors"]
+__all__ = ["Engine", "offload"]
 
 
 class Engine:
-    """Budgets and drives for one offloaded model (see strata.offload)."""
+    """Budgets and drives for one offloaded model (see strata.offload). Besides these, the
+    options of `strata train` under their CLI names (speculate, grad_spill, state_dtype, io,
+    io_block, collective_memory, threads; see _flags.py)."""
 
     def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
-                 optimizer_threads=0, trace=None, rendezvous=None, timing=False):
+                 optimizer_threads=0, trace=None, rendezvous=None, timing=False, **run_flags):
         if device not in ("cpu", "cuda", "auto"):
             raise Error(f"device={device!r}: expected \"cpu\", \"cuda\" or \"auto\"")
         self.config = _strata.EngineConfig()
+        optimizer_threads = apply_run_flags(self.config, run_flags, optimizer_threads)
         self.config.device = device
         self.config.device_mem = parse_bytes("device_mem", device_mem)
         self.config.host_mem = parse_bytes("host_mem", host_mem)
@@ -155,10 +166,18 @@ class Engine:
         return self._model
 
 
-def offload(model, blocks, engine, micro_batches=1, recompute=True):
+def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None, init=None):
     """Moves every parameter of `model` into `engine`; returns `model`, now offloaded.
 
-    `blocks`: the repeated sub-modules in forward order, each called once per forward."""
+    `blocks`: the repeated sub-modules in forward order, each called once per forward.
+    `recompute`: True keeps only each block's inputs and recomputes it in backward; False keeps
+    autograd's activations (backward runs on them, the block's parameters acquired again);
+    "auto" keeps them while this forward's kept activations fit the activation budget
+    (_Offloaded.activation_budget) and recomputes the blocks after that.
+    A model built on the meta device (strata.init_empty()) is materialised one engine block at
+    a time when the optimizer binds (_lazy.py): from `weights` (safetensors files: a file, a
+    list, or a folder of shards) or by `init(module)` (default: the model's _init_weights, else
+    each module's reset_parameters())."""
     if not isinstance(model, torch.nn.Module):
         raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
     if not isinstance(engine, Engine):
@@ -169,12 +188,15 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True):
         if getattr(p, "_strata_offload", None) is not None:
             raise Error("this model is already offloaded into another strata.Engine; a model "
                         "trains in one engine (create the model anew for another)")
-    if not recompute:
-        raise Error("offload(recompute=False) is not supported: a block's parameters are "
-                    "re-acquired for backward, so its forward is recomputed; pass recompute=True")
+    if recompute not in (True, False, "auto"):
+        raise Error(f"offload(recompute={recompute!r}): expected True, False or \"auto\"")
     if int(micro_batches) < 1:
         raise Error(f"micro_batches={micro_batches}: must be >= 1")
-    state = _Offloaded(model, list(blocks), engine, int(micro_batches))
+    lazy = None
+    if weights is not None or any(p.is_meta for p in model.parameters()):
+        lazy = LazyParams(model, weights, init)
+    state = _Offloaded(model, list(blocks), engine, int(micro_batches), lazy)
+    state.recompute = recompute
     engine._model = state
     return model
 
@@ -183,8 +205,9 @@ class _Offloaded:
     """Who owns what: the engine owns the values; this object owns the hooks, the placeholders
     the model's Parameters keep between uses, and the step's progress."""
 
-    def __init__(self, model, blocks, engine, micro_batches):
+    def __init__(self, model, blocks, engine, micro_batches, lazy=None):
         self.model, self.blocks, self.engine = model, blocks, engine
+        self._lazy = lazy  # LazyParams of a model built on the meta device
         self.micro_batches = micro_batches
         if not blocks:
             raise Error("offload(blocks=[]): give the repeated sub-modules (e.g. "
@@ -214,6 +237,9 @@ class _Offloaded:
         self._released = 0
         self._acquired = None
         self._micro = 0  # micro-batches begun in this step
+        self._inference = False  # the forward running now is a no_grad one (inference_forward)
+        self.recompute = True  # offload(recompute=...)
+        self._kept_bytes = 0  # activations kept by this forward's blocks (recompute != True)
         self._next_fwd = None  # engine index expected next in forward; None between passes
         self._next_bwd = None
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
@@ -318,7 +344,8 @@ class _Offloaded:
         c.grad_clip = float(opt.max_grad_norm)
         c.optimizer_threads = c.optimizer_threads or opt.threads
         c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
-        self._specs = [(bname, [(n, list(p.shape) or [1], wd_of[id(p)]) for n, p in ps])
+        shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
+        self._specs = [(bname, [(n, list(shape(p)) or [1], wd_of[id(p)]) for n, p in ps])
                        for bname, ps in self.engine_blocks()]
         self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
@@ -329,11 +356,18 @@ class _Offloaded:
         # no block input requires grad (its gradient is None: it never accumulates one).
         self.anchor = torch.zeros((), device=self._torch_device, requires_grad=True)
         if not c.resume:
-            for b, (_, ps) in enumerate(self.engine_blocks()):
+            for b, (bname, ps) in enumerate(self.engine_blocks()):
+                if self._lazy:  # one block at a time in host memory
+                    self._lazy.materialise([(n if bname == "rest" else f"{bname}.{n}", p)
+                                            for n, p in ps])
                 for t, (_, p) in enumerate(ps):
-                    v = p.detach().to("cpu", torch.float32).contiguous().clone()
+                    v = p.detach().to("cpu", torch.float32).contiguous()
+                    if not self._lazy:  # broadcast_f32 writes into v; p is let go when lazy
+                        v = v.clone()
                     self._core.broadcast_f32(v.data_ptr(), v.numel())  # rank 0's values
                     self._core.write_params(b, t, v.data_ptr(), v.numel())
+                    if self._lazy:
+                        p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
             self._core.commit_params()
         # The engine holds the values now: block parameters keep an empty placeholder.
         for _, ps in self.block_params:
@@ -480,9 +514,9 @@ class _Offloaded:
     def _begin_forward_timed(self):
         core = self.core()
         if not torch.is_grad_enabled():
-            raise Error("an offloaded model runs forward only for training (each forward is "
-                        "followed by backward); evaluate on weights saved with "
-                        "strata.save_safetensors")
+            self._begin_inference()
+            return
+        self._inference = False
         if self.model.training and any(m.gradient_checkpointing is True
                                        for m in self._checkpointing_flags):
             raise Error(f"the model has gradient checkpointing on: {CHECKPOINTING_REFUSED}")
@@ -508,6 +542,7 @@ class _Offloaded:
             core.begin_step(float(lrs.pop()), 1.0)
             self._step_open = True
         self._micro += 1
+        self._kept_bytes = 0
         if self.rest:
             views = self._params_view(0, self._acquire(0, False))
             with torch.no_grad(), self._clock.copy():
@@ -518,6 +553,61 @@ class _Offloaded:
                     p.grad = None
             self._release(0)
         self._next_fwd = self.first_block
+
+    # --- inference (no_grad forward, generate()) ------------------------------------------
+
+    def _begin_inference(self):
+        """A forward under no_grad (model.eval() evaluation, generate()): between steps, each
+        block's weights are read from the engine (ReadParams: the committed fp32 master
+        weights, wherever they live) when the block is called, and dropped after it; the
+        engine's step schedule is not entered, so training goes on afterwards unchanged."""
+        self._finish_backward()
+        if self._step_open:
+            raise Error("a forward under no_grad (evaluation) in the middle of a training step; "
+                        "call opt.step() first (or engine.abort_step() to drop the step)")
+        self._inference = True
+        if self.rest:
+            with torch.no_grad(), self._clock.copy():
+                for t, (_, p) in enumerate(self.rest):
+                    p.data = self._read_tensor(0, t)
+                    p.grad = None
+
+    def _read_tensor(self, b, t):
+        """Tensor t of engine block b, read from the engine onto torch's device (a normal
+        tensor under torch.inference_mode too: the rest block's stay for training)."""
+        _, shape, _, numel = self._layout[b][1][t]
+        with torch.inference_mode(False):
+            v = torch.empty(numel, dtype=torch.float32)
+            self.core().read_params(b, t, v.data_ptr(), numel)
+            return v.view(shape).to(self._torch_device)
+
+    def inference_forward(self, b, forward, args, kwargs):
+        """Runs block b under no_grad on weights read from the engine (see _begin_inference)."""
+        if not self._inference:
+            raise Error(f"block {self.block_name(b)} was called under no_grad outside the "
+                        "model's forward; call the offloaded model itself")
+        ps = self._block_tensors[b]
+        with self._clock.copy():
+            for t, p in enumerate(ps):
+                p.data = self._read_tensor(b, t)
+        try:
+            with self._clock.compute():
+                return forward(*args, **kwargs)
+        finally:
+            empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
+            for p in ps:
+                p.data = empty
+
+    def keeps_activations(self):
+        """Whether the block now running forward keeps its autograd graph (recompute)."""
+        return self.recompute is not True
+
+    def keep_activations(self, nbytes):
+        """A block's forward saved `nbytes` of activations: keep them (see _block.py)?"""
+        return keep_activations(self, nbytes)
+
+    def activation_budget(self):
+        return activation_budget(self)
 
     def block_forward_begin(self, b):
         if self._next_fwd is None:
@@ -745,39 +835,3 @@ def _cuda_tensor(address, numel, dtype, device):
 
     t = torch.as_tensor(_Array(), device=device)
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
-
-
-def save_safetensors(model, path):
-    """Writes the model's current weights (fp32) as a safetensors file; for an offloaded model
-    they are gathered from the engine. Tied parameters are written once."""
-    state = None
-    for p in model.parameters():
-        state = getattr(p, "_strata_offload", None)
-        break
-    if state is not None:
-        tensors = state.gather()
-    else:
-        tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
-                   for n, p in model.named_parameters()}
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        nbytes = t.numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        blobs.append(t)
-        offset += nbytes
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    # The CLI's writer (include/strata/atomic_file.h): a temporary created O_EXCL|O_NOFOLLOW next
-    # to `path`, fsynced and renamed over it, so `path` holds the old file or the whole new one
-    # and nothing planted at a predictable name is followed; removed again on any failure.
-    f = _strata.AtomicFile(os.fspath(path))
-    try:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for t in blobs:
-            f.write_from(t.data_ptr(), t.numel() * t.element_size())
-        f.commit()
-    finally:
-        f.discard()

@@ -17,14 +17,16 @@ Two uses, chosen by the parameters it is given:
   and runs the update itself, overlapped with backward; step() waits for it and commits it.
 
 Either way it is a torch.optim.Optimizer, so torch's schedulers (LambdaLR, ...) drive its lr.
-For an offloaded model the moments live in the engine, not in state_dict(): a run is continued
-from its NVMe folders with strata.Engine(..., resume=True).
+For an offloaded model the moments live in the engine: state_dict() reads them from it (the last
+committed step); a run is continued with strata.load_checkpoint, or from its NVMe folders with
+strata.Engine(..., resume=True).
 """
 import math
 
 import torch
 
 from . import _strata
+from ._checkpoint import read_moments
 from ._strata import Error
 
 __all__ = ["AdamW"]
@@ -70,6 +72,39 @@ class AdamW(torch.optim.Optimizer):
             for g in self.param_groups:
                 for p in g["params"]:
                     _check_plain(p)
+
+    def state_dict(self):
+        """torch.optim.Optimizer's state_dict; for an offloaded model its "state" holds each
+        parameter's moments and step read from the engine (the last committed step)."""
+        sd = super().state_dict()
+        if self._offload is not None:
+            sd["state"] = read_moments(self._offload, self)
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """For an offloaded model: the param_groups' settings (lr, ...) are loaded; the moments
+        live in the engine, which reads them from its own state, so a state_dict whose moments
+        differ from the engine's is refused (strata.load_checkpoint continues a saved run)."""
+        if self._offload is None:
+            return super().load_state_dict(state_dict)
+        mine = read_moments(self._offload, self)
+        for i, s in state_dict.get("state", {}).items():
+            m = mine.get(i)
+            if m is None or int(s["step"]) != int(m["step"]) or not all(
+                    torch.equal(s[k].cpu(), m[k]) for k in ("exp_avg", "exp_avg_sq")):
+                raise Error("load_state_dict: the moments given differ from the engine's; the "
+                            "moments of an offloaded model are loaded with its whole state by "
+                            "strata.load_checkpoint (pass a state_dict with \"state\": {} "
+                            "to load only the param_groups' settings)")
+        c = self._offload.engine.config
+        for g in state_dict["param_groups"]:
+            if (tuple(g["betas"]) != (c.beta1, c.beta2) or g["eps"] != c.eps
+                    or g["weight_decay"] not in (0, c.weight_decay)):
+                raise Error(f"load_state_dict: param group betas={tuple(g['betas'])}, "
+                            f"eps={g['eps']}, weight_decay={g['weight_decay']}; the engine "
+                            f"runs betas=({c.beta1}, {c.beta2}), eps={c.eps}, weight_decay="
+                            f"{c.weight_decay} (set when the optimizer was created)")
+        super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
 
     def zero_grad(self, set_to_none=False):
         if self._offload is not None:

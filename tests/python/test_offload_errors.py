@@ -99,8 +99,8 @@ def test_misuse_of_the_step():
     with pytest.raises(strata.Error, match="before the first forward"):
         model(*_batch())
     opt = strata.optim.AdamW(model.parameters())
-    with torch.no_grad(), pytest.raises(strata.Error, match="only for training"):
-        model(*_batch())
+    with torch.no_grad():
+        model(*_batch())  # an evaluation between steps (test_inference.py) is no misuse
     with pytest.raises(strata.Error, match="after 0 forward/backward passes"):
         opt.step()
     loss = model(*_batch())
@@ -125,8 +125,6 @@ def test_bad_arguments():
         strata.Engine().last_step_stats()
     with pytest.raises(strata.Error, match="not a sub-module"):
         strata.offload(m, blocks=[GPT().blocks[0]], engine=strata.Engine())
-    with pytest.raises(strata.Error, match="recompute=True"):
-        strata.offload(m, blocks=list(m.blocks), engine=strata.Engine(), recompute=False)
     m = strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
     with pytest.raises(strata.Error, match="together with other parameters"):
         strata.optim.AdamW(list(m.parameters()) + [torch.nn.Parameter(torch.zeros(3))])

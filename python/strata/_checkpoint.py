@@ -1,0 +1,218 @@
+"""Writing an offloaded (or plain) model's weights: strata.save_safetensors; and a whole run's
+state, strata.save_checkpoint / load_checkpoint.
+
+A checkpoint is a folder:
+  nvme<i>/        the engine's committed state (weights, moments, step) as its NVMe folder i
+                  holds it: its manifest and swap file, copied while the engine is closed;
+  model.safetensors  the weights as plain safetensors (save_safetensors), for from_pretrained
+                  or any other reader;
+  python.pt       what lives in Python: the optimizer's param_groups (lr, betas, ...), the lr
+                  scheduler's state, torch's RNG state, the caller's client_state.
+load_checkpoint copies nvme<i>/ into the engine's NVMe folders and reopens the engine with
+resume=True (as Engine(resume=True) continues a run), so a fresh process continues bit for bit.
+Only an engine with NVMe folders keeps its moments where they can be saved; without them
+save_checkpoint is refused.
+"""
+import json
+import os
+import shutil
+import struct
+
+import torch
+
+from . import _strata
+from ._strata import Error
+
+__all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors"]
+
+_LOCK = "strata.lock"  # held by an open engine; never part of a checkpoint
+
+
+def _offloaded_state(model, what):
+    for p in model.parameters():
+        state = getattr(p, "_strata_offload", None)
+        if state is not None:
+            return state
+        break
+    raise Error(f"{what} takes a model given to strata.offload (for a plain torch model use "
+                "torch.save of its state_dict)")
+
+
+def _closed_engine(state, what):
+    """Checks the engine can be closed between steps for `what`; returns its NVMe folders."""
+    state.core()
+    if state._step_open:
+        raise Error(f"{what} in the middle of a step; call opt.step() first (or "
+                    "engine.abort_step() to drop the step)")
+    if state._opt is None:
+        raise Error(f"{what} before the optimizer was created; create strata.optim.AdamW first")
+    nvme = list(state.engine.config.nvme)
+    if not nvme:
+        raise Error(f"{what} needs an engine with NVMe folders (strata.Engine(nvme=[...])): "
+                    "the committed state there (weights, moments, step) is what a checkpoint "
+                    "holds; without them use strata.save_safetensors for the weights alone")
+    if state.core().world_size != 1:
+        raise Error(f"{what} with several ranks is not supported yet; each rank's NVMe folders "
+                    "hold its own shard")
+    return nvme
+
+
+def _copy_files(src, dst):
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(dst):
+        if name != _LOCK:
+            os.remove(os.path.join(dst, name))
+    for name in sorted(os.listdir(src)):
+        if name != _LOCK:
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+
+
+def _reopened(state, why, between):
+    """Closes the engine, runs between() on its quiescent NVMe folders, reopens it at its
+    (possibly replaced) last commit."""
+    state.close_core(why)
+    try:
+        between()
+    finally:
+        config = state.engine.config
+        config.resume = True
+        state._open_core(config)
+        state._closed = None
+
+
+def read_moments(state, opt):
+    """torch's optimizer "state" of an offloaded model, read from the engine between steps:
+    {index of the parameter in opt's param_groups: {"step", "exp_avg", "exp_avg_sq"}}."""
+    core = state.core()
+    if state._step_open:
+        raise Error("optimizer.state_dict() in the middle of a step; call opt.step() first")
+    if core.world_size != 1:
+        raise Error("optimizer.state_dict() of an offloaded model with several ranks is not "
+                    "supported yet (each rank holds its shard of the moments)")
+    stats = state.engine._stats
+    step = stats["step"] if stats is not None else core.resumed_step()
+    where = {}  # id(param) -> (engine block, offset, numel, shape)
+    for b, (_, tensors, padded) in enumerate(state._layout):
+        for (_, p), (_, shape, off, n) in zip(state.engine_blocks()[b][1], tensors):
+            where[id(p)] = (b, off, n, shape)
+    cache = {}
+
+    def component(b, name):
+        if (b, name) not in cache:
+            v = torch.empty(state._layout[b][2], dtype=torch.float32)
+            core.read_component(b, name, v.data_ptr(), v.numel())
+            cache[(b, name)] = v
+        return cache[(b, name)]
+
+    out, i = {}, 0
+    for g in opt.param_groups:
+        for p in g["params"]:
+            b, off, n, shape = where[id(p)]
+            out[i] = {"step": torch.tensor(float(step)),
+                      **{k: component(b, k)[off:off + n].view(shape).clone()
+                         for k in ("exp_avg", "exp_avg_sq")}}
+            i += 1
+    return out
+
+
+def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state=None):
+    """Writes the run's state after the last opt.step() into the folder `path` (replaced when
+    it exists); see the module docstring. The engine is closed and reopened meanwhile."""
+    state = _offloaded_state(model, "save_checkpoint")
+    nvme = _closed_engine(state, "save_checkpoint")
+    path = os.fspath(path)
+    tmp = path + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+    def copy_out():
+        for i, folder in enumerate(nvme):
+            _copy_files(folder, os.path.join(tmp, f"nvme{i}"))
+
+    _reopened(state, "saving a checkpoint", copy_out)
+    step = state.core().resumed_step()
+    save_safetensors(model, os.path.join(tmp, "model.safetensors"))
+    opt = optimizer or state._opt
+    torch.save({"step": step, "folders": len(nvme),
+                "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                 for g in opt.param_groups],
+                "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler else None,
+                "rng": torch.get_rng_state(), "client_state": client_state},
+               os.path.join(tmp, "python.pt"))
+    with open(os.path.join(tmp, "strata.json"), "w") as f:
+        json.dump({"step": step, "folders": len(nvme)}, f)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.rename(tmp, path)
+    return path
+
+
+def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
+    """Continues the run saved by save_checkpoint in `path`: the engine's NVMe folders get the
+    checkpoint's committed state and the engine reopens there (resumed_step is its step); the
+    optimizer's param_groups, the scheduler's state and torch's RNG state are restored.
+    Returns the client_state given to save_checkpoint."""
+    state = _offloaded_state(model, "load_checkpoint")
+    nvme = _closed_engine(state, "load_checkpoint")
+    path = os.fspath(path)
+    try:
+        kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
+        saved = torch.load(os.path.join(path, "python.pt"), **kw)
+    except FileNotFoundError as e:
+        raise Error(f"{path} is not a strata checkpoint (no python.pt): {e}") from None
+    if saved["folders"] != len(nvme):
+        raise Error(f"the checkpoint {path} holds {saved['folders']} NVMe folders' state, the "
+                    f"engine has {len(nvme)}; give strata.Engine(nvme=...) as many folders")
+
+    def copy_in():
+        for i, folder in enumerate(nvme):
+            _copy_files(os.path.join(path, f"nvme{i}"), folder)
+
+    _reopened(state, "loading a checkpoint", copy_in)
+    if state.core().resumed_step() != saved["step"]:
+        raise Error(f"the engine reopened at step {state.core().resumed_step()}, the checkpoint "
+                    f"{path} is step {saved['step']}: its NVMe state is damaged")
+    opt = optimizer or state._opt
+    for g, s in zip(opt.param_groups, saved["param_groups"]):
+        g.update(s)
+    if lr_scheduler is not None and saved["lr_scheduler"] is not None:
+        lr_scheduler.load_state_dict(saved["lr_scheduler"])
+    torch.set_rng_state(saved["rng"])
+    state.engine._stats = None
+    return saved["client_state"]
+
+
+def save_safetensors(model, path):
+    """Writes the model's current weights (fp32) as a safetensors file; for an offloaded model
+    they are gathered from the engine. Tied parameters are written once."""
+    state = None
+    for p in model.parameters():
+        state = getattr(p, "_strata_offload", None)
+        break
+    if state is not None:
+        tensors = state.gather()
+    else:
+        tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
+                   for n, p in model.named_parameters()}
+    header, offset, blobs = {}, 0, []
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        nbytes = t.numel() * 4
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        blobs.append(t)
+        offset += nbytes
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    # The CLI's writer (include/strata/atomic_file.h): a temporary created O_EXCL|O_NOFOLLOW next
+    # to `path`, fsynced and renamed over it, so `path` holds the old file or the whole new one
+    # and nothing planted at a predictable name is followed; removed again on any failure.
+    f = _strata.AtomicFile(os.fspath(path))
+    try:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for t in blobs:
+            f.write_from(t.data_ptr(), t.numel() * t.element_size())
+        f.commit()
+    finally:
+        f.discard()

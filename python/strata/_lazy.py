@@ -1,0 +1,140 @@
+"""Lazy construction: a model built with its parameters on torch's meta device (inside
+strata.init_empty(), or torch.device("meta") for a model without buffers) is offloaded without
+ever being whole in host memory. strata.offload swaps each meta parameter for an empty
+placeholder (the model's parameters are new objects then; create the optimizer after offload,
+as always) and remembers its shape; when the optimizer binds, each engine block in turn is
+materialised on the CPU, filled (from safetensors files, weights=..., or by the model's own
+initialisation), written to the engine (its home tier: host memory or NVMe) and let go, so host
+memory holds one block's fp32 values at a time besides the engine's budget.
+"""
+import contextlib
+import json
+import os
+import struct
+
+import torch
+
+from ._strata import Error
+
+__all__ = ["init_empty"]
+
+
+@contextlib.contextmanager
+def init_empty():
+    """Builds modules with their parameters on the meta device (no memory; constructors'
+    initialisation runs on meta tensors, for nothing) and their buffers real, as they are
+    needed and small. Offload the model with strata.offload; it materialises the blocks one
+    at a time."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"),
+                                                          requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+class LazyParams:
+    """The shapes of the meta parameters strata.offload replaced, and how to fill them."""
+
+    def __init__(self, model, weights, init):
+        self.model, self.shapes = model, {}
+        self.init = init
+        self.files = _index(weights) if weights is not None else None
+        for n, b in model.named_buffers():
+            if b.is_meta:
+                raise Error(f"buffer {n!r} is on the meta device; build the model inside "
+                            "strata.init_empty(), which puts only the parameters there "
+                            "(a buffer's values come from the model's constructor)")
+        new = {}
+        for m in model.modules():
+            for name, p in list(m._parameters.items()):
+                if p is None or not p.is_meta:
+                    continue
+                q = new.get(id(p))
+                if q is None:  # one placeholder per parameter: tied ones stay tied
+                    q = new[id(p)] = torch.nn.Parameter(torch.empty(0),
+                                                        requires_grad=p.requires_grad)
+                    self.shapes[id(q)] = p.shape
+                m._parameters[name] = q
+
+    def shape(self, p):
+        return self.shapes.get(id(p), p.shape)
+
+    def materialise(self, named):
+        """Gives the parameters `named` ([(full name, param)]) their values on the CPU: read
+        from the weights files, or initialised by their modules."""
+        lazy = [(n, p) for n, p in named if id(p) in self.shapes]
+        for _, p in lazy:
+            p.data = torch.empty(self.shapes[id(p)], dtype=torch.float32)
+        if self.files is not None:  # every parameter, on the meta device or not
+            with torch.no_grad():
+                for n, p in named:
+                    _read(self.files, n, p.data)
+            return
+        if not lazy:
+            return
+        ids = {id(p) for _, p in lazy}
+        init = self.init or getattr(self.model, "_init_weights", None)
+        with torch.no_grad():
+            for m in self.model.modules():
+                if not any(id(p) in ids for p in m._parameters.values() if p is not None):
+                    continue
+                if init is not None:
+                    init(m)
+                elif hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+                else:
+                    raise Error(f"{type(m).__name__} has no reset_parameters(); give "
+                                "strata.offload(init=fn) (fn(module) initialises a module's "
+                                "own parameters) or weights=...")
+
+
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _index(weights):
+    """{tensor name: (file, dtype, shape, begin, end)} over safetensors files: a file, a list
+    of them, or a folder holding *.safetensors (a sharded checkpoint)."""
+    if isinstance(weights, (str, os.PathLike)):
+        w = os.fspath(weights)
+        files = ([os.path.join(w, f) for f in sorted(os.listdir(w)) if f.endswith(".safetensors")]
+                 if os.path.isdir(w) else [w])
+    else:
+        files = [os.fspath(f) for f in weights]
+    if not files:
+        raise Error(f"weights={weights!r}: no .safetensors files there")
+    index = {}
+    for path in files:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = meta["data_offsets"]
+            index[name] = (path, meta["dtype"], meta["shape"], 8 + n + begin, 8 + n + end)
+    return index
+
+
+def _read(index, name, out):
+    if name not in index:
+        raise Error(f"the weights files hold no tensor {name!r} (the model's parameter names; "
+                    f"they hold e.g. {sorted(index)[:3]})")
+    path, dtype, shape, begin, end = index[name]
+    if list(shape) != list(out.shape):
+        raise Error(f"weights tensor {name!r} has shape {shape}, the model's {list(out.shape)}")
+    if dtype not in _DTYPES:
+        raise Error(f"weights tensor {name!r} is {dtype}; F32, BF16 and F16 are read")
+    buf = bytearray(end - begin)
+    with open(path, "rb") as f:
+        f.seek(begin)
+        f.readinto(buf)
+    if buf:
+        out.copy_(torch.frombuffer(buf, dtype=_DTYPES[dtype]).view(out.shape))

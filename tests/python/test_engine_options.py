@@ -1,0 +1,55 @@
+"""strata.Engine's options under `strata train`'s names (speculate, grad_spill, state_dtype,
+io, io_block, collective_memory, threads) reach the engine: each changes what the engine
+does as the CLI's flag does, and a bad value is refused naming the option."""
+import pytest
+
+import strata
+from gpt_model import GPT, batches, param_groups
+
+
+def _train(tmp_path, name, steps=3, **options):
+    nvme = tmp_path / name
+    nvme.mkdir()
+    engine = strata.Engine(device_mem="160K", host_mem="400K", nvme=[nvme], **options)
+    model = GPT()
+    model = strata.offload(model, blocks=list(model.blocks), engine=engine, micro_batches=2)
+    opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2, max_grad_norm=0.5)
+    for micro in batches(steps, 2):
+        for x, y in micro:
+            (model(x, y) / 2).backward()
+        opt.step()
+    strata.save_safetensors(model, tmp_path / f"{name}.st")
+    return (tmp_path / f"{name}.st").read_bytes(), engine
+
+
+def test_speculate_and_grad_spill_change_how_not_what(tmp_path):
+    base, eng = _train(tmp_path, "base", speculate="off", grad_spill="off")
+    spec, _ = _train(tmp_path, "spec", speculate="on", io="posix", threads=1)
+    spill, spill_eng = _train(tmp_path, "spill", grad_spill="on", io_block="64K")
+    assert base == spec == spill  # same results (the CLI's promise)
+    # a spilled gradient is written to NVMe, and read back for the update
+    assert (spill_eng.last_step_stats()["bytes"]["nvme_write"]
+            > eng.last_step_stats()["bytes"]["nvme_write"])
+    assert "64.0 KiB" in spill_eng.placement() or "65536" in spill_eng.placement()
+
+
+def test_state_dtype_bf16_halves_the_moments(tmp_path):
+    fp32, eng = _train(tmp_path, "fp32")
+    bf16, bf_eng = _train(tmp_path, "bf16", state_dtype="bf16")
+    assert fp32 != bf16  # the moments of step 1 are stored in bf16, and step 2 reads them
+    assert "Adam moments bf16" in bf_eng.placement()
+    assert "Adam moments fp32" in eng.placement()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"speculate": "yes"}, "speculate='yes'.*--speculate"),
+    ({"grad_spill": 1}, "grad_spill=1"),
+    ({"state_dtype": "fp16"}, "state_dtype='fp16'"),
+    ({"io": "aio"}, "io='aio'"),
+    ({"io_block": "5K"}, "io_block='5K': expected a multiple of 4K"),
+    ({"collective_memory": "gpu"}, "collective_memory='gpu'"),
+    ({"thread": 2}, r"unknown options \['thread'\]"),
+])
+def test_bad_options_are_refused_naming_them(options, message):
+    with pytest.raises(strata.Error, match=message):
+        strata.Engine(**options)
