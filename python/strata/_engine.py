@@ -1,0 +1,111 @@
+"""strata.Engine: the budgets, drives and engine options of one offloaded model, and its
+user-facing calls between steps; strata.offload (_offload.py) binds a model to it.
+"""
+import os
+
+from . import _strata
+from ._clock import _LayerClock
+from ._flags import apply_run_flags
+from ._sizes import parse_bytes
+from ._strata import Error
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Budgets and drives for one offloaded model (see strata.offload). Besides these, the
+    options of `strata train` under their CLI names (speculate, grad_spill, state_dtype, io,
+    io_block, collective_memory, threads; see _flags.py)."""
+
+    def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
+                 optimizer_threads=0, trace=None, rendezvous=None, timing=False, **run_flags):
+        if device not in ("cpu", "cuda", "auto"):
+            raise Error(f"device={device!r}: expected \"cpu\", \"cuda\" or \"auto\"")
+        self.config = _strata.EngineConfig()
+        optimizer_threads = apply_run_flags(self.config, run_flags, optimizer_threads)
+        self.config.device = device
+        self.config.device_mem = parse_bytes("device_mem", device_mem)
+        self.config.host_mem = parse_bytes("host_mem", host_mem)
+        if isinstance(nvme, (str, os.PathLike)):
+            nvme = [nvme]
+        nvme = [str(p) for p in (nvme or [])]
+        for p in nvme:
+            if not os.path.isdir(p):
+                raise Error(f"nvme folder {p!r} does not exist; create it first (one folder "
+                            "per drive)")
+        if resume and not nvme:
+            raise Error("resume=True needs nvme=[...]: the committed state lives there")
+        self.config.nvme = nvme
+        self.config.resume = bool(resume)
+        # As `strata train`: with NVMe folders every step commits a complete state, so that
+        # Engine(..., resume=True) can continue from the last one.
+        self.config.durable = bool(nvme)
+        self.config.optimizer_threads = int(optimizer_threads)
+        self.config.trace_path = str(trace or "")
+        # Under a launcher (torchrun, strata launch, mpirun, srun) the ranks meet here:
+        # "file:DIR" or "redis:HOST:PORT"; None = STRATA_RENDEZVOUS.
+        self.config.rendezvous = str(rendezvous or "")
+        self._model = None  # the _Offloaded state using this engine
+        self._stats = None
+        self._clock = _LayerClock() if timing else None
+
+    def last_step_stats(self):
+        """The last committed step's statistics: seconds, bound, efficiency, bytes per edge,
+        busy seconds per resource, grad_norm, clip_coef, peaks; with Engine(timing=True) also
+        "python": the layer's seconds in this step (see _LayerClock.snapshot)."""
+        if self._stats is None:
+            raise Error("no step has been committed yet; call opt.step() first")
+        return dict(self._stats)
+
+    def placement(self):
+        """The planner's report (which component lives where, and why), as text."""
+        return self._state().core().placement()
+
+    @property
+    def rank(self):
+        """This process's rank (0 without a launcher); each rank feeds its own rows."""
+        return self._state().core().rank
+
+    @property
+    def world_size(self):
+        return self._state().core().world_size
+
+    @property
+    def resumed_step(self):
+        """The last committed step a resumed engine continues from (0 for a fresh run)."""
+        return self._state().core().resumed_step()
+
+    def abort_step(self):
+        """Drops the step in progress (nothing when none is): no weight or moment changes, and
+        the next forward starts a new step. An exception raised inside the offloaded model's
+        forward or a block's backward does this itself; call it after an exception elsewhere
+        in the step (computing the loss, say). The step is run to its end with a non-finite
+        gradient, so the engine skips it whole (last_step_stats()["skipped"]) and commits the
+        states it started from; where some blocks were already updated (an exception late in
+        the last backward, without max_grad_norm) an engine with NVMe folders is reopened at
+        its last commit, and one without cannot go back and is closed (strata.Error says so)."""
+        self._state().abort_step()
+
+    def close(self):
+        """Ends the engine: frees its memory and releases its NVMe folders (their lock), so a
+        later Engine(..., resume=True) in this process can continue the run. The offloaded
+        model cannot train afterwards. Also at the end of a `with strata.Engine(...)` block."""
+        st = self._model
+        if st is not None and st._core is not None:
+            if st._step_open:
+                raise Error("Engine.close() in the middle of a step; call opt.step() first, "
+                            "or engine.abort_step() to drop the step")
+            st.close_core()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._model is not None and self._model._core is not None:
+            self._model.close_core()  # an exception mid-step: the step is dropped
+
+    def _state(self):
+        if self._model is None:
+            raise Error("this strata.Engine holds no model yet; call strata.offload(model, "
+                        "blocks=..., engine=...) and create strata.optim.AdamW first")
+        return self._model
