@@ -185,8 +185,7 @@ int ThreadCount(const CpuKernelOptions& options) {
   return 1;
 #endif
   if (options.threads > 0) return options.threads;
-  const int64_t env = EnvGetInt("STRATA_NUM_THREADS");
-  if (env > 0) return static_cast<int>(env);
+  if (const int env = EnvNumThreads(); env > 0) return env;
   return omp_get_max_threads();
 }
 

@@ -146,10 +146,11 @@ Status RunSetup::Start(const RunNames& names, std::string* failed) {
 
   // --threads on the host device: the model's CPU ops run on its compute lane's thread
   // (and on this one, e.g. validation), each with its own OpenMP team size.
-  const int64_t env_threads = EnvGetInt("STRATA_NUM_THREADS");
-  const int threads = config_.cpu_threads > 0 ? config_.cpu_threads
-                      : env_threads > 0       ? static_cast<int>(env_threads)
-                                              : 0;
+  if (std::string bad = EnvNumThreadsError(); !bad.empty()) {
+    *failed = "STRATA_NUM_THREADS";
+    return Status::InvalidArgument(bad);
+  }
+  const int threads = config_.cpu_threads > 0 ? config_.cpu_threads : EnvNumThreads();
   if (threads > 0 && device_->Kind() == DeviceKind::kHost) {
     omp_set_num_threads(threads);
     Status s = device_->EnqueueHostFunction(

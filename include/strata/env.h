@@ -21,7 +21,7 @@ inline constexpr EnvVar kEnvVars[] = {
      "CPU kernels' instruction set: auto (best the CPU has), avx512, avx2 or scalar"},
     {"STRATA_IO_BACKEND", "auto",
      "NVMe I/O backend: auto (io_uring, else pread/pwrite), uring or posix"},
-    {"STRATA_NUM_THREADS", "0", "threads for CPU kernels; 0 = one per core"},
+    {"STRATA_NUM_THREADS", "0", "threads for CPU kernels; 0 = one per core; at most 1024"},
     {"STRATA_TEST_SEED", "", "seed of the property tests; empty = from the clock (printed)"},
     {"STRATA_LOG_LEVEL", "info", "stderr messages: error, warning, info or debug"},
     {"STRATA_RENDEZVOUS", "",
@@ -51,6 +51,24 @@ inline std::string EnvGet(std::string_view name) {
 inline int64_t EnvGetInt(std::string_view name) {
   std::string s = EnvGet(name);
   return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10);
+}
+
+// The most threads STRATA_NUM_THREADS (and --threads) may ask for.
+inline constexpr int kMaxCpuThreads = 1024;
+
+// STRATA_NUM_THREADS, bounded: 0 when unset or not positive, at most kMaxCpuThreads (the
+// front ends refuse a larger value by name before anything runs; see EnvNumThreadsError).
+inline int EnvNumThreads() {
+  const int64_t n = EnvGetInt("STRATA_NUM_THREADS");
+  return n <= 0 ? 0 : static_cast<int>(n < kMaxCpuThreads ? n : kMaxCpuThreads);
+}
+
+// A message naming STRATA_NUM_THREADS when it asks for more than kMaxCpuThreads; "" else.
+inline std::string EnvNumThreadsError() {
+  const int64_t n = EnvGetInt("STRATA_NUM_THREADS");
+  if (n <= kMaxCpuThreads) return {};
+  return "STRATA_NUM_THREADS=" + EnvGet("STRATA_NUM_THREADS") + ": at most " +
+         std::to_string(kMaxCpuThreads) + " threads; unset it or give fewer";
 }
 
 }  // namespace strata

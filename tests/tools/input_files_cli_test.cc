@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -190,6 +191,12 @@ TEST_F(InputFilesCliTest, ThreadAndRankCountsAreBounded) {
     EXPECT_TRUE(Contains(r.output, "--threads")) << r.output;
     EXPECT_TRUE(Contains(r.output, "1024")) << r.output;
   }
+  // The same count from the environment: refused by name before anything runs.
+  ::setenv("STRATA_NUM_THREADS", "100000", 1);
+  const CliRun env = Train({});
+  ::unsetenv("STRATA_NUM_THREADS");
+  EXPECT_EQ(env.exit_code, 1) << env.output;
+  EXPECT_TRUE(Contains(env.output, "STRATA_NUM_THREADS=100000: at most 1024")) << env.output;
   for (const std::vector<std::string>& cmd :
        {std::vector<std::string>{"launch", "-n", "100000", "--", "true"},
         {"launch", "-n", "2", "--nnodes", "100000", "--node-rank", "0", "--rendezvous",

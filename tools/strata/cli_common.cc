@@ -119,8 +119,7 @@ CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
 
 int ResolveThreads(int flag) {
   if (flag > 0) return flag;
-  const int64_t env = EnvGetInt("STRATA_NUM_THREADS");
-  return env > 0 ? static_cast<int>(env) : 0;
+  return EnvNumThreads();
 }
 
 void SetComputeThreads(int threads) {

@@ -18,6 +18,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/env.h"
 #include "strata/status.h"
 
 namespace strata::cli {
@@ -68,7 +69,7 @@ CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
 
 // The most threads --threads takes: a typo (100000) would otherwise start that many OpenMP
 // threads, and the run would fail in thread creation (or crash) rather than at the flag.
-inline constexpr int kMaxThreads = 1024;
+inline constexpr int kMaxThreads = kMaxCpuThreads;
 
 // Threads for CPU work: `flag` when > 0, else STRATA_NUM_THREADS when > 0, else 0 (one per
 // core, OpenMP's default).
