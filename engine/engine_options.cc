@@ -1,0 +1,88 @@
+// See engine/engine_options.h.
+#include "engine/engine_options.h"
+
+#include <cmath>
+#include <string>
+
+#include "strata/comm.h"
+#include "strata/device.h"
+
+namespace strata::engine_internal {
+
+Status CheckOptimizerOptions(const EngineOptions& opt) {
+  if (opt.grad_clip < 0 || !std::isfinite(opt.grad_clip)) {
+    return Status::InvalidArgument("grad_clip must be >= 0");
+  }
+  if (!(opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1 && opt.eps >= 0 &&
+        opt.weight_decay >= 0)) {
+    return Status::InvalidArgument("optimizer hyper-parameters out of range (beta1 " +
+                                   std::to_string(opt.beta1) + ", beta2 " +
+                                   std::to_string(opt.beta2) + ", eps " + std::to_string(opt.eps) +
+                                   ", weight_decay " + std::to_string(opt.weight_decay) + ")");
+  }
+  return Status::OK();
+}
+
+Result<EngineOptions> ResolveRankOptions(const EngineOptions& options) {
+  EngineOptions opt = options;
+  if (opt.comm) {
+    if (opt.world_size != 1 && opt.world_size != opt.comm->world_size()) {
+      return Status::InvalidArgument("EngineOptions::world_size " + std::to_string(opt.world_size) +
+                                     " differs from the communicator's " +
+                                     std::to_string(opt.comm->world_size()) +
+                                     "; leave it at 1 (it is taken from the communicator)");
+    }
+    opt.world_size = opt.comm->world_size();
+    opt.rank = opt.comm->rank();
+    if (!opt.device) return Status::InvalidArgument("EngineOptions::device is required");
+    const std::string backend = opt.comm->backend();
+    if (opt.host_comm) {
+      if (opt.host_comm->device_buffers()) {
+        return Status::InvalidArgument(
+            std::string("EngineOptions::host_comm must be a host-memory communicator (gloo), "
+                        "not ") +
+            opt.host_comm->backend());
+      }
+      if (opt.host_comm->world_size() != opt.world_size || opt.host_comm->rank() != opt.rank) {
+        return Status::InvalidArgument(
+            "EngineOptions::host_comm is rank " + std::to_string(opt.host_comm->rank()) + " of " +
+            std::to_string(opt.host_comm->world_size()) + " but comm is rank " +
+            std::to_string(opt.rank) + " of " + std::to_string(opt.world_size) +
+            "; both must join the same ranks");
+      }
+    } else if (opt.comm->device_buffers()) {
+      return Status::InvalidArgument(
+          "EngineOptions::comm (" + backend +
+          ") needs device buffers, but the engine's host-side collectives (the gradient norm, "
+          "ReadParams) need host memory: set EngineOptions::host_comm to a host-memory "
+          "communicator (gloo) over the same ranks");
+    }
+    // Whether the communicator can read and write the device's memory: NCCL reaches CUDA
+    // memory; a host communicator reaches a HostDevice's, which is host memory.
+    const bool cuda = opt.device->Kind() == DeviceKind::kCuda;
+    if (opt.comm->device_buffers() && !cuda) {
+      return Status::InvalidArgument("EngineOptions::comm (" + backend +
+                                     ") works on CUDA device memory; this device is " +
+                                     opt.device->Name() + " (use a gloo communicator)");
+    }
+    const bool reaches_device = opt.comm->device_buffers() == cuda;
+    if (opt.collective_memory == CollectiveMemory::kAuto) {
+      opt.collective_memory = reaches_device ? CollectiveMemory::kDevice : CollectiveMemory::kHost;
+    } else if (opt.collective_memory == CollectiveMemory::kDevice && !reaches_device) {
+      return Status::InvalidArgument(
+          "collective memory 'device': a " + backend +
+          " communicator cannot reach CUDA device memory; use an NCCL communicator for comm "
+          "(with gloo as host_comm) or collective memory 'host'");
+    } else if (opt.collective_memory == CollectiveMemory::kHost && opt.comm->device_buffers()) {
+      return Status::InvalidArgument("collective memory 'host': the " + backend +
+                                     " communicator needs device buffers; use 'device' (or "
+                                     "auto), or a gloo communicator");
+    }
+  } else if (opt.world_size != 1 || opt.rank != 0) {
+    return Status::InvalidArgument("world_size " + std::to_string(opt.world_size) +
+                                   " needs EngineOptions::comm (the communicator of the ranks)");
+  }
+  return opt;
+}
+
+}  // namespace strata::engine_internal

@@ -1,0 +1,19 @@
+// Checking and resolving EngineOptions before an engine exists: pure functions over the
+// options (no state), called by Engine::Create and EngineImpl::Init (engine/engine.cc).
+#pragma once
+
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata::engine_internal {
+
+// The optimizer's hyper-parameters are in range: grad_clip >= 0 and finite, betas in [0, 1),
+// eps and weight_decay >= 0. InvalidArgument naming them otherwise.
+Status CheckOptimizerOptions(const EngineOptions& opt);
+
+// The options with the ranks resolved from the communicator (world_size, rank, and
+// collective memory when kAuto), after checking that comm, host_comm, the device and
+// collective_memory fit together. InvalidArgument naming the mismatch and what to set.
+Result<EngineOptions> ResolveRankOptions(const EngineOptions& options);
+
+}  // namespace strata::engine_internal
