@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 
+#include "engine/activation_stash.h"
 #include "engine/collectives.h"
 #include "engine/device_tier.h"
 #include "engine/engine_context.h"
@@ -44,7 +45,8 @@ class EngineImpl final : public Engine {
         host_(ctx_),
         optimizer_(ctx_, host_, /*ranks_combine_norm=*/options.comm != nullptr),
         device_(ctx_, host_, optimizer_),
-        collectives_(CreateCollectives(ctx_, host_, device_, optimizer_)) {
+        collectives_(CreateCollectives(ctx_, host_, device_, optimizer_)),
+        stash_(ctx_, host_) {
     device_.SetCollectives(collectives_.get());
   }
   ~EngineImpl() override;
@@ -65,6 +67,12 @@ class EngineImpl final : public Engine {
   Status SubmitGrads(int block) override;
   Result<uint64_t> SubmitGradsFrom(int block, std::span<const float* const> grads) override;
   uint64_t GradsRead() const override { return device_.TicketsRead(); }
+  Result<EventPtr> StashActivation(uint32_t key, const void* src, uint64_t bytes) override {
+    return stash_.Stash(key, src, bytes);
+  }
+  Status FetchActivation(uint32_t key, void* dst, bool last) override {
+    return stash_.Fetch(key, dst, last);
+  }
   Result<StepStats> EndStep() override;
   Status Flush() override;
   Status Error() const override { return ctx_.Error(); }
@@ -101,6 +109,7 @@ class EngineImpl final : public Engine {
   OptimizerStage optimizer_;
   DeviceTier device_;
   std::unique_ptr<Collectives> collectives_;
+  ActivationStash stash_;  // its own lock, taken under ctx_.mu (never the other way)
 
   bool params_dirty_ GUARDED_BY(ctx_.mu) = false;  // WriteParams since the last commit
   int acquired_ GUARDED_BY(ctx_.mu) = -1;          // access currently acquired
@@ -150,6 +159,7 @@ Status EngineImpl::Init() NO_THREAD_SAFETY_ANALYSIS {
   STRATA_RETURN_IF_ERROR(host_.InitPool());
   STRATA_RETURN_IF_ERROR(collectives_->AllocateBuffers());
   STRATA_RETURN_IF_ERROR(host_.InitObjects());
+  STRATA_RETURN_IF_ERROR(stash_.Init());  // the activations' host slots and scratch files
 
   if (!opt.trace_path.empty()) {
     STRATA_RETURN_IF_ERROR(ctx_.timeline.OpenTrace(
@@ -181,6 +191,7 @@ EngineImpl::~EngineImpl() {
   device_.JoinLander();
   device_.JoinFeeder();
   host_.Join();
+  stash_.Shutdown();
   if (ctx_.dev) {
     // Lane work may still reference our buffers and call back into us. Collectives still
     // queued read and write our buffers too: the watcher waits for every one of them (a
@@ -285,6 +296,7 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   ctx_.args = args;
   acquired_ = -1;
   host_.BeginStepLocked();
+  stash_.BeginStep();
   device_.BeginStepLocked();
   optimizer_.BeginStepLocked();
   step_start_ = Clock::now();
@@ -454,6 +466,9 @@ Result<StepStats> EngineImpl::EndStep() {
                                    std::to_string(ctx_.schedule.size()) +
                                    " accesses; the step is incomplete");
   }
+  // The activations go first (their spills finished): a failure there fails the step.
+  const Status dropped = stash_.EndStep();
+  if (!dropped.ok()) ctx_.SetErrorLocked(dropped);
   Status s = ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) {
     return optimizer_.StepDoneLocked() && host_.StepDoneLocked() && device_.StepDoneLocked() &&
            collectives_->StepDoneLocked();
@@ -654,6 +669,7 @@ void EngineImpl::StatsLocked(uint64_t step_number, StepStats* out) {
   }
   st.peak_device_bytes = device_.PeakBytesLocked();
   st.peak_host_bytes = host_.PeakBytesLocked();
+  stash_.AddStats(&st);
 }
 
 // ---------------------------------------------------------------------------------------

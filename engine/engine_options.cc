@@ -20,6 +20,10 @@ Status CheckOptimizerOptions(const EngineOptions& opt) {
                                    std::to_string(opt.beta2) + ", eps " + std::to_string(opt.eps) +
                                    ", weight_decay " + std::to_string(opt.weight_decay) + ")");
   }
+  if (opt.activation_count < 0) {
+    return Status::InvalidArgument("activation_count is " + std::to_string(opt.activation_count) +
+                                   "; it must be >= 0");
+  }
   return Status::OK();
 }
 

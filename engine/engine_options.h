@@ -8,7 +8,7 @@
 namespace strata::engine_internal {
 
 // The optimizer's hyper-parameters are in range: grad_clip >= 0 and finite, betas in [0, 1),
-// eps and weight_decay >= 0. InvalidArgument naming them otherwise.
+// eps and weight_decay >= 0; and activation_count >= 0. InvalidArgument naming them otherwise.
 Status CheckOptimizerOptions(const EngineOptions& opt);
 
 // The options with the ranks resolved from the communicator (world_size, rank, and

@@ -47,8 +47,9 @@ Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
         c == Component::kGrad ? place.spill_grads : place.home[o] == Tier::kNvme || ctx_.durable;
   }
 
-  // Pinned pool: homes + cache + staging.
-  const uint64_t pool_bytes = place.resident_bytes + place.cache_capacity + place.staging_bytes;
+  // Pinned pool: homes + cache + staging + the activation stash's host slots.
+  const uint64_t pool_bytes = place.resident_bytes + place.cache_capacity + place.staging_bytes +
+                              place.report.activation_host_bytes;
   PinnedPoolOptions popt;
   popt.budget_bytes = std::max<uint64_t>(pool_bytes, 4096);
   struct rlimit rl {};

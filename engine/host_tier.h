@@ -60,6 +60,8 @@ class HostTier {
   Result<void*> Allocate(uint64_t bytes, const std::string& name) {
     return pool_->Allocate(bytes, name);
   }
+  // The whole pool, for another backend's RegisterBuffers (the activation stash's).
+  BufferRegion PoolRegion() const { return BufferRegion{pool_->base(), pool_->size()}; }
   // Init, second part: the cache, the home copies, the SwapStore (and a resumed state).
   Status InitObjects() EXCLUDES(ctx_.mu);
   void Start() {

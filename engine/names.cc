@@ -112,6 +112,12 @@ std::string PlacementReport::ToString() const {
        << " stripes over " << nvme_folders << (nvme_folders == 1 ? " folder" : " folders") << ")";
   }
   os << "\n";
+  if (activation_count > 0) {
+    os << "#   activations " << activation_count << " slots of "
+       << FormatBytes(activation_slot_bytes) << ": " << activation_host_slots << " in host memory ("
+       << FormatBytes(activation_host_bytes) << "), scratch files "
+       << FormatBytes(activation_nvme_bytes) << " on NVMe\n";
+  }
   for (const std::string& r : reasons) os << "#   " << r << "\n";
   os << "#   predicted per step: nvme_read " << FormatBytes(predicted_bytes.nvme_read)
      << ", nvme_write " << FormatBytes(predicted_bytes.nvme_write) << ", h2d "

@@ -55,6 +55,9 @@ struct PlanOptions {
   double nvme_write_bps = 0;
   double h2d_bps = 0;
   double d2h_bps = 0;
+  // The activation stash (EngineOptions::activation_bytes/count); 0 = none.
+  uint64_t activation_bytes = 0;
+  int activation_count = 0;
 };
 
 // The planner's view of `options` (validated and resolved by Engine::Create) with the
@@ -272,8 +275,19 @@ HostPlanInput HostInputFor(const PlacementPlan& placement);
 // above it plans (device and host plans; HostInputFor's first step, and every later step
 // at least from an empty cache) within the budget.
 // tests/engine/plan_test.cc checks this over random models, schedules and budgets.
+// The activation stash's share (plan_activations.cc): the states are planned first
+// (PlanStates) with the host budget less the stash's minimum, min(activation_count,
+// kMinActivationHostSlots) slots; the activations get the host budget the states leave, in
+// whole slots of activation_bytes rounded to 4 KiB, and the rest of them live on NVMe
+// (report.activation_*). OutOfMemory naming the budget that would fit, or --nvme.
 Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
                                     const PlanOptions& options);
+// The states alone (every activation field of `options` ignored): homes, cache, minimums.
+Result<PlacementPlan> PlanStates(const std::vector<BlockLayout>& layout,
+                                 const PlanOptions& options);
+// The stash's host minimum when activations go to NVMe: a landing slot for the next stash,
+// a staging slot for a fetch read from NVMe, and one for a prefetch.
+inline constexpr int kMinActivationHostSlots = 3;
 
 // ---------------------------------------------------------------------------------------
 // Collectives (multi-rank)

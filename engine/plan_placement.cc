@@ -38,6 +38,8 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.nvme_write_bps = options.nvme_write_bps;
   p.h2d_bps = options.h2d_bps;
   p.d2h_bps = options.d2h_bps;
+  p.activation_bytes = options.activation_count > 0 ? options.activation_bytes : 0;
+  p.activation_count = options.activation_bytes > 0 ? options.activation_count : 0;
   return p;
 }
 
@@ -675,8 +677,7 @@ void Placer::PlanPipeline() {
 
 }  // namespace
 
-Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
-                                    const PlanOptions& opt) {
+Result<PlacementPlan> PlanStates(const std::vector<BlockLayout>& layout, const PlanOptions& opt) {
   Placer p(layout, opt);
   STRATA_RETURN_IF_ERROR(p.Prepare());
   STRATA_ASSIGN_OR_RETURN(const uint64_t cache_min_host, MinCacheCapacity(p.hin));

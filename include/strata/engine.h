@@ -265,6 +265,12 @@ struct EngineOptions {
   int optimizer_threads = 0;
 
   int micro_batches = 1;  // gradients accumulate (fp32, host) over this many per step
+  // Activations the model stashes in the engine within a step (docs/design.md "Activations"):
+  // at most `activation_count` live at once, each at most `activation_bytes`. 0 = none.
+  // They live in pinned host slots (the host budget the states leave, at least a minimum the
+  // planner reports) and, beyond those, in a scratch file per NVMe folder; never committed.
+  uint64_t activation_bytes = 0;
+  int activation_count = 0;
   // The order in which the model acquires blocks in one micro-batch. Empty = the standard
   // order (forward 0..L-1, then backward L-1..0). Otherwise every block must appear exactly
   // once per pass, its forward before its backward; Create refuses anything else
@@ -355,8 +361,18 @@ struct PlacementReport {
   // committed one stays until the next commit), room for fragmentation, whole stripes per
   // folder. 0 without NVMe.
   uint64_t nvme_file_bytes = 0;
-  uint64_t nvme_stripe_bytes = 0;                 // with NVMe: the swap files' stripe
-  int nvme_folders = 0;                           // with NVMe: one swap file each
+  uint64_t nvme_stripe_bytes = 0;  // with NVMe: the swap files' stripe
+  int nvme_folders = 0;            // with NVMe: one swap file each
+  // The activation stash (EngineOptions::activation_bytes/count): slots of activation_bytes
+  // rounded to 4 KiB; how many live in pinned host memory (counted in the host budget and in
+  // host_min_bytes, whose stash part is min(activation_count, 3) slots: a landing, a fetch
+  // staging and a prefetch) and what the scratch files hold for the rest (0: every activation
+  // fits the host slots). All 0 without activations.
+  uint64_t activation_slot_bytes = 0;
+  int activation_count = 0;
+  int activation_host_slots = 0;
+  uint64_t activation_host_bytes = 0;
+  uint64_t activation_nvme_bytes = 0;
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved
   StateFormat state_format = StateFormat::kFp32;  // of the moments
   // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).
@@ -430,6 +446,11 @@ struct StepStats {
   // busy intervals is a resource of its own (bound_resource "nvme" when it is the busiest).
   double nvme_busy_seconds = 0;
   EdgeBytes bytes;
+  // Of `bytes`, the activation stash's own: d2h of StashActivation, h2d of FetchActivation,
+  // nvme_write/nvme_read of activations spilled to and read back from the scratch files.
+  EdgeBytes activation_bytes;
+  // FetchActivation calls that had to wait for an NVMe read (no prefetch, or a late one).
+  int64_t activation_fetch_waits = 0;
   double grad_norm = 0;  // global L2 norm of the (scaled) gradient, before clipping
   double clip_coef = 1;  // factor applied to the gradient (1 without clipping)
   // A non-finite gradient (or a norm that overflows), on any rank: no block was updated
@@ -512,7 +533,29 @@ class Engine {
   // before a non-finite gradient was found is not committed (kAborted; see
   // StepStats::skipped). With EngineOptions::pipeline_updates, the updates that wait for the
   // norm are left to the next step (StepStats::deferred_blocks), which commits this one.
+  // Activations still live are dropped (after their I/O in flight has finished).
   virtual Result<StepStats> EndStep() = 0;
+  // Activations (docs/design.md "Activations"), within a step, on the model's thread. Keys
+  // are any uint32 the model chooses; EndStep drops the activations still live.
+  //
+  // Copies `bytes` (<= activation_bytes) from device memory at device_src (written by work
+  // already enqueued on Lane::kCompute) into activation `key`. Returns once the copy is
+  // enqueued, with the event of its completion: the caller may overwrite device_src only with
+  // work ordered after that event (Device::WaitEvent(Lane::kCompute, ev)). Blocks only while
+  // every host slot is taken (until a spill to NVMe frees one). InvalidArgument: no step
+  // open, key live already, bytes 0 or too large. OutOfMemory naming activation_count when
+  // more would be live. The stored background error when there is one.
+  virtual Result<EventPtr> StashActivation(uint32_t key, const void* device_src,
+                                           uint64_t bytes) = 0;
+  // Enqueues the copy of activation `key` into device_dst (its stashed bytes), ordered after
+  // the work already enqueued on Lane::kCompute (which may still use device_dst); work
+  // enqueued on Lane::kCompute after this call runs after the copy. Blocks the caller only
+  // while the activation is not in host memory yet (NVMe read late). `last`: the key is
+  // dropped once the copy is done (its slot is free). Corruption naming key/file/offset on a
+  // checksum mismatch; the I/O error (naming the file) on EIO; either is stored like any
+  // background error (the step cannot commit). InvalidArgument for an unknown key or no step.
+  virtual Status FetchActivation(uint32_t key, void* device_dst, bool last) = 0;
+
   // Runs the last step's deferred updates now and commits it (between steps; OK when
   // nothing is pending). For a program that ends, or stops on a signal, after EndStep.
   virtual Status Flush() = 0;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "model/gpt2.h"
@@ -74,9 +76,27 @@ class PlainEngine : public Engine {
     return ++tickets_;
   }
   uint64_t GradsRead() const override { return tickets_; }
+  // Activations: copies in host memory (the HostDevice's "device memory" is host memory).
+  Result<EventPtr> StashActivation(uint32_t key, const void* src, uint64_t bytes) override {
+    STRATA_RETURN_IF_ERROR(o_.device->SynchronizeLane(Lane::kCompute));
+    const char* p = static_cast<const char*>(src);
+    if (!acts_.emplace(key, std::vector<char>(p, p + bytes)).second) {
+      return Status::InvalidArgument("activation " + std::to_string(key) + " is live already");
+    }
+    return o_.device->Record(Lane::kCompute);
+  }
+  Status FetchActivation(uint32_t key, void* dst, bool last) override {
+    STRATA_RETURN_IF_ERROR(o_.device->SynchronizeLane(Lane::kCompute));
+    auto it = acts_.find(key);
+    if (it == acts_.end()) return Status::InvalidArgument("unknown activation");
+    std::copy(it->second.begin(), it->second.end(), static_cast<char*>(dst));
+    if (last) acts_.erase(it);
+    return Status::OK();
+  }
   Status Flush() override { return Status::OK(); }
   Result<StepStats> EndStep() override {
     StepStats s;
+    acts_.clear();  // EndStep drops the activations still live
     s.step = ++step_;
     double sq = 0;
     for (const auto& a : acc_) {
@@ -116,6 +136,7 @@ class PlainEngine : public Engine {
   StepArgs args_;
   int64_t step_ = 0;
   uint64_t tickets_ = 0;
+  std::map<uint32_t, std::vector<char>> acts_;
 };
 
 }  // namespace strata::model
