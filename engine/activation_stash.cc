@@ -357,6 +357,7 @@ std::optional<ActivationStash::Job> ActivationStash::EvictLocked(int64_t sooner,
     a.slot = -1;
     a.host_ready = false;
     *dropped = true;
+    cv_.SignalAll();  // a Stash may be waiting for this slot (the I/O thread then sleeps)
     return std::nullopt;
   }
   a.writing = true;
