@@ -311,6 +311,21 @@ void Gpt2Model<F>::UseSlot(int slot) {
 }
 
 template <typename F>
+F* Gpt2Model<F>::ResidualBuffer(int slot, int l) {
+  return a_->slots[static_cast<size_t>(slot)].xs[static_cast<size_t>(l)].data();
+}
+
+template <typename F>
+F* Gpt2Model<F>::ResidualGradBuffer(int slot) {
+  return a_->slots[static_cast<size_t>(slot)].dres.data();
+}
+
+template <typename F>
+F* Gpt2Model<F>::HeadWteGradBuffer(int slot) {
+  return a_->slots[static_cast<size_t>(slot)].dwte_head.data();
+}
+
+template <typename F>
 void Gpt2Model<F>::SetTokens(const int32_t* inputs, const int32_t* targets) {
   const size_t N = static_cast<size_t>(B_) * T_;
   typename Acts::Slot& s = *a_->cur;
@@ -446,6 +461,19 @@ uint64_t SavedActivationBytes(const Gpt2Config& cfg, int64_t rows, int64_t seq_l
       2 * N + (L + 1) * N * C + (N * C + 2 * N) + N * C + V * C + (recompute ? 0 : L * per_layer);
   const u128 bytes = 4 * floats;
   return bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes);
+}
+
+OffloadedActivationShape OffloadedActivations(const Gpt2Config& cfg, int64_t rows,
+                                              int64_t seq_len) {
+  OffloadedActivationShape s;
+  const uint64_t L = uint64_t(cfg.layers);
+  s.key_bytes = uint64_t(rows) * uint64_t(seq_len) * uint64_t(cfg.d_model) * sizeof(float);
+  const uint64_t wte = uint64_t(cfg.vocab) * uint64_t(cfg.d_model) * sizeof(float);
+  s.wte_grad_keys = static_cast<int>((wte + s.key_bytes - 1) / s.key_bytes);
+  s.keys_per_micro_batch = static_cast<int>(L + 2) + s.wte_grad_keys;
+  s.d2h_bytes_per_micro_batch = 2 * (L + 1) * s.key_bytes + wte;
+  s.h2d_bytes_per_micro_batch = (L + 2 * (L + 1)) * s.key_bytes + wte;
+  return s;
 }
 
 // ---- drivers -----------------------------------------------------------------------------

@@ -155,6 +155,15 @@ class Gpt2Model {
   void LayerBackward(int layer, const BlockPtrs<F>& b);
   void EmbedBackward(const BlockPtrs<F>& b);
 
+  // Slot `slot`'s buffers that layer-major order with offloaded activations moves out and
+  // back in when several micro-batches share the slot (trainer/activation_offload.h): the
+  // residual stream's input of layer l (B*T*C values; l in [0, L], L: the final LayerNorm's
+  // input), the gradient flowing back (B*T*C) and the head's wte gradient (V*C). Stable for
+  // the model's life. REQUIRES: 0 <= slot < micro_slots(), 0 <= l <= config.layers.
+  F* ResidualBuffer(int slot, int l);
+  F* ResidualGradBuffer(int slot);
+  F* HeadWteGradBuffer(int slot);
+
   double last_loss() const { return last_loss_; }
   // Logits of the last Head() call ([B*T, V]); probabilities instead when SetTokens was
   // given targets (the loss is computed in place).
@@ -176,6 +185,25 @@ class Gpt2Model {
 // UINT64_MAX.
 uint64_t SavedActivationBytes(const Gpt2Config& config, int64_t rows, int64_t seq_len,
                               bool recompute);
+
+// What layer-major order moves per micro-batch when micro-batches share an activation slot
+// and their activations live in the engine (trainer/activation_offload.h): activations of
+// key_bytes (one residual stream, B*T*C fp32) each — the L+1 block inputs, the gradient
+// flowing back and the head's wte gradient in key-sized pieces — and the bytes each way:
+//   to the engine:   L+1 block inputs in forward, the gradient after each of L+1 backward
+//                    blocks, the head's wte gradient;
+//   from the engine: L layer inputs in forward, L+1 block inputs again in backward
+//                    (recompute), the gradient before each of L+1 backward blocks, the wte
+//                    gradient.
+struct OffloadedActivationShape {
+  uint64_t key_bytes = 0;
+  int wte_grad_keys = 0;         // pieces of the head's wte gradient
+  int keys_per_micro_batch = 0;  // live at once at most: L+1 inputs, gradient, wte pieces
+  uint64_t d2h_bytes_per_micro_batch = 0;
+  uint64_t h2d_bytes_per_micro_batch = 0;
+};
+OffloadedActivationShape OffloadedActivations(const Gpt2Config& config, int64_t rows,
+                                              int64_t seq_len);
 
 // ---- drivers -----------------------------------------------------------------------------
 

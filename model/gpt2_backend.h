@@ -24,6 +24,21 @@
 
 namespace strata::model {
 
+// The tensors of an activation slot that layer-major order moves out to the engine and back
+// when several micro-batches share the slot (trainer/activation_offload.h; Gpt2Model's
+// ResidualBuffer and its neighbours say what each holds).
+enum class SlotTensor : uint8_t {
+  kResidual,      // index: l in [0, L], the input of layer l (L: of the final LayerNorm)
+  kResidualGrad,  // the gradient flowing back
+  kHeadWteGrad,   // the tied head's wte gradient, held from block L+1's backward to block 0's
+};
+
+// Device memory: where a slot tensor lives and how many bytes it has.
+struct DeviceSpan {
+  void* data = nullptr;
+  uint64_t bytes = 0;
+};
+
 // How Backward writes the block's gradient into the engine's buffer.
 enum class GradWrite : uint8_t {
   kOverwrite,   // the buffer holds this micro-batch's gradient
@@ -40,6 +55,16 @@ class Gpt2Backend {
   // The slot the calls below enqueue work for, until the next UseSlot (0 at first).
   // InvalidArgument when slot is not in [0, MicroSlots()).
   virtual Status UseSlot(int slot) = 0;
+
+  // Where `tensor` of activation slot `slot` lives (index: the layer for kResidual), usable as
+  // the device side of the engine's activation copies (StashActivation / FetchActivation)
+  // for the backend's life. NotSupported where the backend's slots cannot be shared.
+  virtual Result<DeviceSpan> SlotBuffer(int slot, SlotTensor tensor, int index) {
+    (void)slot, (void)tensor, (void)index;
+    return Status::NotSupported(
+        "this model cannot share an activation slot between micro-batches (offloaded "
+        "activations); use --offload-activations off");
+  }
 
   // The next micro-batch's B*T input and target tokens; the backend copies them (or enqueues
   // the copy) before returning, so the caller may reuse its buffers at once.

@@ -1,6 +1,7 @@
 // GPT-2 through the engine on the host device; see gpt2_cpu_model.h.
 #include "model/gpt2_cpu_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -24,6 +25,42 @@ Result<std::unique_ptr<Gpt2CpuModel>> Gpt2CpuModel::Create(Device* device, const
   m->own_model_ = std::move(model);
   m->own_losses_ = std::move(losses);  // the vector's buffer moves with it
   return m;
+}
+
+Gpt2CpuModel::~Gpt2CpuModel() {
+  for (const void* p : adopted_) (void)device_->ForgetMemory(p);
+}
+
+Result<DeviceSpan> Gpt2CpuModel::SlotBuffer(int slot, SlotTensor tensor, int index) {
+  const Gpt2Config& cfg = model_->config();
+  if (slot < 0 || slot >= model_->micro_slots()) {
+    return Status::InvalidArgument("activation slot " + std::to_string(slot) +
+                                   " out of range [0, " + std::to_string(model_->micro_slots()) +
+                                   ")");
+  }
+  const uint64_t NC = uint64_t(model_->B()) * uint64_t(model_->T()) * uint64_t(cfg.d_model);
+  DeviceSpan span;
+  switch (tensor) {
+    case SlotTensor::kResidual:
+      if (index < 0 || index > cfg.layers) {
+        return Status::InvalidArgument("residual " + std::to_string(index) + " out of range [0, " +
+                                       std::to_string(cfg.layers) + "]");
+      }
+      span = {model_->ResidualBuffer(slot, index), NC * sizeof(float)};
+      break;
+    case SlotTensor::kResidualGrad:
+      span = {model_->ResidualGradBuffer(slot), NC * sizeof(float)};
+      break;
+    case SlotTensor::kHeadWteGrad:
+      span = {model_->HeadWteGradBuffer(slot),
+              uint64_t(cfg.vocab) * uint64_t(cfg.d_model) * sizeof(float)};
+      break;
+  }
+  if (std::find(adopted_.begin(), adopted_.end(), span.data) == adopted_.end()) {
+    STRATA_RETURN_IF_ERROR(device_->AdoptMemory(span.data, span.bytes));
+    adopted_.push_back(span.data);
+  }
+  return span;
 }
 
 Status Gpt2CpuModel::UseSlot(int slot) {

@@ -26,10 +26,13 @@ class Gpt2CpuModel final : public Gpt2Backend {
   // (until the compute lane is synchronised), not this object itself.
   Gpt2CpuModel(Device* device, Gpt2Model<float>* model, double* losses, int slots)
       : device_(device), model_(model), losses_(losses), slots_(slots) {}
+  ~Gpt2CpuModel() override;
 
   int MicroSlots() const override { return model_->micro_slots(); }
   Status UseSlot(int slot) override;
   Status SetTokens(const int32_t* inputs, const int32_t* targets) override;
+  // Adopts the buffer with the device on first use (forgotten when this object goes).
+  Result<DeviceSpan> SlotBuffer(int slot, SlotTensor tensor, int index) override;
   Status Forward(int block, const BlockView& params) override;
   Status Backward(int block, const BlockView& params, float* grad, float dloss, int micro,
                   GradWrite write) override;
@@ -55,6 +58,7 @@ class Gpt2CpuModel final : public Gpt2Backend {
   // larger block adds a larger buffer; none is freed before the model, since work still
   // queued on the compute lane may use it.
   std::vector<std::unique_ptr<std::vector<float>>> scratch_;
+  std::vector<const void*> adopted_;  // slot buffers adopted by SlotBuffer
 };
 
 }  // namespace strata::model

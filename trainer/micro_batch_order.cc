@@ -24,17 +24,198 @@ const char* MicroBatchOrderChoiceName(MicroBatchOrderChoice choice) {
   return "?";
 }
 
+Result<OffloadActivations> ParseOffloadActivations(std::string_view text) {
+  if (text == "auto") return OffloadActivations::kAuto;
+  if (text == "on") return OffloadActivations::kOn;
+  if (text == "off") return OffloadActivations::kOff;
+  return Status::InvalidArgument("--offload-activations " + std::string(text) +
+                                 ": expected auto, on or off");
+}
+
+const char* OffloadActivationsName(OffloadActivations choice) {
+  switch (choice) {
+    case OffloadActivations::kAuto:
+      return "auto";
+    case OffloadActivations::kOn:
+      return "on";
+    case OffloadActivations::kOff:
+      return "off";
+  }
+  return "?";
+}
+
 namespace {
 
 Result<OrderedEngine> BatchMajor(const std::vector<BlockSpec>& specs, const EngineOptions& options,
-                                 std::string reason) {
+                                 const MicroBatchOrderInputs& in, std::string reason) {
   OrderedEngine out;
   EngineOptions eo = options;
   eo.micro_batch_order = MicroBatchOrder::kBatchMajor;
   STRATA_ASSIGN_OR_RETURN(out.engine, Engine::Create(specs, eo));
   out.engine_device_bytes = eo.device_mem_bytes;
+  out.recompute = in.recompute;
   out.reason = std::move(reason);
   return out;
+}
+
+uint64_t SaturatingMul(uint64_t a, uint64_t b) {
+  return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+std::string MoreMicroBatches(int n) {
+  return std::to_string(n) + (n == 1 ? " more micro-batch" : " more micro-batches");
+}
+
+// The engine options of layer-major order (the model sums micro-batches on one rank).
+EngineOptions LayerMajorOptions(const EngineOptions& options, const MicroBatchOrderInputs& in) {
+  EngineOptions eo = options;
+  eo.micro_batch_order = MicroBatchOrder::kLayerMajor;
+  if (!in.multi_rank) {
+    eo.micro_batches = 1;  // the model sums the micro-batches on the device
+    eo.micro_batch_order = MicroBatchOrder::kBatchMajor;
+  }
+  return eo;
+}
+
+OrderedEngine LayerMajorResult(std::unique_ptr<Engine> engine, const EngineOptions& eo,
+                               const MicroBatchOrderInputs& in, bool recompute) {
+  OrderedEngine out;
+  out.engine = std::move(engine);
+  out.order = MicroBatchOrder::kLayerMajor;
+  out.accumulate_on_device = !in.multi_rank;
+  out.engine_device_bytes = eo.device_mem_bytes;
+  out.recompute = recompute;
+  return out;
+}
+
+std::string LayerMajorPrefix(const MicroBatchOrderInputs& in) {
+  return std::string("layer-major") +
+         (in.choice == MicroBatchOrderChoice::kLayer ? " (--micro-batch-order layer)" : "") +
+         ": each block's params cross once per pass, " +
+         (in.multi_rank ? "its gradient lands per micro-batch (averaged over the ranks)"
+                        : "its gradient once per step");
+}
+
+// Every micro-batch's activations on the device (`per` bytes each): the engine gets the
+// rest of --device-mem. nullptr with *refused set when they do not fit.
+Result<std::unique_ptr<Engine>> OnDevice(const std::vector<BlockSpec>& specs,
+                                         const EngineOptions& options,
+                                         const MicroBatchOrderInputs& in, uint64_t per,
+                                         bool recompute, OrderedEngine* out, Status* refused) {
+  const int M = options.micro_batches;
+  const uint64_t extra = SaturatingMul(per, uint64_t(M - 1));
+  const uint64_t budget = options.device_mem_bytes;  // 0: unlimited
+  const std::string acts = "the activations of " + MoreMicroBatches(M - 1) + " in flight (" +
+                           FormatBytes(extra) + (recompute ? ", with recompute" : "") + ")";
+  EngineOptions eo = LayerMajorOptions(options, in);
+  if (budget != 0 && extra >= budget) {
+    *refused = Status::OutOfMemory(acts + " take all of --device-mem " + FormatBytes(budget));
+    return std::unique_ptr<Engine>();
+  }
+  if (budget == 0 && in.unlimited_room_bytes != 0 && extra > in.unlimited_room_bytes) {
+    *refused = Status::OutOfMemory(acts + " exceed the " + FormatBytes(in.unlimited_room_bytes) +
+                                   " the device has left for them");
+    return std::unique_ptr<Engine>();
+  }
+  if (budget != 0) eo.device_mem_bytes = budget - extra;
+  auto made = Engine::Create(specs, eo);
+  if (!made.ok()) {
+    if (made.status().code() != StatusCode::kOutOfMemory) return made.status();
+    *refused = Status(made.status())
+                   .Annotate("with " + acts + " taken from --device-mem " + FormatBytes(budget));
+    return std::unique_ptr<Engine>();
+  }
+  *out = LayerMajorResult(std::move(*made), eo, in, recompute);
+  out->activation_bytes = extra;
+  out->reason = LayerMajorPrefix(in) + "; " + acts +
+                (budget ? " leave the engine " + FormatBytes(eo.device_mem_bytes) +
+                              " of --device-mem " + FormatBytes(budget)
+                        : std::string(" on a device without a --device-mem cap"));
+  return std::move(out->engine);
+}
+
+// The engine for S activation slots: micro-batches S-1..M-1 share the last, their activations
+// in the engine.
+Result<std::unique_ptr<Engine>> OffloadedEngine(const std::vector<BlockSpec>& specs,
+                                                const EngineOptions& options,
+                                                const MicroBatchOrderInputs& in, int slots,
+                                                uint64_t per) {
+  const int M = options.micro_batches;
+  EngineOptions eo = LayerMajorOptions(options, in);
+  if (options.device_mem_bytes != 0) eo.device_mem_bytes -= per * uint64_t(slots - 1);
+  eo.activation_bytes = in.offload_shape.key_bytes;
+  eo.activation_count = (M - slots + 1) * in.offload_shape.keys_per_micro_batch;
+  return Engine::Create(specs, eo);
+}
+
+// Layer-major with the micro-batches the device has no room for sharing one slot. nullptr
+// with *refused set when it does not fit, or (auto) moves more bytes than batch-major.
+Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
+                                          const EngineOptions& options,
+                                          const MicroBatchOrderInputs& in, OrderedEngine* out,
+                                          Status* refused) {
+  const int M = options.micro_batches;
+  const bool recompute = in.recompute || in.recompute_auto;
+  if (in.offload_shape.key_bytes == 0) {
+    *refused = Status::NotSupported("the model cannot share an activation slot");
+    return std::unique_ptr<Engine>();
+  }
+  if (!recompute) {
+    *refused = Status::NotSupported(
+        "offloading activations needs --recompute (only block "
+        "inputs can be offloaded)");
+    return std::unique_ptr<Engine>();
+  }
+  const uint64_t per =
+      in.recompute ? in.saved_activation_bytes : in.saved_activation_bytes_recompute;
+  // One slot first: the engine's device minimum says how many more the budget holds.
+  auto one = OffloadedEngine(specs, options, in, 1, per);
+  if (!one.ok()) {
+    if (one.status().code() != StatusCode::kOutOfMemory) return one.status();
+    *refused = Status(one.status()).Annotate("with the activations offloaded");
+    return std::unique_ptr<Engine>();
+  }
+  std::unique_ptr<Engine> engine = std::move(*one);
+  const PlacementReport& p = engine->Placement();
+  const uint64_t budget = options.device_mem_bytes;
+  const uint64_t room =
+      budget != 0 ? budget - std::min(budget, p.device_min_bytes) : in.unlimited_room_bytes;
+  const int slots = 1 + static_cast<int>(std::min<uint64_t>(uint64_t(M - 2), per ? room / per : 0));
+  // What batch-major would move on top: the weights once more per micro-batch (and, on one
+  // rank, the gradient), against the offloaded micro-batches' activations.
+  const EdgeBytes pb = p.predicted_bytes;
+  const uint64_t batch_extra =
+      SaturatingMul(uint64_t(M - 1), pb.h2d + (in.multi_rank ? 0 : pb.d2h));
+  const uint64_t moved = uint64_t(M - slots + 1);
+  const uint64_t d2h = moved * in.offload_shape.d2h_bytes_per_micro_batch;
+  const uint64_t h2d = moved * in.offload_shape.h2d_bytes_per_micro_batch;
+  const std::string counts = "activations of " + std::to_string(moved) + " of " +
+                             std::to_string(M) + " micro-batches offloaded (" +
+                             FormatBytes(d2h + h2d) + " per step out and back) vs batch-major's " +
+                             FormatBytes(batch_extra) + " more weight and gradient bytes";
+  if (in.offload == OffloadActivations::kAuto && d2h + h2d >= batch_extra) {
+    *refused = Status::OutOfMemory(counts + ": batch-major moves fewer bytes");
+    return std::unique_ptr<Engine>();
+  }
+  if (slots > 1) {
+    engine.reset();  // its pinned memory and swap files go before the next engine's
+    STRATA_ASSIGN_OR_RETURN(engine, OffloadedEngine(specs, options, in, slots, per));
+  }
+  EngineOptions eo = LayerMajorOptions(options, in);
+  if (budget != 0) eo.device_mem_bytes = budget - per * uint64_t(slots - 1);
+  *out = LayerMajorResult(nullptr, eo, in, true);
+  out->activation_slots = slots;
+  out->activation_bytes = per * uint64_t(slots - 1);
+  out->offloaded_d2h_bytes = d2h;
+  out->offloaded_h2d_bytes = h2d;
+  out->batch_major_extra_bytes = batch_extra;
+  out->reason = LayerMajorPrefix(in) + "; " + counts +
+                (in.recompute ? "" : "; --recompute turned on (only block inputs offload)") +
+                (slots > 1 ? "; " + MoreMicroBatches(slots - 1) +
+                                 " keep their activations on "
+                                 "the device"
+                           : "");
+  return engine;
 }
 
 }  // namespace
@@ -44,14 +225,14 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
                                           const MicroBatchOrderInputs& in) {
   const int M = options.micro_batches;
   const bool forced = in.choice == MicroBatchOrderChoice::kLayer;
-  if (M <= 1) return BatchMajor(specs, options, "one micro-batch per step");
+  if (M <= 1) return BatchMajor(specs, options, in, "one micro-batch per step");
   if (in.choice == MicroBatchOrderChoice::kBatch) {
-    return BatchMajor(specs, options, "batch-major (--micro-batch-order batch)");
+    return BatchMajor(specs, options, in, "batch-major (--micro-batch-order batch)");
   }
   if (!in.model_has_slots) {
     const std::string why = "the CUDA model keeps one micro-batch's activations";
     if (forced) return Status::NotSupported("--micro-batch-order layer: " + why);
-    return BatchMajor(specs, options, "batch-major: " + why);
+    return BatchMajor(specs, options, in, "batch-major: " + why);
   }
   if (options.grad_dtype == GradDtype::kBf16 && !in.multi_rank) {
     // One rank, layer-major: the model would sum the micro-batches into the gradient buffer,
@@ -60,57 +241,43 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
         "with --grad-dtype bf16 the model cannot sum micro-batches on the "
         "device";
     if (forced) return Status::NotSupported("--micro-batch-order layer: " + why);
-    return BatchMajor(specs, options, "batch-major: " + why);
+    return BatchMajor(specs, options, in, "batch-major: " + why);
   }
-  // Saturating: a product past 64 bits cannot fit any budget anyway.
-  const uint64_t per = in.saved_activation_bytes;
-  const uint64_t extra = per > UINT64_MAX / uint64_t(M - 1) ? UINT64_MAX : per * uint64_t(M - 1);
-  const uint64_t budget = options.device_mem_bytes;  // 0: unlimited
-  const std::string acts = "the activations of " + std::to_string(M - 1) +
-                           (M == 2 ? " more micro-batch" : " more micro-batches") + " in flight (" +
-                           FormatBytes(extra) + ")";
-  EngineOptions eo = options;
-  eo.micro_batch_order = MicroBatchOrder::kLayerMajor;
-  if (!in.multi_rank) {
-    eo.micro_batches = 1;  // the model sums the micro-batches on the device
-    eo.micro_batch_order = MicroBatchOrder::kBatchMajor;
-  }
+  OrderedEngine out;
   Status refused;
-  if (budget != 0 && extra >= budget) {
-    refused = Status::OutOfMemory(acts + " take all of --device-mem " + FormatBytes(budget));
-  } else if (budget == 0 && in.unlimited_room_bytes != 0 && extra > in.unlimited_room_bytes) {
-    refused = Status::OutOfMemory(acts + " exceed the " + FormatBytes(in.unlimited_room_bytes) +
-                                  " the device has left for them");
-  } else {
-    if (budget != 0) eo.device_mem_bytes = budget - extra;
-    auto made = Engine::Create(specs, eo);
-    if (made.ok()) {
-      OrderedEngine out;
-      out.engine = std::move(*made);
-      out.order = MicroBatchOrder::kLayerMajor;
-      out.accumulate_on_device = !in.multi_rank;
-      out.engine_device_bytes = eo.device_mem_bytes;
-      out.activation_bytes = extra;
-      out.reason = std::string("layer-major") + (forced ? " (--micro-batch-order layer)" : "") +
-                   ": each block's params cross once per pass, " +
-                   (in.multi_rank ? "its gradient lands per micro-batch (averaged over the ranks)"
-                                  : "its gradient once per step") +
-                   "; " + acts +
-                   (budget ? " leave the engine " + FormatBytes(eo.device_mem_bytes) +
-                                 " of --device-mem " + FormatBytes(budget)
-                           : std::string(" on a device without a --device-mem cap"));
+  if (in.offload != OffloadActivations::kOn) {
+    // Every micro-batch's activations on the device: as given, or (auto) without recompute,
+    // then with it.
+    std::vector<std::pair<bool, uint64_t>> tries = {{in.recompute, in.saved_activation_bytes}};
+    if (in.recompute_auto) tries.push_back({true, in.saved_activation_bytes_recompute});
+    for (const auto& [recompute, per] : tries) {
+      Status why;
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                              OnDevice(specs, options, in, per, recompute, &out, &why));
+      if (e) {
+        out.engine = std::move(e);
+        if (recompute && !in.recompute) out.reason += "; --recompute turned on to fit them";
+        return out;
+      }
+      if (refused.ok()) refused = why;
+    }
+  }
+  if (in.offload != OffloadActivations::kOff) {
+    Status why;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Offloaded(specs, options, in, &out, &why));
+    if (e) {
+      out.engine = std::move(e);
       return out;
     }
-    if (made.status().code() != StatusCode::kOutOfMemory) return made.status();
-    refused = Status(made.status())
-                  .Annotate("with " + acts + " taken from --device-mem " + FormatBytes(budget));
+    refused = refused.ok() ? why : Status(refused.code(), refused.message() + "; " + why.message());
   }
   if (forced) {
     return Status::OutOfMemory("--micro-batch-order layer: " + refused.message() +
                                "; raise --device-mem, add --recompute, lower --batch or "
                                "--micro-batches, or use --micro-batch-order batch");
   }
-  return BatchMajor(specs, options, "batch-major: layer-major does not fit: " + refused.message());
+  return BatchMajor(specs, options, in,
+                    "batch-major: layer-major does not fit: " + refused.message());
 }
 
 }  // namespace strata::trainer

@@ -14,9 +14,16 @@
 //
 // What layer-major costs is the activations of every micro-batch in flight: (M-1) more
 // micro-batches' saved activations (model::SavedActivationBytes: the block inputs with
-// --recompute, every saved activation without). They count in the device budget: the engine
-// gets --device-mem minus them, and `auto` takes layer-major only when the engine still
-// plans within that (else batch-major, saying why).
+// --recompute, every saved activation without). Kept on the device they count in the device
+// budget: the engine gets --device-mem minus them. Where they do not fit, the micro-batches
+// beyond the slots the device has room for share one slot and their activations live in the
+// engine (activation_offload.h; pinned host or NVMe, as its planner places them), which
+// costs one residual stream's copy out and back per block and micro-batch instead of a
+// block's weights per micro-batch. `auto` picks, in order: layer-major with the activations
+// on the device (turning --recompute on when it was not given and that makes them fit);
+// layer-major with activations offloaded when that moves fewer bytes than batch-major's
+// weight reloads (counting both; --offload-activations on/off forces it); else batch-major,
+// saying why.
 //
 // Plain functions; the engine made here belongs to the caller.
 #pragma once
@@ -27,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/gpt2.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 
@@ -39,11 +47,26 @@ enum class MicroBatchOrderChoice : uint8_t { kAuto, kLayer, kBatch };
 Result<MicroBatchOrderChoice> ParseMicroBatchOrder(std::string_view text);
 const char* MicroBatchOrderChoiceName(MicroBatchOrderChoice choice);
 
+// --offload-activations: auto, on or off. InvalidArgument naming the text otherwise.
+enum class OffloadActivations : uint8_t { kAuto, kOn, kOff };
+Result<OffloadActivations> ParseOffloadActivations(std::string_view text);
+const char* OffloadActivationsName(OffloadActivations choice);
+
 struct MicroBatchOrderInputs {
   MicroBatchOrderChoice choice = MicroBatchOrderChoice::kAuto;
   int micro_batches = 1;
-  // One micro-batch's saved activations on the device (model::SavedActivationBytes).
+  // One micro-batch's saved activations on the device (model::SavedActivationBytes) with
+  // `recompute` as given.
   uint64_t saved_activation_bytes = 0;
+  bool recompute = false;
+  // --recompute was not given: layer-major may turn it on where that lets the activations fit
+  // (saved_activation_bytes_recompute then) or lets them be offloaded.
+  bool recompute_auto = false;
+  uint64_t saved_activation_bytes_recompute = 0;
+  // Offloaded activations (needs recompute and a model whose slots can be shared; a zero
+  // key_bytes: not possible).
+  OffloadActivations offload = OffloadActivations::kAuto;
+  model::OffloadedActivationShape offload_shape;
   // Whether the model can keep several micro-batches' activations (the CPU model can; the
   // CUDA model keeps one).
   bool model_has_slots = true;
@@ -64,8 +87,15 @@ struct OrderedEngine {
   // The engine's device budget: --device-mem less the activations layer-major adds (0:
   // unlimited).
   uint64_t engine_device_bytes = 0;
-  uint64_t activation_bytes = 0;  // what layer-major adds to the device: (M-1) micro-batches
-  std::string reason;             // one line for the start-up report
+  uint64_t activation_bytes = 0;  // what layer-major adds to the device: (S-1) micro-batches
+  bool recompute = false;         // resolved (recompute_auto may turn it on)
+  // The model's activation slots: 0 = one per micro-batch; S < M: micro-batches S-1..M-1
+  // share slot S-1 and their activations live in the engine (TrainOptions::activation_slots).
+  int activation_slots = 0;
+  // With offloaded activations: their bytes per step each way (model::OffloadedActivations),
+  // and the weight and gradient bytes batch-major would have moved on top of layer-major's.
+  uint64_t offloaded_d2h_bytes = 0, offloaded_h2d_bytes = 0, batch_major_extra_bytes = 0;
+  std::string reason;  // one line for the start-up report
 };
 
 // Makes the engine for `options` (options.micro_batches is M) in the order `in` chooses.

@@ -73,6 +73,9 @@ struct RunConfig {
   int micro_batches = 1;
   // How a step runs its micro-batches (micro_batch_order.h); the same results either way.
   MicroBatchOrderChoice micro_batch_order = MicroBatchOrderChoice::kAuto;
+  // Layer-major's activations in the engine when the device has no room for them
+  // (micro_batch_order.h); the same results either way.
+  OffloadActivations offload_activations = OffloadActivations::kAuto;
   // AdamW. weight_decay applies to tensors marked for it.
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double grad_clip = 1.0;                        // global gradient-norm clip; 0 = off

@@ -1,6 +1,8 @@
 #include "trainer/trainer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "comm/messages.h"
 #include "model/gpt2_cpu_model.h"
@@ -36,14 +38,16 @@ Status ForwardBackward(Engine& engine, model::Gpt2Backend& backend, int layers,
 Status ForwardBackwardLayerMajor(Engine& engine, model::Gpt2Backend& backend, int layers,
                                  const std::vector<const int32_t*>& inputs,
                                  const std::vector<const int32_t*>& targets, float dloss,
-                                 bool accumulate_on_device) {
+                                 bool accumulate_on_device, SharedSlotWalk* shared) {
   const int M = static_cast<int>(inputs.size());
-  if (backend.MicroSlots() < M) {
-    return Status::NotSupported("layer-major order needs the activations of " + std::to_string(M) +
-                                " micro-batches; the model keeps " +
-                                std::to_string(backend.MicroSlots()));
+  // Micro-batches [own, M) share slot `own` (their activations live in the engine).
+  const int own = shared ? shared->slot() : M;
+  if (backend.MicroSlots() < std::min(own + 1, M)) {
+    return Status::NotSupported(
+        "layer-major order needs the activations of " + std::to_string(std::min(own + 1, M)) +
+        " micro-batches; the model keeps " + std::to_string(backend.MicroSlots()));
   }
-  for (int m = 0; m < M; ++m) {
+  for (int m = 0; m < std::min(own, M); ++m) {
     STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
     STRATA_RETURN_IF_ERROR(backend.SetTokens(inputs[m], targets[m]));
   }
@@ -54,6 +58,10 @@ Status ForwardBackwardLayerMajor(Engine& engine, model::Gpt2Backend& backend, in
     for (int a = 0; a < accesses; ++a) {
       STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kForward));
       for (int m = a * per_access; m < (a + 1) * per_access; ++m) {
+        if (m >= own) {
+          STRATA_RETURN_IF_ERROR(shared->Forward(b, m, v, inputs[m], targets[m]));
+          continue;
+        }
         STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
         STRATA_RETURN_IF_ERROR(backend.Forward(b, v));
       }
@@ -65,11 +73,16 @@ Status ForwardBackwardLayerMajor(Engine& engine, model::Gpt2Backend& backend, in
       STRATA_ASSIGN_OR_RETURN(BlockView v, engine.Acquire(b, Pass::kBackward));
       STRATA_ASSIGN_OR_RETURN(float* grad, engine.GradBuffer(b));
       for (int m = a * per_access; m < (a + 1) * per_access; ++m) {
-        STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
         // The first micro-batch of the access writes the buffer; the others add to it, in
         // micro-batch order (the engine's own accumulation order).
         const model::GradWrite write =
             m == a * per_access ? model::GradWrite::kOverwrite : model::GradWrite::kAccumulate;
+        if (m >= own) {
+          STRATA_RETURN_IF_ERROR(
+              shared->Backward(b, m, v, grad, dloss, write, inputs[m], targets[m]));
+          continue;
+        }
+        STRATA_RETURN_IF_ERROR(backend.UseSlot(m));
         STRATA_RETURN_IF_ERROR(backend.Backward(b, v, grad, dloss, m, write));
       }
       STRATA_RETURN_IF_ERROR(engine.SubmitGrads(b));
@@ -221,6 +234,12 @@ Result<StepResult> Trainer::Step() {
     std::copy(all_tg.begin() + first_token, all_tg.begin() + first_token + N, tg.begin() + at);
   };
   const float dloss = 1.0f / static_cast<float>(N);
+  const int slots = options_.activation_slots > 0 ? std::min(options_.activation_slots, M) : M;
+  if (layer_major && slots < M && !options_.recompute) {
+    return Status::InvalidArgument(
+        "micro-batches sharing an activation slot (offloaded activations) need recompute: only "
+        "block inputs are moved out");
+  }
   if (!backend_) {
     // The CUDA kernels on a CudaDevice, the CPU ops on a HostDevice: one walk drives either.
     if (device_->Kind() == DeviceKind::kCuda) {
@@ -230,7 +249,7 @@ Result<StepResult> Trainer::Step() {
     } else {
       STRATA_ASSIGN_OR_RETURN(
           backend_, model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
-                                                options_.recompute, M, layer_major ? M : 1));
+                                                options_.recompute, M, layer_major ? slots : 1));
     }
     STRATA_RETURN_IF_ERROR(backend_->SetGradDtype(options_.grad_dtype));
   }
@@ -241,8 +260,14 @@ Result<StepResult> Trainer::Step() {
       ins.push_back(in.data() + static_cast<size_t>(i) * N);
       tgs.push_back(tg.data() + static_cast<size_t>(i) * N);
     }
+    std::optional<SharedSlotWalk> shared;
+    if (slots < M) {
+      shared.emplace(*engine_, *device_, *backend_, config_,
+                     model::OffloadedActivations(config_, rows, options_.seq_len), slots - 1);
+    }
     STRATA_RETURN_IF_ERROR(ForwardBackwardLayerMajor(*engine_, *backend_, config_.layers, ins, tgs,
-                                                     dloss, options_.accumulate_on_device));
+                                                     dloss, options_.accumulate_on_device,
+                                                     shared ? &*shared : nullptr));
   } else {
     for (int i = 0; i < M; ++i) {
       batch((r.step - 1) * M + i, 0);

@@ -23,6 +23,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "trainer/activation_offload.h"
 
 namespace strata::trainer {
 
@@ -47,11 +48,13 @@ Status ForwardBackward(Engine& engine, model::Gpt2Backend& backend, int layers,
 // engine sees one micro-batch: each block is acquired once per pass and the backend sums the
 // micro-batches' gradients into its buffer; otherwise the engine's schedule is layer-major
 // and each micro-batch acquires the block and submits its own gradient. Errors: the
-// engine's or the backend's (NotSupported when it has fewer than M slots).
+// engine's or the backend's (NotSupported when it has fewer slots than it needs).
+// `shared`: micro-batches shared->slot() and later share that slot, their activations kept
+// by the engine (activation_offload.h); nullptr: micro-batch m has slot m.
 Status ForwardBackwardLayerMajor(Engine& engine, model::Gpt2Backend& backend, int layers,
                                  const std::vector<const int32_t*>& inputs,
                                  const std::vector<const int32_t*>& targets, float dloss,
-                                 bool accumulate_on_device);
+                                 bool accumulate_on_device, SharedSlotWalk* shared = nullptr);
 
 // ForwardBackward on the CPU reference over the caller's model, for tests.
 // *loss receives the micro-batch's mean token loss once the compute lane has run it
@@ -81,6 +84,10 @@ struct TrainOptions {
   // whether the model accumulates their gradients on the device (OrderedEngine's fields).
   MicroBatchOrder micro_batch_order = MicroBatchOrder::kBatchMajor;
   bool accumulate_on_device = false;
+  // Layer-major: the model's activation slots (OrderedEngine::activation_slots). 0, or
+  // micro_batches: each micro-batch has its own; fewer: the last slot is shared by the
+  // micro-batches from it on, whose activations the engine keeps (activation_offload.h).
+  int activation_slots = 0;
   // The gradient's format device -> host: the engine's EngineOptions::grad_dtype (the model
   // packs its gradients to match).
   GradDtype grad_dtype = GradDtype::kFp32;

@@ -37,6 +37,9 @@ struct Outcome {
   EdgeBytes bytes;                         // summed over the steps
   MicroBatchOrder order = MicroBatchOrder::kBatchMajor;
   std::string reason;
+  int activation_slots = 0;
+  bool recompute = false;
+  uint64_t engine_device_bytes = 0;
 };
 
 class MicroBatchOrderTest : public ::testing::Test {
@@ -78,7 +81,8 @@ class MicroBatchOrderTest : public ::testing::Test {
   }
 
   Outcome Run(const Case& c, MicroBatchOrderChoice choice, uint64_t device_mem, uint64_t host_mem,
-              int steps, const std::string& tag) {
+              int steps, const std::string& tag,
+              OffloadActivations offload = OffloadActivations::kOff, bool recompute_auto = false) {
     Outcome out;
     const std::string nvme = c.nvme ? dir_ + "/" + tag : "";
     if (!nvme.empty()) {
@@ -91,6 +95,14 @@ class MicroBatchOrderTest : public ::testing::Test {
     in.micro_batches = c.opt.micro_batches;
     in.saved_activation_bytes =
         SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, c.opt.recompute);
+    in.recompute = c.opt.recompute;
+    in.recompute_auto = recompute_auto;
+    in.saved_activation_bytes_recompute =
+        SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
+    in.offload = offload;
+    if (offload != OffloadActivations::kOff) {
+      in.offload_shape = model::OffloadedActivations(c.cfg, c.opt.batch, c.opt.seq_len);
+    }
     auto made = CreateOrderedEngine(Gpt2BlockSpecs(c.cfg),
                                     Options(dev->get(), c, device_mem, host_mem, nvme), in);
     EXPECT_TRUE(made.ok()) << made.status().ToString();
@@ -100,6 +112,11 @@ class MicroBatchOrderTest : public ::testing::Test {
     TrainOptions o = c.opt;
     o.micro_batch_order = made->order;
     o.accumulate_on_device = made->accumulate_on_device;
+    o.activation_slots = made->activation_slots;
+    o.recompute = made->recompute;
+    out.activation_slots = made->activation_slots;
+    out.recompute = made->recompute;
+    out.engine_device_bytes = made->engine_device_bytes;
     auto b = Batcher::Create(&data_, o.batch, o.seq_len);
     EXPECT_TRUE(b.ok());
     Trainer t(made->engine.get(), dev->get(), c.cfg, o, &*b);
@@ -286,6 +303,104 @@ TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
   EXPECT_NE(cuda_auto->reason.find("CUDA"), std::string::npos);
   in.choice = MicroBatchOrderChoice::kLayer;
   EXPECT_EQ(make(0).status().code(), StatusCode::kNotSupported);
+}
+
+// Offloaded activations: micro-batches that share one activation slot, their block inputs in
+// the engine (pinned host, and NVMe where the host budget is short), give the same bits as
+// batch-major with every activation on the device, over random models and 2..8
+// micro-batches, at the engine's device minimum.
+TEST_F(MicroBatchOrderTest, OffloadedActivationsAreBitIdenticalOverRandomModelsAndBudgets) {
+  std::mt19937 rng(20261202);
+  for (int trial = 0; trial < 6; ++trial) {
+    Case c;
+    c.cfg.layers = 1 + int(rng() % 3);
+    c.cfg.heads = 1 + int(rng() % 2);
+    c.cfg.d_model = c.cfg.heads * (8 + 8 * int(rng() % 3));
+    c.cfg.max_seq = 16;
+    c.opt.seq_len = 4 + int(rng() % 13);
+    c.opt.batch = 1 + int(rng() % 3);
+    c.opt.micro_batches = 2 + int(rng() % 7);
+    c.opt.recompute = true;
+    c.opt.lr = 3e-3;
+    c.clip = rng() % 2 == 0;
+    c.nvme = trial % 2 == 1;
+    const std::string what =
+        "trial " + std::to_string(trial) + " (L " + std::to_string(c.cfg.layers) + ", C " +
+        std::to_string(c.cfg.d_model) + ", T " + std::to_string(c.opt.seq_len) + ", B " +
+        std::to_string(c.opt.batch) + ", M " + std::to_string(c.opt.micro_batches) +
+        (c.clip ? ", clip" : "") + (c.nvme ? ", NVMe at tight budgets" : "") + ")";
+    const PlacementReport p = Probe(c, c.nvme ? dir_ + "/probe" : "");
+    const auto shape = model::OffloadedActivations(c.cfg, c.opt.batch, c.opt.seq_len);
+    // With NVMe: room for a few activations in host memory beside the states' minimum; the
+    // rest go to NVMe.
+    const uint64_t key = (shape.key_bytes + 4095) / 4096 * 4096;
+    const uint64_t host = c.nvme ? p.host_min_bytes + 4 * key : 0;
+    const Outcome batch = Run(c, MicroBatchOrderChoice::kBatch, 0, host, 3, "batch");
+    const Outcome layer = Run(c, MicroBatchOrderChoice::kLayer, p.device_min_bytes, host, 3,
+                              "layer", OffloadActivations::kOn);
+    ASSERT_EQ(layer.order, MicroBatchOrder::kLayerMajor) << what << ": " << layer.reason;
+    EXPECT_EQ(layer.activation_slots, 1) << what << ": " << layer.reason;
+    EXPECT_NE(layer.reason.find("offloaded"), std::string::npos) << layer.reason;
+    ExpectSameBits(batch, layer, what);
+  }
+}
+
+TEST_F(MicroBatchOrderTest, AutoOffloadsWhenTheDeviceHasNoRoomAndSaysWhy) {
+  Case c;
+  c.cfg.layers = 3;
+  c.cfg.d_model = 64;
+  c.cfg.heads = 2;
+  c.cfg.max_seq = 16;
+  c.opt.seq_len = 16;
+  c.opt.batch = 2;
+  c.opt.micro_batches = 1;
+  const PlacementReport p = Probe(c, "");
+  const Outcome one = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes, 0, 2, "one");
+  // No room beside the engine's minimum: auto turns recompute on and offloads.
+  c.opt.micro_batches = 4;
+  const Outcome layer = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes, 0, 2, "layer",
+                            OffloadActivations::kAuto, /*recompute_auto=*/true);
+  ASSERT_EQ(layer.order, MicroBatchOrder::kLayerMajor) << layer.reason;
+  EXPECT_TRUE(layer.recompute);
+  EXPECT_EQ(layer.activation_slots, 1);
+  EXPECT_EQ(layer.engine_device_bytes, p.device_min_bytes);  // the one-micro-batch minimum
+  EXPECT_NE(layer.reason.find("offloaded"), std::string::npos) << layer.reason;
+  EXPECT_NE(layer.reason.find("--recompute turned on"), std::string::npos) << layer.reason;
+  // Off: batch-major, naming what did not fit.
+  const Outcome batch = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes, 0, 2, "batch",
+                            OffloadActivations::kOff, /*recompute_auto=*/true);
+  ASSERT_EQ(batch.order, MicroBatchOrder::kBatchMajor);
+  EXPECT_NE(batch.reason.find("layer-major does not fit"), std::string::npos) << batch.reason;
+  ExpectSameBits(batch, layer, "auto offload vs batch-major");
+  // The weights crossed once per pass: the offloaded run's host-to-device bytes are the
+  // one-micro-batch run's plus the activations coming back, below batch-major's.
+  const auto shape = model::OffloadedActivations(c.cfg, c.opt.batch, c.opt.seq_len);
+  EXPECT_EQ(layer.bytes.h2d, one.bytes.h2d + 2 * 4 * shape.h2d_bytes_per_micro_batch);
+  EXPECT_LT(layer.bytes.h2d, batch.bytes.h2d);
+  // Room for the recomputed activations of three more: on the device, recompute turned on.
+  const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
+  const Outcome fits = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes + 3 * acts, 0, 2,
+                           "fits", OffloadActivations::kAuto, /*recompute_auto=*/true);
+  ASSERT_EQ(fits.order, MicroBatchOrder::kLayerMajor) << fits.reason;
+  EXPECT_EQ(fits.activation_slots, 0);
+  EXPECT_TRUE(fits.recompute);
+  EXPECT_NE(fits.reason.find("--recompute turned on to fit them"), std::string::npos)
+      << fits.reason;
+  // Sixteen micro-batches fit the one-micro-batch device minimum.
+  c.opt.micro_batches = 16;
+  const Outcome many = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes, 0, 1, "many",
+                           OffloadActivations::kAuto, /*recompute_auto=*/true);
+  ASSERT_EQ(many.order, MicroBatchOrder::kLayerMajor) << many.reason;
+  EXPECT_EQ(many.engine_device_bytes, p.device_min_bytes);
+}
+
+TEST(MicroBatchOrderParse, OffloadActivationsNamesTheFlag) {
+  EXPECT_EQ(*ParseOffloadActivations("on"), OffloadActivations::kOn);
+  EXPECT_EQ(*ParseOffloadActivations("off"), OffloadActivations::kOff);
+  EXPECT_EQ(*ParseOffloadActivations("auto"), OffloadActivations::kAuto);
+  auto bad = ParseOffloadActivations("yes");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--offload-activations yes"), std::string::npos);
 }
 
 // What the host device leaves for layer-major's activations without a --device-mem cap.

@@ -115,8 +115,17 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--micro-batch-order", f->micro_batch_order,
                   "auto, layer or batch: layer runs every micro-batch through a block before "
                   "the next (params cross once per pass, gradients sum on the device; the "
-                  "activations of every micro-batch count in --device-mem), batch one "
-                  "micro-batch after another; auto takes layer when it fits. Same results")
+                  "activations of every micro-batch count in --device-mem, or live in the "
+                  "engine: --offload-activations), batch one micro-batch after another; auto "
+                  "takes layer when it fits or moves fewer bytes. Same results")
+      ->capture_default_str();
+  cmd->add_option("--offload-activations", f->offload_activations,
+                  "auto, on or off: in layer-major order, the micro-batches the device has no "
+                  "room for share one activation slot and their block inputs live in the "
+                  "engine (pinned host memory, else NVMe, within --host-mem), moved out and "
+                  "back per block; needs recompute (turned on unless --no-recompute). auto "
+                  "does it when it moves fewer bytes than batch-major's weight reloads. Same "
+                  "results")
       ->capture_default_str();
   cmd->add_option("--grad-clip", f->grad_clip, "Clip the global gradient norm (0: off)")
       ->capture_default_str();
@@ -247,6 +256,9 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
     auto order = trainer::ParseMicroBatchOrder(f.micro_batch_order);
     if (!order.ok()) return fail("--micro-batch-order", order.status());
     config->micro_batch_order = *order;
+    auto offload = trainer::ParseOffloadActivations(f.offload_activations);
+    if (!offload.ok()) return fail("--offload-activations", offload.status());
+    config->offload_activations = *offload;
   }
   config->grad_clip = f.grad_clip;
   const auto tri = [](const std::string& v) -> std::optional<int> {

@@ -23,6 +23,8 @@ struct RunFlags {
   int micro_batches = trainer::RunConfig{}.micro_batches;
   std::string micro_batch_order =
       trainer::MicroBatchOrderChoiceName(trainer::RunConfig{}.micro_batch_order);
+  std::string offload_activations =
+      trainer::OffloadActivationsName(trainer::RunConfig{}.offload_activations);
   double grad_clip = trainer::RunConfig{}.grad_clip;
   std::string speculate = SpeculationName(trainer::RunConfig{}.speculation);
   std::string grad_spill = GradSpillName(trainer::RunConfig{}.grad_spill);

@@ -412,6 +412,12 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
       .choice = config.micro_batch_order,
       .micro_batches = a.run.micro_batches,
       .saved_activation_bytes = model::SavedActivationBytes(cfg, rows, a.seq_len, a.recompute),
+      .recompute = a.recompute,
+      .recompute_auto = a.recompute_option == nullptr || a.recompute_option->count() == 0,
+      .saved_activation_bytes_recompute = model::SavedActivationBytes(cfg, rows, a.seq_len, true),
+      .offload = config.offload_activations,
+      .offload_shape = cpu_model ? model::OffloadedActivations(cfg, rows, a.seq_len)
+                                 : model::OffloadedActivationShape{},
       .model_has_slots = cpu_model,
       .multi_rank = ri.world_size > 1,
       .unlimited_room_bytes = 0};
@@ -437,6 +443,8 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   to.micro_batch_order = created->order;
   to.grad_dtype = eo.grad_dtype;
   to.accumulate_on_device = created->accumulate_on_device;
+  to.activation_slots = created->activation_slots;
+  to.recompute = created->recompute;
   phase.Done();
   std::printf("# micro-batches: %s\n", created->reason.c_str());
   report.engine = engine.get();
@@ -486,6 +494,11 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   js["config"]["micro_batch_order"] = MicroBatchOrderName(created->order);
   js["config"]["micro_batch_order_reason"] = created->reason;
   js["config"]["layer_major_activation_bytes"] = created->activation_bytes;
+  js["config"]["activation_slots"] = created->activation_slots;
+  js["config"]["offloaded_activations"] = {
+      {"d2h_bytes_per_step", created->offloaded_d2h_bytes},
+      {"h2d_bytes_per_step", created->offloaded_h2d_bytes},
+      {"batch_major_extra_bytes_per_step", created->batch_major_extra_bytes}};
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;

@@ -387,8 +387,11 @@ void AddTrainFlags(CLI::App* sub, TrainArgs* a) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "Seed of the initialisation and of --sample")
       ->capture_default_str();
-  sub->add_flag("--recompute", a->recompute,
-                "Activation checkpointing: keep only each block's input, recompute in backward");
+  a->recompute_option = sub->add_flag(
+      "--recompute,!--no-recompute", a->recompute,
+      "Activation checkpointing: keep only each block's input, recompute in backward. Neither "
+      "flag: off, unless layer-major order with several micro-batches needs it to fit or to "
+      "offload activations (the start-up report says so). Same results");
   sub->add_option("--max-skipped-steps", a->max_skipped_steps,
                   "A step whose gradient is not finite (NaN or infinity) updates nothing and is "
                   "skipped with a warning; this many in a row stop the run, its last commit "
