@@ -438,6 +438,34 @@ TEST(ActivationStashTest, FlippedBitOnDiskIsCorruption) {
   FaultStep(faults, StatusCode::kCorruption, "checksum mismatch");
 }
 
+// A hard link planted under the scratch file's name is refused, and the file it names is
+// neither written nor removed; a plain file left by a crashed run is taken over.
+TEST(ActivationStashTest, PlantedScratchFileIsRefusedAndLeftAlone) {
+  TempDir dir;
+  const auto specs = SmallModel();
+  StashConfig c;
+  c.host_mem = Probe(specs, c, dir.path()).host_min_bytes;
+  const std::string name = dir.path() + "/strata.activations.rank0.0-of-1";
+  const std::string victim = dir.path() + "/victim";
+  { std::ofstream(victim) << "keep me"; }
+  std::filesystem::create_hard_link(victim, name);
+  auto refused = MakeStashEngine(specs, c, dir.path());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not a plain regular file"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(name));
+  std::ifstream in(victim);
+  std::string kept;
+  std::getline(in, kept);
+  EXPECT_EQ(kept, "keep me");
+  std::filesystem::remove(name);
+  { std::ofstream(name) << "left by a crashed run"; }
+  auto f = MakeStashEngine(specs, c, dir.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(std::filesystem::status(name).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
+
 TEST(ActivationStashTest, FullDiskRefusedAtCreate) {
   TempDir dir;
   const auto specs = SmallModel();
