@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,6 +101,16 @@ Status ActivationStash::OpenScratchFiles() NO_THREAD_SAFETY_ANALYSIS {
       return Status::FromErrno(errno, "creating the activation scratch file " + f.path)
           .WithPath(f.path);
     }
+    // A file left by a crashed run is taken over (nothing in it is needed), but only a plain
+    // one: a FIFO, a device or a hard link planted under the name is refused and left alone.
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+      close(fd);
+      return Status::InvalidArgument("refusing the activation scratch file " + f.path +
+                                     ": it is not a plain regular file (a link, FIFO or device "
+                                     "under that name); remove it")
+          .WithPath(f.path);
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       close(fd);
@@ -110,6 +121,7 @@ Status ActivationStash::OpenScratchFiles() NO_THREAD_SAFETY_ANALYSIS {
           .WithPath(f.path)
           .WithErrno(err);
     }
+    (void)fchmod(fd, 0600);  // one left by an older run keeps no wider mode
     f.lock_fd = fd;
     files_.push_back(f);  // removed at close from here on
     OpenOptions oo;

@@ -9,7 +9,9 @@
 //   device_tier.h       pinned <-> device: the device buffers (the feeder and the lander);
 //   optimizer_stage.h   the gradient norm, clipping and AdamW (the optimizer thread);
 //   collectives.h       the ranks' collectives behind one interface (none, host memory,
-//                       device memory; the comm and watcher threads).
+//                       device memory; the comm and watcher threads);
+//   activation_stash.h  the activations the model stashes within a step (host slots, NVMe
+//                       scratch files, prefetch; its own lock and I/O thread).
 // Each part owns its fields; they all share EngineContext::mu (as LevelDB's VersionSet
 // shares DBImpl's mutex): a step's threads wait on each other's state (a gather waits for a
 // host copy, the optimizer for a landing and a norm), and one mutex with one condition

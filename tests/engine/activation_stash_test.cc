@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/plan.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/fault_injection.h"
@@ -37,6 +38,7 @@ std::vector<BlockSpec> SmallModel() {
 struct StashConfig {
   uint64_t host_mem = 0;  // 0 = unlimited
   bool nvme = true;
+  int folders = 1;  // NVMe folders (subfolders of the test's), the scratch files striped
   int count = 12;
   uint64_t bytes = kActBytes;
   IoBackendFactory io_factory;
@@ -57,7 +59,10 @@ Result<StashFixture> MakeStashEngine(const std::vector<BlockSpec>& specs, const 
   EngineOptions opt;
   opt.device = f.device.get();
   opt.host_mem_bytes = c.host_mem;
-  if (c.nvme) opt.nvme_paths = {dir};
+  for (int i = 0; c.nvme && i < c.folders; ++i) {
+    opt.nvme_paths.push_back(c.folders == 1 ? dir : dir + "/f" + std::to_string(i));
+    std::filesystem::create_directories(opt.nvme_paths.back());
+  }
   opt.nvme_stripe_bytes = 64 << 10;
   opt.io_backend_factory = c.io_factory;
   opt.activation_bytes = c.bytes;
@@ -151,11 +156,12 @@ StepPlan Plan(std::vector<uint32_t> keys, std::mt19937_64& rng, uint64_t max_byt
 // Most activations on NVMe (3 host slots for 12), over steps whose orders are the reverse of
 // the stash order (learned, then prefetched), a shuffled one, and one that fetches some keys
 // twice; the same keys every step, new contents each time.
-void RoundTrip(const IoBackendFactory& factory) {
+void RoundTrip(const IoBackendFactory& factory, int folders = 1) {
   TempDir dir;
   const auto specs = SmallModel();
   StashConfig c;
   c.io_factory = factory;
+  c.folders = folders;
   c.host_mem = Probe(specs, c, dir.path()).host_min_bytes;
   auto f = MakeStashEngine(specs, c, dir.path());
   ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -201,6 +207,57 @@ TEST(ActivationStashTest, RoundTripExactPosix) {
     o.kind = IoBackendKind::kPosix;
     return CreateIoBackend(o);
   });
+}
+
+TEST(ActivationStashTest, RoundTripExactStripedOverTwoFolders) {
+  RoundTrip(nullptr, /*folders=*/2);
+}
+
+// The planner's rule over random models, counts, sizes and budgets: the reported host minimum
+// is a threshold (one byte below refused, at it and above planned), the stash gets at least
+// its minimum and never more slots than activations, and the states and the slots together
+// stay within the budget.
+TEST(ActivationStashTest, PlannerMinimumIsAThreshold) {
+  using engine_internal::PlanOptions;
+  using engine_internal::PlanPlacement;
+  std::mt19937_64 rng(24);
+  for (int trial = 0; trial < 60; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const auto specs = RandomModel(rng, 1 + int(rng() % 4));
+    auto layout = engine_internal::ComputeLayout(specs, 64, 1);
+    ASSERT_TRUE(layout.ok());
+    PlanOptions o;
+    o.nvme = rng() % 3 != 0;
+    o.nvme_folders = o.nvme ? 1 + int(rng() % 3) : 0;
+    o.micro_batches = 1 + int(rng() % 2);
+    o.clip = rng() % 2;
+    o.activation_count = 1 + int(rng() % 20);
+    o.activation_bytes = 1 + rng() % (256 << 10);
+    o.host_budget = 1ull << 40;
+    auto roomy = PlanPlacement(*layout, o);
+    ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+    const uint64_t min = roomy->report.host_min_bytes;
+    const uint64_t slot = roomy->report.activation_slot_bytes;
+    EXPECT_EQ(slot % 4096, 0u);
+    o.host_budget = min - 1;
+    auto below = PlanPlacement(*layout, o);
+    ASSERT_FALSE(below.ok()) << "min " << min;
+    EXPECT_EQ(below.status().code(), StatusCode::kOutOfMemory);
+    for (uint64_t budget : {min, min + rng() % (4 * slot + 1), min + rng() % (64 * slot + 1)}) {
+      o.host_budget = budget;
+      auto at = PlanPlacement(*layout, o);
+      ASSERT_TRUE(at.ok()) << "budget " << budget << " min " << min << ": "
+                           << at.status().ToString();
+      const PlacementReport& r = at->report;
+      const int least = o.nvme ? std::min(o.activation_count, 3) : o.activation_count;
+      EXPECT_GE(r.activation_host_slots, least);
+      EXPECT_LE(r.activation_host_slots, o.activation_count);
+      EXPECT_EQ(r.activation_nvme_bytes > 0, r.activation_host_slots < o.activation_count);
+      EXPECT_LE(
+          at->resident_bytes + at->cache_capacity + at->staging_bytes + r.activation_host_bytes,
+          budget);
+    }
+  }
 }
 
 TEST(ActivationStashTest, AllInHostMemoryWithoutNvme) {
@@ -379,6 +436,34 @@ TEST(ActivationStashTest, FlippedBitOnDiskIsCorruption) {
   // damage in the file; reading it back finds it.
   faults.flip_write_at = 7;
   FaultStep(faults, StatusCode::kCorruption, "checksum mismatch");
+}
+
+// A hard link planted under the scratch file's name is refused, and the file it names is
+// neither written nor removed; a plain file left by a crashed run is taken over.
+TEST(ActivationStashTest, PlantedScratchFileIsRefusedAndLeftAlone) {
+  TempDir dir;
+  const auto specs = SmallModel();
+  StashConfig c;
+  c.host_mem = Probe(specs, c, dir.path()).host_min_bytes;
+  const std::string name = dir.path() + "/strata.activations.rank0.0-of-1";
+  const std::string victim = dir.path() + "/victim";
+  { std::ofstream(victim) << "keep me"; }
+  std::filesystem::create_hard_link(victim, name);
+  auto refused = MakeStashEngine(specs, c, dir.path());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not a plain regular file"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(name));
+  std::ifstream in(victim);
+  std::string kept;
+  std::getline(in, kept);
+  EXPECT_EQ(kept, "keep me");
+  std::filesystem::remove(name);
+  { std::ofstream(name) << "left by a crashed run"; }
+  auto f = MakeStashEngine(specs, c, dir.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(std::filesystem::status(name).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
 }
 
 TEST(ActivationStashTest, FullDiskRefusedAtCreate) {

@@ -90,4 +90,46 @@ TEST(BenchStepCli, LayerMajorMovesTheBytesOfOneMicroBatch) {
   EXPECT_TRUE(Contains(refused.output, "--micro-batch-order layer")) << refused.output;
 }
 
+// --activation-stash: every block's forward stashes --activation-bytes per micro-batch in the
+// engine and its backward fetches them; the JSON reports the stash's bytes per link, and at
+// the host minimum the activations spill to NVMe and come back right (#wrong 0).
+TEST(BenchStepCli, ActivationStashReportsItsBytesPerLink) {
+  strata::testing::TempDir tmp("strata-bench-step");
+  const std::string bench =
+      "bench step --device cpu --blocks 3 --block-bytes 64K --compute-ms 0 --steps 3 "
+      "--device-mem unlimited --micro-batches 2 --micro-batch-order batch "
+      "--activation-bytes 40K --activation-stash --json - --nvme" +
+      ShellQuote({tmp.File("nvme")});
+  auto run = [&](const std::string& host_mem, nlohmann::json* out) {
+    const CliRun r = Shell(bench + " --host-mem " + host_mem);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const auto at = r.output.find('{');
+    ASSERT_NE(at, std::string::npos) << r.output;
+    *out = nlohmann::json::parse(r.output.substr(at), nullptr, false);
+    ASSERT_FALSE(out->is_discarded()) << r.output;
+    EXPECT_EQ((*out)["steps"].back()["wrong"], 0) << r.output;
+  };
+  nlohmann::json roomy, tight;
+  run("64M", &roomy);
+  const uint64_t per_step = 3 * 2 * 40960;  // blocks x micro-batches x bytes
+  for (const auto& st : roomy["steps"]) {
+    EXPECT_EQ(st["activation_bytes"]["d2h"].get<uint64_t>(), per_step);
+    EXPECT_EQ(st["activation_bytes"]["h2d"].get<uint64_t>(), per_step);
+    EXPECT_EQ(st["activation_bytes"]["nvme_write"].get<uint64_t>(), 0u);
+    EXPECT_GE(st["bytes"]["d2h"].get<uint64_t>(), per_step);
+  }
+  EXPECT_EQ(roomy["placement"]["activation_host_slots"], 6);
+  const uint64_t min = roomy["placement"]["host_min_bytes"].get<uint64_t>();
+  run(std::to_string(min), &tight);
+  EXPECT_EQ(tight["placement"]["activation_host_slots"], 3);
+  uint64_t written = 0, read = 0;
+  for (const auto& st : tight["steps"]) {
+    EXPECT_EQ(st["activation_bytes"]["h2d"].get<uint64_t>(), per_step);
+    written += st["activation_bytes"]["nvme_write"].get<uint64_t>();
+    read += st["activation_bytes"]["nvme_read"].get<uint64_t>();
+  }
+  EXPECT_GT(written, 0u);
+  EXPECT_GT(read, 0u);
+}
+
 }  // namespace

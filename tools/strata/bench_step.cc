@@ -16,6 +16,12 @@
 // layer-major keeps are allocated on the device, inside --device-mem (the engine gets the
 // rest).
 //
+// With --activation-stash the activations go through the engine instead (Engine::
+// StashActivation, docs/design.md "Activations"): each block's forward stashes
+// --activation-bytes per micro-batch from a device buffer and its backward fetches them
+// (last=true), so the stash's traffic (host slots, spills to NVMe, prefetch) is measured; the
+// device keeps none of them, and the two device buffers come out of --device-mem.
+//
 // Compare where the collectives run on the same machine with --collective-memory device vs
 // host (and, on GPUs, --comm-backend nccl vs gloo).
 //
@@ -36,6 +42,7 @@
 #include <vector>
 
 #include "comm/messages.h"
+#include "strata/bytes.h"
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
@@ -58,6 +65,7 @@ struct Flags {
   double compute_ms = 40;
   int steps = 3;
   std::string activation_bytes = "0";  // one micro-batch's saved activations on the device
+  bool activation_stash = false;       // per block and micro-batch, through the engine's stash
   std::string json;                    // FILE, or "-" for standard output
   bool keep = false;                   // keep the NVMe subfolders (and their state) at exit
   RunFlags run;  // --device, budgets, --nvme, --grad-clip, ranks, ... (as `strata train`)
@@ -119,7 +127,9 @@ class BenchStep {
  public:
   explicit BenchStep(const Flags& f) : f_(f) {}
   ~BenchStep() {
-    if (activations_ != nullptr) (void)setup_->device().Free(activations_);
+    for (void* p : {activations_, stash_src_, stash_dst_}) {
+      if (p != nullptr) (void)setup_->device().Free(p);
+    }
   }
   BenchStep(const BenchStep&) = delete;
   BenchStep& operator=(const BenchStep&) = delete;
@@ -139,11 +149,13 @@ class BenchStep {
     }
     STRATA_ASSIGN_OR_RETURN(const uint64_t acts,
                             ParseBytes("--activation-bytes", f_.activation_bytes));
-    const trainer::MicroBatchOrderInputs order_in{.choice = setup_->config().micro_batch_order,
-                                                  .micro_batches = opt_.micro_batches,
-                                                  .saved_activation_bytes = acts,
-                                                  .model_has_slots = true,
-                                                  .multi_rank = world() > 1};
+    if (f_.activation_stash) STRATA_RETURN_IF_ERROR(SetUpStash(acts, what));
+    const trainer::MicroBatchOrderInputs order_in{
+        .choice = setup_->config().micro_batch_order,
+        .micro_batches = opt_.micro_batches,
+        .saved_activation_bytes = f_.activation_stash ? 0 : acts,
+        .model_has_slots = true,
+        .multi_rank = world() > 1};
     *what = "budgets (--device-mem, --host-mem, --nvme) or --micro-batch-order";
     STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine made,
                             trainer::CreateOrderedEngine(blocks, opt_, order_in));
@@ -185,6 +197,7 @@ class BenchStep {
       std::vector<int64_t> wrongs;
       STRATA_RETURN_IF_ERROR(Gather(st, wrong, &rows, &wrongs));
       if (lead) PrintRows(st.step, rows, wrongs);
+      if (lead && stash_bytes_) PrintActivations(st);
       if (wrong < 0) {
         for (int64_t w : wrongs) wrong = std::max(wrong, w);
       } else {
@@ -211,6 +224,36 @@ class BenchStep {
   }
 
  private:
+  // --activation-stash: the engine stashes `acts` per block and micro-batch (at most every
+  // block of every micro-batch live at once), from and to two device buffers taken out of
+  // --device-mem before the engine gets the rest.
+  Status SetUpStash(uint64_t acts, std::string* what) {
+    *what = "--activation-stash";
+    if (acts == 0) return Status::InvalidArgument("needs --activation-bytes > 0");
+    stash_bytes_ = acts;
+    opt_.activation_bytes = acts;
+    opt_.activation_count = f_.blocks * opt_.micro_batches;
+    const uint64_t buffers = 2 * RoundUp(acts, 256);
+    if (opt_.device_mem_bytes != 0) {
+      if (buffers >= opt_.device_mem_bytes) {
+        return Status::OutOfMemory("the two device buffers of --activation-bytes (" +
+                                   FormatBytes(buffers) + ") take all of --device-mem " +
+                                   FormatBytes(opt_.device_mem_bytes));
+      }
+      opt_.device_mem_bytes -= buffers;
+    }
+    Device& device = setup_->device();
+    STRATA_ASSIGN_OR_RETURN(stash_src_, device.Allocate(acts));
+    STRATA_ASSIGN_OR_RETURN(stash_dst_, device.Allocate(acts));
+    stash_pattern_.resize(acts);
+    for (uint64_t i = 0; i < acts; ++i) stash_pattern_[i] = uint8_t(i * 131 + 7);
+    STRATA_RETURN_IF_ERROR(device.CopyToDevice(stash_src_, stash_pattern_.data(), acts,
+                                               "activation pattern", Lane::kCompute));
+    STRATA_RETURN_IF_ERROR(device.SynchronizeLane(Lane::kCompute));
+    what->clear();
+    return Status::OK();
+  }
+
   uint64_t flat_bytes() const { return padded_ * 4; }
   int world() const { return setup_->rank().world_size; }
   // What the engine's collectives run on ("none" without); the host one only when another.
@@ -269,32 +312,44 @@ class BenchStep {
       const int accesses = accumulate_on_device_ ? 1 : M;
       for (int b = 0; b < f_.blocks; ++b) {
         for (int a = 0; a < accesses; ++a)
-          STRATA_RETURN_IF_ERROR(Access(b, Pass::kForward, M / accesses));
+          STRATA_RETURN_IF_ERROR(Access(b, Pass::kForward, a * (M / accesses), M / accesses));
       }
       for (int b = f_.blocks - 1; b >= 0; --b) {
         for (int a = 0; a < accesses; ++a)
-          STRATA_RETURN_IF_ERROR(Access(b, Pass::kBackward, M / accesses));
+          STRATA_RETURN_IF_ERROR(Access(b, Pass::kBackward, a * (M / accesses), M / accesses));
       }
     } else {
       for (int m = 0; m < M; ++m) {
-        for (int b = 0; b < f_.blocks; ++b) STRATA_RETURN_IF_ERROR(Access(b, Pass::kForward, 1));
+        for (int b = 0; b < f_.blocks; ++b) STRATA_RETURN_IF_ERROR(Access(b, Pass::kForward, m, 1));
         for (int b = f_.blocks - 1; b >= 0; --b) {
-          STRATA_RETURN_IF_ERROR(Access(b, Pass::kBackward, 1));
+          STRATA_RETURN_IF_ERROR(Access(b, Pass::kBackward, m, 1));
         }
       }
     }
     return engine_->EndStep();
   }
 
-  // One access of block b: `micro` micro-batches' compute, and in backward the gradient.
-  Status Access(int b, Pass pass, int micro) {
+  // One access of block b: the compute of `micro` micro-batches from `first`, with their
+  // activations stashed in forward and fetched in backward (--activation-stash), and in
+  // backward the gradient.
+  Status Access(int b, Pass pass, int first, int micro) {
     Device& device = setup_->device();
     const auto fwd = std::chrono::nanoseconds(int64_t(f_.compute_ms * 1e6));
     const auto busy = pass == Pass::kForward ? fwd : 2 * fwd;
     STRATA_RETURN_IF_ERROR(engine_->Acquire(b, pass).status());
-    for (int m = 0; m < micro && busy.count() > 0; ++m) {
-      STRATA_RETURN_IF_ERROR(device.EnqueueBusy(Lane::kCompute, busy,
-                                                pass == Pass::kForward ? "forward" : "backward"));
+    for (int m = first; m < first + micro; ++m) {
+      const uint32_t key = uint32_t(b * opt_.micro_batches + m);
+      if (stash_bytes_ && pass == Pass::kBackward) {
+        STRATA_RETURN_IF_ERROR(engine_->FetchActivation(key, stash_dst_, /*last=*/true));
+      }
+      if (busy.count() > 0) {
+        STRATA_RETURN_IF_ERROR(device.EnqueueBusy(Lane::kCompute, busy,
+                                                  pass == Pass::kForward ? "forward" : "backward"));
+      }
+      if (stash_bytes_ && pass == Pass::kForward) {
+        // The source never changes, so the stash's event needs no wait here.
+        STRATA_RETURN_IF_ERROR(engine_->StashActivation(key, stash_src_, stash_bytes_).status());
+      }
     }
     if (pass == Pass::kBackward) {
       STRATA_ASSIGN_OR_RETURN(float* grad, engine_->GradBuffer(b));
@@ -323,6 +378,14 @@ class BenchStep {
         for (uint64_t i = 0; i < mine && !bad; ++i) bad = v[i] != 0.0f;
       }
       wrong += bad ? 1 : 0;
+    }
+    if (stash_bytes_) {  // the last fetch brought the stashed pattern back
+      std::vector<uint8_t> got(stash_bytes_);
+      Device& device = setup_->device();
+      STRATA_RETURN_IF_ERROR(device.CopyToHost(got.data(), stash_dst_, stash_bytes_,
+                                               "activation check", Lane::kCompute));
+      STRATA_RETURN_IF_ERROR(device.SynchronizeLane(Lane::kCompute));
+      wrong += got == stash_pattern_ ? 0 : 1;
     }
     return wrong;
   }
@@ -373,6 +436,17 @@ class BenchStep {
     std::fflush(stdout);
   }
 
+  // Rank 0's activation stash traffic (StepStats::activation_bytes), a comment line per step.
+  void PrintActivations(const StepStats& st) const {
+    const EdgeBytes& a = st.activation_bytes;
+    std::printf("#   step %" PRId64
+                " activations: d2h %s MiB, h2d %s MiB, nvme_wr %s MiB, nvme_rd %s MiB; %" PRId64
+                " fetch(es) waited for NVMe\n",
+                st.step, Mib(a.d2h).c_str(), Mib(a.h2d).c_str(), Mib(a.nvme_write).c_str(),
+                Mib(a.nvme_read).c_str(), st.activation_fetch_waits);
+    std::fflush(stdout);
+  }
+
   nlohmann::json StepJson(const StepStats& st, const std::vector<RankRow>& rows,
                           int64_t wrong) const {
     nlohmann::json out = StepStatsJson(st);
@@ -405,6 +479,7 @@ class BenchStep {
                      {"micro_batches", opt_.micro_batches},
                      {"micro_batch_order", MicroBatchOrderName(order_)},
                      {"activation_bytes", f_.activation_bytes},
+                     {"activation_stash", f_.activation_stash},
                      {"grad_clip", opt_.grad_clip},
                      {"world_size", world()},
                      {"comm_backend", comm_backend()},
@@ -429,6 +504,12 @@ class BenchStep {
   std::string order_reason_;
   // The device memory layer-major's extra activations take (freed first at destruction).
   void* activations_ = nullptr;
+  // --activation-stash: bytes per block and micro-batch (0: off), the device buffers stashed
+  // from and fetched into, and the pattern the source holds.
+  uint64_t stash_bytes_ = 0;
+  void* stash_src_ = nullptr;
+  void* stash_dst_ = nullptr;
+  std::vector<uint8_t> stash_pattern_;
   std::vector<float> zeros_;
 };
 
@@ -461,6 +542,10 @@ void AddBenchStep(CLI::App& bench, int* exit_code) {
                   "backward (K/M/G suffixes); layer-major keeps --micro-batches of them, and "
                   "what it keeps beyond one counts in --device-mem")
       ->capture_default_str();
+  cmd->add_flag("--activation-stash", flags->activation_stash,
+                "Stash --activation-bytes per block and micro-batch in the engine (forward) and "
+                "fetch them back (backward) instead of keeping them on the device: the "
+                "activation stash's traffic per link is reported per step");
   cmd->add_option("--json", flags->json,
                   "Write the configuration, placement and per-step results as JSON to FILE (-: "
                   "standard output, which then carries the JSON alone; the table goes to "

@@ -29,7 +29,13 @@ nlohmann::json StepStatsJson(const StepStats& st) {
             {"nvme_write", st.bytes.nvme_write},
             {"h2d", st.bytes.h2d},
             {"d2h", st.bytes.d2h},
-            {"comm", st.bytes.comm}}}};
+            {"comm", st.bytes.comm}}},
+          {"activation_bytes",
+           {{"nvme_read", st.activation_bytes.nvme_read},
+            {"nvme_write", st.activation_bytes.nvme_write},
+            {"h2d", st.activation_bytes.h2d},
+            {"d2h", st.activation_bytes.d2h}}},
+          {"activation_fetch_waits", st.activation_fetch_waits}};
 }
 
 nlohmann::json PlacementJson(const PlacementReport& place) {
@@ -45,7 +51,12 @@ nlohmann::json PlacementJson(const PlacementReport& place) {
           {"nvme_bytes", place.nvme_bytes},
           {"nvme_file_bytes", place.nvme_file_bytes},
           {"device_min_bytes", place.device_min_bytes},
-          {"host_min_bytes", place.host_min_bytes}};
+          {"host_min_bytes", place.host_min_bytes},
+          {"activation_slot_bytes", place.activation_slot_bytes},
+          {"activation_count", place.activation_count},
+          {"activation_host_slots", place.activation_host_slots},
+          {"activation_host_bytes", place.activation_host_bytes},
+          {"activation_nvme_bytes", place.activation_nvme_bytes}};
 }
 
 }  // namespace strata::cli
