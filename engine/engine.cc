@@ -99,6 +99,11 @@ class EngineImpl final : public Engine {
   // steps: a read, a write, a flush or the end). OK when none are pending.
   Status DrainLocked() REQUIRES(ctx_.mu);
   Status RefusePartialUpdateLocked(uint64_t step_number) REQUIRES(ctx_.mu);
+  // With ranks: EndStep commits the step whose updates this one carried (a collective, so
+  // made on the model's thread at the same point on every rank). OK without one.
+  Status CommitCarriedWithRanksLocked() REQUIRES(ctx_.mu);
+  // Whether `plan` runs updates of its own step before EndStep (a speculative step).
+  static bool OwnUpdatesBeforeEndStep(const HostPlan& plan);
   void StatsLocked(uint64_t step_number, StepStats* st) REQUIRES(ctx_.mu);
   void OnDeviceOp(const DeviceOpRecord& r);
   Status CheckBlockTensor(int block, int tensor) const;
@@ -288,6 +293,14 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
     plan = PlanStepLocked(speculative);
   }
   STRATA_RETURN_IF_ERROR(plan.status());
+  if (ctx_.ws > 1 && !ctx_.carried.empty() && OwnUpdatesBeforeEndStep(*plan)) {
+    // The ranks commit the carried step at this step's EndStep; an update of this step would
+    // start from its uncommitted states (a speculative step): run them first instead.
+    ctx_.carried.clear();
+    STRATA_RETURN_IF_ERROR(DrainLocked());
+    plan = PlanStepLocked(speculative);
+    STRATA_RETURN_IF_ERROR(plan.status());
+  }
   ctx_.hplan = std::move(plan).value();
   pending_blocks_.clear();
   ctx_.speculative = speculative;
@@ -479,6 +492,7 @@ Result<StepStats> EngineImpl::EndStep() {
   }
   const uint64_t step_number = uint64_t(ctx_.resumed_step + ctx_.step);
   StepStats st;
+  STRATA_RETURN_IF_ERROR(CommitCarriedWithRanksLocked());
   STRATA_RETURN_IF_ERROR(RedoSpeculativeLocked(&st));
   STRATA_RETURN_IF_ERROR(RefusePartialUpdateLocked(step_number));
   // Updates deferred to the next step: it runs them (a skipped step has none to run; its
@@ -502,6 +516,33 @@ Result<StepStats> EngineImpl::EndStep() {
   STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number, /*commit=*/pending_blocks_.empty()));
   StatsLocked(step_number, &st);
   return st;
+}
+
+bool EngineImpl::OwnUpdatesBeforeEndStep(const HostPlan& plan) {
+  for (int u : plan.opt_uses) {
+    if (!plan.uses[u].carried) return true;
+  }
+  return false;
+}
+
+Status EngineImpl::CommitCarriedWithRanksLocked() {
+  if (ctx_.ws <= 1 || ctx_.carried.empty()) return Status::OK();
+  // The carried updates ran under this step's forward and their writes have landed
+  // (OptimizerStage::CommitCarriedLocked waited for them); the commit is a collective, made
+  // here on every rank after the step's own collectives, in the same order everywhere.
+  const uint64_t step = uint64_t(ctx_.carried_args.step);
+  const Clock::time_point t0 = Clock::now();
+  Status s = host_.CommitLocked(step);
+  if (host_.has_store()) {
+    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(step), t0,
+                      Clock::now());
+  }
+  if (!s.ok()) {
+    ctx_.step_open = false;
+    ctx_.SetErrorLocked(Status(s).Annotate("committing step " + std::to_string(step)));
+    return ctx_.error;
+  }
+  return Status::OK();
 }
 
 Status EngineImpl::DrainLocked() {

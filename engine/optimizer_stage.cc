@@ -202,6 +202,14 @@ Status OptimizerStage::CommitCarriedLocked() {
   STRATA_RETURN_IF_ERROR(
       ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return host_.WritesLandedLocked(ctx_.carried); }));
   const uint64_t step = uint64_t(ctx_.carried_args.step);
+  if (ctx_.ws > 1) {
+    // The ranks' commit is a collective: EndStep makes it, after the step's own collectives
+    // (EngineImpl::CommitCarriedWithRanksLocked). This step updates nothing before then.
+    carry_commit_time_ = Clock::now();
+    carry_committed_ = true;
+    ctx_.NotifyLocked();
+    return Status::OK();
+  }
   const Clock::time_point t0 = Clock::now();
   Status s = host_.CommitLocked(step);
   carry_commit_time_ = Clock::now();

@@ -80,6 +80,7 @@ class OptimizerStage {
     return opts_done_ == ctx_.hplan.opt_uses.size() && carry_committed_ && norms_done_;
   }
   // The previous step's commit has landed (or there was none to wait for); and when it did.
+  // With ranks: its updates' writes have landed (EndStep then commits it, a collective).
   bool CarryCommittedLocked() const REQUIRES(ctx_.mu) { return carry_committed_; }
   Clock::time_point CarryCommitTimeLocked() const REQUIRES(ctx_.mu) { return carry_commit_time_; }
   // The lander: one more micro-batch's gradient of `block` accumulated; true when it was the

@@ -618,11 +618,11 @@ void Placer::PlanSpeculation() {
 // of the step: where pipelining does not fit, the engine keeps that order.
 void Placer::PlanPipeline() {
   if (!opt.clip || !opt.pipeline) return;
-  if (opt.world_size > 1) {
+  if (opt.world_size > 1 && opt.speculation == Speculation::kOn) {
     pp.report.reasons.push_back(
         "clipping: the updates that wait for the global norm run at the end of the step: "
-        "running them under the next step's forward is for one rank (the ranks' commit is a "
-        "collective the step's own collectives would have to make room for)");
+        "with ranks, a speculative step (--speculate on) would update before the step it "
+        "carries is committed (the ranks commit it at the end of the next step)");
     return;
   }
   HostPlanInput in = hin;
@@ -648,7 +648,11 @@ void Placer::PlanPipeline() {
     pp.report.reasons.push_back(
         "clipping: the updates that wait for the global norm run under the next step's "
         "forward, in the order it needs the blocks (the next forward waits only for the block "
-        "it acquires; the commit lands during it)" +
+        "it acquires; " +
+        std::string(opt.world_size > 1
+                        ? "the ranks commit the step at the end of the next one, together"
+                        : "the commit lands during it") +
+        ")" +
         std::string(pp.speculation && opt.speculation == Speculation::kAuto
                         ? "; so no step speculates (--speculate on would, with redos)"
                         : ""));

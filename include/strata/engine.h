@@ -246,9 +246,10 @@ struct EngineOptions {
   // the step commits once those updates are written, during the next forward. Results are
   // bit-identical either way. Reads and writes between steps (ReadParams, ReadComponent,
   // WriteParams, CommitParams), Flush and the destructor run the pending updates first and
-  // commit. One rank only (ignored with a communicator); where the host cache cannot hold
-  // two steps' plans back to back, the updates wait at the end of the step and Placement()
-  // says why and which budget would do.
+  // commit. With ranks the commit is a collective: each rank's updates still run under the
+  // next forward, and every rank commits the step at the end of the next one (not with
+  // speculation kOn). Where the host cache cannot hold two steps' plans back to back, the
+  // updates wait at the end of the step and Placement() says why and which budget would do.
   bool pipeline_updates = true;
   // The Adam moments' format in host memory and on NVMe (the master weights stay fp32):
   // kBf16 keeps 8 bytes of state per parameter instead of 12 (see StateFormat and

@@ -100,6 +100,8 @@ struct RunConfig {
   CollectiveMemory memory = CollectiveMemory::kAuto;
   bool one_rank_comm = false;  // RunRanks(1, ...): a communicator of one rank
   Speculation speculation = Speculation::kAuto;
+  bool pipeline = true;  // EngineOptions::pipeline_updates
+  uint64_t host_extra = 0;  // tight: added to the host minimum (room to pipeline the updates)
 };
 
 // What one run produces: per block, master/m/v over the full block (padded_numel of the
@@ -110,6 +112,7 @@ struct Outcome {
   std::vector<std::vector<float>> params;  // ReadParams of every tensor
   uint64_t h2d = 0, d2h = 0;               // bytes copied over all steps
   uint64_t redone_blocks = 0;              // speculative updates redone over all steps
+  uint64_t deferred_blocks = 0;            // updates run under the next step, over all steps
 };
 
 EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
@@ -122,6 +125,7 @@ EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
   opt.nvme_stripe_bytes = 64 << 10;
   opt.collective_memory = rc.memory;
   opt.speculation = rc.speculation;
+  opt.pipeline_updates = rc.pipeline;
   return opt;
 }
 
@@ -152,7 +156,7 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
       host_min = e->Placement().host_min_bytes;
     }
     opt.device_mem_bytes = device_min;
-    opt.host_mem_bytes = host_min;
+    opt.host_mem_bytes = host_min + rc.host_extra;
     opt.nvme_paths = {dir + "/swap"};
     fs::create_directories(opt.nvme_paths[0]);
   }
@@ -174,6 +178,7 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
     STRATA_ASSIGN_OR_RETURN(StepStats st, e->EndStep());
     out.norms.push_back(st.grad_norm);
     out.redone_blocks += uint64_t(st.redone_blocks);
+    out.deferred_blocks += uint64_t(st.deferred_blocks);
     if (comm && comm->world_size() > 1 && st.bytes.comm == 0) {
       return Status::Aborted("a multi-rank step reported no collective bytes");
     }
@@ -233,6 +238,7 @@ void WriteOutcome(const std::string& path, const Outcome& o) {
   f.write(reinterpret_cast<const char*>(&o.h2d), 8);
   f.write(reinterpret_cast<const char*>(&o.d2h), 8);
   f.write(reinterpret_cast<const char*>(&o.redone_blocks), 8);
+  f.write(reinterpret_cast<const char*>(&o.deferred_blocks), 8);
 }
 
 bool ReadOutcome(const std::string& path, Outcome* o) {
@@ -258,6 +264,7 @@ bool ReadOutcome(const std::string& path, Outcome* o) {
   f.read(reinterpret_cast<char*>(&o->h2d), 8);
   f.read(reinterpret_cast<char*>(&o->d2h), 8);
   f.read(reinterpret_cast<char*>(&o->redone_blocks), 8);
+  f.read(reinterpret_cast<char*>(&o->deferred_blocks), 8);
   return bool(f);
 }
 
@@ -486,6 +493,41 @@ TEST_F(EngineMultirankTest, SpeculativeUpdatesMatchWaitingOnesAcrossRanks) {
       // (Bytes: other ranks' shards are NaN.)
       const auto& a = waited[r].states[i];
       const auto& b = speculated[r].states[i];
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "rank " << r << " component " << i;
+    }
+  }
+}
+
+// Pipelined updates across ranks (each rank's deferred updates under its next forward, the
+// ranks' commit at the end of the next step): the same bits as the end-of-step order, with a
+// threshold that clips some steps and not others, at the minimum budgets with NVMe.
+TEST_F(EngineMultirankTest, PipelinedUpdatesMatchEndOfStepOrderAcrossRanks) {
+  RunConfig rc;
+  rc.tight = true;
+  rc.steps = 4;
+  rc.micro_batches = 2;
+  rc.grad_clip = 1e30;
+  const Outcome unclipped = Reference(rc);
+  const auto [lo, hi] = std::minmax_element(unclipped.norms.begin(), unclipped.norms.end());
+  ASSERT_LT(*lo, *hi);
+  rc.grad_clip = 0.5 * (*lo + *hi);
+  rc.host_extra = 8 << 20;  // the states twice over: two steps' plans fit back to back
+  rc.pipeline = false;
+  const std::vector<Outcome> waited = RunRanks(2, rc);
+  rc.pipeline = true;
+  const std::vector<Outcome> piped = RunRanks(2, rc);
+  ASSERT_EQ(waited.size(), 2u);
+  ASSERT_EQ(piped.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(waited[r].deferred_blocks, 0u) << "rank " << r;
+    EXPECT_GT(piped[r].deferred_blocks, 0u) << "rank " << r;
+    EXPECT_EQ(waited[r].norms, piped[r].norms) << "rank " << r;
+    ASSERT_EQ(waited[r].states.size(), piped[r].states.size());
+    for (size_t i = 0; i < waited[r].states.size(); ++i) {
+      const auto& a = waited[r].states[i];
+      const auto& b = piped[r].states[i];
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
           << "rank " << r << " component " << i;
