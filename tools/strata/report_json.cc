@@ -45,7 +45,13 @@ nlohmann::json PlacementJson(const PlacementReport& place) {
           {"nvme_bytes", place.nvme_bytes},
           {"nvme_file_bytes", place.nvme_file_bytes},
           {"device_min_bytes", place.device_min_bytes},
-          {"host_min_bytes", place.host_min_bytes}};
+          {"host_min_bytes", place.host_min_bytes},
+          {"predicted_bytes",
+           {{"nvme_read", place.predicted_bytes.nvme_read},
+            {"nvme_write", place.predicted_bytes.nvme_write},
+            {"h2d", place.predicted_bytes.h2d},
+            {"d2h", place.predicted_bytes.d2h},
+            {"comm", place.predicted_bytes.comm}}}};
 }
 
 }  // namespace strata::cli
