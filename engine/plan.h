@@ -36,8 +36,9 @@ struct PlanOptions {
   bool clip = false;  // gradient clipping: an update's scale depends on the global norm
   Speculation speculation = Speculation::kAuto;  // with clip (see EngineOptions)
   GradSpill grad_spill = GradSpill::kAuto;
-  bool pipeline = false;  // with clip: EngineOptions::pipeline_updates (one rank only)
-  WorkingDtype dtype = WorkingDtype::kFp32;       // resolved: kFp32 or kBf16
+  bool pipeline = false;                     // with clip: EngineOptions::pipeline_updates
+  WorkingDtype dtype = WorkingDtype::kFp32;  // resolved: kFp32 or kBf16
+  bool bf16_grads = false;  // EngineOptions::grad_dtype kBf16: the D2H copy carries half
   StateFormat state_format = StateFormat::kFp32;  // of the moments
   uint64_t device_budget = 0;                     // 0 = unlimited
   uint64_t host_budget = 0;                       // 0 = unlimited

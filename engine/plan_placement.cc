@@ -24,6 +24,7 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.grad_spill = options.grad_spill;
   p.pipeline = options.pipeline_updates;
   p.dtype = dtype;
+  p.bf16_grads = options.grad_dtype == GradDtype::kBf16;
   p.state_format = options.state_format;
   p.device_budget = options.device_mem_bytes;
   p.host_budget = options.host_mem_bytes;
@@ -532,9 +533,11 @@ Status Placer::PredictTraffic() {
           param_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
       if (schedule[a].pass == Pass::kBackward) ++device_loads;
     }
-    if (schedule[a].pass == Pass::kBackward)
-      rep.predicted_bytes.d2h +=
-          grad_bytes[schedule[a].block] / (host_collectives ? 1 : uint64_t(opt.world_size));
+    if (schedule[a].pass == Pass::kBackward) {
+      // bf16 gradients (one rank) cross as two bytes per value.
+      rep.predicted_bytes.d2h += grad_bytes[schedule[a].block] / (opt.bf16_grads ? 2 : 1) /
+                                 (host_collectives ? 1 : uint64_t(opt.world_size));
+    }
   }
   for (const HostOp& op : steady.ops) {
     const bool grad = ObjComponent(op.obj) == Component::kGrad;

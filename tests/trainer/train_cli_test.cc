@@ -535,6 +535,9 @@ TEST_F(TrainCliTest, Bf16GradientsHalveTheD2hBytes) {
     const auto& a = f["steps"][i];
     const auto& b = g["steps"][i];
     EXPECT_EQ(b["bytes"]["d2h"].get<uint64_t>() * 2, a["bytes"]["d2h"].get<uint64_t>()) << i;
+    // The planner predicts what crossed.
+    EXPECT_EQ(b["bytes"]["d2h"], g["placement"]["predicted_bytes"]["d2h"]) << i;
+    EXPECT_EQ(a["bytes"]["d2h"], f["placement"]["predicted_bytes"]["d2h"]) << i;
     const double la = a["loss"], lb = b["loss"];
     max_rel = std::max(max_rel, std::fabs(la - lb) / la);
     differs = differs || la != lb;

@@ -163,6 +163,9 @@ TEST_F(TrainMultirankCrashTest, KillingARankAnywhereLeavesAResumableRun) {
     std::vector<double> full;
     for (const auto& s : fj["steps"]) full.push_back(s["loss"].get<double>());
     ASSERT_EQ(full.size(), 16u);
+    // The ranks pipeline their updates (the kills below land in the overlapped region too).
+    ASSERT_NE(fj["placement"].dump().find("run under the next step's forward"), std::string::npos)
+        << fj["placement"].dump();
     // Each point of a commit (commit n is of step n-1: the first commits the initial
     // weights), on a random rank at a random step; then random moments.
     for (const char* point : {"commit_begin", "data_synced", "prepared", "commit_finishing",
@@ -173,6 +176,16 @@ TEST_F(TrainMultirankCrashTest, KillingARankAnywhereLeavesAResumableRun) {
             {"STRATA_TEST_KILL_AT=" + std::string(point) + ":" + std::to_string(n)}, 0ms,
             std::string(point) + ":" + std::to_string(n) + " on rank " + std::to_string(victim) +
                 " of " + std::to_string(world));
+      if (HasFatalFailure()) return;
+    }
+    // A write of a deferred update, which runs under the next step's forward (pipelined
+    // updates: default flags, clipping on every step).
+    {
+      const int victim = int(rng() % world);
+      const int n = 20 + int(rng() % 60);
+      Trial(world, full, victim, {"STRATA_TEST_KILL_AT=write_submitted:" + std::to_string(n)}, 0ms,
+            "write_submitted:" + std::to_string(n) + " on rank " + std::to_string(victim) + " of " +
+                std::to_string(world));
       if (HasFatalFailure()) return;
     }
     for (int t = 0; t < 3; ++t) {

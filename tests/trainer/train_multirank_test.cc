@@ -264,7 +264,9 @@ TEST_F(TrainMultirankTest, KilledRankIsNamedAndResumeReproducesTheLosses) {
   std::ifstream f(dir_ + "/resumed.json");
   const nlohmann::json j = nlohmann::json::parse(f);
   const int64_t from = j["config"]["resumed_step"];
-  EXPECT_GE(from, 5);
+  // Step 5 was printed: step 4 at least is committed (with pipelined updates, the ranks commit
+  // a step at the end of the next one).
+  EXPECT_GE(from, 4);
   EXPECT_LT(from, 20) << "the kill came after the last step; nothing left to compare";
   ASSERT_EQ(j["steps"].size(), static_cast<size_t>(20 - from));
   for (const auto& s : j["steps"]) {

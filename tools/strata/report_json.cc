@@ -56,7 +56,13 @@ nlohmann::json PlacementJson(const PlacementReport& place) {
           {"activation_count", place.activation_count},
           {"activation_host_slots", place.activation_host_slots},
           {"activation_host_bytes", place.activation_host_bytes},
-          {"activation_nvme_bytes", place.activation_nvme_bytes}};
+          {"activation_nvme_bytes", place.activation_nvme_bytes},
+          {"predicted_bytes",
+           {{"nvme_read", place.predicted_bytes.nvme_read},
+            {"nvme_write", place.predicted_bytes.nvme_write},
+            {"h2d", place.predicted_bytes.h2d},
+            {"d2h", place.predicted_bytes.d2h},
+            {"comm", place.predicted_bytes.comm}}}};
 }
 
 }  // namespace strata::cli
