@@ -325,6 +325,7 @@ void HostTier::IoLoop() {
             op_objs.push_back(obj);
             op_write.push_back(true);
             ++writes_in_flight_;
+            progressed = true;  // readers may share a copy being written (ReadableLocked)
           }
           while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
             if (!TryHostOpLocked(ctx_.hplan.ops[host_cursor_], &ops, &op_objs)) break;
@@ -379,7 +380,7 @@ void HostTier::IoLoop() {
         continue;
       }
       if (f.write) h.on_nvme = true;
-      Status s = h.res.To(S::kReady);
+      Status s = f.write ? h.res.WriteDone() : h.res.To(S::kReady);
       if (!s.ok()) ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(f.obj)));
     }
     ctx_.NotifyLocked();
