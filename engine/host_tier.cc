@@ -561,6 +561,19 @@ bool HostTier::WritesLandedLocked(const std::vector<int>& blocks) const {
   return true;
 }
 
+uint64_t HostTier::UpdateWriteBytesLocked(const std::vector<int>& blocks) const {
+  if (!store_) return 0;
+  uint64_t bytes = 0;
+  for (int b : blocks) {
+    for (Component c :
+         {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kParam}) {
+      const HostObj& h = objs_[ObjIndex(b, c)];
+      if (h.exists && h.needs_write) bytes += h.bytes;
+    }
+  }
+  return bytes;
+}
+
 Status HostTier::ReleaseLocked(const std::vector<int>& objs) {
   for (int o : objs) {
     HostObj& h = objs_[o];

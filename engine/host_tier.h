@@ -144,6 +144,8 @@ class HostTier {
   Status ReleaseLocked(const std::vector<int>& objs) REQUIRES(ctx_.mu);
   // Every updated state of `blocks` that goes to NVMe has been written.
   bool WritesLandedLocked(const std::vector<int>& blocks) const REQUIRES(ctx_.mu);
+  // The bytes an update of each of `blocks` writes to NVMe (its states that go there).
+  uint64_t UpdateWriteBytesLocked(const std::vector<int>& blocks) const REQUIRES(ctx_.mu);
 
  private:
   void IoLoop() EXCLUDES(ctx_.mu);

@@ -412,6 +412,74 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
   EXPECT_TRUE(BitIdentical(waited->states, *states));
 }
 
+// Each step's statistics are final when it commits (TakeCommittedStats): one per step, in
+// order, a pipelined step's after the next EndStep (the last after Flush), and each counts
+// its own deferred updates: nvme_write bytes equal, step for step, what the same updates write
+// at the end of their step (bytes are deterministic), where EndStep's figures of the step,
+// taken over its window, hold the previous step's writes instead.
+TEST(EnginePipelineTest, CommittedStatsCountEachStepsOwnDeferredUpdates) {
+  const std::vector<BlockSpec> specs = FixedModel();
+  const int steps = 4;
+  for (GradSpill spill : {GradSpill::kOff, GradSpill::kOn}) {
+    SCOPED_TRACE(GradSpillName(spill));
+    std::vector<StepStats> window[2], final[2];
+    for (int k = 0; k < 2; ++k) {
+      SCOPED_TRACE(k == 1 ? "pipelined" : "at the end of the step");
+      TempDir dir;
+      RunConfig rc;
+      rc.nvme = dir.path();
+      rc.grad_clip = 1e-3;  // every step clips: a pipelined one defers every update
+      rc.speculation = Speculation::kOff;
+      rc.grad_spill = spill;
+      rc.pipeline = k == 1;
+      uint64_t min = 0, all = 0;
+      Minimum(specs, rc, &min, &all);
+      rc.host_mem = min + (64 << 10);  // states on NVMe, room to pipeline
+      auto f = MakeEngine(specs, rc);
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      EXPECT_TRUE(f->engine->TakeCommittedStats().empty()) << "statistics before any step";
+      for (int64_t step = 1; step <= steps; ++step) {
+        ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01}).ok());
+        ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, step, 0).ok());
+        auto st = f->engine->EndStep();
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        window[k].push_back(*st);
+        const std::vector<StepStats> got = f->engine->TakeCommittedStats();
+        // At once without pipelining; one step later with it (nothing after step 1).
+        const int64_t want = k == 1 ? step - 1 : step;
+        ASSERT_EQ(got.size(), want > 0 ? 1u : 0u) << "after EndStep of step " << step;
+        if (want > 0) EXPECT_EQ(got[0].step, want);
+        final[k].insert(final[k].end(), got.begin(), got.end());
+      }
+      ASSERT_TRUE(f->engine->Flush().ok());
+      const std::vector<StepStats> last = f->engine->TakeCommittedStats();
+      ASSERT_EQ(last.size(), k == 1 ? 1u : 0u);
+      final[k].insert(final[k].end(), last.begin(), last.end());
+      ASSERT_EQ(final[k].size(), size_t(steps));
+    }
+    for (int i = 0; i < steps; ++i) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      const StepStats& piped = final[1][i];
+      EXPECT_EQ(piped.step, i + 1);
+      EXPECT_GT(piped.bytes.nvme_write, 0u);
+      EXPECT_EQ(piped.bytes.nvme_write, final[0][i].bytes.nvme_write);
+      EXPECT_EQ(final[0][i].bytes.nvme_write, window[0][i].bytes.nvme_write);
+      EXPECT_EQ(piped.deferred_blocks, int64_t(specs.size()));
+      EXPECT_GT(piped.busy_seconds[int(Resource::kCpuOptim)], 0.0);
+      if (i + 1 < steps) {
+        // Ran under the next step; the last one ran at Flush, a serial tail of its step.
+        EXPECT_GT(piped.overlapped_seconds, 0.0);
+      } else {
+        EXPECT_EQ(piped.overlapped_seconds, 0.0);
+        EXPECT_GT(piped.tail_seconds, window[1][i].tail_seconds);
+        EXPECT_GT(piped.seconds, window[1][i].seconds);
+      }
+    }
+    // EndStep's window of the first pipelined step holds none of its updates' writes.
+    EXPECT_LT(window[1][0].bytes.nvme_write, final[1][0].bytes.nvme_write);
+  }
+}
+
 // Found by the 12 x 768 benchmark: with the updates written in forward order, first fit over
 // extents of two sizes left the last extent of a step no hole big enough in a swap file with
 // a fixed 16 MiB of slack (NoSpace). The slack now grows with the largest extent.

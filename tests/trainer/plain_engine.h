@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "model/gpt2.h"
@@ -104,8 +105,10 @@ class PlainEngine : public Engine {
         STRATA_RETURN_IF_ERROR(AdamStep(sl, h, static_cast<float>(args_.grad_scale * s.clip_coef)));
       }
     }
+    committed_.push_back(s);  // every step commits at EndStep
     return s;
   }
+  std::vector<StepStats> TakeCommittedStats() override { return std::exchange(committed_, {}); }
   Status Error() const override { return Status::OK(); }
 
  private:
@@ -116,6 +119,7 @@ class PlainEngine : public Engine {
   StepArgs args_;
   int64_t step_ = 0;
   uint64_t tickets_ = 0;
+  std::vector<StepStats> committed_;
 };
 
 }  // namespace strata::model
