@@ -316,6 +316,10 @@ void HostTier::IoLoop() {
             const int obj = write_queue_.front();
             write_queue_.pop_front();
             HostObj& h = objs_[obj];
+            // A reader entered the dirty copy before its write (ReadableLocked): the copy is
+            // dirty again when the reader leaves, which queues it again. (So an entry may be
+            // stale: a copy is written once per time it became dirty.)
+            if (h.res.state != S::kDirty) continue;
             Status s = h.res.To(S::kWriting);
             if (!s.ok()) {
               ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));

@@ -92,13 +92,15 @@ class HostTier {
     return h.uses_done >= seq &&
            (h.res.state == ResidencyState::kReady || h.res.state == ResidencyState::kInUse);
   }
-  // The copy may serve its `seq`-th use of the step, a use that only reads it (an H2D copy,
-  // a gather): as UsableLocked, or while its write to NVMe is in flight (the write reads it
-  // too). So the next forward's copy of a block waits for the block's update, not its write.
+  // The copy may serve its `seq`-th use of the step, a use that only reads it (an H2D copy):
+  // as UsableLocked, or while it waits for its write to NVMe or that write is in flight (the
+  // write reads it too). So the next forward's copy of a block waits for the block's update,
+  // not for its write.
   bool ReadableLocked(int obj, int seq) const REQUIRES(ctx_.mu) {
     const HostObj& h = objs_[obj];
     return UsableLocked(obj, seq) ||
-           (h.uses_done >= seq && h.res.state == ResidencyState::kWriting);
+           (h.uses_done >= seq &&
+            (h.res.state == ResidencyState::kWriting || h.res.state == ResidencyState::kDirty));
   }
   Status EnterLocked(int obj) REQUIRES(ctx_.mu);
   void SetNormPendingLocked(int obj, bool pending) REQUIRES(ctx_.mu) {
