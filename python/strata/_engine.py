@@ -149,6 +149,8 @@ class Engine:
                             "or engine.abort_step() to drop the step")
             try:
                 self.flush()  # the last step commits; last_step_stats() keeps its figures
+            except Error:
+                pass  # closing, as before: a failed engine keeps its last commit
             finally:
                 st.close_core()
 
