@@ -31,11 +31,13 @@
 //    (read), gradient landings (write) and the optimizer (read-modify-write); after an
 //    update an NVMe-homed (or durable) component is kDirty until its write to a fresh
 //    extent completes. Host-homed components start kReady and are never evicted.
-//  - a write in flight only reads the copy, so readers (H2D copies, gathers) may share it:
-//    they enter and leave a kWriting copy without changing its state, and the write's
-//    completion leaves it kInUse while they are still there (WriteDone). A user that
-//    modifies it, an eviction and an allocation over it wait for kReady: a buffer still
-//    being written is never evicted or overwritten.
+//  - a write only reads the copy, so readers (the feeder's H2D copies, HostTier::
+//    ReadableLocked) may share it: they enter and leave a kWriting copy without changing its
+//    state, and the write's completion leaves it kInUse while they are still there
+//    (WriteDone); a reader of a kDirty copy (its write not yet submitted) leaves it kDirty
+//    (Enter's rule), so the write follows. A user that modifies it, an eviction and an
+//    allocation over it wait for kReady: a buffer still being written is never evicted or
+//    overwritten.
 //
 // Error handling: a failed load or write leaves the copy in kLoading/kWriting for good; the
 // engine stores the error and every waiter on that copy returns it. Partial I/O never shows
