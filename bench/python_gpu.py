@@ -96,6 +96,7 @@ def _run(a, how, nvme):
     out = {"losses": losses, "median_step_s": step_s,
            "tokens_per_s": a.batch * a.seq / step_s}
     if engine is not None:
+        engine.flush()  # the last step commits (its updates ran under no next step)
         s = engine.last_step_stats()
         out.update(dtype=engine._model._core.dtype, peak_device_bytes=s["peak_device_bytes"],
                    h2d_bytes=s["bytes"]["h2d"], efficiency=s["efficiency"])

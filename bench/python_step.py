@@ -28,6 +28,20 @@ time is set against the other's (see against_train).
 
     OMP_NUM_THREADS=1 PYTHONPATH=build/release/python /usr/bin/python3 bench/python_step.py \
         --against-train build/release/tools/strata --rounds 3 --steps 6
+
+With --tail (the pipelined step boundary, issue 23), two offloaded models train side by side,
+one with the default pipeline="on" and one with pipeline=False (the updates at the end of the
+step), their steps alternating (flipping which goes first), both with max_grad_norm so every
+update waits for the norm; optional --nvme DIR (with --device-mem/--host-mem) puts the states
+on NVMe as the demo does. Per step and side, as `strata train` reports it: the step's seconds,
+its tail (from the end of the last backward to the end of opt.step(), the serial part nothing
+overlaps; `strata train`'s tail is from the compute lane's last operation, which on the host
+device the Python path leaves empty) as a share of the step, its efficiency (the blocks' and
+the model's torch compute over the step, as --against-train counts compute), and from the
+engine's final statistics of the step (Engine.step_stats(), one step later when pipelined):
+deferred_blocks, overlapped_seconds and its cpu_optim seconds. Medians at the end.
+
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/python_step.py --tail --steps 9
 """
 import argparse
 import json
@@ -65,13 +79,19 @@ class Recomputed(torch.nn.Module):
         return self.model(x, y)
 
 
-def one_step(model, opt, batch):
+def one_step(model, opt, batch, split=None):
+    """Seconds of one step; with `split` (a list), appends the seconds from the end of the
+    backward to the end of opt.step() (the step's serial tail) to it."""
     x, y = batch
     t0 = time.perf_counter()
     model(x, y).backward()
+    t1 = time.perf_counter()
     opt.step()
+    t2 = time.perf_counter()
     opt.zero_grad()
-    return time.perf_counter() - t0
+    if split is not None:
+        split.append(t2 - t1)
+    return t2 - t0
 
 
 def main():
@@ -87,9 +107,16 @@ def main():
     ap.add_argument("--against-train", metavar="BIN", default=None,
                     help="the strata binary: compare with `BIN train` instead of plain torch")
     ap.add_argument("--rounds", type=int, default=3, help="with --against-train")
+    ap.add_argument("--tail", action="store_true",
+                    help="pipeline=\"on\" against pipeline=False: the serial tail per step")
+    ap.add_argument("--nvme", default=None, help="with --tail: a folder for the states")
+    ap.add_argument("--device-mem", default=None, help="with --tail: the engines' device budget")
+    ap.add_argument("--host-mem", default=None, help="with --tail: the engines' host budget")
     args = ap.parse_args()
     if args.against_train:
         return against_train(args)
+    if args.tail:
+        return pipeline_tail(args)
     g = torch.Generator().manual_seed(0)
     data = []
     for _ in range(4):
@@ -126,6 +153,78 @@ def main():
     paired = statistics.median((a - b) / a for a, b in zip(res["offloaded"], res["plain"]))
     print(f"median: offloaded {off:.3f} s  plain {plain:.3f} s  overhead of medians "
           f"{(off - plain) / off * 100:.1f}%  paired (median of per-pair) {paired * 100:.1f}%")
+
+
+def pipeline_tail(args):
+    """pipeline="on" against pipeline=False, steps alternating; see the module docstring."""
+    g = torch.Generator().manual_seed(0)
+    data = []
+    for _ in range(4):
+        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
+        data.append((t[:, :-1], t[:, 1:]))
+    geo = (args.vocab, args.seq, args.dim, args.heads, args.layers)
+    sides, engines, runs = {}, {}, {}
+    for name, pipeline in (("pipelined", "on"), ("at_end", "off")):
+        nvme = None
+        if args.nvme:
+            nvme = os.path.join(args.nvme, name)
+            os.makedirs(nvme)
+        engines[name] = strata.Engine(device="cpu", timing=True, pipeline=pipeline, nvme=nvme,
+                                      device_mem=args.device_mem, host_mem=args.host_mem)
+        torch.manual_seed(0)
+        model = GPT(*geo)
+        model = strata.offload(model, blocks=list(model.blocks), engine=engines[name])
+        opt = strata.optim.AdamW(groups(model), lr=1e-4, max_grad_norm=1.0)
+        sides[name] = (model, opt)
+        runs[name] = {"step": [], "tail": [], "final": {}}
+    n = sum(p.numel() for p in sides["pipelined"][0].parameters())
+    print(f"# GPT {n / 1e6:.1f}M params (vocab {args.vocab}, seq {args.seq}, dim {args.dim}, "
+          f"{args.layers} layers), batch {args.batch}, max_grad_norm 1.0, host device, "
+          f"{'states on NVMe ' + args.nvme if args.nvme else 'no NVMe'} (device_mem "
+          f"{args.device_mem or 'unlimited'}, host_mem {args.host_mem or 'unlimited'}); torch "
+          f"threads {torch.get_num_threads()}; {args.warmup} pairs of steps unmeasured, then "
+          f"{args.steps}")
+    total = args.warmup + args.steps
+    for i in range(total):
+        order = ("pipelined", "at_end") if i % 2 == 0 else ("at_end", "pipelined")
+        for name in order:
+            r = runs[name]
+            r["step"].append(one_step(*sides[name], data[i % len(data)], r["tail"]))
+            for st in engines[name].step_stats():
+                r["final"][st["step"]] = st
+    for name in runs:
+        engines[name].flush()
+        for st in engines[name].step_stats():
+            runs[name]["final"][st["step"]] = st
+    cols = ("step_s", "tail_s", "tail_pct", "eff", "deferred", "overlapped_s", "optim_s")
+    med = statistics.median
+    summary = {}
+    for name in runs:
+        r = runs[name]
+        rows = []
+        for i in range(args.warmup, total):
+            st = r["final"][i + 1]
+            t = st["python"]
+            sec = r["step"][i]
+            # The model's compute: the blocks' torch compute and everything outside the layer.
+            compute = t["compute"] + sec - t["layer"]
+            rows.append(dict(step_s=sec, tail_s=r["tail"][i], tail_pct=100 * r["tail"][i] / sec,
+                             eff=compute / sec, deferred=st["deferred_blocks"],
+                             overlapped_s=st["overlapped_seconds"],
+                             optim_s=st["busy_seconds"]["cpu_optim"]))
+        print(f"# {name}: step " + "  ".join(f"{c:>12s}" for c in cols))
+        for k, row in enumerate(rows):
+            print(f"{name:>10s} {k + 1:4d} " + "  ".join(f"{row[c]:12.4f}" for c in cols))
+        summary[name] = {c: med(row[c] for row in rows) for c in cols}
+    print("# medians:")
+    for name, m in summary.items():
+        print(f"{name:>10s} " + "  ".join(f"{c} {m[c]:.4g}" for c in cols))
+    p, e = summary["pipelined"], summary["at_end"]
+    print(f"# pipelined / at_end step time {p['step_s'] / e['step_s']:.3f}; tail "
+          f"{p['tail_pct']:.1f} % vs {e['tail_pct']:.1f} % of the step; efficiency "
+          f"{p['eff']:.2f} vs {e['eff']:.2f}")
+    for name in engines:
+        engines[name].close()
 
 
 def train_run(args):
@@ -181,9 +280,10 @@ def against_train(args):
         py = []
 
         def python_side():
-            for i in range(args.steps):
-                sec = one_step(model, opt, data[i % len(data)])
-                t = eng.last_step_stats()["python"]
+            secs = [one_step(model, opt, data[i % len(data)]) for i in range(args.steps)]
+            eng.flush()  # the last step commits (pipelined): every step's statistics are final
+            for sec, st in zip(secs, eng.step_stats()[-args.steps:]):
+                t = st["python"]
                 py.append(dict(step=sec, compute=t["compute"] + sec - t["layer"], own=t["own"],
                                copy=t["copy"], engine=t["engine"],
                                other=t["own"] + t["copy"] + t["engine"],

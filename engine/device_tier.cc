@@ -151,7 +151,7 @@ Result<EventPtr> DeviceTier::CopyShardToDevice(int a, void* dst) {
   {
     MutexLock lock(&ctx_.mu);
     STRATA_RETURN_IF_ERROR(
-        ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return host_.UsableLocked(uo.obj, uo.seq); }));
+        ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return host_.ReadableLocked(uo.obj, uo.seq); }));
     STRATA_RETURN_IF_ERROR(host_.EnterLocked(uo.obj));
     src = host_.Obj(uo.obj).buf;
   }

@@ -23,6 +23,8 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "engine/activation_stash.h"
 #include "engine/collectives.h"
@@ -32,6 +34,7 @@
 #include "engine/host_tier.h"
 #include "engine/optimizer_stage.h"
 #include "engine/plan.h"
+#include "engine/stats_ledger.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -75,6 +78,7 @@ class EngineImpl final : public Engine {
   }
   Result<StepStats> EndStep() override;
   Status Flush() override;
+  std::vector<StepStats> TakeCommittedStats() override;
   Status Error() const override { return ctx_.Error(); }
 
  private:
@@ -105,6 +109,9 @@ class EngineImpl final : public Engine {
   // Whether `plan` runs updates of its own step before EndStep (a speculative step).
   static bool OwnUpdatesBeforeEndStep(const HostPlan& plan);
   void StatsLocked(uint64_t step_number, StepStats* st) REQUIRES(ctx_.mu);
+  // What the last step's deferred updates cost inside this step (they ran and committed
+  // before EndStep); nullopt when it carried none.
+  std::optional<DeferredCost> CarriedCostLocked() REQUIRES(ctx_.mu);
   void OnDeviceOp(const DeviceOpRecord& r);
   Status CheckBlockTensor(int block, int tensor) const;
 
@@ -125,6 +132,8 @@ class EngineImpl final : public Engine {
   // commits once they are written.
   std::vector<int> pending_blocks_ GUARDED_BY(ctx_.mu);
   UpdateArgs pending_args_ GUARDED_BY(ctx_.mu);
+  // Each step's statistics, final when it commits (TakeCommittedStats).
+  StatsLedger ledger_ GUARDED_BY(ctx_.mu);
   Clock::time_point step_start_;  // the model's thread only
 };
 
@@ -515,6 +524,7 @@ Result<StepStats> EngineImpl::EndStep() {
   }
   STRATA_RETURN_IF_ERROR(FinishStepLocked(step_number, /*commit=*/pending_blocks_.empty()));
   StatsLocked(step_number, &st);
+  ledger_.EndStep(st, CarriedCostLocked(), /*deferred=*/!pending_blocks_.empty());
   return st;
 }
 
@@ -545,6 +555,25 @@ Status EngineImpl::CommitCarriedWithRanksLocked() {
   return Status::OK();
 }
 
+std::optional<DeferredCost> EngineImpl::CarriedCostLocked() {
+  if (ctx_.carried.empty()) return std::nullopt;
+  const Clock::time_point commit = optimizer_.CarryCommitTimeLocked();
+  DeferredCost c;
+  // The optimizer thread runs the carried updates and the commit before any work of this
+  // step's own; the writes of this step before that commit (a spilled gradient landing
+  // early) are counted to the last step.
+  c.optim_seconds = ctx_.timeline.BusySeconds(TraceLane::kCpuOptim, step_start_, commit);
+  c.write_seconds = ctx_.timeline.BusySeconds(TraceLane::kNvmeWrite, step_start_, commit);
+  c.write_bytes = host_.UpdateWriteBytesLocked(ctx_.carried);
+  c.overlapped_seconds = std::chrono::duration<double>(commit - step_start_).count();
+  return c;
+}
+
+std::vector<StepStats> EngineImpl::TakeCommittedStats() {
+  MutexLock lk(&ctx_.mu);
+  return ledger_.Take();
+}
+
 Status EngineImpl::DrainLocked() {
   if (pending_blocks_.empty()) return Status::OK();
   const std::vector<int> blocks = std::move(pending_blocks_);
@@ -563,15 +592,21 @@ Status EngineImpl::DrainLocked() {
                     t0, t1);
   if (s.ok()) s = host_.ReleaseLocked(grads);
   if (s.ok()) s = host_.CommitLocked(uint64_t(args.step));
+  const Clock::time_point t2 = Clock::now();
   if (host_.has_store()) {
-    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(args.step), t1,
-                      Clock::now());
+    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(args.step), t1, t2);
   }
   if (!s.ok()) {
     ctx_.SetErrorLocked(
         Status(s).Annotate("running the deferred updates of step " + std::to_string(args.step)));
     return ctx_.error;
   }
+  // Between steps, nothing beside them: a serial tail of their step.
+  using Seconds = std::chrono::duration<double>;
+  ledger_.Drained(DeferredCost{.optim_seconds = Seconds(t1 - t0).count(),
+                               .write_seconds = host_.has_store() ? Seconds(t2 - t1).count() : 0,
+                               .write_bytes = host_.UpdateWriteBytesLocked(blocks),
+                               .serial_seconds = Seconds(t2 - t0).count()});
   return Status::OK();
 }
 

@@ -317,6 +317,10 @@ void HostTier::IoLoop() {
             const int obj = write_queue_.front();
             write_queue_.pop_front();
             HostObj& h = objs_[obj];
+            // A reader entered the dirty copy before its write (ReadableLocked): the copy is
+            // dirty again when the reader leaves, which queues it again. (So an entry may be
+            // stale: a copy is written once per time it became dirty.)
+            if (h.res.state != S::kDirty) continue;
             Status s = h.res.To(S::kWriting);
             if (!s.ok()) {
               ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));
@@ -326,6 +330,7 @@ void HostTier::IoLoop() {
             op_objs.push_back(obj);
             op_write.push_back(true);
             ++writes_in_flight_;
+            progressed = true;  // readers may share a copy being written (ReadableLocked)
           }
           while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
             if (!TryHostOpLocked(ctx_.hplan.ops[host_cursor_], &ops, &op_objs)) break;
@@ -380,7 +385,7 @@ void HostTier::IoLoop() {
         continue;
       }
       if (f.write) h.on_nvme = true;
-      Status s = h.res.To(S::kReady);
+      Status s = f.write ? h.res.WriteDone() : h.res.To(S::kReady);
       if (!s.ok()) ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(f.obj)));
     }
     ctx_.NotifyLocked();
@@ -559,6 +564,19 @@ bool HostTier::WritesLandedLocked(const std::vector<int>& blocks) const {
     }
   }
   return true;
+}
+
+uint64_t HostTier::UpdateWriteBytesLocked(const std::vector<int>& blocks) const {
+  if (!store_) return 0;
+  uint64_t bytes = 0;
+  for (int b : blocks) {
+    for (Component c :
+         {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kParam}) {
+      const HostObj& h = objs_[ObjIndex(b, c)];
+      if (h.exists && h.needs_write) bytes += h.bytes;
+    }
+  }
+  return bytes;
 }
 
 Status HostTier::ReleaseLocked(const std::vector<int>& objs) {

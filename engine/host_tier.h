@@ -94,6 +94,16 @@ class HostTier {
     return h.uses_done >= seq &&
            (h.res.state == ResidencyState::kReady || h.res.state == ResidencyState::kInUse);
   }
+  // The copy may serve its `seq`-th use of the step, a use that only reads it (an H2D copy):
+  // as UsableLocked, or while it waits for its write to NVMe or that write is in flight (the
+  // write reads it too). So the next forward's copy of a block waits for the block's update,
+  // not for its write.
+  bool ReadableLocked(int obj, int seq) const REQUIRES(ctx_.mu) {
+    const HostObj& h = objs_[obj];
+    return UsableLocked(obj, seq) ||
+           (h.uses_done >= seq &&
+            (h.res.state == ResidencyState::kWriting || h.res.state == ResidencyState::kDirty));
+  }
   Status EnterLocked(int obj) REQUIRES(ctx_.mu);
   void SetNormPendingLocked(int obj, bool pending) REQUIRES(ctx_.mu) {
     objs_[obj].norm_pending = pending;
@@ -138,6 +148,8 @@ class HostTier {
   Status ReleaseLocked(const std::vector<int>& objs) REQUIRES(ctx_.mu);
   // Every updated state of `blocks` that goes to NVMe has been written.
   bool WritesLandedLocked(const std::vector<int>& blocks) const REQUIRES(ctx_.mu);
+  // The bytes an update of each of `blocks` writes to NVMe (its states that go there).
+  uint64_t UpdateWriteBytesLocked(const std::vector<int>& blocks) const REQUIRES(ctx_.mu);
 
  private:
   void IoLoop() EXCLUDES(ctx_.mu);

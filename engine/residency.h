@@ -12,11 +12,13 @@
 //        | evict (no  |                                           |  content unchanged  |
 //        | user, not  |                      first user starts    |                     |
 //        | dirty)     |                    (copy, D2H, optimizer) v                     |
-//        +--------- kReady                                     kInUse                  |
-//                                                                 | last user done and |
-//                                                                 v the content changed |
-//                                                               kDirty --> kWriting ----+
-//                                                               write submitted   done
+//        +--------- kReady                                     kInUse <-------------+  |
+//                                                                 | last user done   |  |
+//                                                                 v and changed      |  |
+//                                                               kDirty --> kWriting -+--+
+//                                                           write submitted   write done (kInUse
+//                                                                             while readers share
+//                                                                             it)
 //
 // Lifecycle per tier:
 //  - device (params): kAbsent -> kLoading (H2D copy enqueued) -> kReady (copy's event
@@ -29,6 +31,13 @@
 //    (read), gradient landings (write) and the optimizer (read-modify-write); after an
 //    update an NVMe-homed (or durable) component is kDirty until its write to a fresh
 //    extent completes. Host-homed components start kReady and are never evicted.
+//  - a write only reads the copy, so readers (the feeder's H2D copies, HostTier::
+//    ReadableLocked) may share it: they enter and leave a kWriting copy without changing its
+//    state, and the write's completion leaves it kInUse while they are still there
+//    (WriteDone); a reader of a kDirty copy (its write not yet submitted) leaves it kDirty
+//    (Enter's rule), so the write follows. A user that modifies it, an eviction and an
+//    allocation over it wait for kReady: a buffer still being written is never evicted or
+//    overwritten.
 //
 // Error handling: a failed load or write leaves the copy in kLoading/kWriting for good; the
 // engine stores the error and every waiter on that copy returns it. Partial I/O never shows
@@ -87,7 +96,7 @@ struct Residency {
       case S::kDirty:
         return to == S::kWriting || to == S::kInUse;
       case S::kWriting:
-        return to == S::kReady;
+        return to == S::kReady || to == S::kInUse;  // kInUse: readers still in it
     }
     return false;
   }
@@ -100,8 +109,13 @@ struct Residency {
   }
 
   // A user starts: kReady/kDirty/kInUse -> kInUse. A copy entered while kDirty (its write
-  // not yet submitted) is dirty again when its users are done, whatever they did.
+  // not yet submitted) is dirty again when its users are done, whatever they did. A reader
+  // may enter a kWriting copy: it stays kWriting (see WriteDone).
   [[nodiscard]] Status Enter() {
+    if (state == ResidencyState::kWriting) {
+      ++users;
+      return Status::OK();
+    }
     const bool was_dirty = state == ResidencyState::kDirty;
     if (state != ResidencyState::kInUse) STRATA_RETURN_IF_ERROR(To(ResidencyState::kInUse));
     dirty_pending |= was_dirty;
@@ -111,6 +125,14 @@ struct Residency {
   // A user ends; `modified` marks the content changed (it must reach NVMe before eviction
   // when `needs_write`).
   [[nodiscard]] Status Leave(bool modified, bool needs_write) {
+    if (state == ResidencyState::kWriting && users > 0) {
+      // A reader of a copy being written: it must not have changed what the write reads.
+      if (modified) {
+        return Status::Aborted("internal: residency: a user modified a copy being written");
+      }
+      --users;
+      return Status::OK();
+    }
     if (state != ResidencyState::kInUse || users <= 0) {
       return Status::Aborted(std::string("internal: residency: a user leaves a copy in state ") +
                              ResidencyStateName(state) + " with " + std::to_string(users) +
@@ -121,6 +143,12 @@ struct Residency {
     const bool d = dirty_pending;
     dirty_pending = false;
     return To(d ? ResidencyState::kDirty : ResidencyState::kReady);
+  }
+  // The write of a kWriting copy completed: kReady, or kInUse while readers that entered
+  // during the write are still there.
+  [[nodiscard]] Status WriteDone() {
+    if (state != ResidencyState::kWriting) return Refused(ResidencyState::kReady);
+    return To(users > 0 ? ResidencyState::kInUse : ResidencyState::kReady);
   }
   bool dirty_pending = false;
 

@@ -84,13 +84,15 @@ def main():
             loss = model(input_ids=x, labels=x).loss  # labels shifted inside; blocks acquired
             (loss / args.micro_batches).backward()     # one at a time; gradients to the engine
             loss_sum += loss.item()
-        opt.step()        # waits for the step's updates and commits it
+        opt.step()        # the norm is known; the updates run under the next forward
         opt.zero_grad()
         sched.step()
-        s = engine.last_step_stats()
+        # The engine's figures of each step as it commits: the step before, its updates done.
+        done = "".join(f"  [step {s['step']}: eff {s['efficiency']:.2f} ({s['bound']}), nvme "
+                       f"read {s['bytes']['nvme_read'] / 2**20:.2f} MiB]"
+                       for s in engine.step_stats())
         print(f"step {step:4d}  loss {loss_sum / args.micro_batches:.4f}  "
-              f"{time.perf_counter() - t0:.3f} s  eff {s['efficiency']:.2f} ({s['bound']})  "
-              f"nvme read {s['bytes']['nvme_read'] / 2**20:.2f} MiB", flush=True)
+              f"{time.perf_counter() - t0:.3f} s{done}", flush=True)
 
     if args.out:
         os.makedirs(args.out, exist_ok=True)

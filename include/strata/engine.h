@@ -436,9 +436,16 @@ struct StepStats {
   double redo_seconds = 0;
   // Blocks whose updates wait for the norm and run under the next step's forward
   // (EngineOptions::pipeline_updates): this step commits during the next one (or at Flush).
+  // Its final statistics (Engine::TakeCommittedStats) move that work to it: the deferred
+  // updates' cpu_optim busy time, their nvme_write bytes (exactly what the updates at the end
+  // of the step write) and busy time (their writes and the commit, up to that commit), and
+  // out of the next step's; where they ran between steps (Flush, a read), their time is added
+  // to seconds and tail_seconds. nvme_read, the other edges and nvme_busy_seconds stay the
+  // window's (what a load serves is the plan's choice).
   int64_t deferred_blocks = 0;
-  // The previous step's deferred updates and its commit ran under this step for this long
-  // (BeginStep to that commit); 0 when nothing was carried.
+  // EndStep's figures: the previous step's deferred updates and its commit ran under this
+  // step for this long (BeginStep to that commit); 0 when nothing was carried. Final
+  // figures: this step's own deferred updates and commit ran under the next step this long.
   double overlapped_seconds = 0;
   // This step's updates ran speculatively (before the norm; see Speculation).
   bool speculative = false;
@@ -560,6 +567,16 @@ class Engine {
   // Runs the last step's deferred updates now and commits it (between steps; OK when
   // nothing is pending). For a program that ends, or stops on a signal, after EndStep.
   virtual Status Flush() = 0;
+  // The final statistics of the steps committed since the last call, in step order. A
+  // step's statistics are final when its commit lands: at EndStep for a step that defers
+  // nothing (they are EndStep's figures then), else once its deferred updates have run
+  // (StepStats::deferred_blocks): after the next EndStep, whose call then returns both steps
+  // where the next one defers nothing, or after Flush or a read or write between steps.
+  // Unlike EndStep's figures, taken over the step's own window, final figures count the
+  // step's deferred updates and not the previous step's (see StepStats). Why a queue, not
+  // the last committed step: two steps can commit within one call (a skipped or speculative
+  // step after one that deferred), and Flush returns no statistics of its own.
+  virtual std::vector<StepStats> TakeCommittedStats() = 0;
 
   // The first stored background error, or OK.
   virtual Status Error() const = 0;

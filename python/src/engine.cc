@@ -363,6 +363,18 @@ class PyEngine {
     ThrowIfError(r.status());
     return StatsDict(*r);
   }
+  // Engine::TakeCommittedStats: the final statistics of the steps committed since the last
+  // call, oldest first.
+  py::list TakeCommittedStats() {
+    std::vector<StepStats> done;
+    {
+      py::gil_scoped_release release;
+      done = Live().TakeCommittedStats();
+    }
+    py::list out;
+    for (const StepStats& s : done) out.append(StatsDict(s));
+    return out;
+  }
 
  private:
   Engine& Live() const {
@@ -471,6 +483,7 @@ void BindEngine(py::module_& m) {
       .def("grads_read", &PyEngine::GradsRead)
       .def("end_step", &PyEngine::EndStep)
       .def("flush", &PyEngine::Flush)
+      .def("take_committed_stats", &PyEngine::TakeCommittedStats)
       .def("close", &PyEngine::Close);
 }
 

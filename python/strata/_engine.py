@@ -1,6 +1,7 @@
 """strata.Engine: the budgets, drives and engine options of one offloaded model, and its
 user-facing calls between steps; strata.offload (_offload.py) binds a model to it.
 """
+import collections
 import os
 
 from . import _strata
@@ -14,7 +15,7 @@ __all__ = ["Engine"]
 
 class Engine:
     """Budgets and drives for one offloaded model (see strata.offload). Besides these, the
-    options of `strata train` under their CLI names (speculate, grad_spill, state_dtype, io,
+    options of `strata train` under their CLI names (speculate, grad_spill, pipeline, state_dtype, io,
     io_block, collective_memory, threads; see _flags.py)."""
 
     def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
@@ -46,16 +47,67 @@ class Engine:
         # "file:DIR" or "redis:HOST:PORT"; None = STRATA_RENDEZVOUS.
         self.config.rendezvous = str(rendezvous or "")
         self._model = None  # the _Offloaded state using this engine
-        self._stats = None
+        self._stats = None  # the last opt.step()'s figures so far (the engine's EndStep)
+        self._last = None  # the last committed step's final statistics
+        self._committed = collections.deque(maxlen=4096)  # final, not yet taken by step_stats
+        self._extras = {}  # step -> what the layer adds to its statistics once final
         self._clock = _LayerClock() if timing else None
 
     def last_step_stats(self):
-        """The last committed step's statistics: seconds, bound, efficiency, bytes per edge,
-        busy seconds per resource, grad_norm, clip_coef, peaks; with Engine(timing=True) also
-        "python": the layer's seconds in this step (see _LayerClock.snapshot)."""
-        if self._stats is None:
-            raise Error("no step has been committed yet; call opt.step() first")
-        return dict(self._stats)
+        """The last committed step's statistics, final ("step" says which): seconds, bound,
+        efficiency, bytes per edge, busy seconds per resource, grad_norm, clip_coef, peaks,
+        deferred_blocks, overlapped_seconds; with Engine(timing=True) also "python": the
+        layer's seconds in that step (see _LayerClock.snapshot). With pipelined updates
+        (pipeline="on", the default, with max_grad_norm) opt.step() returns before the step's
+        updates ran, and the step commits during the next one: this is then the step before
+        the last opt.step(), and the last one after flush(), a read (state_dict, save) or
+        close(). Its figures count the step's own updates (their optimizer time, NVMe bytes
+        written, overlapped_seconds under the next step), as `strata train --json` does."""
+        self._take()
+        if self._last is None:
+            raise Error("no step has been committed yet; call opt.step() first (with pipelined "
+                        "updates a step commits during the next one, or call engine.flush())")
+        return dict(self._last)
+
+    def step_stats(self):
+        """The final statistics (as last_step_stats) of every step committed since the last
+        call, oldest first (at most the last 4096): one per step, also where two steps commit
+        within one opt.step()."""
+        self._take()
+        out = list(self._committed)
+        self._committed.clear()
+        return out
+
+    def flush(self):
+        """Runs the last step's pending updates now and commits it (between steps), so that
+        last_step_stats() reports it. A training loop need not call it: reads, saves and
+        close() do it, and the next step runs those updates under its forward."""
+        st = self._state()
+        if st._step_open:
+            raise Error("Engine.flush() in the middle of a step; call opt.step() first")
+        st.core().flush()
+        self._take()
+
+    def _take(self):
+        """Moves the final statistics of the steps the engine committed since the last call
+        into last_step_stats() and step_stats(), with what the layer added to each."""
+        st = self._model
+        core = st._core if st is not None else None
+        if core is None:
+            return
+        for s in core.take_committed_stats():
+            s.update(self._extras.pop(s["step"], {}))
+            self._committed.append(s)
+            self._last = s
+
+    def _ended(self, stats, **extras):
+        """opt.step() (or abort_step) ended a step with EndStep's `stats`; `extras` go into its
+        final statistics once it commits."""
+        self._stats = stats
+        stats.update(extras)
+        if extras:
+            self._extras[stats["step"]] = extras
+        self._take()
 
     def placement(self):
         """The planner's report (which component lives where, and why), as text."""
@@ -95,7 +147,12 @@ class Engine:
             if st._step_open:
                 raise Error("Engine.close() in the middle of a step; call opt.step() first, "
                             "or engine.abort_step() to drop the step")
-            st.close_core()
+            try:
+                self.flush()  # the last step commits; last_step_stats() keeps its figures
+            except Error:
+                pass  # closing, as before: a failed engine keeps its last commit
+            finally:
+                st.close_core()
 
     def __enter__(self):
         return self

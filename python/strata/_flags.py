@@ -3,6 +3,9 @@
 
     speculate="auto"|"on"|"off"        with max_grad_norm: update during backward and redo
     grad_spill="auto"|"on"|"off"       with max_grad_norm and NVMe: gradients to NVMe
+    pipeline="on"|"off" (or a bool)    with max_grad_norm: the updates that wait for the norm
+                                       run under the next step's forward (opt.step() returns
+                                       before they ran; the step commits during the next one)
     state_dtype="fp32"|"bf16"|"bf16-rne"  the Adam moments in host memory and on NVMe
     io="auto"|"uring"|"posix"          the NVMe backend
     io_block="1M"                      NVMe request size, the swap store's stripe (4K multiple)
@@ -13,6 +16,7 @@ from ._sizes import parse_bytes
 from ._strata import Error
 
 _TRI = {"auto": 0, "on": 1, "off": 2}
+_ONOFF = {"on": True, "off": False}
 _STATE = {"fp32": (0, 1), "bf16": (1, 1), "bf16-rne": (1, 0)}  # (StateFormat, StateRounding)
 _COLLECTIVE = {"auto": 0, "device": 1, "host": 2}
 _IO = ("auto", "uring", "posix")
@@ -31,6 +35,9 @@ def apply_run_flags(config, flags, optimizer_threads):
     flags = dict(flags)
     config.speculate = _choice("speculate", flags.pop("speculate", "auto"), _TRI)
     config.grad_spill = _choice("grad_spill", flags.pop("grad_spill", "auto"), _TRI)
+    pipeline = flags.pop("pipeline", "on")
+    config.pipeline = pipeline if isinstance(pipeline, bool) else _choice(
+        "pipeline", pipeline, _ONOFF)
     config.state_format, config.state_rounding = _choice(
         "state_dtype", flags.pop("state_dtype", "fp32"), _STATE)
     config.io = _choice("io", flags.pop("io", "auto"), _IO)
@@ -48,6 +55,6 @@ def apply_run_flags(config, flags, optimizer_threads):
         optimizer_threads = int(threads)
     if flags:
         raise Error(f"strata.Engine got unknown options {sorted(flags)}; known besides its own: "
-                    "speculate, grad_spill, state_dtype, io, io_block, collective_memory, "
-                    "threads")
+                    "speculate, grad_spill, pipeline, state_dtype, io, io_block, "
+                    "collective_memory, threads")
     return optimizer_threads

@@ -568,9 +568,11 @@ class _Offloaded:
 
     def end_step(self, opt):
         with self._clock.layer():
-            self._end_step_timed(opt)
+            stats = self._end_step_timed(opt)
         if self.engine._clock is not None:
-            self.engine._stats["python"] = self.engine._clock.snapshot()
+            self.engine._ended(stats, python=self.engine._clock.snapshot())
+        else:
+            self.engine._ended(stats)
 
     def _end_step_timed(self, opt):
         self._finish_backward()
@@ -587,7 +589,7 @@ class _Offloaded:
         self._reset_step()
         opt.last_grad_norm = stats["grad_norm"]
         opt.last_step_skipped = stats["skipped"]
-        self.engine._stats = stats
+        return stats
 
     def _reset_step(self):
         self._step_open = False
@@ -642,8 +644,7 @@ class _Offloaded:
         finally:
             self._held_grads.clear()
         self._reset_step()
-        stats["aborted"] = True
-        self.engine._stats = stats
+        self.engine._ended(stats, aborted=True)
 
     def _run_out_step(self, total):
         """Acquires and releases every access left in the step, in the schedule's order (per

@@ -7,13 +7,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "strata/engine.h"
+#include "strata/io.h"
 #include "strata/log.h"
 #include "tests/engine/engine_harness.h"
 #include "tests/engine/fake_model.h"
@@ -265,6 +270,213 @@ TEST(EnginePipelineTest, ReadsBetweenStepsWaitForTheDeferredUpdates) {
   }
   for (size_t s = 0; s < per_step[0].size(); ++s) {
     EXPECT_TRUE(BitIdentical(per_step[0][s], per_step[1][s])) << "after step " << s + 1;
+  }
+}
+
+// A gate the test closes to hold every NVMe write submitted meanwhile (GatedWrites).
+struct WriteGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+  int held = 0;  // writes held so far
+  void Set(bool is_open) {
+    std::lock_guard<std::mutex> l(mu);
+    open = is_open;
+    cv.notify_all();
+  }
+};
+
+// An NVMe backend whose writes wait while the gate is closed (reads pass): what waits for
+// a write then waits for the test.
+class GatedWrites final : public IoBackend {
+ public:
+  GatedWrites(std::unique_ptr<IoBackend> inner, std::shared_ptr<WriteGate> gate)
+      : inner_(std::move(inner)),
+        gate_(std::move(gate)),
+        name_("gated(" + std::string(inner_->Name()) + ")") {}
+  std::string_view Name() const override { return name_; }
+  uint32_t Capabilities() const override { return inner_->Capabilities(); }
+  uint32_t QueueDepth() const override { return inner_->QueueDepth(); }
+  Result<int> OpenFile(const std::string& path, const OpenOptions& o) override {
+    return inner_->OpenFile(path, o);
+  }
+  Status CloseFile(int file) override { return inner_->CloseFile(file); }
+  bool IsDirect(int file) const override { return inner_->IsDirect(file); }
+  Status Allocate(int file, uint64_t bytes) override { return inner_->Allocate(file, bytes); }
+  Status Sync(int file) override { return inner_->Sync(file); }
+  Status RegisterBuffers(std::span<const BufferRegion> regions) override {
+    return inner_->RegisterBuffers(regions);
+  }
+  Status CheckRequest(const IoRequest& r) const override { return inner_->CheckRequest(r); }
+  Status Submit(std::span<const IoRequest> requests) override {
+    std::vector<IoRequest> now;
+    {
+      std::lock_guard<std::mutex> l(gate_->mu);
+      for (const IoRequest& r : requests) {
+        if (r.op == IoOp::kWrite && !gate_->open) {
+          held_.push_back(r);
+          ++gate_->held;
+        } else {
+          now.push_back(r);
+        }
+      }
+    }
+    return now.empty() ? Status::OK() : inner_->Submit(now);
+  }
+  Result<size_t> Poll(std::span<IoCompletion> out, size_t min_complete) override {
+    std::vector<IoRequest> release;
+    {
+      std::unique_lock<std::mutex> l(gate_->mu);
+      // Nothing else to wait for: a short wait for the gate, then back to the caller (which
+      // submits its next requests and polls again).
+      if (!held_.empty() && !gate_->open && inner_->InFlight() == 0) {
+        gate_->cv.wait_for(l, std::chrono::milliseconds(1));
+        if (!gate_->open) return size_t(0);
+      }
+      if (gate_->open) release.swap(held_);
+    }
+    if (!release.empty()) STRATA_RETURN_IF_ERROR(inner_->Submit(release));
+    return inner_->Poll(out, min_complete);
+  }
+  size_t InFlight() const override { return inner_->InFlight() + held_.size(); }
+
+ private:
+  std::unique_ptr<IoBackend> inner_;
+  std::shared_ptr<WriteGate> gate_;
+  std::string name_;
+  std::vector<IoRequest> held_;  // guarded by gate_->mu
+};
+
+// The next forward's copy of a block waits for the block's deferred update, not for that
+// update's NVMe write: the write only reads the host copy, which is final once the update
+// ran. With every write of step 2 held back, step 2's Acquire(0, forward) still returns (it
+// waited for the write, the demo's stall, before the copy could share a copy being written),
+// and once the writes land the run is the waiting run's bit for bit.
+TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
+  const std::vector<BlockSpec> specs = FixedModel();
+  TempDir d1, d2;
+  RunConfig rc;
+  rc.pipeline = false;
+  rc.nvme = d1.path();
+  rc.host_mem = 1 << 20;
+  rc.grad_clip = 1e-3;  // every step clips: every update is deferred
+  rc.speculation = Speculation::kOff;
+  rc.grad_spill = GradSpill::kOff;
+  uint64_t min = 0, all = 0;
+  Minimum(specs, rc, &min, &all);
+  rc.host_mem = min + (64 << 10);  // states on NVMe, room to pipeline
+  auto waited = Train(specs, rc, 3);
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+
+  auto gate = std::make_shared<WriteGate>();
+  rc.nvme = d2.path();
+  rc.pipeline = true;
+  rc.io_factory = [gate](const IoBackendOptions& o) -> Result<std::unique_ptr<IoBackend>> {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> inner, CreateIoBackend(o));
+    return std::unique_ptr<IoBackend>(std::make_unique<GatedWrites>(std::move(inner), gate));
+  };
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const std::string report = f->engine->Placement().ToString();
+  ASSERT_NE(report.find("master of blocks 0-3: home NVMe"), std::string::npos) << report;
+  ASSERT_NE(report.find("run under the next step's forward"), std::string::npos) << report;
+  RunRecord rec;
+  ASSERT_TRUE(RunSteps(*f, 1, 1, 1, &rec).ok());
+  ASSERT_EQ(rec.deferred_blocks, int64_t(specs.size()));
+  gate->Set(false);
+  struct OpenAtExit {  // the engine's threads wait for the writes: never leave them held
+    WriteGate* g;
+    ~OpenAtExit() { g->Set(true); }
+  } open_at_exit{gate.get()};
+  ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}).ok());
+  auto acquired =
+      std::async(std::launch::async, [&] { return f->engine->Acquire(0, Pass::kForward); });
+  const bool returned = acquired.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  int held;
+  {
+    std::lock_guard<std::mutex> l(gate->mu);
+    held = gate->held;
+  }
+  gate->Set(true);
+  EXPECT_TRUE(returned) << "Acquire(0, forward) waited for block 0's NVMe write";
+  EXPECT_GT(held, 0) << "no write of the deferred updates was held: the test tests nothing";
+  ASSERT_TRUE(acquired.get().ok());
+  ASSERT_TRUE(f->engine->Release(0).ok());
+  ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, 2, 0, nullptr, false,
+                                         /*first_block=*/1)
+                  .ok());
+  ASSERT_TRUE(f->engine->EndStep().ok());
+  ASSERT_TRUE(RunSteps(*f, 3, 3, 1, &rec).ok());
+  auto states = States(*f->engine);
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_TRUE(BitIdentical(waited->states, *states));
+}
+
+// Each step's statistics are final when it commits (TakeCommittedStats): one per step, in
+// order, a pipelined step's after the next EndStep (the last after Flush), and each counts
+// its own deferred updates: nvme_write bytes equal, step for step, what the same updates write
+// at the end of their step (bytes are deterministic), where EndStep's figures of the step,
+// taken over its window, hold the previous step's writes instead.
+TEST(EnginePipelineTest, CommittedStatsCountEachStepsOwnDeferredUpdates) {
+  const std::vector<BlockSpec> specs = FixedModel();
+  const int steps = 4;
+  for (GradSpill spill : {GradSpill::kOff, GradSpill::kOn}) {
+    SCOPED_TRACE(GradSpillName(spill));
+    std::vector<StepStats> window[2], final[2];
+    for (int k = 0; k < 2; ++k) {
+      SCOPED_TRACE(k == 1 ? "pipelined" : "at the end of the step");
+      TempDir dir;
+      RunConfig rc;
+      rc.nvme = dir.path();
+      rc.grad_clip = 1e-3;  // every step clips: a pipelined one defers every update
+      rc.speculation = Speculation::kOff;
+      rc.grad_spill = spill;
+      rc.pipeline = k == 1;
+      uint64_t min = 0, all = 0;
+      Minimum(specs, rc, &min, &all);
+      rc.host_mem = min + (64 << 10);  // states on NVMe, room to pipeline
+      auto f = MakeEngine(specs, rc);
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      EXPECT_TRUE(f->engine->TakeCommittedStats().empty()) << "statistics before any step";
+      for (int64_t step = 1; step <= steps; ++step) {
+        ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01}).ok());
+        ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, step, 0).ok());
+        auto st = f->engine->EndStep();
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        window[k].push_back(*st);
+        const std::vector<StepStats> got = f->engine->TakeCommittedStats();
+        // At once without pipelining; one step later with it (nothing after step 1).
+        const int64_t want = k == 1 ? step - 1 : step;
+        ASSERT_EQ(got.size(), want > 0 ? 1u : 0u) << "after EndStep of step " << step;
+        if (want > 0) EXPECT_EQ(got[0].step, want);
+        final[k].insert(final[k].end(), got.begin(), got.end());
+      }
+      ASSERT_TRUE(f->engine->Flush().ok());
+      const std::vector<StepStats> last = f->engine->TakeCommittedStats();
+      ASSERT_EQ(last.size(), k == 1 ? 1u : 0u);
+      final[k].insert(final[k].end(), last.begin(), last.end());
+      ASSERT_EQ(final[k].size(), size_t(steps));
+    }
+    for (int i = 0; i < steps; ++i) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      const StepStats& piped = final[1][i];
+      EXPECT_EQ(piped.step, i + 1);
+      EXPECT_GT(piped.bytes.nvme_write, 0u);
+      EXPECT_EQ(piped.bytes.nvme_write, final[0][i].bytes.nvme_write);
+      EXPECT_EQ(final[0][i].bytes.nvme_write, window[0][i].bytes.nvme_write);
+      EXPECT_EQ(piped.deferred_blocks, int64_t(specs.size()));
+      EXPECT_GT(piped.busy_seconds[int(Resource::kCpuOptim)], 0.0);
+      if (i + 1 < steps) {
+        // Ran under the next step; the last one ran at Flush, a serial tail of its step.
+        EXPECT_GT(piped.overlapped_seconds, 0.0);
+      } else {
+        EXPECT_EQ(piped.overlapped_seconds, 0.0);
+        EXPECT_GT(piped.tail_seconds, window[1][i].tail_seconds);
+        EXPECT_GT(piped.seconds, window[1][i].seconds);
+      }
+    }
+    // EndStep's window of the first pipelined step holds none of its updates' writes.
+    EXPECT_LT(window[1][0].bytes.nvme_write, final[1][0].bytes.nvme_write);
   }
 }
 

@@ -52,11 +52,13 @@ struct CallerGrads {
 // Micro-batch m of `step`: forward reads every tensor on the compute lane; backward writes
 // FakeGrad and hands it to the engine, through the GradBuffer or, given `caller`, from the
 // model's own memory. With `zero_last` the block's last tensor gets a zero gradient (from
-// the caller: a null pointer).
+// the caller: a null pointer). The forward begins at `first_block` (the caller acquired and
+// released the blocks before it).
 inline Status RunFakeMicroBatch(Engine& e, Device& d, int64_t step, int m,
-                                CallerGrads* caller = nullptr, bool zero_last = false) {
+                                CallerGrads* caller = nullptr, bool zero_last = false,
+                                int first_block = 0) {
   const int L = int(e.Layout().size());
-  for (int b = 0; b < L; ++b) {
+  for (int b = first_block; b < L; ++b) {
     STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(b, Pass::kForward));
     STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
         Lane::kCompute,

@@ -27,6 +27,7 @@ const std::set<std::pair<S, S>> kEdges = {
     {S::kDirty, S::kWriting},   // write submitted
     {S::kDirty, S::kInUse},     // used again before its write
     {S::kWriting, S::kReady},   // write done
+    {S::kWriting, S::kInUse},   // write done while readers share the copy (WriteDone)
 };
 
 TEST(ResidencyTest, EveryTransitionIsAllowedExactlyWhenTheMachineHasIt) {
@@ -97,10 +98,43 @@ TEST(ResidencyTest, AModifiedCopyIsDirtyUntilItsWriteCompletes) {
   ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true).ok());
   EXPECT_EQ(r.state, S::kDirty) << "a reader of a dirty copy cleared its dirty mark";
   ASSERT_TRUE(r.To(S::kWriting).ok());
-  EXPECT_FALSE(r.Enter().ok()) << "a copy being written cannot be used";
   EXPECT_FALSE(r.To(S::kAbsent).ok());
-  ASSERT_TRUE(r.To(S::kReady).ok());
+  ASSERT_TRUE(r.WriteDone().ok());
+  EXPECT_EQ(r.state, S::kReady);
   ASSERT_TRUE(r.To(S::kAbsent).ok());
+}
+
+// The write only reads the copy: readers (the next forward's H2D copy of a block whose
+// update is being written) share it. It stays kWriting, so it is neither evicted nor given
+// to a user that modifies it, until the write is done and the readers left.
+TEST(ResidencyTest, ReadersShareACopyBeingWritten) {
+  Residency r;
+  r.state = S::kWriting;
+  ASSERT_TRUE(r.Enter().ok());
+  ASSERT_TRUE(r.Enter().ok());
+  EXPECT_EQ(r.state, S::kWriting);
+  EXPECT_EQ(r.users, 2);
+  EXPECT_FALSE(r.To(S::kAbsent).ok()) << "a copy being written was evicted";
+  ASSERT_TRUE(r.Leave(/*modified=*/false, /*needs_write=*/true).ok());
+  EXPECT_EQ(r.state, S::kWriting) << "a reader ended the write";
+  // The write completes under the other reader: in use, then ready when it leaves.
+  ASSERT_TRUE(r.WriteDone().ok());
+  EXPECT_EQ(r.state, S::kInUse);
+  EXPECT_FALSE(r.To(S::kAbsent).ok());
+  ASSERT_TRUE(r.Leave(false, true).ok());
+  EXPECT_EQ(r.state, S::kReady);
+  EXPECT_EQ(r.users, 0);
+  EXPECT_FALSE(r.WriteDone().ok()) << "a write completed twice";
+  EXPECT_EQ(r.state, S::kReady);
+}
+
+TEST(ResidencyTest, AUserThatModifiesACopyBeingWrittenIsRefused) {
+  Residency r;
+  r.state = S::kWriting;
+  ASSERT_TRUE(r.Enter().ok());
+  const Status s = r.Leave(/*modified=*/true, /*needs_write=*/true);
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+  EXPECT_EQ(r.state, S::kWriting);
 }
 
 TEST(ResidencyTest, AModifiedCopyWithoutAnNvmeHomeStaysReady) {
@@ -125,10 +159,11 @@ TEST(ResidencyTest, EnterIsRefusedWhereTheMachineHasNoUse) {
   for (S s : kAll) {
     Residency r;
     r.state = s;
-    const bool want = s == S::kReady || s == S::kDirty || s == S::kInUse;
+    const bool want = s == S::kReady || s == S::kDirty || s == S::kInUse || s == S::kWriting;
     EXPECT_EQ(r.Enter().ok(), want) << ResidencyStateName(s);
     EXPECT_EQ(r.users, want ? 1 : 0);
-    EXPECT_EQ(r.state, want ? S::kInUse : s);
+    // A reader of a copy being written leaves it kWriting (the write still owns it).
+    EXPECT_EQ(r.state, want && s != S::kWriting ? S::kInUse : s);
   }
 }
 

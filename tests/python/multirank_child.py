@@ -40,9 +40,11 @@ for step, mb in enumerate(batches(steps, micro)):
     except ValueError:
         hook.remove()
         losses.extend([None] * micro)
-    skipped.append(eng.last_step_stats()["skipped"])
+    skipped.extend(s["skipped"] for s in eng.step_stats())  # the steps committed by now
     opt.zero_grad()
 strata.save_safetensors(model, out + ".safetensors")  # a collective: every rank gathers
+skipped.extend(s["skipped"] for s in eng.step_stats())  # the last step, committed by the save
+assert len(skipped) == steps, skipped
 with open(out, "w") as f:
     json.dump({"rank": rank, "world": world, "losses": losses, "skipped": skipped,
                "norm": eng.last_step_stats()["grad_norm"]}, f)

@@ -1,5 +1,5 @@
-"""strata.Engine's options under `strata train`'s names (speculate, grad_spill, state_dtype,
-io, io_block, collective_memory, threads) reach the engine: each changes what the engine
+"""strata.Engine's options under `strata train`'s names (speculate, grad_spill, pipeline,
+state_dtype, io, io_block, collective_memory, threads) reach the engine: each changes what the engine
 does as the CLI's flag does, and a bad value is refused naming the option."""
 import pytest
 
@@ -41,9 +41,52 @@ def test_state_dtype_bf16_halves_the_moments(tmp_path):
     assert "Adam moments fp32" in eng.placement()
 
 
+def _steps(tmp_path, name, steps, **options):
+    """Trains `steps` steps; returns each step's final statistics as they came: per step the
+    list Engine.step_stats() gave after its opt.step(), then the one after flush()."""
+    nvme = tmp_path / name
+    nvme.mkdir()
+    engine = strata.Engine(device_mem="160K", host_mem="400K", nvme=[nvme], **options)
+    model = GPT()
+    model = strata.offload(model, blocks=list(model.blocks), engine=engine, micro_batches=2)
+    opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2, max_grad_norm=0.5)
+    came = []
+    for micro in batches(steps, 2):
+        for x, y in micro:
+            (model(x, y) / 2).backward()
+        opt.step()
+        came.append(engine.step_stats())
+    engine.flush()
+    came.append(engine.step_stats())
+    assert engine.last_step_stats()["step"] == steps
+    engine.close()
+    return came
+
+
+def test_pipeline_reports_each_step_when_it_commits_with_its_own_updates(tmp_path):
+    """With pipeline="on" (the default) a step commits during the next one: step_stats()
+    gives it one opt.step() later, the last at flush(), each counting its own updates (the
+    NVMe bytes written equal those of pipeline=False step for step, where each step commits
+    at its opt.step())."""
+    steps = 4
+    on = _steps(tmp_path, "on", steps)
+    off = _steps(tmp_path, "off", steps, pipeline=False)
+    assert [[s["step"] for s in c] for c in on] == [[], [1], [2], [3], [4]]
+    assert [[s["step"] for s in c] for c in off] == [[1], [2], [3], [4], []]
+    on = [s for c in on for s in c]
+    off = [s for c in off for s in c]
+    assert all(s["deferred_blocks"] > 0 for s in on)
+    assert all(s["deferred_blocks"] == 0 for s in off)
+    assert [s["bytes"]["nvme_write"] for s in on] == [s["bytes"]["nvme_write"] for s in off]
+    assert all(s["bytes"]["nvme_write"] > 0 for s in on)
+    assert [s["grad_norm"] for s in on] == [s["grad_norm"] for s in off]
+    assert all(s["overlapped_seconds"] > 0 for s in on[:-1])
+
+
 @pytest.mark.parametrize("options, message", [
     ({"speculate": "yes"}, "speculate='yes'.*--speculate"),
     ({"grad_spill": 1}, "grad_spill=1"),
+    ({"pipeline": "yes"}, "pipeline='yes'.*--pipeline"),
     ({"state_dtype": "fp16"}, "state_dtype='fp16'"),
     ({"io": "aio"}, "io='aio'"),
     ({"io_block": "5K"}, "io_block='5K': expected a multiple of 4K"),

@@ -57,7 +57,10 @@ def train(engine=None, dropout=0.0, mask=False, **config):
         opt.zero_grad()
         losses.append(step_loss)
         if engine is not None:
-            stats.append(engine.last_step_stats())
+            stats.extend(engine.step_stats())  # with clipping: the step before, committed now
+    if engine is not None:
+        engine.flush()  # the last step commits
+        stats.extend(engine.step_stats())
     return model, losses, stats
 
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gpt2.h"
@@ -124,8 +125,10 @@ class PlainEngine : public Engine {
         STRATA_RETURN_IF_ERROR(AdamStep(sl, h, static_cast<float>(args_.grad_scale * s.clip_coef)));
       }
     }
+    committed_.push_back(s);  // every step commits at EndStep
     return s;
   }
+  std::vector<StepStats> TakeCommittedStats() override { return std::exchange(committed_, {}); }
   Status Error() const override { return Status::OK(); }
 
  private:
@@ -137,6 +140,7 @@ class PlainEngine : public Engine {
   int64_t step_ = 0;
   uint64_t tickets_ = 0;
   std::map<uint32_t, std::vector<char>> acts_;
+  std::vector<StepStats> committed_;
 };
 
 }  // namespace strata::model

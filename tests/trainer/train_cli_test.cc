@@ -571,6 +571,48 @@ TEST_F(TrainCliTest, Bf16GradientsHalveTheD2hBytes) {
   EXPECT_NE(out.find("--grad-dtype"), std::string::npos) << out;
 }
 
+// --json has one record per committed step, each with the step's final statistics: with
+// pipelined updates (the default) a step commits during the next one and its record comes
+// then (the last after the final flush), complete and in order, its nvme_write bytes those
+// of its own updates, so step for step the same as --pipeline off; same losses; each
+// validation loss on its own step.
+TEST_F(TrainCliTest, JsonRecordsEachCommittedStepWithItsFinalStats) {
+  std::string out;
+  nlohmann::json runs[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string name = k == 1 ? "on" : "off";
+    ASSERT_EQ(0, Run(Args({"--nvme", dir_ + "/" + name, "--pipeline", name, "--val-every", "10",
+                           "--json", dir_ + "/" + name + ".json"}),
+                     &out))
+        << out;
+    runs[k] = Json(dir_ + "/" + name + ".json");
+  }
+  EXPECT_NE(out.find("step    30/30"), std::string::npos) << out;
+  const nlohmann::json& off = runs[0]["steps"];
+  const nlohmann::json& on = runs[1]["steps"];
+  ASSERT_EQ(on.size(), 30u);
+  ASSERT_EQ(off.size(), 30u);
+  for (size_t i = 0; i < on.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(on[i]["step"], int64_t(i) + 1);
+    EXPECT_EQ(on[i]["loss"].get<double>(), off[i]["loss"].get<double>());
+    EXPECT_GT(on[i]["deferred_blocks"].get<int64_t>(), 0);
+    EXPECT_EQ(off[i]["deferred_blocks"].get<int64_t>(), 0);
+    EXPECT_GT(on[i]["bytes"]["nvme_write"].get<uint64_t>(), 0u);
+    EXPECT_EQ(on[i]["bytes"]["nvme_write"].get<uint64_t>(),
+              off[i]["bytes"]["nvme_write"].get<uint64_t>());
+    EXPECT_GT(on[i]["busy_seconds"]["cpu_optim"].get<double>(), 0.0);
+    EXPECT_EQ(on[i].contains("val_loss"), (i + 1) % 10 == 0);
+    if ((i + 1) % 10 == 0) {
+      EXPECT_EQ(on[i]["val_loss"].get<double>(), off[i]["val_loss"].get<double>());
+    }
+    // Its updates ran under the next step, but where a read between steps (validation) or
+    // the final flush ran them.
+    if ((i + 1) % 10 != 0) EXPECT_GT(on[i]["overlapped_seconds"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(runs[1]["totals"]["bytes"]["nvme_write"], runs[0]["totals"]["bytes"]["nvme_write"]);
+}
+
 // One rule for the default head count: d_model / 64 in train as in generate.
 TEST_F(TrainCliTest, DefaultHeadsAreOneRule) {
   std::string out;

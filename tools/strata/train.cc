@@ -509,14 +509,9 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
     };
   }
   const bool lead = ri.rank == 0;
+  // Flushes the engine at the end (the last step commits), also after Ctrl-C.
   Status ran = RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what);
   if (!ran.ok()) return FailAfterSteps(json_out, lead, totals, ran, &js, *what);
-  // The last step's deferred updates (--pipeline) run and it commits before anything reports
-  // it, also after Ctrl-C.
-  *what = "committing the last step";
-  if (Status flushed = engine->Flush(); !flushed.ok()) {
-    return FailAfterSteps(json_out, lead, totals, flushed, &js, *what);
-  }
   PrintTotals(totals);
   js["totals"] = TotalsJson(totals);
   if (totals.interrupted != 0) {

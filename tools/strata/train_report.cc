@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 
 #include "comm/messages.h"
 #include "model/gemm_profile.h"
@@ -235,104 +236,171 @@ nlohmann::json PrintPlacement(const TrainReportInputs& in) {
           {"collective_memory", CollectiveMemoryName(pl.collective_memory)}};
 }
 
+namespace {
+
+// RunSteps' reporting: each step's line, --json record and totals, once its statistics are
+// final (Engine::TakeCommittedStats): at its commit, which with pipelined updates lands
+// during the next step (or at the flush after the last one).
+class StepReporter {
+ public:
+  StepReporter(const TrainReportInputs& in, nlohmann::json* steps_json, TrainTotals* totals)
+      : in_(in),
+        steps_json_(steps_json),
+        totals_(totals),
+        last_(in.train->steps),
+        tokens_per_step_(static_cast<double>(TokensPerStep(*in.train))),
+        flops_per_step_(
+            model::Gpt2TrainFlopsPerToken(*in.model, in.train->seq_len, in.train->recompute) *
+            tokens_per_step_),
+        tty_(isatty(STDOUT_FILENO)),
+        log_every_(in.log_every > 0 ? in.log_every : DefaultLogEvery(last_)) {}
+
+  bool tty() const { return tty_; }
+  // A step's EndStep returned: its loss, learning rate and model time, until it commits.
+  void Ended(const trainer::StepResult& r) { ended_.push_back(r); }
+  // Reports every ended step that committed since the last call.
+  void Committed() {
+    for (const StepStats& st : in_.engine->TakeCommittedStats()) {
+      while (!ended_.empty() && ended_.front().step < st.step) ended_.pop_front();
+      if (ended_.empty() || ended_.front().step != st.step) continue;  // not this run's
+      Report(ended_.front(), st);
+      ended_.pop_front();
+    }
+  }
+
+ private:
+  void Add(const trainer::StepResult& r, const StepStats& st);
+  void Report(const trainer::StepResult& r, const StepStats& st);
+
+  const TrainReportInputs& in_;
+  nlohmann::json* steps_json_;
+  TrainTotals* totals_;
+  const int64_t last_;
+  const double tokens_per_step_, flops_per_step_;
+  const bool tty_;
+  const int64_t log_every_;
+  std::deque<trainer::StepResult> ended_;
+};
+
+// The step into the totals.
+void StepReporter::Add(const trainer::StepResult& r, const StepStats& st) {
+  TrainTotals* t = totals_;
+  if (t->steps++ == 0) t->first_step = r.step;
+  t->last_step = r.step;
+  t->stall_seconds += st.stall_seconds;
+  t->tail_seconds += st.tail_seconds;
+  t->redone_blocks += st.redone_blocks;
+  t->redone_steps += st.redone_blocks > 0 ? 1 : 0;
+  t->redo_seconds += st.redo_seconds;
+  t->speculative_steps += st.speculative ? 1 : 0;
+  t->bound_seconds += st.bound_seconds;
+  if (st.skipped) ++t->skipped_steps;
+  t->losses.push_back(r.loss);
+  t->seconds += st.seconds;
+  t->model_flops += flops_per_step_;
+  t->compute_seconds += r.compute_seconds;
+  t->bytes.nvme_read += st.bytes.nvme_read;
+  t->bytes.nvme_write += st.bytes.nvme_write;
+  t->bytes.h2d += st.bytes.h2d;
+  t->bytes.d2h += st.bytes.d2h;
+  t->bytes.comm += st.bytes.comm;
+  for (int i = 0; i < kNumResources; ++i) t->busy[i] += st.busy_seconds[i];
+}
+
+void StepReporter::Report(const trainer::StepResult& r, const StepStats& st) {
+  Add(r, st);
+  const int64_t s = r.step;
+  const double tps = st.seconds > 0 ? tokens_per_step_ / st.seconds : 0;
+  const double tflops = st.seconds > 0 ? flops_per_step_ / st.seconds / 1e12 : 0;
+  // The engine's bound counts the transfers and the compute it times itself; the model's
+  // kernels timed on the device (CUDA) bound the step too.
+  const bool compute_bound = r.compute_seconds > st.bound_seconds;
+  const double eff =
+      compute_bound && st.seconds > 0 ? r.compute_seconds / st.seconds : st.efficiency;
+  const std::string bound_resource = compute_bound ? "compute" : st.bound_resource;
+  const double eta = totals_->seconds / totals_->steps * static_cast<double>(last_ - s);
+  // The engine's figures as `bench step --json` has them, with the model's.
+  nlohmann::json step = StepStatsJson(st);
+  step["step"] = s;
+  step["loss"] = r.loss;
+  step["tokens_per_s"] = tps;
+  step["model_tflops_per_s"] = tflops;
+  step["compute_seconds"] = r.compute_seconds;
+  if (compute_bound) {
+    step["efficiency"] = eff;
+    step["bound_seconds"] = r.compute_seconds;
+    step["bound_resource"] = bound_resource;
+  }
+  step["lr"] = r.lr;
+  steps_json_->push_back(std::move(step));
+  char compute[48] = "";
+  if (r.compute_seconds > 0) {
+    std::snprintf(compute, sizeof compute, "  compute %.3f s", r.compute_seconds);
+  }
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "step %5lld/%lld  loss %.4f  %8.0f tok/s  %.3g TFLOP/s%s  eff %.2f (%s)  %s  "
+                "ETA %s",
+                static_cast<long long>(s), static_cast<long long>(last_), r.loss, tps, tflops,
+                compute, eff, bound_resource.c_str(), StepTimeSplit(st).c_str(),
+                Duration(eta).c_str());
+  if (tty_) {
+    const int width = 20;
+    const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last_));
+    std::printf("\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
+                std::string(width - filled, ' ').c_str(), line);
+    std::fflush(stdout);
+  } else if (s % log_every_ == 0 || s == last_ || totals_->steps == 1) {
+    std::printf("%s\n", line);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
 Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
                 const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
                 std::string* what) {
   const int64_t last = in.train->steps;
-  const double tokens_per_step = static_cast<double>(TokensPerStep(*in.train));
-  const double flops_per_step =
-      model::Gpt2TrainFlopsPerToken(*in.model, in.train->seq_len, in.train->recompute) *
-      tokens_per_step;
-  const bool tty = isatty(STDOUT_FILENO);
+  StepReporter reporter(in, steps_json, totals);
   totals->resumed_step = in.engine->ResumedStep();
-  const int64_t log_every = in.log_every > 0 ? in.log_every : DefaultLogEvery(last);
+  int64_t ran = 0;
   for (int64_t s = trainer.next_step(); s <= last; ++s) {
     STRATA_ASSIGN_OR_RETURN(totals->interrupted, AgreeOnInterrupt(in, what));
     if (totals->interrupted != 0) break;
     auto r = trainer.Step();
     if (!r.ok()) {
-      if (tty) std::printf("\n");
+      if (reporter.tty() && ran > 0) std::printf("\n");
       *what = "step " + std::to_string(s);
       return r.status();
     }
-    const StepStats& st = r->stats;
-    if (totals->steps++ == 0) totals->first_step = s;
-    totals->last_step = s;
-    totals->stall_seconds += st.stall_seconds;
-    totals->tail_seconds += st.tail_seconds;
-    totals->redone_blocks += st.redone_blocks;
-    totals->redone_steps += st.redone_blocks > 0 ? 1 : 0;
-    totals->redo_seconds += st.redo_seconds;
-    totals->speculative_steps += st.speculative ? 1 : 0;
-    totals->bound_seconds += st.bound_seconds;
-    if (st.skipped) ++totals->skipped_steps;
-    totals->losses.push_back(r->loss);
-    totals->seconds += st.seconds;
-    totals->model_flops += flops_per_step;
-    totals->compute_seconds += r->compute_seconds;
-    totals->bytes.nvme_read += st.bytes.nvme_read;
-    totals->bytes.nvme_write += st.bytes.nvme_write;
-    totals->bytes.h2d += st.bytes.h2d;
-    totals->bytes.d2h += st.bytes.d2h;
-    totals->bytes.comm += st.bytes.comm;
-    for (int i = 0; i < kNumResources; ++i) totals->busy[i] += st.busy_seconds[i];
-    const double tps = st.seconds > 0 ? tokens_per_step / st.seconds : 0;
-    const double tflops = st.seconds > 0 ? flops_per_step / st.seconds / 1e12 : 0;
-    // The engine's bound counts the transfers and the compute it times itself; the model's
-    // kernels timed on the device (CUDA) bound the step too.
-    const bool compute_bound = r->compute_seconds > st.bound_seconds;
-    const double eff =
-        compute_bound && st.seconds > 0 ? r->compute_seconds / st.seconds : st.efficiency;
-    const std::string bound_resource = compute_bound ? "compute" : st.bound_resource;
-    const double eta = totals->seconds / totals->steps * static_cast<double>(last - s);
-    // The engine's figures as `bench step --json` has them, with the model's.
-    nlohmann::json step = StepStatsJson(st);
-    step["step"] = s;
-    step["loss"] = r->loss;
-    step["tokens_per_s"] = tps;
-    step["model_tflops_per_s"] = tflops;
-    step["compute_seconds"] = r->compute_seconds;
-    if (compute_bound) {
-      step["efficiency"] = eff;
-      step["bound_seconds"] = r->compute_seconds;
-      step["bound_resource"] = bound_resource;
-    }
-    step["lr"] = r->lr;
-    steps_json->push_back(std::move(step));
-    char compute[48] = "";
-    if (r->compute_seconds > 0) {
-      std::snprintf(compute, sizeof compute, "  compute %.3f s", r->compute_seconds);
-    }
-    char line[320];
-    std::snprintf(line, sizeof line,
-                  "step %5lld/%lld  loss %.4f  %8.0f tok/s  %.3g TFLOP/s%s  eff %.2f (%s)  %s  "
-                  "ETA %s",
-                  static_cast<long long>(s), static_cast<long long>(last), r->loss, tps, tflops,
-                  compute, eff, bound_resource.c_str(), StepTimeSplit(st).c_str(),
-                  Duration(eta).c_str());
-    if (tty) {
-      const int width = 20;
-      const int filled = static_cast<int>(width * s / std::max<int64_t>(1, last));
-      std::printf("\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
-                  std::string(width - filled, ' ').c_str(), line);
-      std::fflush(stdout);
-    } else if (s % log_every == 0 || s == last || totals->steps == 1) {
-      std::printf("%s\n", line);
-      std::fflush(stdout);
-    }
+    ++ran;
+    reporter.Ended(*r);
+    reporter.Committed();
     if (val_every > 0 && (s % val_every == 0 || s == last)) {
-      auto v = trainer.ValidationLoss();
+      auto v = trainer.ValidationLoss();  // reads the weights: step s commits first
       if (!v.ok()) {
         *what = "validation";
         return v.status();
       }
-      if (tty) std::printf("\n");
+      reporter.Committed();
+      if (reporter.tty()) std::printf("\n");
       std::printf("val step %lld  loss %.4f\n", static_cast<long long>(s), *v);
-      steps_json->back()["val_loss"] = *v;
+      if (!steps_json->empty() && steps_json->back()["step"] == s) {
+        steps_json->back()["val_loss"] = *v;
+      }
     }
-    if (after_step) STRATA_RETURN_IF_ERROR(after_step(s));
+    if (after_step) {
+      STRATA_RETURN_IF_ERROR(after_step(s));
+      reporter.Committed();
+    }
   }
-  if (tty && totals->steps > 0) std::printf("\n");
+  // The last step's deferred updates (--pipeline) run and it commits before anything reports
+  // it, also after Ctrl-C.
+  *what = "committing the last step";
+  STRATA_RETURN_IF_ERROR(in.engine->Flush());
+  reporter.Committed();
+  if (reporter.tty() && ran > 0) std::printf("\n");
   return Status::OK();
 }
 

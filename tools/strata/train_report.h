@@ -30,8 +30,8 @@ struct TrainReportInputs {
   const trainer::TrainOptions* train = nullptr;
   const model::TokenStream* data = nullptr;
   const model::Batcher* batcher = nullptr;
-  const Engine* engine = nullptr;
-  std::string lr_schedule;  // as given: constant or cosine
+  Engine* engine = nullptr;  // RunSteps flushes it and takes its committed statistics
+  std::string lr_schedule;   // as given: constant or cosine
   uint64_t seed = 0;
   std::vector<std::string> nvme;  // as given (with {rank})
   // Not on a terminal: a step line every this many steps (and the run's first and last);
@@ -91,10 +91,13 @@ struct TrainTotals {
 using AfterStep = std::function<Status(int64_t step)>;
 
 // Runs the steps from trainer.next_step() to the last, printing one line each (validation
-// every `val_every` steps when > 0) and appending them to `steps_json`. Stops early, after
-// the step in progress, once SIGINT or SIGTERM arrived (on any rank: the ranks agree after
-// every step), with totals->interrupted set. Errors: the step's, validation's or
-// after_step's, with *what "step N", "validation" or after_step's.
+// every `val_every` steps when > 0) and appending them to `steps_json`, then flushes the
+// engine (the last step's deferred updates run and it commits). A step is reported when its
+// statistics are final, at its commit (Engine::TakeCommittedStats): with pipelined updates
+// one step later, the last after the flush. Stops early, after the step in progress, once
+// SIGINT or SIGTERM arrived (on any rank: the ranks agree after every step), with
+// totals->interrupted set. Errors: the step's, validation's, after_step's or the flush's,
+// with *what "step N", "validation", after_step's or "committing the last step".
 Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t val_every,
                 const AfterStep& after_step, nlohmann::json* steps_json, TrainTotals* totals,
                 std::string* what);
