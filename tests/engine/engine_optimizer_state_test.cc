@@ -266,14 +266,19 @@ TEST(EngineWriteComponentTest, WrittenStatesReadBackAndSurviveACommitAndAResume)
 
 // A run's states after step 2, written into a fresh engine whose step count starts at 0, with
 // step_offset 2: its step 3 equals the uninterrupted run's, bit for bit (stochastic bf16
-// rounding included: it is keyed by the bias correction's step).
+// rounding included: it is keyed by the bias correction's step; with a bf16 working copy the
+// master weights written reach the copy the device computes with).
 TEST(EngineWriteComponentTest, StatesWrittenIntoAFreshEngineContinueTheRunBitForBit) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = GroupedModel();
-  for (StateFormat fmt : {StateFormat::kFp32, StateFormat::kBf16}) {
-    SCOPED_TRACE(StateFormatName(fmt));
+  for (const auto& [fmt, dtype] : {std::pair{StateFormat::kFp32, WorkingDtype::kFp32},
+                                   std::pair{StateFormat::kBf16, WorkingDtype::kFp32},
+                                   std::pair{StateFormat::kFp32, WorkingDtype::kBf16}}) {
+    SCOPED_TRACE(std::string(StateFormatName(fmt)) + " moments, " + WorkingDtypeName(dtype) +
+                 " working copy");
     RunConfig rc;
     rc.state_format = fmt;
+    rc.dtype = dtype;
     rc.micro_batches = 2;
     rc.grad_clip = 1e30;
     auto a = MakeEngine(specs, rc);
