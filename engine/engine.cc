@@ -63,6 +63,7 @@ class EngineImpl final : public Engine {
   Status CommitParams() override;
   Status ReadParams(int block, int tensor, std::span<float> out) const override;
   Status ReadComponent(int block, Component component, std::span<float> out) const override;
+  Status WriteComponent(int block, Component component, std::span<const float> values) override;
   Status BeginStep(const StepArgs& args) override;
   Result<BlockView> Acquire(int block, Pass pass) override;
   Status Release(int block) override;
@@ -276,13 +277,8 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   MutexLock lk(&ctx_.mu);
   STRATA_RETURN_IF_ERROR(ctx_.error);
   if (ctx_.step_open) return Status::InvalidArgument("BeginStep: a step is already open");
-  if (!(args.lr >= 0) || !std::isfinite(args.lr) || !(args.grad_scale > 0) ||
-      !std::isfinite(args.grad_scale)) {
-    return Status::InvalidArgument("BeginStep: lr must be >= 0 and grad_scale > 0 (lr " +
-                                   std::to_string(args.lr) + ", grad_scale " +
-                                   std::to_string(args.grad_scale) + ")");
-  }
   const int64_t done = ctx_.resumed_step + ctx_.step;
+  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, ctx_.layout, done));
   // A redo needs the committed versions to be the states the step starts from.
   bool uncommitted = params_dirty_ && host_.has_store();
   if (uncommitted && (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < done)) {
@@ -316,6 +312,9 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
 
   ++ctx_.step;
   ctx_.args = args;
+  ctx_.groups = args.groups.empty()
+                    ? nullptr
+                    : std::make_shared<const std::vector<OptimizerGroup>>(args.groups);
   acquired_ = -1;
   host_.BeginStepLocked();
   stash_.BeginStep();
@@ -841,6 +840,17 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
   std::vector<uint16_t> bf16(n);  // bf16 moments, widened exactly
   STRATA_RETURN_IF_ERROR(host_.ReadObjLocked(obj, bf16.data()));
   for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
+  return Status::OK();
+}
+
+Status EngineImpl::WriteComponent(int block, Component component, std::span<const float> values) {
+  STRATA_RETURN_IF_ERROR(CheckBlockTensor(block, 0));
+  MutexLock lock(&ctx_.mu);
+  STRATA_RETURN_IF_ERROR(ctx_.error);
+  if (ctx_.step_open) return Status::InvalidArgument("WriteComponent during a step");
+  STRATA_RETURN_IF_ERROR(DrainLocked());  // the last step's deferred updates land first
+  STRATA_RETURN_IF_ERROR(host_.WriteComponentLocked(block, component, values));
+  params_dirty_ = true;
   return Status::OK();
 }
 

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,12 +42,14 @@
 namespace strata::engine_internal {
 
 // The arguments of one block's AdamW step: the step's learning rate, its number (bias
-// correction, the moments' rounding key) and the gradient's scale (grad_scale, times the clip
-// coefficient once the norm is known).
+// correction, the moments' rounding key; with StepArgs::step_offset), the gradient's scale
+// (grad_scale, times the clip coefficient once the norm is known) and the step's optimizer
+// groups (StepArgs::groups; null when it has none), shared with the updates that run late.
 struct UpdateArgs {
   double lr = 0;
   int64_t step = 0;
   float scale = 1;
+  std::shared_ptr<const std::vector<OptimizerGroup>> groups;
 };
 
 struct EngineContext {
@@ -84,6 +87,7 @@ struct EngineContext {
   // ---- The open step's plan (see the header comment). ----
   HostPlan hplan;
   StepArgs args;
+  std::shared_ptr<const std::vector<OptimizerGroup>> groups;  // args.groups; null when empty
   bool speculative = false;  // with clipping: restorable blocks update before the norm
   int64_t step = 0;          // steps begun by this engine
   // The previous step's updates that this one runs first (HostPlanInput::carried), with their

@@ -27,6 +27,46 @@ Status CheckOptimizerOptions(const EngineOptions& opt) {
   return Status::OK();
 }
 
+Status CheckStepArgs(const StepArgs& args, const std::vector<BlockLayout>& layout,
+                     int64_t steps_done) {
+  if (!(args.lr >= 0) || !std::isfinite(args.lr) || !(args.grad_scale > 0) ||
+      !std::isfinite(args.grad_scale)) {
+    return Status::InvalidArgument("BeginStep: lr must be >= 0 and grad_scale > 0 (lr " +
+                                   std::to_string(args.lr) + ", grad_scale " +
+                                   std::to_string(args.grad_scale) + ")");
+  }
+  if (steps_done + 1 + args.step_offset < 1) {
+    return Status::InvalidArgument("BeginStep: step_offset " + std::to_string(args.step_offset) +
+                                   " makes the bias correction's step count " +
+                                   std::to_string(steps_done + 1 + args.step_offset) +
+                                   "; it must be >= 1");
+  }
+  for (size_t i = 0; i < args.groups.size(); ++i) {
+    const OptimizerGroup& g = args.groups[i];
+    if (!(g.lr >= 0) || !std::isfinite(g.lr) || !(g.beta1 >= 0 && g.beta1 < 1) ||
+        !(g.beta2 >= 0 && g.beta2 < 1) || !(g.eps >= 0) || !(g.weight_decay >= 0) ||
+        !std::isfinite(g.eps) || !std::isfinite(g.weight_decay)) {
+      return Status::InvalidArgument(
+          "BeginStep: optimizer group " + std::to_string(i) + " out of range (lr " +
+          std::to_string(g.lr) + ", beta1 " + std::to_string(g.beta1) + ", beta2 " +
+          std::to_string(g.beta2) + ", eps " + std::to_string(g.eps) + ", weight_decay " +
+          std::to_string(g.weight_decay) + "): lr, eps, weight_decay >= 0, betas in [0, 1)");
+    }
+  }
+  if (args.groups.empty()) return Status::OK();
+  for (const BlockLayout& b : layout) {
+    for (const TensorLayout& t : b.tensors) {
+      if (t.group < 0 || size_t(t.group) >= args.groups.size()) {
+        return Status::InvalidArgument(
+            "BeginStep: tensor '" + b.name + "." + t.name + "' is in optimizer group " +
+            std::to_string(t.group) + ", but the step gives " + std::to_string(args.groups.size()) +
+            " groups (StepArgs::groups)");
+      }
+    }
+  }
+  return Status::OK();
+}
+
 Result<EngineOptions> ResolveRankOptions(const EngineOptions& options) {
   EngineOptions opt = options;
   if (opt.comm) {

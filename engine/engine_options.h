@@ -11,6 +11,13 @@ namespace strata::engine_internal {
 // eps and weight_decay >= 0; and activation_count >= 0. InvalidArgument naming them otherwise.
 Status CheckOptimizerOptions(const EngineOptions& opt);
 
+// BeginStep's arguments are in range: lr >= 0, grad_scale > 0, every group's settings as
+// CheckOptimizerOptions's, every tensor's group an index of args.groups (when it has any), and
+// the step count of the bias correction (`steps_done` + 1 + step_offset) >= 1. InvalidArgument
+// naming the value (and the tensor) otherwise.
+Status CheckStepArgs(const StepArgs& args, const std::vector<BlockLayout>& layout,
+                     int64_t steps_done);
+
 // The options with the ranks resolved from the communicator (world_size, rank, and
 // collective memory when kAuto), after checking that comm, host_comm, the device and
 // collective_memory fit together. InvalidArgument naming the mismatch and what to set.

@@ -412,6 +412,45 @@ Status HostTier::ReadObjLocked(int obj, void* dst) const {
   return Status::OK();
 }
 
+Status HostTier::WriteComponentLocked(int block, Component component,
+                                      std::span<const float> values) {
+  const BlockLayout& bl = ctx_.layout[block];
+  if (component != Component::kMaster && component != Component::kExpAvg &&
+      component != Component::kExpAvgSq) {
+    return Status::InvalidArgument(std::string("WriteComponent: ") + ComponentName(component) +
+                                   " cannot be written (master, exp_avg or exp_avg_sq)");
+  }
+  if (values.size() != bl.shard_numel) {
+    return Status::InvalidArgument("WriteComponent: block '" + bl.name + "' has " +
+                                   std::to_string(bl.shard_numel) + " elements per shard, got " +
+                                   std::to_string(values.size()));
+  }
+  if (component == Component::kMaster) {  // the shard as one tensor: master and param copy
+    const uint64_t first = uint64_t(ctx_.rank) * bl.shard_numel;
+    const TensorLayout shard{
+        .name = bl.name, .shape = {}, .offset = first, .numel = bl.shard_numel};
+    return WriteTensorLocked(block, shard, values);
+  }
+  const int obj = ObjIndex(block, component);
+  HostObj& h = objs_[obj];
+  const bool resident = h.buf && h.res.state == S::kReady;
+  AlignedBuffer tmp(resident ? 0 : h.bytes);
+  void* data = resident ? h.buf : tmp.data;
+  if (ctx_.place.elem_bytes[int(component)] == 4) {
+    std::memcpy(data, values.data(), h.bytes);
+  } else {
+    uint16_t* p = static_cast<uint16_t*>(data);
+    for (uint64_t i = 0; i < values.size(); ++i) p[i] = FloatToBf16(values[i]);
+  }
+  if (h.needs_write && store_) {
+    STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(obj), data, h.bytes));
+    h.on_nvme = true;
+  } else if (!resident) {
+    return Status::Aborted("internal: " + ctx_.ObjName(obj) + " has neither a host copy nor NVMe");
+  }
+  return Status::OK();
+}
+
 Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
                                    std::span<const float> values) {
   std::vector<int> targets = {ObjIndex(block, Component::kMaster)};

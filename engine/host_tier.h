@@ -121,6 +121,11 @@ class HostTier {
   // master (and working-dtype param) copies: this rank's part of them.
   Status WriteTensorLocked(int block, const TensorLayout& t, std::span<const float> values)
       REQUIRES(ctx_.mu);
+  // Engine::WriteComponent: a whole component of this rank's shard of `block` (checks the
+  // component and the size; kMaster through WriteTensorLocked, moments narrowed to bf16
+  // (nearest even) with StateFormat::kBf16).
+  Status WriteComponentLocked(int block, Component component, std::span<const float> values)
+      REQUIRES(ctx_.mu);
   bool has_store() const { return store_ != nullptr; }
   std::optional<uint64_t> CommittedStep() const { return store_->CommittedStep(); }
   // Commits the store's pending versions as `step` (drops mu around the flush).

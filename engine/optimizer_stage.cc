@@ -20,8 +20,8 @@ void SetMomentFormat(const EngineContext& ctx, int64_t step, int b, uint64_t lo,
 
 UpdateArgs StepUpdateArgs(const EngineContext& ctx, const GradNormResult* norm) {
   const double clip_coef = ctx.opt.grad_clip > 0 && norm ? norm->clip_coef : 1.0;
-  return UpdateArgs{ctx.args.lr, ctx.resumed_step + ctx.step,
-                    float(ctx.args.grad_scale * clip_coef)};
+  return UpdateArgs{ctx.args.lr, ctx.resumed_step + ctx.step + ctx.args.step_offset,
+                    float(ctx.args.grad_scale * clip_coef), ctx.groups};
 }
 
 Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
@@ -55,7 +55,16 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
       s.param_out = param + lo;
       s.param_out_format = ParamOut::kBf16;
     }
-    hp.weight_decay = t.weight_decay ? opt.weight_decay : 0.0;
+    hp.weight_decay = opt.weight_decay;
+    if (args.groups) {  // the tensor's optimizer group (CheckStepArgs checked the index)
+      const OptimizerGroup& g = (*args.groups)[t.group];
+      hp.lr = g.lr;
+      hp.beta1 = g.beta1;
+      hp.beta2 = g.beta2;
+      hp.eps = g.eps;
+      hp.weight_decay = g.weight_decay;
+    }
+    if (!t.weight_decay) hp.weight_decay = 0.0;
     STRATA_RETURN_IF_ERROR(AdamStep(s, hp, args.scale, ctx.kernel_options));
   }
   return Status::OK();

@@ -50,7 +50,7 @@ Result<std::vector<BlockLayout>> ComputeLayout(const std::vector<BlockSpec>& blo
         numel *= uint64_t(d);
       }
       offset = RoundUp(offset, tensor_alignment);
-      bl.tensors.push_back(TensorLayout{t.name, t.shape, offset, numel, t.weight_decay});
+      bl.tensors.push_back(TensorLayout{t.name, t.shape, offset, numel, t.weight_decay, t.group});
       offset += numel;
       bl.numel += numel;
     }

@@ -15,6 +15,8 @@ packages=(
   python3-numpy python3-regex python3-requests python3-yaml python3-tqdm python3-filelock
   python3-packaging python3-typing-extensions python3-pip
 )
+# bench/vs_deepspeed.py's DeepSpeed (opt-in, below): its NVMe offload (async_io) needs libaio.
+if [ "${STRATA_DEEPSPEED:-0}" = 1 ]; then packages+=(libaio-dev); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -93,5 +95,27 @@ then
     echo "bootstrap: warning: pip could not install the torch matrix (no network?);" \
       "tests/python runs under /usr/bin/python3 only; pip's output: $log" >&2
     rm -rf "$matrix_venv"
+  fi
+fi
+
+# DeepSpeed for bench/vs_deepspeed.py, opt-in (STRATA_DEEPSPEED=1): deepspeed 0.19.8 into the
+# torch-matrix venv (pip adds its own small dependencies; torch stays the venv's), then its
+# CPU ops built once, as DeepSpeed builds them on first use with DS_ACCELERATOR=cpu: cpu_adam,
+# shm_comm and async_io (6-20 minutes on 2 cores; the build lands in torch's extensions cache,
+# ~/.cache/torch_extensions). Without network the step warns and the bench skips DeepSpeed.
+if [ "${STRATA_DEEPSPEED:-0}" = 1 ] && [ -x "$matrix_venv/bin/python" ] &&
+   ! "$matrix_venv/bin/python" -c 'import importlib.metadata as m, sys
+sys.exit(m.version("deepspeed") != "0.19.8")' 2>/dev/null; then
+  echo "bootstrap: installing deepspeed 0.19.8 into $matrix_venv and building its CPU ops"
+  log="$matrix_venv.deepspeed.log"
+  if DS_BUILD_OPS=0 "$matrix_venv/bin/python" -m pip install -q --disable-pip-version-check \
+       --no-input --retries 2 deepspeed==0.19.8 >"$log" 2>&1 &&
+     DS_ACCELERATOR=cpu "$matrix_venv/bin/python" -c '
+from deepspeed.accelerator import get_accelerator
+for name in ("CPUAdamBuilder", "ShareMemCommBuilder", "AsyncIOBuilder"):
+    get_accelerator().create_op_builder(name).load()' >>"$log" 2>&1; then
+    rm -f "$log"
+  else
+    echo "bootstrap: warning: deepspeed 0.19.8 could not be installed or built; see $log" >&2
   fi
 fi

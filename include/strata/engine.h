@@ -93,6 +93,9 @@ struct TensorSpec {
   std::string name;            // unique within its block ("attn.c_attn.weight")
   std::vector<int64_t> shape;  // every dimension >= 1; a scalar is {1}
   bool weight_decay = true;    // false: AdamW's decoupled decay is not applied (norms, biases)
+  // The optimizer group that updates it: its index in StepArgs::groups (torch's param_groups).
+  // Ignored while StepArgs::groups is empty.
+  int group = 0;
 };
 
 struct BlockSpec {
@@ -107,6 +110,7 @@ struct TensorLayout {
   uint64_t offset = 0;  // first element in the flat buffer; a multiple of tensor_alignment
   uint64_t numel = 0;
   bool weight_decay = true;
+  int group = 0;
 };
 
 struct BlockLayout {
@@ -389,11 +393,32 @@ struct PlacementReport {
 // Steps
 // ---------------------------------------------------------------------------------------
 
+// One optimizer group's AdamW settings for a step (one of torch's param_groups): the tensors
+// whose TensorSpec::group is its index in StepArgs::groups are updated with these.
+struct OptimizerGroup {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;  // tensors with TensorSpec::weight_decay = false get none
+};
+
 struct StepArgs {
   double lr = 1e-3;
   // Multiplies every gradient before clipping and the update (e.g. 1/loss_scale, or
   // 1/micro_batches for a mean over micro-batches). The norm reported is of scaled grads.
   double grad_scale = 1.0;
+  // Per-group settings (any number may differ, and they may change from step to step, as a
+  // scheduler changes them). Empty: every tensor is updated with `lr` and EngineOptions' beta1,
+  // beta2, eps and weight_decay. Otherwise every tensor's TensorSpec::group must index it
+  // (BeginStep refuses the step with InvalidArgument naming the tensor otherwise), and `lr`
+  // is not used. A step whose updates are deferred (EngineOptions::pipeline_updates) runs them
+  // with its own groups.
+  std::vector<OptimizerGroup> groups = {};
+  // Added to the step count of AdamW's bias correction (1 - beta^t with t = ResumedStep() +
+  // the steps this engine ran + step_offset, at least 1), which also keys the bf16 moments'
+  // stochastic rounding: for moments written with WriteComponent from a run whose step count
+  // differs from this engine's (torch's optimizer.load_state_dict). The commits keep counting
+  // the engine's steps.
+  int64_t step_offset = 0;
 };
 
 // A block's parameters on the device, valid from Acquire until Release.
@@ -509,6 +534,16 @@ class Engine {
   // checkpoints; between steps. InvalidArgument for kGrad (gradients are freed after each update)
   // or a wrong size.
   virtual Status ReadComponent(int block, Component component, std::span<float> out) const = 0;
+  // Writes a whole component of a block's shard, the mirror of ReadComponent (between steps;
+  // the deferred updates of the last step run first): shard_numel fp32 values. kMaster sets
+  // the master weights and the working-dtype param copy, as WriteParams for the whole shard
+  // (padding included). kExpAvg, kExpAvgSq set the moments; with StateFormat::kBf16 each value
+  // is rounded to the nearest bf16, ties to even, whatever EngineOptions::state_rounding says
+  // (stochastic rounding is keyed by a step's update): a value ReadComponent gave (a bf16
+  // widened) is stored exactly. Committed as WriteParams is, by the next BeginStep or
+  // CommitParams. InvalidArgument for kParam or kGrad, a wrong size, or during a step. One
+  // rank writes its own shard (with several, each rank writes its own).
+  virtual Status WriteComponent(int block, Component component, std::span<const float> values) = 0;
 
   // Starts a step. InvalidArgument when a step is already open or args are out of range;
   // the stored background error when there is one.

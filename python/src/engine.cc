@@ -31,8 +31,10 @@ namespace py = pybind11;
 namespace strata::python {
 namespace {
 
-// One tensor: (name, shape, weight_decay).
-using TensorTuple = std::tuple<std::string, std::vector<int64_t>, bool>;
+// One tensor: (name, shape, weight_decay, optimizer group).
+using TensorTuple = std::tuple<std::string, std::vector<int64_t>, bool, int>;
+// One optimizer group's settings for a step: (lr, beta1, beta2, eps, weight_decay).
+using GroupTuple = std::tuple<double, double, double, double, double>;
 // One block: (name, tensors).
 using BlockTuple = std::pair<std::string, std::vector<TensorTuple>>;
 
@@ -148,8 +150,8 @@ class PyEngine {
     std::vector<BlockSpec> specs;
     for (const auto& [name, tensors] : blocks) {
       BlockSpec b{.name = name, .tensors = {}};
-      for (const auto& [tname, shape, wd] : tensors) {
-        b.tensors.push_back({.name = tname, .shape = shape, .weight_decay = wd});
+      for (const auto& [tname, shape, wd, group] : tensors) {
+        b.tensors.push_back({.name = tname, .shape = shape, .weight_decay = wd, .group = group});
       }
       specs.push_back(std::move(b));
     }
@@ -286,28 +288,40 @@ class PyEngine {
   // One component ("master", "exp_avg", "exp_avg_sq") of this rank's shard of a block: n
   // fp32 values (bf16 moments widened) written to `address`; between steps.
   void ReadComponent(int block, const std::string& name, uintptr_t address, size_t n) const {
-    Component c;
-    if (name == "master") {
-      c = Component::kMaster;
-    } else if (name == "exp_avg") {
-      c = Component::kExpAvg;
-    } else if (name == "exp_avg_sq") {
-      c = Component::kExpAvgSq;
-    } else {
-      ThrowIfError(Status::InvalidArgument("component '" + name +
-                                           "': expected master, exp_avg or exp_avg_sq"));
-    }
+    const Component c = ParseComponent(name);
     py::gil_scoped_release release;
     ThrowIfError(
         Live().ReadComponent(block, c, std::span<float>(reinterpret_cast<float*>(address), n)));
+  }
+  // The mirror of ReadComponent (Engine::WriteComponent): n fp32 values read from `address`.
+  void WriteComponent(int block, const std::string& name, uintptr_t address, size_t n) {
+    const Component c = ParseComponent(name);
+    py::gil_scoped_release release;
+    ThrowIfError(Live().WriteComponent(
+        block, c, std::span<const float>(reinterpret_cast<const float*>(address), n)));
+  }
+  static Component ParseComponent(const std::string& name) {
+    if (name == "master") return Component::kMaster;
+    if (name == "exp_avg") return Component::kExpAvg;
+    if (name == "exp_avg_sq") return Component::kExpAvgSq;
+    ThrowIfError(Status::InvalidArgument("component '" + name +
+                                         "': expected master, exp_avg or exp_avg_sq"));
+    return Component::kMaster;
   }
   void CommitParams() {
     py::gil_scoped_release release;
     ThrowIfError(Live().CommitParams());
   }
-  void BeginStep(double lr, double grad_scale) {
+  // `groups`: StepArgs::groups, one (lr, beta1, beta2, eps, weight_decay) per optimizer group.
+  void BeginStep(double lr, double grad_scale, const std::vector<GroupTuple>& groups,
+                 int64_t step_offset) {
+    StepArgs args{.lr = lr, .grad_scale = grad_scale, .step_offset = step_offset};
+    for (const auto& [glr, beta1, beta2, eps, wd] : groups) {
+      args.groups.push_back(
+          {.lr = glr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd});
+    }
     py::gil_scoped_release release;
-    ThrowIfError(Live().BeginStep({.lr = lr, .grad_scale = grad_scale}));
+    ThrowIfError(Live().BeginStep(args));
   }
   // The address of the block's working parameters: readable once this returns on a HostDevice;
   // on CUDA by work ordered after the compute lane's work enqueued so far (see the file comment).
@@ -474,7 +488,9 @@ void BindEngine(py::module_& m) {
       .def("read_params", &PyEngine::ReadParams)
       .def("commit_params", &PyEngine::CommitParams)
       .def("read_component", &PyEngine::ReadComponent)
-      .def("begin_step", &PyEngine::BeginStep, py::arg("lr"), py::arg("grad_scale") = 1.0)
+      .def("write_component", &PyEngine::WriteComponent)
+      .def("begin_step", &PyEngine::BeginStep, py::arg("lr"), py::arg("grad_scale") = 1.0,
+           py::arg("groups") = std::vector<GroupTuple>{}, py::arg("step_offset") = 0)
       .def("acquire", &PyEngine::Acquire, py::arg("block"), py::arg("backward"))
       .def("release", &PyEngine::Release)
       .def("grad_buffer", &PyEngine::GradBuffer)

@@ -23,7 +23,8 @@ import torch
 from . import _strata
 from ._strata import Error
 
-__all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors"]
+__all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors",
+           "write_moments"]
 
 _LOCK = "strata.lock"  # held by an open engine; never part of a checkpoint
 
@@ -80,21 +81,30 @@ def _reopened(state, why, between):
         state._closed = None
 
 
+def _moments_access(state, what):
+    """Checks the moments can be read or written now; returns (engine steps committed,
+    {id(param): (engine block, offset, numel, shape)})."""
+    core = state.core()
+    if state._step_open:
+        raise Error(f"{what} in the middle of a step; call opt.step() first")
+    if core.world_size != 1:
+        raise Error(f"{what} of an offloaded model with several ranks is not supported yet "
+                    "(each rank holds its shard of the moments)")
+    stats = state.engine._stats
+    steps = stats["step"] if stats is not None else core.resumed_step()
+    where = {}
+    for b, (_, tensors, padded) in enumerate(state._layout):
+        for (_, p), (_, shape, off, n) in zip(state.engine_blocks()[b][1], tensors):
+            where[id(p)] = (b, off, n, shape)
+    return steps, where
+
+
 def read_moments(state, opt):
     """torch's optimizer "state" of an offloaded model, read from the engine between steps:
     {index of the parameter in opt's param_groups: {"step", "exp_avg", "exp_avg_sq"}}."""
     core = state.core()
-    if state._step_open:
-        raise Error("optimizer.state_dict() in the middle of a step; call opt.step() first")
-    if core.world_size != 1:
-        raise Error("optimizer.state_dict() of an offloaded model with several ranks is not "
-                    "supported yet (each rank holds its shard of the moments)")
-    stats = state.engine._stats
-    step = stats["step"] if stats is not None else core.resumed_step()
-    where = {}  # id(param) -> (engine block, offset, numel, shape)
-    for b, (_, tensors, padded) in enumerate(state._layout):
-        for (_, p), (_, shape, off, n) in zip(state.engine_blocks()[b][1], tensors):
-            where[id(p)] = (b, off, n, shape)
+    steps, where = _moments_access(state, "optimizer.state_dict()")
+    step = steps + state.step_offset
     cache = {}
 
     def component(b, name):
@@ -113,6 +123,44 @@ def read_moments(state, opt):
                          for k in ("exp_avg", "exp_avg_sq")}}
             i += 1
     return out
+
+
+def write_moments(state, opt, moments):
+    """optimizer.load_state_dict's moments into the engine: `moments` is {index of the parameter
+    in opt's param_groups: {"step", "exp_avg", "exp_avg_sq"}} for every parameter, one step for
+    all. Written between steps (Engine.write_component), committed with the next step, whose
+    bias correction then counts from that step (state.step_offset)."""
+    core = state.core()
+    steps, where = _moments_access(state, "optimizer.load_state_dict()")
+    names = {id(p): n for n, p in state.all_params()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    missing = [names.get(id(p), str(i)) for i, p in enumerate(params) if i not in moments]
+    if missing:
+        raise Error(f"optimizer.load_state_dict(): the state holds moments for {len(moments)} of "
+                    f"the {len(params)} parameters (none for {missing[:3]}); the engine keeps "
+                    "one step count for all, so give every parameter's (or \"state\": {} to "
+                    "load only the param_groups' settings)")
+    step_of = {float(s["step"]) for s in moments.values()}
+    if len(step_of) != 1:
+        raise Error(f"optimizer.load_state_dict(): the parameters' steps differ "
+                    f"({sorted(step_of)}); the engine keeps one step count for all")
+    step = int(step_of.pop())
+    put = {}  # (engine block, component) -> [(offset, values)]
+    for i, p in enumerate(params):
+        b, off, n, shape = where[id(p)]
+        for k in ("exp_avg", "exp_avg_sq"):
+            v = moments[i][k]
+            if v.numel() != n:
+                raise Error(f"optimizer.load_state_dict(): {k} of {names.get(id(p), i)} has "
+                            f"shape {tuple(v.shape)}; the parameter has {tuple(shape)}")
+            put.setdefault((b, k), []).append((off, v.detach().to("cpu", torch.float32)))
+    for (b, k), parts in sorted(put.items()):
+        shard = torch.empty(state._layout[b][2], dtype=torch.float32)
+        core.read_component(b, k, shard.data_ptr(), shard.numel())  # keeps the padding
+        for off, v in parts:
+            shard[off:off + v.numel()] = v.reshape(-1)
+        core.write_component(b, k, shard.data_ptr(), shard.numel())
+    state.step_offset = step - steps
 
 
 def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state=None):
@@ -137,7 +185,8 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
                 "param_groups": [{k: v for k, v in g.items() if k != "params"}
                                  for g in opt.param_groups],
                 "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler else None,
-                "rng": torch.get_rng_state(), "client_state": client_state},
+                "rng": torch.get_rng_state(), "client_state": client_state,
+                "step_offset": state.step_offset},
                os.path.join(tmp, "python.pt"))
     with open(os.path.join(tmp, "strata.json"), "w") as f:
         json.dump({"step": step, "folders": len(nvme)}, f)
@@ -178,6 +227,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     if lr_scheduler is not None and saved["lr_scheduler"] is not None:
         lr_scheduler.load_state_dict(saved["lr_scheduler"])
     torch.set_rng_state(saved["rng"])
+    state.step_offset = saved.get("step_offset", 0)
     state.engine._stats = None
     return saved["client_state"]
 

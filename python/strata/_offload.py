@@ -127,6 +127,9 @@ class _Offloaded:
             m for m in model.modules() if hasattr(m, "gradient_checkpointing") and (
                 id(m) in within or any(id(c) in block_ids for c in m.modules()))]
         self._clock = engine._clock or _NO_CLOCK
+        # Added to the engine's step count in AdamW's bias correction: moments loaded by
+        # optimizer.load_state_dict count the steps of the run that made them.
+        self.step_offset = 0
         self._core = None
         self._closed = None  # why the model cannot train any more, once it cannot
         self._opt = None
@@ -221,17 +224,10 @@ class _Offloaded:
                         "strata.optim.AdamW per model")
         groups = opt.param_groups
         first = groups[0]
-        decay = {g["weight_decay"] for g in groups if g["weight_decay"] != 0}
-        for g in groups[1:]:
-            for k in ("lr", "betas", "eps"):
-                if g[k] != first[k]:
-                    raise Error(f"param groups of an offloaded model must share {k} (the engine "
-                                f"runs one update per step); got {first[k]} and {g[k]}")
-        if len(decay) > 1:
-            raise Error(f"param groups of an offloaded model may differ only in weight_decay "
-                        f"being 0 or one value; got {sorted(decay)}")
-        wd_of = {id(p): g["weight_decay"] != 0 for g in groups for p in g["params"]}
-        missing = [n for n, p in self.all_params() if id(p) not in wd_of]
+        # Each tensor is updated with its param group's settings, read at every step (see
+        # step_groups), so schedulers may change any of them.
+        group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
+        missing = [n for n, p in self.all_params() if id(p) not in group_of]
         if missing:
             raise Error(f"strata.optim.AdamW must be given every parameter of the offloaded "
                         f"model (the engine trains them all); missing: {missing[:3]}")
@@ -239,12 +235,13 @@ class _Offloaded:
         c.micro_batches = self.micro_batches
         c.beta1, c.beta2 = (float(b) for b in first["betas"])
         c.eps = float(first["eps"])
-        c.weight_decay = float(decay.pop()) if decay else 0.0
+        c.weight_decay = float(first["weight_decay"])  # the groups' own go with each step
         c.grad_clip = float(opt.max_grad_norm)
         c.optimizer_threads = c.optimizer_threads or opt.threads
         c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
         shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
-        self._specs = [(bname, [(n, list(shape(p)) or [1], wd_of[id(p)]) for n, p in ps])
+        self._specs = [(bname, [(n, list(shape(p)) or [1], True, group_of[id(p)])
+                                for n, p in ps])
                        for bname, ps in self.engine_blocks()]
         self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
@@ -273,6 +270,15 @@ class _Offloaded:
             for _, p in ps:
                 p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
         self._opt = opt
+
+    def step_groups(self):
+        """The step's settings of each param group: (lr, beta1, beta2, eps, weight_decay)."""
+        out = []
+        for g in self._opt.param_groups:
+            beta1, beta2 = g["betas"]
+            out.append((float(g["lr"]), float(beta1), float(beta2), float(g["eps"]),
+                        float(g["weight_decay"])))
+        return out
 
     def _open_core(self, config):
         self._core = _strata.Engine(self._specs, config)
@@ -435,10 +441,8 @@ class _Offloaded:
                         f"{self.micro_batches} forward/backward passes")
         if not self._step_open:
             self._clock.reset()
-            lrs = {g["lr"] for g in self._opt.param_groups}
-            if len(lrs) != 1:
-                raise Error(f"param groups of an offloaded model must share lr; got {lrs}")
-            core.begin_step(float(lrs.pop()), 1.0)
+            groups = self.step_groups()
+            core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
             self._step_open = True
         self._micro += 1
         self._kept_bytes = 0

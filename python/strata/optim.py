@@ -18,15 +18,17 @@ Two uses, chosen by the parameters it is given:
 
 Either way it is a torch.optim.Optimizer, so torch's schedulers (LambdaLR, ...) drive its lr.
 For an offloaded model the moments live in the engine: state_dict() reads them from it (the last
-committed step); a run is continued with strata.load_checkpoint, or from its NVMe folders with
-strata.Engine(..., resume=True).
+committed step) and load_state_dict() writes them back, into this engine or a new one; a whole
+run is continued with strata.load_checkpoint, or from its NVMe folders with
+strata.Engine(..., resume=True). Each param group's lr, betas, eps and weight_decay apply to its
+own parameters, read at every step.
 """
 import math
 
 import torch
 
 from . import _strata
-from ._checkpoint import read_moments
+from ._checkpoint import read_moments, write_moments
 from ._strata import Error
 
 __all__ = ["AdamW"]
@@ -82,29 +84,27 @@ class AdamW(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict):
-        """For an offloaded model: the param_groups' settings (lr, ...) are loaded; the moments
-        live in the engine, which reads them from its own state, so a state_dict whose moments
-        differ from the engine's is refused (strata.load_checkpoint continues a saved run)."""
+        """For an offloaded model: the param_groups' settings (lr, betas, eps, weight_decay)
+        are loaded, and the moments and step, when "state" holds them, are written into the
+        engine between steps (Engine.write_component): the next step continues the run that
+        saved them (its AdamW bias correction counts that run's steps). The weights are the
+        model's: load them with the model (or continue a whole run with
+        strata.load_checkpoint)."""
         if self._offload is None:
             return super().load_state_dict(state_dict)
-        mine = read_moments(self._offload, self)
-        for i, s in state_dict.get("state", {}).items():
-            m = mine.get(i)
-            if m is None or int(s["step"]) != int(m["step"]) or not all(
-                    torch.equal(s[k].cpu(), m[k]) for k in ("exp_avg", "exp_avg_sq")):
-                raise Error("load_state_dict: the moments given differ from the engine's; the "
-                            "moments of an offloaded model are loaded with its whole state by "
-                            "strata.load_checkpoint (pass a state_dict with \"state\": {} "
-                            "to load only the param_groups' settings)")
-        c = self._offload.engine.config
-        for g in state_dict["param_groups"]:
-            if (tuple(g["betas"]) != (c.beta1, c.beta2) or g["eps"] != c.eps
-                    or g["weight_decay"] not in (0, c.weight_decay)):
-                raise Error(f"load_state_dict: param group betas={tuple(g['betas'])}, "
-                            f"eps={g['eps']}, weight_decay={g['weight_decay']}; the engine "
-                            f"runs betas=({c.beta1}, {c.beta2}), eps={c.eps}, weight_decay="
-                            f"{c.weight_decay} (set when the optimizer was created)")
-        super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, groups)):
+            raise Error("load_state_dict: the state_dict's param groups differ in number or size "
+                        f"from this optimizer's ({[len(g['params']) for g in groups]} params "
+                        f"given, {[len(g['params']) for g in self.param_groups]} here)")
+        # The saved params' ids, in param-group order, as this optimizer's indices (torch's
+        # state_dict numbers them 0, 1, ...; another saver may not).
+        index = {old: new for new, old in enumerate(i for g in groups for i in g["params"])}
+        moments = {index[i]: s for i, s in state_dict.get("state", {}).items()}
+        if moments:
+            write_moments(self._offload, self, moments)
+        super().load_state_dict({"state": {}, "param_groups": groups})
 
     def zero_grad(self, set_to_none=False):
         if self._offload is not None:

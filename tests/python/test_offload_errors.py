@@ -128,9 +128,6 @@ def test_bad_arguments():
     m = strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
     with pytest.raises(strata.Error, match="together with other parameters"):
         strata.optim.AdamW(list(m.parameters()) + [torch.nn.Parameter(torch.zeros(3))])
-    with pytest.raises(strata.Error, match="share lr"):
-        strata.optim.AdamW([{"params": list(m.parameters())[:3], "lr": 0.1},
-                            {"params": list(m.parameters())[3:]}])
     with pytest.raises(strata.Error, match="every parameter"):
         strata.optim.AdamW(list(m.parameters())[:3])
 

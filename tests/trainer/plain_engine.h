@@ -51,6 +51,11 @@ class PlainEngine : public Engine {
     std::copy(src.begin(), src.end(), out.begin());
     return Status::OK();
   }
+  Status WriteComponent(int b, Component c, std::span<const float> in) override {
+    auto& dst = c == Component::kExpAvg ? m_[b] : c == Component::kExpAvgSq ? v_[b] : master_[b];
+    std::copy(in.begin(), in.end(), dst.begin());
+    return Status::OK();
+  }
   Status BeginStep(const StepArgs& a) override {
     args_ = a;
     for (auto& x : acc_) std::fill(x.begin(), x.end(), 0.f);
@@ -116,12 +121,15 @@ class PlainEngine : public Engine {
         sl.grad = acc_[b].data() + tl.offset;
         sl.n = tl.numel;
         AdamHyperParams h;
-        h.lr = args_.lr;
-        h.beta1 = o_.beta1;
-        h.beta2 = o_.beta2;
-        h.eps = o_.eps;
-        h.weight_decay = tl.weight_decay ? o_.weight_decay : 0.0;
-        h.step = step_;
+        const OptimizerGroup g = args_.groups.empty() ? OptimizerGroup{args_.lr, o_.beta1, o_.beta2,
+                                                                       o_.eps, o_.weight_decay}
+                                                      : args_.groups[tl.group];
+        h.lr = g.lr;
+        h.beta1 = g.beta1;
+        h.beta2 = g.beta2;
+        h.eps = g.eps;
+        h.weight_decay = tl.weight_decay ? g.weight_decay : 0.0;
+        h.step = step_ + args_.step_offset;
         STRATA_RETURN_IF_ERROR(AdamStep(sl, h, static_cast<float>(args_.grad_scale * s.clip_coef)));
       }
     }
