@@ -10,8 +10,7 @@
 #include <climits>
 
 #include "engine/fault_env.h"
-#include "io/manifest.h"
-#include "io/swap_folders.h"
+#include "io/swap_store.h"
 #include "strata/bytes.h"
 #include "strata/log.h"
 

@@ -97,6 +97,10 @@ namespace strata {
 namespace swap_internal {
 struct Manifest;
 class SwapFolders;
+// The store's checksum of an extent (XXH3-64), and its path join (one '/' between), for the
+// engine's other files beside the store (the activation stash's scratch files).
+uint64_t Checksum64(const void* data, size_t length);
+std::string JoinPath(const std::string& dir, const std::string& name);
 }  // namespace swap_internal
 
 struct SwapStoreOptions {

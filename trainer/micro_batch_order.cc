@@ -209,12 +209,12 @@ Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
   out->offloaded_d2h_bytes = d2h;
   out->offloaded_h2d_bytes = h2d;
   out->batch_major_extra_bytes = batch_extra;
-  out->reason = LayerMajorPrefix(in) + "; " + counts +
-                (in.recompute ? "" : "; --recompute turned on (only block inputs offload)") +
-                (slots > 1 ? "; " + MoreMicroBatches(slots - 1) +
-                                 " keep their activations on "
-                                 "the device"
-                           : "");
+  out->reason =
+      LayerMajorPrefix(in) + "; " + counts +
+      (in.recompute ? "" : "; --recompute turned on (only block inputs offload)") +
+      (slots > 1 ? "; " + MoreMicroBatches(slots - 1) +
+                       (slots == 2 ? " keeps its" : " keep their") + " activations on the device"
+                 : "");
   return engine;
 }
 

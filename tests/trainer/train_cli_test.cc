@@ -497,8 +497,8 @@ TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
   ASSERT_EQ(0, Run({"train", "--help"}, &help));
   ASSERT_EQ(0, Run({"train", "--print-config"}, &printed));
   const std::set<std::string> invocation = {
-      "help",       "config",    "resume", "print-config", "allow-schedule-change",
-      "no-durable", "rendezvous"};
+      "help",       "config",       "resume",    "print-config", "allow-schedule-change",
+      "no-durable", "no-recompute", "rendezvous"};
   std::istringstream lines(help);
   std::string line;
   int flags = 0;

@@ -130,6 +130,48 @@ TEST_F(TrainMultirankTest, SameWorldSizeIsBitIdenticalWithSharding) {
 // Layer-major across ranks averages each micro-batch's gradient over the ranks as
 // batch-major does, so the two orders give the same bits: every step's loss and gradient
 // norm, and the saved weights, with and without --recompute, states spilled to NVMe.
+// Offloaded activations on two ranks (each rank's micro-batches share one activation slot,
+// their block inputs in its own engine, spilled to NVMe at a small host budget): the same
+// losses, norms and weights as batch-major.
+TEST_F(TrainMultirankTest, OffloadedActivationsAcrossTwoRanksMatchBatchMajor) {
+  std::vector<std::string> saved;
+  std::vector<nlohmann::json> runs;
+  for (const char* tag : {"batch", "offload"}) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + "/" + tag + "/" + std::to_string(r)).c_str()));
+    }
+    std::vector<std::string> flags = {
+        "--micro-batches", "3",    "--recompute",  "--grad-clip", "0.5",
+        "--host-mem",      "700K", "--device-mem", "2M"};
+    if (std::string(tag) == "batch") {
+      flags.insert(flags.end(), {"--micro-batch-order", "batch"});
+    } else {
+      flags.insert(flags.end(), {"--micro-batch-order", "layer", "--offload-activations", "on"});
+    }
+    flags.insert(flags.end(), {std::string("--nvme"), dir_ + "/" + tag + "/{rank}",
+                               std::string("--save"), dir_ + "/" + tag + ".safetensors"});
+    const std::string json = dir_ + "/" + tag + ".json";
+    ASSERT_EQ(Train(2, flags, json).size(), 20u) << tag;
+    std::ifstream f(json);
+    runs.push_back(nlohmann::json::parse(f));
+    std::ifstream w(dir_ + "/" + tag + ".safetensors", std::ios::binary);
+    saved.emplace_back(std::istreambuf_iterator<char>(w), std::istreambuf_iterator<char>());
+  }
+  EXPECT_GT(runs[1]["config"]["activation_slots"].get<int>(), 0)
+      << runs[1]["config"]["micro_batch_order_reason"];
+  EXPECT_GT(runs[1]["steps"][5]["activation_bytes"]["d2h"].get<uint64_t>(), 0u);
+  for (size_t i = 0; i < 20; ++i) {
+    for (const char* key : {"loss", "grad_norm"}) {
+      const double a = runs[0]["steps"][i][key].get<double>();
+      const double b = runs[1]["steps"][i][key].get<double>();
+      EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0)
+          << key << " of step " << i + 1 << ": " << a << " vs " << b;
+    }
+  }
+  ASSERT_FALSE(saved[0].empty());
+  EXPECT_TRUE(saved[0] == saved[1]) << "the saved weights differ";
+}
+
 TEST_F(TrainMultirankTest, LayerMajorIsBitIdenticalToBatchMajorAcrossTwoRanks) {
   for (const bool recompute : {false, true}) {
     std::vector<std::string> saved;

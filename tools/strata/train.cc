@@ -413,7 +413,7 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
       .micro_batches = a.run.micro_batches,
       .saved_activation_bytes = model::SavedActivationBytes(cfg, rows, a.seq_len, a.recompute),
       .recompute = a.recompute,
-      .recompute_auto = a.recompute_option == nullptr || a.recompute_option->count() == 0,
+      .recompute_auto = !a.recompute_given,
       .saved_activation_bytes_recompute = model::SavedActivationBytes(cfg, rows, a.seq_len, true),
       .offload = config.offload_activations,
       .offload_shape = cpu_model ? model::OffloadedActivations(cfg, rows, a.seq_len)

@@ -56,7 +56,8 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       // The store's folders may move (each holds a record of the run's identity, checked).
       {"nvme", free, &a.run.nvme, true},
       {"steps", steps, &a.steps},
-      {"recompute", free, &a.recompute},  // bit-identical either way
+      {"recompute", free, &a.recompute},                          // bit-identical either way
+      {"offload-activations", free, &a.run.offload_activations},  // bit-identical either way
       {"max-skipped-steps", free, &a.max_skipped_steps},
       {"device-mem", free, &a.run.device_mem},
       {"host-mem", free, &a.run.host_mem},
@@ -304,6 +305,7 @@ Status ResolveFlags(CLI::App* sub, const std::string& config, TrainArgs* a, bool
   a->durable_given = a->durable_opt->count() > 0;  // before the file adds its own
   if (!config.empty()) STRATA_RETURN_IF_ERROR(ApplyConfigFile(sub, config));
   auto given = [sub](const std::string& key) { return sub->get_option("--" + key)->count() > 0; };
+  a->recompute_given = given("recompute") || given("no-recompute");
   if (given("layers")) a->init_given.layers = a->layers;
   if (given("d-model")) a->init_given.d_model = a->d_model;
   if (given("heads")) a->init_given.heads = a->heads;
@@ -387,11 +389,11 @@ void AddTrainFlags(CLI::App* sub, TrainArgs* a) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "Seed of the initialisation and of --sample")
       ->capture_default_str();
-  a->recompute_option = sub->add_flag(
-      "--recompute,!--no-recompute", a->recompute,
+  a->recompute_option = AddSwitch(
+      sub, "recompute", &a->recompute,
       "Activation checkpointing: keep only each block's input, recompute in backward. Neither "
-      "flag: off, unless layer-major order with several micro-batches needs it to fit or to "
-      "offload activations (the start-up report says so). Same results");
+      "--recompute nor --no-recompute: off, unless layer-major order with several micro-batches "
+      "needs it to fit or to offload activations (the start-up report says so). Same results");
   sub->add_option("--max-skipped-steps", a->max_skipped_steps,
                   "A step whose gradient is not finite (NaN or infinity) updates nothing and is "
                   "skipped with a warning; this many in a row stop the run, its last commit "

@@ -49,7 +49,8 @@ struct TrainArgs {
   int sample = 0;
   model::SamplingOptions sampling;  // of --sample; its seed is --seed
   bool recompute = false;
-  CLI::Option* recompute_option = nullptr;  // to tell whether --recompute/--no-recompute was given
+  CLI::Option* recompute_option = nullptr;
+  bool recompute_given = false;  // --recompute or --no-recompute on the command line
   int max_skipped_steps = trainer::TrainOptions{}.max_skipped_steps;
   bool durable = trainer::RunConfig{}.durable;
   // --durable given on the command line (not only its default, or a config file's copy of it).
