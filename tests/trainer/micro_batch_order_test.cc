@@ -42,6 +42,32 @@ struct Outcome {
   uint64_t engine_device_bytes = 0;
 };
 
+// A small random run: 1-3 layers, 1-2 heads, T 4-16, B 1-3, M in [min_mb, min_mb + span),
+// recompute and clipping on half of them; states on NVMe on odd trials.
+Case RandomCase(std::mt19937& rng, int trial, int min_mb, int span) {
+  Case c;
+  c.cfg.layers = 1 + int(rng() % 3);
+  c.cfg.heads = 1 + int(rng() % 2);
+  c.cfg.d_model = c.cfg.heads * (8 + 8 * int(rng() % 3));
+  c.cfg.max_seq = 16;
+  c.opt.seq_len = 4 + int(rng() % 13);
+  c.opt.batch = 1 + int(rng() % 3);
+  c.opt.micro_batches = min_mb + int(rng() % uint32_t(span));
+  c.opt.recompute = rng() % 2 == 0;
+  c.opt.lr = 3e-3;
+  c.clip = rng() % 2 == 0;
+  c.nvme = trial % 2 == 1;
+  return c;
+}
+
+std::string Describe(const Case& c, int trial, const std::string& nvme) {
+  return "trial " + std::to_string(trial) + " (L " + std::to_string(c.cfg.layers) + ", C " +
+         std::to_string(c.cfg.d_model) + ", T " + std::to_string(c.opt.seq_len) + ", B " +
+         std::to_string(c.opt.batch) + ", M " + std::to_string(c.opt.micro_batches) +
+         (c.opt.recompute ? ", recompute" : "") + (c.clip ? ", clip" : "") +
+         (c.nvme ? ", " + nvme : "") + ")";
+}
+
 class MicroBatchOrderTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -164,24 +190,8 @@ class MicroBatchOrderTest : public ::testing::Test {
 TEST_F(MicroBatchOrderTest, LayerMajorIsBitIdenticalOverRandomModelsAndBudgets) {
   std::mt19937 rng(20261201);
   for (int trial = 0; trial < 6; ++trial) {
-    Case c;
-    c.cfg.layers = 1 + int(rng() % 3);
-    c.cfg.heads = 1 + int(rng() % 2);
-    c.cfg.d_model = c.cfg.heads * (8 + 8 * int(rng() % 3));
-    c.cfg.max_seq = 16;
-    c.opt.seq_len = 4 + int(rng() % 13);
-    c.opt.batch = 1 + int(rng() % 3);
-    c.opt.micro_batches = 2 + int(rng() % 3);
-    c.opt.recompute = rng() % 2 == 0;
-    c.opt.lr = 3e-3;
-    c.clip = rng() % 2 == 0;
-    c.nvme = trial % 2 == 1;
-    const std::string what =
-        "trial " + std::to_string(trial) + " (L " + std::to_string(c.cfg.layers) + ", C " +
-        std::to_string(c.cfg.d_model) + ", T " + std::to_string(c.opt.seq_len) + ", B " +
-        std::to_string(c.opt.batch) + ", M " + std::to_string(c.opt.micro_batches) +
-        (c.opt.recompute ? ", recompute" : "") + (c.clip ? ", clip" : "") +
-        (c.nvme ? ", NVMe at the minimum budgets" : "") + ")";
+    const Case c = RandomCase(rng, trial, 2, 3);
+    const std::string what = Describe(c, trial, "NVMe at the minimum budgets");
     uint64_t device = 0, host = 0;
     if (c.nvme) {
       const PlacementReport p = Probe(c, dir_ + "/probe");
@@ -312,23 +322,9 @@ TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
 TEST_F(MicroBatchOrderTest, OffloadedActivationsAreBitIdenticalOverRandomModelsAndBudgets) {
   std::mt19937 rng(20261202);
   for (int trial = 0; trial < 6; ++trial) {
-    Case c;
-    c.cfg.layers = 1 + int(rng() % 3);
-    c.cfg.heads = 1 + int(rng() % 2);
-    c.cfg.d_model = c.cfg.heads * (8 + 8 * int(rng() % 3));
-    c.cfg.max_seq = 16;
-    c.opt.seq_len = 4 + int(rng() % 13);
-    c.opt.batch = 1 + int(rng() % 3);
-    c.opt.micro_batches = 2 + int(rng() % 7);
-    c.opt.recompute = true;
-    c.opt.lr = 3e-3;
-    c.clip = rng() % 2 == 0;
-    c.nvme = trial % 2 == 1;
-    const std::string what =
-        "trial " + std::to_string(trial) + " (L " + std::to_string(c.cfg.layers) + ", C " +
-        std::to_string(c.cfg.d_model) + ", T " + std::to_string(c.opt.seq_len) + ", B " +
-        std::to_string(c.opt.batch) + ", M " + std::to_string(c.opt.micro_batches) +
-        (c.clip ? ", clip" : "") + (c.nvme ? ", NVMe at tight budgets" : "") + ")";
+    Case c = RandomCase(rng, trial, 2, 7);
+    c.opt.recompute = true;  // offloading needs it
+    const std::string what = Describe(c, trial, "NVMe at tight budgets");
     const PlacementReport p = Probe(c, c.nvme ? dir_ + "/probe" : "");
     const auto shape = model::OffloadedActivations(c.cfg, c.opt.batch, c.opt.seq_len);
     // With NVMe: room for a few activations in host memory beside the states' minimum; the
