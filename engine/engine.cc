@@ -375,8 +375,12 @@ Result<StepStats> EngineImpl::EndStep() {
                                    std::to_string(ctx_.schedule.size()) +
                                    " accesses; the step is incomplete");
   }
-  // The activations go first (their spills finished): a failure there fails the step.
+  // The activations go first (their spills finished): a failure there fails the step. Without
+  // the engine's lock: a spill in flight waits for its device copy, and the lanes' work before
+  // that copy may take the lock (the feeder's host functions do).
+  ctx_.mu.Unlock();
   const Status dropped = stash_.EndStep();
+  ctx_.mu.Lock();
   if (!dropped.ok()) ctx_.SetErrorLocked(dropped);
   Status s = ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) {
     return optimizer_.StepDoneLocked() && host_.StepDoneLocked() && device_.StepDoneLocked() &&

@@ -182,7 +182,9 @@ TEST_F(TrainMultirankCrashTest, KillingARankAnywhereLeavesAResumableRun) {
     // updates: default flags, clipping on every step).
     {
       const int victim = int(rng() % world);
-      const int n = 20 + int(rng() % 60);
+      // Early: with 3 ranks at these budgets some states stay home in host memory, so a
+      // rank submits only a few writes per step.
+      const int n = 3 + int(rng() % 8);
       Trial(world, full, victim, {"STRATA_TEST_KILL_AT=write_submitted:" + std::to_string(n)}, 0ms,
             "write_submitted:" + std::to_string(n) + " on rank " + std::to_string(victim) + " of " +
                 std::to_string(world));
