@@ -163,7 +163,9 @@ TEST_F(TrainMultirankCrashTest, KillingARankAnywhereLeavesAResumableRun) {
     std::vector<double> full;
     for (const auto& s : fj["steps"]) full.push_back(s["loss"].get<double>());
     ASSERT_EQ(full.size(), 16u);
-    // The ranks pipeline their updates (the kills below land in the overlapped region too).
+    // The ranks pipeline their updates: the random-moment kills below land in the overlapped
+    // region too (a kill at the N-th NVMe write cannot be aimed past the initial weights' writes
+    // and before the run's end for both world sizes without counting them).
     ASSERT_NE(fj["placement"].dump().find("run under the next step's forward"), std::string::npos)
         << fj["placement"].dump();
     // Each point of a commit (commit n is of step n-1: the first commits the initial
@@ -176,18 +178,6 @@ TEST_F(TrainMultirankCrashTest, KillingARankAnywhereLeavesAResumableRun) {
             {"STRATA_TEST_KILL_AT=" + std::string(point) + ":" + std::to_string(n)}, 0ms,
             std::string(point) + ":" + std::to_string(n) + " on rank " + std::to_string(victim) +
                 " of " + std::to_string(world));
-      if (HasFatalFailure()) return;
-    }
-    // A write of a deferred update, which runs under the next step's forward (pipelined
-    // updates: default flags, clipping on every step).
-    {
-      const int victim = int(rng() % world);
-      // Early: with 3 ranks at these budgets some states stay home in host memory, so a
-      // rank submits only a few writes per step.
-      const int n = 3 + int(rng() % 8);
-      Trial(world, full, victim, {"STRATA_TEST_KILL_AT=write_submitted:" + std::to_string(n)}, 0ms,
-            "write_submitted:" + std::to_string(n) + " on rank " + std::to_string(victim) + " of " +
-                std::to_string(world));
       if (HasFatalFailure()) return;
     }
     for (int t = 0; t < 3; ++t) {
