@@ -100,7 +100,7 @@ struct RunConfig {
   CollectiveMemory memory = CollectiveMemory::kAuto;
   bool one_rank_comm = false;  // RunRanks(1, ...): a communicator of one rank
   Speculation speculation = Speculation::kAuto;
-  bool pipeline = true;  // EngineOptions::pipeline_updates
+  bool pipeline = true;     // EngineOptions::pipeline_updates
   uint64_t host_extra = 0;  // tight: added to the host minimum (room to pipeline the updates)
 };
 
