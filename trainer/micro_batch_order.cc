@@ -249,7 +249,9 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
     // Every micro-batch's activations on the device: as given, or (auto) without recompute,
     // then with it.
     std::vector<std::pair<bool, uint64_t>> tries = {{in.recompute, in.saved_activation_bytes}};
-    if (in.recompute_auto) tries.push_back({true, in.saved_activation_bytes_recompute});
+    if (in.recompute_auto && !in.recompute) {
+      tries.push_back({true, in.saved_activation_bytes_recompute});
+    }
     for (const auto& [recompute, per] : tries) {
       Status why;
       STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
