@@ -85,6 +85,14 @@ EngineImpl::~EngineImpl() {
     if (ctx_.error.ok() && !ctx_.step_open) {
       Status s = DrainLocked();
       if (!s.ok()) LogWarning("closing the engine: " + s.ToString());
+    } else if (ctx_.error.ok() && ctx_.ws <= 1 && optimizer_.CarriedAppliedLocked()) {
+      // A step in progress is dropped, but the one before it, whose updates it carried and
+      // ran, still commits: its writes land without the model. (Before its carried updates
+      // all ran, the last commit stays the one before it; a caller that drops a step runs
+      // its forward out first, see python/strata/_offload.py abort_step.)
+      Status s =
+          ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return optimizer_.CarryCommittedLocked(); });
+      if (!s.ok()) LogWarning("closing the engine: " + s.ToString());
     }
     ctx_.shutdown = true;
     ctx_.NotifyLocked();

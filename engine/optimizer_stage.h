@@ -82,6 +82,8 @@ class OptimizerStage {
   // The previous step's commit has landed (or there was none to wait for); and when it did.
   // With ranks: its updates' writes have landed (EndStep then commits it, a collective).
   bool CarryCommittedLocked() const REQUIRES(ctx_.mu) { return carry_committed_; }
+  // Every carried update ran: the previous step's commit waits only for their writes.
+  bool CarriedAppliedLocked() const REQUIRES(ctx_.mu) { return carried_left_ == 0; }
   Clock::time_point CarryCommitTimeLocked() const REQUIRES(ctx_.mu) { return carry_commit_time_; }
   // The lander: one more micro-batch's gradient of `block` accumulated; true when it was the
   // last (the gradient is final).

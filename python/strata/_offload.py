@@ -623,7 +623,8 @@ class _Offloaded:
 
     def abort_step(self):
         """Engine.abort_step. With NVMe folders and one rank the engine is closed and reopened
-        at its last commit (the run continues as if the step had not begun). Otherwise the rest
+        at its last commit (the run continues as if the step had not begun; the step before,
+        whose pipelined updates commit during this one, is kept). Otherwise the rest
         of the step's schedule runs with a non-finite gradient for every block not yet
         submitted, so that the engine skips the step whole (with several ranks too: the norm
         is global) and commits the states it began from; when some updates already ran, it
@@ -632,6 +633,7 @@ class _Offloaded:
         if not self._step_open:
             return
         if self.engine.config.nvme and core.world_size == 1:
+            self._run_out_first_forward()
             self._reopen("dropping the step in progress")
             return
         total = 2 * len(self._engine_blocks) * self.micro_batches
@@ -649,6 +651,23 @@ class _Offloaded:
             self._held_grads.clear()
         self._reset_step()
         self.engine._ended(stats, aborted=True)
+
+    def _run_out_first_forward(self):
+        """With pipelined updates the previous step commits during this one, once its updates
+        ran, each before its block's first forward: runs the first micro-batch's forward out
+        (acquire and release, no compute), so that closing the engine commits it and reopening
+        goes back to it, not to the step before. A failure closes the engine for good."""
+        n = len(self._engine_blocks)
+        try:
+            if self._released < n and self._acquired is not None:
+                self._release(self._acquired[0])
+            while self._released < n:
+                b = self._released
+                self._acquire(b, False)
+                self._release(b)
+        except Error as failure:
+            self.close_core(f"the step in progress could not be dropped ({failure})")
+            raise Error(f"{self._closed}; create a new Engine") from failure
 
     def _run_out_step(self, total):
         """Acquires and releases every access left in the step, in the schedule's order (per

@@ -83,6 +83,53 @@ def test_with_nvme_the_engine_is_reopened_at_the_last_commit(tmp_path):
     again.close()
 
 
+def _train_pipelined(nvme=None, fail_block=None, fail_how="forward", micro=1, steps=5):
+    """Clipped steps, so each step's updates run under the next one's forward (pipelined) and
+    nothing is read between steps (a read would flush them). At step 2 block `fail_block`
+    raises, or with fail_how="after" the whole step runs and abort_step() drops it; the step
+    is then retried. Returns (the losses, the final weights)."""
+    eng = strata.Engine(device="cpu", nvme=nvme, host_mem="300K" if nvme else None)
+    model = FlakyGPT()
+    model = strata.offload(model, blocks=list(model.blocks), engine=eng, micro_batches=micro)
+    opt = strata.optim.AdamW(model.parameters(), lr=1e-2, max_grad_norm=1.0)
+    losses = []
+    for step, batch in enumerate(batches(steps, micro)):
+        if step == 2 and fail_how == "after":
+            for x, y in batch:
+                model(x, y).backward()
+            eng.abort_step()
+        elif step == 2 and fail_block is not None:
+            model.blocks[fail_block].fail = fail_how
+            with pytest.raises(ValueError, match="injected failure"):
+                for x, y in batch:
+                    model(x, y).backward()
+            model.blocks[fail_block].fail = None
+        for x, y in batch:
+            loss = model(x, y)
+            losses.append(loss.item())
+            loss.backward()
+        opt.step()
+    weights = _gather(eng)
+    eng.close()
+    return losses, weights
+
+
+@pytest.mark.parametrize("fail_block,fail_how,micro", [
+    (0, "forward", 1), (1, "forward", 2), (2, "forward", 1), (1, "recompute", 1),
+    (2, "recompute", 2), (None, "after", 1), (None, "after", 2)])
+def test_with_pipelined_updates_dropping_a_step_keeps_the_step_before(tmp_path, fail_block,
+                                                                      fail_how, micro):
+    """With pipelined updates step k-1 commits during step k's forward, once its updates ran.
+    Dropping step k (reopening at the last commit) must not go back to k-2: the run equals one
+    that never failed, bit for bit. Before the fix it reopened at k-2 for a failure in the
+    forward, and for one later where the previous commit was still in flight."""
+    nvme = [tmp_path / "d0"]
+    nvme[0].mkdir()
+    failed = _train_pipelined(nvme, fail_block, fail_how, micro)
+    clean = _train_pipelined(micro=micro)
+    assert failed == clean
+
+
 def test_an_exception_outside_the_model_is_dropped_with_abort_step():
     eng = strata.Engine(device="cpu")
     model = GPT()
