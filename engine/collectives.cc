@@ -87,6 +87,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       mix(&model_hash, &t.offset, sizeof t.offset);
       const uint8_t wd = t.weight_decay;
       mix(&model_hash, &wd, 1);
+      mix(&model_hash, &t.group, sizeof t.group);
     }
   }
   for (const ScheduleEntry& e : opt.schedule) {
@@ -106,7 +107,8 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
   };
   auto real = [](double d) { return std::bit_cast<uint64_t>(d); };
   const Field fields[] = {
-      {"the model (blocks, tensor names, shapes, weight decay)", model_hash, kHash},
+      {"the model (blocks, tensor names, shapes, weight decay, optimizer groups)", model_hash,
+       kHash},
       {"tensor_alignment", opt.tensor_alignment, kNumber},
       {"schedule", schedule_hash, kHash},
       {"micro_batches", uint64_t(opt.micro_batches), kNumber},
@@ -126,6 +128,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"grad_clip", real(opt.grad_clip), kReal},
       {"speculation (0 auto, 1 on, 2 off)", uint64_t(opt.speculation), kNumber},
       {"gradients to NVMe (0 auto, 1 on, 2 off)", uint64_t(opt.grad_spill), kNumber},
+      {"pipelined updates (--pipeline)", uint64_t(opt.pipeline_updates), kNumber},
       {"Adam moments' format (0 fp32, 1 bf16)", uint64_t(opt.state_format), kNumber},
       {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
        kNumber},

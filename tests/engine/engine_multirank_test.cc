@@ -569,9 +569,10 @@ TEST_F(EngineMultirankTest, RandomModelsAndBudgetsMatchOneRank) {
   }
 }
 
-// Rank 1 passes another host budget and rank 2 another beta1: every rank refuses at Create,
-// listing every option that differs with each value and its ranks, instead of deadlocking
-// later on mismatched collectives.
+// Rank 1 passes another host budget and optimizer group, rank 2 another beta1 and no
+// pipelining: every rank refuses at Create, listing every option that differs with each value
+// and its ranks, instead of deadlocking later on mismatched collectives (or, for the group,
+// silently updating a tensor's shards with other hyperparameters).
 TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
   TempDir dir;
   const std::string rdv = dir.path() + "/rendezvous";
@@ -595,7 +596,10 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
         opt.comm = comm->get();
         opt.host_mem_bytes = r == 1 ? (32u << 20) : (64u << 20);
         if (r == 2) opt.beta1 = 0.8;
-        auto e = Engine::Create(Model(), opt);
+        if (r == 2) opt.pipeline_updates = false;
+        std::vector<BlockSpec> model = Model();
+        if (r == 1) model[0].tensors[0].group = 1;  // another optimizer group: other numbers
+        auto e = Engine::Create(model, opt);
         if (!e.ok()) message = e.status().ToString();
       }
       std::ofstream(dir.path() + "/msg" + std::to_string(r)) << message;
@@ -619,6 +623,9 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
     EXPECT_NE(
         msg.find("; beta1: 0.90000000000000002 on ranks 0, 1 vs 0.80000000000000004 on rank 2"),
         std::string::npos);
+    EXPECT_NE(msg.find("optimizer groups): "), std::string::npos);
+    EXPECT_NE(msg.find("pipelined updates (--pipeline): 1 on ranks 0, 1 vs 0 on rank 2"),
+              std::string::npos);
   }
 }
 
