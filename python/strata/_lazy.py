@@ -8,6 +8,7 @@ initialisation), written to the engine (its home tier: host memory or NVMe) and 
 memory holds one block's fp32 values at a time besides the engine's budget.
 """
 import contextlib
+import ctypes
 import json
 import os
 import struct
@@ -95,6 +96,24 @@ class LazyParams:
                                 "strata.offload(init=fn) (fn(module) initialises a module's "
                                 "own parameters) or weights=...")
 
+
+def return_freed_memory():
+    """Returns the heap memory freed since the last call to the system (glibc's malloc_trim;
+    nothing elsewhere). Materialising one block at a time frees each block's tensors once the
+    engine holds them, but glibc raises its mmap threshold to the size of a freed mapping, so
+    later blocks come from the heap, whose freed chunks stay resident: without this, peak RSS
+    grows with the model, not with the host budget."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 

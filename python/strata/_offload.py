@@ -59,7 +59,7 @@ from ._block import (CHECKPOINTING_REFUSED, _autocast_state, _BlockForward,
 from ._clock import _NO_CLOCK, _TimedCore
 from ._engine import Engine
 from ._handoff import handoff_for
-from ._lazy import LazyParams
+from ._lazy import LazyParams, return_freed_memory
 from ._strata import Error
 
 __all__ = ["Engine", "offload"]
@@ -264,6 +264,8 @@ class _Offloaded:
                     self._core.write_params(b, t, v.data_ptr(), v.numel())
                     if self._lazy:
                         p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
+                if self._lazy:
+                    return_freed_memory()
             self._core.commit_params()
         # The engine holds the values now: block parameters keep an empty placeholder.
         for _, ps in self.block_params:

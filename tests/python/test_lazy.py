@@ -99,14 +99,17 @@ def test_peak_host_memory_stays_near_the_host_budget_not_the_model_size(tmp_path
     """A model whose fp32 states are 4 x host_mem (510 MB; states on NVMe) trains one step with
     its peak RSS growth over the runtime at most 1.5 x host_mem (the device budget, 16M, is
     host memory on the CPU device and counts too); built eagerly, the whole model is in
-    memory first (2.3 to 2.5 x). Under torch 2.15 the lazy run's peak varies from run to run,
-    1.3 to 1.9 x, all of it while the blocks are written to the engine (not understood yet:
-    the same code peaks at 1.37 x under torch 1.13), so there the bound is 2 x."""
+    memory first (2.3 to 2.5 x). Lazily, the engine's budgets are 1.125 x and construction
+    ends at 1.17 x under both torches; the first step's backward (torch's own working memory
+    for one block) adds 0.11-0.16 x under torch 1.13 and 0.17-0.37 x under torch 2.15, so
+    there the bound is 1.6 x. (Before strata returned each materialised block's freed heap to
+    the system, construction alone peaked at 1.6-2.0 x under torch 2.15: glibc raises its
+    mmap threshold to a freed block's size, and later blocks' freed chunks stayed resident.)"""
     (tmp_path / "lazy").mkdir()
     (tmp_path / "eager").mkdir()
     lazy = _rss_growth("lazy", tmp_path / "lazy")
     eager = _rss_growth("eager", tmp_path / "eager")
-    bound = 1.5 if torch.__version__.startswith("1.") else 2.0
+    bound = 1.5 if torch.__version__.startswith("1.") else 1.6
     assert lazy <= bound and lazy < eager, (lazy, eager)
 
 
