@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <map>
 
 #include "engine/fault_env.h"
 #include "io/swap_store.h"
@@ -62,11 +64,48 @@ Status ActivationStash::Init() NO_THREAD_SAFETY_ANALYSIS {
   for (int s = int(slot_buf_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
   slot_busy_.assign(slot_buf_.size(), nullptr);
   spill_ = rep.activation_host_slots < count_;
-  if (!spill_) return Status::OK();
-  for (int n = count_ - 1; n >= 0; --n) free_nvme_.push_back(n);
-  STRATA_RETURN_IF_ERROR(OpenScratchFiles());
-  io_thread_ = std::thread([this] { IoLoop(); });
+  if (spill_) {
+    for (int n = count_ - 1; n >= 0; --n) free_nvme_.push_back(n);
+    STRATA_RETURN_IF_ERROR(OpenScratchFiles());
+  }
+  STRATA_ASSIGN_OR_RETURN(ctx_.place.report.activation_nvme_capacity, NvmeCapacity());
+  if (spill_) io_thread_ = std::thread([this] { IoLoop(); });
   return Status::OK();
+}
+
+// Runs before any thread starts. Each file holds ceil(count / n) slots, so the folders admit
+// n times the fewest slots a folder's share of its file system's free space holds (folders
+// on one file system share it).
+Result<int64_t> ActivationStash::NvmeCapacity() const NO_THREAD_SAFETY_ANALYSIS {
+  const std::vector<std::string>& folders = ctx_.opt.nvme_paths;
+  if (folders.empty()) return int64_t(0);
+  struct FileSystem {
+    uint64_t free = 0;  // f_bavail, plus what this stash's files there take
+    int folders = 0;
+  };
+  std::map<dev_t, FileSystem> by_fs;
+  std::vector<dev_t> dev_of;
+  for (size_t i = 0; i < folders.size(); ++i) {
+    struct stat st {};
+    struct statvfs vfs {};
+    if (stat(folders[i].c_str(), &st) != 0 || statvfs(folders[i].c_str(), &vfs) != 0) {
+      const int err = errno;
+      return Status::FromErrno(err, "statvfs " + folders[i]).WithPath(folders[i]);
+    }
+    FileSystem& fs = by_fs[st.st_dev];
+    fs.free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+    fs.folders++;
+    dev_of.push_back(st.st_dev);
+  }
+  for (size_t i = 0; i < files_.size() && i < dev_of.size(); ++i) {
+    struct stat st {};
+    if (fstat(files_[i].lock_fd, &st) == 0) by_fs[dev_of[i]].free += uint64_t(st.st_blocks) * 512;
+  }
+  uint64_t per_file = UINT64_MAX;
+  for (const auto& [dev, fs] : by_fs) {
+    per_file = std::min(per_file, fs.free / uint64_t(fs.folders) / slot_bytes_);
+  }
+  return int64_t(std::min<uint64_t>(per_file, INT64_MAX / folders.size()) * folders.size());
 }
 
 // Runs before any thread starts.

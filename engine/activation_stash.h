@@ -114,6 +114,8 @@ class ActivationStash {
   };
 
   Status OpenScratchFiles() EXCLUDES(mu_);
+  // PlacementReport::activation_nvme_capacity: from the folders' free space and the files.
+  Result<int64_t> NvmeCapacity() const EXCLUDES(mu_);
   void IoLoop() EXCLUDES(mu_);
   // The next transfer to run, choosing it as the header comment says; drops clean host
   // copies on the way. nullopt: nothing to do now.

@@ -360,6 +360,69 @@ TEST(ActivationStashTest, BudgetsAndReport) {
   EXPECT_EQ(fits->engine->Placement().activation_host_slots, 8);
 }
 
+// PlacementReport::activation_*_capacity is what Create admits: without NVMe every count up
+// to the host capacity works and one more is refused, over random budgets; with NVMe the host
+// capacity is the slots the states leave and the NVMe capacity the folder's free space; with
+// no host budget nothing bounds them.
+TEST(ActivationStashTest, CapacityIsWhatCreateAdmits) {
+  TempDir dir;
+  const auto specs = SmallModel();
+  std::mt19937_64 rng(31);
+  StashConfig host_only;
+  host_only.nvme = false;
+  host_only.count = 2;
+  const uint64_t min2 = Probe(specs, host_only, dir.path()).host_min_bytes;
+  for (int trial = 0; trial < 4; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    host_only.count = 2;
+    host_only.host_mem = min2 + rng() % (20 * kActBytes);
+    auto probe = MakeStashEngine(specs, host_only, dir.path());
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    const int64_t cap = probe->engine->Placement().activation_host_capacity;
+    EXPECT_EQ(probe->engine->Placement().activation_nvme_capacity, 0);
+    probe->engine.reset();
+    ASSERT_GE(cap, 2);
+    host_only.count = int(cap);
+    auto at = MakeStashEngine(specs, host_only, dir.path());
+    ASSERT_TRUE(at.ok()) << "count " << cap << ": " << at.status().ToString();
+    EXPECT_EQ(at->engine->Placement().activation_host_slots, cap);
+    EXPECT_EQ(at->engine->Placement().activation_host_capacity, cap);
+    at->engine.reset();
+    host_only.count = int(cap) + 1;
+    auto above = MakeStashEngine(specs, host_only, dir.path());
+    ASSERT_FALSE(above.ok()) << "count " << cap + 1;
+    EXPECT_EQ(above.status().code(), StatusCode::kOutOfMemory);
+  }
+
+  StashConfig c;  // 12 activations, NVMe
+  c.host_mem = Probe(specs, c, dir.path()).host_min_bytes + 2 * kActBytes;
+  auto f = MakeStashEngine(specs, c, dir.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const PlacementReport& rep = f->engine->Placement();
+  // The slots the states leave: at least the 3-slot minimum, all the stash's when fewer than 12.
+  EXPECT_GE(rep.activation_host_capacity, 3);
+  EXPECT_LE(rep.activation_host_capacity, 5);
+  EXPECT_EQ(rep.activation_host_slots, rep.activation_host_capacity);
+  const std::filesystem::space_info space = std::filesystem::space(dir.path());
+  const int64_t scratch =
+      int64_t(std::filesystem::file_size(dir.path() + "/strata.activations.rank0.0-of-1"));
+  EXPECT_EQ(scratch, 12 * int64_t(kActBytes));
+  // The free space now plus the file's, within what other writers changed meanwhile.
+  const int64_t expect = (int64_t(space.available) + scratch) / int64_t(kActBytes);
+  EXPECT_NEAR(double(rep.activation_nvme_capacity), double(expect), double(expect) / 100 + 64);
+  EXPECT_NE(rep.ToString().find("the budgets admit " +
+                                std::to_string(rep.activation_host_capacity) + " in host memory"),
+            std::string::npos)
+      << rep.ToString();
+  f->engine.reset();
+
+  StashConfig unlimited;
+  unlimited.nvme = false;
+  auto u = MakeStashEngine(specs, unlimited, dir.path());  // host_mem 0: no host budget
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->engine->Placement().activation_host_capacity, -1);
+}
+
 // A factory whose `target`-th backend (counting from 1; the stash's is made after the swap
 // store's) injects `faults`; `made` counts the calls and `faulty` points at that backend.
 struct TargetedFaults {
