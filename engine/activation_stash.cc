@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <filesystem>
 #include <map>
 
 #include "engine/fault_env.h"
@@ -53,7 +54,10 @@ void ActivationStash::Shutdown() {
 Status ActivationStash::Init() NO_THREAD_SAFETY_ANALYSIS {
   const PlacementReport& rep = ctx_.place.report;
   count_ = rep.activation_count;
-  if (count_ == 0) return Status::OK();
+  if (count_ == 0) {
+    RemoveLeftoverScratchFiles();
+    return Status::OK();
+  }
   max_bytes_ = ctx_.opt.activation_bytes;
   slot_bytes_ = rep.activation_slot_bytes;
   for (int s = 0; s < rep.activation_host_slots; ++s) {
@@ -68,9 +72,38 @@ Status ActivationStash::Init() NO_THREAD_SAFETY_ANALYSIS {
     for (int n = count_ - 1; n >= 0; --n) free_nvme_.push_back(n);
     STRATA_RETURN_IF_ERROR(OpenScratchFiles());
   }
+  RemoveLeftoverScratchFiles();  // after ours are locked: those are skipped
   STRATA_ASSIGN_OR_RETURN(ctx_.place.report.activation_nvme_capacity, NvmeCapacity());
   if (spill_) io_thread_ = std::thread([this] { IoLoop(); });
   return Status::OK();
+}
+
+// Runs before any thread starts. A scratch file of this rank that no engine holds (its flock
+// died with a killed process) is a leftover: this engine's own are locked by now, and one
+// named for another folder count, or in a run that does not spill, would otherwise stay on
+// the disk for good. Only plain files are removed (not links, FIFOs or devices), under the
+// lock, so an engine opening one meanwhile keeps a file of its own.
+void ActivationStash::RemoveLeftoverScratchFiles() const {
+  const std::string prefix = "strata.activations.rank" + std::to_string(ctx_.rank) + ".";
+  for (const std::string& folder : ctx_.opt.nvme_paths) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string path = entry.path().string();
+      const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) continue;
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+          flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        if (unlink(path.c_str()) == 0) {
+          LogWarning("removed the activation scratch file " + path +
+                     " left by a run that did not close (killed?); nothing in it was needed");
+        }
+      }
+      close(fd);
+    }
+  }
 }
 
 // Runs before any thread starts. Each file holds ceil(count / n) slots, so the folders admit

@@ -3,7 +3,10 @@
 // byte equals the stashed one over steps, orders and sizes with most activations on NVMe; the
 // planner's minimum and its messages; EIO, flipped bits and a full disk on the scratch files;
 // prefetch along the learned sequence; and training unchanged by the stash.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -527,6 +530,56 @@ TEST(ActivationStashTest, PlantedScratchFileIsRefusedAndLeftAlone) {
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(std::filesystem::status(name).permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
+
+// A killed run leaves its scratch file. The next engine of that rank takes it over when it
+// spills, and removes the ones it does not use (another folder count, or no spill) unless
+// another engine holds one, or it is not a plain file; other ranks' files are not its own.
+TEST(ActivationStashTest, LeftoverScratchFilesAreTakenOverOrRemoved) {
+  TempDir dir;
+  const auto specs = SmallModel();
+  const std::string d = dir.path() + "/";
+  const auto plant = [&](const std::string& name) {
+    std::ofstream(d + name) << "left by a killed run";
+  };
+  plant("strata.activations.rank0.0-of-1");
+  plant("strata.activations.rank0.1-of-2");
+  plant("strata.activations.rank1.0-of-1");  // another rank's
+  plant("strata.activations.rank0.5-of-9");  // held by a live engine (this flock)
+  const int held = open((d + "strata.activations.rank0.5-of-9").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
+  plant("victim");
+  std::filesystem::create_hard_link(d + "victim", d + "strata.activations.rank0.7-of-9");
+  StashConfig roomy;  // unlimited host budget: nothing spills
+  auto f = MakeStashEngine(specs, roomy, dir.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->engine->Placement().activation_nvme_bytes, 0u);
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.0-of-1"));
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.1-of-2"));
+  EXPECT_TRUE(std::filesystem::exists(d + "strata.activations.rank1.0-of-1"));
+  EXPECT_TRUE(std::filesystem::exists(d + "strata.activations.rank0.5-of-9"));
+  EXPECT_TRUE(std::filesystem::exists(d + "strata.activations.rank0.7-of-9"));
+  f->engine.reset();
+  close(held);
+
+  StashConfig c;
+  c.host_mem = Probe(specs, c, dir.path()).host_min_bytes;  // 3 host slots: it spills
+  plant("strata.activations.rank0.0-of-1");
+  plant("strata.activations.rank0.1-of-2");
+  auto spills = MakeStashEngine(specs, c, dir.path());
+  ASSERT_TRUE(spills.ok()) << spills.status().ToString();
+  EXPECT_EQ(std::filesystem::file_size(d + "strata.activations.rank0.0-of-1"),
+            c.count * kActBytes);  // taken over
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.1-of-2"));
+  std::mt19937_64 rng(5);
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < c.count; ++i) keys.push_back(uint32_t(i));
+  auto st = RunStashStep(*spills, 1, Plan(keys, rng, c.bytes), 9);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_GT(st->activation_bytes.nvme_write, 0u);
+  spills->engine.reset();
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.0-of-1"));
 }
 
 TEST(ActivationStashTest, FullDiskRefusedAtCreate) {
