@@ -74,7 +74,10 @@ Status ActivationStash::Init() NO_THREAD_SAFETY_ANALYSIS {
   }
   RemoveLeftoverScratchFiles();  // after ours are locked: those are skipped
   STRATA_ASSIGN_OR_RETURN(ctx_.place.report.activation_nvme_capacity, NvmeCapacity());
-  if (spill_) io_thread_ = std::thread([this] { IoLoop(); });
+  if (spill_) {
+    kill_hook_ = KillHookFromEnvironment();
+    io_thread_ = std::thread([this] { IoLoop(); });
+  }
   return Status::OK();
 }
 
@@ -511,6 +514,9 @@ Status ActivationStash::RunJob(Job* job) {
   const IoRequest req{job->write ? IoOp::kWrite : IoOp::kRead, file.file, offset, buf, length, 0};
   const Clock::time_point t0 = Clock::now();
   Status s = backend_->Submit(std::span<const IoRequest>(&req, 1));
+  if (kill_hook_ && s.ok()) {
+    kill_hook_(job->write ? "activation_write_submitted" : "activation_read_submitted");
+  }
   IoCompletion done;
   while (s.ok()) {
     auto n = backend_->Poll(std::span<IoCompletion>(&done, 1), 1);

@@ -46,9 +46,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -161,6 +163,9 @@ class ActivationStash {
   };
   std::vector<ScratchFile> files_;
   std::unique_ptr<IoBackend> backend_;  // the I/O thread's only
+  // STRATA_TEST_KILL_AT (engine/fault_env.h) at "activation_write_submitted" (a spill in
+  // flight) and "activation_read_submitted" (a read back in flight); the I/O thread's only.
+  std::function<void(std::string_view)> kill_hook_;
   std::thread io_thread_;
 
   mutable Mutex mu_;
