@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <filesystem>
+#include <map>
 
 #include "engine/fault_env.h"
 #include "io/swap_store.h"
@@ -51,7 +54,10 @@ void ActivationStash::Shutdown() {
 Status ActivationStash::Init() NO_THREAD_SAFETY_ANALYSIS {
   const PlacementReport& rep = ctx_.place.report;
   count_ = rep.activation_count;
-  if (count_ == 0) return Status::OK();
+  if (count_ == 0) {
+    RemoveLeftoverScratchFiles();
+    return Status::OK();
+  }
   max_bytes_ = ctx_.opt.activation_bytes;
   slot_bytes_ = rep.activation_slot_bytes;
   for (int s = 0; s < rep.activation_host_slots; ++s) {
@@ -62,11 +68,80 @@ Status ActivationStash::Init() NO_THREAD_SAFETY_ANALYSIS {
   for (int s = int(slot_buf_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
   slot_busy_.assign(slot_buf_.size(), nullptr);
   spill_ = rep.activation_host_slots < count_;
-  if (!spill_) return Status::OK();
-  for (int n = count_ - 1; n >= 0; --n) free_nvme_.push_back(n);
-  STRATA_RETURN_IF_ERROR(OpenScratchFiles());
-  io_thread_ = std::thread([this] { IoLoop(); });
+  if (spill_) {
+    for (int n = count_ - 1; n >= 0; --n) free_nvme_.push_back(n);
+    STRATA_RETURN_IF_ERROR(OpenScratchFiles());
+  }
+  RemoveLeftoverScratchFiles();  // after ours are locked: those are skipped
+  STRATA_ASSIGN_OR_RETURN(ctx_.place.report.activation_nvme_capacity, NvmeCapacity());
+  if (spill_) {
+    kill_hook_ = KillHookFromEnvironment();
+    io_thread_ = std::thread([this] { IoLoop(); });
+  }
   return Status::OK();
+}
+
+// Runs before any thread starts. A scratch file of this rank that no engine holds (its flock
+// died with a killed process) is a leftover: this engine's own are locked by now, and one
+// named for another folder count, or in a run that does not spill, would otherwise stay on
+// the disk for good. Only plain files are removed (not links, FIFOs or devices), under the
+// lock, so an engine opening one meanwhile keeps a file of its own.
+void ActivationStash::RemoveLeftoverScratchFiles() const {
+  const std::string prefix = "strata.activations.rank" + std::to_string(ctx_.rank) + ".";
+  for (const std::string& folder : ctx_.opt.nvme_paths) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string path = entry.path().string();
+      const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) continue;
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+          flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        if (unlink(path.c_str()) == 0) {
+          LogWarning("removed the activation scratch file " + path +
+                     " left by a run that did not close (killed?); nothing in it was needed");
+        }
+      }
+      close(fd);
+    }
+  }
+}
+
+// Runs before any thread starts. Each file holds ceil(count / n) slots, so the folders admit
+// n times the fewest slots a folder's share of its file system's free space holds (folders
+// on one file system share it).
+Result<int64_t> ActivationStash::NvmeCapacity() const NO_THREAD_SAFETY_ANALYSIS {
+  const std::vector<std::string>& folders = ctx_.opt.nvme_paths;
+  if (folders.empty()) return int64_t(0);
+  struct FileSystem {
+    uint64_t free = 0;  // f_bavail, plus what this stash's files there take
+    int folders = 0;
+  };
+  std::map<dev_t, FileSystem> by_fs;
+  std::vector<dev_t> dev_of;
+  for (size_t i = 0; i < folders.size(); ++i) {
+    struct stat st {};
+    struct statvfs vfs {};
+    if (stat(folders[i].c_str(), &st) != 0 || statvfs(folders[i].c_str(), &vfs) != 0) {
+      const int err = errno;
+      return Status::FromErrno(err, "statvfs " + folders[i]).WithPath(folders[i]);
+    }
+    FileSystem& fs = by_fs[st.st_dev];
+    fs.free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+    fs.folders++;
+    dev_of.push_back(st.st_dev);
+  }
+  for (size_t i = 0; i < files_.size() && i < dev_of.size(); ++i) {
+    struct stat st {};
+    if (fstat(files_[i].lock_fd, &st) == 0) by_fs[dev_of[i]].free += uint64_t(st.st_blocks) * 512;
+  }
+  uint64_t per_file = UINT64_MAX;
+  for (const auto& [dev, fs] : by_fs) {
+    per_file = std::min(per_file, fs.free / uint64_t(fs.folders) / slot_bytes_);
+  }
+  return int64_t(std::min<uint64_t>(per_file, INT64_MAX / folders.size()) * folders.size());
 }
 
 // Runs before any thread starts.
@@ -439,6 +514,9 @@ Status ActivationStash::RunJob(Job* job) {
   const IoRequest req{job->write ? IoOp::kWrite : IoOp::kRead, file.file, offset, buf, length, 0};
   const Clock::time_point t0 = Clock::now();
   Status s = backend_->Submit(std::span<const IoRequest>(&req, 1));
+  if (kill_hook_ && s.ok()) {
+    kill_hook_(job->write ? "activation_write_submitted" : "activation_read_submitted");
+  }
   IoCompletion done;
   while (s.ok()) {
     auto n = backend_->Poll(std::span<IoCompletion>(&done, 1), 1);

@@ -12,7 +12,9 @@
 // from its first spill to its drop. The files are made and allocated in full at Init, locked
 // (flock) against another engine, opened through the engine's IoBackend kind
 // (EngineOptions::io_backend_factory) with O_DIRECT, and removed at close. Nothing is
-// committed: a crash loses only activations, which no resume needs.
+// committed: a crash loses only activations, which no resume needs; the file it leaves is
+// taken over by the next engine of that rank in that folder, or removed at its Init when that
+// engine does not use it (RemoveLeftoverScratchFiles).
 //
 // Lifecycle of a key: Stash lands it in a free host slot (D2H on Lane::kD2H, after the
 // compute work that wrote it). When more keys are live than the host slots can hold beside a
@@ -44,9 +46,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -114,6 +118,10 @@ class ActivationStash {
   };
 
   Status OpenScratchFiles() EXCLUDES(mu_);
+  // Removes this rank's scratch files that no engine holds (left by a killed run).
+  void RemoveLeftoverScratchFiles() const;
+  // PlacementReport::activation_nvme_capacity: from the folders' free space and the files.
+  Result<int64_t> NvmeCapacity() const EXCLUDES(mu_);
   void IoLoop() EXCLUDES(mu_);
   // The next transfer to run, choosing it as the header comment says; drops clean host
   // copies on the way. nullopt: nothing to do now.
@@ -155,6 +163,9 @@ class ActivationStash {
   };
   std::vector<ScratchFile> files_;
   std::unique_ptr<IoBackend> backend_;  // the I/O thread's only
+  // STRATA_TEST_KILL_AT (engine/fault_env.h) at "activation_write_submitted" (a spill in
+  // flight) and "activation_read_submitted" (a read back in flight); the I/O thread's only.
+  std::function<void(std::string_view)> kill_hook_;
   std::thread io_thread_;
 
   mutable Mutex mu_;

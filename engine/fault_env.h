@@ -3,7 +3,10 @@
 //
 //   STRATA_TEST_KILL_AT=POINT:N   SIGKILL the process the N-th time its swap store reaches
 //                                 POINT (a SwapStoreOptions::test_hook point, e.g.
-//                                 "commit_finishing:5", "write_submitted:40").
+//                                 "commit_finishing:5", "write_submitted:40"), or its
+//                                 activation stash reaches "activation_write_submitted" (a
+//                                 spill to the scratch file in flight) or
+//                                 "activation_read_submitted" (a read back in flight).
 //   STRATA_TEST_FAULT=KIND@N[,KIND@N...]
 //                                 wrap the NVMe backend in a fault-injecting one
 //                                 (strata/fault_injection.h) that gives the N-th request of

@@ -116,7 +116,12 @@ std::string PlacementReport::ToString() const {
     os << "#   activations " << activation_count << " slots of "
        << FormatBytes(activation_slot_bytes) << ": " << activation_host_slots << " in host memory ("
        << FormatBytes(activation_host_bytes) << "), scratch files "
-       << FormatBytes(activation_nvme_bytes) << " on NVMe\n";
+       << FormatBytes(activation_nvme_bytes) << " on NVMe; the budgets admit "
+       << (activation_host_capacity < 0
+               ? std::string("any number") + " in host memory (no host budget)"
+               : std::to_string(activation_host_capacity) + " in host memory, " +
+                     std::to_string(activation_nvme_capacity) + " on NVMe")
+       << "\n";
   }
   for (const std::string& r : reasons) os << "#   " << r << "\n";
   os << "#   predicted per step: nvme_read " << FormatBytes(predicted_bytes.nvme_read)

@@ -90,6 +90,20 @@ Result<PlacementPlan> PlanPlacement(const std::vector<BlockLayout>& layout,
   rep.activation_count = count;
   rep.activation_host_slots = host_slots;
   rep.activation_host_bytes = uint64_t(host_slots) * slot;
+  rep.activation_host_capacity = -1;
+  if (opt.host_budget && opt.nvme) {
+    // The slots the states leave (the states' plan is the same for every count >= the reserve).
+    rep.activation_host_capacity = int64_t((opt.host_budget - Footprint(pp)) / slot);
+  } else if (opt.host_budget) {
+    // Every activation in host memory: the states planned within what they leave shrink to
+    // their minimum, which the budget holds for every count up to this (plan.h's threshold).
+    const std::optional<uint64_t> states_min = StatesMinimum(layout, opt);
+    if (states_min && *states_min <= opt.host_budget) {
+      rep.activation_host_capacity = int64_t((opt.host_budget - *states_min) / slot);
+    } else {
+      rep.activation_host_capacity = count;
+    }
+  }
   if (host_slots < count) {
     // One slot per activation over the folders (a key keeps its NVMe slot while live).
     const uint64_t folders = uint64_t(std::max(opt.nvme_folders, 1));

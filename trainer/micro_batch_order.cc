@@ -44,6 +44,48 @@ const char* OffloadActivationsName(OffloadActivations choice) {
   return "?";
 }
 
+MicroBatchCap OffloadedMicroBatchCap(const PlacementReport& placement, int device_slots,
+                                     int keys_per_micro_batch) {
+  MicroBatchCap cap;
+  cap.activation_bytes = placement.activation_slot_bytes;
+  cap.keys_per_micro_batch = keys_per_micro_batch;
+  cap.device_slots = device_slots;
+  cap.nvme = placement.nvme_folders > 0 || placement.activation_nvme_capacity > 0;
+  if (placement.activation_host_capacity < 0) {
+    cap.max = cap.activations = -1;
+    cap.bound = "unbounded";
+    return cap;
+  }
+  const bool nvme = placement.activation_nvme_capacity > placement.activation_host_capacity;
+  cap.bound = nvme ? "nvme" : "host";
+  cap.activations =
+      std::max(placement.activation_host_capacity, placement.activation_nvme_capacity);
+  // At least two micro-batches share the offloaded slot (micro-batches S-1..M-1).
+  const int64_t shared = keys_per_micro_batch > 0 ? cap.activations / keys_per_micro_batch : 0;
+  cap.max = shared >= 2 ? int64_t(device_slots) - 1 + shared : 1;
+  return cap;
+}
+
+std::string MicroBatchCap::ToString() const {
+  if (bound == "unbounded") {
+    return "no budget bounds the micro-batches: without --host-mem every offloaded activation "
+           "stays in host memory";
+  }
+  if (bound.empty()) return "";
+  const int on_device = std::max(device_slots - 1, 0);
+  const std::string acts =
+      std::to_string(activations) + " activations of " + FormatBytes(activation_bytes) + " (" +
+      std::to_string(keys_per_micro_batch) + " per offloaded micro-batch" +
+      (on_device ? "; " + std::to_string(on_device) + " more keep theirs on the device" : "") + ")";
+  const std::string out = "at most " + std::to_string(max) + " micro-batches: ";
+  if (bound == "nvme") {
+    return out + "the --nvme folders' free space holds " + acts +
+           " (bound: nvme); free space there or add --nvme folders on other drives for more";
+  }
+  return out + "--host-mem holds " + acts + " beside the states (bound: host); raise --host-mem" +
+         (nvme ? "" : " or give --nvme folders") + " for more";
+}
+
 namespace {
 
 Result<OrderedEngine> BatchMajor(const std::vector<BlockSpec>& specs, const EngineOptions& options,
@@ -148,6 +190,46 @@ Result<std::unique_ptr<Engine>> OffloadedEngine(const std::vector<BlockSpec>& sp
   return Engine::Create(specs, eo);
 }
 
+// The activation slots beyond the shared one that the device has room for beside the
+// engine's minimum (`placement`'s), at `per` bytes each.
+int DeviceRoomSlots(const PlacementReport& placement, const EngineOptions& options,
+                    const MicroBatchOrderInputs& in, uint64_t per) {
+  const uint64_t budget = options.device_mem_bytes;
+  const uint64_t room =
+      budget != 0 ? budget - std::min(budget, placement.device_min_bytes) : in.unlimited_room_bytes;
+  return int(std::min<uint64_t>(INT32_MAX / 2, per ? room / per : 0));
+}
+
+// The one-slot engine, which offloads all M micro-batches' activations, was refused for lack
+// of memory (`*refused` says why); with S device slots only M-S+1 of them are offloaded. An
+// engine of two micro-batches says how many the budgets admit: it is returned when M is
+// within that (the caller then makes the engine of S slots); else nullptr, with *refused
+// naming the most and the budget to raise, or that as an error when the user asked for
+// offloaded activations or layer-major (under auto, batch-major runs instead).
+Result<std::unique_ptr<Engine>> ProbeTwoMicroBatches(const std::vector<BlockSpec>& specs,
+                                                     const EngineOptions& options,
+                                                     const MicroBatchOrderInputs& in, uint64_t per,
+                                                     Status* refused) {
+  EngineOptions two = options;
+  two.micro_batches = 2;
+  auto probe = OffloadedEngine(specs, two, in, 1, per);
+  if (!probe.ok()) return std::unique_ptr<Engine>();  // not the micro-batch count
+  const PlacementReport& p = (*probe)->Placement();
+  const MicroBatchCap cap = OffloadedMicroBatchCap(p, 1 + DeviceRoomSlots(p, options, in, per),
+                                                   in.offload_shape.keys_per_micro_batch);
+  const int M = options.micro_batches;
+  if (cap.max < 0 || M <= cap.max) return std::move(*probe);
+  const Status why = Status::OutOfMemory("--micro-batches " + std::to_string(M) +
+                                         " is more than the budgets admit with the "
+                                         "activations offloaded: " +
+                                         cap.ToString());
+  if (in.offload == OffloadActivations::kOn || in.choice == MicroBatchOrderChoice::kLayer) {
+    return why;
+  }
+  *refused = why;
+  return std::unique_ptr<Engine>();
+}
+
 // Layer-major with the micro-batches the device has no room for sharing one slot. nullptr
 // with *refused set when it does not fit, or (auto) moves more bytes than batch-major.
 Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
@@ -170,17 +252,22 @@ Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
       in.recompute ? in.saved_activation_bytes : in.saved_activation_bytes_recompute;
   // One slot first: the engine's device minimum says how many more the budget holds.
   auto one = OffloadedEngine(specs, options, in, 1, per);
-  if (!one.ok()) {
+  std::unique_ptr<Engine> engine;
+  const bool probed = !one.ok();  // then `engine` is two micro-batches' (remade below)
+  if (probed) {
     if (one.status().code() != StatusCode::kOutOfMemory) return one.status();
     *refused = Status(one.status()).Annotate("with the activations offloaded");
-    return std::unique_ptr<Engine>();
+    STRATA_ASSIGN_OR_RETURN(engine, ProbeTwoMicroBatches(specs, options, in, per, refused));
+    if (!engine) return engine;
+  } else {
+    engine = std::move(*one);
   }
-  std::unique_ptr<Engine> engine = std::move(*one);
   const PlacementReport& p = engine->Placement();
   const uint64_t budget = options.device_mem_bytes;
-  const uint64_t room =
-      budget != 0 ? budget - std::min(budget, p.device_min_bytes) : in.unlimited_room_bytes;
-  const int slots = 1 + static_cast<int>(std::min<uint64_t>(uint64_t(M - 2), per ? room / per : 0));
+  const int room_slots = DeviceRoomSlots(p, options, in, per);
+  const int slots = 1 + std::min(M - 2, room_slots);
+  const MicroBatchCap cap =
+      OffloadedMicroBatchCap(p, 1 + room_slots, in.offload_shape.keys_per_micro_batch);
   // What batch-major would move on top: the weights once more per micro-batch (and, on one
   // rank, the gradient), against the offloaded micro-batches' activations.
   const EdgeBytes pb = p.predicted_bytes;
@@ -197,7 +284,7 @@ Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
     *refused = Status::OutOfMemory(counts + ": batch-major moves fewer bytes");
     return std::unique_ptr<Engine>();
   }
-  if (slots > 1) {
+  if (slots > 1 || probed) {
     engine.reset();  // its pinned memory and swap files go before the next engine's
     STRATA_ASSIGN_OR_RETURN(engine, OffloadedEngine(specs, options, in, slots, per));
   }
@@ -209,6 +296,7 @@ Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
   out->offloaded_d2h_bytes = d2h;
   out->offloaded_h2d_bytes = h2d;
   out->batch_major_extra_bytes = batch_extra;
+  out->max_micro_batches = cap;
   out->reason =
       LayerMajorPrefix(in) + "; " + counts +
       (in.recompute ? "" : "; --recompute turned on (only block inputs offload)") +

@@ -77,6 +77,28 @@ struct MicroBatchOrderInputs {
   uint64_t unlimited_room_bytes = 0;
 };
 
+// The most micro-batches the host and NVMe budgets admit with offloaded activations, from
+// the engine's PlacementReport::activation_host_capacity / activation_nvme_capacity (the
+// planner's and the stash's own byte model). Micro-batches beyond the device's slots each
+// stash keys_per_micro_batch activations, at least two micro-batches share the last slot, and
+// an activation count above the larger capacity is refused, so the most is
+// (device_slots - 1) + floor(max(host, nvme) / keys_per_micro_batch).
+struct MicroBatchCap {
+  int64_t max = 0;  // -1: unbounded (no --host-mem: every activation stays in host memory)
+  // "host" (--host-mem beside the states), "nvme" (the --nvme folders' free space),
+  // "unbounded", or "" (activations not offloaded: no figure).
+  std::string bound;
+  int64_t activations = 0;        // the activations it admits (the larger capacity)
+  uint64_t activation_bytes = 0;  // each (PlacementReport::activation_slot_bytes)
+  int keys_per_micro_batch = 0;
+  int device_slots = 0;  // the activation slots the device has room for
+  bool nvme = false;     // the run has NVMe folders
+  // "at most N micro-batches: ...; raise ... for more", for the start-up line and errors.
+  std::string ToString() const;
+};
+MicroBatchCap OffloadedMicroBatchCap(const PlacementReport& placement, int device_slots,
+                                     int keys_per_micro_batch);
+
 // The engine made for the chosen order, and what the trainer needs to drive it.
 struct OrderedEngine {
   std::unique_ptr<Engine> engine;
@@ -95,6 +117,8 @@ struct OrderedEngine {
   // With offloaded activations: their bytes per step each way (model::OffloadedActivations),
   // and the weight and gradient bytes batch-major would have moved on top of layer-major's.
   uint64_t offloaded_d2h_bytes = 0, offloaded_h2d_bytes = 0, batch_major_extra_bytes = 0;
+  // With offloaded activations: the most micro-batches the budgets admit (MicroBatchCap).
+  MicroBatchCap max_micro_batches;
   std::string reason;  // one line for the start-up report
 };
 

@@ -378,6 +378,13 @@ struct PlacementReport {
   int activation_host_slots = 0;
   uint64_t activation_host_bytes = 0;
   uint64_t activation_nvme_bytes = 0;
+  // The most activations of activation_slot_bytes the budgets admit, the states placed as
+  // here: in pinned host memory beside the states (-1: no host budget, so none bounds them),
+  // and in scratch files in the NVMe folders (their free space at Create plus what this
+  // engine's scratch files there take; 0 without NVMe). Create admits an activation_count up
+  // to the larger of the two and refuses one above it (tests/engine/activation_stash_test.cc).
+  int64_t activation_host_capacity = 0;
+  int64_t activation_nvme_capacity = 0;
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved
   StateFormat state_format = StateFormat::kFp32;  // of the moments
   // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).

@@ -3,7 +3,10 @@
 // byte equals the stashed one over steps, orders and sizes with most activations on NVMe; the
 // planner's minimum and its messages; EIO, flipped bits and a full disk on the scratch files;
 // prefetch along the learned sequence; and training unchanged by the stash.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -360,6 +363,69 @@ TEST(ActivationStashTest, BudgetsAndReport) {
   EXPECT_EQ(fits->engine->Placement().activation_host_slots, 8);
 }
 
+// PlacementReport::activation_*_capacity is what Create admits: without NVMe every count up
+// to the host capacity works and one more is refused, over random budgets; with NVMe the host
+// capacity is the slots the states leave and the NVMe capacity the folder's free space; with
+// no host budget nothing bounds them.
+TEST(ActivationStashTest, CapacityIsWhatCreateAdmits) {
+  TempDir dir;
+  const auto specs = SmallModel();
+  std::mt19937_64 rng(31);
+  StashConfig host_only;
+  host_only.nvme = false;
+  host_only.count = 2;
+  const uint64_t min2 = Probe(specs, host_only, dir.path()).host_min_bytes;
+  for (int trial = 0; trial < 4; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    host_only.count = 2;
+    host_only.host_mem = min2 + rng() % (20 * kActBytes);
+    auto probe = MakeStashEngine(specs, host_only, dir.path());
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    const int64_t cap = probe->engine->Placement().activation_host_capacity;
+    EXPECT_EQ(probe->engine->Placement().activation_nvme_capacity, 0);
+    probe->engine.reset();
+    ASSERT_GE(cap, 2);
+    host_only.count = int(cap);
+    auto at = MakeStashEngine(specs, host_only, dir.path());
+    ASSERT_TRUE(at.ok()) << "count " << cap << ": " << at.status().ToString();
+    EXPECT_EQ(at->engine->Placement().activation_host_slots, cap);
+    EXPECT_EQ(at->engine->Placement().activation_host_capacity, cap);
+    at->engine.reset();
+    host_only.count = int(cap) + 1;
+    auto above = MakeStashEngine(specs, host_only, dir.path());
+    ASSERT_FALSE(above.ok()) << "count " << cap + 1;
+    EXPECT_EQ(above.status().code(), StatusCode::kOutOfMemory);
+  }
+
+  StashConfig c;  // 12 activations, NVMe
+  c.host_mem = Probe(specs, c, dir.path()).host_min_bytes + 2 * kActBytes;
+  auto f = MakeStashEngine(specs, c, dir.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const PlacementReport& rep = f->engine->Placement();
+  // The slots the states leave: at least the 3-slot minimum, all the stash's when fewer than 12.
+  EXPECT_GE(rep.activation_host_capacity, 3);
+  EXPECT_LE(rep.activation_host_capacity, 5);
+  EXPECT_EQ(rep.activation_host_slots, rep.activation_host_capacity);
+  const std::filesystem::space_info space = std::filesystem::space(dir.path());
+  const int64_t scratch =
+      int64_t(std::filesystem::file_size(dir.path() + "/strata.activations.rank0.0-of-1"));
+  EXPECT_EQ(scratch, 12 * int64_t(kActBytes));
+  // The free space now plus the file's, within what other writers changed meanwhile.
+  const int64_t expect = (int64_t(space.available) + scratch) / int64_t(kActBytes);
+  EXPECT_NEAR(double(rep.activation_nvme_capacity), double(expect), double(expect) / 100 + 64);
+  EXPECT_NE(rep.ToString().find("the budgets admit " +
+                                std::to_string(rep.activation_host_capacity) + " in host memory"),
+            std::string::npos)
+      << rep.ToString();
+  f->engine.reset();
+
+  StashConfig unlimited;
+  unlimited.nvme = false;
+  auto u = MakeStashEngine(specs, unlimited, dir.path());  // host_mem 0: no host budget
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->engine->Placement().activation_host_capacity, -1);
+}
+
 // A factory whose `target`-th backend (counting from 1; the stash's is made after the swap
 // store's) injects `faults`; `made` counts the calls and `faulty` points at that backend.
 struct TargetedFaults {
@@ -464,6 +530,56 @@ TEST(ActivationStashTest, PlantedScratchFileIsRefusedAndLeftAlone) {
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(std::filesystem::status(name).permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
+
+// A killed run leaves its scratch file. The next engine of that rank takes it over when it
+// spills, and removes the ones it does not use (another folder count, or no spill) unless
+// another engine holds one, or it is not a plain file; other ranks' files are not its own.
+TEST(ActivationStashTest, LeftoverScratchFilesAreTakenOverOrRemoved) {
+  TempDir dir;
+  const auto specs = SmallModel();
+  const std::string d = dir.path() + "/";
+  const auto plant = [&](const std::string& name) {
+    std::ofstream(d + name) << "left by a killed run";
+  };
+  plant("strata.activations.rank0.0-of-1");
+  plant("strata.activations.rank0.1-of-2");
+  plant("strata.activations.rank1.0-of-1");  // another rank's
+  plant("strata.activations.rank0.5-of-9");  // held by a live engine (this flock)
+  const int held = open((d + "strata.activations.rank0.5-of-9").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
+  plant("victim");
+  std::filesystem::create_hard_link(d + "victim", d + "strata.activations.rank0.7-of-9");
+  StashConfig roomy;  // unlimited host budget: nothing spills
+  auto f = MakeStashEngine(specs, roomy, dir.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->engine->Placement().activation_nvme_bytes, 0u);
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.0-of-1"));
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.1-of-2"));
+  EXPECT_TRUE(std::filesystem::exists(d + "strata.activations.rank1.0-of-1"));
+  EXPECT_TRUE(std::filesystem::exists(d + "strata.activations.rank0.5-of-9"));
+  EXPECT_TRUE(std::filesystem::exists(d + "strata.activations.rank0.7-of-9"));
+  f->engine.reset();
+  close(held);
+
+  StashConfig c;
+  c.host_mem = Probe(specs, c, dir.path()).host_min_bytes;  // 3 host slots: it spills
+  plant("strata.activations.rank0.0-of-1");
+  plant("strata.activations.rank0.1-of-2");
+  auto spills = MakeStashEngine(specs, c, dir.path());
+  ASSERT_TRUE(spills.ok()) << spills.status().ToString();
+  EXPECT_EQ(std::filesystem::file_size(d + "strata.activations.rank0.0-of-1"),
+            c.count * kActBytes);  // taken over
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.1-of-2"));
+  std::mt19937_64 rng(5);
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < c.count; ++i) keys.push_back(uint32_t(i));
+  auto st = RunStashStep(*spills, 1, Plan(keys, rng, c.bytes), 9);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_GT(st->activation_bytes.nvme_write, 0u);
+  spills->engine.reset();
+  EXPECT_FALSE(std::filesystem::exists(d + "strata.activations.rank0.0-of-1"));
 }
 
 TEST(ActivationStashTest, FullDiskRefusedAtCreate) {

@@ -57,6 +57,8 @@ nlohmann::json PlacementJson(const PlacementReport& place) {
           {"activation_host_slots", place.activation_host_slots},
           {"activation_host_bytes", place.activation_host_bytes},
           {"activation_nvme_bytes", place.activation_nvme_bytes},
+          {"activation_host_capacity", place.activation_host_capacity},
+          {"activation_nvme_capacity", place.activation_nvme_capacity},
           {"predicted_bytes",
            {{"nvme_read", place.predicted_bytes.nvme_read},
             {"nvme_write", place.predicted_bytes.nvme_write},

@@ -447,6 +447,8 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   to.recompute = created->recompute;
   phase.Done();
   std::printf("# micro-batches: %s\n", created->reason.c_str());
+  const trainer::MicroBatchCap& cap = created->max_micro_batches;
+  if (!cap.bound.empty()) std::printf("# micro-batches: %s\n", cap.ToString().c_str());
   report.engine = engine.get();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
@@ -499,6 +501,11 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
       {"d2h_bytes_per_step", created->offloaded_d2h_bytes},
       {"h2d_bytes_per_step", created->offloaded_h2d_bytes},
       {"batch_major_extra_bytes_per_step", created->batch_major_extra_bytes}};
+  // With offloaded activations: the most micro-batches the budgets admit (null: unbounded,
+  // or not offloaded) and which budget bounds it (host, nvme, unbounded; "" not offloaded).
+  js["config"]["max_micro_batches"] =
+      cap.max > 0 ? nlohmann::json(cap.max) : nlohmann::json(nullptr);
+  js["config"]["max_micro_batches_bound"] = cap.bound;
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;
