@@ -121,7 +121,13 @@ class _ParamsSaved:
     autograd saves that lies in one of the block's bound parameters (the parameter, a view of
     it) is saved as (parameter index, offset, size, stride) instead, and unpacked from the
     parameter bound again in backward; the engine's buffer it pointed at is reused meanwhile.
-    Every other saved tensor (an activation) is kept, and its bytes counted."""
+    Every other saved tensor (an activation) is kept detached, and its bytes counted: a tensor
+    kept as it is holds its grad_fn, and where it is that node's own output (softmax, tanh,
+    exp save theirs) the node holds it back, a cycle through autograd's C++ graph that
+    Python's gc cannot see. Backward frees a graph's saved tensors and so breaks it, but
+    recompute="auto" drops the graph of a block past its budget unused, and every such graph
+    stayed alive (150 MiB per step on GPT-2 6x384). Autograd rebuilds the unpacked tensor's
+    grad_fn itself, so the detached one saves the same."""
 
     def __init__(self, params):
         self.params = params
@@ -136,7 +142,7 @@ class _ParamsSaved:
                 if start <= at < end and t.dtype == dtype:
                     return (_PARAM, i, (at - start) // t.element_size(), t.size(), t.stride())
             self.bytes += t.numel() * t.element_size()
-        return t
+        return t.detach()
 
     def unpack(self, x):
         if isinstance(x, tuple) and x[0] is _PARAM:
