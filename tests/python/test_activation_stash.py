@@ -128,3 +128,26 @@ def test_a_damaged_scratch_file_drops_the_step(tmp_path, monkeypatch, fault, err
     assert again == step(ref, ref_opt) and again[0] == loss.item()
     got, want = engine._model.gather(), ref_engine._model.gather()
     assert all(torch.equal(got[n], want[n]) for n in want)
+
+
+@pytest.mark.parametrize("stash", ["off", "on"])
+def test_a_stashed_input_leaves_torch_memory_until_backward(tmp_path, stash):
+    """Between forward and backward torch holds no stashed block input: the layer keeps neither
+    the saved tensor nor the argument (without a stash autograd's saved tensors hold them)."""
+    import gc
+    import weakref
+    engine = _engine(tmp_path, stash)
+    model = GPT(layers=LAYERS)
+    inputs = []
+    for b in model.blocks:
+        b.register_forward_pre_hook(lambda m, args: inputs.append(weakref.ref(args[0])))
+    model = strata.offload(model, blocks=list(model.blocks), engine=engine,
+                           offload_activations=stash, activation_bytes=INPUT_BYTES)
+    opt = strata.optim.AdamW(model.parameters(), lr=1e-3)
+    (x, y), = next(batches(1, 1))
+    loss = model(x, y)
+    gc.collect()
+    alive = sum(r() is not None for r in inputs)
+    loss.backward()
+    opt.step()
+    assert alive == (0 if stash == "on" else LAYERS)
