@@ -459,6 +459,7 @@ class _Offloaded:
             self._step_open = True
             self._stash.begin_step()
         self._micro += 1
+        self._stash.begin_forward()
         self._kept_bytes = 0
         if self.rest:
             views = self._params_view(0, self._acquire(0, False))
@@ -599,6 +600,7 @@ class _Offloaded:
             self.engine._ended(stats, python=self.engine._clock.snapshot())
         else:
             self.engine._ended(stats)
+        self._stash.learned(self)
 
     def _end_step_timed(self, opt):
         self._finish_backward()

@@ -16,12 +16,17 @@ holds, would not be freed by a stash), a plain contiguous CPU tensor of a floati
 not used there yet), while fewer than activation_count are live. Anything else stays in
 torch's memory, as without a stash.
 
-Sizes: the engine reserves its slots when it is created, which is when the optimizer binds,
-before any block input exists; so offload(activation_bytes=...) gives the largest input one
-block gets (batch x sequence x hidden x dtype size for a transformer), and the count is one
-per block (micro-batches run forward and backward in turn: one micro-batch's inputs are live
-at once).
+Sizes: the engine plans its slots when it is created, which is when the optimizer binds,
+before any block input exists. offload(activation_bytes=...) gives the largest input one block
+gets (batch x sequence x hidden x dtype size for a transformer), and the count is one per block
+(micro-batches run forward and backward in turn: one micro-batch's inputs are live at once).
+offload_activations="on" without a size learns both from the first step, which keeps its
+inputs in torch's memory, and the engine is then reopened at that step's commit with the stash
+(NVMe folders and one rank: the reopen is Engine(resume=True)'s); "auto" without a size leaves
+them in torch's memory and never reopens the engine.
 """
+import warnings
+
 import torch
 
 from ._sizes import parse_bytes
@@ -41,19 +46,25 @@ class InputStash:
                         "\"auto\", \"on\" or \"off\"")
         self.mode = offload_activations
         self.bytes = parse_bytes("activation_bytes", activation_bytes)
-        if self.mode == "on" and not self.bytes:
-            raise Error("offload(offload_activations=\"on\") needs activation_bytes=..., the "
-                        "largest input one block gets (e.g. batch * seq * hidden * 4 for "
-                        "fp32): the engine reserves its slots before the first forward")
         if self.mode == "off":
             self.bytes = 0
         self.count = blocks if self.bytes else 0
         self.enabled = False  # set by configure, once the engine's device is known
+        # Learning the sizes in the first step (mode "on" without activation_bytes): the largest
+        # qualifying input and the most in one forward; None once learned or not learning.
+        self.learning = self.mode == "on" and not self.bytes
+        self._most_bytes = self._in_forward = self._most_in_forward = 0
         self._next_key = 0
         self._live = 0
 
     def configure(self, config, cpu_engine):
         """Sets EngineConfig.activation_bytes/count before the engine is created."""
+        if self.learning and not (cpu_engine and config.nvme):
+            raise Error("offload(offload_activations=\"on\") without activation_bytes learns "
+                        "the sizes from the first step and then reopens the engine at its "
+                        "commit, which needs the CPU engine with NVMe folders; give "
+                        "activation_bytes=... (the largest input one block gets, e.g. batch * "
+                        "seq * hidden * 4 for fp32)")
         if self.bytes and not cpu_engine:
             if self.mode == "on":
                 raise Error("offload(offload_activations=\"on\") on a CUDA engine: the block "
@@ -68,14 +79,59 @@ class InputStash:
         self._next_key = 0
         self._live = 0
 
+    def begin_forward(self):
+        self._in_forward = 0
+
+    def kind_qualifies(self, t):
+        return (t.requires_grad and t.device.type == "cpu" and t.dtype in _DTYPES
+                and t.is_contiguous() and t.layout == torch.strided and t.numel() > 0)
+
     def qualifies(self, t):
-        return (self.enabled and t.requires_grad and t.device.type == "cpu"
-                and t.dtype in _DTYPES and t.is_contiguous() and t.layout == torch.strided
-                and 0 < t.numel() * t.element_size() <= self.bytes and self._live < self.count)
+        return (self.enabled and self.kind_qualifies(t)
+                and t.numel() * t.element_size() <= self.bytes and self._live < self.count)
+
+    def learn(self, tensors):
+        for t in tensors:
+            if self.kind_qualifies(t):
+                self._most_bytes = max(self._most_bytes, t.numel() * t.element_size())
+                self._in_forward += 1
+                self._most_in_forward = max(self._most_in_forward, self._in_forward)
+
+    def learned(self, st):
+        """After the first step's opt.step(): reopens the engine (_Offloaded st) at that step's
+        commit with the stash sized from what the step saw; without it, with a warning, where
+        the host budget cannot also hold the stash's minimum."""
+        if not self.learning:
+            return
+        self.learning = False
+        if not self._most_bytes:
+            return  # no block input qualified: nothing to stash
+        if st.core().world_size != 1:
+            warnings.warn("offload_activations=\"on\" without activation_bytes: several ranks "
+                          "cannot reopen their engines one by one; the block inputs stay in "
+                          "torch's memory (give activation_bytes=... to stash them)")
+            return
+        config = st.engine.config
+        st.engine.flush()  # the step commits (pipelined updates run now)
+        st.close_core("sizing the activation stash from the first step")
+        config.resume = True
+        config.activation_bytes, config.activation_count = self._most_bytes, self._most_in_forward
+        try:
+            st._open_core(config)
+        except Error as e:  # the host budget cannot also hold the stash's minimum
+            config.activation_bytes = config.activation_count = 0
+            st._open_core(config)
+            warnings.warn(f"offload_activations=\"on\": the block inputs stay in torch's "
+                          f"memory: {e}")
+        else:
+            self.bytes, self.count, self.enabled = self._most_bytes, self._most_in_forward, True
+        st._closed = None
 
     def stash(self, core, tensors):
         """Stashes the qualifying `tensors`; returns one entry per tensor: None (kept by the
         caller in torch's memory) or the stashed tensor's (key, shape, dtype, requires_grad)."""
+        if self.learning:
+            self.learn(tensors)
         metas = []
         for t in tensors:
             if not self.qualifies(t):

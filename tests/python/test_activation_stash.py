@@ -82,8 +82,6 @@ def test_without_activation_bytes_inputs_stay_in_torch_memory(tmp_path):
     opt.step()
     engine.flush()
     assert engine.last_step_stats()["activation_bytes"]["d2h"] == 0
-    with pytest.raises(strata.Error, match="needs activation_bytes"):
-        strata.offload(GPT(), blocks=[], engine=strata.Engine(), offload_activations="on")
     with pytest.raises(strata.Error, match="offload_activations='yes'"):
         strata.offload(GPT(), blocks=[], engine=strata.Engine(), offload_activations="yes")
 
@@ -151,3 +149,54 @@ def test_a_stashed_input_leaves_torch_memory_until_backward(tmp_path, stash):
     loss.backward()
     opt.step()
     assert alive == (0 if stash == "on" else LAYERS)
+
+
+def _train_learned(tmp_path, name, micro, stash, host=HOST):
+    engine = _engine(tmp_path, name, host)
+    model = GPT(layers=LAYERS, dropout=0.1)
+    model = strata.offload(model, blocks=list(model.blocks), engine=engine, micro_batches=micro,
+                           offload_activations=stash)
+    opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2, max_grad_norm=1.0)
+    losses = []
+    for mb in batches(STEPS, micro):
+        for x, y in mb:
+            loss = model(x, y)
+            (loss / micro).backward()
+            losses.append(loss.item())
+        opt.step()
+    engine.flush()
+    stats = engine.step_stats()
+    strata.save_safetensors(model, tmp_path / f"{name}.safetensors")
+    engine.close()
+    return losses, (tmp_path / f"{name}.safetensors").read_bytes(), stats
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_on_without_a_size_learns_it_from_the_first_step(tmp_path, micro):
+    """The first step keeps the inputs in torch's memory and measures them; the engine reopens
+    at its commit with the stash, and the run goes on bit for bit as without one."""
+    ref, ref_w, _ = _train_learned(tmp_path, "off", micro, "off")
+    got, got_w, stats = _train_learned(tmp_path, "learned", micro, "on")
+    assert got == ref and got_w == ref_w
+    assert [s["step"] for s in stats] == list(range(1, STEPS + 1))  # the reopen lost none
+    assert stats[0]["activation_bytes"]["d2h"] == 0
+    for s in stats[1:]:
+        assert s["activation_bytes"]["d2h"] == LAYERS * micro * INPUT_BYTES, s
+
+
+def test_on_without_a_size_needs_nvme(tmp_path):
+    model = GPT(layers=2)
+    model = strata.offload(model, blocks=list(model.blocks), engine=strata.Engine(),
+                           offload_activations="on")
+    with pytest.raises(strata.Error, match="needs the CPU engine with NVMe folders"):
+        strata.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def test_a_learned_stash_that_does_not_fit_leaves_the_inputs_in_torch_memory(tmp_path):
+    """At 380K the states fit (376K with 2 micro-batches) and the stash's minimum (3 slots,
+    24K) does not: the engine reopens without it, with a warning, and trains on as before."""
+    ref, ref_w, _ = _train_learned(tmp_path, "off", 2, "off", host="380K")
+    with pytest.warns(UserWarning, match="stay in torch's memory.*OutOfMemory"):
+        got, got_w, stats = _train_learned(tmp_path, "learned", 2, "on", host="380K")
+    assert got == ref and got_w == ref_w
+    assert all(s["activation_bytes"]["d2h"] == 0 for s in stats)
