@@ -9,8 +9,9 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
     backward: block L, ..., block 1 (each re-acquired and recomputed), rest (its gradient,
               accumulated by autograd in .grad, submitted when autograd finishes the backward)
 
-A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
-its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
+A block's forward runs under no_grad on the acquired parameters and keeps only its inputs (in
+torch's memory, or with offload(activation_bytes=...) in the engine's activation stash:
+_stash.py); its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
 as soon as a block's gradient is final. With offload(recompute=False) (or "auto" within the
 activation budget) the forward keeps autograd's graph instead, and backward runs on it with the
