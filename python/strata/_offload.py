@@ -82,8 +82,9 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None
     each module's reset_parameters()).
     `offload_activations`: where a recomputed block's inputs wait for its backward (_stash.py):
     "on" stashes them in the engine (its pinned host slots within the host budget, then the
-    NVMe scratch file), "off" keeps them in torch's memory, "auto" (the default) stashes them
-    when `activation_bytes` is given and the engine is the CPU's. `activation_bytes`: the
+    NVMe scratch file; without `activation_bytes` sized from the first step, the engine then
+    reopened at its commit), "off" keeps them in torch's memory, "auto" (the default) stashes
+    them when `activation_bytes` is given and the engine is the CPU's. `activation_bytes`: the
     largest input one block gets (e.g. "96K"); larger ones stay in torch's memory."""
     if not isinstance(model, torch.nn.Module):
         raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
