@@ -9,8 +9,8 @@ Runs (each in its own process, so that its peak RSS is its own):
   torch          plain torch in memory (clip_grad_norm_ + torch.optim.AdamW)
   strata-mem     strata.offload, an unlimited CPU engine (recompute="auto": keeps activations)
   strata-nvme    strata.offload, NVMe with 24M device / 32M host budgets (recompute=True, what
-                 "auto" comes to at that budget; "auto" past its budget grows the RSS by about
-                 150 MiB per step on this model today, a leak not found yet)
+                 "auto" comes to at that budget; before 8714d16 "auto" past its budget leaked
+                 each dropped graph, about 150 MiB of RSS per step on this model)
   ds-cpu         DeepSpeed ZeRO-3, offload_optimizer + offload_param to cpu
   ds-nvme        DeepSpeed ZeRO-3, offload_optimizer + offload_param to nvme
 DeepSpeed runs as issue 27 ran it: DS_ACCELERATOR=cpu, gloo, world size 1, the model built

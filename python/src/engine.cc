@@ -63,6 +63,9 @@ struct EngineConfig {
   std::string io = "auto";    // ParseIoBackendKind
   uint64_t io_block = 0;      // nvme_stripe_bytes; 0 = the default
   int collective_memory = 0;  // CollectiveMemory
+  // EngineOptions::activation_bytes/count: the block inputs the layer stashes (0 = none).
+  uint64_t activation_bytes = 0;
+  int activation_count = 0;
 };
 
 WorkingDtype ParseDtype(const std::string& name) {
@@ -203,6 +206,8 @@ class PyEngine {
     o.io.kind = *io;
     if (c.io_block != 0) o.nvme_stripe_bytes = c.io_block;
     o.collective_memory = static_cast<CollectiveMemory>(c.collective_memory);
+    o.activation_bytes = c.activation_bytes;
+    o.activation_count = c.activation_count;
     Result<std::unique_ptr<Engine>> e = Status::OK();
     {
       py::gil_scoped_release release;
@@ -359,6 +364,47 @@ class PyEngine {
     return *ticket;
   }
   uint64_t GradsRead() const { return Live().GradsRead(); }
+  // Engine::StashActivation from torch's host memory at `address` (a HostDevice's "device"
+  // memory, adopted for the copy): returns once the copy has landed, so the caller may free or
+  // overwrite the tensor.
+  void StashActivation(uint32_t key, uintptr_t address, uint64_t bytes) {
+    RequireHostDevice("stash_activation");
+    const void* src = reinterpret_cast<const void*>(address);
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = device_->AdoptMemory(src, bytes);
+      if (s.ok()) {
+        Result<EventPtr> landed = Live().StashActivation(key, src, bytes);
+        s = landed.ok() ? (*landed)->Synchronize() : landed.status();
+        Status forget = device_->ForgetMemory(src);
+        if (s.ok()) s = forget;
+      }
+    }
+    ThrowIfError(s);
+  }
+  // Engine::FetchActivation into torch's host memory at `address` (`bytes`, what was
+  // stashed): returns once the bytes are there. Corruption (a checksum mismatch) or the I/O
+  // error of an activation read back from NVMe raises, and the step cannot commit.
+  void FetchActivation(uint32_t key, uintptr_t address, uint64_t bytes, bool last) {
+    RequireHostDevice("fetch_activation");
+    void* dst = reinterpret_cast<void*>(address);
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = device_->AdoptMemory(dst, bytes);
+      if (s.ok()) {
+        s = Live().FetchActivation(key, dst, last);
+        // The compute lane waits for the copy (FetchActivation's contract): draining it is
+        // the copy's end, and then the memory is no longer used.
+        Status drained = device_->SynchronizeLane(Lane::kCompute);
+        if (s.ok()) s = drained;
+        Status forget = device_->ForgetMemory(dst);
+        if (s.ok()) s = forget;
+      }
+    }
+    ThrowIfError(s);
+  }
   // The last step's deferred updates run and it commits (reads do it themselves).
   void Flush() {
     Status s;
@@ -395,6 +441,14 @@ class PyEngine {
     if (!engine_) ThrowIfError(Status::InvalidArgument("this engine was closed"));
     return *engine_;
   }
+  // The activation calls take torch's host memory as the device's: a HostDevice only.
+  void RequireHostDevice(const char* call) const {
+    if (device_->Kind() != DeviceKind::kHost) {
+      ThrowIfError(Status::NotSupported(std::string(call) +
+                                        " on a CUDA engine: the layer stashes block inputs "
+                                        "only on the CPU engine (HostDevice)"));
+    }
+  }
 
   static py::dict StatsDict(const StepStats& s) {
     py::dict d;
@@ -418,6 +472,13 @@ class PyEngine {
     bytes["d2h"] = s.bytes.d2h;
     bytes["comm"] = s.bytes.comm;
     d["bytes"] = bytes;
+    py::dict act;
+    act["nvme_read"] = s.activation_bytes.nvme_read;
+    act["nvme_write"] = s.activation_bytes.nvme_write;
+    act["h2d"] = s.activation_bytes.h2d;
+    act["d2h"] = s.activation_bytes.d2h;
+    d["activation_bytes"] = act;
+    d["activation_fetch_waits"] = s.activation_fetch_waits;
     d["grad_norm"] = s.grad_norm;
     d["clip_coef"] = s.clip_coef;
     d["skipped"] = s.skipped;
@@ -465,7 +526,9 @@ void BindEngine(py::module_& m) {
       .def_readwrite("state_rounding", &EngineConfig::state_rounding)
       .def_readwrite("io", &EngineConfig::io)
       .def_readwrite("io_block", &EngineConfig::io_block)
-      .def_readwrite("collective_memory", &EngineConfig::collective_memory);
+      .def_readwrite("collective_memory", &EngineConfig::collective_memory)
+      .def_readwrite("activation_bytes", &EngineConfig::activation_bytes)
+      .def_readwrite("activation_count", &EngineConfig::activation_count);
   m.def("cuda_available", &CudaAvailable);
   m.def("cuda_device_for", &CudaDeviceFor, py::arg("configured") = -1,
         "The GPU an Engine opens: `configured` when >= 0, else the launcher's local rank.");
@@ -497,6 +560,10 @@ void BindEngine(py::module_& m) {
       .def("submit_grads", &PyEngine::SubmitGrads)
       .def("submit_grads_from", &PyEngine::SubmitGradsFrom, py::arg("block"), py::arg("addresses"))
       .def("grads_read", &PyEngine::GradsRead)
+      .def("stash_activation", &PyEngine::StashActivation, py::arg("key"), py::arg("address"),
+           py::arg("bytes"))
+      .def("fetch_activation", &PyEngine::FetchActivation, py::arg("key"), py::arg("address"),
+           py::arg("bytes"), py::arg("last") = true)
       .def("end_step", &PyEngine::EndStep)
       .def("flush", &PyEngine::Flush)
       .def("take_committed_stats", &PyEngine::TakeCommittedStats)

@@ -48,11 +48,13 @@ _TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumula
 
 
 def initialize(model=None, config=None, model_parameters=None, optimizer=None,
-               lr_scheduler=None, blocks=None, recompute=True, **engine_options):
+               lr_scheduler=None, blocks=None, recompute=True, offload_activations="auto",
+               activation_bytes=None, **engine_options):
     """DeepSpeed's initialize: returns (engine, optimizer, None, lr_scheduler).
 
     `blocks`: the model's repeated sub-modules (default: its largest nn.ModuleList of one
-    module type, e.g. GPT2's transformer.h). `engine_options`: strata.Engine's own (device_mem,
+    module type, e.g. GPT2's transformer.h). `recompute`, `offload_activations`,
+    `activation_bytes`: strata.offload's. `engine_options`: strata.Engine's own (device_mem,
     host_mem, ...), which a DeepSpeed config does not say."""
     if model is None or config is None:
         raise Error("strata.initialize(model=..., config=...): both are required")
@@ -78,7 +80,8 @@ def initialize(model=None, config=None, model_parameters=None, optimizer=None,
     engine = Engine(**{"nvme": nvme or None, **engine_options})
     if blocks is None:
         blocks = _find_blocks(model)
-    offload(model, blocks=blocks, engine=engine, micro_batches=micro, recompute=recompute)
+    offload(model, blocks=blocks, engine=engine, micro_batches=micro, recompute=recompute,
+            offload_activations=offload_activations, activation_bytes=activation_bytes)
     opt = _optimizer(model, model_parameters, config.get("optimizer"),
                      float(config.get("gradient_clipping", 0.0)))
     sched = _scheduler(opt, config.get("scheduler"))

@@ -9,8 +9,9 @@ forward order. One micro-batch is then exactly the engine's standard schedule:
     backward: block L, ..., block 1 (each re-acquired and recomputed), rest (its gradient,
               accumulated by autograd in .grad, submitted when autograd finishes the backward)
 
-A block's forward runs under no_grad on the acquired parameters and keeps only its inputs;
-its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
+A block's forward runs under no_grad on the acquired parameters and keeps only its inputs (in
+torch's memory, or with offload(activation_bytes=...) in the engine's activation stash:
+_stash.py); its backward re-acquires the block, recomputes it as it ran (_block.py) and hands
 the parameter gradients to the engine, which accumulates them over micro-batches and runs AdamW
 as soon as a block's gradient is final. With offload(recompute=False) (or "auto" within the
 activation budget) the forward keeps autograd's graph instead, and backward runs on it with the
@@ -60,12 +61,14 @@ from ._clock import _NO_CLOCK, _TimedCore
 from ._engine import Engine
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
+from ._stash import InputStash
 from ._strata import Error
 
 __all__ = ["Engine", "offload"]
 
 
-def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None, init=None):
+def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None, init=None,
+            offload_activations="auto", activation_bytes=None):
     """Moves every parameter of `model` into `engine`; returns `model`, now offloaded.
 
     `blocks`: the repeated sub-modules in forward order, each called once per forward.
@@ -76,7 +79,13 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None
     A model built on the meta device (strata.init_empty()) is materialised one engine block at
     a time when the optimizer binds (_lazy.py): from `weights` (safetensors files: a file, a
     list, or a folder of shards) or by `init(module)` (default: the model's _init_weights, else
-    each module's reset_parameters())."""
+    each module's reset_parameters()).
+    `offload_activations`: where a recomputed block's inputs wait for its backward (_stash.py):
+    "on" stashes them in the engine (its pinned host slots within the host budget, then the
+    NVMe scratch file; without `activation_bytes` sized from the first step, the engine then
+    reopened at its commit), "off" keeps them in torch's memory, "auto" (the default) stashes
+    them when `activation_bytes` is given and the engine is the CPU's. `activation_bytes`: the
+    largest input one block gets (e.g. "96K"); larger ones stay in torch's memory."""
     if not isinstance(model, torch.nn.Module):
         raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
     if not isinstance(engine, Engine):
@@ -94,7 +103,10 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None
     lazy = None
     if weights is not None or any(p.is_meta for p in model.parameters()):
         lazy = LazyParams(model, weights, init)
-    state = _Offloaded(model, list(blocks), engine, int(micro_batches), lazy)
+    blocks = list(blocks)
+    stash = InputStash(offload_activations, activation_bytes, len(blocks))
+    state = _Offloaded(model, blocks, engine, int(micro_batches), lazy)
+    state._stash = stash
     state.recompute = recompute
     engine._model = state
     return model
@@ -107,6 +119,7 @@ class _Offloaded:
     def __init__(self, model, blocks, engine, micro_batches, lazy=None):
         self.model, self.blocks, self.engine = model, blocks, engine
         self._lazy = lazy  # LazyParams of a model built on the meta device
+        self._stash = InputStash("off", None, 0)  # the block inputs kept in the engine
         self.micro_batches = micro_batches
         if not blocks:
             raise Error("offload(blocks=[]): give the repeated sub-modules (e.g. "
@@ -239,6 +252,8 @@ class _Offloaded:
         c.grad_clip = float(opt.max_grad_norm)
         c.optimizer_threads = c.optimizer_threads or opt.threads
         c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
+        self._stash.configure(c, cpu_engine=c.device == "cpu" or (
+            c.device == "auto" and not _strata.cuda_available()))
         shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
         self._specs = [(bname, [(n, list(shape(p)) or [1], True, group_of[id(p)])
                                 for n, p in ps])
@@ -446,7 +461,9 @@ class _Offloaded:
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
             self._step_open = True
+            self._stash.begin_step()
         self._micro += 1
+        self._stash.begin_forward()
         self._kept_bytes = 0
         if self.rest:
             views = self._params_view(0, self._acquire(0, False))
@@ -502,6 +519,14 @@ class _Offloaded:
             empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
             for p in ps:
                 p.data = empty
+
+    def stash_inputs(self, tensors):
+        """A recomputed block's inputs after its forward: see _stash.py."""
+        return self._stash.stash(self._core, tensors)
+
+    def fetch_input(self, meta):
+        """A stashed block input, back before the block's recompute."""
+        return self._stash.fetch(self._core, meta)
 
     def keeps_activations(self):
         """Whether the block now running forward keeps its autograd graph (recompute)."""
@@ -579,6 +604,7 @@ class _Offloaded:
             self.engine._ended(stats, python=self.engine._clock.snapshot())
         else:
             self.engine._ended(stats)
+        self._stash.learned(self)
 
     def _end_step_timed(self, opt):
         self._finish_backward()

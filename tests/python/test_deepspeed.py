@@ -129,3 +129,23 @@ def test_nvme_folders_are_given_in_one_place(tmp_path):
     with pytest.warns(UserWarning, match="ignores these DeepSpeed config keys"):
         engine, _, _, _ = strata.initialize(model=GPT(), config=c, nvme=[tmp_path])
     assert engine.strata_engine.config.nvme == [str(tmp_path)]
+
+
+def test_initialize_passes_the_activation_stash_to_offload(tmp_path):
+    """initialize(activation_bytes=...) stashes the block inputs as strata.offload does: the
+    same weights as without, and the stash's bytes in the engine's statistics."""
+    weights = []
+    for stash in ("off", "on"):
+        (tmp_path / stash).mkdir()
+        with pytest.warns(UserWarning, match="ignores these DeepSpeed config keys"):
+            engine, _, _, _ = strata.initialize(model=GPT(dropout=0.1),
+                                                config=_config(tmp_path / stash),
+                                                offload_activations=stash,
+                                                activation_bytes=4 * 16 * 32 * 4,
+                                                device_mem="160K", host_mem="600K")
+        _deepspeed_script(engine, 2)
+        strata.save_safetensors(engine.module, tmp_path / f"{stash}.st")
+        weights.append((tmp_path / f"{stash}.st").read_bytes())
+        stashed = engine.strata_engine.last_step_stats()["activation_bytes"]["d2h"]
+        assert stashed == (0 if stash == "off" else 2 * 3 * 4 * 16 * 32 * 4)
+    assert weights[0] == weights[1]

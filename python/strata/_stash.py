@@ -1,0 +1,153 @@
+"""The block inputs strata.offload keeps for recompute, stashed in the engine (issue 24, point 4).
+
+A block that is recomputed in backward needs its inputs again. Without a stash they stay in
+torch's memory from the block's forward to its backward, outside every budget. With one, each
+qualifying input is copied into the engine after the block's forward (Engine::StashActivation:
+a pinned host slot within the host budget the states leave, and beyond those the NVMe scratch
+file, checksummed), torch's copy is let go, and the block's backward fetches it back right
+before the recompute (FetchActivation, last=true). A corrupt or unreadable copy raises
+strata.Error (Corruption / IOError naming the activation and file) and the step is dropped,
+never a wrong gradient.
+
+What qualifies: a positional tensor argument of the block that requires grad (the residual
+stream an earlier layer computed; tensors that do not, attention masks and data the caller
+holds, would not be freed by a stash), a plain contiguous CPU tensor of a floating dtype with
+1..activation_bytes bytes, on the CPU engine (on CUDA the device is torch's GPU; the stash is
+not used there yet), while fewer than activation_count are live. Anything else stays in
+torch's memory, as without a stash.
+
+Sizes: the engine plans its slots when it is created, which is when the optimizer binds,
+before any block input exists. offload(activation_bytes=...) gives the largest input one block
+gets (batch x sequence x hidden x dtype size for a transformer), and the count is one per block
+(micro-batches run forward and backward in turn: one micro-batch's inputs are live at once).
+offload_activations="on" without a size learns both from the first step, which keeps its
+inputs in torch's memory, and the engine is then reopened at that step's commit with the stash
+(NVMe folders and one rank: the reopen is Engine(resume=True)'s); "auto" without a size leaves
+them in torch's memory and never reopens the engine.
+"""
+import warnings
+
+import torch
+
+from ._sizes import parse_bytes
+from ._strata import Error
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_CHOICES = ("auto", "on", "off")
+
+
+class InputStash:
+    """Which block inputs go into the engine, and their keys within the step. Engine calls
+    happen on the training thread, inside the step (the engine's contract)."""
+
+    def __init__(self, offload_activations, activation_bytes, blocks):
+        if offload_activations not in _CHOICES:
+            raise Error(f"offload(offload_activations={offload_activations!r}): expected "
+                        "\"auto\", \"on\" or \"off\"")
+        self.mode = offload_activations
+        self.bytes = parse_bytes("activation_bytes", activation_bytes)
+        if self.mode == "off":
+            self.bytes = 0
+        self.count = blocks if self.bytes else 0
+        self.enabled = False  # set by configure, once the engine's device is known
+        # Learning the sizes in the first step (mode "on" without activation_bytes): the largest
+        # qualifying input and the most in one forward; None once learned or not learning.
+        self.learning = self.mode == "on" and not self.bytes
+        self._most_bytes = self._in_forward = self._most_in_forward = 0
+        self._next_key = 0
+        self._live = 0
+
+    def configure(self, config, cpu_engine):
+        """Sets EngineConfig.activation_bytes/count before the engine is created."""
+        if self.learning and not (cpu_engine and config.nvme):
+            raise Error("offload(offload_activations=\"on\") without activation_bytes learns "
+                        "the sizes from the first step and then reopens the engine at its "
+                        "commit, which needs the CPU engine with NVMe folders; give "
+                        "activation_bytes=... (the largest input one block gets, e.g. batch * "
+                        "seq * hidden * 4 for fp32)")
+        if self.bytes and not cpu_engine:
+            if self.mode == "on":
+                raise Error("offload(offload_activations=\"on\") on a CUDA engine: the block "
+                            "inputs are stashed only on the CPU engine for now; use \"auto\" "
+                            "(they stay in torch's memory on CUDA)")
+            self.bytes = self.count = 0
+        config.activation_bytes = self.bytes
+        config.activation_count = self.count
+        self.enabled = bool(self.bytes)
+
+    def begin_step(self):
+        self._next_key = 0
+        self._live = 0
+
+    def begin_forward(self):
+        self._in_forward = 0
+
+    def kind_qualifies(self, t):
+        return (t.requires_grad and t.device.type == "cpu" and t.dtype in _DTYPES
+                and t.is_contiguous() and t.layout == torch.strided and t.numel() > 0)
+
+    def qualifies(self, t):
+        return (self.enabled and self.kind_qualifies(t)
+                and t.numel() * t.element_size() <= self.bytes and self._live < self.count)
+
+    def learn(self, tensors):
+        for t in tensors:
+            if self.kind_qualifies(t):
+                self._most_bytes = max(self._most_bytes, t.numel() * t.element_size())
+                self._in_forward += 1
+                self._most_in_forward = max(self._most_in_forward, self._in_forward)
+
+    def learned(self, st):
+        """After the first step's opt.step(): reopens the engine (_Offloaded st) at that step's
+        commit with the stash sized from what the step saw; without it, with a warning, where
+        the host budget cannot also hold the stash's minimum."""
+        if not self.learning:
+            return
+        self.learning = False
+        if not self._most_bytes:
+            return  # no block input qualified: nothing to stash
+        if st.core().world_size != 1:
+            warnings.warn("offload_activations=\"on\" without activation_bytes: several ranks "
+                          "cannot reopen their engines one by one; the block inputs stay in "
+                          "torch's memory (give activation_bytes=... to stash them)")
+            return
+        config = st.engine.config
+        st.engine.flush()  # the step commits (pipelined updates run now)
+        st.close_core("sizing the activation stash from the first step")
+        config.resume = True
+        config.activation_bytes, config.activation_count = self._most_bytes, self._most_in_forward
+        try:
+            st._open_core(config)
+        except Error as e:  # the host budget cannot also hold the stash's minimum
+            config.activation_bytes = config.activation_count = 0
+            st._open_core(config)
+            warnings.warn(f"offload_activations=\"on\": the block inputs stay in torch's "
+                          f"memory: {e}")
+        else:
+            self.bytes, self.count, self.enabled = self._most_bytes, self._most_in_forward, True
+        st._closed = None
+
+    def stash(self, core, tensors):
+        """Stashes the qualifying `tensors`; returns one entry per tensor: None (kept by the
+        caller in torch's memory) or the stashed tensor's (key, shape, dtype, requires_grad)."""
+        if self.learning:
+            self.learn(tensors)
+        metas = []
+        for t in tensors:
+            if not self.qualifies(t):
+                metas.append(None)
+                continue
+            key = self._next_key
+            core.stash_activation(key, t.data_ptr(), t.numel() * t.element_size())
+            self._next_key += 1
+            self._live += 1
+            metas.append((key, t.shape, t.dtype, t.requires_grad))
+        return metas
+
+    def fetch(self, core, meta):
+        """The stashed tensor `meta` back in a new tensor (its key is dropped)."""
+        key, shape, dtype, requires_grad = meta
+        t = torch.empty(shape, dtype=dtype)
+        core.fetch_activation(key, t.data_ptr(), t.numel() * t.element_size(), True)
+        self._live -= 1
+        return t.requires_grad_(requires_grad)
