@@ -56,6 +56,39 @@ TEST(BenchStepCli, KeepLeavesTheSubfolderAndSaysWhere) {
   EXPECT_GT(Entries(kept), 0) << "the kept subfolder holds the store";
 }
 
+// With pipelined updates (the default with --grad-clip) a step's own updates run under the
+// next one: each row is a step that committed, with its own updates' NVMe writes, so the
+// figures equal --pipeline off's step for step (they were the previous step's before).
+TEST(BenchStepCli, PipelinedRowsAreCommittedStepsWithTheirOwnWrites) {
+  strata::testing::TempDir tmp("strata-bench-step");
+  auto writes = [&](const std::string& pipeline, std::string* output) {
+    const CliRun r = Shell(
+        "bench step --blocks 3 --block-bytes 64K --compute-ms 0 --steps 3 --device-mem "
+        "unlimited --host-mem 512K --json - --pipeline " +
+        pipeline + " --nvme" + ShellQuote({tmp.File("nvme-" + pipeline)}));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    *output = r.output;
+    std::vector<std::pair<int, double>> out;  // (step, nvme bytes written)
+    const auto at = r.output.find('{');
+    if (r.exit_code != 0 || at == std::string::npos) return out;
+    const auto j = nlohmann::json::parse(r.output.substr(at), nullptr, false);
+    if (j.is_discarded()) return out;
+    for (const auto& st : j["steps"]) {
+      out.push_back({st["step"].get<int>(), st["bytes"]["nvme_write"].get<double>()});
+      EXPECT_EQ(st["deferred_blocks"].get<int>(), pipeline == "on" ? 3 : 0) << r.output;
+    }
+    EXPECT_EQ(j["steps"].back()["wrong"], 0);
+    return out;
+  };
+  std::string on_out, off_out;
+  const auto on = writes("on", &on_out);
+  const auto off = writes("off", &off_out);
+  ASSERT_EQ(on.size(), 3u) << on_out;
+  EXPECT_EQ(on, off) << on_out << "\n" << off_out;
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(on[s].first, s + 1) << on_out;
+  EXPECT_GT(on[0].second, 0) << on_out;
+}
+
 // Layer-major micro-batches: per step each block's params and gradient cross as with one
 // micro-batch, the activations the extra micro-batches keep come out of --device-mem (the
 // start-up line says how much), and a budget they do not fit is refused when forced.

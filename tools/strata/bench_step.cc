@@ -186,30 +186,15 @@ class BenchStep {
     if (lead) PrintHeader();
     nlohmann::json steps = nlohmann::json::array();
     for (int s = 0; s < f_.steps; ++s) {
-      STRATA_ASSIGN_OR_RETURN(StepStats st, Step());
-      // The data check after the last step (it reads every state back); -1: not checked.
-      int64_t wrong = -1;
-      if (s + 1 == f_.steps) {
-        STRATA_ASSIGN_OR_RETURN(wrong, CountWrongBlocks());
-      }
-      // Every rank's figures (one row each), gathered on every rank; rank 0 prints them.
-      std::vector<RankRow> rows;
-      std::vector<int64_t> wrongs;
-      STRATA_RETURN_IF_ERROR(Gather(st, wrong, &rows, &wrongs));
-      if (lead) PrintRows(st.step, rows, wrongs);
-      if (lead && stash_bytes_) PrintActivations(st);
-      if (wrong < 0) {
-        for (int64_t w : wrongs) wrong = std::max(wrong, w);
-      } else {
-        wrong = 0;
-        for (int64_t w : wrongs) wrong += w;
-      }
-      steps.push_back(StepJson(st, rows, wrong));
-      if (wrong > 0) {
-        if (json.enabled())
-          (void)json.Write("--json", nlohmann::json{{"steps", steps}}.dump(2) + "\n");
-        return Status::Corruption(std::to_string(wrong) +
-                                  " block(s) came back different from what was written");
+      STRATA_RETURN_IF_ERROR(Step().status());
+      // A step's figures are final when it commits: with pipelined updates during the next
+      // step (or at the Flush after the last), so each row is a step that committed.
+      const bool last = s + 1 == f_.steps;
+      if (last) STRATA_RETURN_IF_ERROR(engine_->Flush());
+      const std::vector<StepStats> committed = engine_->TakeCommittedStats();
+      for (size_t i = 0; i < committed.size(); ++i) {
+        const bool final_row = last && i + 1 == committed.size();
+        STRATA_RETURN_IF_ERROR(Report(committed[i], final_row, json, &steps));
       }
     }
     if (json.enabled()) STRATA_RETURN_IF_ERROR(json.Write("--json", RunJson(steps).dump(2) + "\n"));
@@ -224,6 +209,37 @@ class BenchStep {
   }
 
  private:
+  // One committed step: every rank's row (rank 0 prints), its --json entry, and after the
+  // run's last step the data check (it reads every state back).
+  Status Report(const StepStats& st, bool final_row, const JsonDestination& json,
+                nlohmann::json* steps) {
+    const bool lead = setup_->rank().rank == 0;
+    int64_t wrong = -1;  // -1: not checked
+    if (final_row) {
+      STRATA_ASSIGN_OR_RETURN(wrong, CountWrongBlocks());
+    }
+    // Every rank's figures (one row each), gathered on every rank; rank 0 prints them.
+    std::vector<RankRow> rows;
+    std::vector<int64_t> wrongs;
+    STRATA_RETURN_IF_ERROR(Gather(st, wrong, &rows, &wrongs));
+    if (lead) PrintRows(st.step, rows, wrongs);
+    if (lead && stash_bytes_) PrintActivations(st);
+    if (wrong < 0) {
+      for (int64_t w : wrongs) wrong = std::max(wrong, w);
+    } else {
+      wrong = 0;
+      for (int64_t w : wrongs) wrong += w;
+    }
+    steps->push_back(StepJson(st, rows, wrong));
+    if (wrong > 0) {
+      if (json.enabled())
+        (void)json.Write("--json", nlohmann::json{{"steps", *steps}}.dump(2) + "\n");
+      return Status::Corruption(std::to_string(wrong) +
+                                " block(s) came back different from what was written");
+    }
+    return Status::OK();
+  }
+
   // --activation-stash: the engine stashes `acts` per block and micro-batch (at most every
   // block of every micro-batch live at once), from and to two device buffers taken out of
   // --device-mem before the engine gets the rest.
