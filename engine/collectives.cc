@@ -100,7 +100,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       opt.dtype != WorkingDtype::kAuto
           ? opt.dtype
           : (ctx.dev->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32);
-  enum Shown : uint8_t { kNumber, kReal, kHash, kDtype, kMemory, kOptimizer };
+  enum Shown : uint8_t { kNumber, kReal, kHash, kDtype, kMemory, kOptimizer, kGradDtype };
   struct Field {
     const char* name;
     uint64_t value;
@@ -130,6 +130,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"speculation (0 auto, 1 on, 2 off)", uint64_t(opt.speculation), kNumber},
       {"gradients to NVMe (0 auto, 1 on, 2 off)", uint64_t(opt.grad_spill), kNumber},
       {"pipelined updates (--pipeline)", uint64_t(opt.pipeline_updates), kNumber},
+      {"gradients device -> host (--grad-dtype)", uint64_t(opt.grad_dtype), kGradDtype},
       {"Adam moments' format (0 fp32, 1 bf16)", uint64_t(opt.state_format), kNumber},
       {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
        kNumber},
@@ -163,6 +164,8 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
         return CollectiveMemoryName(CollectiveMemory(v));
       case kOptimizer:
         return v == uint64_t(OptimizerKind::kAdamW) ? "adamw" : "adam";
+      case kGradDtype:
+        return GradDtypeName(GradDtype(v));
     }
     return "?";
   };
