@@ -124,7 +124,9 @@ Result<EngineOptions> ResolveRankOptions(const EngineOptions& options) {
         return Status::InvalidArgument(
             "bf16 gradients (grad_dtype bf16) are reduce-scattered in host memory, which the " +
             backend +
-            " communicator cannot reach; use a gloo communicator for comm or grad_dtype fp32");
+            " communicator cannot reach; use a gloo communicator for comm (--comm-backend gloo) "
+            "or grad_dtype fp32 (collectives in device memory copy only this rank's 1/N of each "
+            "gradient to the host)");
       }
       opt.collective_memory = CollectiveMemory::kHost;
     }
