@@ -26,23 +26,7 @@ class NoCollectives final : public Collectives {
     STRATA_RETURN_IF_ERROR(ctx_.dev->WaitEvent(Lane::kD2H, computed));
     STRATA_RETURN_IF_ERROR(
         ctx_.dev->CopyToHost(dst, src, n * (bf16 ? 2 : 4), "d2h grad " + ctx_.layout[b].name));
-    if (bf16) {
-      // The n bf16 values landed in the first half of the fp32 buffer: widen in place from the
-      // last value down (value i's fp32 bytes [4i, 4i+4) hold bf16 values 2i and 2i+1, both
-      // already read), on the D2H lane so the accumulation after it sees fp32.
-      STRATA_RETURN_IF_ERROR(ctx_.dev->EnqueueHostFunction(
-          Lane::kD2H,
-          [dst, n] {
-            const uint16_t* in = static_cast<const uint16_t*>(dst);
-            float* out = static_cast<float*>(dst);
-            for (uint64_t i = n; i-- > 0;) {
-              const uint32_t bits = uint32_t{in[i]} << 16;
-              std::memcpy(&out[i], &bits, 4);
-            }
-            return Status::OK();
-          },
-          "widen bf16 grad"));
-    }
+    if (bf16) STRATA_RETURN_IF_ERROR(EnqueueWidenBf16Grad(*ctx_.dev, dst, n));
     return EventPtr();
   }
   Status AllGatherHost(const float* shard, float* all, uint64_t n,
@@ -56,6 +40,23 @@ class NoCollectives final : public Collectives {
 };
 
 }  // namespace
+
+Status EnqueueWidenBf16Grad(Device& dev, void* buf, uint64_t n) {
+  // Widen in place from the last value down: value i's fp32 bytes [4i, 4i+4) hold bf16
+  // values 2i and 2i+1, both already read. Exact (a bf16 is the top half of an fp32).
+  return dev.EnqueueHostFunction(
+      Lane::kD2H,
+      [buf, n] {
+        const uint16_t* in = static_cast<const uint16_t*>(buf);
+        float* out = static_cast<float*>(buf);
+        for (uint64_t i = n; i-- > 0;) {
+          const uint32_t bits = uint32_t{in[i]} << 16;
+          std::memcpy(&out[i], &bits, 4);
+        }
+        return Status::OK();
+      },
+      "widen bf16 grad");
+}
 
 std::unique_ptr<Collectives> CreateCollectives(EngineContext& ctx, HostTier& host,
                                                DeviceTier& device, OptimizerStage& optimizer) {
@@ -99,7 +100,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       opt.dtype != WorkingDtype::kAuto
           ? opt.dtype
           : (ctx.dev->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32);
-  enum Shown : uint8_t { kNumber, kReal, kHash, kDtype, kMemory, kOptimizer };
+  enum Shown : uint8_t { kNumber, kReal, kHash, kDtype, kMemory, kOptimizer, kGradDtype };
   struct Field {
     const char* name;
     uint64_t value;
@@ -129,6 +130,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"speculation (0 auto, 1 on, 2 off)", uint64_t(opt.speculation), kNumber},
       {"gradients to NVMe (0 auto, 1 on, 2 off)", uint64_t(opt.grad_spill), kNumber},
       {"pipelined updates (--pipeline)", uint64_t(opt.pipeline_updates), kNumber},
+      {"gradients device -> host (--grad-dtype)", uint64_t(opt.grad_dtype), kGradDtype},
       {"Adam moments' format (0 fp32, 1 bf16)", uint64_t(opt.state_format), kNumber},
       {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
        kNumber},
@@ -162,6 +164,8 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
         return CollectiveMemoryName(CollectiveMemory(v));
       case kOptimizer:
         return v == uint64_t(OptimizerKind::kAdamW) ? "adamw" : "adam";
+      case kGradDtype:
+        return GradDtypeName(GradDtype(v));
     }
     return "?";
   };

@@ -80,6 +80,13 @@ class Collectives {
 std::unique_ptr<Collectives> CreateCollectives(EngineContext& ctx, HostTier& host,
                                                DeviceTier& device, OptimizerStage& optimizer);
 
+// GradDtype::kBf16: enqueues on the D2H lane (after the copy that landed them) the widening,
+// in place, of the `n` bf16 values packed at the start of the pinned fp32 buffer `buf` into
+// `n` floats, so that what reads the buffer after it on that lane (the accumulation, or the
+// reduce-scatter ordered after an event recorded there) sees fp32. Fails as
+// Device::EnqueueHostFunction.
+Status EnqueueWidenBf16Grad(Device& dev, void* buf, uint64_t n);
+
 // At Create, with ranks: every rank must pass the same options (they fix the order of the
 // collectives, and other optimizer settings would silently diverge).
 Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx);

@@ -72,12 +72,18 @@ class HostMemoryCollectives final : public RankCollectives {
   // which also keeps the next landing out of grad_full_ until it is read. The device
   // buffer is free once copied out: freeing it must not wait for the reduce-scatter (which
   // may be ordered after the next gathers, whose H2D copies wait for device memory).
+  // bf16 gradients (GradDtype::kBf16): half the bytes cross, and are widened in place on the
+  // D2H lane before the reduce-scatter, which sums the ranks' bf16-rounded gradients in fp32.
   Result<EventPtr> LandGrad(int a, const void* src, void* dst, const EventPtr& computed) override {
     const int b = ctx_.schedule[a].block;
+    const bool bf16 = ctx_.opt.grad_dtype == GradDtype::kBf16;
     Device* dev = ctx_.dev;
     STRATA_RETURN_IF_ERROR(dev->WaitEvent(Lane::kD2H, computed));
-    STRATA_RETURN_IF_ERROR(
-        dev->CopyToHost(grad_full_, src, ctx_.grad_bytes[b], "d2h grad " + ctx_.layout[b].name));
+    STRATA_RETURN_IF_ERROR(dev->CopyToHost(grad_full_, src, ctx_.grad_bytes[b] / (bf16 ? 2 : 1),
+                                           "d2h grad " + ctx_.layout[b].name));
+    if (bf16) {
+      STRATA_RETURN_IF_ERROR(EnqueueWidenBf16Grad(*dev, grad_full_, ctx_.layout[b].padded_numel));
+    }
     STRATA_ASSIGN_OR_RETURN(EventPtr copied, dev->Record(Lane::kD2H));
     {
       MutexLock lock(&ctx_.mu);

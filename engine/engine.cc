@@ -38,11 +38,6 @@ Status EngineImpl::Init() NO_THREAD_SAFETY_ANALYSIS {
   // a collective.
   if (ctx_.comm && ctx_.ws > 1) STRATA_RETURN_IF_ERROR(CheckOptionsAgreeAcrossRanks(ctx_));
   STRATA_RETURN_IF_ERROR(CheckOptimizerOptions(ctx_.opt));
-  if (opt.grad_dtype == GradDtype::kBf16 && ctx_.comm) {
-    return Status::InvalidArgument(
-        "bf16 gradients (grad_dtype) work on one rank without a communicator; the collectives "
-        "reduce fp32 gradient buffers");
-  }
   ctx_.dtype = opt.dtype;
   if (ctx_.dtype == WorkingDtype::kAuto) {
     ctx_.dtype = ctx_.dev->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32;

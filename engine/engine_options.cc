@@ -110,6 +110,26 @@ Result<EngineOptions> ResolveRankOptions(const EngineOptions& options) {
                                      opt.device->Name() + " (use a gloo communicator)");
     }
     const bool reaches_device = opt.comm->device_buffers() == cuda;
+    if (opt.grad_dtype == GradDtype::kBf16) {
+      // The ranks' bf16 gradients are widened to fp32 in host memory and reduce-scattered
+      // there, summed in fp32. In device memory the reduce-scatter would sum bf16 (or need a
+      // widening on the device, and copy fp32 to the host after all).
+      if (opt.collective_memory == CollectiveMemory::kDevice) {
+        return Status::InvalidArgument(
+            "collective memory 'device' (--collective-memory device) with bf16 gradients "
+            "(grad_dtype bf16): bf16 gradients are widened to fp32 in host memory before the "
+            "reduce-scatter; use collective memory 'host' (or auto) or grad_dtype fp32");
+      }
+      if (opt.comm->device_buffers()) {
+        return Status::InvalidArgument(
+            "bf16 gradients (grad_dtype bf16) are reduce-scattered in host memory, which the " +
+            backend +
+            " communicator cannot reach; use a gloo communicator for comm (--comm-backend gloo) "
+            "or grad_dtype fp32 (collectives in device memory copy only this rank's 1/N of each "
+            "gradient to the host)");
+      }
+      opt.collective_memory = CollectiveMemory::kHost;
+    }
     if (opt.collective_memory == CollectiveMemory::kAuto) {
       opt.collective_memory = reaches_device ? CollectiveMemory::kDevice : CollectiveMemory::kHost;
     } else if (opt.collective_memory == CollectiveMemory::kDevice && !reaches_device) {

@@ -534,7 +534,8 @@ Status Placer::PredictTraffic() {
       if (schedule[a].pass == Pass::kBackward) ++device_loads;
     }
     if (schedule[a].pass == Pass::kBackward) {
-      // bf16 gradients (one rank) cross as two bytes per value.
+      // bf16 gradients cross as two bytes per value (with ranks: the whole block, in host
+      // memory).
       rep.predicted_bytes.d2h += grad_bytes[schedule[a].block] / (opt.bf16_grads ? 2 : 1) /
                                  (host_collectives ? 1 : uint64_t(opt.world_size));
     }

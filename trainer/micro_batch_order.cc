@@ -108,11 +108,15 @@ std::string MoreMicroBatches(int n) {
   return std::to_string(n) + (n == 1 ? " more micro-batch" : " more micro-batches");
 }
 
-// The engine options of layer-major order (the model sums micro-batches on one rank).
+// Layer-major on one rank: the model sums the micro-batches on the device, and the engine
+// sees one gradient per step. With ranks each micro-batch's gradient lands on its own.
+bool LayerMajorSumsOnDevice(const MicroBatchOrderInputs& in) { return !in.multi_rank; }
+
+// The engine options of layer-major order.
 EngineOptions LayerMajorOptions(const EngineOptions& options, const MicroBatchOrderInputs& in) {
   EngineOptions eo = options;
   eo.micro_batch_order = MicroBatchOrder::kLayerMajor;
-  if (!in.multi_rank) {
+  if (LayerMajorSumsOnDevice(in)) {
     eo.micro_batches = 1;  // the model sums the micro-batches on the device
     eo.micro_batch_order = MicroBatchOrder::kBatchMajor;
   }
@@ -124,7 +128,7 @@ OrderedEngine LayerMajorResult(std::unique_ptr<Engine> engine, const EngineOptio
   OrderedEngine out;
   out.engine = std::move(engine);
   out.order = MicroBatchOrder::kLayerMajor;
-  out.accumulate_on_device = !in.multi_rank;
+  out.accumulate_on_device = LayerMajorSumsOnDevice(in);
   out.engine_device_bytes = eo.device_mem_bytes;
   out.recompute = recompute;
   return out;
@@ -322,9 +326,10 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
     if (forced) return Status::NotSupported("--micro-batch-order layer: " + why);
     return BatchMajor(specs, options, in, "batch-major: " + why);
   }
-  if (options.grad_dtype == GradDtype::kBf16 && !in.multi_rank) {
-    // One rank, layer-major: the model would sum the micro-batches into the gradient buffer,
-    // which bf16 gradients leave packed as bf16 after each.
+  if (options.grad_dtype == GradDtype::kBf16 && LayerMajorSumsOnDevice(in)) {
+    // The model would sum the micro-batches into the gradient buffer, which bf16 gradients
+    // leave packed as bf16 after each. (With ranks each micro-batch's gradient lands and is
+    // reduce-scattered on its own: bf16 works there.)
     const std::string why =
         "with --grad-dtype bf16 the model cannot sum micro-batches on the "
         "device";

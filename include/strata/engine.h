@@ -203,8 +203,11 @@ const char* GradSpillName(GradSpill s);  // "auto", "on", "off"
 // of the gradient path: before SubmitGrads the model leaves the block's gradient as
 // padded_numel bf16 values (rounded to nearest even) packed at the start of the GradBuffer;
 // the engine copies those bytes and widens them to fp32 on the host, where accumulation over
-// micro-batches, the norm and the optimizer stay fp32. One rank, GradBuffer gradients only
-// (SubmitGradsFrom copies fp32 as given).
+// micro-batches, the norm and the optimizer stay fp32. With ranks the collectives run in host
+// memory (collective_memory auto resolves to kHost; kDevice, or a communicator that needs
+// device buffers such as NCCL, is InvalidArgument at Create): each rank's block lands as bf16,
+// is widened in place, and the reduce-scatter averages the ranks' bf16-rounded gradients in
+// fp32. GradBuffer gradients only (SubmitGradsFrom copies fp32 as given).
 enum class GradDtype : uint8_t { kFp32, kBf16 };
 const char* GradDtypeName(GradDtype d);  // "fp32", "bf16"
 
@@ -262,7 +265,7 @@ struct EngineOptions {
   // engine must use the format its states were written in (else Corruption at Create).
   StateFormat state_format = StateFormat::kFp32;
   StateRounding state_rounding = StateRounding::kStochastic;
-  // See GradDtype. InvalidArgument at Create with kBf16 and a communicator.
+  // See GradDtype. Every rank must pass the same.
   GradDtype grad_dtype = GradDtype::kFp32;
 
   // OpenMP threads of the CPU optimizer kernels; 0 = the kernels' default (one per core).

@@ -102,6 +102,13 @@ struct RunConfig {
   Speculation speculation = Speculation::kAuto;
   bool pipeline = true;     // EngineOptions::pipeline_updates
   uint64_t host_extra = 0;  // tight: added to the host minimum (room to pipeline the updates)
+  GradDtype grad_dtype = GradDtype::kFp32;  // EngineOptions::grad_dtype
+  // The fake model's gradient: each rank's own (testing::RankGrad; rank 0 without a
+  // communicator), rounded to bf16 by the model, or the average of the ranks' bf16-rounded
+  // ones (see testing::FakeGradWrite).
+  bool rank_grads = false;
+  bool model_rounds_bf16 = false;
+  int average_bf16_of_ranks = 0;
 };
 
 // What one run produces: per block, master/m/v over the full block (padded_numel of the
@@ -126,6 +133,7 @@ EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
   opt.collective_memory = rc.memory;
   opt.speculation = rc.speculation;
   opt.pipeline_updates = rc.pipeline;
+  opt.grad_dtype = rc.grad_dtype;
   return opt;
 }
 
@@ -170,10 +178,15 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
     }
   }
   Device& d = *device;
+  testing::FakeGradWrite how;
+  how.dtype = rc.grad_dtype;
+  if (rc.rank_grads) how.rank = comm ? comm->rank() : 0;
+  how.round_to_bf16 = rc.model_rounds_bf16;
+  how.average_bf16_of_ranks = rc.average_bf16_of_ranks;
   for (int64_t step = 1; step <= rc.steps; ++step) {
     STRATA_RETURN_IF_ERROR(e->BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}));
     for (int m = 0; m < rc.micro_batches; ++m) {
-      STRATA_RETURN_IF_ERROR(testing::RunFakeMicroBatch(*e, d, step, m));
+      STRATA_RETURN_IF_ERROR(testing::RunFakeMicroBatch(*e, d, step, m, nullptr, false, 0, how));
     }
     STRATA_ASSIGN_OR_RETURN(StepStats st, e->EndStep());
     out.norms.push_back(st.grad_norm);
@@ -182,9 +195,10 @@ Result<Outcome> Run(const RunConfig& rc, Communicator* comm, const std::string& 
     if (comm && comm->world_size() > 1 && st.bytes.comm == 0) {
       return Status::Aborted("a multi-rank step reported no collective bytes");
     }
-    if (comm && e->Placement().collective_memory != (rc.memory == CollectiveMemory::kHost
-                                                         ? CollectiveMemory::kHost
-                                                         : CollectiveMemory::kDevice)) {
+    // (bf16 gradients reduce in host memory.)
+    const bool host = rc.memory == CollectiveMemory::kHost || rc.grad_dtype == GradDtype::kBf16;
+    if (comm && e->Placement().collective_memory !=
+                    (host ? CollectiveMemory::kHost : CollectiveMemory::kDevice)) {
       return Status::Aborted(std::string("collective memory resolved to ") +
                              CollectiveMemoryName(e->Placement().collective_memory));
     }
@@ -542,6 +556,128 @@ TEST_F(EngineMultirankTest, Bf16WorkingCopyGathersBytes) {
   ExpectShardsMatch(ref, RunRanks(2, rc), 0);
 }
 
+// Each rank's state shards, bit for bit the same in two sets of runs (other ranks' shards are
+// NaN: compared as bytes), and the same norms.
+void ExpectRanksIdentical(const std::vector<Outcome>& a, const std::vector<Outcome>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t r = 0; r < a.size(); ++r) {
+    EXPECT_EQ(a[r].norms, b[r].norms) << "rank " << r;
+    ASSERT_EQ(a[r].states.size(), b[r].states.size());
+    for (size_t i = 0; i < a[r].states.size(); ++i) {
+      ASSERT_EQ(a[r].states[i].size(), b[r].states[i].size());
+      EXPECT_EQ(std::memcmp(a[r].states[i].data(), b[r].states[i].data(),
+                            a[r].states[i].size() * sizeof(float)),
+                0)
+          << "rank " << r << " block " << i / 3 << " component " << i % 3;
+    }
+  }
+}
+
+// bf16 gradients across ranks (the ranks' gradients differ): each rank's block lands as bf16
+// (half the D2H bytes of fp32), is widened on the host and reduce-scattered in fp32, so every
+// rank's shards equal, bit for bit, one rank fed the average of the ranks' bf16-rounded
+// gradients; at the minimum budgets with NVMe, with one and two micro-batches.
+TEST_F(EngineMultirankTest, Bf16GradientsAcrossRanksMatchOneRankFedTheirRoundedAverage) {
+  for (int micro_batches : {1, 2}) {
+    SCOPED_TRACE("micro-batches " + std::to_string(micro_batches));
+    RunConfig rc;
+    rc.micro_batches = micro_batches;
+    rc.tight = true;
+    rc.rank_grads = true;
+    RunConfig ref_rc = rc;
+    ref_rc.tight = false;
+    ref_rc.rank_grads = false;
+    ref_rc.average_bf16_of_ranks = 2;
+    const Outcome ref = Reference(ref_rc);
+    rc.memory = CollectiveMemory::kHost;  // as bf16 resolves auto: the same copies
+    const std::vector<Outcome> fp32 = RunRanks(2, rc);
+    rc.memory = CollectiveMemory::kAuto;
+    rc.grad_dtype = GradDtype::kBf16;
+    const std::vector<Outcome> bf16 = RunRanks(2, rc);
+    ExpectShardsMatch(ref, bf16, 0);
+    ASSERT_EQ(fp32.size(), 2u);
+    ASSERT_EQ(bf16.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_GT(bf16[r].d2h, 0u);
+      EXPECT_EQ(bf16[r].d2h * 2, fp32[r].d2h) << "rank " << r;
+      EXPECT_EQ(bf16[r].h2d, fp32[r].h2d) << "rank " << r;
+    }
+    // The rounding is not a no-op here: fp32 gradients give other states.
+    ASSERT_EQ(fp32[0].states.size(), bf16[0].states.size());
+    bool differs = false;
+    for (size_t i = 0; i < fp32[0].states.size() && !differs; ++i) {
+      ASSERT_EQ(fp32[0].states[i].size(), bf16[0].states[i].size());
+      differs = std::memcmp(fp32[0].states[i].data(), bf16[0].states[i].data(),
+                            fp32[0].states[i].size() * sizeof(float)) != 0;
+    }
+    EXPECT_TRUE(differs);
+  }
+}
+
+// With clipping on some steps (the norm combined per rank, then across ranks: another order
+// than one rank's) the exact reference is two ranks whose model rounds its gradient to bf16
+// and hands over fp32: the same bits. One rank fed the rounded average agrees to rounding.
+TEST_F(EngineMultirankTest, Bf16GradientsAcrossRanksWithClippingMatchTheModelsRounding) {
+  RunConfig rc;
+  rc.tight = true;
+  rc.steps = 4;
+  rc.micro_batches = 2;
+  rc.rank_grads = true;
+  rc.grad_dtype = GradDtype::kBf16;
+  rc.grad_clip = 1e30;
+  const std::vector<Outcome> unclipped = RunRanks(2, rc);
+  ASSERT_EQ(unclipped.size(), 2u);
+  const auto [lo, hi] = std::minmax_element(unclipped[0].norms.begin(), unclipped[0].norms.end());
+  ASSERT_LT(*lo, *hi);
+  rc.grad_clip = 0.5 * (*lo + *hi);  // clips some steps, not others
+  const std::vector<Outcome> bf16 = RunRanks(2, rc);
+  RunConfig model_rc = rc;
+  model_rc.grad_dtype = GradDtype::kFp32;
+  model_rc.model_rounds_bf16 = true;
+  model_rc.memory = CollectiveMemory::kHost;
+  const std::vector<Outcome> rounded = RunRanks(2, model_rc);
+  ExpectRanksIdentical(rounded, bf16);
+  RunConfig ref_rc = rc;
+  ref_rc.tight = false;
+  ref_rc.grad_dtype = GradDtype::kFp32;
+  ref_rc.rank_grads = false;
+  ref_rc.average_bf16_of_ranks = 2;
+  ExpectShardsMatch(Reference(ref_rc), bf16, 1e-5);
+  ASSERT_EQ(bf16.size(), 2u);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(bf16[r].d2h * 2, rounded[r].d2h) << "rank " << r;
+}
+
+// bf16 gradients reduce in host memory: auto resolves to it; an explicit 'device' is refused,
+// naming both ways out.
+TEST_F(EngineMultirankTest, Bf16GradientsChooseHostCollectiveMemoryAndRefuseDevice) {
+  TempDir dir;
+  CommOptions co;
+  co.rank = RankInfo{0, 1, 0, 1, "test"};
+  co.rendezvous.path = dir.path();
+  auto comm = CreateGlooCommunicator(co);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  auto device = CreateHostDevice(DeviceOptions{});
+  ASSERT_TRUE(device.ok());
+  EngineOptions opt = BaseOptions(device->get(), RunConfig{});
+  opt.comm = comm->get();
+  opt.grad_dtype = GradDtype::kBf16;
+  {
+    auto e = Engine::Create(Model(), opt);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ((*e)->Placement().collective_memory, CollectiveMemory::kHost);
+  }
+  opt.collective_memory = CollectiveMemory::kDevice;
+  auto e = Engine::Create(Model(), opt);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  for (const char* part :
+       {"collective memory 'device'", "bf16 gradients", "'host'", "grad_dtype fp32"}) {
+    EXPECT_NE(e.status().message().find(part), std::string::npos)
+        << part << ": " << e.status().ToString();
+  }
+}
+
 // Random models, micro-batches, clipping and budgets (minimum or unlimited) on 2 ranks:
 // every run finishes (no deadlock between the comm thread's order and the plans) and
 // matches one rank. Replay one trial with STRATA_TEST_SEED.
@@ -569,10 +705,10 @@ TEST_F(EngineMultirankTest, RandomModelsAndBudgetsMatchOneRank) {
   }
 }
 
-// Rank 1 passes another host budget and optimizer group, rank 2 another beta1 and no
-// pipelining: every rank refuses at Create, listing every option that differs with each value
-// and its ranks, instead of deadlocking later on mismatched collectives (or, for the group,
-// silently updating a tensor's shards with other hyperparameters).
+// Rank 1 passes another host budget, optimizer group and gradient dtype, rank 2 another
+// beta1 and no pipelining: every rank refuses at Create, listing every option that differs with
+// each value and its ranks, instead of deadlocking later on mismatched collectives (or, for the
+// group, silently updating a tensor's shards with other hyperparameters).
 TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
   TempDir dir;
   const std::string rdv = dir.path() + "/rendezvous";
@@ -597,6 +733,7 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
         opt.host_mem_bytes = r == 1 ? (32u << 20) : (64u << 20);
         if (r == 2) opt.beta1 = 0.8;
         if (r == 2) opt.pipeline_updates = false;
+        if (r == 1) opt.grad_dtype = GradDtype::kBf16;
         std::vector<BlockSpec> model = Model();
         if (r == 1) model[0].tensors[0].group = 1;  // another optimizer group: other numbers
         auto e = Engine::Create(model, opt);
@@ -625,6 +762,9 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
         std::string::npos);
     EXPECT_NE(msg.find("optimizer groups): "), std::string::npos);
     EXPECT_NE(msg.find("pipelined updates (--pipeline): 1 on ranks 0, 1 vs 0 on rank 2"),
+              std::string::npos);
+    EXPECT_NE(msg.find("gradients device -> host (--grad-dtype): fp32 on ranks 0, 2 vs bf16 on "
+                       "rank 1"),
               std::string::npos);
   }
 }

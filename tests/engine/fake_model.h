@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -33,6 +34,44 @@ inline float FakeGrad(const BlockView& v, uint64_t k, int64_t step, int m) {
   return 0.3f * Param(v, k) + float(int((k * 7 + uint64_t(step) * 13 + m * 5) % 17) - 8) * 0.01f;
 }
 
+// How the backward writes the GradBuffer (tests of EngineOptions::grad_dtype across ranks).
+struct FakeGradWrite {
+  // >= 0: rank `rank`'s gradient, RankGrad: the ranks' gradients differ.
+  int rank = -1;
+  // kBf16: packed as the models pack it (padded_numel bf16 values, nearest even, at the start
+  // of the buffer), for an engine with GradDtype::kBf16.
+  GradDtype dtype = GradDtype::kFp32;
+  // With rank >= 0 and dtype kFp32: each value rounded to bf16 and written as fp32 (the
+  // rounding of kBf16 done by the model instead of the engine).
+  bool round_to_bf16 = false;
+  // > 0 (rank -1, dtype kFp32): the average of RankGrad rounded to bf16 over ranks 0..n-1,
+  // summed in rank order in fp32 and divided by n, as the engine's reduce-scatter averages
+  // what n ranks with bf16 gradients land.
+  int average_bf16_of_ranks = 0;
+};
+
+// Rank r's gradient of element k: FakeGrad scaled and shifted by the rank.
+inline float RankGrad(const BlockView& v, uint64_t k, int64_t step, int m, int r) {
+  return FakeGrad(v, k, step, m) * (1.0f + 0.25f * float(r)) + 0.003f * float(r);
+}
+
+inline float RoundToBf16(float x) { return Bf16ToFloat(FloatToBf16(x)); }
+
+// Element k of the gradient `how` asks for.
+inline float FakeGradAs(const BlockView& v, uint64_t k, int64_t step, int m,
+                        const FakeGradWrite& how) {
+  if (how.average_bf16_of_ranks > 0) {
+    float sum = 0;
+    for (int r = 0; r < how.average_bf16_of_ranks; ++r) {
+      sum += RoundToBf16(RankGrad(v, k, step, m, r));
+    }
+    return sum / float(how.average_bf16_of_ranks);
+  }
+  if (how.rank < 0) return FakeGrad(v, k, step, m);
+  const float g = RankGrad(v, k, step, m, how.rank);
+  return how.round_to_bf16 ? RoundToBf16(g) : g;
+}
+
 // The backward's gradient in memory the model owns, handed over with SubmitGradsFrom (as the
 // Python layer hands torch's tensors) instead of written into the GradBuffer. Each submission's
 // memory is held until the engine says it has read it, then filled with NaN before it is
@@ -56,7 +95,7 @@ struct CallerGrads {
 // released the blocks before it).
 inline Status RunFakeMicroBatch(Engine& e, Device& d, int64_t step, int m,
                                 CallerGrads* caller = nullptr, bool zero_last = false,
-                                int first_block = 0) {
+                                int first_block = 0, const FakeGradWrite& how = {}) {
   const int L = int(e.Layout().size());
   for (int b = first_block; b < L; ++b) {
     STRATA_ASSIGN_OR_RETURN(BlockView v, e.Acquire(b, Pass::kForward));
@@ -77,12 +116,19 @@ inline Status RunFakeMicroBatch(Engine& e, Device& d, int64_t step, int m,
       STRATA_ASSIGN_OR_RETURN(float* g, e.GradBuffer(b));
       STRATA_RETURN_IF_ERROR(d.EnqueueHostFunction(
           Lane::kCompute,
-          [v, g, step, m, n, zero_last] {
+          [v, g, step, m, n, zero_last, how] {
             for (size_t ti = 0; ti < n; ++ti) {
               const TensorLayout& t = v.layout->tensors[ti];
               for (uint64_t i = 0; i < t.numel; ++i) {
                 const uint64_t k = t.offset + i;
-                g[k] = zero_last && ti + 1 == n ? 0.f : FakeGrad(v, k, step, m);
+                g[k] = zero_last && ti + 1 == n ? 0.f : FakeGradAs(v, k, step, m, how);
+              }
+            }
+            if (how.dtype == GradDtype::kBf16) {
+              // In place, ascending: bf16 value i lands in float i/2's bytes, already read.
+              for (uint64_t i = 0; i < v.layout->padded_numel; ++i) {
+                const uint16_t h = FloatToBf16(g[i]);
+                std::memcpy(reinterpret_cast<char*>(g) + 2 * i, &h, 2);
               }
             }
             return Status::OK();

@@ -565,7 +565,7 @@ TEST_F(TrainCliTest, Bf16GradientsHalveTheD2hBytes) {
                    &out))
       << out;
   EXPECT_NE(out.find("batch-major: with --grad-dtype bf16"), std::string::npos) << out;
-  // Refused with a communicator is the engine's (one rank only); a bad value names the flag.
+  // A bad value names the flag (with ranks: TrainMultirankTest.Bf16GradientsAcrossTwoRanks).
   out.clear();
   EXPECT_NE(0, Run(Args({"--grad-dtype", "fp16"}), &out));
   EXPECT_NE(out.find("--grad-dtype"), std::string::npos) << out;

@@ -158,7 +158,9 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--grad-dtype", f->grad_dtype,
                   "Gradients from the device to the host: fp32, or bf16 (rounded to nearest "
                   "even on the device: half the D2H bytes; the host accumulates and steps in "
-                  "fp32). One rank; recorded, and a resume must use the same")
+                  "fp32). With ranks the gradients reduce in host memory (--collective-memory "
+                  "auto picks host; device, or --comm-backend nccl, is refused); recorded, and "
+                  "a resume must use the same")
       ->capture_default_str();
   cmd->add_option("--trace", f->trace,
                   "Write a Chrome/Perfetto trace of the run to this file ({rank} and "
@@ -193,7 +195,8 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "reduce-scatters run on: gloo (TCP, host memory; works with any device), "
                   "nccl (GPU memory; needs a CUDA device; with one rank it still runs them, "
                   "trivially, so one GPU exercises NCCL) or auto (nccl on a CUDA device, "
-                  "else gloo). Gloo always joins the ranks and carries the host-side "
+                  "else gloo). Gloo always joins the ranks and carries "
+                  "the host-side "
                   "collectives; on CUDA each rank uses GPU LOCAL_RANK")
       ->capture_default_str();
   cmd->add_option("--collective-memory", f->collective_memory,
@@ -201,7 +204,8 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "device (in device memory: each rank copies only its 1/N of a block over "
                   "H2D and back over D2H), host (in pinned host buffers: whole blocks cross "
                   "H2D/D2H), or auto (device whenever the communicator reaches device memory: "
-                  "NCCL on a GPU, Gloo on the CPU device). Same results either way")
+                  "NCCL on a GPU, Gloo on the CPU device; host with --grad-dtype bf16). Same "
+                  "results either way")
       ->capture_default_str();
 }
 
