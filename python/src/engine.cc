@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -259,6 +260,24 @@ class PyEngine {
         gloo_->Broadcast(reinterpret_cast<void*>(address), n, CommDataType::kFloat32, 0, co)
             .Wait()
             .Annotate("receiving the initial weights from rank 0"));
+  }
+
+  // Every rank's `n` floats at `src`, in rank order, into `dst` (n x world_size floats): a
+  // collective, every rank calls it. One rank: a copy.
+  void AllGatherF32(uintptr_t src, size_t n, uintptr_t dst) {
+    if (!gloo_) {
+      std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+                   n * sizeof(float));
+      return;
+    }
+    py::gil_scoped_release release;
+    CollectiveOptions co;
+    co.label = "all-gather optimizer state";
+    ThrowIfError(gloo_
+                     ->AllGather(reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst),
+                                 n, CommDataType::kFloat32, co)
+                     .Wait()
+                     .Annotate("gathering the optimizer state of every rank"));
   }
 
   py::list Layout() const {
@@ -539,6 +558,7 @@ void BindEngine(py::module_& m) {
       .def_property_readonly("rank", &PyEngine::Rank)
       .def_property_readonly("world_size", &PyEngine::WorldSize)
       .def("broadcast_f32", &PyEngine::BroadcastF32)
+      .def("all_gather_f32", &PyEngine::AllGatherF32, py::arg("src"), py::arg("n"), py::arg("dst"))
       .def_property_readonly("backend", &PyEngine::Backend)
       .def_property_readonly("compute_stream", &PyEngine::ComputeStream)
       .def_property_readonly("cuda_device", &PyEngine::CudaDevice)

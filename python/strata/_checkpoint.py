@@ -87,9 +87,6 @@ def _moments_access(state, what):
     core = state.core()
     if state._step_open:
         raise Error(f"{what} in the middle of a step; call opt.step() first")
-    if core.world_size != 1:
-        raise Error(f"{what} of an offloaded model with several ranks is not supported yet "
-                    "(each rank holds its shard of the moments)")
     stats = state.engine._stats
     steps = stats["step"] if stats is not None else core.resumed_step()
     where = {}
@@ -97,6 +94,19 @@ def _moments_access(state, what):
         for (_, p), (_, shape, off, n) in zip(state.engine_blocks()[b][1], tensors):
             where[id(p)] = (b, off, n, shape)
     return steps, where
+
+
+def _read_whole(core, padded, name, b):
+    """Component `name` of engine block `b`, all `padded` values: this rank's shard, gathered
+    from every rank with several (a collective: every rank calls it, in the same order)."""
+    world = core.world_size
+    shard = torch.empty(padded // world, dtype=torch.float32)
+    core.read_component(b, name, shard.data_ptr(), shard.numel())
+    if world == 1:
+        return shard
+    whole = torch.empty(padded, dtype=torch.float32)
+    core.all_gather_f32(shard.data_ptr(), shard.numel(), whole.data_ptr())
+    return whole
 
 
 def read_moments(state, opt):
@@ -109,9 +119,7 @@ def read_moments(state, opt):
 
     def component(b, name):
         if (b, name) not in cache:
-            v = torch.empty(state._layout[b][2], dtype=torch.float32)
-            core.read_component(b, name, v.data_ptr(), v.numel())
-            cache[(b, name)] = v
+            cache[(b, name)] = _read_whole(core, state._layout[b][2], name, b)
         return cache[(b, name)]
 
     out, i = {}, 0
@@ -155,11 +163,12 @@ def write_moments(state, opt, moments):
                             f"shape {tuple(v.shape)}; the parameter has {tuple(shape)}")
             put.setdefault((b, k), []).append((off, v.detach().to("cpu", torch.float32)))
     for (b, k), parts in sorted(put.items()):
-        shard = torch.empty(state._layout[b][2], dtype=torch.float32)
-        core.read_component(b, k, shard.data_ptr(), shard.numel())  # keeps the padding
+        whole = _read_whole(core, state._layout[b][2], k, b)  # keeps the padding
         for off, v in parts:
-            shard[off:off + v.numel()] = v.reshape(-1)
-        core.write_component(b, k, shard.data_ptr(), shard.numel())
+            whole[off:off + v.numel()] = v.reshape(-1)
+        n = whole.numel() // core.world_size  # each rank writes its own shard
+        mine = whole[core.rank * n:(core.rank + 1) * n].contiguous()
+        core.write_component(b, k, mine.data_ptr(), mine.numel())
     state.step_offset = step - steps
 
 

@@ -45,6 +45,20 @@ for step, mb in enumerate(batches(steps, micro)):
 strata.save_safetensors(model, out + ".safetensors")  # a collective: every rank gathers
 skipped.extend(s["skipped"] for s in eng.step_stats())  # the last step, committed by the save
 assert len(skipped) == steps, skipped
+# The moments: each rank gathers the whole of every parameter's (a collective). Loading other
+# moments writes each rank's shard of them: read back, every rank has them bit for bit.
+state = opt.state_dict()["state"]
+torch.save(state, out + ".moments")
+changed = opt.state_dict()
+for s in changed["state"].values():
+    s["exp_avg"] = s["exp_avg"] * 0.5 + 1.0
+    s["exp_avg_sq"] = s["exp_avg_sq"] * 2.0
+opt.load_state_dict(changed)
+back = opt.state_dict()["state"]
+assert all(torch.equal(back[i][k], changed["state"][i][k]) and
+           float(back[i]["step"]) == float(changed["state"][i]["step"])
+           for i in back for k in ("exp_avg", "exp_avg_sq")), "moments read back differ"
+
 with open(out, "w") as f:
     json.dump({"rank": rank, "world": world, "losses": losses, "skipped": skipped,
                "norm": eng.last_step_stats()["grad_norm"]}, f)

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "multirank_child.py")
 STEPS, MICRO = 6, 2
@@ -62,6 +64,19 @@ def test_two_ranks_follow_the_single_rank_run(tmp_path):
     with open(tmp_path / "w2r0.json.safetensors", "rb") as a, \
             open(tmp_path / "w2r1.json.safetensors", "rb") as b:
         assert a.read() == b.read()
+    # optimizer.state_dict() gathers every rank's shard of the moments: both ranks give the
+    # same whole moments, which follow the single-rank run's up to the averaging's rounding
+    # (the child also checks that load_state_dict writes each rank's shard, read back bit
+    # for bit).
+    m0, m1, ref = (torch.load(tmp_path / f"{n}.json.moments") for n in ("w2r0", "w2r1", "w1r0"))
+    assert m0.keys() == m1.keys() == ref.keys() and len(ref) > 0
+    for i in ref:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(m0[i][k], m1[i][k]), (i, k)
+            assert m0[i][k].shape == ref[i][k].shape
+            assert torch.allclose(m0[i][k], ref[i][k], rtol=1e-3,
+                                  atol=1e-3 * float(ref[i][k].abs().max())), (i, k)
+        assert float(m0[i]["step"]) == float(ref[i]["step"]) == STEPS
 
 
 def test_an_exception_on_one_rank_drops_the_step_on_every_rank(tmp_path):
