@@ -107,6 +107,7 @@ Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream
   }
   std::unique_ptr<CudaOpContext> ctx(new CudaOpContext(stream, handle, lt));
   ctx->kernels_ = kernels;
+  ctx->lt_algos_ = std::make_shared<LtAlgoCache>();
   return ctx;
 }
 

@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 
 #include "model/cuda/gpt2_cuda_matmul_plan.h"
 #include "strata/status.h"
@@ -56,6 +58,17 @@ Status ConvertBf16ToF32Vec(const CudaOpContext& ctx, float* dst, const __nv_bflo
 Status LaunchAddF32(cudaStream_t stream, float* dst, const float* src, size_t n);
 
 using LtCall = LtCallT<__nv_bfloat16>;  // gpt2_cuda_matmul_plan.h
+// The algorithm cuBLASLt's heuristic chose per call shape (LtAlgoKey), or that it offered
+// none; one per CudaOpContext (its cuBLASLt handle and GPU). Scratch, like the workspace.
+struct LtAlgoCache {
+  struct Entry {
+    bool found = false;  // false: the heuristic offered no algorithm (the caller falls back)
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::mutex mu;
+  std::map<LtAlgoKey, Entry> entries;
+  uint64_t hits = 0, misses = 0;  // heuristic calls saved / made
+};
 // Runs `c` with `workspace` (LtWorkspaceBytes() bytes). NotSupported when cuBLASLt offers no
 // algorithm for it (the caller falls back); Cuda for any other failure.
 Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const char* what);

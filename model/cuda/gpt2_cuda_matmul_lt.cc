@@ -4,10 +4,10 @@
 // (GELU_AUX_BIAS) instead of a separate GELU kernel; GELU's gradient applied to the dinp GEMM
 // (DGELU); the bias gradient reduced by the dw GEMM (BGRADA) instead of a column-sum kernel.
 //
-// Each call builds its descriptors, asks the heuristic for the best algorithm given the
-// pointers' alignment (cuBLASLt assumes 256 bytes unless told; we say 16, see AlignmentOf),
-// with a 32 MiB workspace
-// from the context, and runs it. When the heuristic offers no algorithm for an epilogue (some
+// Each call builds its descriptors, takes the best algorithm given the pointers' alignment
+// (cuBLASLt assumes 256 bytes unless told; we say 16, see LtAlignmentOf) with a 32 MiB
+// workspace from the context (the heuristic is asked once per call shape: ChooseAlgo), and
+// runs it. When the heuristic offers no algorithm for an epilogue (some
 // shapes, alignments or GPUs lack one, or refuse the combination), the caller falls back to the
 // cublasGemmEx path and the separate kernels: RunLt returns NotSupported for that, and only for
 // that. Which path ran is not reported per call; gpu_model_bench's kernel rows time both.
@@ -33,17 +33,6 @@ namespace {
 
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
-// The largest power of two up to 16 dividing the address (16 for nullptr). Capped at 16 (what
-// the tensor-core kernels need) rather than cuBLASLt's 256 so that the algorithm chosen does
-// not depend on where a buffer happens to sit: the engine's resident and offloaded runs hand
-// the model parameters at different addresses, and must give the same bits.
-uint32_t AlignmentOf(const void* p) {
-  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
-  uint32_t a = 16;
-  while (a > 1 && x % a != 0) a /= 2;
-  return a;
-}
-
 // Owns the descriptors of one call.
 struct LtDescs {
   cublasLtMatmulDesc_t op = nullptr;
@@ -62,6 +51,44 @@ template <typename T>
 Status SetDesc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v,
                const char* what) {
   return CublasStatus(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v), what);
+}
+
+// The heuristic's algorithm for `c`, asked once per call shape (LtAlgoKeyOf) and kept in the
+// context's cache: the heuristic costs tens of microseconds a call, and the model makes a few
+// hundred calls a step of a few dozen shapes. The same key gets the same answer, so caching
+// changes no bit. NotSupported (cached too) when the heuristic offers none: any refusal
+// (no algorithm, or an epilogue / type combination this cuBLASLt or GPU does not take:
+// NOT_SUPPORTED or INVALID_VALUE) leaves the caller's fallback to run.
+Result<cublasLtMatmulAlgo_t> ChooseAlgo(const CudaOpContext& ctx, const LtCall& c, const LtDescs& x,
+                                        const char* what) {
+  const LtAlgoKey key = LtAlgoKeyOf(c);
+  LtAlgoCache& cache = ctx.lt_algos();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.entries.find(key);
+    if (it != cache.entries.end()) {
+      ++cache.hits;
+      if (!it->second.found) {
+        return Status::NotSupported(std::string(what) + ": cuBLASLt offers no algorithm");
+      }
+      return it->second.algo;
+    }
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt(), x.op, x.a, x.b, x.d, x.d,
+                                                           x.pref, 1, &result, &found);
+  const bool ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    ++cache.misses;
+    cache.entries[key] = LtAlgoCache::Entry{ok, ok ? result.algo : cublasLtMatmulAlgo_t{}};
+  }
+  if (!ok) {
+    return Status::NotSupported(std::string(what) + ": cuBLASLt offers no algorithm (" +
+                                cublasGetStatusName(hs) + ", " + std::to_string(found) + " found)");
+  }
+  return result.algo;
 }
 
 }  // namespace
@@ -109,24 +136,15 @@ Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const c
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c.d},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c.d}};
   for (const auto& [attr, ptr] : aligns) {
-    const uint32_t align = AlignmentOf(ptr);
+    const uint32_t align = LtAlignmentOf(ptr);
     STRATA_RETURN_IF_ERROR(
         CublasStatus(cublasLtMatmulPreferenceSetAttribute(x.pref, attr, &align, sizeof align),
                      "PREF_MIN_ALIGNMENT"));
   }
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt(), x.op, x.a, x.b, x.d, x.d,
-                                                           x.pref, 1, &result, &found);
-  // Any refusal here (no algorithm, or an epilogue / type combination this cuBLASLt or GPU
-  // does not take: NOT_SUPPORTED or INVALID_VALUE) leaves the caller's fallback to run.
-  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
-    return Status::NotSupported(std::string(what) + ": cuBLASLt offers no algorithm (" +
-                                cublasGetStatusName(hs) + ", " + std::to_string(found) + " found)");
-  }
+  STRATA_ASSIGN_OR_RETURN(const cublasLtMatmulAlgo_t algo, ChooseAlgo(ctx, c, x, what));
   const cublasStatus_t ms =
       cublasLtMatmul(ctx.cublaslt(), x.op, &c.alpha, c.a, x.a, c.b, x.b, &c.beta, c.d, x.d, c.d,
-                     x.d, &result.algo, workspace, kLtWorkspace, ctx.stream());
+                     x.d, &algo, workspace, kLtWorkspace, ctx.stream());
   if (ms == CUBLAS_STATUS_NOT_SUPPORTED) {
     return Status::NotSupported(std::string(what) + ": cublasLtMatmul NOT_SUPPORTED");
   }

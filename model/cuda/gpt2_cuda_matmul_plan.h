@@ -13,6 +13,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <tuple>
 
 namespace strata::model::cuda_ops {
 
@@ -40,6 +41,52 @@ struct LtCallT {
   void* aux = nullptr;
   int64_t aux_ld = 0;
 };
+
+// The largest power of two up to 16 dividing the address (16 for nullptr). Capped at 16 (what
+// the tensor-core kernels need) rather than cuBLASLt's 256 so that the algorithm chosen does
+// not depend on where a buffer happens to sit: the engine's resident and offloaded runs hand
+// the model parameters at different addresses, and must give the same bits.
+inline uint32_t LtAlignmentOf(const void* p) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 16;
+  while (a > 1 && x % a != 0) a /= 2;
+  return a;
+}
+
+// What decides cuBLASLt's heuristic for a call: transposes, shapes, leading dimensions,
+// types, the epilogue, and the alignments promised (LtAlignmentOf), never the addresses
+// themselves. Calls with equal keys get the same algorithm, so RunLt asks the heuristic once
+// per key (CudaOpContext's LtAlgoCache) and every later call of that shape reuses it.
+struct LtAlgoKey {
+  int32_t ta = 0, tb = 0, m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
+  int32_t d_type = 0, epilogue = 0;
+  int32_t bias_type = -1;  // -1: no bias
+  int64_t aux_ld = -1;     // -1: no aux
+  uint32_t align_a = 0, align_b = 0, align_d = 0;
+  auto Tie() const {
+    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, d_type, epilogue, bias_type, aux_ld, align_a,
+                    align_b, align_d);
+  }
+  // (No defaulted <=>: nvcc compiles this header for the .cu files too.)
+  bool operator<(const LtAlgoKey& o) const { return Tie() < o.Tie(); }
+  bool operator==(const LtAlgoKey& o) const { return Tie() == o.Tie(); }
+  bool operator!=(const LtAlgoKey& o) const { return !(*this == o); }
+};
+
+template <typename In>
+LtAlgoKey LtAlgoKeyOf(const LtCallT<In>& c) {
+  LtAlgoKey key;
+  key.ta = int32_t(c.ta), key.tb = int32_t(c.tb);
+  key.m = c.m, key.n = c.n, key.k = c.k;
+  key.lda = c.lda, key.ldb = c.ldb, key.ldd = c.ldd;
+  key.d_type = int32_t(c.d_type), key.epilogue = int32_t(c.epilogue);
+  if (c.bias != nullptr) key.bias_type = int32_t(c.bias_type);
+  if (c.aux != nullptr) key.aux_ld = c.aux_ld;
+  key.align_a = LtAlignmentOf(c.a);
+  key.align_b = LtAlignmentOf(c.b);
+  key.align_d = LtAlignmentOf(c.d);
+  return key;
+}
 
 // out[N,OC] = inp · w + bias (BIAS), or with `pre`: pre = inp · w + bias, out = GELU(pre)
 // (GELU_AUX_BIAS). bf16 out, pre and bias.

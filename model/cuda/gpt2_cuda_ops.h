@@ -105,6 +105,8 @@ struct KernelChoice {
 // The stream and cuBLAS / cuBLASLt handles every op is enqueued with, the kernel choice, and a
 // workspace for ops' intermediates. Owns the handles and the workspace; does not own the stream
 // (CudaDevice's compute lane: Device::NativeStream(Lane::kCompute)).
+struct LtAlgoCache;  // gpt2_cuda_kernels.h
+
 class CudaOpContext {
  public:
   // Creates a cuBLAS handle bound to `stream` (nullptr = the legacy default stream) on the
@@ -131,6 +133,9 @@ class CudaOpContext {
   // call this through a mutable member, as the workspace is scratch, not state.
   Result<void*> Workspace(size_t bytes) const;
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // The cuBLASLt algorithms chosen so far, per call shape (RunLt asks the heuristic once per
+  // shape). Scratch like the workspace, so reachable through a const context.
+  LtAlgoCache& lt_algos() const { return *lt_algos_; }
 
  private:
   CudaOpContext(cudaStream_t stream, cublasHandle_t cublas, cublasLtHandle_t cublaslt)
@@ -141,6 +146,7 @@ class CudaOpContext {
   KernelChoice kernels_;
   mutable void* workspace_ = nullptr;
   mutable size_t workspace_bytes_ = 0;
+  std::shared_ptr<LtAlgoCache> lt_algos_;  // shared_ptr: the type is incomplete here
 };
 
 // A Cuda status for `err` ("<what>: <cudaGetErrorString>"), or OK for cudaSuccess.

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "model/cuda/gpt2_cuda_block.h"
+#include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/gpt2_ops.h"
 
 namespace strata::model::cuda_ops {
@@ -316,6 +317,30 @@ TEST_F(GpuOpsTest, Matmul) {
       ExpectClose("matmul dw", Download(*d_dw), dw_ref, 1e-3f, 1e-3f);
       ExpectClose("matmul dbias", Download(*d_db), db_ref, 1e-4f, 1e-4f);
     }
+}
+
+// cuBLASLt's heuristic is asked once per call shape: a second call of the same shape on other
+// buffers reuses the algorithm (a cache hit), and gives the bits a fresh context gives.
+TEST_F(GpuOpsTest, MatmulAlgorithmsAreChosenOncePerShape) {
+  const int N = 64, IC = 128, OC = 384;
+  auto inp = Random(size_t(N) * IC), w = Random(size_t(IC) * OC, 0.1f), bias = Random(OC);
+  auto d_inp = UploadBf16(inp), d_w = UploadBf16(w), d_bias = UploadBf16(bias);
+  auto d_inp2 = UploadBf16(inp), d_w2 = UploadBf16(w);
+  DeviceBuffer<Bf16> d_out(size_t(N) * OC), d_out2(size_t(N) * OC), d_fresh(size_t(N) * OC);
+  ASSERT_OK(MatmulForward(*ctx_, d_out.get(), d_inp->get(), d_w->get(), d_bias->get(), N, IC, OC));
+  const uint64_t misses = ctx_->lt_algos().misses, hits = ctx_->lt_algos().hits;
+  ASSERT_OK(
+      MatmulForward(*ctx_, d_out2.get(), d_inp2->get(), d_w2->get(), d_bias->get(), N, IC, OC));
+  EXPECT_EQ(ctx_->lt_algos().misses, misses);
+  EXPECT_EQ(ctx_->lt_algos().hits, hits + 1);
+  auto fresh = CudaOpContext::Create(stream_);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_OK(
+      MatmulForward(**fresh, d_fresh.get(), d_inp->get(), d_w->get(), d_bias->get(), N, IC, OC));
+  EXPECT_EQ((*fresh)->lt_algos().hits, 0u);
+  const auto a = DownloadBf16(d_out), b = DownloadBf16(d_out2), c = DownloadBf16(d_fresh);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
 }
 
 // The fused GELU layer ops against the CPU's matmul + GELU (forward) and matmul backward +

@@ -128,5 +128,42 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulPlanTest,
                          ::testing::Values(std::tuple{1, 1, 1}, std::tuple{5, 3, 7},
                                            std::tuple{17, 32, 128}, std::tuple{9, 64, 16}));
 
+// RunLt asks cuBLASLt's heuristic once per LtAlgoKey: the key must hold everything the
+// heuristic sees (shapes, leading dimensions, types, epilogue, the alignments promised) and
+// nothing else, so buffers at other addresses with the same alignment share an algorithm,
+// and any call the heuristic could answer differently gets its own.
+TEST(LtAlgoKeyTest, HoldsWhatTheHeuristicSeesAndNotTheAddresses) {
+  alignas(64) static float buf[4096];
+  auto call = [&](int offset) {
+    return LinearForwardCall<float>(buf + offset, nullptr, buf + 1024 + offset, buf + 2048 + offset,
+                                    buf + 3072, 8, 16, 32);
+  };
+  EXPECT_EQ(LtAlignmentOf(nullptr), 16u);
+  EXPECT_EQ(LtAlignmentOf(buf + 1), 4u);
+  EXPECT_EQ(LtAlignmentOf(buf + 2), 8u);
+  // Other addresses, the same alignments: one key.
+  EXPECT_EQ(LtAlgoKeyOf(call(0)), LtAlgoKeyOf(call(4)));
+  EXPECT_EQ(LtAlgoKeyOf(call(0)), LtAlgoKeyOf(call(64)));
+  // Another alignment, shape, leading dimension, epilogue, bias or output type: another key.
+  EXPECT_NE(LtAlgoKeyOf(call(0)), LtAlgoKeyOf(call(1)));
+  auto base = call(0);
+  auto shape = base;
+  shape.n += 1;
+  auto ld = base;
+  ld.ldd += 8;
+  auto epilogue = base;
+  epilogue.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  auto no_bias = base;
+  no_bias.bias = nullptr;
+  auto out_type = base;
+  out_type.d_type = CUDA_R_32F;
+  auto aux = base;
+  aux.aux = buf;
+  aux.aux_ld = 32;
+  for (const auto& other : {shape, ld, epilogue, no_bias, out_type, aux}) {
+    EXPECT_NE(LtAlgoKeyOf(base), LtAlgoKeyOf(other));
+  }
+}
+
 }  // namespace
 }  // namespace strata::model::cuda_ops
