@@ -26,7 +26,10 @@ tools/bootstrap.sh` installs the pinned one into the torch-matrix venv).
 
 Output: the configuration in `#` lines, then a markdown table (--json: one JSON object).
 The #wrong column counts the steps whose loss differs from plain torch's by more than 1e-3
-relative (issue 27: every run gave the same losses to 4 decimals).
+relative (issue 27: every run gave the same losses to 4 decimals). CPU s/step is the median of
+the process's CPU seconds (all its threads) per step: on a loaded machine a run whose OpenMP
+workers spin-wait (plain torch: libgomp spins unless the process has more OpenMP threads than
+CPUs; see python/strata/_flags.py) shows CPU seconds near threads x s/step.
 """
 import argparse
 import json
@@ -137,19 +140,22 @@ def _deepspeed_step(nvme):
 
 
 def child(run, steps, folder):
-    """One run in this process: prints {"seconds": [...], "losses": [...], "rss_mib": ...}."""
+    """One run in this process: prints {"seconds": [...], "cpu_seconds": [...], "losses": [...],
+    "rss_mib": ...}; cpu_seconds are the process's (every thread's) CPU seconds in each step."""
     nvme = folder if run.endswith("nvme") else None
     make = {"torch": _torch_step, "strata-mem": lambda: _strata_step(None),
             "strata-nvme": lambda: _strata_step(nvme), "ds-cpu": lambda: _deepspeed_step(None),
             "ds-nvme": lambda: _deepspeed_step(nvme)}[run]
     step = make()
-    seconds, losses = [], []
+    seconds, cpu_seconds, losses = [], [], []
     for x in _batches(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step(x))
         seconds.append(time.perf_counter() - t0)
+        cpu_seconds.append(time.process_time() - c0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "losses": losses, "rss_mib": rss}))
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "losses": losses,
+                      "rss_mib": rss}))
 
 
 def deepspeed_missing():
@@ -189,7 +195,8 @@ def main():
             if r.startswith("ds-"):
                 skipped[r] = why
         print(f"# skipped DeepSpeed: {why}", file=sys.stderr)
-    results = {r: {"seconds": [], "losses": [], "rss_mib": []} for r in runs if r not in skipped}
+    results = {r: {"seconds": [], "cpu_seconds": [], "losses": [], "rss_mib": []}
+               for r in runs if r not in skipped}
     base = args.nvme or "/var/tmp"
     for rnd in range(args.rounds):
         for run in results:
@@ -201,6 +208,7 @@ def main():
                 sys.exit(f"vs_deepspeed: {run} failed in round {rnd + 1}:\n{out.stderr[-4000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[run]["seconds"] += r["seconds"][2:]
+            results[run]["cpu_seconds"] += r["cpu_seconds"][2:]
             results[run]["losses"].append(r["losses"])
             results[run]["rss_mib"].append(r["rss_mib"])
     report(args, results, skipped)
@@ -216,6 +224,7 @@ def report(args, results, skipped):
             for losses in r["losses"]:
                 wrong += sum(abs(a - b) > 1e-3 * abs(b) for a, b in zip(losses, ref["losses"][0]))
         rows[run] = {"s_per_step": statistics.median(r["seconds"]),
+                     "cpu_s_per_step": statistics.median(r["cpu_seconds"]),
                      "peak_rss_mib": max(r["rss_mib"]), "wrong": wrong,
                      "last_loss": r["losses"][0][-1]}
     for run, s in rows.items():
@@ -227,14 +236,15 @@ def report(args, results, skipped):
           f"{args.rounds} alternating rounds of {args.steps} steps, median of steps 3..{args.steps}")
     print(f"# model: GPT2LMHeadModel 6 x 384, 6 heads, vocab {VOCAB}; seq {SEQ}, batch {BATCH}, "
           f"AdamW lr {LR}, clip {CLIP}")
-    print("| run | s/step | ÷ plain torch | peak RSS | #wrong |")
-    print("|---|---|---|---|---|")
+    print("| run | s/step | CPU s/step | ÷ plain torch | peak RSS | #wrong |")
+    print("|---|---|---|---|---|---|")
     for run, s in rows.items():
         x = f"{s['x_torch']:.2f}" if s["x_torch"] is not None else "-"
-        print(f"| {LABELS[run]} | {s['s_per_step']:.3f} | {x} | {s['peak_rss_mib']:.0f} MiB | "
+        print(f"| {LABELS[run]} | {s['s_per_step']:.3f} | {s['cpu_s_per_step']:.3f} | {x} | "
+              f"{s['peak_rss_mib']:.0f} MiB | "
               f"{s['wrong']} |")
     for run, why in skipped.items():
-        print(f"| {LABELS[run]} | skipped | | | |")
+        print(f"| {LABELS[run]} | skipped | | | | |")
     for a, b in (("strata-mem", "ds-cpu"), ("strata-nvme", "ds-nvme")):
         if a in rows and b in rows:
             print(f"# {a} / {b}: {rows[a]['s_per_step'] / rows[b]['s_per_step']:.2f} x the "

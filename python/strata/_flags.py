@@ -11,6 +11,16 @@
     io_block="1M"                      NVMe request size, the swap store's stripe (4K multiple)
     collective_memory="auto"|"device"|"host"  where several ranks gather and reduce
     threads=N                          the CPU optimizer's threads (optimizer_threads)
+
+threads: the default (0) is OMP_NUM_THREADS, else every CPU, as many as torch's. On a CPU
+engine keep it so. The engine's optimizer and torch share one OpenMP runtime (libgomp: torch's
+own, or the system's, which the engine loads under the same name), and libgomp's idle workers
+spin for a long while (GOMP_SPINCOUNT 300000) unless the process has more OpenMP threads than
+CPUs, when they spin 1000 times and sleep. The default puts it over, so torch's workers yield to
+the engine's NVMe, lander and optimizer threads; threads=1 with torch on every CPU leaves them
+spinning against those: issue 27's GPT-2 6 x 384 on NVMe, OMP_NUM_THREADS=2 on 2 cores, took
+4.1-12 s/step instead of 0.9-1.4 (the same losses; with GOMP_SPINCOUNT=1000 in the
+environment threads=1 took 0.83).
 """
 from ._sizes import parse_bytes
 from ._strata import Error
