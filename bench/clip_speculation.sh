@@ -18,13 +18,10 @@ set -euo pipefail
 build=${1:-build/release}
 steps=${2:-8}
 rounds=${3:-3}
-data=${4:-}
+data=${4:-${STRATA_BENCH_DATA:-}}  # a text corpus (e.g. tinyshakespeare.txt); else the built-in one
 shift $(($# < 4 ? $# : 4))
 [[ "${1:-}" == "--" ]] && shift
 extra=("$@")
-if [[ -z "$data" && -f /work/shared/data/tinyshakespeare.txt ]]; then
-  data=/work/shared/data/tinyshakespeare.txt
-fi
 strata="$build/tools/strata"
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/strata-clip.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -14,10 +14,7 @@ set -euo pipefail
 build=${1:-build/release}
 steps=${2:-8}
 rounds=${3:-3}
-data=${4:-}
-if [[ -z "$data" && -f /work/shared/data/tinyshakespeare.txt ]]; then
-  data=/work/shared/data/tinyshakespeare.txt
-fi
+data=${4:-${STRATA_BENCH_DATA:-}}  # a text corpus (e.g. tinyshakespeare.txt); else the built-in one
 strata="$build/tools/strata"
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/strata-spill.XXXXXX")
 trap 'rm -rf "$work"' EXIT

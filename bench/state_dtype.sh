@@ -9,16 +9,13 @@
 # compute-bound; bytes and losses are what this compares).
 #
 # Usage: bench/state_dtype.sh [BUILD_DIR] [DEMO_STEPS] [BIG_STEPS] [DATA]
-#   DATA: the 6 x 384 model's text (default /work/shared/data/tinyshakespeare.txt when it
-#   exists, else the built-in corpus).
+#   DATA: the 6 x 384 model's text (default $STRATA_BENCH_DATA when set, else the built-in
+#   corpus; the figures in bench/PERFORMANCE.md used tinyshakespeare.txt).
 set -euo pipefail
 build=${1:-build/release}
 demo_steps=${2:-2000}
 big_steps=${3:-300}
-data=${4:-}
-if [[ -z "$data" && -f /work/shared/data/tinyshakespeare.txt ]]; then
-  data=/work/shared/data/tinyshakespeare.txt
-fi
+data=${4:-${STRATA_BENCH_DATA:-}}  # a text corpus (e.g. tinyshakespeare.txt); else the built-in one
 strata="$build/tools/strata"
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/strata-state-dtype.XXXXXX")
 trap 'rm -rf "$work"' EXIT
