@@ -26,13 +26,15 @@ def _engine(tmp_path, name, host=HOST):
     return strata.Engine(device="cpu", device_mem="400K", host_mem=host, nvme=[nvme])
 
 
-def _train(tmp_path, stash, micro, recompute=True, dropout=0.1):
-    name = f"{stash}-{micro}-{recompute}"
-    engine = _engine(tmp_path, name)
+def _train(tmp_path, stash, micro, recompute=True, dropout=0.1, name=None, host=HOST,
+           activation_bytes=INPUT_BYTES):
+    """Trains STEPS steps; returns (losses, the saved weights' bytes, every step's stats)."""
+    name = name or f"{stash}-{micro}-{recompute}"
+    engine = _engine(tmp_path, name, host)
     model = GPT(layers=LAYERS, dropout=dropout)
     model = strata.offload(model, blocks=list(model.blocks), engine=engine, micro_batches=micro,
                            recompute=recompute, offload_activations=stash,
-                           activation_bytes=INPUT_BYTES)
+                           activation_bytes=activation_bytes)
     opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2, max_grad_norm=1.0)
     losses = []
     for mb in batches(STEPS, micro):
@@ -152,23 +154,8 @@ def test_a_stashed_input_leaves_torch_memory_until_backward(tmp_path, stash):
 
 
 def _train_learned(tmp_path, name, micro, stash, host=HOST):
-    engine = _engine(tmp_path, name, host)
-    model = GPT(layers=LAYERS, dropout=0.1)
-    model = strata.offload(model, blocks=list(model.blocks), engine=engine, micro_batches=micro,
-                           offload_activations=stash)
-    opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2, max_grad_norm=1.0)
-    losses = []
-    for mb in batches(STEPS, micro):
-        for x, y in mb:
-            loss = model(x, y)
-            (loss / micro).backward()
-            losses.append(loss.item())
-        opt.step()
-    engine.flush()
-    stats = engine.step_stats()
-    strata.save_safetensors(model, tmp_path / f"{name}.safetensors")
-    engine.close()
-    return losses, (tmp_path / f"{name}.safetensors").read_bytes(), stats
+    """Without a size: "on" learns it from the first step."""
+    return _train(tmp_path, stash, micro, name=name, host=host, activation_bytes=None)
 
 
 @pytest.mark.parametrize("micro", [1, 2])
