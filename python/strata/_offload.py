@@ -686,20 +686,18 @@ class _Offloaded:
         (acquire and release, no compute), so that closing the engine commits it and reopening
         goes back to it, not to the step before. A failure closes the engine for good."""
         n = len(self._engine_blocks)
+        if self._released >= n:
+            return
         try:
-            if self._released < n and self._acquired is not None:
-                self._release(self._acquired[0])
-            while self._released < n:
-                b = self._released
-                self._acquire(b, False)
-                self._release(b)
+            self._run_out_step(n)  # forward accesses only: no gradient is submitted
         except Error as failure:
             self.close_core(f"the step in progress could not be dropped ({failure})")
             raise Error(f"{self._closed}; create a new Engine") from failure
 
     def _run_out_step(self, total):
-        """Acquires and releases every access left in the step, in the schedule's order (per
-        micro-batch: forward 0..n-1, backward n-1..0), submitting NaN gradients in backward."""
+        """Acquires and releases the accesses left in the step up to `total` released, in the
+        schedule's order (per micro-batch: forward 0..n-1, backward n-1..0), submitting NaN
+        gradients in backward."""
         if self._acquired is not None:
             b, backward, submitted = self._acquired
             if backward and not submitted:
