@@ -395,6 +395,24 @@ Outcome Reference(const RunConfig& rc) {
   return o.empty() ? Outcome{} : o[0];
 }
 
+// Each rank's state shards, bit for bit the same in two sets of runs (other ranks' shards are
+// NaN: compared as bytes), and the same norms.
+void ExpectRanksIdentical(const std::vector<Outcome>& a, const std::vector<Outcome>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t r = 0; r < a.size(); ++r) {
+    EXPECT_EQ(a[r].norms, b[r].norms) << "rank " << r;
+    ASSERT_EQ(a[r].states.size(), b[r].states.size());
+    for (size_t i = 0; i < a[r].states.size(); ++i) {
+      ASSERT_EQ(a[r].states[i].size(), b[r].states[i].size());
+      EXPECT_EQ(std::memcmp(a[r].states[i].data(), b[r].states[i].data(),
+                            a[r].states[i].size() * sizeof(float)),
+                0)
+          << "rank " << r << " block " << i / 3 << " component " << i % 3;
+    }
+  }
+}
+
 class EngineMultirankTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -500,18 +518,7 @@ TEST_F(EngineMultirankTest, SpeculativeUpdatesMatchWaitingOnesAcrossRanks) {
   ASSERT_EQ(speculated.size(), 2u);
   EXPECT_EQ(waited[0].redone_blocks, 0u);
   EXPECT_GT(speculated[0].redone_blocks, 0u);  // some step clipped after speculating
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(waited[r].norms, speculated[r].norms) << "rank " << r;
-    ASSERT_EQ(waited[r].states.size(), speculated[r].states.size());
-    for (size_t i = 0; i < waited[r].states.size(); ++i) {
-      // (Bytes: other ranks' shards are NaN.)
-      const auto& a = waited[r].states[i];
-      const auto& b = speculated[r].states[i];
-      ASSERT_EQ(a.size(), b.size());
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-          << "rank " << r << " component " << i;
-    }
-  }
+  ExpectRanksIdentical(waited, speculated);
 }
 
 // Pipelined updates across ranks (each rank's deferred updates under its next forward, the
@@ -537,16 +544,8 @@ TEST_F(EngineMultirankTest, PipelinedUpdatesMatchEndOfStepOrderAcrossRanks) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(waited[r].deferred_blocks, 0u) << "rank " << r;
     EXPECT_GT(piped[r].deferred_blocks, 0u) << "rank " << r;
-    EXPECT_EQ(waited[r].norms, piped[r].norms) << "rank " << r;
-    ASSERT_EQ(waited[r].states.size(), piped[r].states.size());
-    for (size_t i = 0; i < waited[r].states.size(); ++i) {
-      const auto& a = waited[r].states[i];
-      const auto& b = piped[r].states[i];
-      ASSERT_EQ(a.size(), b.size());
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-          << "rank " << r << " component " << i;
-    }
   }
+  ExpectRanksIdentical(waited, piped);
 }
 
 TEST_F(EngineMultirankTest, Bf16WorkingCopyGathersBytes) {
@@ -554,24 +553,6 @@ TEST_F(EngineMultirankTest, Bf16WorkingCopyGathersBytes) {
   rc.dtype = WorkingDtype::kBf16;
   const Outcome ref = Reference(rc);
   ExpectShardsMatch(ref, RunRanks(2, rc), 0);
-}
-
-// Each rank's state shards, bit for bit the same in two sets of runs (other ranks' shards are
-// NaN: compared as bytes), and the same norms.
-void ExpectRanksIdentical(const std::vector<Outcome>& a, const std::vector<Outcome>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_FALSE(a.empty());
-  for (size_t r = 0; r < a.size(); ++r) {
-    EXPECT_EQ(a[r].norms, b[r].norms) << "rank " << r;
-    ASSERT_EQ(a[r].states.size(), b[r].states.size());
-    for (size_t i = 0; i < a[r].states.size(); ++i) {
-      ASSERT_EQ(a[r].states[i].size(), b[r].states[i].size());
-      EXPECT_EQ(std::memcmp(a[r].states[i].data(), b[r].states[i].data(),
-                            a[r].states[i].size() * sizeof(float)),
-                0)
-          << "rank " << r << " block " << i / 3 << " component " << i % 3;
-    }
-  }
 }
 
 // bf16 gradients across ranks (the ranks' gradients differ): each rank's block lands as bf16
