@@ -12,16 +12,26 @@
     collective_memory="auto"|"device"|"host"  where several ranks gather and reduce
     threads=N                          the CPU optimizer's threads (optimizer_threads)
 
-threads: the default (0) is OMP_NUM_THREADS, else every CPU, as many as torch's. On a CPU
-engine keep it so. The engine's optimizer and torch share one OpenMP runtime (libgomp: torch's
-own, or the system's, which the engine loads under the same name), and libgomp's idle workers
-spin for a long while (GOMP_SPINCOUNT 300000) unless the process has more OpenMP threads than
-CPUs, when they spin 1000 times and sleep. The default puts it over, so torch's workers yield to
-the engine's NVMe, lander and optimizer threads; threads=1 with torch on every CPU leaves them
-spinning against those: issue 27's GPT-2 6 x 384 on NVMe, OMP_NUM_THREADS=2 on 2 cores, took
-4.1-12 s/step instead of 0.9-1.4 (the same losses; with GOMP_SPINCOUNT=1000 in the
-environment threads=1 took 0.83).
+threads: the CPU optimizer's threads. The default (0) depends on where torch computes. On a
+CUDA engine it is OMP_NUM_THREADS, else every CPU: the CPU AdamW is the host's main work there.
+On the CPU engine torch's own OpenMP workers compute the model on the same CPUs, and the default
+is the CPUs torch leaves free, at least 1 (cpu_engine_threads below; 1 where torch takes every
+CPU, as by default). The reason is libgomp's waiting. The engine's optimizer and torch share one
+OpenMP runtime (libgomp: torch's own, or the system's, which the engine loads under the same
+name). While the process has no more OpenMP threads than CPUs, an idle worker spins
+(GOMP_SPINCOUNT, 300000 by default) before it sleeps, so torch's next operator finds its workers
+awake. With more (an optimizer team of several beside torch's), every idle worker spins only
+100 times and sleeps, and each of torch's operators wakes its workers again through the kernel.
+Issue 27's GPT-2 6 x 384, OMP_NUM_THREADS=2 on 2 idle cores (bench/PERFORMANCE.md, "Optimizer
+threads on the CPU engine"): threads=2 took 0.38-0.40 s/step in memory and 0.55-0.58 with NVMe,
+threads=1 0.31-0.34 and 0.47-0.48. The price is on a CPU shared with other busy processes: there
+torch's spinning workers take the CPU the others and the engine's threads need (with two busy
+loops beside it: threads=1 2.0 s/step in memory and 2.8 with NVMe, threads=2 1.1 and 1.5).
+On a shared machine pass threads=N (N > the free CPUs), or set OMP_WAIT_POLICY=passive before
+torch is imported.
 """
+import os
+
 from ._sizes import parse_bytes
 from ._strata import Error
 
@@ -68,3 +78,14 @@ def apply_run_flags(config, flags, optimizer_threads):
                     "speculate, grad_spill, pipeline, state_dtype, io, io_block, "
                     "collective_memory, threads")
     return optimizer_threads
+
+
+def cpu_engine_threads():
+    """The CPU engine's default optimizer threads: the CPUs torch's own threads leave free, at
+    least 1 (see threads above)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    import torch
+    return max(1, cpus - torch.get_num_threads())

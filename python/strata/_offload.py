@@ -59,6 +59,7 @@ from ._block import (CHECKPOINTING_REFUSED, _autocast_state, _BlockForward,
                      activation_budget, keep_activations)
 from ._clock import _NO_CLOCK, _TimedCore
 from ._engine import Engine
+from ._flags import cpu_engine_threads
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
 from ._stash import InputStash
@@ -250,10 +251,11 @@ class _Offloaded:
         c.eps = float(first["eps"])
         c.weight_decay = float(first["weight_decay"])  # the groups' own go with each step
         c.grad_clip = float(opt.max_grad_norm)
-        c.optimizer_threads = c.optimizer_threads or opt.threads
+        cpu_engine = c.device == "cpu" or (c.device == "auto" and not _strata.cuda_available())
+        c.optimizer_threads = (c.optimizer_threads or opt.threads
+                               or (cpu_engine_threads() if cpu_engine else 0))
         c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
-        self._stash.configure(c, cpu_engine=c.device == "cpu" or (
-            c.device == "auto" and not _strata.cuda_available()))
+        self._stash.configure(c, cpu_engine=cpu_engine)
         shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
         self._specs = [(bname, [(n, list(shape(p)) or [1], True, group_of[id(p)])
                                 for n, p in ps])

@@ -1,7 +1,10 @@
 """strata.Engine's options under `strata train`'s names (speculate, grad_spill, pipeline,
 state_dtype, io, io_block, collective_memory, threads) reach the engine: each changes what the engine
 does as the CLI's flag does, and a bad value is refused naming the option."""
+import os
+
 import pytest
+import torch
 
 import strata
 from gpt_model import GPT, batches, param_groups
@@ -96,3 +99,27 @@ def test_pipeline_reports_each_step_when_it_commits_with_its_own_updates(tmp_pat
 def test_bad_options_are_refused_naming_them(options, message):
     with pytest.raises(strata.Error, match=message):
         strata.Engine(**options)
+
+
+def _bound_threads(tmp_path, name, **options):
+    """The optimizer threads the engine was opened with, once strata.optim.AdamW bound it."""
+    engine = strata.Engine(device="cpu", **options)
+    model = GPT()
+    model = strata.offload(model, blocks=list(model.blocks), engine=engine)
+    strata.optim.AdamW(model.parameters(), lr=1e-3)
+    return engine.config.optimizer_threads
+
+
+def test_cpu_engine_threads_default_to_the_cpus_torch_leaves_free(tmp_path):
+    # More OpenMP threads than CPUs make libgomp's idle workers sleep after 100 spins, and
+    # every one of torch's operators then wakes them (python/strata/_flags.py).
+    cpus = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cpus)
+        assert _bound_threads(tmp_path, "all") == 1
+        torch.set_num_threads(1)
+        assert _bound_threads(tmp_path, "one") == max(1, cpus - 1)
+        assert _bound_threads(tmp_path, "given", threads=3) == 3  # an explicit count is kept
+    finally:
+        torch.set_num_threads(before)
