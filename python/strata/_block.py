@@ -177,7 +177,7 @@ class _BlockFunction(torch.autograd.Function):
         params = st.bind(b, backward=False)
         try:
             with st._clock.compute():
-                if st.keeps_activations():
+                if st.keeps_activations(b):
                     out = _BlockFunction._forward_kept(ctx, fwd, args, kwargs, params)
                 else:
                     out = fwd.forward(*args, **kwargs)
@@ -213,7 +213,7 @@ class _BlockFunction(torch.autograd.Function):
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(hooks.pack,
                                                                            hooks.unpack):
             out = fwd.forward(*inputs, **kwargs)
-        if fwd.state.keep_activations(hooks.bytes):
+        if fwd.state.keep_activations(fwd.b, hooks.bytes):
             ctx.graph = ([t for t in inputs if isinstance(t, torch.Tensor)], out)
         return _detached(out) if isinstance(out, (torch.Tensor, tuple, list)) else out
 

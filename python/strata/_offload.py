@@ -6,8 +6,9 @@ given blocks (embeddings, final norm, a tied head); engine blocks 1..L are the g
 forward order. One micro-batch is then exactly the engine's standard schedule:
 
     forward:  rest (copied into the model's own tensors), block 1, ..., block L
-    backward: block L, ..., block 1 (each re-acquired and recomputed), rest (its gradient,
-              accumulated by autograd in .grad, submitted when autograd finishes the backward)
+    backward: block L, ..., block 1 (each re-acquired, and recomputed but for L: see offload()),
+              rest (its gradient, accumulated by autograd in .grad, submitted when autograd
+              finishes the backward)
 
 A block's forward runs under no_grad on the acquired parameters and keeps only its inputs (in
 torch's memory, or with offload(activation_bytes=...) in the engine's activation stash:
@@ -76,7 +77,11 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None
     `recompute`: True keeps only each block's inputs and recomputes it in backward; False keeps
     autograd's activations (backward runs on them, the block's parameters acquired again);
     "auto" keeps them while this forward's kept activations fit the activation budget
-    (_Offloaded.activation_budget) and recomputes the blocks after that.
+    (_Offloaded.activation_budget) and recomputes the blocks after that. With True and "auto"
+    the last block keeps its activations all the same, as torch's checkpoint_sequential leaves
+    its last segment: its backward comes right after the head's, so a recompute would rebuild
+    them at once; they are held through the head's forward and backward instead (one block's
+    activations beside the head's at the peak), which saves a block's forward per micro-batch.
     A model built on the meta device (strata.init_empty()) is materialised one engine block at
     a time when the optimizer binds (_lazy.py): from `weights` (safetensors files: a file, a
     list, or a folder of shards) or by `init(module)` (default: the model's _init_weights, else
@@ -530,12 +535,16 @@ class _Offloaded:
         """A stashed block input, back before the block's recompute."""
         return self._stash.fetch(self._core, meta)
 
-    def keeps_activations(self):
-        """Whether the block now running forward keeps its autograd graph (recompute)."""
-        return self.recompute is not True
+    def keeps_activations(self, b):
+        """Whether block b, now running forward, keeps its autograd graph for backward: with
+        recompute=False or "auto", and with any setting for the last block (see offload()'s
+        `recompute`: its recompute would rebuild the same activations right after the head)."""
+        return self.recompute is not True or b == self.first_block + len(self.blocks) - 1
 
-    def keep_activations(self, nbytes):
-        """A block's forward saved `nbytes` of activations: keep them (see _block.py)?"""
+    def keep_activations(self, b, nbytes):
+        """Block b's forward saved `nbytes` of activations: keep them (see _block.py)?"""
+        if b == self.first_block + len(self.blocks) - 1:
+            return True  # as above: held only through the head, not counted in the budget
         return keep_activations(self, nbytes)
 
     def activation_budget(self):

@@ -11,8 +11,8 @@ from gpt_model import GPT, batches, param_groups
 
 LAYERS, STEPS = 6, 3
 # A block input: batch 4 x seq 16 x dim 32 fp32, one 8 KiB slot. At these host budgets the
-# states leave the stash only its minimum, 3 host slots (engine.placement() says so), so 3 or
-# more of the 6 block inputs of a forward spill to the scratch file.
+# states leave the stash only its minimum, 3 host slots (engine.placement() says so), so 2 or
+# more of the 5 stashed block inputs of a forward (the last block keeps its graph) spill to the scratch file.
 INPUT_BYTES = 4 * 16 * 32 * 4
 HOST = "1000K"
 # Here the states are host-homed but some moments, which the first step does not read: the
@@ -61,10 +61,11 @@ def test_stashed_inputs_train_bit_identically_and_spill_to_nvme(tmp_path, micro)
         assert s["activation_bytes"]["d2h"] == 0
     for s in stats:
         act = s["activation_bytes"]
-        # every block input of every micro-batch went in and came back
-        assert act["d2h"] == act["h2d"] == LAYERS * micro * INPUT_BYTES, s
+        # every recomputed block's input of every micro-batch went in and came back: all but
+        # the last block's, whose graph is kept (its backward follows the head's at once)
+        assert act["d2h"] == act["h2d"] == (LAYERS - 1) * micro * INPUT_BYTES, s
         # some waited in the scratch file: written there, read back (slots are 8 KiB)
-        assert act["nvme_write"] >= 3 * INPUT_BYTES and act["nvme_read"] >= 3 * INPUT_BYTES, s
+        assert act["nvme_write"] >= 2 * INPUT_BYTES and act["nvme_read"] >= 2 * INPUT_BYTES, s
 
 
 def test_auto_recompute_stashes_only_the_blocks_it_recomputes(tmp_path):
@@ -133,7 +134,8 @@ def test_a_damaged_scratch_file_drops_the_step(tmp_path, monkeypatch, fault, err
 @pytest.mark.parametrize("stash", ["off", "on"])
 def test_a_stashed_input_leaves_torch_memory_until_backward(tmp_path, stash):
     """Between forward and backward torch holds no stashed block input: the layer keeps neither
-    the saved tensor nor the argument (without a stash autograd's saved tensors hold them)."""
+    the saved tensor nor the argument (without a stash autograd's saved tensors hold them). The
+    last block's input stays: that block keeps its graph (its backward follows the head's)."""
     import gc
     import weakref
     engine = _engine(tmp_path, stash)
@@ -150,7 +152,7 @@ def test_a_stashed_input_leaves_torch_memory_until_backward(tmp_path, stash):
     alive = sum(r() is not None for r in inputs)
     loss.backward()
     opt.step()
-    assert alive == (0 if stash == "on" else LAYERS)
+    assert alive == (1 if stash == "on" else LAYERS)
 
 
 def _train_learned(tmp_path, name, micro, stash, host=HOST):
@@ -168,7 +170,7 @@ def test_on_without_a_size_learns_it_from_the_first_step(tmp_path, micro):
     assert [s["step"] for s in stats] == list(range(1, STEPS + 1))  # the reopen lost none
     assert stats[0]["activation_bytes"]["d2h"] == 0
     for s in stats[1:]:
-        assert s["activation_bytes"]["d2h"] == LAYERS * micro * INPUT_BYTES, s
+        assert s["activation_bytes"]["d2h"] == (LAYERS - 1) * micro * INPUT_BYTES, s
 
 
 def test_on_without_a_size_needs_nvme(tmp_path):

@@ -147,5 +147,6 @@ def test_initialize_passes_the_activation_stash_to_offload(tmp_path):
         strata.save_safetensors(engine.module, tmp_path / f"{stash}.st")
         weights.append((tmp_path / f"{stash}.st").read_bytes())
         stashed = engine.strata_engine.last_step_stats()["activation_bytes"]["d2h"]
-        assert stashed == (0 if stash == "off" else 2 * 3 * 4 * 16 * 32 * 4)
+        # 2 micro-batches x the inputs of the 2 of 3 blocks that are recomputed (not the last)
+        assert stashed == (0 if stash == "off" else 2 * 2 * 4 * 16 * 32 * 4)
     assert weights[0] == weights[1]
