@@ -25,11 +25,13 @@ tools/bootstrap.sh` installs the pinned one into the torch-matrix venv).
       ~/.cache/strata/venv-torch-matrix/bin/python bench/vs_deepspeed.py --rounds 2
 
 Output: the configuration in `#` lines, then a markdown table (--json: one JSON object).
-The #wrong column counts the steps whose loss differs from plain torch's by more than 1e-3
-relative (issue 27: every run gave the same losses to 4 decimals). CPU s/step is the median of
-the process's CPU seconds (all its threads) per step: on a loaded machine a run whose OpenMP
-workers spin-wait (plain torch: libgomp spins unless the process has more OpenMP threads than
-CPUs; see python/strata/_flags.py) shows CPU seconds near threads x s/step.
+--strata-threads N gives the strata runs strata.Engine(threads=N) (default: the CPU engine's
+own, the CPUs torch leaves free; python/strata/_flags.py says why). The #wrong column counts the
+steps whose loss differs from plain torch's by more than 1e-3 relative (issue 27: every run gave
+the same losses to 4 decimals). CPU s/step is the median of the process's CPU seconds (all its
+threads) per step: on a loaded machine a run whose OpenMP workers spin-wait (plain torch: libgomp
+spins unless the process has more OpenMP threads than CPUs; see python/strata/_flags.py) shows
+CPU seconds near threads x s/step.
 """
 import argparse
 import json
@@ -91,11 +93,13 @@ def _torch_step():
     return step
 
 
-def _strata_step(nvme):
+def _strata_step(nvme, threads):
     import strata
     model = _model()
-    engine = (strata.Engine(device="cpu", device_mem="24M", host_mem="32M", nvme=[nvme])
-              if nvme else strata.Engine(device="cpu"))
+    # threads 0: the CPU engine's default (the CPUs torch leaves free, python/strata/_flags.py)
+    engine = (strata.Engine(device="cpu", device_mem="24M", host_mem="32M", nvme=[nvme],
+                            threads=threads)
+              if nvme else strata.Engine(device="cpu", threads=threads))
     model = strata.offload(model, blocks=list(model.transformer.h), engine=engine,
                            recompute=True if nvme else "auto")
     opt = strata.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, max_grad_norm=CLIP)
@@ -139,13 +143,13 @@ def _deepspeed_step(nvme):
     return step
 
 
-def child(run, steps, folder):
+def child(run, steps, folder, threads):
     """One run in this process: prints {"seconds": [...], "cpu_seconds": [...], "losses": [...],
     "rss_mib": ...}; cpu_seconds are the process's (every thread's) CPU seconds in each step."""
     nvme = folder if run.endswith("nvme") else None
-    make = {"torch": _torch_step, "strata-mem": lambda: _strata_step(None),
-            "strata-nvme": lambda: _strata_step(nvme), "ds-cpu": lambda: _deepspeed_step(None),
-            "ds-nvme": lambda: _deepspeed_step(nvme)}[run]
+    make = {"torch": _torch_step, "strata-mem": lambda: _strata_step(None, threads),
+            "strata-nvme": lambda: _strata_step(nvme, threads),
+            "ds-cpu": lambda: _deepspeed_step(None), "ds-nvme": lambda: _deepspeed_step(nvme)}[run]
     step = make()
     seconds, cpu_seconds, losses = [], [], []
     for x in _batches(steps):
@@ -178,12 +182,15 @@ def main():
                     ",".join(RUNS))
     ap.add_argument("--nvme", default=None, help="folder for the NVMe runs (default: a "
                     "temporary folder under /var/tmp)")
+    ap.add_argument("--strata-threads", type=int, default=0, help="strata.Engine(threads=N) "
+                    "for the strata runs (default 0: the CPU engine's default, the CPUs torch "
+                    "leaves free)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.steps, args.folder)
+        return child(args.child, args.steps, args.folder, args.strata_threads)
     runs = [r for r in args.runs.split(",") if r]
     unknown = set(runs) - set(RUNS)
     if unknown:
@@ -195,14 +202,15 @@ def main():
             if r.startswith("ds-"):
                 skipped[r] = why
         print(f"# skipped DeepSpeed: {why}", file=sys.stderr)
-    results = {r: {"seconds": [], "cpu_seconds": [], "losses": [], "rss_mib": []}
+    results = {r: {"seconds": [], "cpu_seconds": [], "losses": [], "rss_mib": [], "rounds": []}
                for r in runs if r not in skipped}
     base = args.nvme or "/var/tmp"
     for rnd in range(args.rounds):
         for run in results:
             with tempfile.TemporaryDirectory(prefix=f"vs_ds_{run}_", dir=base) as folder:
                 out = subprocess.run([sys.executable, __file__, "--child", run, "--steps",
-                                      str(args.steps), "--folder", folder],
+                                      str(args.steps), "--folder", folder, "--strata-threads",
+                                      str(args.strata_threads)],
                                      capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit(f"vs_deepspeed: {run} failed in round {rnd + 1}:\n{out.stderr[-4000:]}")
@@ -211,6 +219,7 @@ def main():
             results[run]["cpu_seconds"] += r["cpu_seconds"][2:]
             results[run]["losses"].append(r["losses"])
             results[run]["rss_mib"].append(r["rss_mib"])
+            results[run]["rounds"].append(statistics.median(r["seconds"][2:]))
     report(args, results, skipped)
 
 
@@ -226,14 +235,15 @@ def report(args, results, skipped):
         rows[run] = {"s_per_step": statistics.median(r["seconds"]),
                      "cpu_s_per_step": statistics.median(r["cpu_seconds"]),
                      "peak_rss_mib": max(r["rss_mib"]), "wrong": wrong,
-                     "last_loss": r["losses"][0][-1]}
+                     "last_loss": r["losses"][0][-1], "round_s_per_step": r["rounds"]}
     for run, s in rows.items():
         s["x_torch"] = s["s_per_step"] / rows["torch"]["s_per_step"] if "torch" in rows else None
     if args.json:
         print(json.dumps({"rows": rows, "skipped": skipped}))
         return
     print(f"# torch {torch.__version__}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-          f"{args.rounds} alternating rounds of {args.steps} steps, median of steps 3..{args.steps}")
+          f"{args.rounds} alternating rounds of {args.steps} steps, median of steps 3..{args.steps}"
+          f"; strata threads={args.strata_threads or 'default'}")
     print(f"# model: GPT2LMHeadModel 6 x 384, 6 heads, vocab {VOCAB}; seq {SEQ}, batch {BATCH}, "
           f"AdamW lr {LR}, clip {CLIP}")
     print("| run | s/step | CPU s/step | ÷ plain torch | peak RSS | #wrong |")
@@ -247,8 +257,13 @@ def report(args, results, skipped):
         print(f"| {LABELS[run]} | skipped | | | | |")
     for a, b in (("strata-mem", "ds-cpu"), ("strata-nvme", "ds-nvme")):
         if a in rows and b in rows:
+            per_round = [x / y for x, y in zip(rows[a]["round_s_per_step"],
+                                               rows[b]["round_s_per_step"])]
+            rounds = ", ".join(f"{r:.2f}" for r in per_round)
+            memory = rows[a]["peak_rss_mib"] / rows[b]["peak_rss_mib"]
             print(f"# {a} / {b}: {rows[a]['s_per_step'] / rows[b]['s_per_step']:.2f} x the "
-                  f"time, {rows[a]['peak_rss_mib'] / rows[b]['peak_rss_mib']:.2f} x the memory")
+                  f"time (per round {rounds}; median {statistics.median(per_round):.2f}), "
+                  f"{memory:.2f} x the memory")
 
 
 if __name__ == "__main__":
