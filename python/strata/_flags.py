@@ -23,8 +23,9 @@ name). While the process has no more OpenMP threads than CPUs, an idle worker sp
 awake. With more (an optimizer team of several beside torch's), every idle worker spins only
 100 times and sleeps, and each of torch's operators wakes its workers again through the kernel.
 Issue 27's GPT-2 6 x 384, OMP_NUM_THREADS=2 on 2 idle cores (bench/PERFORMANCE.md, "Optimizer
-threads on the CPU engine"): threads=2 took 0.38-0.40 s/step in memory and 0.55-0.58 with NVMe,
-threads=1 0.31-0.34 and 0.47-0.48. The price is on a CPU shared with other busy processes: there
+threads on the CPU engine"): in memory threads=1 took 0.34-0.40 s/step against 0.39-0.44 with
+threads=2, faster in every pair; with NVMe 0.55-0.58 against 0.54-0.71, faster in two series of
+three. The price is on a CPU shared with other busy processes: there
 torch's spinning workers take the CPU the others and the engine's threads need (with two busy
 loops beside it: threads=1 2.0 s/step in memory and 2.8 with NVMe, threads=2 1.1 and 1.5).
 On a shared machine pass threads=N (N > the free CPUs), or set OMP_WAIT_POLICY=passive before
