@@ -24,7 +24,7 @@ awake. With more (an optimizer team of several beside torch's), every idle worke
 100 times and sleeps, and each of torch's operators wakes its workers again through the kernel.
 Issue 27's GPT-2 6 x 384, OMP_NUM_THREADS=2 on 2 idle cores (bench/PERFORMANCE.md, "Optimizer
 threads on the CPU engine"): in memory threads=1 took 0.34-0.40 s/step against 0.39-0.44 with
-threads=2, faster in every pair; with NVMe 0.55-0.58 against 0.54-0.71, faster in two series of
+threads=2, faster in 3 pairs of 4; with NVMe 0.55-0.58 against 0.54-0.71, faster in two series of
 three. The price is on a CPU shared with other busy processes: there
 torch's spinning workers take the CPU the others and the engine's threads need (with two busy
 loops beside it: threads=1 2.0 s/step in memory and 2.8 with NVMe, threads=2 1.1 and 1.5).
