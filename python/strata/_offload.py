@@ -258,7 +258,7 @@ class _Offloaded:
         c.grad_clip = float(opt.max_grad_norm)
         cpu_engine = c.device == "cpu" or (c.device == "auto" and not _strata.cuda_available())
         c.optimizer_threads = (c.optimizer_threads or opt.threads
-                               or (cpu_engine_threads() if cpu_engine else 0))
+                               or (cpu_engine_threads() if cpu_engine and not c.nvme else 0))
         c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
         self._stash.configure(c, cpu_engine=cpu_engine)
         shape = self._lazy.shape if self._lazy else (lambda p: p.shape)

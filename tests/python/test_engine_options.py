@@ -103,6 +103,9 @@ def test_bad_options_are_refused_naming_them(options, message):
 
 def _bound_threads(tmp_path, name, **options):
     """The optimizer threads the engine was opened with, once strata.optim.AdamW bound it."""
+    if options.pop("nvme", False):
+        (tmp_path / name).mkdir()
+        options.update(nvme=[tmp_path / name], device_mem="160K", host_mem="400K")
     engine = strata.Engine(device="cpu", **options)
     model = GPT()
     model = strata.offload(model, blocks=list(model.blocks), engine=engine)
@@ -110,9 +113,10 @@ def _bound_threads(tmp_path, name, **options):
     return engine.config.optimizer_threads
 
 
-def test_cpu_engine_threads_default_to_the_cpus_torch_leaves_free(tmp_path):
+def test_cpu_engine_without_nvme_threads_default_to_the_cpus_torch_leaves_free(tmp_path):
     # More OpenMP threads than CPUs make libgomp's idle workers sleep after 100 spins, and
-    # every one of torch's operators then wakes them (python/strata/_flags.py).
+    # every one of torch's operators then wakes them (python/strata/_flags.py). With NVMe the
+    # engine keeps its own default (0: OMP_NUM_THREADS): spinning workers delay its I/O threads.
     cpus = len(os.sched_getaffinity(0))
     before = torch.get_num_threads()
     try:
@@ -121,5 +125,7 @@ def test_cpu_engine_threads_default_to_the_cpus_torch_leaves_free(tmp_path):
         torch.set_num_threads(1)
         assert _bound_threads(tmp_path, "one") == max(1, cpus - 1)
         assert _bound_threads(tmp_path, "given", threads=3) == 3  # an explicit count is kept
+        torch.set_num_threads(cpus)
+        assert _bound_threads(tmp_path, "nvme", nvme=True) == 0
     finally:
         torch.set_num_threads(before)
