@@ -17,9 +17,9 @@ CUDA engine the CPU AdamW is the host's main work. On the CPU engine without NVM
 own OpenMP workers compute the model on the same CPUs, the default is the CPUs torch leaves
 free, at least 1 (cpu_engine_threads below; 1 where torch takes every CPU, as by default). The
 reason is libgomp's waiting. The engine's optimizer and torch share one OpenMP runtime (libgomp:
-torch's own, or the system's, which the engine loads under the same name). While the process has no more OpenMP threads than CPUs, an idle worker spins
-(GOMP_SPINCOUNT, 300000 by default) before it sleeps, so torch's next operator finds its workers
-awake. With more (an optimizer team of several beside torch's), every idle worker spins only
+torch's own, or the system's, which the engine loads under the same name). While the process
+has no more OpenMP threads than CPUs, an idle worker spins (GOMP_SPINCOUNT, 300000 by default)
+before it sleeps, so torch's next operator finds its workers awake. With more (an optimizer team of several beside torch's), every idle worker spins only
 100 times and sleeps, and each of torch's operators wakes its workers again through the kernel.
 Issue 27's GPT-2 6 x 384, OMP_NUM_THREADS=2 on 2 idle cores (bench/PERFORMANCE.md, "Optimizer
 threads on the CPU engine"): in memory threads=1 took 0.34-0.40 s/step against 0.39-0.44 with

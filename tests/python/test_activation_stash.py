@@ -12,7 +12,8 @@ from gpt_model import GPT, batches, param_groups
 LAYERS, STEPS = 6, 3
 # A block input: batch 4 x seq 16 x dim 32 fp32, one 8 KiB slot. At these host budgets the
 # states leave the stash only its minimum, 3 host slots (engine.placement() says so), so 2 or
-# more of the 5 stashed block inputs of a forward (the last block keeps its graph) spill to the scratch file.
+# more of the 5 stashed block inputs of a forward (the last block keeps its graph) spill to the
+# scratch file.
 INPUT_BYTES = 4 * 16 * 32 * 4
 HOST = "1000K"
 # Here the states are host-homed but some moments, which the first step does not read: the
