@@ -216,7 +216,8 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
   eo.io.direct = config_.io_direct;
   eo.io.fixed_buffers = config_.io_fixed_buffers;
   if (config_.io_block_bytes > 0) eo.nvme_stripe_bytes = config_.io_block_bytes;
-  eo.optimizer_threads = config_.cpu_threads;
+  eo.optimizer_threads =
+      config_.optimizer_threads > 0 ? config_.optimizer_threads : config_.cpu_threads;
   eo.beta1 = config_.beta1;
   eo.beta2 = config_.beta2;
   eo.eps = config_.eps;

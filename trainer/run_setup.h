@@ -70,6 +70,8 @@ struct RunConfig {
   // --threads: OpenMP threads of the CPU optimizer and, on the host device, of the model's
   // ops; 0 = STRATA_NUM_THREADS when set, else one per core.
   int cpu_threads = 0;
+  // --optimizer-threads: the CPU optimizer's alone; 0 = cpu_threads.
+  int optimizer_threads = 0;
   int micro_batches = 1;
   // How a step runs its micro-batches (micro_batch_order.h); the same results either way.
   MicroBatchOrderChoice micro_batch_order = MicroBatchOrderChoice::kAuto;

@@ -212,7 +212,7 @@ TEST_F(TrainIdentityTest, MovedStoreResumesBitForBit) {
   EXPECT_NE(out.find("nvme = [\"" + dir_ + "/moved\"]"), std::string::npos) << out;
 }
 
-// D7: --threads (and its default, one per core) never changes a loss bit.
+// D7: --threads (and its default, one per core) and --optimizer-threads never change a loss bit.
 TEST_F(TrainIdentityTest, ThreadCountDoesNotChangeTheLosses) {
   // Rows enough (batch x seq-len = 256) for the model's GEMMs to be split across threads.
   const std::vector<std::string> model = {
@@ -220,10 +220,14 @@ TEST_F(TrainIdentityTest, ThreadCountDoesNotChangeTheLosses) {
       "2",     "--seq-len", "64",   "--batch",   "4",  "--steps",
       "10",    "--lr",      "3e-3", "--device",  "cpu"};
   std::vector<std::vector<double>> losses;
-  for (const char* threads : {"1", "2", "3"}) {
+  // {--threads, --optimizer-threads} ("0": as --threads)
+  const std::vector<std::pair<std::string, std::string>> counts = {
+      {"1", "0"}, {"2", "0"}, {"3", "0"}, {"2", "1"}};
+  for (const auto& [threads, optimizer_threads] : counts) {
     std::vector<std::string> args = model;
-    const std::string json = dir_ + "/t" + threads + ".json";
-    args.insert(args.end(), {"--threads", threads, "--json", json});
+    const std::string json = dir_ + "/t" + threads + "-" + optimizer_threads + ".json";
+    args.insert(args.end(),
+                {"--threads", threads, "--optimizer-threads", optimizer_threads, "--json", json});
     std::string out;
     ASSERT_EQ(0, Run(args, &out)) << out;
     losses.push_back(Losses(json));
@@ -232,7 +236,9 @@ TEST_F(TrainIdentityTest, ThreadCountDoesNotChangeTheLosses) {
   ASSERT_EQ(losses[0].size(), 10u);
   for (size_t t = 1; t < losses.size(); ++t) {
     for (size_t i = 0; i < losses[0].size(); ++i) {
-      EXPECT_EQ(losses[t][i], losses[0][i]) << t + 1 << " threads, step " << i + 1;
+      EXPECT_EQ(losses[t][i], losses[0][i])
+          << "--threads " << counts[t].first << " --optimizer-threads " << counts[t].second
+          << ", step " << i + 1;
     }
   }
 }

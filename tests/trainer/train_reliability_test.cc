@@ -118,12 +118,23 @@ TEST_F(TrainReliabilityTest, OversizedRunsAreRefusedUpFrontWithTheNumbers) {
 TEST_F(TrainReliabilityTest, BadFlagsAreRefusedBeforeTheStoreIsCreated) {
   const std::string missing = dir_ + "/missing/out";
   const std::vector<std::vector<std::string>> cases = {
-      {"--lr", "nan"},           {"--lr", "-1"},         {"--warmup", "-3"},
-      {"--val-every", "-1"},     {"--sample", "-5"},     {"--sample", "3", "--temperature", "nan"},
-      {"--beta1", "nan"},        {"--beta2", "1"},       {"--eps", "-1"},
-      {"--weight-decay", "nan"}, {"--grad-clip", "nan"}, {"--threads", "-2"},
-      {"--save", missing},       {"--json", missing},    {"--trace", missing},
+      {"--lr", "nan"},
+      {"--lr", "-1"},
+      {"--warmup", "-3"},
+      {"--val-every", "-1"},
+      {"--sample", "-5"},
+      {"--sample", "3", "--temperature", "nan"},
+      {"--beta1", "nan"},
+      {"--beta2", "1"},
+      {"--eps", "-1"},
+      {"--weight-decay", "nan"},
+      {"--grad-clip", "nan"},
+      {"--threads", "-2"},
+      {"--save", missing},
+      {"--json", missing},
+      {"--trace", missing},
       {"--save", dir_},
+      {"--optimizer-threads", "-1"},
   };
   int i = 0;
   for (const auto& c : cases) {

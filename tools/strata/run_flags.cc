@@ -182,6 +182,13 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "Threads for the CPU work: the optimizer and, on the host device, the model "
                   "(0: STRATA_NUM_THREADS when set, else one per core)")
       ->capture_default_str();
+  cmd->add_option("--optimizer-threads", f->optimizer_threads,
+                  "Threads for the CPU optimizer alone (0: as --threads). On the host device "
+                  "the model's and the optimizer's OpenMP teams share the CPUs; with more "
+                  "threads in all than CPUs libgomp's idle workers sleep between operators. 1 "
+                  "keeps the model's workers spinning: faster on an idle machine, slower "
+                  "beside other busy processes (bench/PERFORMANCE.md)")
+      ->capture_default_str();
   cmd->add_option(
       "--rendezvous", f->rendezvous,
       "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "
@@ -316,6 +323,14 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
                                         std::to_string(kMaxThreads)));
   }
   config->cpu_threads = f.cpu_threads;
+  if (f.optimizer_threads < 0 || f.optimizer_threads > kMaxThreads) {
+    return fail(
+        "--optimizer-threads",
+        Status::InvalidArgument("--optimizer-threads " + std::to_string(f.optimizer_threads) +
+                                ": expected a thread count from 0 (as --threads) to " +
+                                std::to_string(kMaxThreads)));
+  }
+  config->optimizer_threads = f.optimizer_threads;
   config->rendezvous = f.rendezvous;
   config->comm_timeout_seconds = f.comm_timeout;
   failed->clear();

@@ -38,6 +38,7 @@ struct RunFlags {
   std::string io_config;             // --io-config FILE, as `strata bench io --sweep` writes it
   std::string io_block;              // --io-block SIZE; "": --io-config's, else the default
   int cpu_threads = trainer::RunConfig{}.cpu_threads;
+  int optimizer_threads = trainer::RunConfig{}.optimizer_threads;
   std::string rendezvous;
   double comm_timeout = trainer::RunConfig{}.comm_timeout_seconds;  // seconds; 0: the variable
   std::string comm_backend = trainer::CommBackendChoiceName(trainer::RunConfig{}.comm_backend);

@@ -67,6 +67,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       // The store's stripe: recorded as the run resolved it (flag, --io-config or default).
       {"io-block", fixed, &a.run.io_block},
       {"threads", free, &a.run.cpu_threads},
+      {"optimizer-threads", free, &a.run.optimizer_threads},
       {"collective-memory", free, &a.run.collective_memory},  // same results either way
       {"comm-timeout", free, &a.run.comm_timeout},
       {"val-every", free, &a.val_every},
@@ -130,6 +131,9 @@ Status CheckTrainFlags(const TrainArgs& a, std::string* what) {
       {"--threads", double(a.run.cpu_threads),
        a.run.cpu_threads >= 0 && a.run.cpu_threads <= kMaxThreads,
        "a thread count from 0 (one per core) to 1024"},
+      {"--optimizer-threads", double(a.run.optimizer_threads),
+       a.run.optimizer_threads >= 0 && a.run.optimizer_threads <= kMaxThreads,
+       "a thread count from 0 (as --threads) to 1024"},
       {"--comm-timeout", a.run.comm_timeout, finite_ge0(a.run.comm_timeout),
        "a finite number of seconds >= 0 (0: STRATA_COMM_TIMEOUT)"},
   };
