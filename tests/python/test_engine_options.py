@@ -129,3 +129,16 @@ def test_cpu_engine_without_nvme_threads_default_to_the_cpus_torch_leaves_free(t
         assert _bound_threads(tmp_path, "nvme", nvme=True) == 0
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("var", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"])
+def test_a_rank_among_several_keeps_the_engines_thread_default(monkeypatch, var):
+    # Ranks on one host spin against each other as against any busy process.
+    from strata._flags import cpu_engine_threads
+    for v in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(v, raising=False)
+    assert cpu_engine_threads() >= 1
+    monkeypatch.setenv(var, "2")
+    assert cpu_engine_threads() == 0
+    monkeypatch.setenv(var, "1")
+    assert cpu_engine_threads() >= 1
