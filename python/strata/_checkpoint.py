@@ -163,12 +163,17 @@ def write_moments(state, opt, moments):
                             f"shape {tuple(v.shape)}; the parameter has {tuple(shape)}")
             put.setdefault((b, k), []).append((off, v.detach().to("cpu", torch.float32)))
     for (b, k), parts in sorted(put.items()):
-        whole = _read_whole(core, state._layout[b][2], k, b)  # keeps the padding
+        # Each rank writes its own shard, [lo, lo + n) of the component: read (it keeps the
+        # padding and what no parameter here covers) and overwritten where a parameter's lies.
+        n = state._layout[b][2] // core.world_size
+        lo = core.rank * n
+        shard = torch.empty(n, dtype=torch.float32)
+        core.read_component(b, k, shard.data_ptr(), n)
         for off, v in parts:
-            whole[off:off + v.numel()] = v.reshape(-1)
-        n = whole.numel() // core.world_size  # each rank writes its own shard
-        mine = whole[core.rank * n:(core.rank + 1) * n].contiguous()
-        core.write_component(b, k, mine.data_ptr(), mine.numel())
+            first, end = max(off, lo), min(off + v.numel(), lo + n)
+            if first < end:
+                shard[first - lo:end - lo] = v.reshape(-1)[first - off:end - off]
+        core.write_component(b, k, shard.data_ptr(), n)
     state.step_offset = step - steps
 
 
