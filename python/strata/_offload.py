@@ -211,6 +211,7 @@ class _Offloaded:
         self.rest = [(n, p) for n, p in self.model.named_parameters()
                      if owner[id(p)][0] == "rest"]
         self.first_block = 1 if self.rest else 0
+        self.last_block = self.first_block + len(self.blocks) - 1
         self.block_params = []
         for i, b in enumerate(self.blocks):
             prefix = [n for n, m in self.model.named_modules() if m is b][0]
@@ -539,11 +540,11 @@ class _Offloaded:
         """Whether block b, now running forward, keeps its autograd graph for backward: with
         recompute=False or "auto", and with any setting for the last block (see offload()'s
         `recompute`: its recompute would rebuild the same activations right after the head)."""
-        return self.recompute is not True or b == self.first_block + len(self.blocks) - 1
+        return self.recompute is not True or b == self.last_block
 
     def keep_activations(self, b, nbytes):
         """Block b's forward saved `nbytes` of activations: keep them (see _block.py)?"""
-        if b == self.first_block + len(self.blocks) - 1:
+        if b == self.last_block:
             return True  # as above: held only through the head, not counted in the budget
         return keep_activations(self, nbytes)
 
@@ -566,7 +567,7 @@ class _Offloaded:
         self._next_fwd = b + 1
 
     def block_backward_begin(self, b):
-        last = self.first_block + len(self.blocks) - 1
+        last = self.last_block
         if self._next_fwd is None and self._next_bwd is None:
             raise Error(f"backward reached block {self.block_name(b)} after this forward's "
                         "backward had finished; call backward once per forward (a second "
