@@ -12,6 +12,18 @@ load_checkpoint copies nvme<i>/ into the engine's NVMe folders and reopens the e
 resume=True (as Engine(resume=True) continues a run), so a fresh process continues bit for bit.
 Only an engine with NVMe folders keeps its moments where they can be saved; without them
 save_checkpoint is refused.
+
+With several ranks an engine cannot be reopened in the same process (its ranks would have to
+meet again), so each rank saves its own shard instead, read from the open engine between
+steps:
+  rank<r>.pt      rank r's shard of every block's master weights and Adam moments (fp32, as
+                  Engine.read_component gives them) and its torch RNG state;
+  model.safetensors, python.pt   as above, written by rank 0 (the weights gathered by all);
+  strata.json     {"step", "world_size", "format": "shards"}.
+load_checkpoint with as many ranks writes each rank's shard back into its open engine
+(Engine.write_component; the next step commits it first), and continues the step count from the checkpoint's step
+(the bias correction's), so fresh ranks continue bit for bit. The folder must be one that every
+rank reaches (one host, or a shared filesystem).
 """
 import json
 import os
@@ -39,22 +51,23 @@ def _offloaded_state(model, what):
                 "torch.save of its state_dict)")
 
 
-def _closed_engine(state, what):
-    """Checks the engine can be closed between steps for `what`; returns its NVMe folders."""
+def _ready_between_steps(state, what):
     state.core()
     if state._step_open:
         raise Error(f"{what} in the middle of a step; call opt.step() first (or "
                     "engine.abort_step() to drop the step)")
     if state._opt is None:
         raise Error(f"{what} before the optimizer was created; create strata.optim.AdamW first")
+
+
+def _closed_engine(state, what):
+    """Checks the engine can be closed between steps for `what`; returns its NVMe folders."""
+    _ready_between_steps(state, what)
     nvme = list(state.engine.config.nvme)
     if not nvme:
         raise Error(f"{what} needs an engine with NVMe folders (strata.Engine(nvme=[...])): "
                     "the committed state there (weights, moments, step) is what a checkpoint "
                     "holds; without them use strata.save_safetensors for the weights alone")
-    if state.core().world_size != 1:
-        raise Error(f"{what} with several ranks is not supported yet; each rank's NVMe folders "
-                    "hold its own shard")
     return nvme
 
 
@@ -177,12 +190,124 @@ def write_moments(state, opt, moments):
     state.step_offset = step - steps
 
 
+def _barrier(core):
+    """Every rank reaches this point before any leaves it (a one-value all-gather)."""
+    one = torch.zeros(1, dtype=torch.float32)
+    every = torch.empty(core.world_size, dtype=torch.float32)
+    core.all_gather_f32(one.data_ptr(), 1, every.data_ptr())
+
+
+def _python_state(state, opt, lr_scheduler, client_state, step, **extra):
+    return {"step": step,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                             for g in opt.param_groups],
+            "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler else None,
+            "rng": torch.get_rng_state(), "client_state": client_state,
+            "step_offset": state.step_offset, **extra}
+
+
+def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
+    """save_checkpoint with several ranks (every rank calls it): see the module docstring."""
+    core = state.core()
+    _ready_between_steps(state, "save_checkpoint")
+    core.flush()  # the last step's pending updates run and it commits
+    state.engine._take()
+    steps, _ = _moments_access(state, "save_checkpoint")
+    step = steps + state.step_offset
+    rank, world = core.rank, core.world_size
+    tmp = path + ".partial"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    _barrier(core)
+    shards = {}
+    for b, (_, _, padded) in enumerate(state._layout):
+        for k in ("master", "exp_avg", "exp_avg_sq"):
+            v = torch.empty(padded // world, dtype=torch.float32)
+            core.read_component(b, k, v.data_ptr(), v.numel())
+            shards[(b, k)] = v
+    torch.save({"rank": rank, "world_size": world, "step": step, "shards": shards,
+                "rng": torch.get_rng_state()}, os.path.join(tmp, f"rank{rank}.pt"))
+    tensors = state.gather()  # a collective: every rank gathers, rank 0 writes
+    if rank == 0:
+        _write_safetensors(tensors, os.path.join(tmp, "model.safetensors"))
+        opt = optimizer or state._opt
+        torch.save(_python_state(state, opt, lr_scheduler, client_state, step, world_size=world),
+                   os.path.join(tmp, "python.pt"))
+    _barrier(core)  # every rank's shard is written
+    if rank == 0:
+        with open(os.path.join(tmp, "strata.json"), "w") as f:
+            json.dump({"step": step, "world_size": world, "format": "shards"}, f)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+    _barrier(core)  # no rank returns before the checkpoint is in place
+    return path
+
+
+def _load_shards(state, path, optimizer, lr_scheduler):
+    """load_checkpoint with several ranks (every rank calls it): see the module docstring."""
+    core = state.core()
+    _ready_between_steps(state, "load_checkpoint")
+    rank, world = core.rank, core.world_size
+    meta = _checkpoint_meta(path)
+    if meta.get("format") != "shards" or meta.get("world_size") != world:
+        saved = meta.get("world_size", 1) if meta.get("format") == "shards" else 1
+        raise Error(f"the checkpoint {path} was saved by {saved} rank(s), this run has {world}; "
+                    "load it with as many ranks (each loads its own shard)")
+    kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
+    try:
+        mine = torch.load(os.path.join(path, f"rank{rank}.pt"), **kw)
+        saved = torch.load(os.path.join(path, "python.pt"), **kw)
+    except FileNotFoundError as e:
+        raise Error(f"the checkpoint {path} is incomplete: {e}") from None
+    shards = mine["shards"]
+    for b, (name, _, padded) in enumerate(state._layout):
+        for k in ("master", "exp_avg", "exp_avg_sq"):
+            v = shards.get((b, k))
+            if v is None or v.numel() != padded // world:
+                raise Error(f"the checkpoint {path} does not fit this model: rank {rank}'s {k} "
+                            f"of block {name!r} has {None if v is None else v.numel()} values, "
+                            f"the engine's shard {padded // world}")
+    for (b, k), v in sorted(shards.items()):
+        v = v.contiguous()
+        core.write_component(b, k, v.data_ptr(), v.numel())  # committed with the next step
+    steps, _ = _moments_access(state, "load_checkpoint")
+    state.step_offset = int(saved["step"]) - steps
+    _restore_python_state(state, saved, optimizer, lr_scheduler)
+    torch.set_rng_state(mine["rng"])
+    _barrier(core)  # every rank has its shard back
+    return saved["client_state"]
+
+
+def _checkpoint_meta(path):
+    try:
+        with open(os.path.join(path, "strata.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise Error(f"{path} is not a strata checkpoint (no strata.json)") from None
+    except ValueError as e:
+        raise Error(f"{path}/strata.json is damaged: {e}") from None
+
+
+def _restore_python_state(state, saved, optimizer, lr_scheduler):
+    opt = optimizer or state._opt
+    for g, s in zip(opt.param_groups, saved["param_groups"]):
+        g.update(s)
+    if lr_scheduler is not None and saved["lr_scheduler"] is not None:
+        lr_scheduler.load_state_dict(saved["lr_scheduler"])
+    state.engine._stats = None
+
+
 def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state=None):
     """Writes the run's state after the last opt.step() into the folder `path` (replaced when
-    it exists); see the module docstring. The engine is closed and reopened meanwhile."""
+    it exists); see the module docstring. With one rank the engine is closed and reopened
+    meanwhile; with several, every rank calls it and saves its own shard."""
     state = _offloaded_state(model, "save_checkpoint")
-    nvme = _closed_engine(state, "save_checkpoint")
     path = os.fspath(path)
+    if state.core().world_size != 1:
+        return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
+    nvme = _closed_engine(state, "save_checkpoint")
     tmp = path + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -195,12 +320,7 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     step = state.core().resumed_step()
     save_safetensors(model, os.path.join(tmp, "model.safetensors"))
     opt = optimizer or state._opt
-    torch.save({"step": step, "folders": len(nvme),
-                "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                 for g in opt.param_groups],
-                "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler else None,
-                "rng": torch.get_rng_state(), "client_state": client_state,
-                "step_offset": state.step_offset},
+    torch.save(_python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme)),
                os.path.join(tmp, "python.pt"))
     with open(os.path.join(tmp, "strata.json"), "w") as f:
         json.dump({"step": step, "folders": len(nvme)}, f)
@@ -216,13 +336,18 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     optimizer's param_groups, the scheduler's state and torch's RNG state are restored.
     Returns the client_state given to save_checkpoint."""
     state = _offloaded_state(model, "load_checkpoint")
-    nvme = _closed_engine(state, "load_checkpoint")
     path = os.fspath(path)
+    if state.core().world_size != 1:
+        return _load_shards(state, path, optimizer, lr_scheduler)
+    nvme = _closed_engine(state, "load_checkpoint")
     try:
         kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
         saved = torch.load(os.path.join(path, "python.pt"), **kw)
     except FileNotFoundError as e:
         raise Error(f"{path} is not a strata checkpoint (no python.pt): {e}") from None
+    if "folders" not in saved:
+        raise Error(f"the checkpoint {path} was saved by {saved.get('world_size')} ranks; load "
+                    "it with as many (each loads its own shard)")
     if saved["folders"] != len(nvme):
         raise Error(f"the checkpoint {path} holds {saved['folders']} NVMe folders' state, the "
                     f"engine has {len(nvme)}; give strata.Engine(nvme=...) as many folders")
@@ -235,14 +360,9 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     if state.core().resumed_step() != saved["step"]:
         raise Error(f"the engine reopened at step {state.core().resumed_step()}, the checkpoint "
                     f"{path} is step {saved['step']}: its NVMe state is damaged")
-    opt = optimizer or state._opt
-    for g, s in zip(opt.param_groups, saved["param_groups"]):
-        g.update(s)
-    if lr_scheduler is not None and saved["lr_scheduler"] is not None:
-        lr_scheduler.load_state_dict(saved["lr_scheduler"])
+    _restore_python_state(state, saved, optimizer, lr_scheduler)
     torch.set_rng_state(saved["rng"])
     state.step_offset = saved.get("step_offset", 0)
-    state.engine._stats = None
     return saved["client_state"]
 
 
@@ -258,6 +378,11 @@ def save_safetensors(model, path):
     else:
         tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
                    for n, p in model.named_parameters()}
+    _write_safetensors(tensors, path)
+
+
+def _write_safetensors(tensors, path):
+    """{name: fp32 CPU tensor} as a safetensors file at `path`, written atomically."""
     header, offset, blobs = {}, 0, []
     for name in sorted(tensors):
         t = tensors[name].contiguous()

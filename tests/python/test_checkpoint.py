@@ -33,6 +33,51 @@ def test_a_fresh_process_continues_from_a_checkpoint_bit_for_bit(tmp_path):
     assert (ckpt / "model.safetensors").read_bytes() != straight  # step 3's weights, not 5's
 
 
+def _ranks(tmp_path, *args):
+    """checkpoint_multirank_child.py as two ranks (launcher variables, a file rendezvous);
+    `args` may name "{rank}", which each rank's arguments get its number in."""
+    rdzv = tmp_path / f"rdzv-{args[0]}"
+    rdzv.mkdir()
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+        env.update(PYTHONPATH=os.pathsep.join([HERE] + [p for p in sys.path if p]), RANK=str(r),
+                   WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                   STRATA_RENDEZVOUS=f"file:{rdzv}", STRATA_COMM_TIMEOUT="60")
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "checkpoint_multirank_child.py"),
+             *(str(a).format(rank=r) for a in args)],
+            env=env, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+
+
+def test_two_ranks_save_their_shards_and_fresh_ranks_continue_bit_for_bit(tmp_path):
+    for r in range(2):
+        for d in ("a", "b"):
+            (tmp_path / f"{d}{r}").mkdir()
+    ckpt = tmp_path / "ckpt"
+    _ranks(tmp_path, "save", tmp_path / "a{rank}", ckpt, tmp_path / "straight{rank}.safetensors")
+    assert sorted(os.listdir(ckpt)) == ["model.safetensors", "python.pt", "rank0.pt", "rank1.pt",
+                                        "strata.json"]
+    _ranks(tmp_path, "load", tmp_path / "b{rank}", ckpt, tmp_path / "resumed{rank}.safetensors")
+    straight = (tmp_path / "straight0.safetensors").read_bytes()
+    assert (tmp_path / "straight1.safetensors").read_bytes() == straight
+    for r in range(2):
+        assert (tmp_path / f"resumed{r}.safetensors").read_bytes() == straight
+    assert (ckpt / "model.safetensors").read_bytes() != straight  # step 3's weights, not 5's
+    # A single-rank run is refused the two ranks' checkpoint, naming what to do.
+    (tmp_path / "n").mkdir()
+    model = GPT()
+    model = strata.offload(model, blocks=list(model.blocks),
+                           engine=strata.Engine(nvme=[tmp_path / "n"]))
+    strata.optim.AdamW(model.parameters())
+    with pytest.raises(strata.Error, match="saved by 2 ranks; load it with as many"):
+        strata.load_checkpoint(model, ckpt)
+
+
 def test_checkpoint_needs_nvme_and_a_step_boundary(tmp_path):
     model = GPT()
     model = strata.offload(model, blocks=list(model.blocks), engine=strata.Engine())
