@@ -511,6 +511,19 @@ Status EngineImpl::Flush() {
   return DrainLocked();
 }
 
+Status EngineImpl::SetOptimizerThreads(int threads) {
+  MutexLock lk(&ctx_.mu);
+  if (threads < 0) {
+    return Status::InvalidArgument("SetOptimizerThreads(" + std::to_string(threads) +
+                                   "): expected 0 (one per core) or more");
+  }
+  // The optimizer's thread reads the kernel options without the lock, but only while a step
+  // runs its updates (or the model's thread drains them, as this call's).
+  if (ctx_.step_open) return Status::InvalidArgument("SetOptimizerThreads during a step");
+  ctx_.kernel_options.threads = threads;
+  return Status::OK();
+}
+
 bool EngineImpl::SpeculateLocked() const {
   switch (ctx_.opt.speculation) {
     case Speculation::kOff:

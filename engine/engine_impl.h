@@ -62,6 +62,7 @@ class EngineImpl final : public Engine {
   }
   Result<StepStats> EndStep() override;
   Status Flush() override;
+  Status SetOptimizerThreads(int threads) override;
   std::vector<StepStats> TakeCommittedStats() override;
   Status Error() const override { return ctx_.Error(); }
 

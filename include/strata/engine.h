@@ -612,6 +612,9 @@ class Engine {
   // Runs the last step's deferred updates now and commits it (between steps; OK when
   // nothing is pending). For a program that ends, or stops on a signal, after EndStep.
   virtual Status Flush() = 0;
+  // Sets EngineOptions::optimizer_threads from the next update on (between steps; never
+  // changes a result bit). InvalidArgument during a step or for a negative count.
+  virtual Status SetOptimizerThreads(int threads) = 0;
   // The final statistics of the steps committed since the last call, in step order. A
   // step's statistics are final when its commit lands: at EndStep for a step that defers
   // nothing (they are EndStep's figures then), else once its deferred updates have run

@@ -433,6 +433,8 @@ class PyEngine {
     }
     ThrowIfError(s);
   }
+  // Engine::SetOptimizerThreads (between steps).
+  void SetOptimizerThreads(int threads) { ThrowIfError(Live().SetOptimizerThreads(threads)); }
   py::dict EndStep() {
     Result<StepStats> r = Status::OK();
     {
@@ -586,6 +588,7 @@ void BindEngine(py::module_& m) {
            py::arg("bytes"), py::arg("last") = true)
       .def("end_step", &PyEngine::EndStep)
       .def("flush", &PyEngine::Flush)
+      .def("set_optimizer_threads", &PyEngine::SetOptimizerThreads, py::arg("threads"))
       .def("take_committed_stats", &PyEngine::TakeCommittedStats)
       .def("close", &PyEngine::Close);
 }

@@ -13,26 +13,25 @@
     threads=N                          the CPU optimizer's threads (optimizer_threads)
 
 threads: the CPU optimizer's threads. The default (0) is OMP_NUM_THREADS, else every CPU: on a CUDA
-engine the CPU AdamW is the host's main work. On the CPU engine of one rank without NVMe, where
-torch's own OpenMP workers compute the model on the same CPUs, the default is the CPUs torch leaves
-free, at least 1 (cpu_engine_threads below; 1 where torch takes every CPU, as by default). The
-reason is libgomp's waiting. The engine's optimizer and torch share one OpenMP runtime (libgomp:
-torch's own, or the system's, which the engine loads under the same name). While the process has no
-more OpenMP threads than CPUs, an idle worker spins (GOMP_SPINCOUNT, 300000 by default) before it
+engine the CPU AdamW is the host's main work. On the CPU engine of one rank, where torch's own
+OpenMP workers compute the model on the same CPUs, the default starts at the CPUs torch leaves
+free, at least 1 (cpu_engine_threads below; 1 where torch takes every CPU, as by default), and
+switches to OMP_NUM_THREADS for good once other processes take the CPU (_threads.py). The reason
+is libgomp's waiting. The engine's optimizer and torch share one OpenMP runtime (libgomp: torch's
+own, or the system's, which the engine loads under the same name). While the process has no more
+OpenMP threads than CPUs, an idle worker spins (GOMP_SPINCOUNT, 300000 by default) before it
 sleeps, so torch's next operator finds its workers awake. With more (an optimizer team of several
 beside torch's), every idle worker spins only 100 times and sleeps, and each of torch's operators
 wakes its workers again through the kernel. Issue 27's GPT-2 6 x 384, OMP_NUM_THREADS=2 on 2 idle
 cores (bench/PERFORMANCE.md, "Optimizer threads on the CPU engine"): in memory threads=1 took
-0.34-0.40 s/step against 0.39-0.44 with threads=2, faster in 3 pairs of 4; with NVMe 0.55-0.58
-against 0.54-0.71, faster in two series of three. The price is on a CPU shared with other busy
-processes: there torch's spinning workers take the CPU the others and the engine's threads need.
-Beside two busy loops threads=1 took 1.41 s/step in memory against 0.96 (plain torch 1.26), and
-3.08 with NVMe against 1.04: the NVMe engine's I/O threads wait for a CPU at every completion. So
-an engine with NVMe folders keeps the OMP_NUM_THREADS default (its small gain on an idle machine,
-none in one series of three, is not worth a threefold loss on a busy one); on a dedicated machine
-threads=1 may still be faster there. A rank among several (WORLD_SIZE > 1) keeps it too: the other
-ranks on its host are busy processes. On a shared machine without NVMe pass threads=N (N > the free
-CPUs), or set OMP_WAIT_POLICY=passive before torch is imported.
+0.34-0.40 s/step against 0.39-0.44 with threads=2, faster in 3 pairs of 4; with NVMe 0.47-0.51
+against 0.55-0.57. The price is on a CPU shared with other busy processes: there torch's spinning
+workers take the CPU the others and the engine's threads need. Beside two busy loops threads=1
+took 1.41 s/step in memory against 0.96 (plain torch 1.26), and 3.2 with NVMe against 1.37: the
+NVMe engine's I/O threads wait for a CPU at every completion. Hence the switch: beside two busy
+loops the default engine switches after its first step (1 s or more) and then takes 1.1-1.2
+s/step with NVMe, as threads=2. A rank among several (WORLD_SIZE > 1) keeps OMP_NUM_THREADS from
+the start: the other ranks on its host are busy processes. threads=N fixes the count (no switch).
 """
 import os
 

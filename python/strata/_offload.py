@@ -60,7 +60,7 @@ from ._block import (CHECKPOINTING_REFUSED, _autocast_state, _BlockForward,
                      activation_budget, keep_activations)
 from ._clock import _NO_CLOCK, _TimedCore
 from ._engine import Engine
-from ._flags import cpu_engine_threads
+from ._threads import optimizer_threads
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
 from ._stash import InputStash
@@ -258,8 +258,8 @@ class _Offloaded:
         c.weight_decay = float(first["weight_decay"])  # the groups' own go with each step
         c.grad_clip = float(opt.max_grad_norm)
         cpu_engine = c.device == "cpu" or (c.device == "auto" and not _strata.cuda_available())
-        c.optimizer_threads = (c.optimizer_threads or opt.threads
-                               or (cpu_engine_threads() if cpu_engine and not c.nvme else 0))
+        c.optimizer_threads, self.threads = optimizer_threads(c.optimizer_threads or opt.threads,
+                                                              cpu_engine)
         c.dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
         self._stash.configure(c, cpu_engine=cpu_engine)
         shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
@@ -617,6 +617,7 @@ class _Offloaded:
         else:
             self.engine._ended(stats)
         self._stash.learned(self)
+        self.threads.after_step(self._core)
 
     def _end_step_timed(self, opt):
         self._finish_backward()

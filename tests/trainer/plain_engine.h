@@ -100,6 +100,7 @@ class PlainEngine : public Engine {
     return Status::OK();
   }
   Status Flush() override { return Status::OK(); }
+  Status SetOptimizerThreads(int) override { return Status::OK(); }
   Result<StepStats> EndStep() override {
     StepStats s;
     acts_.clear();  // EndStep drops the activations still live
