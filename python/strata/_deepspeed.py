@@ -312,8 +312,9 @@ class DeepSpeedEngine:
         state["_strata_global_steps"] = self.global_steps
         save_checkpoint(self.module, os.path.join(save_dir, str(tag)), self.optimizer,
                         self.lr_scheduler, state)
-        with open(os.path.join(save_dir, "latest"), "w") as f:
-            f.write(str(tag))
+        if self.strata_engine.rank == 0:  # with several ranks every one calls this
+            with open(os.path.join(save_dir, "latest"), "w") as f:
+                f.write(str(tag))
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True,
