@@ -328,6 +328,13 @@ class KernelBench {
         "attention_fwd",
         [&] { return AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH); },
         [&] { return Bf16Out(a.atty, nc); }, nullptr, 2e-2));
+    // The flash forward (KernelChoice::flash_attention, opt-in) against the naive kernel.
+    KernelChoice flash;
+    flash.flash_attention = true;
+    rows.push_back(Compare(
+        "attention_fwd_flash",
+        [&] { return AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH); },
+        [&] { return Bf16Out(a.atty, nc); }, nullptr, 2e-2, flash));
     rows.push_back(Compare(
         "attention_bwd",
         [&] {
@@ -404,15 +411,16 @@ class KernelBench {
   }
 
  private:
-  // Times `op` with the tuned kernels and with the naive ones; `prepare` (may be null) runs
-  // before the single run whose output `read` fetches for the comparison.
+  // Times `op` with the tuned kernels (`tuned`) and with the naive ones; `prepare` (may be
+  // null) runs before the single run whose output `read` fetches for the comparison.
   KernelRow Compare(const char* name, const std::function<Status()>& op,
                     const std::function<std::vector<float>()>& read,
-                    const std::function<void()>& prepare, double tolerance) {
+                    const std::function<void()>& prepare, double tolerance,
+                    const KernelChoice& tuned = KernelChoice{}) {
     KernelRow row{name, 0, 0, 0, 0};
     std::vector<float> outs[2];
     for (int variant = 0; variant < 2; ++variant) {
-      KernelChoice k;
+      KernelChoice k = tuned;
       if (variant == 1) k = *KernelChoice::Parse("naive");
       m_.ctx_.set_kernels(k);
       if (prepare) prepare();

@@ -285,6 +285,9 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
     return AttentionForwardNaive(ctx, out, stats, qkv, B, T, C, NH);
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionForward", B, T, C, NH));
+  if (ctx.kernels().flash_attention && FlashAttentionSupports(C, NH) && int64_t(B) * NH <= 65535) {
+    return FlashAttentionForward(ctx, out, stats, qkv, B, T, C, NH);
+  }
   if (int64_t(B) * T * C == 0) return Status::OK();
   const int64_t heads = HeadsPerBatch(ctx, d, kForwardScoreBytes);
   Carver sizer(nullptr);

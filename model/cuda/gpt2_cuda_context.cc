@@ -57,9 +57,15 @@ Result<KernelChoice> KernelChoice::Parse(const std::string& spec) {
     const size_t eq = item.find('=');
     const std::string name = item.substr(0, eq);
     const std::string variant = eq == std::string::npos ? "naive" : item.substr(eq + 1);
+    if (name == "attention" && variant == "flash") {
+      k.naive_attention = false;
+      k.flash_attention = true;
+      continue;
+    }
     if (variant != "naive" && variant != "tuned") {
       return Status::InvalidArgument("STRATA_CUDA_KERNELS: '" + item +
-                                     "': the variant must be naive or tuned");
+                                     "': the variant must be naive or tuned (or flash, for "
+                                     "attention)");
     }
     bool found = false;
     for (const NamedKernel& n : kNamedKernels) {
@@ -86,7 +92,8 @@ std::string KernelChoice::ToString() const {
     if (!naive.empty()) naive += ',';
     naive += n.name;
   }
-  return naive.empty() ? "tuned" : "naive: " + naive;
+  const std::string flash = flash_attention ? " (flash attention)" : "";
+  return (naive.empty() ? "tuned" : "naive: " + naive) + flash;
 }
 
 Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream) {

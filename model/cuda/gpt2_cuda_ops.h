@@ -75,6 +75,12 @@ struct KernelChoice {
   // Attention: warp-per-row kernels (one row of scores in shared memory) instead of cuBLAS
   // strided-batched QKᵀ / PV on tensor cores with fused causal-softmax kernels.
   bool naive_attention = false;
+  // Attention forward ("attention=flash"): one fused kernel per 64 query rows of a head
+  // (gpt2_cuda_attention_flash.cu: QKᵀ and PV on tensor cores through WMMA, the softmax online,
+  // no T×T buffer) instead of the cuBLAS GEMMs, for head sizes 64 and 128 (others keep the
+  // cuBLAS path); the backward stays the cuBLAS one, from the same saved statistics. Opt-in
+  // until it has run on a GPU.
+  bool flash_attention = false;
   // Embedding backward: one block per vocabulary row scanning every token, instead of a
   // radix sort by token and a segmented sum.
   bool naive_embedding = false;
@@ -94,11 +100,13 @@ struct KernelChoice {
 
   // "" or "default": every tuned kernel; "naive": every previous kernel; otherwise a comma
   // list of attention, embedding, classifier, matmul, elementwise, each optionally "=naive"
-  // or "=tuned" ("attention=naive,classifier=naive"). InvalidArgument naming the bad entry.
+  // or "=tuned" ("attention=naive,classifier=naive"), and "attention=flash".
+  // InvalidArgument naming the bad entry.
   static Result<KernelChoice> Parse(const std::string& spec);
   // Parse(STRATA_CUDA_KERNELS).
   static Result<KernelChoice> FromEnv();
-  // "tuned" when nothing is naive, else the naive ones ("naive: attention,classifier").
+  // "tuned" when nothing is naive, else the naive ones ("naive: attention,classifier"); then
+  // " (flash attention)" with flash_attention.
   std::string ToString() const;
 };
 

@@ -189,6 +189,11 @@ TEST(KernelChoiceTest, Parses) {
   ASSERT_TRUE(some.ok());
   EXPECT_TRUE(some->naive_attention && some->naive_classifier);
   EXPECT_FALSE(some->naive_embedding || some->naive_matmul || some->naive_elementwise);
+  auto flash = KernelChoice::Parse("attention=flash");
+  ASSERT_TRUE(flash.ok());
+  EXPECT_TRUE(flash->flash_attention && !flash->naive_attention);
+  EXPECT_EQ(flash->ToString(), "tuned (flash attention)");
+  EXPECT_EQ(KernelChoice::Parse("matmul=flash").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(KernelChoice::Parse("attenton").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(KernelChoice::Parse("attention=fast").status().code(), StatusCode::kInvalidArgument);
 }
@@ -412,18 +417,23 @@ TEST_F(GpuOpsTest, LmHead) {
 // hs = 12 (C=36, NH=3) takes the scalar paths (dot products, head copies); the others the
 // 16-byte ones. Both kernels: cuBLAS + fused softmax (the default) and the naive one.
 TEST_F(GpuOpsTest, Attention) {
-  // variant 0: tuned, all heads in one batch; 1: tuned, one head per batch; 2: naive.
-  for (int variant : {0, 1, 2}) {
+  // variant 0: tuned, all heads in one batch; 1: tuned, one head per batch; 2: naive; 3: the
+  // flash forward (head sizes 64 and 128: T = 70, 257 and 128 here; the others fall back to
+  // the cuBLAS path), whose saved statistics the tuned backward uses.
+  for (int variant : {0, 1, 2, 3}) {
     KernelChoice k;
     k.naive_attention = variant == 2;
+    k.flash_attention = variant == 3;
     if (variant == 1) k.attention_batch_bytes = 1;
     ctx_->set_kernels(k);
-    const std::string tag = variant == 2   ? "attention(naive) "
+    const std::string tag = variant == 3   ? "attention(flash) "
+                            : variant == 2 ? "attention(naive) "
                             : variant == 1 ? "attention(1 head per batch) "
                                            : "attention ";
     for (auto [B, T, C, NH] :
          {std::tuple{1, 1, 1, 1}, std::tuple{2, 17, 48, 3}, std::tuple{1, 70, 128, 2},
-          std::tuple{2, 33, 96, 1}, std::tuple{1, 40, 36, 3}, std::tuple{1, 257, 256, 4}}) {
+          std::tuple{2, 33, 96, 1}, std::tuple{1, 40, 36, 3}, std::tuple{1, 257, 256, 4},
+          std::tuple{2, 128, 256, 2}}) {
       SCOPED_TRACE(tag + "B=" + std::to_string(B) + " T=" + std::to_string(T) +
                    " C=" + std::to_string(C) + " NH=" + std::to_string(NH));
       const size_t N = size_t(B) * T;
@@ -435,6 +445,11 @@ TEST_F(GpuOpsTest, Attention) {
       DeviceBuffer<float> d_stats(AttentionStatsSize(B, T, NH));
       ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
       ExpectClose(tag + "out", DownloadBf16(d_out), out_ref);
+      if (variant == 3) {  // deterministic: a second run gives the same bits
+        DeviceBuffer<Bf16> again(N * C);
+        ASSERT_OK(AttentionForward(*ctx_, again.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
+        EXPECT_EQ(DownloadBf16(again), DownloadBf16(d_out));
+      }
 
       auto dout = Random(N * C);
       auto dqkv_ref = Random(N * 3 * C);
