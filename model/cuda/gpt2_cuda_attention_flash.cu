@@ -1,21 +1,26 @@
-// The flash attention forward (KernelChoice::flash_attention): causal multi-head self-attention
-// in one kernel per 64 query rows of a head, with no T×T buffer. Same contract as
-// AttentionForward in gpt2_cuda_ops.h: out [B,T,C] and the first half of stats (the log-sum-exps
-// of the scaled scores, per (b, h, t)), so the cuBLAS backward (gpt2_cuda_attention_gemm.cu)
-// runs from them unchanged.
+// Flash attention (KernelChoice::flash_attention): causal multi-head self-attention with no
+// T×T buffer. Same contract as AttentionForward / AttentionBackward in gpt2_cuda_ops.h: out
+// [B,T,C] and stats (the log-sum-exps L of the scaled scores per (b, h, t), then the backward's
+// row sums D), so either direction can pair with the cuBLAS path's other one.
 //
-// Per block: one head's 64 query rows, 4 warps of 16 rows each. For each tile of 64 keys up to
-// the block's last row (causal), every warp computes its scores S = σ Q Kᵀ (16 × 64, WMMA
-// bf16 → fp32 on tensor cores), two lanes per row keep the row's running maximum m and sum l
-// (the online softmax: P = exp(S - m_new), the row's output rescaled by exp(m - m_new)), and
+// Forward, per block: one head's 64 query rows, 4 warps of 16 rows each. For each tile of 64
+// keys up to the block's last row (causal), every warp computes its scores S = σ Q Kᵀ (16 × 64,
+// WMMA bf16 → fp32 on tensor cores), two lanes per row keep the row's running maximum m and sum
+// l (the online softmax: P = exp(S - m_new), the row's output rescaled by exp(m - m_new)), and
 // the warp adds P V (P rounded to bf16, as the cuBLAS path rounds its P) into its fp32 output
 // rows in shared memory. At the end out = O / l and L = m + log l.
 //
-// Memory: dynamic shared memory only (64 KiB for head size 64, 104 KiB for 128): the Q, K and
-// V tiles, each warp's scores, probabilities and output rows. Reads qkv in place (no head-major
-// copies); every key tile is read once per block of 64 queries.
+// Backward, two kernels with P = exp(σ q·k - L) recomputed (bf16) and dP = dO Vᵀ:
+//   per 64 queries: D_t = Σ_s P_ts dP_ts (first pass over the key tiles), then
+//                   dQ = σ Σ_s dS_ts K_s with dS = P ∘ (dP - D) (second pass);
+//   per 64 keys, over the query tiles from its own on: dV = Σ_t P_ts dO_t, dK = σ Σ_t dS_ts Q_t.
+// No atomics: each of dQ, dK, dV is summed by the one warp that owns its rows and added into
+// dqkv once (rounded to bf16 once).
 //
-// Determinism: fixed order everywhere (one warp per 16 rows, no atomics).
+// Memory: dynamic shared memory only (forward 64 KiB at head size 64, 104 KiB at 128; backward
+// about 88 KiB at 64). Reads qkv and dout in place (no head-major copies).
+//
+// Determinism: fixed order everywhere.
 //
 // Status: written without a GPU (issue 26); opt-in until GpuOpsTest.Attention (variant 3) and
 // gpu_model_bench have run it on the lent H200.
@@ -52,11 +57,59 @@ struct Layout {
   static constexpr size_t bytes = o + size_t(kWarps) * 16 * HS * 4;
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// out (16 × kCols, fp32, row stride kCols) = a (16 × HS) · bᵀ, b's kCols rows of HS: one warp.
+template <int HS>
+__device__ void ScoreTile(float* out, const Bf16* a, const Bf16* b) {
+  using namespace nvcuda;
+  for (int n = 0; n < kCols / 16; ++n) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int kk = 0; kk < HS / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+      wmma::load_matrix_sync(fa, a + kk * 16, HS);
+      wmma::load_matrix_sync(fb, b + n * 16 * HS + kk * 16, HS);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, kCols, wmma::mem_row_major);
+  }
+}
+
+// acc (16 × HS, fp32, row stride HS) += p (16 × kCols, bf16, row stride kCols) · b (kCols × HS):
+// one warp.
+template <int HS>
+__device__ void AccumulateTile(float* acc_rows, const Bf16* p, const Bf16* b) {
+  using namespace nvcuda;
+  for (int n = 0; n < HS / 16; ++n) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::load_matrix_sync(acc, acc_rows + n * 16, HS, wmma::mem_row_major);
+    for (int kk = 0; kk < kCols / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+      wmma::load_matrix_sync(fa, p + kk * 16, kCols);
+      wmma::load_matrix_sync(fb, b + kk * 16 * HS + n * 16, HS);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(acc_rows + n * 16, acc, HS, wmma::mem_row_major);
+  }
+}
+#endif
+
+// rows [row0, row0 + rows) of one head's [T, stride] matrix (channels at `base`), zero past T.
+template <int HS>
+__device__ void LoadRows(Bf16* dst, const Bf16* base, int64_t stride, int row0, int rows, int T) {
+  const Bf16 zero = ToB(0.0f);
+  for (int i = threadIdx.x; i < rows * HS; i += kThreads) {
+    const int t = row0 + i / HS;
+    dst[i] = t < T ? base[int64_t(t) * stride + i % HS] : zero;
+  }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(Bf16* out, float* lse, const Bf16* qkv, int T, int C, int NH, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using namespace nvcuda;
   using L = Layout<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   Bf16* Qs = reinterpret_cast<Bf16*>(smem + L::q);
@@ -71,11 +124,7 @@ __global__ void __launch_bounds__(kThreads)
   const int row0 = blockIdx.x * kRows;
   const int64_t stride = 3 * int64_t(C);
   const Bf16* base = qkv + int64_t(b) * T * stride + int64_t(h) * HS;
-  const Bf16 zero = ToB(0.0f);
-  for (int i = threadIdx.x; i < kRows * HS; i += kThreads) {
-    const int t = row0 + i / HS;
-    Qs[i] = t < T ? base[int64_t(t) * stride + i % HS] : zero;
-  }
+  LoadRows<HS>(Qs, base, stride, row0, kRows, T);
   for (int i = lane; i < 16 * HS; i += 32) Ow[i] = 0.0f;
 
   // Two lanes per row: lane 2r and 2r+1 hold row r's statistics (the same values).
@@ -88,28 +137,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < tiles; ++j) {
     const int key0 = j * kCols;
     __syncthreads();  // the last tile's K and V are no longer read
-    for (int i = threadIdx.x; i < kCols * HS; i += kThreads) {
-      const int s = key0 + i / HS;
-      const bool in = s < T;
-      Ks[i] = in ? base[int64_t(s) * stride + C + i % HS] : zero;
-      Vs[i] = in ? base[int64_t(s) * stride + 2 * C + i % HS] : zero;
-    }
+    LoadRows<HS>(Ks, base + C, stride, key0, kCols, T);
+    LoadRows<HS>(Vs, base + 2 * C, stride, key0, kCols, T);
     __syncthreads();
     if (warp_last < key0) continue;  // every row of this warp is before the tile's first key
 
-    // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
-    for (int n = 0; n < kCols / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk < HS / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bk;
-        wmma::load_matrix_sync(a, Qs + warp * 16 * HS + kk * 16, HS);
-        wmma::load_matrix_sync(bk, Ks + n * 16 * HS + kk * 16, HS);
-        wmma::mma_sync(acc, a, bk, acc);
-      }
-      wmma::store_matrix_sync(Sw + n * 16, acc, kCols, wmma::mem_row_major);
-    }
+    ScoreTile<HS>(Sw, Qs + warp * 16 * HS, Ks);  // S = Q Kᵀ: the warp's 16 rows, 64 keys
     __syncwarp();
 
     // The online softmax over this tile: each lane half a row.
@@ -138,19 +171,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) orow[c] *= alpha;
     __syncwarp();
 
-    // O += P V.
-    for (int n = 0; n < HS / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, Ow + n * 16, HS, wmma::mem_row_major);
-      for (int kk = 0; kk < kCols / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> bv;
-        wmma::load_matrix_sync(a, Pw + kk * 16, kCols);
-        wmma::load_matrix_sync(bv, Vs + kk * 16 * HS + n * 16, HS);
-        wmma::mma_sync(acc, a, bv, acc);
-      }
-      wmma::store_matrix_sync(Ow + n * 16, acc, HS, wmma::mem_row_major);
-    }
+    AccumulateTile<HS>(Ow, Pw, Vs);  // O += P V
     __syncwarp();
   }
   __syncwarp();
@@ -164,24 +185,228 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+// The query kernel's shared memory: the block's Q and dO rows, the current K and V tiles, each
+// warp's scores, dP (fp32) and dS (bf16), and its dQ rows (fp32).
+template <int HS>
+struct QueryLayout {
+  static constexpr size_t tile = size_t(kCols) * HS * 2;
+  static constexpr size_t q = 0, dout = tile, k = 2 * tile, v = 3 * tile;
+  static constexpr size_t s = 4 * tile;                               // f32 [kWarps][16][kCols]
+  static constexpr size_t dp = s + size_t(kWarps) * 16 * kCols * 4;   // f32 [kWarps][16][kCols]
+  static constexpr size_t ds = dp + size_t(kWarps) * 16 * kCols * 4;  // bf16 [kWarps][16][kCols]
+  static constexpr size_t dq = ds + size_t(kWarps) * 16 * kCols * 2;  // f32 [kWarps][16][HS]
+  static constexpr size_t bytes = dq + size_t(kWarps) * 16 * HS * 4;
+};
+
+// Per block of 64 queries of a head, with P = exp(σ q·k - L) from the forward's log-sum-exps
+// (rounded to bf16, as the cuBLAS path rounds its P) and dP = dO Vᵀ: a first pass over the key
+// tiles sums D_t = Σ_s P_ts dP_ts (stored in stats' second half, for the key kernel), a second
+// adds dQ = σ Σ_s dS_ts K_s, dS = P ∘ (dP - D) (bf16), into dqkv's q part (rounded once).
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardQueryKernel(Bf16* dqkv, float* stats, const Bf16* dout, const Bf16* qkv, int T,
+                             int C, int NH, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = QueryLayout<HS>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Bf16* Qs = reinterpret_cast<Bf16*>(smem + L::q);
+  Bf16* dOs = reinterpret_cast<Bf16*>(smem + L::dout);
+  Bf16* Ks = reinterpret_cast<Bf16*>(smem + L::k);
+  Bf16* Vs = reinterpret_cast<Bf16*>(smem + L::v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* Sw = reinterpret_cast<float*>(smem + L::s) + warp * 16 * kCols;
+  float* dPw = reinterpret_cast<float*>(smem + L::dp) + warp * 16 * kCols;
+  Bf16* dSw = reinterpret_cast<Bf16*>(smem + L::ds) + warp * 16 * kCols;
+  float* dQw = reinterpret_cast<float*>(smem + L::dq) + warp * 16 * HS;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int row0 = blockIdx.x * kRows;
+  const int64_t stride = 3 * int64_t(C);
+  const Bf16* base = qkv + int64_t(b) * T * stride + int64_t(h) * HS;
+  LoadRows<HS>(Qs, base, stride, row0, kRows, T);
+  LoadRows<HS>(dOs, dout + int64_t(b) * T * C + int64_t(h) * HS, C, row0, kRows, T);
+  for (int i = lane; i < 16 * HS; i += 32) dQw[i] = 0.0f;
+  const int my_row = lane / 2, half = lane % 2;
+  const int t = row0 + warp * 16 + my_row;  // this row's query
+  const float lse = t < T ? stats[int64_t(bh) * T + t] : 0.0f;
+  const int tiles = min(T - 1, row0 + kRows - 1) / kCols + 1;
+  const int warp_last = row0 + warp * 16 + 15;
+  float D = 0.0f;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int j = 0; j < tiles; ++j) {
+      const int key0 = j * kCols;
+      __syncthreads();
+      LoadRows<HS>(Ks, base + C, stride, key0, kCols, T);
+      LoadRows<HS>(Vs, base + 2 * C, stride, key0, kCols, T);
+      __syncthreads();
+      if (warp_last < key0) continue;
+      ScoreTile<HS>(Sw, Qs + warp * 16 * HS, Ks);    // S = Q Kᵀ
+      ScoreTile<HS>(dPw, dOs + warp * 16 * HS, Vs);  // dP = dO Vᵀ
+      __syncwarp();
+      float part = 0.0f;
+      for (int c = half * 32; c < half * 32 + 32; ++c) {
+        const int s = key0 + c;
+        const int i = my_row * kCols + c;
+        const float p = (s <= t && t < T) ? ToF(ToB(expf(Sw[i] * scale - lse))) : 0.0f;
+        if (pass == 0) {
+          part += p * dPw[i];
+        } else {
+          dSw[i] = ToB(p * (dPw[i] - D));
+        }
+      }
+      if (pass == 0) {
+        D += part + __shfl_xor_sync(kFullMask, part, 1);
+        continue;
+      }
+      __syncwarp();
+      AccumulateTile<HS>(dQw, dSw, Ks);  // dQ += dS K (σ at the end)
+      __syncwarp();
+    }
+    if (pass == 0 && t < T && half == 0) stats[(int64_t(gridDim.y) + bh) * T + t] = D;
+  }
+  __syncwarp();
+  if (t < T) {
+    Bf16* dq = dqkv + (int64_t(b) * T + t) * stride + int64_t(h) * HS;
+    const float* g = dQw + my_row * HS;
+    for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) {
+      dq[c] = ToB(ToF(dq[c]) + scale * g[c]);
+    }
+  }
+#endif
+}
+
+// The key kernel's shared memory: the block's K and V rows, the current Q and dO tiles, each
+// warp's Sᵀ then dPᵀ (fp32) and Pᵀ then dSᵀ (bf16), its dK and dV rows (fp32), the tile's L, D.
+template <int HS>
+struct KeyLayout {
+  static constexpr size_t tile = size_t(kCols) * HS * 2;
+  static constexpr size_t k = 0, v = tile, q = 2 * tile, dout = 3 * tile;
+  static constexpr size_t s = 4 * tile;                              // f32 [kWarps][16][kCols]
+  static constexpr size_t p = s + size_t(kWarps) * 16 * kCols * 4;   // bf16 [kWarps][16][kCols]
+  static constexpr size_t dk = p + size_t(kWarps) * 16 * kCols * 2;  // f32 [kWarps][16][HS]
+  static constexpr size_t dv = dk + size_t(kWarps) * 16 * HS * 4;    // f32 [kWarps][16][HS]
+  static constexpr size_t lse = dv + size_t(kWarps) * 16 * HS * 4;   // f32 [kRows]
+  static constexpr size_t delta = lse + kRows * 4;                   // f32 [kRows]
+  static constexpr size_t bytes = delta + kRows * 4;
+};
+
+// Per block of 64 keys of a head, over the query tiles from its own on (causal): with Pᵀ and
+// dPᵀ = V dOᵀ as in the query kernel, and its D, dV = Σ_t P_ts dO_t and dK = σ Σ_t dS_ts Q_t,
+// added into dqkv's k and v parts (each rounded once).
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardKeyKernel(Bf16* dqkv, const float* stats, const Bf16* dout, const Bf16* qkv, int T,
+                           int C, int NH, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = KeyLayout<HS>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Bf16* Ks = reinterpret_cast<Bf16*>(smem + L::k);
+  Bf16* Vs = reinterpret_cast<Bf16*>(smem + L::v);
+  Bf16* Qs = reinterpret_cast<Bf16*>(smem + L::q);
+  Bf16* dOs = reinterpret_cast<Bf16*>(smem + L::dout);
+  float* Ls = reinterpret_cast<float*>(smem + L::lse);
+  float* Ds = reinterpret_cast<float*>(smem + L::delta);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* Sw = reinterpret_cast<float*>(smem + L::s) + warp * 16 * kCols;
+  Bf16* Pw = reinterpret_cast<Bf16*>(smem + L::p) + warp * 16 * kCols;
+  float* dKw = reinterpret_cast<float*>(smem + L::dk) + warp * 16 * HS;
+  float* dVw = reinterpret_cast<float*>(smem + L::dv) + warp * 16 * HS;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int key0 = blockIdx.x * kCols;
+  const int64_t stride = 3 * int64_t(C);
+  const Bf16* base = qkv + int64_t(b) * T * stride + int64_t(h) * HS;
+  const Bf16* dobase = dout + int64_t(b) * T * C + int64_t(h) * HS;
+  LoadRows<HS>(Ks, base + C, stride, key0, kCols, T);
+  LoadRows<HS>(Vs, base + 2 * C, stride, key0, kCols, T);
+  for (int i = lane; i < 16 * HS; i += 32) dKw[i] = dVw[i] = 0.0f;
+  const int my_row = lane / 2, half = lane % 2;
+  const int s = key0 + warp * 16 + my_row;  // this row's key
+  const float* lse = stats + int64_t(bh) * T;
+  const float* delta = stats + (int64_t(gridDim.y) + bh) * T;
+  for (int j = blockIdx.x; j <= (T - 1) / kRows; ++j) {
+    const int q0 = j * kRows;
+    __syncthreads();
+    LoadRows<HS>(Qs, base, stride, q0, kRows, T);
+    LoadRows<HS>(dOs, dobase, C, q0, kRows, T);
+    if (threadIdx.x < kRows) {
+      const int t = q0 + threadIdx.x;
+      Ls[threadIdx.x] = t < T ? lse[t] : 0.0f;
+      Ds[threadIdx.x] = t < T ? delta[t] : 0.0f;
+    }
+    __syncthreads();
+    ScoreTile<HS>(Sw, Ks + warp * 16 * HS, Qs);  // Sᵀ = K Qᵀ: the warp's 16 keys, 64 queries
+    __syncwarp();
+    for (int c = half * 32; c < half * 32 + 32; ++c) {
+      const int t = q0 + c;
+      const int i = my_row * kCols + c;
+      Pw[i] = ToB((s <= t && t < T) ? expf(Sw[i] * scale - Ls[c]) : 0.0f);  // Pᵀ
+    }
+    __syncwarp();
+    AccumulateTile<HS>(dVw, Pw, dOs);             // dV += Pᵀ dO
+    ScoreTile<HS>(Sw, Vs + warp * 16 * HS, dOs);  // dPᵀ = V dOᵀ
+    __syncwarp();
+    for (int c = half * 32; c < half * 32 + 32; ++c) {
+      const int i = my_row * kCols + c;
+      Pw[i] = ToB(ToF(Pw[i]) * (Sw[i] - Ds[c]));  // dSᵀ
+    }
+    __syncwarp();
+    AccumulateTile<HS>(dKw, Pw, Qs);  // dK += dSᵀ Q (σ at the end)
+    __syncwarp();
+  }
+  __syncwarp();
+  if (s < T) {
+    Bf16* dk = dqkv + (int64_t(b) * T + s) * stride + C + int64_t(h) * HS;
+    Bf16* dv = dk + C;
+    for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) {
+      dk[c] = ToB(ToF(dk[c]) + scale * dKw[my_row * HS + c]);
+      dv[c] = ToB(ToF(dv[c]) + dVw[my_row * HS + c]);
+    }
+  }
+#endif
+}
+
+template <typename Kernel>
+Status AllowSharedMemory(Kernel kernel, size_t bytes, const char* what) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e == cudaSuccess) return Status::OK();
+  return Status::Cuda(std::string(what) + ": shared memory of " + std::to_string(bytes) +
+                      " bytes: " + cudaGetErrorString(e));
+}
+
+Status LaunchStatus(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::OK();
+  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <int HS>
+Status LaunchBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout, const Bf16* qkv,
+                      float* stats, int B, int T, int C, int NH) {
+  const float scale = 1.0f / std::sqrt(float(HS));
+  const dim3 grid((T + kRows - 1) / kRows, unsigned(B) * NH);
+  STRATA_RETURN_IF_ERROR(AllowSharedMemory(FlashBackwardQueryKernel<HS>, QueryLayout<HS>::bytes,
+                                           "flash attention backward (queries)"));
+  FlashBackwardQueryKernel<HS><<<grid, kThreads, QueryLayout<HS>::bytes, ctx.stream()>>>(
+      dqkv, stats, dout, qkv, T, C, NH, scale);
+  STRATA_RETURN_IF_ERROR(LaunchStatus("flash attention backward (queries)"));
+  STRATA_RETURN_IF_ERROR(AllowSharedMemory(FlashBackwardKeyKernel<HS>, KeyLayout<HS>::bytes,
+                                           "flash attention backward (keys)"));
+  FlashBackwardKeyKernel<HS><<<grid, kThreads, KeyLayout<HS>::bytes, ctx.stream()>>>(
+      dqkv, stats, dout, qkv, T, C, NH, scale);
+  return LaunchStatus("flash attention backward (keys)");
+}
+
 template <int HS>
 Status Launch(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv, int B, int T,
               int C, int NH) {
   const size_t bytes = Layout<HS>::bytes;
-  cudaError_t e = cudaFuncSetAttribute(FlashForwardKernel<HS>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (e != cudaSuccess) {
-    return Status::Cuda(std::string("flash attention: shared memory of ") + std::to_string(bytes) +
-                        " bytes: " + cudaGetErrorString(e));
-  }
+  STRATA_RETURN_IF_ERROR(AllowSharedMemory(FlashForwardKernel<HS>, bytes, "flash attention"));
   const dim3 grid((T + kRows - 1) / kRows, unsigned(B) * NH);
   FlashForwardKernel<HS><<<grid, kThreads, bytes, ctx.stream()>>>(out, stats, qkv, T, C, NH,
                                                                   1.0f / std::sqrt(float(HS)));
-  e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    return Status::Cuda(std::string("flash attention forward: ") + cudaGetErrorString(e));
-  }
-  return Status::OK();
+  return LaunchStatus("flash attention forward");
 }
 
 }  // namespace
@@ -205,6 +430,21 @@ Status FlashAttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, 
   }
   return C / NH == 64 ? Launch<64>(ctx, out, stats, qkv, B, T, C, NH)
                       : Launch<128>(ctx, out, stats, qkv, B, T, C, NH);
+}
+
+Status FlashAttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
+                              const Bf16* qkv, float* stats, int B, int T, int C, int NH) {
+  if (!FlashAttentionSupports(C, NH)) {
+    return Status::InvalidArgument("flash attention: head size " +
+                                   std::to_string(NH > 0 ? C / NH : 0) + " (64 or 128 only)");
+  }
+  if (B <= 0 || T <= 0) return Status::OK();
+  if (int64_t(B) * NH > 65535) {
+    return Status::InvalidArgument("flash attention: B·NH = " + std::to_string(int64_t(B) * NH) +
+                                   " heads exceed the grid's 65535");
+  }
+  return C / NH == 64 ? LaunchBackward<64>(ctx, dqkv, dout, qkv, stats, B, T, C, NH)
+                      : LaunchBackward<128>(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
 }
 
 }  // namespace strata::model::cuda_ops

@@ -333,6 +333,9 @@ Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
     return AttentionBackwardNaive(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionBackward", B, T, C, NH));
+  if (ctx.kernels().flash_attention && FlashAttentionSupports(C, NH) && int64_t(B) * NH <= 65535) {
+    return FlashAttentionBackward(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
+  }
   if (int64_t(B) * T * C == 0) return Status::OK();
   const int64_t heads = HeadsPerBatch(ctx, d, kBackwardScoreBytes);
   Carver sizer(nullptr);

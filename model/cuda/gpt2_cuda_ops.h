@@ -75,11 +75,11 @@ struct KernelChoice {
   // Attention: warp-per-row kernels (one row of scores in shared memory) instead of cuBLAS
   // strided-batched QKᵀ / PV on tensor cores with fused causal-softmax kernels.
   bool naive_attention = false;
-  // Attention forward ("attention=flash"): one fused kernel per 64 query rows of a head
-  // (gpt2_cuda_attention_flash.cu: QKᵀ and PV on tensor cores through WMMA, the softmax online,
-  // no T×T buffer) instead of the cuBLAS GEMMs, for head sizes 64 and 128 (others keep the
-  // cuBLAS path); the backward stays the cuBLAS one, from the same saved statistics. Opt-in
-  // until it has run on a GPU.
+  // Attention ("attention=flash"): fused kernels with no T×T buffer instead of the cuBLAS
+  // GEMMs (gpt2_cuda_attention_flash.cu: the products on tensor cores through WMMA; forward one
+  // kernel per 64 query rows of a head with the softmax online, backward one per 64 queries for
+  // D and dQ and one per 64 keys for dK and dV), for head sizes 64 and 128 (others keep the
+  // cuBLAS path). Same saved statistics as the other paths. Opt-in until it has run on a GPU.
   bool flash_attention = false;
   // Embedding backward: one block per vocabulary row scanning every token, instead of a
   // radix sort by token and a segmented sum.

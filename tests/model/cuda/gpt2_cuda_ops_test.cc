@@ -418,8 +418,8 @@ TEST_F(GpuOpsTest, LmHead) {
 // 16-byte ones. Both kernels: cuBLAS + fused softmax (the default) and the naive one.
 TEST_F(GpuOpsTest, Attention) {
   // variant 0: tuned, all heads in one batch; 1: tuned, one head per batch; 2: naive; 3: the
-  // flash forward (head sizes 64 and 128: T = 70, 257 and 128 here; the others fall back to
-  // the cuBLAS path), whose saved statistics the tuned backward uses.
+  // flash kernels, forward and backward (head sizes 64 and 128: T = 70, 257 and 128 here; the
+  // others fall back to the cuBLAS path).
   for (int variant : {0, 1, 2, 3}) {
     KernelChoice k;
     k.naive_attention = variant == 2;
@@ -460,6 +460,17 @@ TEST_F(GpuOpsTest, Attention) {
       ASSERT_OK(AttentionBackward(*ctx_, d_dqkv->get(), d_dout->get(), d_qkv->get(), d_stats.get(),
                                   B, T, C, NH));
       ExpectClose(tag + "dqkv", DownloadBf16(*d_dqkv), dqkv_ref);
+      if (variant == 3) {  // deterministic: a second backward adds the same bits again
+        auto d_again = UploadBf16(dqkv_ref);
+        ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
+        ASSERT_OK(AttentionBackward(*ctx_, d_again->get(), d_dout->get(), d_qkv->get(),
+                                    d_stats.get(), B, T, C, NH));
+        auto d_first = UploadBf16(dqkv_ref);
+        ASSERT_OK(AttentionForward(*ctx_, d_out.get(), d_stats.get(), d_qkv->get(), B, T, C, NH));
+        ASSERT_OK(AttentionBackward(*ctx_, d_first->get(), d_dout->get(), d_qkv->get(),
+                                    d_stats.get(), B, T, C, NH));
+        EXPECT_EQ(DownloadBf16(*d_again), DownloadBf16(*d_first));
+      }
     }
   }
 }
