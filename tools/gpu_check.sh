@@ -30,8 +30,9 @@
 #            kernels and with the previous ones (STRATA_CUDA_KERNELS=naive), H2D/D2H GB/s
 #            against a plain cudaMemcpy of pinned memory in the same run
 #   kernels  from the same run: per-kernel milliseconds, tuned against previous, on the model's
-#            shapes at T 1024 (attention forward/backward, LM head + classifier, embedding
-#            backward), with the largest difference of their outputs; FAIL on any #wrong
+#            shapes at T 1024 (attention forward/backward, the opt-in flash attention
+#            forward/backward, LM head + classifier, embedding backward), with the largest
+#            difference of their outputs; FAIL on any #wrong
 #   train    strata train --device cuda on a small GPT (8 x 256), resident, then offloaded at
 #            the smallest budgets the engine accepts (the device holds one block's parameters
 #            and gradient, far under a quarter of the states; the optimizer states spill to
