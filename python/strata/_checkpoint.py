@@ -21,9 +21,11 @@ steps:
   model.safetensors, python.pt   as above, written by rank 0 (the weights gathered by all);
   strata.json     {"step", "world_size", "format": "shards"}.
 load_checkpoint with as many ranks writes each rank's shard back into its open engine
-(Engine.write_component; the next step commits it first), and continues the step count from the checkpoint's step
-(the bias correction's), so fresh ranks continue bit for bit. The folder must be one that every
-rank reaches (one host, or a shared filesystem).
+(Engine.write_component; the next step commits it first) and continues the step count (the bias
+correction's) from the checkpoint's, so fresh ranks continue bit for bit. The folder must be one
+that every rank reaches (one host, or a shared filesystem). Every rank calls both; a rank that
+fails (a missing shard, a full disk) leaves the others waiting at the next barrier until the
+communicator's timeout (STRATA_COMM_TIMEOUT) ends them with an error.
 """
 import json
 import os

@@ -617,7 +617,7 @@ class _Offloaded:
         else:
             self.engine._ended(stats)
         self._stash.learned(self)
-        self.threads.after_step(self._core)
+        self.threads.after_step(self._core, self.engine.config)
 
     def _end_step_timed(self, opt):
         self._finish_backward()

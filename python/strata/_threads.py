@@ -81,9 +81,10 @@ class LoadWatch:
         busy = self._busy()
         return None if busy is None else (self._clock(), busy, self._own())
 
-    def after_step(self, core):
+    def after_step(self, core, config=None):
         """Called between steps: switches `core` to the OMP_NUM_THREADS team when the last
-        window shows others taking the CPU."""
+        window shows others taking the CPU (and `config`, the engine's EngineConfig, so that an
+        engine reopened from it keeps the team)."""
         if self.switched or self._start is None:
             return
         now = self._sample()
@@ -96,6 +97,8 @@ class LoadWatch:
         if saturated_by_others(wall, now[1] - self._start[1], now[2] - self._start[2],
                                self._cpus):
             core.set_optimizer_threads(0)
+            if config is not None:
+                config.optimizer_threads = 0
             self.switched = True
         self._start = now
 
@@ -103,7 +106,7 @@ class LoadWatch:
 class _NoWatch:
     switched = False
 
-    def after_step(self, core):
+    def after_step(self, core, config=None):
         pass
 
 

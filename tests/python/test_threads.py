@@ -54,9 +54,11 @@ def test_the_watch_switches_once_after_a_busy_window_and_not_on_short_or_quiet_o
     for _ in range(2):
         w.after_step(core)
     assert core.calls == [] and not w.switched
-    w.after_step(core)
+    config = type("Config", (), {"optimizer_threads": 1})()
+    w.after_step(core, config)
     assert core.calls == [0] and w.switched
-    w.after_step(core)  # for good: never asked again
+    assert config.optimizer_threads == 0  # an engine reopened from it keeps the team
+    w.after_step(core, config)  # for good: never asked again
     assert core.calls == [0]
 
 
