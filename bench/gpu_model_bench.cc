@@ -324,41 +324,29 @@ class KernelBench {
     const BlockActivations a = m.A(0);
     const size_t nc = size_t(N) * C;
     std::vector<KernelRow> rows;
-    rows.push_back(Compare(
-        "attention_fwd",
-        [&] { return AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH); },
-        [&] { return Bf16Out(a.atty, nc); }, nullptr, 2e-2));
-    // The flash kernels (KernelChoice::flash_attention, opt-in) against the naive ones.
+    // Attention with the tuned kernels, and with the flash kernels (KernelChoice::
+    // flash_attention, opt-in), each against the naive ones.
     KernelChoice flash;
     flash.flash_attention = true;
-    rows.push_back(Compare(
-        "attention_fwd_flash",
-        [&] { return AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH); },
-        [&] { return Bf16Out(a.atty, nc); }, nullptr, 2e-2, flash));
-    rows.push_back(Compare(
-        "attention_bwd",
-        [&] {
-          return AttentionBackward(m.ctx_, m.scratch_.d_qkv, m.X(1), a.qkv, a.att_stats, s.B, s.T,
-                                   C, s.NH);
-        },
-        [&] { return Bf16Out(m.scratch_.d_qkv, 3 * nc); },
-        [&] {
-          BENCH_CHECK(AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH));
-          BENCH_CHECK_CUDA(cudaMemsetAsync(m.scratch_.d_qkv, 0, 3 * nc * sizeof(Bf16), stream_));
-        },
-        2e-2));
-    rows.push_back(Compare(
-        "attention_bwd_flash",
-        [&] {
-          return AttentionBackward(m.ctx_, m.scratch_.d_qkv, m.X(1), a.qkv, a.att_stats, s.B, s.T,
-                                   C, s.NH);
-        },
-        [&] { return Bf16Out(m.scratch_.d_qkv, 3 * nc); },
-        [&] {
-          BENCH_CHECK(AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH));
-          BENCH_CHECK_CUDA(cudaMemsetAsync(m.scratch_.d_qkv, 0, 3 * nc * sizeof(Bf16), stream_));
-        },
-        2e-2, flash));
+    for (const auto& [suffix, tuned] :
+         {std::pair<std::string, KernelChoice>{"", KernelChoice{}}, {"_flash", flash}}) {
+      rows.push_back(Compare(
+          ("attention_fwd" + suffix).c_str(),
+          [&] { return AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH); },
+          [&] { return Bf16Out(a.atty, nc); }, nullptr, 2e-2, tuned));
+      rows.push_back(Compare(
+          ("attention_bwd" + suffix).c_str(),
+          [&] {
+            return AttentionBackward(m.ctx_, m.scratch_.d_qkv, m.X(1), a.qkv, a.att_stats, s.B, s.T,
+                                     C, s.NH);
+          },
+          [&] { return Bf16Out(m.scratch_.d_qkv, 3 * nc); },
+          [&] {
+            BENCH_CHECK(AttentionForward(m.ctx_, a.atty, a.att_stats, a.qkv, s.B, s.T, C, s.NH));
+            BENCH_CHECK_CUDA(cudaMemsetAsync(m.scratch_.d_qkv, 0, 3 * nc * sizeof(Bf16), stream_));
+          },
+          2e-2, tuned));
+    }
     // The classifier includes the LM-head forward that makes its input (it works in place).
     rows.push_back(Compare(
         "lmhead+classifier",
