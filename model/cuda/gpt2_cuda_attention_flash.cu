@@ -106,6 +106,13 @@ __device__ void LoadRows(Bf16* dst, const Bf16* base, int64_t stride, int row0, 
   }
 }
 
+// dst[c] += k · src[c] (each sum rounded to bf16 once) over lane half `half` of a row of HS.
+template <int HS>
+__device__ void AddHalfRow(Bf16* dst, const float* src, float k, int half) {
+  for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c)
+    dst[c] = ToB(ToF(dst[c]) + k * src[c]);
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(Bf16* out, float* lse, const Bf16* qkv, int T, int C, int NH, float scale) {
@@ -266,11 +273,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncwarp();
   if (t < T) {
-    Bf16* dq = dqkv + (int64_t(b) * T + t) * stride + int64_t(h) * HS;
-    const float* g = dQw + my_row * HS;
-    for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) {
-      dq[c] = ToB(ToF(dq[c]) + scale * g[c]);
-    }
+    AddHalfRow<HS>(dqkv + (int64_t(b) * T + t) * stride + int64_t(h) * HS, dQw + my_row * HS, scale,
+                   half);
   }
 #endif
 }
@@ -357,11 +361,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   if (s < T) {
     Bf16* dk = dqkv + (int64_t(b) * T + s) * stride + C + int64_t(h) * HS;
-    Bf16* dv = dk + C;
-    for (int c = half * (HS / 2); c < (half + 1) * (HS / 2); ++c) {
-      dk[c] = ToB(ToF(dk[c]) + scale * dKw[my_row * HS + c]);
-      dv[c] = ToB(ToF(dv[c]) + dVw[my_row * HS + c]);
-    }
+    AddHalfRow<HS>(dk, dKw + my_row * HS, scale, half);
+    AddHalfRow<HS>(dk + C, dVw + my_row * HS, 1.0f, half);
   }
 #endif
 }
