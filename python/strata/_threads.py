@@ -10,8 +10,8 @@ memory and 3.2 with NVMe, against 0.96 and 1.37 with the OMP_NUM_THREADS team, w
 makes libgomp throttle every idle worker to 100 spins.
 
 So such an engine starts with the free CPUs and watches the machine: after each step, over a window
-of at least a second, how much CPU time other processes took (/proc/stat's busy time less this
-process's own). Once others took half a CPU or more while the machine was saturated, it switches
+of at least a second, how much CPU time other processes took on the CPUs this process may use
+(/proc/stat's busy time of those CPUs less this process's own). Once others took half a CPU or more while the machine was saturated, it switches
 the optimizer to the OMP_NUM_THREADS team for good (Engine.set_optimizer_threads(0): the team's
 thread stays in libgomp's pool, so the throttling cannot be undone, nor need it be). The thread
 count never changes a result bit. Where /proc/stat cannot be read it stays as it started.
@@ -35,19 +35,35 @@ def optimizer_threads(given, cpu_engine):
     return (start, LoadWatch()) if start else (0, _NO_WATCH)
 
 
-def _proc_stat_busy():
-    """Seconds of CPU time every process took on this machine, from /proc/stat; None where it
-    cannot be read."""
+def _affinity():
+    """The CPUs this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _proc_stat_busy(cpus=None):
+    """Seconds of CPU time every process took on the CPUs `cpus` (this process's, by default),
+    from /proc/stat's per-CPU lines; None where it cannot be read."""
+    cpus = _affinity() if cpus is None else cpus
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
+            lines = f.read().splitlines()
     except OSError:
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 8:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
-    steal = int(fields[8]) if len(fields) > 8 else 0
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    ticks, seen = 0, 0
+    for line in lines:
+        fields = line.split()
+        if not fields or not fields[0].startswith("cpu") or not fields[0][3:].isdigit():
+            continue
+        if int(fields[0][3:]) not in cpus or len(fields) < 8:
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+        steal = int(fields[8]) if len(fields) > 8 else 0
+        ticks += user + nice + system + irq + softirq + steal
+        seen += 1
+    return ticks / os.sysconf("SC_CLK_TCK") if seen else None
 
 
 def _own_cpu():
@@ -70,10 +86,7 @@ class LoadWatch:
 
     def __init__(self, clock=time.monotonic, busy=_proc_stat_busy, own=_own_cpu, cpus=None):
         self._clock, self._busy, self._own = clock, busy, own
-        try:
-            self._cpus = cpus or len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self._cpus = os.cpu_count() or 1
+        self._cpus = cpus or len(_affinity())
         self.switched = False
         self._start = self._sample()
 
