@@ -63,6 +63,7 @@ from ._engine import Engine
 from ._threads import optimizer_threads
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
+from ._owners import assign_owners, model_dtype
 from ._stash import InputStash
 from ._strata import Error
 
@@ -187,41 +188,10 @@ class _Offloaded:
 
     def _assign_owners(self):
         """Every parameter gets one owner: a block (engine index) or the rest (0)."""
-        owner = {}  # id(param) -> ("rest", None) or ("block", index into self.blocks)
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        block_of_module = {}
-        for i, b in enumerate(self.blocks):
-            for m in b.modules():
-                block_of_module.setdefault(id(m), i)
-        for m in self.model.modules():
-            bi = block_of_module.get(id(m))
-            for p in m._parameters.values():
-                if p is None:
-                    continue
-                where = ("rest", None) if bi is None else ("block", bi)
-                prev = owner.get(id(p))
-                if prev is not None and prev != where:
-                    a = "outside the blocks" if prev[0] == "rest" else f"block {prev[1]}"
-                    b = "outside the blocks" if where[0] == "rest" else f"block {where[1]}"
-                    raise Error(f"parameter {names[id(p)]!r} is shared by {a} and {b}; the "
-                                "engine holds each parameter in one place: a parameter may be "
-                                "shared within one block or outside the blocks, not across them")
-                owner[id(p)] = where
-        self.dtype = _model_dtype(self.model)
-        self.rest = [(n, p) for n, p in self.model.named_parameters()
-                     if owner[id(p)][0] == "rest"]
+        self.rest, self.block_params = assign_owners(self.model, self.blocks)
+        self.dtype = model_dtype(self.model)
         self.first_block = 1 if self.rest else 0
         self.last_block = self.first_block + len(self.blocks) - 1
-        self.block_params = []
-        for i, b in enumerate(self.blocks):
-            prefix = [n for n, m in self.model.named_modules() if m is b][0]
-            ps = [(n[len(prefix) + 1:] if prefix else n, p)
-                  for n, p in self.model.named_parameters()
-                  if owner[id(p)] == ("block", i) and id(p) in {id(q) for q in b.parameters()}]
-            if not ps:
-                raise Error(f"blocks[{i}] ({prefix}) has no parameters; list only blocks that "
-                            "hold parameters")
-            self.block_params.append((prefix, ps))
         for _, p in self.all_params():
             p._strata_offload = self
         self._engine_blocks = ([("rest", self.rest)] if self.rest else []) + self.block_params
@@ -768,23 +738,6 @@ def _fp16_autocast():
     """True when torch.autocast is on with float16 for the CPU or CUDA."""
     state, _ = _autocast_state()
     return any(enabled and dtype == torch.float16 for enabled, dtype in state.values())
-
-
-def _model_dtype(model):
-    """The one dtype of the model's parameters, float32 or bfloat16 (strata.Error otherwise)."""
-    dtypes = {}
-    for n, p in model.named_parameters():
-        dtypes.setdefault(p.dtype, n)
-    if torch.float16 in dtypes:
-        raise Error(f"parameter {dtypes[torch.float16]!r} is float16; strata.offload does not "
-                    "train in fp16 (its gradients never reach .grad, so a GradScaler could not "
-                    "unscale or check them): use model.bfloat16() or model.float()")
-    if len(dtypes) > 1 or not set(dtypes) <= {torch.float32, torch.bfloat16}:
-        found = ", ".join(f"{d} ({n!r})" for d, n in dtypes.items())
-        raise Error(f"the parameters of an offloaded model are all float32 or all bfloat16 (the "
-                    f"engine computes in one dtype); found {found}: call model.float() or "
-                    "model.bfloat16() first")
-    return next(iter(dtypes), torch.float32)
 
 
 def _cuda_tensor(address, numel, dtype, device):
