@@ -96,7 +96,8 @@ def _torch_step():
 def _strata_step(nvme, threads):
     import strata
     model = _model()
-    # threads 0: the CPU engine's default (the CPUs torch leaves free, python/strata/_flags.py)
+    # threads 0: the CPU engine's default (python/strata/_threads.py: the CPUs torch leaves
+    # free, the OMP_NUM_THREADS team once other processes take the CPU)
     engine = (strata.Engine(device="cpu", device_mem="24M", host_mem="32M", nvme=[nvme],
                             threads=threads)
               if nvme else strata.Engine(device="cpu", threads=threads))

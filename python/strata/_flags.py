@@ -15,7 +15,7 @@
 threads: the CPU optimizer's threads. The default (0) is OMP_NUM_THREADS, else every CPU: on a CUDA
 engine the CPU AdamW is the host's main work. On the CPU engine of one rank, where torch's own
 OpenMP workers compute the model on the same CPUs, the default starts at the CPUs torch leaves
-free, at least 1 (cpu_engine_threads below; 1 where torch takes every CPU, as by default), and
+free, at least 1 (_threads.cpu_engine_threads; 1 where torch takes every CPU, as by default), and
 switches to OMP_NUM_THREADS for good once other processes take the CPU (_threads.py). The reason
 is libgomp's waiting. The engine's optimizer and torch share one OpenMP runtime (libgomp: torch's
 own, or the system's, which the engine loads under the same name). While the process has no more
@@ -33,8 +33,6 @@ loops the default engine switches after its first step (1 s or more) and then ta
 s/step with NVMe, as threads=2. A rank among several (WORLD_SIZE > 1) keeps OMP_NUM_THREADS from
 the start: the other ranks on its host are busy processes. threads=N fixes the count (no switch).
 """
-import os
-
 from ._sizes import parse_bytes
 from ._strata import Error
 
@@ -82,23 +80,3 @@ def apply_run_flags(config, flags, optimizer_threads):
                     "collective_memory, threads")
     return optimizer_threads
 
-
-# The world-size variables comm/rank_env.cc reads (torchrun, Open MPI, Slurm).
-_WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
-
-
-def cpu_engine_threads():
-    """The CPU engine's default optimizer threads: the CPUs torch's own threads leave free, at
-    least 1 (see threads above); 0 (the engine's OMP_NUM_THREADS default) when the environment
-    launches several ranks, whose processes may share the CPUs and would spin against each
-    other as against any busy process."""
-    for var in _WORLD_SIZE_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 1:
-            return 0
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    import torch
-    return max(1, cpus - torch.get_num_threads())

@@ -11,16 +11,16 @@ makes libgomp throttle every idle worker to 100 spins.
 
 So such an engine starts with the free CPUs and watches the machine: after each step, over a window
 of at least a second, how much CPU time other processes took on the CPUs this process may use
-(/proc/stat's busy time of those CPUs less this process's own). Once others took half a CPU or more while the machine was saturated, it switches
-the optimizer to the OMP_NUM_THREADS team for good (Engine.set_optimizer_threads(0): the team's
-thread stays in libgomp's pool, so the throttling cannot be undone, nor need it be). The thread
-count never changes a result bit. Where /proc/stat cannot be read it stays as it started.
+(/proc/stat's busy time of those CPUs less this process's own). Once others took half a CPU or
+more while those CPUs were saturated, it switches the optimizer to the OMP_NUM_THREADS team for
+good (Engine.set_optimizer_threads(0): the team's thread stays in libgomp's pool, so the
+throttling cannot be undone, nor need it be). The thread count never changes a result bit. Where
+/proc/stat cannot be read it stays as it started.
 """
 import os
 import resource
 import time
 
-from ._flags import cpu_engine_threads
 
 WINDOW_SECONDS = 1.0  # the shortest window a decision is taken over
 OTHERS_CPUS = 0.5     # others' CPUs (CPU seconds per second) that count as a busy machine
@@ -41,6 +41,23 @@ def _affinity():
         return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return set(range(os.cpu_count() or 1))
+
+
+# The world-size variables comm/rank_env.cc reads (torchrun, Open MPI, Slurm).
+_WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+
+def cpu_engine_threads():
+    """The CPU engine's starting optimizer threads: the CPUs torch's own threads leave free, at
+    least 1 (see _flags.py's threads); 0 (the engine's OMP_NUM_THREADS default) when the
+    environment launches several ranks, whose processes may share the CPUs and would spin
+    against each other as against any busy process."""
+    for var in _WORLD_SIZE_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1:
+            return 0
+    import torch
+    return max(1, len(_affinity()) - torch.get_num_threads())
 
 
 def _proc_stat_busy(cpus=None):
@@ -72,9 +89,9 @@ def _own_cpu():
 
 
 def saturated_by_others(wall, busy, own, cpus):
-    """Whether a window of `wall` seconds, in which the machine's CPUs were busy `busy` CPU
-    seconds of which this process took `own`, shows other processes taking CPU this one needs:
-    others took at least OTHERS_CPUS and the machine's `cpus` were nearly all busy."""
+    """Whether a window of `wall` seconds, in which this process's `cpus` CPUs were busy `busy`
+    CPU seconds of which it took `own`, shows other processes taking CPU it needs: others took at
+    least OTHERS_CPUS and those CPUs were nearly all busy."""
     if wall <= 0:
         return False
     others = max(0.0, busy - own) / wall
@@ -84,9 +101,11 @@ def saturated_by_others(wall, busy, own, cpus):
 class LoadWatch:
     """The step hook of an engine that started on the free CPUs (see the module docstring)."""
 
-    def __init__(self, clock=time.monotonic, busy=_proc_stat_busy, own=_own_cpu, cpus=None):
-        self._clock, self._busy, self._own = clock, busy, own
-        self._cpus = cpus or len(_affinity())
+    def __init__(self, clock=time.monotonic, busy=None, own=_own_cpu, cpus=None):
+        cpu_set = _affinity()  # read once: the per-step sample only reads /proc/stat
+        self._clock, self._own = clock, own
+        self._busy = busy or (lambda: _proc_stat_busy(cpu_set))
+        self._cpus = cpus or len(cpu_set)
         self.switched = False
         self._start = self._sample()
 

@@ -135,7 +135,7 @@ def test_cpu_engine_threads_default_to_the_cpus_torch_leaves_free(tmp_path):
 @pytest.mark.parametrize("var", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"])
 def test_a_rank_among_several_keeps_the_engines_thread_default(monkeypatch, var):
     # Ranks on one host spin against each other as against any busy process.
-    from strata._flags import cpu_engine_threads
+    from strata._threads import cpu_engine_threads
     for v in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
         monkeypatch.delenv(v, raising=False)
     assert cpu_engine_threads() >= 1
