@@ -412,38 +412,37 @@ Status Launch(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv
 
 }  // namespace
 
-bool FlashAttentionSupports(int C, int NH) {
-  if (C <= 0 || NH <= 0 || C % NH != 0) return false;
-  const int hs = C / NH;
-  return hs == 64 || hs == 128;
-}
+namespace {
 
-Status FlashAttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv,
-                             int B, int T, int C, int NH) {
-  if (!FlashAttentionSupports(C, NH)) {
+// Head sizes 64 and 128, at most 65535 heads (the grid's y).
+Status CheckShape(int B, int C, int NH) {
+  if (C <= 0 || NH <= 0 || C % NH != 0 || (C / NH != 64 && C / NH != 128)) {
     return Status::InvalidArgument("flash attention: head size " +
                                    std::to_string(NH > 0 ? C / NH : 0) + " (64 or 128 only)");
   }
-  if (B <= 0 || T <= 0) return Status::OK();
   if (int64_t(B) * NH > 65535) {
     return Status::InvalidArgument("flash attention: B·NH = " + std::to_string(int64_t(B) * NH) +
                                    " heads exceed the grid's 65535");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+bool FlashAttentionSupports(int B, int C, int NH) { return CheckShape(B, C, NH).ok(); }
+
+Status FlashAttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const Bf16* qkv,
+                             int B, int T, int C, int NH) {
+  STRATA_RETURN_IF_ERROR(CheckShape(B, C, NH));
+  if (B <= 0 || T <= 0) return Status::OK();
   return C / NH == 64 ? Launch<64>(ctx, out, stats, qkv, B, T, C, NH)
                       : Launch<128>(ctx, out, stats, qkv, B, T, C, NH);
 }
 
 Status FlashAttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
                               const Bf16* qkv, float* stats, int B, int T, int C, int NH) {
-  if (!FlashAttentionSupports(C, NH)) {
-    return Status::InvalidArgument("flash attention: head size " +
-                                   std::to_string(NH > 0 ? C / NH : 0) + " (64 or 128 only)");
-  }
+  STRATA_RETURN_IF_ERROR(CheckShape(B, C, NH));
   if (B <= 0 || T <= 0) return Status::OK();
-  if (int64_t(B) * NH > 65535) {
-    return Status::InvalidArgument("flash attention: B·NH = " + std::to_string(int64_t(B) * NH) +
-                                   " heads exceed the grid's 65535");
-  }
   return C / NH == 64 ? LaunchBackward<64>(ctx, dqkv, dout, qkv, stats, B, T, C, NH)
                       : LaunchBackward<128>(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
 }

@@ -285,7 +285,7 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
     return AttentionForwardNaive(ctx, out, stats, qkv, B, T, C, NH);
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionForward", B, T, C, NH));
-  if (ctx.kernels().flash_attention && FlashAttentionSupports(C, NH) && int64_t(B) * NH <= 65535) {
+  if (ctx.kernels().flash_attention && FlashAttentionSupports(B, C, NH)) {
     return FlashAttentionForward(ctx, out, stats, qkv, B, T, C, NH);
   }
   if (int64_t(B) * T * C == 0) return Status::OK();
@@ -333,7 +333,7 @@ Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
     return AttentionBackwardNaive(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionBackward", B, T, C, NH));
-  if (ctx.kernels().flash_attention && FlashAttentionSupports(C, NH) && int64_t(B) * NH <= 65535) {
+  if (ctx.kernels().flash_attention && FlashAttentionSupports(B, C, NH)) {
     return FlashAttentionBackward(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
   }
   if (int64_t(B) * T * C == 0) return Status::OK();

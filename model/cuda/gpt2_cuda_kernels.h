@@ -88,9 +88,9 @@ Status AttentionBackwardNaive(const CudaOpContext& ctx, __nv_bfloat16* dqkv,
                               int B, int T, int C, int NH);
 
 // The flash attention kernels (gpt2_cuda_attention_flash.cu): AttentionForward/Backward of
-// gpt2_cuda_ops.h when KernelChoice::flash_attention is set and FlashAttentionSupports(C, NH)
-// (head size 64 or 128). InvalidArgument for other head sizes or more than 65535 heads.
-bool FlashAttentionSupports(int C, int NH);
+// gpt2_cuda_ops.h when KernelChoice::flash_attention is set and FlashAttentionSupports(B, C, NH)
+// (head size 64 or 128, at most 65535 heads); InvalidArgument naming the shape otherwise.
+bool FlashAttentionSupports(int B, int C, int NH);
 Status FlashAttentionForward(const CudaOpContext& ctx, __nv_bfloat16* out, float* stats,
                              const __nv_bfloat16* qkv, int B, int T, int C, int NH);
 Status FlashAttentionBackward(const CudaOpContext& ctx, __nv_bfloat16* dqkv,
