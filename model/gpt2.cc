@@ -463,11 +463,12 @@ uint64_t SavedActivationBytes(const Gpt2Config& cfg, int64_t rows, int64_t seq_l
   return bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes);
 }
 
-OffloadedActivationShape OffloadedActivations(const Gpt2Config& cfg, int64_t rows,
-                                              int64_t seq_len) {
+OffloadedActivationShape OffloadedActivations(const Gpt2Config& cfg, int64_t rows, int64_t seq_len,
+                                              int residual_value_bytes) {
   OffloadedActivationShape s;
   const uint64_t L = uint64_t(cfg.layers);
-  s.key_bytes = uint64_t(rows) * uint64_t(seq_len) * uint64_t(cfg.d_model) * sizeof(float);
+  s.key_bytes =
+      uint64_t(rows) * uint64_t(seq_len) * uint64_t(cfg.d_model) * uint64_t(residual_value_bytes);
   const uint64_t wte = uint64_t(cfg.vocab) * uint64_t(cfg.d_model) * sizeof(float);
   s.wte_grad_keys = static_cast<int>((wte + s.key_bytes - 1) / s.key_bytes);
   s.keys_per_micro_batch = static_cast<int>(L + 2) + s.wte_grad_keys;

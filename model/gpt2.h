@@ -188,7 +188,7 @@ uint64_t SavedActivationBytes(const Gpt2Config& config, int64_t rows, int64_t se
 
 // What layer-major order moves per micro-batch when micro-batches share an activation slot
 // and their activations live in the engine (trainer/activation_offload.h): activations of
-// key_bytes (one residual stream, B*T*C fp32) each — the L+1 block inputs, the gradient
+// key_bytes (one residual stream, B*T*C values) each — the L+1 block inputs, the gradient
 // flowing back and the head's wte gradient in key-sized pieces — and the bytes each way:
 //   to the engine:   L+1 block inputs in forward, the gradient after each of L+1 backward
 //                    blocks, the head's wte gradient;
@@ -202,8 +202,10 @@ struct OffloadedActivationShape {
   uint64_t d2h_bytes_per_micro_batch = 0;
   uint64_t h2d_bytes_per_micro_batch = 0;
 };
+// `residual_value_bytes`: the size of one value of the residual stream and its gradient (4 on
+// the CPU model, fp32; 2 on the CUDA model, bf16); the head's wte gradient is fp32 on both.
 OffloadedActivationShape OffloadedActivations(const Gpt2Config& config, int64_t rows,
-                                              int64_t seq_len);
+                                              int64_t seq_len, int residual_value_bytes = 4);
 
 // ---- drivers -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 
@@ -38,6 +39,11 @@ struct DeviceSpan {
   void* data = nullptr;
   uint64_t bytes = 0;
 };
+
+// The bytes of one value of the residual stream (and its gradient) in the backend that runs
+// on a device of `kind`: the CUDA model computes in bf16, the CPU model in fp32 (the size of
+// the slot tensors kResidual and kResidualGrad; model::OffloadedActivations takes it).
+inline int ResidualValueBytes(DeviceKind kind) { return kind == DeviceKind::kCuda ? 2 : 4; }
 
 // How Backward writes the block's gradient into the engine's buffer.
 enum class GradWrite : uint8_t {

@@ -14,7 +14,7 @@ namespace strata::model {
 #ifndef STRATA_HAVE_MODEL_CUDA
 
 Result<std::unique_ptr<Gpt2CudaModel>> Gpt2CudaModel::Create(Device*, const Gpt2Config&, int, int,
-                                                             bool, int) {
+                                                             bool, int, int) {
   return Status::NotSupported("this build has no CUDA model (built without CUDA)");
 }
 
@@ -36,7 +36,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     for (void* p : allocations_) (void)device_->Free(p);
   }
 
-  Status Init(int micro_batches) {
+  Status Init(int micro_batches, int micro_slots) {
     STRATA_ASSIGN_OR_RETURN(ctx_, co::CudaOpContext::Create(static_cast<cudaStream_t>(
                                       device_->NativeStream(Lane::kCompute))));
     // The fused classifier runs over a vocabulary padded to a multiple of 128 (the tied head's
@@ -46,16 +46,22 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     Vp_ = fused_classifier_ ? co::PaddedVocab(cfg_.vocab) : cfg_.vocab;
     const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = Vp_;
     shape_ = {B_, T_, cfg_.d_model, cfg_.heads};
-    STRATA_RETURN_IF_ERROR(Alloc(&tokens_, N * sizeof(int32_t)));
-    STRATA_RETURN_IF_ERROR(Alloc(&targets_, N * sizeof(int32_t)));
-    xs_.resize(cfg_.layers + 1);
-    for (auto& x : xs_) STRATA_RETURN_IF_ERROR(Alloc(&x, N * C * sizeof(Bf16)));
-    acts_.resize(recompute_ ? 1 : cfg_.layers);
-    for (auto& a : acts_) {
-      void* base = nullptr;
-      STRATA_RETURN_IF_ERROR(Alloc(&base, co::BlockActivations::Bytes(shape_)));
-      a = co::BlockActivations::Carve(base, shape_);
+    slots_.resize(static_cast<size_t>(micro_slots));
+    for (Slot& sl : slots_) {
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.tokens, N * sizeof(int32_t)));
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.targets, N * sizeof(int32_t)));
+      sl.xs.resize(cfg_.layers + 1);
+      for (auto& x : sl.xs) STRATA_RETURN_IF_ERROR(Alloc(&x, N * C * sizeof(Bf16)));
+      sl.acts.resize(recompute_ ? 0 : cfg_.layers);
+      for (auto& a : sl.acts) STRATA_RETURN_IF_ERROR(AllocActivations(&a));
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.lnf, N * C * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.lnf_mean, N * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.lnf_rstd, N * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.dres, N * C * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(Alloc(&sl.dwte_head, V * C * sizeof(float)));
     }
+    cur_ = &slots_[0];
+    if (recompute_) STRATA_RETURN_IF_ERROR(AllocActivations(&redo_));
     void* sbase = nullptr;
     STRATA_RETURN_IF_ERROR(Alloc(&sbase, co::BlockScratch::Bytes(shape_)));
     scratch_ = co::BlockScratch::Carve(sbase, shape_);
@@ -65,18 +71,40 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     STRATA_RETURN_IF_ERROR(Alloc(&tmp_, N * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&wte_copy_, V * C * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Zero(wte_copy_, V * C * sizeof(Bf16)));  // the padding rows
-    STRATA_RETURN_IF_ERROR(Alloc(&dwte_head_, V * C * sizeof(float)));
-    STRATA_RETURN_IF_ERROR(Alloc(&lnf_, N * C * sizeof(Bf16)));
-    STRATA_RETURN_IF_ERROR(Alloc(&lnf_mean_, N * sizeof(float)));
-    STRATA_RETURN_IF_ERROR(Alloc(&lnf_rstd_, N * sizeof(float)));
     STRATA_RETURN_IF_ERROR(Alloc(&logits_, N * V * sizeof(Bf16)));
     STRATA_RETURN_IF_ERROR(Alloc(&losses_, N * sizeof(float)));
     STRATA_RETURN_IF_ERROR(Alloc(&mean_losses_, static_cast<size_t>(micro_batches) * 4));
     STRATA_RETURN_IF_ERROR(Alloc(&dlnf_, N * C * sizeof(Bf16)));
-    STRATA_RETURN_IF_ERROR(Alloc(&dres_, N * C * sizeof(Bf16)));
-    STRATA_RETURN_IF_ERROR(Alloc(&dres2_, N * C * sizeof(Bf16)));
-    micro_slots_ = micro_batches;
+    STRATA_RETURN_IF_ERROR(Alloc(&dx_, N * C * sizeof(Bf16)));
+    loss_slots_ = micro_batches;
     return Status::OK();
+  }
+
+  int MicroSlots() const override { return static_cast<int>(slots_.size()); }
+  Status UseSlot(int slot) override {
+    STRATA_RETURN_IF_ERROR(CheckSlot(slot));
+    cur_ = &slots_[static_cast<size_t>(slot)];
+    return Status::OK();
+  }
+
+  Result<DeviceSpan> SlotBuffer(int slot, SlotTensor tensor, int index) override {
+    STRATA_RETURN_IF_ERROR(CheckSlot(slot));
+    const Slot& sl = slots_[static_cast<size_t>(slot)];
+    const uint64_t NC = uint64_t(B_) * uint64_t(T_) * uint64_t(cfg_.d_model);
+    switch (tensor) {
+      case SlotTensor::kResidual:
+        if (index < 0 || index > cfg_.layers) {
+          return Status::InvalidArgument("residual " + std::to_string(index) +
+                                         " out of range [0, " + std::to_string(cfg_.layers) + "]");
+        }
+        return DeviceSpan{sl.xs[static_cast<size_t>(index)], NC * sizeof(Bf16)};
+      case SlotTensor::kResidualGrad:
+        return DeviceSpan{sl.dres, NC * sizeof(Bf16)};
+      case SlotTensor::kHeadWteGrad:
+        // The real vocabulary's rows: only they are added to the embedding's gradient.
+        return DeviceSpan{sl.dwte_head, uint64_t(cfg_.vocab) * uint64_t(cfg_.d_model) * 4};
+    }
+    return Status::InvalidArgument("unknown slot tensor");
   }
 
   Status SetTokens(const int32_t* inputs, const int32_t* targets) override {
@@ -85,10 +113,10 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     // Pageable copies are staged by the driver before returning, so the host buffers may be
     // reused at once; the stream orders them before the kernels.
     STRATA_RETURN_IF_ERROR(co::CudaStatus(
-        cudaMemcpyAsync(tokens_, inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        cudaMemcpyAsync(cur_->tokens, inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
         "copy tokens"));
     return co::CudaStatus(
-        cudaMemcpyAsync(targets_, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        cudaMemcpyAsync(cur_->targets, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, s),
         "copy targets");
   }
 
@@ -101,6 +129,11 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
 
   Status Backward(int b, const BlockView& v, float* g, float dloss, int micro,
                   GradWrite write) override {
+    if (grad_dtype_ == GradDtype::kBf16 && write == GradWrite::kAccumulate) {
+      return Status::NotSupported(
+          "bf16 gradients with gradients accumulated on the device; use --micro-batch-order "
+          "batch");
+    }
     STRATA_RETURN_IF_ERROR(StartTiming());
     Status st = BackwardWork(b, v, g, dloss, micro, write);
     if (st.ok() && grad_dtype_ == GradDtype::kBf16) st = PackBf16(g, v.layout->padded_numel);
@@ -127,31 +160,31 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
           cudaMemcpyAsync(wte_copy_, P(kWte), static_cast<size_t>(V) * C * sizeof(Bf16),
                           cudaMemcpyDeviceToDevice, s),
           "copy wte for the tied head"));
-      return co::EmbeddingForward(*ctx_, X(0), static_cast<int32_t*>(tokens_), P(kWte), P(kWpe), B_,
-                                  T_, C);
+      return co::EmbeddingForward(*ctx_, X(0), cur_->tokens, P(kWte), P(kWpe), B_, T_, C);
     }
     if (b <= L) return LayerForward(b - 1, Params(p, lay));
-    return co::LayerNormForward(*ctx_, Lnf(), F32(lnf_mean_), F32(lnf_rstd_), X(L), P(kLnfW),
+    return co::LayerNormForward(*ctx_, cur_->lnf, cur_->lnf_mean, cur_->lnf_rstd, X(L), P(kLnfW),
                                 P(kLnfB), N, C);
   }
 
-  int MicroSlots() const override { return 1; }
-  Status UseSlot(int slot) override {
-    if (slot == 0) return Status::OK();
-    return Status::NotSupported(
-        "the CUDA model keeps one micro-batch's activations; use --micro-batch-order batch");
-  }
-
-  Status BackwardWork(int b, const BlockView& v, float* g, float dloss, int micro,
+  // The block's gradient into the engine's buffer `grad`: written there (kOverwrite), or
+  // computed into a scratch buffer and then added to it (kAccumulate: the buffer holds the
+  // earlier micro-batches' sum, and ((g0 + g1) + g2) ... is the engine's own order).
+  Status BackwardWork(int b, const BlockView& v, float* grad, float dloss, int micro,
                       GradWrite write) {
-    if (write != GradWrite::kOverwrite) {
-      return Status::NotSupported(
-          "the CUDA model does not accumulate gradients over micro-batches on the device; use "
-          "--micro-batch-order batch");
-    }
-    if (micro < 0 || micro >= micro_slots_) {
+    if (micro < 0 || micro >= loss_slots_) {
       return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
     }
+    const size_t n = v.layout->padded_numel;
+    float* g = grad;
+    if (write == GradWrite::kAccumulate) {
+      STRATA_ASSIGN_OR_RETURN(g, GradScratch(n));
+    }
+    STRATA_RETURN_IF_ERROR(BlockBackwardInto(b, v, g, dloss, micro));
+    return write == GradWrite::kAccumulate ? co::AccumulateF32(*ctx_, grad, g, n) : Status::OK();
+  }
+
+  Status BlockBackwardInto(int b, const BlockView& v, float* g, float dloss, int micro) {
     const int L = cfg_.layers, N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab;
     const size_t NC = static_cast<size_t>(N) * C;
     cudaStream_t s = ctx_->stream();
@@ -164,9 +197,9 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
         co::CudaStatus(cudaMemsetAsync(g, 0, lay.padded_numel * sizeof(float), s), "zero grads"));
     if (b == L + 1) {
       Bf16* logits = static_cast<Bf16*>(logits_);
-      int32_t* targets = static_cast<int32_t*>(targets_);
+      int32_t* targets = cur_->targets;
       STRATA_RETURN_IF_ERROR(
-          co::LmHeadForward(*ctx_, logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C, Vp_));
+          co::LmHeadForward(*ctx_, logits, cur_->lnf, static_cast<Bf16*>(wte_copy_), N, C, Vp_));
       if (fused_classifier_) {
         STRATA_RETURN_IF_ERROR(co::FusedClassifier(
             *ctx_, logits, F32(losses_), F32(mean_losses_) + micro, targets, N, V, Vp_, dloss));
@@ -177,14 +210,14 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
             co::SoftmaxCrossEntropyBackward(*ctx_, logits, logits, targets, N, V, dloss));
       }
       STRATA_RETURN_IF_ERROR(Zero(dlnf_, NC * sizeof(Bf16)));
-      STRATA_RETURN_IF_ERROR(Zero(dwte_head_, static_cast<size_t>(Vp_) * C * sizeof(float)));
-      STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), F32(dwte_head_),
-                                                logits, Lnf(), static_cast<Bf16*>(wte_copy_), N, C,
-                                                Vp_));
-      STRATA_RETURN_IF_ERROR(Zero(dres_, NC * sizeof(Bf16)));
-      STRATA_RETURN_IF_ERROR(co::LayerNormBackward(*ctx_, static_cast<Bf16*>(dres_), G(kLnfW),
-                                                   G(kLnfB), static_cast<Bf16*>(dlnf_), X(L),
-                                                   P(kLnfW), F32(lnf_mean_), F32(lnf_rstd_), N, C));
+      STRATA_RETURN_IF_ERROR(Zero(cur_->dwte_head, static_cast<size_t>(Vp_) * C * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(co::LmHeadBackward(*ctx_, static_cast<Bf16*>(dlnf_), cur_->dwte_head,
+                                                logits, cur_->lnf, static_cast<Bf16*>(wte_copy_), N,
+                                                C, Vp_));
+      STRATA_RETURN_IF_ERROR(Zero(cur_->dres, NC * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(co::LayerNormBackward(*ctx_, cur_->dres, G(kLnfW), G(kLnfB),
+                                                   static_cast<Bf16*>(dlnf_), X(L), P(kLnfW),
+                                                   cur_->lnf_mean, cur_->lnf_rstd, N, C));
     } else if (b >= 1) {
       const int l = b - 1;
       const co::BlockParams bp = Params(p, lay);
@@ -194,20 +227,21 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
       bg.attn_proj_w = G(kAttnProjW), bg.attn_proj_b = G(kAttnProjB);
       bg.ln2_w = G(kLn2W), bg.ln2_b = G(kLn2B), bg.fc_w = G(kFcW), bg.fc_b = G(kFcB);
       bg.fc_proj_w = G(kFcProjW), bg.fc_proj_b = G(kFcProjB);
-      // dx accumulates and must not alias dy: ping-pong between two buffers.
-      STRATA_RETURN_IF_ERROR(Zero(dres2_, NC * sizeof(Bf16)));
-      STRATA_RETURN_IF_ERROR(co::BlockBackward(*ctx_, shape_, bp, bg, X(l),
-                                               acts_[recompute_ ? 0 : l], static_cast<Bf16*>(dres_),
-                                               static_cast<Bf16*>(dres2_), scratch_));
-      std::swap(dres_, dres2_);
+      // dx accumulates and must not alias dy: into dx_, then back into the slot's buffer (which
+      // keeps one address for the slot's life: SlotBuffer).
+      STRATA_RETURN_IF_ERROR(Zero(dx_, NC * sizeof(Bf16)));
+      STRATA_RETURN_IF_ERROR(co::BlockBackward(*ctx_, shape_, bp, bg, X(l), Acts(l), cur_->dres,
+                                               static_cast<Bf16*>(dx_), scratch_));
+      STRATA_RETURN_IF_ERROR(co::CudaStatus(
+          cudaMemcpyAsync(cur_->dres, dx_, NC * sizeof(Bf16), cudaMemcpyDeviceToDevice, s),
+          "residual gradient into its slot"));
     } else {
       STRATA_RETURN_IF_ERROR(co::CudaStatus(
-          cudaMemcpyAsync(G(kWte), dwte_head_, static_cast<size_t>(V) * C * sizeof(float),
+          cudaMemcpyAsync(G(kWte), cur_->dwte_head, static_cast<size_t>(V) * C * sizeof(float),
                           cudaMemcpyDeviceToDevice, s),
           "add the head's wte gradient"));
-      STRATA_RETURN_IF_ERROR(co::EmbeddingBackward(*ctx_, G(kWte), G(kWpe),
-                                                   static_cast<Bf16*>(dres_),
-                                                   static_cast<int32_t*>(tokens_), B_, T_, C, V));
+      STRATA_RETURN_IF_ERROR(
+          co::EmbeddingBackward(*ctx_, G(kWte), G(kWpe), cur_->dres, cur_->tokens, B_, T_, C, V));
     }
     return Status::OK();
   }
@@ -265,6 +299,32 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     return Status::OK();
   }
 
+  Status CheckSlot(int slot) const {
+    if (slot >= 0 && slot < static_cast<int>(slots_.size())) return Status::OK();
+    return Status::InvalidArgument("activation slot " + std::to_string(slot) +
+                                   " out of range [0, " + std::to_string(slots_.size()) + ")");
+  }
+  Status AllocActivations(co::BlockActivations* a) {
+    void* base = nullptr;
+    STRATA_RETURN_IF_ERROR(Alloc(&base, co::BlockActivations::Bytes(shape_)));
+    *a = co::BlockActivations::Carve(base, shape_);
+    return Status::OK();
+  }
+  // Layer l's activations: the slot's own, or (recompute) the one set rebuilt in backward.
+  const co::BlockActivations& Acts(int l) const {
+    return recompute_ ? redo_ : cur_->acts[static_cast<size_t>(l)];
+  }
+  // An fp32 buffer of at least n values for a gradient that is then added (kAccumulate).
+  Result<float*> GradScratch(size_t n) {
+    if (n > grad_scratch_numel_) {
+      // A larger block: a new buffer (queued work may still read the old one; both are freed
+      // with the model).
+      STRATA_RETURN_IF_ERROR(Alloc(&grad_scratch_, n * sizeof(float)));
+      grad_scratch_numel_ = n;
+    }
+    return grad_scratch_;
+  }
+
   // grad[0, n) fp32 -> n bf16 at the start of the same buffer (through a scratch buffer: an
   // in-place conversion by parallel threads would overwrite values not yet read).
   Status PackBf16(float* grad, size_t n) {
@@ -285,8 +345,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     return co::CudaStatus(cudaMemsetAsync(p, 0, bytes, ctx_->stream()), "zero");
   }
   static float* F32(void* p) { return static_cast<float*>(p); }
-  Bf16* X(int l) { return static_cast<Bf16*>(xs_[l]); }
-  Bf16* Lnf() { return static_cast<Bf16*>(lnf_); }
+  Bf16* X(int l) { return cur_->xs[static_cast<size_t>(l)]; }
   Status CheckView(const BlockView& v) const {
     if (v.dtype != WorkingDtype::kBf16) {
       return Status::NotSupported(std::string("the CUDA model computes in bf16; the engine's "
@@ -305,8 +364,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     return bp;
   }
   Status LayerForward(int l, const co::BlockParams& bp) {
-    return co::BlockForward(*ctx_, shape_, bp, X(l), X(l + 1), static_cast<Bf16*>(tmp_),
-                            acts_[recompute_ ? 0 : l]);
+    return co::BlockForward(*ctx_, shape_, bp, X(l), X(l + 1), static_cast<Bf16*>(tmp_), Acts(l));
   }
 
   Device* device_;
@@ -315,7 +373,7 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   int Vp_ = 0;  // the logits' row length: V padded to 128 (fused classifier) or V
   bool fused_classifier_ = true;
   bool recompute_;
-  int micro_slots_ = 0;
+  int loss_slots_ = 0;  // micro-batches whose mean loss Backward may write
   std::unique_ptr<co::CudaOpContext> ctx_;
   co::BlockShape shape_;
   std::vector<void*> allocations_;
@@ -325,25 +383,44 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   GradDtype grad_dtype_ = GradDtype::kFp32;
   void* pack_scratch_ = nullptr;
   size_t pack_scratch_numel_ = 0;
-  void *tokens_ = nullptr, *targets_ = nullptr;
-  std::vector<void*> xs_;
-  std::vector<co::BlockActivations> acts_;
+  float* grad_scratch_ = nullptr;
+  size_t grad_scratch_numel_ = 0;
+  // What one micro-batch keeps from its forward to its backward (and, in backward, from one
+  // block to the next), as the CPU model's Slot (model/gpt2.cc) does: its tokens, the residual
+  // stream, each layer's activations unless they are recomputed, the final LayerNorm, the
+  // gradient flowing back and the head's wte gradient (added to the embedding's in its
+  // backward). Layer-major order keeps several micro-batches in flight, one per slot.
+  struct Slot {
+    int32_t *tokens = nullptr, *targets = nullptr;
+    std::vector<Bf16*> xs;                   // xs[l]: the input of layer l; xs[L]: of ln_f
+    std::vector<co::BlockActivations> acts;  // one per layer; empty with recompute
+    Bf16* lnf = nullptr;
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    Bf16* dres = nullptr;        // the residual gradient flowing back
+    float* dwte_head = nullptr;  // [Vp, C]
+  };
+  std::vector<Slot> slots_;
+  Slot* cur_ = nullptr;          // the slot UseSlot chose
+  co::BlockActivations redo_{};  // with recompute: the one layer's, rebuilt in backward
   co::BlockScratch scratch_{};
-  void *tmp_ = nullptr, *wte_copy_ = nullptr, *dwte_head_ = nullptr, *lnf_ = nullptr;
-  void *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
-  void *mean_losses_ = nullptr, *dlnf_ = nullptr, *dres_ = nullptr, *dres2_ = nullptr;
+  void *tmp_ = nullptr, *wte_copy_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
+  void *mean_losses_ = nullptr, *dlnf_ = nullptr, *dx_ = nullptr;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Gpt2CudaModel>> Gpt2CudaModel::Create(Device* device,
                                                              const Gpt2Config& config, int B, int T,
-                                                             bool recompute, int micro_batches) {
+                                                             bool recompute, int micro_batches,
+                                                             int micro_slots) {
   if (device->Kind() != DeviceKind::kCuda) {
     return Status::InvalidArgument("Gpt2CudaModel needs a CUDA device, got " + device->Name());
   }
+  if (micro_slots < 1) {
+    return Status::InvalidArgument("micro_slots " + std::to_string(micro_slots) + " must be >= 1");
+  }
   auto m = std::make_unique<Gpt2CudaModelImpl>(device, config, B, T, recompute);
-  STRATA_RETURN_IF_ERROR(m->Init(micro_batches));
+  STRATA_RETURN_IF_ERROR(m->Init(micro_batches, micro_slots));
   return std::unique_ptr<Gpt2CudaModel>(std::move(m));
 }
 

@@ -23,14 +23,17 @@ namespace strata::model {
 
 class Gpt2CudaModel : public Gpt2Backend {
  public:
-  // Allocates the activations for micro-batches of B x T (and up to `micro_batches` loss
-  // slots). NotSupported in a build without the CUDA model; InvalidArgument for a device
-  // that is not CUDA; OutOfMemory from the device.
+  // Allocates the activations for micro-batches of B x T: `micro_slots` activation slots (1,
+  // or the micro-batches layer-major order keeps in flight), and up to `micro_batches` loss
+  // slots. NotSupported in a build without the CUDA model; InvalidArgument for a device that
+  // is not CUDA or micro_slots < 1; OutOfMemory from the device.
   static Result<std::unique_ptr<Gpt2CudaModel>> Create(Device* device, const Gpt2Config& config,
                                                        int B, int T, bool recompute,
-                                                       int micro_batches);
-  // SetTokens, Forward, Backward and Losses: Gpt2Backend's, in bf16 (the engine's working
-  // dtype must be bf16: NotSupported otherwise); errors from a kernel launch name it.
+                                                       int micro_batches, int micro_slots = 1);
+  // Gpt2Backend's calls, in bf16 (the engine's working dtype must be bf16: NotSupported
+  // otherwise); errors from a kernel launch name it. SlotBuffer gives the slots' bf16
+  // residual stream and gradient and the head's fp32 wte gradient (V x C), so micro-batches
+  // can share a slot with their activations in the engine (offloaded activations).
 };
 
 }  // namespace strata::model

@@ -44,6 +44,11 @@
 #            compute bound)
 #   gradbf16 the small model with --grad-dtype bf16, resident and offloaded: the two equal bit
 #            for bit, within 1 % of the fp32 losses, and half the D2H bytes
+#   layermajor issue 24's table on the GPU at GPT-2 small's blocks (12 x 768, T 128, 4 rows a
+#            micro-batch) at twice the smallest --device-mem of one micro-batch: h2d bytes a step
+#            and step time of one micro-batch, of 4 batch-major, and of 4 with
+#            --micro-batch-order auto (the order it chose and why); PASS when auto's losses
+#            equal batch-major's bit for bit (the train_cuda_test bit-identity, at scale)
 #   scale    the scale point, one command: GPT-2 XL's geometry (48 x 1600, 25 heads, 1.56 B
 #            parameters, vocab 50257, T 1024, B 4) offloaded: --device-mem 8G (the engine's
 #            blocks; the model's activations, ~10 GiB, are its own), --host-mem 40G (of the
@@ -59,9 +64,9 @@
 # tests ~60 s, bench ~30 s, train ~150 s; measured on the first run (2026-12-01, H200, driver
 # 580.159.04): the whole script took 65 s, start-up of the machine ~30 s more. The steps added
 # for issue 26 are estimates, not yet run: bench +15 s (the previous kernels' step and the kernel
-# rows), gradbf16 ~15 s, scale ~120 s (start-up draws 1.56 B parameters on the host, then ~3-5 s
+# rows), gradbf16 ~15 s, layermajor ~30 s, scale ~120 s (start-up draws 1.56 B parameters on the host, then ~3-5 s
 # a step, bound by the CPU optimizer): ~4.5 minutes in all. GPU_CHECK_STEPS (a space-separated
-# subset of "tests bench train gradbf16 scale"; default all) runs fewer. Each command is boxed
+# subset of "tests bench train gradbf16 layermajor scale"; default all) runs fewer. Each command is boxed
 # at 1-5 minutes so one hang cannot eat the budget.
 #
 # Output: $OUT/gpu_check.json (everything measured) and $OUT/gpu_check.txt (the PASS/FAIL
@@ -207,7 +212,7 @@ run() {
 say "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) mode=$mode bundle=$bundle host=$(hostname)"
 say "# bundle built from commit $(tr '\n' ' ' <"$bundle/COMMIT" 2>/dev/null || echo unknown)"
 
-steps=${GPU_CHECK_STEPS:-tests bench train gradbf16 scale}
+steps=${GPU_CHECK_STEPS:-tests bench train gradbf16 layermajor scale}
 want() { [[ " $steps " == *" $1 "* ]]; }
 
 if [ "$mode" = dry ]; then
@@ -431,6 +436,48 @@ PY
       say "FAIL gradbf16: ${cmp#BAD } (see gpu_check.log)"; record gradbf16 FAIL "{\"summary\":\"${cmp#BAD }\"}"
     fi
   }
+  # Issue 24's table on the GPU (see the header).
+  layermajor_check() {
+    local dir=$work/layermajor ok=1 dmin
+    mkdir -p "$dir"
+    geometry=(--device "$dev" --layers 12 --d-model 768 --heads 12 --seq-len 128 --lr 1e-4
+              --seed 7 --val-every 0 --host-mem 8G)
+    : >"$log.cur"
+    dmin=$(minimum --device-mem --batch 4)
+    dmin=$((2 * ${dmin:-0}))
+    run 120 "$bin/strata" train "${geometry[@]}" --batch 4 --steps 6 --device-mem "$dmin" \
+      --nvme "$nvme" --json "$dir/one.json" || ok=0
+    for order in batch auto; do
+      rm -rf "${nvme:?}"/*
+      run 180 "$bin/strata" train "${geometry[@]}" --batch 4 --micro-batches 4 --steps 6 \
+        --device-mem "$dmin" --micro-batch-order "$order" --nvme "$nvme" \
+        --json "$dir/$order.json" || ok=0
+    done
+    local cmp
+    cmp=$("${PYTHON:-python3}" - "$dir" "$dmin" <<'PY'
+import json, os, statistics, sys
+w, dmin = sys.argv[1], int(sys.argv[2])
+try:
+    r = {n: json.load(open(os.path.join(w, n + ".json"))) for n in ("one", "batch", "auto")}
+except Exception as e:
+    print("BAD missing run: %s" % e); sys.exit()
+h2d = {n: statistics.median(s["bytes"]["h2d"] for s in d["steps"][2:]) for n, d in r.items()}
+sec = {n: statistics.median(s["seconds"] for s in d["steps"][2:]) for n, d in r.items()}
+loss = {n: [s["loss"] for s in d["steps"]] for n, d in r.items()}
+same = loss["batch"] == loss["auto"]
+print(("OK " if same else "BAD ") + "--device-mem %d: h2d/step 1 mb %.1f MB; 4 batch-major %.1f MB (%.2fx), %.3f s; 4 auto (%s) %.1f MB (%.2fx), %.3f s; losses equal: %s; auto: %s"
+      % (dmin, h2d["one"] / 1e6, h2d["batch"] / 1e6, h2d["batch"] / h2d["one"], sec["batch"],
+         r["auto"]["config"].get("micro_batch_order"), h2d["auto"] / 1e6,
+         h2d["auto"] / h2d["one"], sec["auto"], same,
+         r["auto"]["config"].get("micro_batch_order_reason", "")))
+PY
+)
+    if [ $ok = 1 ] && [ "${cmp%% *}" = OK ]; then
+      say "PASS layermajor: ${cmp#OK }"; record layermajor PASS "{\"summary\":$(printf '%s' "${cmp#OK }" | "${PYTHON:-python3}" -c 'import json,sys; print(json.dumps(sys.stdin.read()))')}"
+    else
+      say "FAIL layermajor: ${cmp#BAD } (see gpu_check.log)"; record layermajor FAIL "{\"summary\":\"see gpu_check.log\"}"
+    fi
+  }
   # The scale point (see the header): one offloaded run at GPT-2 XL's geometry.
   scale_check() {
     local dir=$work/scale ok=1
@@ -492,6 +539,7 @@ PY
     fi
   fi
   if want gradbf16; then gradbf16_check; fi
+  if want layermajor; then layermajor_check; fi
   if want scale; then scale_check; fi
 fi
 

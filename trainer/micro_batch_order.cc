@@ -321,11 +321,6 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
   if (in.choice == MicroBatchOrderChoice::kBatch) {
     return BatchMajor(specs, options, in, "batch-major (--micro-batch-order batch)");
   }
-  if (!in.model_has_slots) {
-    const std::string why = "the CUDA model keeps one micro-batch's activations";
-    if (forced) return Status::NotSupported("--micro-batch-order layer: " + why);
-    return BatchMajor(specs, options, in, "batch-major: " + why);
-  }
   if (options.grad_dtype == GradDtype::kBf16 && LayerMajorSumsOnDevice(in)) {
     // The model would sum the micro-batches into the gradient buffer, which bf16 gradients
     // leave packed as bf16 after each. (With ranks each micro-batch's gradient lands and is

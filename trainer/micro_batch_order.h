@@ -67,9 +67,6 @@ struct MicroBatchOrderInputs {
   // key_bytes: not possible).
   OffloadActivations offload = OffloadActivations::kAuto;
   model::OffloadedActivationShape offload_shape;
-  // Whether the model can keep several micro-batches' activations (the CPU model can; the
-  // CUDA model keeps one).
-  bool model_has_slots = true;
   // Several ranks: gradients are averaged per micro-batch, so they land per micro-batch.
   bool multi_rank = false;
   // Without a --device-mem cap: the memory the device has for layer-major's extra

@@ -244,8 +244,8 @@ Result<StepResult> Trainer::Step() {
     // The CUDA kernels on a CudaDevice, the CPU ops on a HostDevice: one walk drives either.
     if (device_->Kind() == DeviceKind::kCuda) {
       STRATA_ASSIGN_OR_RETURN(
-          backend_,
-          Gpt2CudaModel::Create(device_, config_, rows, options_.seq_len, options_.recompute, M));
+          backend_, Gpt2CudaModel::Create(device_, config_, rows, options_.seq_len,
+                                          options_.recompute, M, layer_major ? slots : 1));
     } else {
       STRATA_ASSIGN_OR_RETURN(
           backend_, model::Gpt2CpuModel::Create(device_, config_, rows, options_.seq_len,
@@ -263,7 +263,9 @@ Result<StepResult> Trainer::Step() {
     std::optional<SharedSlotWalk> shared;
     if (slots < M) {
       shared.emplace(*engine_, *device_, *backend_, config_,
-                     model::OffloadedActivations(config_, rows, options_.seq_len), slots - 1);
+                     model::OffloadedActivations(config_, rows, options_.seq_len,
+                                                 model::ResidualValueBytes(device_->Kind())),
+                     slots - 1);
     }
     STRATA_RETURN_IF_ERROR(ForwardBackwardLayerMajor(*engine_, *backend_, config_.layers, ins, tgs,
                                                      dloss, options_.accumulate_on_device,

@@ -94,6 +94,11 @@ __global__ void Bf16ToF32Kernel(float* dst, const Bf16* src, size_t n) {
        i += size_t(gridDim.x) * blockDim.x)
     dst[i] = ToF(src[i]);
 }
+__global__ void AccumulateF32Kernel(float* dst, const float* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
 
 // ---- embeddings --------------------------------------------------------------------------
 
@@ -398,6 +403,12 @@ Status ConvertBf16ToF32(const CudaOpContext& ctx, float* dst, const Bf16* src, s
   if (VectorizedElementwise(ctx, {dst, src})) return ConvertBf16ToF32Vec(ctx, dst, src, n);
   Bf16ToF32Kernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dst, src, n);
   return LaunchStatus("Bf16ToF32Kernel");
+}
+
+Status AccumulateF32(const CudaOpContext& ctx, float* dst, const float* src, size_t n) {
+  if (n == 0) return Status::OK();
+  AccumulateF32Kernel<<<GridFor(n, kThreads), kThreads, 0, ctx.stream()>>>(dst, src, n);
+  return LaunchStatus("AccumulateF32Kernel");
 }
 
 Status EmbeddingForward(const CudaOpContext& ctx, Bf16* out, const int32_t* tokens, const Bf16* wte,

@@ -165,6 +165,9 @@ Status CudaStatus(cudaError_t err, const char* what);
 Status ConvertF32ToBf16(const CudaOpContext& ctx, Bf16* dst, const float* src, size_t n);
 // dst[i] = float(src[i]) over n values.
 Status ConvertBf16ToF32(const CudaOpContext& ctx, float* dst, const Bf16* src, size_t n);
+// dst[i] += src[i] over n fp32 values (one add per element: a micro-batch's gradient added to
+// the sum of the earlier ones, the same sums as the engine's accumulation on the host).
+Status AccumulateF32(const CudaOpContext& ctx, float* dst, const float* src, size_t n);
 
 // ---- embeddings --------------------------------------------------------------------------
 // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].   out [B,T,C]; wte [V,C]; wpe [>=T, C].

@@ -13,12 +13,14 @@
 #include <random>
 
 #include "model/run_size.h"
+#include "tests/trainer/same_bits.h"
 #include "trainer/trainer.h"
 
 namespace strata::trainer {
 namespace {
 
 using model::Batcher;
+using model::ExpectSameBits;
 using model::Gpt2BlockSpecs;
 using model::Gpt2Config;
 using model::SavedActivationBytes;
@@ -31,10 +33,8 @@ struct Case {
   bool nvme = false;  // states on NVMe under the engine's minimum budgets
 };
 
-struct Outcome {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<float>> states;  // every block's master, exp_avg, exp_avg_sq
-  EdgeBytes bytes;                         // summed over the steps
+struct Outcome : model::RunBits {
+  EdgeBytes bytes;  // summed over the steps
   MicroBatchOrder order = MicroBatchOrder::kBatchMajor;
   std::string reason;
   int activation_slots = 0;
@@ -156,31 +156,8 @@ class MicroBatchOrderTest : public ::testing::Test {
       out.bytes.h2d += r->stats.bytes.h2d;
       out.bytes.d2h += r->stats.bytes.d2h;
     }
-    const Engine& e = *made->engine;
-    for (int blk = 0; blk < int(e.Layout().size()); ++blk) {
-      for (Component comp : {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
-        std::vector<float> v(e.Layout()[blk].shard_numel);
-        EXPECT_TRUE(e.ReadComponent(blk, comp, v).ok());
-        out.states.push_back(std::move(v));
-      }
-    }
+    model::ReadStates(*made->engine, &out);
     return out;
-  }
-
-  static void ExpectSameBits(const Outcome& a, const Outcome& b, const std::string& what) {
-    ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-    for (size_t i = 0; i < a.losses.size(); ++i) {
-      EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
-          << what << ": step " << i + 1 << " loss " << a.losses[i] << " vs " << b.losses[i];
-      EXPECT_EQ(std::memcmp(&a.norms[i], &b.norms[i], sizeof(double)), 0)
-          << what << ": step " << i + 1 << " grad norm " << a.norms[i] << " vs " << b.norms[i];
-    }
-    ASSERT_EQ(a.states.size(), b.states.size()) << what;
-    for (size_t i = 0; i < a.states.size(); ++i) {
-      ASSERT_EQ(a.states[i].size(), b.states[i].size());
-      EXPECT_EQ(std::memcmp(a.states[i].data(), b.states[i].data(), a.states[i].size() * 4), 0)
-          << what << ": block " << i / 3 << " component " << i % 3 << " differs";
-    }
   }
 
   std::string dir_;
@@ -304,15 +281,6 @@ TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
   auto single = CreateOrderedEngine(Gpt2BlockSpecs(c.cfg), one, in);
   ASSERT_TRUE(single.ok());
   EXPECT_EQ(single->order, MicroBatchOrder::kBatchMajor);
-  // A model that keeps one micro-batch (the CUDA model): auto says so, forced is refused.
-  in.micro_batches = 3;
-  in.model_has_slots = false;
-  auto cuda_auto = make(0);
-  ASSERT_TRUE(cuda_auto.ok());
-  EXPECT_EQ(cuda_auto->order, MicroBatchOrder::kBatchMajor);
-  EXPECT_NE(cuda_auto->reason.find("CUDA"), std::string::npos);
-  in.choice = MicroBatchOrderChoice::kLayer;
-  EXPECT_EQ(make(0).status().code(), StatusCode::kNotSupported);
 }
 
 // Offloaded activations: micro-batches that share one activation slot, their block inputs in

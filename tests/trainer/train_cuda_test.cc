@@ -2,12 +2,15 @@
 // the CPU (fp32) run within bf16 rounding, and an offloaded CUDA run (tiny device and host
 // budgets, states on NVMe) gives the GPU-resident run's losses bit for bit, and so does a run
 // whose engine all-gathers and reduce-scatters through a one-rank NCCL communicator in device
-// memory (the multi-GPU path, on one GPU). Skipped where no GPU is present; compiled
-// everywhere.
+// memory (the multi-GPU path, on one GPU), and so do layer-major micro-batches, with every
+// micro-batch in its own activation slot or sharing one with their activations in the engine.
+// Skipped where no GPU is present; compiled everywhere.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include "strata/comm.h"
+#include "tests/trainer/same_bits.h"
+#include "trainer/micro_batch_order.h"
 #include "trainer/trainer.h"
 
 namespace strata::model {
@@ -104,6 +107,49 @@ class TrainCudaTest : public ::testing::Test {
     return losses;
   }
 
+  // A run in the micro-batch order `in` chooses (trainer/micro_batch_order.h), as `strata
+  // train` makes it: losses, gradient norms and every block's states after the steps.
+  struct Outcome : RunBits {
+    MicroBatchOrder order = MicroBatchOrder::kBatchMajor;
+    int activation_slots = 0;
+  };
+  Outcome RunOrdered(trainer::MicroBatchOrderInputs in, uint64_t host_mem,
+                     const std::string& nvme) {
+    Outcome out;
+    auto dev = CreateCudaDevice({});
+    EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+    if (!dev.ok()) return out;
+    EngineOptions eo;
+    eo.device = dev->get();
+    eo.host_mem_bytes = host_mem;
+    if (!nvme.empty()) eo.nvme_paths = {nvme};
+    eo.grad_clip = 1.0;
+    eo.micro_batches = opt_.micro_batches;
+    in.micro_batches = opt_.micro_batches;
+    in.recompute = opt_.recompute;
+    in.offload_shape =
+        OffloadedActivations(cfg_, opt_.batch, opt_.seq_len, ResidualValueBytes(DeviceKind::kCuda));
+    auto made = trainer::CreateOrderedEngine(Gpt2BlockSpecs(cfg_), eo, in);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    if (!made.ok()) return out;
+    TrainOptions o = opt_;
+    o.micro_batch_order = out.order = made->order;
+    o.accumulate_on_device = made->accumulate_on_device;
+    o.activation_slots = out.activation_slots = made->activation_slots;
+    o.recompute = made->recompute;
+    Trainer t(made->engine.get(), dev->get(), cfg_, o, batcher_.get());
+    EXPECT_TRUE(t.InitWeights(nullptr, 3).ok());
+    for (int s = 0; s < opt_.steps; ++s) {
+      auto r = t.Step();
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return out;
+      out.losses.push_back(r->loss);
+      out.norms.push_back(r->stats.grad_norm);
+    }
+    ReadStates(*made->engine, &out);
+    return out;
+  }
+
   Gpt2Config cfg_;
   TrainOptions opt_;
   TokenStream data_;
@@ -163,6 +209,40 @@ TEST_F(TrainCudaTest, OneRankNcclCollectivesChangeNoBit) {
     device_min = (*e)->Placement().device_min_bytes;
   }
   EXPECT_EQ(Run(true, device_min, 0, "", /*nccl=*/true), plain);
+}
+
+// Layer-major micro-batches on the CUDA model: each in its own activation slot (the model
+// sums their gradients into the engine's buffer, AccumulateF32), or sharing one slot with
+// their residual stream, gradient and head gradient in the engine's pinned host slots (the
+// NVMe spill is the engine's, tested on the CPU in micro_batch_order_test), with and without
+// recompute where it applies. Every loss, norm and state equals
+// batch-major's bit for bit: the same kernels on the same values, the gradients summed in the
+// engine's order.
+TEST_F(TrainCudaTest, LayerMajorAndOffloadedActivationsEqualBatchMajorBitForBit) {
+  opt_.micro_batches = 4;
+  opt_.batch = 2;
+  auto b = Batcher::Create(&data_, opt_.batch, opt_.seq_len);
+  ASSERT_TRUE(b.ok());
+  batcher_ = std::make_unique<Batcher>(*b);
+  for (bool recompute : {false, true}) {
+    opt_.recompute = recompute;
+    const std::string tag = recompute ? " (recompute)" : "";
+    trainer::MicroBatchOrderInputs in;
+    in.choice = trainer::MicroBatchOrderChoice::kBatch;
+    in.offload = trainer::OffloadActivations::kOff;
+    const Outcome batch = RunOrdered(in, 0, "");
+    ASSERT_EQ(batch.losses.size(), 4u);
+    in.choice = trainer::MicroBatchOrderChoice::kLayer;
+    const Outcome layer = RunOrdered(in, 0, "");
+    EXPECT_EQ(layer.order, MicroBatchOrder::kLayerMajor);
+    ExpectSameBits(layer, batch, "layer-major, a slot per micro-batch" + tag);
+    if (!recompute) continue;  // shared slots move block inputs only: they need recompute
+    in.offload = trainer::OffloadActivations::kOn;
+    const Outcome shared = RunOrdered(in, 0, "");
+    EXPECT_EQ(shared.order, MicroBatchOrder::kLayerMajor);
+    EXPECT_EQ(shared.activation_slots, 1);
+    ExpectSameBits(shared, batch, "layer-major, one shared slot" + tag);
+  }
 }
 
 }  // namespace

@@ -154,7 +154,7 @@ class BenchStep {
         .choice = setup_->config().micro_batch_order,
         .micro_batches = opt_.micro_batches,
         .saved_activation_bytes = f_.activation_stash ? 0 : acts,
-        .model_has_slots = true,
+        .offload_shape = {},
         .multi_rank = world() > 1};
     *what = "budgets (--device-mem, --host-mem, --nvme) or --micro-batch-order";
     STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine made,

@@ -22,6 +22,7 @@
 #include "comm/messages.h"
 #include "model/data.h"
 #include "model/gpt2.h"
+#include "model/gpt2_backend.h"
 #include "model/run_size.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -416,9 +417,8 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
       .recompute_auto = !a.recompute_given,
       .saved_activation_bytes_recompute = model::SavedActivationBytes(cfg, rows, a.seq_len, true),
       .offload = config.offload_activations,
-      .offload_shape = cpu_model ? model::OffloadedActivations(cfg, rows, a.seq_len)
-                                 : model::OffloadedActivationShape{},
-      .model_has_slots = cpu_model,
+      .offload_shape = model::OffloadedActivations(
+          cfg, rows, a.seq_len, model::ResidualValueBytes(setup->device().Kind())),
       .multi_rank = ri.world_size > 1,
       .unlimited_room_bytes = 0};
   if (cpu_model) {
@@ -428,6 +428,10 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
       order_in.unlimited_room_bytes = model::HostRoomLeft(
           *size, {.host_memory_bytes = model::HostMemoryBytes(), .have_nvme = nvme});
     }
+  } else {
+    // The GPU's memory not in use yet: layer-major's extra activations must fit in it.
+    const DeviceMemoryStats mem = setup->device().MemoryStats();
+    order_in.unlimited_room_bytes = mem.budget_bytes - std::min(mem.budget_bytes, mem.in_use_bytes);
   }
   auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
   if (!created.ok()) {
