@@ -383,30 +383,42 @@ class PyEngine {
     return *ticket;
   }
   uint64_t GradsRead() const { return Live().GradsRead(); }
-  // Engine::StashActivation from torch's host memory at `address` (a HostDevice's "device"
-  // memory, adopted for the copy): returns once the copy has landed, so the caller may free or
-  // overwrite the tensor.
+  // Engine::StashActivation from torch's memory at `address` (the engine's device memory:
+  // adopted for the copy). On a HostDevice it returns once the copy has landed, so the caller
+  // may free or overwrite the tensor. On CUDA the host does not wait: the engine's compute
+  // lane waits for the copy, and the caller orders torch's stream after that lane
+  // (_handoff.to_torch) before it frees the tensor, whose memory torch's next kernels on that
+  // stream may reuse; the caller ordered the lane after torch's work that wrote the tensor
+  // (to_engine) before this call.
   void StashActivation(uint32_t key, uintptr_t address, uint64_t bytes) {
-    RequireHostDevice("stash_activation");
     const void* src = reinterpret_cast<const void*>(address);
     Status s;
     {
       py::gil_scoped_release release;
       s = device_->AdoptMemory(src, bytes);
       if (s.ok()) {
+        // The copy is enqueued by the call (its source is read when the lane runs it).
         Result<EventPtr> landed = Live().StashActivation(key, src, bytes);
-        s = landed.ok() ? (*landed)->Synchronize() : landed.status();
+        if (!landed.ok()) {
+          s = landed.status();
+        } else if (device_->Kind() == DeviceKind::kHost) {
+          s = (*landed)->Synchronize();
+        } else {
+          s = device_->WaitEvent(Lane::kCompute, *landed);
+        }
         Status forget = device_->ForgetMemory(src);
         if (s.ok()) s = forget;
       }
     }
     ThrowIfError(s);
   }
-  // Engine::FetchActivation into torch's host memory at `address` (`bytes`, what was
-  // stashed): returns once the bytes are there. Corruption (a checksum mismatch) or the I/O
-  // error of an activation read back from NVMe raises, and the step cannot commit.
+  // Engine::FetchActivation into torch's memory at `address` (`bytes`, what was stashed). On
+  // a HostDevice it returns once the bytes are there; on CUDA once the copy is enqueued, the
+  // engine's compute lane after it (the caller then orders torch's stream after that lane,
+  // and before it the lane after torch's earlier use of the memory). Corruption (a checksum
+  // mismatch) or the I/O error of an activation read back from NVMe raises, and the step
+  // cannot commit.
   void FetchActivation(uint32_t key, uintptr_t address, uint64_t bytes, bool last) {
-    RequireHostDevice("fetch_activation");
     void* dst = reinterpret_cast<void*>(address);
     Status s;
     {
@@ -414,10 +426,12 @@ class PyEngine {
       s = device_->AdoptMemory(dst, bytes);
       if (s.ok()) {
         s = Live().FetchActivation(key, dst, last);
-        // The compute lane waits for the copy (FetchActivation's contract): draining it is
-        // the copy's end, and then the memory is no longer used.
-        Status drained = device_->SynchronizeLane(Lane::kCompute);
-        if (s.ok()) s = drained;
+        // On the host the compute lane waits for the copy (FetchActivation's contract):
+        // draining it is the copy's end, and then the memory is no longer used.
+        if (device_->Kind() == DeviceKind::kHost) {
+          Status drained = device_->SynchronizeLane(Lane::kCompute);
+          if (s.ok()) s = drained;
+        }
         Status forget = device_->ForgetMemory(dst);
         if (s.ok()) s = forget;
       }
@@ -461,14 +475,6 @@ class PyEngine {
   Engine& Live() const {
     if (!engine_) ThrowIfError(Status::InvalidArgument("this engine was closed"));
     return *engine_;
-  }
-  // The activation calls take torch's host memory as the device's: a HostDevice only.
-  void RequireHostDevice(const char* call) const {
-    if (device_->Kind() != DeviceKind::kHost) {
-      ThrowIfError(Status::NotSupported(std::string(call) +
-                                        " on a CUDA engine: the layer stashes block inputs "
-                                        "only on the CPU engine (HostDevice)"));
-    }
   }
 
   static py::dict StatsDict(const StepStats& s) {

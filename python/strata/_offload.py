@@ -91,7 +91,8 @@ def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None
     "on" stashes them in the engine (its pinned host slots within the host budget, then the
     NVMe scratch file; without `activation_bytes` sized from the first step, the engine then
     reopened at its commit), "off" keeps them in torch's memory, "auto" (the default) stashes
-    them when `activation_bytes` is given and the engine is the CPU's. `activation_bytes`: the
+    them when `activation_bytes` is given (on a CUDA engine too, stream-ordered; not yet run on
+    a GPU). `activation_bytes`: the
     largest input one block gets (e.g. "96K"); larger ones stay in torch's memory."""
     if not isinstance(model, torch.nn.Module):
         raise Error(f"offload(model=...) takes an nn.Module, got {type(model).__name__}")
@@ -500,11 +501,11 @@ class _Offloaded:
 
     def stash_inputs(self, tensors):
         """A recomputed block's inputs after its forward: see _stash.py."""
-        return self._stash.stash(self._core, tensors)
+        return self._stash.stash(self._core, self._handoff, tensors)
 
     def fetch_input(self, meta):
         """A stashed block input, back before the block's recompute."""
-        return self._stash.fetch(self._core, meta)
+        return self._stash.fetch(self._core, self._handoff, meta)
 
     def keeps_activations(self, b):
         """Whether block b, now running forward, keeps its autograd graph for backward: with

@@ -11,10 +11,17 @@ never a wrong gradient.
 
 What qualifies: a positional tensor argument of the block that requires grad (the residual
 stream an earlier layer computed; tensors that do not, attention masks and data the caller
-holds, would not be freed by a stash), a plain contiguous CPU tensor of a floating dtype with
-1..activation_bytes bytes, on the CPU engine (on CUDA the device is torch's GPU; the stash is
-not used there yet), while fewer than activation_count are live. Anything else stays in
-torch's memory, as without a stash.
+holds, would not be freed by a stash), a plain contiguous tensor on the engine's device (the
+CPU, or the engine's GPU) of a floating dtype with 1..activation_bytes bytes, while fewer than
+activation_count are live. Anything else stays in torch's memory, as without a stash.
+
+On CUDA the copies are stream-ordered, with no host wait (_handoff.py): before a stash the
+engine's compute lane waits for torch's stream (the work that wrote the input); the stash's
+D2H copy follows that lane, the lane waits for the copy, and torch's stream waits for the lane
+before the input is let go, so torch's next kernels cannot reuse its memory under the copy. A
+fetch allocates the tensor, orders the lane after torch's stream, enqueues the H2D copy (the
+lane waits for it) and orders torch's stream after the lane. Not yet run on a GPU
+(tests/python/test_cuda.py; tools/gpu_check_python.sh runs it there).
 
 Sizes: the engine plans its slots when it is created, which is when the optimizer binds,
 before any block input exists. offload(activation_bytes=...) gives the largest input one block
@@ -22,8 +29,8 @@ gets (batch x sequence x hidden x dtype size for a transformer), and the count i
 (micro-batches run forward and backward in turn: one micro-batch's inputs are live at once).
 offload_activations="on" without a size learns both from the first step, which keeps its
 inputs in torch's memory, and the engine is then reopened at that step's commit with the stash
-(NVMe folders and one rank: the reopen is Engine(resume=True)'s); "auto" without a size leaves
-them in torch's memory and never reopens the engine.
+(the CPU engine with NVMe folders and one rank: the reopen is Engine(resume=True)'s); "auto"
+without a size leaves them in torch's memory and never reopens the engine.
 """
 import warnings
 
@@ -50,6 +57,7 @@ class InputStash:
             self.bytes = 0
         self.count = blocks if self.bytes else 0
         self.enabled = False  # set by configure, once the engine's device is known
+        self.device_type = "cpu"  # the engine's device: where a stashed input lives
         # Learning the sizes in the first step (mode "on" without activation_bytes): the largest
         # qualifying input and the most in one forward; None once learned or not learning.
         self.learning = self.mode == "on" and not self.bytes
@@ -65,12 +73,7 @@ class InputStash:
                         "commit, which needs the CPU engine with NVMe folders; give "
                         "activation_bytes=... (the largest input one block gets, e.g. batch * "
                         "seq * hidden * 4 for fp32)")
-        if self.bytes and not cpu_engine:
-            if self.mode == "on":
-                raise Error("offload(offload_activations=\"on\") on a CUDA engine: the block "
-                            "inputs are stashed only on the CPU engine for now; use \"auto\" "
-                            "(they stay in torch's memory on CUDA)")
-            self.bytes = self.count = 0
+        self.device_type = "cpu" if cpu_engine else "cuda"
         config.activation_bytes = self.bytes
         config.activation_count = self.count
         self.enabled = bool(self.bytes)
@@ -83,7 +86,7 @@ class InputStash:
         self._in_forward = 0
 
     def kind_qualifies(self, t):
-        return (t.requires_grad and t.device.type == "cpu" and t.dtype in _DTYPES
+        return (t.requires_grad and t.device.type == self.device_type and t.dtype in _DTYPES
                 and t.is_contiguous() and t.layout == torch.strided and t.numel() > 0)
 
     def qualifies(self, t):
@@ -127,27 +130,35 @@ class InputStash:
             self.bytes, self.count, self.enabled = self._most_bytes, self._most_in_forward, True
         st._closed = None
 
-    def stash(self, core, tensors):
+    def stash(self, core, handoff, tensors):
         """Stashes the qualifying `tensors`; returns one entry per tensor: None (kept by the
-        caller in torch's memory) or the stashed tensor's (key, shape, dtype, requires_grad)."""
+        caller in torch's memory) or the stashed tensor's (key, shape, dtype, requires_grad).
+        The caller may let go of a stashed tensor once this returns."""
         if self.learning:
             self.learn(tensors)
-        metas = []
-        for t in tensors:
+        metas = [None] * len(tensors)
+        ordered = False
+        for i, t in enumerate(tensors):
             if not self.qualifies(t):
-                metas.append(None)
                 continue
+            if not ordered:
+                handoff.to_engine()  # the copies after torch's work that wrote the inputs
+                ordered = True
             key = self._next_key
             core.stash_activation(key, t.data_ptr(), t.numel() * t.element_size())
             self._next_key += 1
             self._live += 1
-            metas.append((key, t.shape, t.dtype, t.requires_grad))
+            metas[i] = (key, t.shape, t.dtype, t.requires_grad)
+        if ordered:
+            handoff.to_torch()  # torch's reuse of the inputs' memory after the copies
         return metas
 
-    def fetch(self, core, meta):
+    def fetch(self, core, handoff, meta):
         """The stashed tensor `meta` back in a new tensor (its key is dropped)."""
         key, shape, dtype, requires_grad = meta
-        t = torch.empty(shape, dtype=dtype)
+        t = torch.empty(shape, dtype=dtype, device=handoff.device)
+        handoff.to_engine()  # the copy after torch's last use of that memory
         core.fetch_activation(key, t.data_ptr(), t.numel() * t.element_size(), True)
+        handoff.to_torch()  # torch's reads after the copy
         self._live -= 1
         return t.requires_grad_(requires_grad)

@@ -1,7 +1,8 @@
 """strata.offload on a GPU (skipped without one; tools/gpu_check_python.sh runs it on the lent
 GPU machine): the hand-offs are stream-ordered (no host synchronisation inside a step), the
 offloaded run is bit-identical to the in-memory one and within the CUDA ops' tolerance of
-torch's resident training, and a bf16 model computes on the engine's bf16 buffers."""
+torch's resident training, block inputs stashed in the engine (pinned host, then NVMe) change
+no bit and add no host wait, and a bf16 model computes on the engine's bf16 buffers."""
 import pytest
 import torch
 
@@ -14,13 +15,14 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and strata._strat
 STEPS, MICRO, CLIP, LR = 8, 2, 1.0, 2e-2
 
 
-def _train(engine=None, dtype=torch.float32, check_sync=False):
-    """Losses (a list of tensors until the end: .item() would wait on the host) and the model."""
-    model = GPT(layers=4).to("cuda", dtype)
+def _train(engine=None, dtype=torch.float32, check_sync=False, **offload):
+    """Losses (a list of tensors until the end: .item() would wait on the host) and the model.
+    `offload`: more strata.offload arguments."""
+    model = GPT(layers=4, dropout=offload.pop("dropout", 0.0)).to("cuda", dtype)
     kw = dict(lr=LR, betas=(0.9, 0.95), eps=1e-8)
     if engine is not None:
         model = strata.offload(model, blocks=list(model.blocks), engine=engine,
-                               micro_batches=MICRO)
+                               micro_batches=MICRO, **offload)
         opt = strata.optim.AdamW(param_groups(model, 0.1), max_grad_norm=CLIP, **kw)
     else:
         opt = torch.optim.AdamW(param_groups(model, 0.1), **kw)
@@ -66,6 +68,23 @@ def test_offloaded_on_the_gpu_is_stream_ordered_and_equals_in_memory_bit_for_bit
         assert abs(ours - theirs) <= 1e-4 * abs(theirs), (off, resident)
     tiny.close()
     mem.close()
+
+
+def test_stashed_block_inputs_on_the_gpu_are_stream_ordered_and_change_no_bit(tmp_path):
+    # A block input: batch 4 x seq 16 x dim 32 fp32 (gpt_model.batches). At this host budget
+    # the stash keeps its minimum of host slots, so some inputs spill to the NVMe scratch file.
+    runs = {}
+    for stash in ("off", "on"):
+        nvme = tmp_path / stash
+        nvme.mkdir()
+        eng = strata.Engine(device="cuda", device_mem="160K", host_mem="1000K", nvme=[nvme])
+        _, runs[stash] = _train(eng, check_sync=True, recompute=True, dropout=0.1,
+                                offload_activations=stash, activation_bytes=4 * 16 * 32 * 4)
+        if stash == "on":
+            moved = eng.last_step_stats()["activation_bytes"]
+            assert moved["d2h"] > 0 and moved["h2d"] == moved["d2h"], moved
+        eng.close()
+    assert runs["on"] == runs["off"], runs  # dropout 0.1: the recompute's RNG too
 
 
 def test_a_bf16_model_trains_on_the_engines_bf16_buffers():
