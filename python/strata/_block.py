@@ -72,16 +72,17 @@ class _BlockForward:
 
     def _call(self, args, kwargs):
         st = self.state
-        if not torch.is_grad_enabled() and st._next_fwd is None and st._inference:
+        if not torch.is_grad_enabled() and st.progress.next_fwd is None and st.progress.inference:
             return st.inference_forward(self.b, self.forward, args, kwargs)
         # Activation checkpointing around a block (torch.utils.checkpoint, Hugging Face's
         # model.gradient_checkpointing_enable()) runs its forward under no_grad and again in
         # backward; the layer already does both itself, and the second run would be taken for
         # a second forward.
-        if ((st._next_fwd is not None and not torch.is_grad_enabled())
-                or st._next_bwd is not None):
+        progress = st.progress
+        if ((progress.next_fwd is not None and not torch.is_grad_enabled())
+                or progress.next_bwd is not None):
             raise Error(f"block {st.block_name(self.b)} was called "
-                        f"{'in backward' if st._next_bwd is not None else 'under no_grad'}: "
+                        f"{'in backward' if progress.next_bwd is not None else 'under no_grad'}: "
                         + CHECKPOINTING_REFUSED)
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor) and v.requires_grad:
@@ -224,8 +225,8 @@ class _BlockFunction(torch.autograd.Function):
             try:
                 return _BlockFunction._backward(ctx, grad_outs)
             except BaseException as e:
-                if st._acquired is not None:
-                    st.clear_params(st._acquired[0])
+                if st.progress.acquired is not None:
+                    st.clear_params(st.progress.acquired[0])
                 st.abort_after(e)
                 raise
 

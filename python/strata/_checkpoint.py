@@ -55,7 +55,7 @@ def _offloaded_state(model, what):
 
 def _ready_between_steps(state, what):
     state.core()
-    if state._step_open:
+    if state.progress.open:
         raise Error(f"{what} in the middle of a step; call opt.step() first (or "
                     "engine.abort_step() to drop the step)")
     if state._opt is None:
@@ -100,7 +100,7 @@ def _moments_access(state, what):
     """Checks the moments can be read or written now; returns (engine steps committed,
     {id(param): (engine block, offset, numel, shape)})."""
     core = state.core()
-    if state._step_open:
+    if state.progress.open:
         raise Error(f"{what} in the middle of a step; call opt.step() first")
     stats = state.engine._stats
     steps = stats["step"] if stats is not None else core.resumed_step()

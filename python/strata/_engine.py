@@ -83,7 +83,7 @@ class Engine:
         last_step_stats() reports it. A training loop need not call it: reads, saves and
         close() do it, and the next step runs those updates under its forward."""
         st = self._state()
-        if st._step_open:
+        if st.progress.open:
             raise Error("Engine.flush() in the middle of a step; call opt.step() first")
         st.core().flush()
         self._take()
@@ -144,7 +144,7 @@ class Engine:
         model cannot train afterwards. Also at the end of a `with strata.Engine(...)` block."""
         st = self._model
         if st is not None and st._core is not None:
-            if st._step_open:
+            if st.progress.open:
                 raise Error("Engine.close() in the middle of a step; call opt.step() first, "
                             "or engine.abort_step() to drop the step")
             try:

@@ -63,6 +63,7 @@ from ._engine import Engine
 from ._threads import optimizer_threads
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
+from ._progress import StepProgress
 from ._owners import assign_owners, model_dtype
 from ._stash import InputStash
 from ._strata import Error
@@ -154,17 +155,12 @@ class _Offloaded:
         self._core = None
         self._closed = None  # why the model cannot train any more, once it cannot
         self._opt = None
-        self._step_open = False
-        # The engine's position in the step's schedule (for abort_step): accesses released so
-        # far, and the one acquired now as (block, backward, gradient submitted).
-        self._released = 0
-        self._acquired = None
-        self._micro = 0  # micro-batches begun in this step
-        self._inference = False  # the forward running now is a no_grad one (inference_forward)
+        # The step's progress through the engine's schedule, and the checks of the model's
+        # calls against it.
+        self.progress = StepProgress(self.first_block, self.last_block, micro_batches,
+                                     len(self._engine_blocks), self.block_name)
         self.recompute = True  # offload(recompute=...)
         self._kept_bytes = 0  # activations kept by this forward's blocks (recompute != True)
-        self._next_fwd = None  # engine index expected next in forward; None between passes
-        self._next_bwd = None
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
         # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
         # read them (see submit).
@@ -336,15 +332,14 @@ class _Offloaded:
 
     def _acquire(self, b, backward):
         address = self._core.acquire(b, backward)
-        self._acquired = (b, backward, False)
+        self.progress.acquired_now(b, backward)
         self._handoff.to_torch()
         return address
 
     def _release(self, b):
         self._handoff.to_engine()
         self._core.release(b)
-        self._acquired = None
-        self._released += 1
+        self.progress.released_now()
 
     def _copy(self, dst, src):
         """dst.copy_(src) for same-shaped tensors; on the CPU, contiguous fp32 ones go through
@@ -381,7 +376,7 @@ class _Offloaded:
                 addresses.append(g.data_ptr())
             self._handoff.to_engine()
         ticket = self._core.submit_grads_from(b, addresses)
-        self._acquired = (b, True, True)
+        self.progress.submitted_now(b)
         self._held_grads.append((ticket, keep))
         self._drop_read_grads()
 
@@ -404,7 +399,7 @@ class _Offloaded:
                     self._copy(flat[off:off + n], g.reshape(-1))
             self._handoff.to_engine()
         self._core.submit_grads(b)
-        self._acquired = (b, True, True)
+        self.progress.submitted_now(b)
 
     # --- the step -----------------------------------------------------------------------
 
@@ -417,7 +412,8 @@ class _Offloaded:
         if not torch.is_grad_enabled():
             self._begin_inference()
             return
-        self._inference = False
+        progress = self.progress
+        progress.inference = False
         if self.model.training and any(m.gradient_checkpointing is True
                                        for m in self._checkpointing_flags):
             raise Error(f"the model has gradient checkpointing on: {CHECKPOINTING_REFUSED}")
@@ -427,21 +423,14 @@ class _Offloaded:
                         ".grad, so a GradScaler could not unscale or check them): use "
                         "torch.autocast(..., dtype=torch.bfloat16), or a bfloat16 model")
         self._finish_backward()
-        if self._next_fwd is not None or self._next_bwd is not None:
-            raise Error("forward called again before loss.backward() of the previous forward "
-                        "finished; every forward of an offloaded model needs its backward "
-                        "(engine.abort_step() drops the step, after a failed loss say)")
-        if self._micro == self.micro_batches:
-            raise Error(f"forward number {self._micro + 1} in one step, with "
-                        f"micro_batches={self.micro_batches}; call opt.step() after "
-                        f"{self.micro_batches} forward/backward passes")
-        if not self._step_open:
+        progress.check_new_micro()
+        if not progress.open:
             self._clock.reset()
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
-            self._step_open = True
+            progress.open = True
             self._stash.begin_step()
-        self._micro += 1
+        progress.micro += 1
         self._stash.begin_forward()
         self._kept_bytes = 0
         if self.rest:
@@ -453,7 +442,7 @@ class _Offloaded:
                     self._copy(p.data, v)
                     p.grad = None
             self._release(0)
-        self._next_fwd = self.first_block
+        progress.start_forward()
 
     # --- inference (no_grad forward, generate()) ------------------------------------------
 
@@ -463,10 +452,10 @@ class _Offloaded:
         weights, wherever they live) when the block is called, and dropped after it; the
         engine's step schedule is not entered, so training goes on afterwards unchanged."""
         self._finish_backward()
-        if self._step_open:
+        if self.progress.open:
             raise Error("a forward under no_grad (evaluation) in the middle of a training step; "
                         "call opt.step() first (or engine.abort_step() to drop the step)")
-        self._inference = True
+        self.progress.inference = True
         if self.rest:
             with torch.no_grad(), self._clock.copy():
                 for t, (_, p) in enumerate(self.rest):
@@ -484,7 +473,7 @@ class _Offloaded:
 
     def inference_forward(self, b, forward, args, kwargs):
         """Runs block b under no_grad on weights read from the engine (see _begin_inference)."""
-        if not self._inference:
+        if not self.progress.inference:
             raise Error(f"block {self.block_name(b)} was called under no_grad outside the "
                         "model's forward; call the offloaded model itself")
         ps = self._block_tensors[b]
@@ -523,44 +512,16 @@ class _Offloaded:
         return activation_budget(self)
 
     def block_forward_begin(self, b):
-        if self._next_fwd is None:
-            raise Error(f"block {self.block_name(b)} was called outside the model's forward; "
-                        "call the offloaded model itself")
-        if b != self._next_fwd:
-            if b < self._next_fwd:
-                raise Error(f"block {self.block_name(b)} was called twice in one forward; each "
-                            "block in `blocks` must run once per forward")
-            raise Error(f"block {self.block_name(self._next_fwd)} was not called before block "
-                        f"{self.block_name(b)}; `blocks` must list the blocks in the order "
-                        "forward calls them, each once")
+        self.progress.forward_begin(b)
 
     def block_forward_end(self, b):
-        self._next_fwd = b + 1
+        self.progress.forward_end(b)
 
     def block_backward_begin(self, b):
-        last = self.last_block
-        if self._next_fwd is None and self._next_bwd is None:
-            raise Error(f"backward reached block {self.block_name(b)} after this forward's "
-                        "backward had finished; call backward once per forward (a second "
-                        "backward through an offloaded model, retain_graph=True, is not "
-                        "supported)")
-        if self._next_fwd is not None:  # the first backward of this micro-batch
-            if self._next_fwd != last + 1:
-                missing = self.block_name(self._next_fwd)
-                self._next_fwd = None
-                raise Error(f"block {missing} was not called in forward; `blocks` must list "
-                            "only blocks that forward calls, each once, in order")
-            self._next_fwd = None
-            self._next_bwd = last
-        if b != self._next_bwd:
-            raise Error(f"backward reached block {self.block_name(b)} while block "
-                        f"{self.block_name(self._next_bwd)} was expected; call backward once "
-                        "per forward, on the whole loss")
+        self.progress.backward_begin(b)
 
     def block_backward_end(self, b):
-        self._next_bwd = b - 1
-        if b == self.first_block:  # the micro-batch's backward through the blocks is done
-            self._next_bwd = None
+        if self.progress.backward_end(b):  # the micro-batch's backward through the blocks
             self._rest_pending = bool(self.rest)
             if self._rest_pending:
                 # Once autograd has finished this backward (the rest's .grad are final), submit
@@ -592,12 +553,7 @@ class _Offloaded:
 
     def _end_step_timed(self, opt):
         self._finish_backward()
-        if self._next_fwd is not None or self._next_bwd is not None:
-            raise Error("opt.step() called before loss.backward() finished; call "
-                        "loss.backward() after every forward")
-        if self._micro != self.micro_batches:
-            raise Error(f"opt.step() after {self._micro} forward/backward passes, with "
-                        f"micro_batches={self.micro_batches}; run {self.micro_batches} per step")
+        self.progress.check_end()
         try:
             stats = self._core.end_step()
         finally:
@@ -608,12 +564,8 @@ class _Offloaded:
         return stats
 
     def _reset_step(self):
-        self._step_open = False
-        self._micro = 0
-        self._next_fwd = self._next_bwd = None
+        self.progress.reset()
         self._rest_pending = False
-        self._released = 0
-        self._acquired = None
         for _, p in self.rest:
             p.grad = None
 
@@ -623,9 +575,10 @@ class _Offloaded:
         """`exc` was raised inside the step: drops the step when the engine is part way through
         a forward or backward (a misuse refused between passes leaves a usable step alone). A
         failure to drop it is added to `exc` as a note; `exc` is what the caller sees."""
-        if self._core is None or not self._step_open:
+        progress = self.progress
+        if self._core is None or not progress.open:
             return
-        if self._next_fwd is None and self._next_bwd is None and self._acquired is None:
+        if not progress.in_pass() and progress.acquired is None:
             return
         try:
             self.abort_step()
@@ -642,14 +595,15 @@ class _Offloaded:
         is global) and commits the states it began from; when some updates already ran, it
         cannot, and is closed (strata.Error)."""
         core = self.core()
-        if not self._step_open:
+        progress = self.progress
+        if not progress.open:
             return
         if self.engine.config.nvme and core.world_size == 1:
             self._run_out_first_forward()
             self._reopen("dropping the step in progress")
             return
-        total = 2 * len(self._engine_blocks) * self.micro_batches
-        if self._released == total and self._acquired is None:
+        total = progress.total()
+        if progress.released == total and progress.acquired is None:
             raise Error("abort_step() after the step's last backward: its updates have run, and "
                         "an engine without NVMe folders keeps no earlier state to go back to; "
                         "call opt.step() to commit the step")
@@ -670,7 +624,7 @@ class _Offloaded:
         (acquire and release, no compute), so that closing the engine commits it and reopening
         goes back to it, not to the step before. A failure closes the engine for good."""
         n = len(self._engine_blocks)
-        if self._released >= n:
+        if self.progress.released >= n:
             return
         try:
             self._run_out_step(n)  # forward accesses only: no gradient is submitted
@@ -682,15 +636,12 @@ class _Offloaded:
         """Acquires and releases the accesses left in the step up to `total` released, in the
         schedule's order (per micro-batch: forward 0..n-1, backward n-1..0), submitting NaN
         gradients in backward."""
-        if self._acquired is not None:
-            b, backward, submitted = self._acquired
+        if self.progress.acquired is not None:
+            b, backward, submitted = self.progress.acquired
             if backward and not submitted:
                 self._submit_nan(b)
             self._release(b)
-        per = 2 * len(self._engine_blocks)
-        while self._released < total:
-            j = self._released % per
-            b, backward = (j, False) if j < per // 2 else (per - 1 - j, True)
+        for b, backward in self.progress.rest_of_schedule(total):
             self._acquire(b, backward)
             if backward:
                 self._submit_nan(b)
