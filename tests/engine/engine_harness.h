@@ -200,4 +200,57 @@ inline ::testing::AssertionResult BitIdentical(const std::vector<std::vector<flo
   return ::testing::AssertionSuccess();
 }
 
+// The states after `steps` steps with unlimited budgets (the reference every budgeted run
+// must equal bit for bit), and each step's gradient norm.
+inline Result<std::vector<std::vector<float>>> UnlimitedStates(
+    const std::vector<BlockSpec>& specs, int steps, int micro_batches, double clip,
+    std::vector<double>* norms = nullptr, WorkingDtype dtype = WorkingDtype::kFp32) {
+  RunConfig rc;
+  rc.dtype = dtype;
+  rc.micro_batches = micro_batches;
+  rc.grad_clip = clip;
+  STRATA_ASSIGN_OR_RETURN(Outcome run, Train(specs, rc, steps));
+  if (norms) *norms = run.rec.norms;
+  return std::move(run.states);
+}
+
+// The minimum budgets the planner reports for this model.
+// The minimum host budget depends on the device budget (a smaller device re-copies params
+// in backward, and those copies need host staging), so it is asked for with the device
+// budget the run will use.
+inline PlacementReport Minimums(const std::vector<BlockSpec>& specs, int micro_batches, double clip,
+                                const std::string& nvme, uint64_t device_mem = 1ull << 34) {
+  RunConfig rc;
+  rc.micro_batches = micro_batches;
+  rc.grad_clip = clip;
+  rc.nvme = nvme;
+  rc.host_mem = 1ull << 34;
+  rc.device_mem = device_mem;
+  auto f = MakeEngine(specs, rc, /*init_params=*/false);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  return f.ok() ? f->engine->Placement() : PlacementReport{};
+}
+
+// A fixed model of three blocks with odd tensor sizes.
+inline std::vector<BlockSpec> ThreeBlockModel() {
+  return {BlockSpec{"emb", {TensorSpec{"w", {1023, 3}, true}, TensorSpec{"b", {17}, false}}},
+          BlockSpec{"h.0", {TensorSpec{"w", {4096, 2}, true}}},
+          BlockSpec{"h.1", {TensorSpec{"w", {15, 15}, true}, TensorSpec{"ln", {1}, false}}}};
+}
+
+// Budgets at the planner's minimums with NVMe (and a durable store).
+inline RunConfig TightNvme(const std::vector<BlockSpec>& specs, const std::string& dir, int mb = 1,
+                           double clip = 0) {
+  const uint64_t device_min = Minimums(specs, mb, clip, dir).device_min_bytes;
+  const PlacementReport mins = Minimums(specs, mb, clip, dir, device_min);
+  RunConfig rc;
+  rc.nvme = dir;
+  rc.device_mem = device_min;
+  rc.host_mem = mins.host_min_bytes;
+  rc.micro_batches = mb;
+  rc.grad_clip = clip;
+  rc.durable = true;
+  return rc;
+}
+
 }  // namespace strata::engine_test
