@@ -316,6 +316,7 @@ class GatedWrites final : public IoBackend {
         if (r.op == IoOp::kWrite && !gate_->open) {
           held_.push_back(r);
           ++gate_->held;
+          gate_->cv.notify_all();
         } else {
           now.push_back(r);
         }
@@ -394,7 +395,11 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
   const bool returned = acquired.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
   int held;
   {
-    std::lock_guard<std::mutex> l(gate->mu);
+    // The update's write may be submitted after the Acquire returned (the I/O thread queues it
+    // once the update ran): wait for it, the gate still closed, so that a write was held
+    // while the Acquire returned without it.
+    std::unique_lock<std::mutex> l(gate->mu);
+    gate->cv.wait_for(l, std::chrono::seconds(20), [&] { return gate->held > 0; });
     held = gate->held;
   }
   gate->Set(true);
