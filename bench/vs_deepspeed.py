@@ -11,6 +11,9 @@ Runs (each in its own process, so that its peak RSS is its own):
   strata-nvme    strata.offload, NVMe with 24M device / 32M host budgets (recompute=True, what
                  "auto" comes to at that budget; before 8714d16 "auto" past its budget leaked
                  each dropped graph, about 150 MiB of RSS per step on this model)
+  strata-nvme-keep  (only when named in --runs) the same with recompute=False: autograd's
+                 activations kept in torch's memory, outside the budgets, as DeepSpeed keeps
+                 them; what the recompute costs
   ds-cpu         DeepSpeed ZeRO-3, offload_optimizer + offload_param to cpu
   ds-nvme        DeepSpeed ZeRO-3, offload_optimizer + offload_param to nvme
 DeepSpeed runs as issue 27 ran it: DS_ACCELERATOR=cpu, gloo, world size 1, the model built
@@ -44,10 +47,12 @@ import tempfile
 import time
 
 RUNS = ["torch", "strata-mem", "strata-nvme", "ds-cpu", "ds-nvme"]
+EXTRA_RUNS = ["strata-nvme-keep"]
 LABELS = {
     "torch": "plain torch in memory",
     "strata-mem": "`strata.offload`, in memory",
     "strata-nvme": "`strata.offload`, NVMe, 24M device / 32M host",
+    "strata-nvme-keep": "`strata.offload`, NVMe, 24M device / 32M host, recompute=False",
     "ds-cpu": "DeepSpeed ZeRO-3, offload_optimizer + offload_param to cpu",
     "ds-nvme": "DeepSpeed ZeRO-3, offload to nvme",
 }
@@ -93,7 +98,7 @@ def _torch_step():
     return step
 
 
-def _strata_step(nvme, threads):
+def _strata_step(nvme, threads, recompute=None):
     import strata
     model = _model()
     # threads 0: the CPU engine's default (python/strata/_threads.py: the CPUs torch leaves
@@ -102,7 +107,8 @@ def _strata_step(nvme, threads):
                             threads=threads)
               if nvme else strata.Engine(device="cpu", threads=threads))
     model = strata.offload(model, blocks=list(model.transformer.h), engine=engine,
-                           recompute=True if nvme else "auto")
+                           recompute=recompute if recompute is not None
+                           else True if nvme else "auto")
     opt = strata.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, max_grad_norm=CLIP)
 
     def step(x):
@@ -147,9 +153,10 @@ def _deepspeed_step(nvme):
 def child(run, steps, folder, threads):
     """One run in this process: prints {"seconds": [...], "cpu_seconds": [...], "losses": [...],
     "rss_mib": ...}; cpu_seconds are the process's (every thread's) CPU seconds in each step."""
-    nvme = folder if run.endswith("nvme") else None
+    nvme = folder if "nvme" in run else None
     make = {"torch": _torch_step, "strata-mem": lambda: _strata_step(None, threads),
             "strata-nvme": lambda: _strata_step(nvme, threads),
+            "strata-nvme-keep": lambda: _strata_step(nvme, threads, recompute=False),
             "ds-cpu": lambda: _deepspeed_step(None), "ds-nvme": lambda: _deepspeed_step(nvme)}[run]
     step = make()
     seconds, cpu_seconds, losses = [], [], []
@@ -180,7 +187,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds")
     ap.add_argument("--steps", type=int, default=10, help="steps per run; 3.. are measured")
     ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " +
-                    ",".join(RUNS))
+                    ",".join(RUNS + EXTRA_RUNS) + " (default: " + ",".join(RUNS) + ")")
     ap.add_argument("--nvme", default=None, help="folder for the NVMe runs (default: a "
                     "temporary folder under /var/tmp)")
     ap.add_argument("--strata-threads", type=int, default=0, help="strata.Engine(threads=N) "
@@ -193,9 +200,9 @@ def main():
     if args.child:
         return child(args.child, args.steps, args.folder, args.strata_threads)
     runs = [r for r in args.runs.split(",") if r]
-    unknown = set(runs) - set(RUNS)
+    unknown = set(runs) - set(RUNS + EXTRA_RUNS)
     if unknown:
-        sys.exit(f"vs_deepspeed: unknown runs {sorted(unknown)}; choose from {RUNS}")
+        sys.exit(f"vs_deepspeed: unknown runs {sorted(unknown)}; choose from {RUNS + EXTRA_RUNS}")
     skipped = {}
     why = deepspeed_missing() if any(r.startswith("ds-") for r in runs) else None
     if why:
@@ -256,7 +263,8 @@ def report(args, results, skipped):
               f"{s['wrong']} |")
     for run, why in skipped.items():
         print(f"| {LABELS[run]} | skipped | | | | |")
-    for a, b in (("strata-mem", "ds-cpu"), ("strata-nvme", "ds-nvme")):
+    for a, b in (("strata-mem", "ds-cpu"), ("strata-nvme", "ds-nvme"),
+                 ("strata-nvme-keep", "ds-nvme"), ("strata-nvme", "strata-nvme-keep")):
         if a in rows and b in rows:
             per_round = [x / y for x, y in zip(rows[a]["round_s_per_step"],
                                                rows[b]["round_s_per_step"])]
