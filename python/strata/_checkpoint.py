@@ -11,7 +11,9 @@ A checkpoint is a folder:
 load_checkpoint copies nvme<i>/ into the engine's NVMe folders and reopens the engine with
 resume=True (as Engine(resume=True) continues a run), so a fresh process continues bit for bit.
 Only an engine with NVMe folders keeps its moments where they can be saved; without them
-save_checkpoint is refused.
+save_checkpoint is refused. The folder is written as `path`.partial and renamed into place; an
+older checkpoint at `path` is moved to `path`.old meanwhile and removed once the new one is in
+place.
 
 With several ranks an engine cannot be reopened in the same process (its ranks would have to
 meet again), so each rank saves its own shard instead, read from the open engine between
@@ -23,9 +25,12 @@ steps:
 load_checkpoint with as many ranks writes each rank's shard back into its open engine
 (Engine.write_component; the next step commits it first) and continues the step count (the bias
 correction's) from the checkpoint's, so fresh ranks continue bit for bit. The folder must be one
-that every rank reaches (one host, or a shared filesystem). Every rank calls both; a rank that
-fails (a missing shard, a full disk) leaves the others waiting at the next barrier until the
-communicator's timeout (STRATA_COMM_TIMEOUT) ends them with an error.
+that every rank reaches (one host, or a shared filesystem). Every rank calls both. The ranks
+agree after each phase (a one-value all-gather of "did this rank fail"), so a rank that fails
+(a missing or damaged shard, a full disk, a folder it cannot write) raises its own error and
+every other rank raises strata.Error naming the failed ranks, at once, instead of waiting for
+the communicator's timeout. A failed save leaves `path` as it was (the .partial folder is
+removed); a failed load writes nothing into any engine.
 """
 import json
 import os
@@ -192,11 +197,37 @@ def write_moments(state, opt, moments):
     state.step_offset = step - steps
 
 
-def _barrier(core):
-    """Every rank reaches this point before any leaves it (a one-value all-gather)."""
-    one = torch.zeros(1, dtype=torch.float32)
+def _replace_folder(new, path):
+    """Puts the complete folder `new` at `path`. An older checkpoint there is moved aside first
+    and removed only once the new one is in place, so that a crash in between leaves it (as
+    `path`.old) rather than nothing."""
+    old = path + ".old"
+    if os.path.exists(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+    os.rename(new, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _agree(core, what, phase):
+    """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
+    one-value all-gather of whether the phase failed here). Raises the phase's own exception on
+    a rank where it failed, and strata.Error naming the failed ranks on the others."""
+    failure = None
+    try:
+        phase()
+    except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
+        failure = e
+    flag = torch.tensor([1.0 if failure is not None else 0.0], dtype=torch.float32)
     every = torch.empty(core.world_size, dtype=torch.float32)
-    core.all_gather_f32(one.data_ptr(), 1, every.data_ptr())
+    core.all_gather_f32(flag.data_ptr(), 1, every.data_ptr())
+    if failure is not None:
+        raise failure
+    failed = [r for r, v in enumerate(every.tolist()) if v]
+    if failed:
+        ranks = ", ".join(map(str, failed))
+        raise Error(f"{what} failed on rank{'s' if len(failed) > 1 else ''} {ranks} (its error "
+                    "says why); nothing was changed here")
 
 
 def _python_state(state, opt, lr_scheduler, client_state, step, **extra):
@@ -218,32 +249,48 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
     step = steps + state.step_offset
     rank, world = core.rank, core.world_size
     tmp = path + ".partial"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    _barrier(core)
-    shards = {}
-    for b, (_, _, padded) in enumerate(state._layout):
-        for k in ("master", "exp_avg", "exp_avg_sq"):
-            v = torch.empty(padded // world, dtype=torch.float32)
-            core.read_component(b, k, v.data_ptr(), v.numel())
-            shards[(b, k)] = v
-    torch.save({"rank": rank, "world_size": world, "step": step, "shards": shards,
-                "rng": torch.get_rng_state()}, os.path.join(tmp, f"rank{rank}.pt"))
-    tensors = state.gather()  # a collective: every rank gathers, rank 0 writes
-    if rank == 0:
-        _write_safetensors(tensors, os.path.join(tmp, "model.safetensors"))
-        opt = optimizer or state._opt
-        torch.save(_python_state(state, opt, lr_scheduler, client_state, step, world_size=world),
-                   os.path.join(tmp, "python.pt"))
-    _barrier(core)  # every rank's shard is written
-    if rank == 0:
-        with open(os.path.join(tmp, "strata.json"), "w") as f:
-            json.dump({"step": step, "world_size": world, "format": "shards"}, f)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.rename(tmp, path)
-    _barrier(core)  # no rank returns before the checkpoint is in place
+    what = f"save_checkpoint({path!r})"
+
+    def make_folder():
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+
+    def write_shard():
+        shards = {}
+        for b, (_, _, padded) in enumerate(state._layout):
+            for k in ("master", "exp_avg", "exp_avg_sq"):
+                v = torch.empty(padded // world, dtype=torch.float32)
+                core.read_component(b, k, v.data_ptr(), v.numel())
+                shards[(b, k)] = v
+        torch.save({"rank": rank, "world_size": world, "step": step, "shards": shards,
+                    "rng": torch.get_rng_state()}, os.path.join(tmp, f"rank{rank}.pt"))
+
+    tensors = {}
+
+    def write_weights():
+        if rank == 0:
+            _write_safetensors(tensors, os.path.join(tmp, "model.safetensors"))
+            opt = optimizer or state._opt
+            torch.save(_python_state(state, opt, lr_scheduler, client_state, step,
+                                     world_size=world), os.path.join(tmp, "python.pt"))
+
+    def put_in_place():
+        if rank == 0:
+            with open(os.path.join(tmp, "strata.json"), "w") as f:
+                json.dump({"step": step, "world_size": world, "format": "shards"}, f)
+            _replace_folder(tmp, path)
+
+    try:
+        _agree(core, what, make_folder)
+        _agree(core, what, write_shard)  # every rank's shard is written
+        tensors.update(state.gather())  # a collective: every rank gathers, rank 0 writes
+        _agree(core, what, write_weights)
+        _agree(core, what, put_in_place)  # no rank returns before the checkpoint is in place
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return path
 
 
@@ -252,33 +299,42 @@ def _load_shards(state, path, optimizer, lr_scheduler):
     core = state.core()
     _ready_between_steps(state, "load_checkpoint")
     rank, world = core.rank, core.world_size
-    meta = _checkpoint_meta(path)
-    if meta.get("format") != "shards" or meta.get("world_size") != world:
-        saved = meta.get("world_size", 1) if meta.get("format") == "shards" else 1
-        raise Error(f"the checkpoint {path} was saved by {saved} rank(s), this run has {world}; "
-                    "load it with as many ranks (each loads its own shard)")
     kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
-    try:
-        mine = torch.load(os.path.join(path, f"rank{rank}.pt"), **kw)
-        saved = torch.load(os.path.join(path, "python.pt"), **kw)
-    except FileNotFoundError as e:
-        raise Error(f"the checkpoint {path} is incomplete: {e}") from None
-    shards = mine["shards"]
-    for b, (name, _, padded) in enumerate(state._layout):
-        for k in ("master", "exp_avg", "exp_avg_sq"):
-            v = shards.get((b, k))
-            if v is None or v.numel() != padded // world:
-                raise Error(f"the checkpoint {path} does not fit this model: rank {rank}'s {k} "
-                            f"of block {name!r} has {None if v is None else v.numel()} values, "
-                            f"the engine's shard {padded // world}")
-    for (b, k), v in sorted(shards.items()):
+    loaded = {}
+
+    def read_shard():
+        meta = _checkpoint_meta(path)
+        if meta.get("format") != "shards" or meta.get("world_size") != world:
+            saved = meta.get("world_size", 1) if meta.get("format") == "shards" else 1
+            raise Error(f"the checkpoint {path} was saved by {saved} rank(s), this run has "
+                        f"{world}; load it with as many ranks (each loads its own shard)")
+        try:
+            loaded["mine"] = torch.load(os.path.join(path, f"rank{rank}.pt"), **kw)
+            loaded["saved"] = torch.load(os.path.join(path, "python.pt"), **kw)
+        except FileNotFoundError as e:
+            raise Error(f"the checkpoint {path} is incomplete: {e}") from None
+        except Exception as e:  # noqa: BLE001 (a damaged file: torch's unpickling errors vary)
+            raise Error(f"the checkpoint {path} cannot be read on rank {rank}: {e}") from None
+        shards = loaded["mine"]["shards"]
+        for b, (name, _, padded) in enumerate(state._layout):
+            for k in ("master", "exp_avg", "exp_avg_sq"):
+                v = shards.get((b, k))
+                if v is None or v.numel() != padded // world:
+                    raise Error(f"the checkpoint {path} does not fit this model: rank {rank}'s "
+                                f"{k} of block {name!r} has {None if v is None else v.numel()} "
+                                f"values, the engine's shard {padded // world}")
+
+    # Every rank's shard is read and checked before any engine is written.
+    _agree(core, f"load_checkpoint({path!r})", read_shard)
+    mine, saved = loaded["mine"], loaded["saved"]
+    for (b, k), v in sorted(mine["shards"].items()):
         v = v.contiguous()
         core.write_component(b, k, v.data_ptr(), v.numel())  # committed with the next step
     steps, _ = _moments_access(state, "load_checkpoint")
     state.step_offset = int(saved["step"]) - steps
     _restore_python_state(state, saved, optimizer, lr_scheduler)
     torch.set_rng_state(mine["rng"])
-    _barrier(core)  # every rank has its shard back
+    _agree(core, f"load_checkpoint({path!r})", lambda: None)  # every rank has its shard back
     return saved["client_state"]
 
 
@@ -326,9 +382,7 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
                os.path.join(tmp, "python.pt"))
     with open(os.path.join(tmp, "strata.json"), "w") as f:
         json.dump({"step": step, "folders": len(nvme)}, f)
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.rename(tmp, path)
+    _replace_folder(tmp, path)
     return path
 
 

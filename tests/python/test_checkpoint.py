@@ -2,8 +2,10 @@
 the run bit for bit (weights, moments, step, lr schedule, dropout's RNG), and the checkpoint's
 model.safetensors is the weights as plain safetensors."""
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -33,9 +35,10 @@ def test_a_fresh_process_continues_from_a_checkpoint_bit_for_bit(tmp_path):
     assert (ckpt / "model.safetensors").read_bytes() != straight  # step 3's weights, not 5's
 
 
-def _ranks(tmp_path, *args):
+def _ranks(tmp_path, *args, timeout=60):
     """checkpoint_multirank_child.py as two ranks (launcher variables, a file rendezvous);
-    `args` may name "{rank}", which each rank's arguments get its number in."""
+    `args` may name "{rank}", which each rank's arguments get its number in. `timeout`: the
+    communicator's (STRATA_COMM_TIMEOUT, seconds)."""
     rdzv = tmp_path / f"rdzv-{args[0]}"
     rdzv.mkdir()
     procs = []
@@ -44,7 +47,7 @@ def _ranks(tmp_path, *args):
                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
         env.update(PYTHONPATH=os.pathsep.join([HERE] + [p for p in sys.path if p]), RANK=str(r),
                    WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
-                   STRATA_RENDEZVOUS=f"file:{rdzv}", STRATA_COMM_TIMEOUT="60")
+                   STRATA_RENDEZVOUS=f"file:{rdzv}", STRATA_COMM_TIMEOUT=str(timeout))
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "checkpoint_multirank_child.py"),
              *(str(a).format(rank=r) for a in args)],
@@ -76,6 +79,33 @@ def test_two_ranks_save_their_shards_and_fresh_ranks_continue_bit_for_bit(tmp_pa
     strata.optim.AdamW(model.parameters())
     with pytest.raises(strata.Error, match="saved by 2 ranks; load it with as many"):
         strata.load_checkpoint(model, ckpt)
+
+
+def test_a_rank_that_fails_to_save_or_load_fails_every_rank_at_once(tmp_path):
+    """A shard missing at load, or a full disk on one rank at save: that rank raises its own
+    error and the other raises one naming it, right away (not at the communicator's timeout,
+    set to 10 minutes here); a failed save leaves the earlier checkpoint as it was."""
+    for r in range(2):
+        for d in ("a", "b", "c"):
+            (tmp_path / f"{d}{r}").mkdir()
+    ckpt = tmp_path / "ckpt"
+    _ranks(tmp_path, "save", tmp_path / "a{rank}", ckpt, tmp_path / "straight{rank}.safetensors")
+    before = {n: (ckpt / n).read_bytes() for n in os.listdir(ckpt)}
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    (broken / "rank1.pt").unlink()
+    t0 = time.monotonic()
+    _ranks(tmp_path, "loadfail", tmp_path / "b{rank}", broken, tmp_path / "load{rank}.txt",
+           timeout=600)
+    _ranks(tmp_path, "savefail", tmp_path / "c{rank}", ckpt, tmp_path / "save{rank}.txt",
+           timeout=600)
+    assert time.monotonic() - t0 < 300  # far from the two timeouts of 10 minutes
+    load = [(tmp_path / f"load{r}.txt").read_text() for r in range(2)]
+    assert "failed on rank 1" in load[0] and "is incomplete" in load[1], load
+    save = [(tmp_path / f"save{r}.txt").read_text() for r in range(2)]
+    assert "failed on rank 1" in save[0] and "No space left" in save[1], save
+    assert {n: (ckpt / n).read_bytes() for n in os.listdir(ckpt)} == before
+    assert not (tmp_path / "ckpt.partial").exists() and not (tmp_path / "ckpt.old").exists()
 
 
 def test_checkpoint_needs_nvme_and_a_step_boundary(tmp_path):
