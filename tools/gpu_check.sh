@@ -6,8 +6,15 @@
 #
 #   here:   cmake --preset release && cmake --build --preset release
 #           tools/gpu_check.sh --bundle build/release          # -> build/gpu-bundle (bin/, lib/)
+#           tools/gpu_check_python.sh --bundle build/py312     # -> build/gpu-bundle/python
+#           tools/gpu_check.sh --pack                          # -> build/gpu-bundle.tar.xz
 #           tools/gpu_check.sh --dry-run                       # the same sequence, no GPU needed
-#   there:  tools/gpu_check.sh --out "$OUT"                    # carry build/gpu-bundle
+#   there:  tools/gpu_check.sh --out "$OUT"                    # carry build/gpu-bundle.tar.xz
+#
+# Why packed: a device call carries at most 64 MiB with the working tree, and the bundle is
+# ~61 MiB before the Python part (OpenBLAS alone is 36 MiB); xz packs it to ~11 MiB. A run
+# that finds no bundle folder but BUNDLE.tar.xz unpacks it first (tar, or Python's tarfile
+# where tar lacks xz). --pack refuses a pack over 48 MiB (the tree needs the rest).
 #
 # --from DIR names another bundle folder (for --bundle: where to write it). The dry run is also
 # a CTest test (gpu_check_dry_run) wherever the CUDA targets are built.
@@ -86,6 +93,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) mode=dry ;;
     --bundle) mode=bundle; bundle_from=${2:?--bundle needs a build folder}; shift ;;
+    --pack) mode=pack ;;
     --from) bundle=${2:?--from needs a bundle folder}; shift ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -126,7 +134,30 @@ if [ "$mode" = bundle ]; then
   exit 0
 fi
 
-[ -d "$bundle/bin" ] || { echo "gpu_check.sh: no bundle at $bundle (make one with --bundle BUILD)" >&2; exit 2; }
+# ---- --pack: the bundle as one compressed file, small enough to carry ----
+if [ "$mode" = pack ]; then
+  [ -d "$bundle/bin" ] || { echo "gpu_check.sh: no bundle at $bundle to pack (make one with --bundle BUILD)" >&2; exit 2; }
+  tar -C "$(dirname "$bundle")" -cf - "$(basename "$bundle")" | xz -T0 -6 >"$bundle.tar.xz.tmp" &&
+    mv "$bundle.tar.xz.tmp" "$bundle.tar.xz" || { echo "gpu_check.sh: packing $bundle failed" >&2; exit 1; }
+  size=$(stat -c %s "$bundle.tar.xz")
+  echo "gpu_check.sh: packed $bundle ($(du -sh "$bundle" | cut -f1)) into $bundle.tar.xz ($((size / 1048576)) MiB): carry that file"
+  if [ "$size" -gt $((48 * 1048576)) ]; then
+    echo "gpu_check.sh: $bundle.tar.xz is over 48 MiB: with the working tree it would not fit a device call's 64 MiB" >&2
+    exit 1
+  fi
+  exit 0
+fi
+
+# A packed bundle carried alone: unpack it beside where the folder would be.
+if [ ! -d "$bundle/bin" ] && [ -f "$bundle.tar.xz" ]; then
+  echo "gpu_check.sh: unpacking $bundle.tar.xz" >&2
+  if ! tar -C "$(dirname "$bundle")" -xJf "$bundle.tar.xz" 2>/dev/null; then
+    "${PYTHON:-python3}" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$bundle.tar.xz" "$(dirname "$bundle")" ||
+      { echo "gpu_check.sh: cannot unpack $bundle.tar.xz" >&2; exit 2; }
+  fi
+fi
+[ -d "$bundle/bin" ] || { echo "gpu_check.sh: no bundle at $bundle (make one with --bundle BUILD, or carry $bundle.tar.xz from --pack)" >&2; exit 2; }
 bundle=$(cd "$bundle" && pwd)
 bin=$bundle/bin
 mkdir -p "$out"

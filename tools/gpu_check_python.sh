@@ -11,7 +11,10 @@
 #           tools/gpu_check.sh --bundle build/release                # first: it empties the bundle
 #           tools/gpu_check_python.sh --bundle build/py312            # -> build/gpu-bundle/python
 #           tools/gpu_check_python.sh --dry-run                       # the same steps on this CPU
-#   there:  tools/gpu_check_python.sh --out "$OUT/python"              # carry build/gpu-bundle
+#           tools/gpu_check.sh --pack                                 # -> build/gpu-bundle.tar.xz
+#   there:  tools/gpu_check.sh runs it (carry build/gpu-bundle.tar.xz: it unpacks the bundle);
+#           alone, once the bundle is unpacked (tar -C build -xJf build/gpu-bundle.tar.xz):
+#           tools/gpu_check_python.sh --out "$OUT/python"
 #
 # --from DIR names another bundle folder. --bundle copies BUILD/python/strata (the package, its
 # _strata extension and libstrata) to BUNDLE/python/strata, the libraries libstrata needs that
