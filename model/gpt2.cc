@@ -241,6 +241,14 @@ struct Gpt2Model<F>::Acts {
   std::vector<Slot> slots;
   Slot* cur = nullptr;      // the slot UseSlot chose
   std::vector<Layer> redo;  // with recompute: the one layer's intermediates, rebuilt in backward
+  // Whose intermediates `redo` holds: the slot, the layer and the micro-batch (SetTokens calls
+  // so far) whose LayerForward wrote them last, or layer -1 once a backward has used them.
+  // The last layer's backward follows its forward with nothing in between that writes `redo`
+  // (the final LayerNorm and the head keep their own buffers), so it needs no recompute.
+  const Slot* redo_slot = nullptr;
+  int redo_layer = -1;
+  uint64_t redo_tokens = 0;
+  uint64_t tokens_set = 0;  // SetTokens calls so far: a new micro-batch in some slot
   std::vector<F> tmp;       // [N,C] projection outputs before the residual add
   std::vector<F> wte_copy;  // the same in every slot: params do not change within a step
   std::vector<F> logits, losses;
@@ -329,6 +337,7 @@ template <typename F>
 void Gpt2Model<F>::SetTokens(const int32_t* inputs, const int32_t* targets) {
   const size_t N = static_cast<size_t>(B_) * T_;
   typename Acts::Slot& s = *a_->cur;
+  ++a_->tokens_set;
   std::copy(inputs, inputs + N, s.inputs.begin());
   s.has_targets = targets != nullptr;
   if (targets != nullptr) std::copy(targets, targets + N, s.targets.begin());
@@ -352,6 +361,11 @@ void Gpt2Model<F>::LayerForward(int l, const BlockPtrs<F>& b) {
   const int N = B_ * T_, C = config_.d_model, NH = config_.heads;
   Acts& a = *a_;
   typename Acts::Layer& s = a.LayerActs(l);
+  if (recompute_) {
+    a.redo_slot = a.cur;
+    a.redo_layer = l;
+    a.redo_tokens = a.tokens_set;
+  }
   const F* x = a.cur->xs[l].data();
   LayerNormForward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), x, b.P(kLn1W), b.P(kLn1B), N,
                    C);
@@ -409,7 +423,11 @@ template <typename F>
 void Gpt2Model<F>::LayerBackward(int l, const BlockPtrs<F>& b) {
   const int N = B_ * T_, C = config_.d_model, NH = config_.heads;
   Acts& a = *a_;
-  if (recompute_) LayerForward(l, b);  // rebuilds the scratch activations from xs[l]
+  // Rebuilds the scratch activations from xs[l], unless they are this micro-batch's own from
+  // its forward (the last layer in batch-major order).
+  const bool kept = a.redo_slot == a.cur && a.redo_layer == l && a.redo_tokens == a.tokens_set;
+  if (recompute_ && !kept) LayerForward(l, b);
+  a.redo_layer = -1;  // the backward below may use the intermediates as scratch
   typename Acts::Layer& s = a.LayerActs(l);
   F* dres = a.cur->dres.data();
   const size_t NC = static_cast<size_t>(N) * C;

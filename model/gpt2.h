@@ -77,7 +77,8 @@ uint64_t Gpt2NumParams(const Gpt2Config& config);
 // seq_len: 6·P (P = Gpt2NumParams: 2 per parameter per token forward, 4 backward) plus the
 // attention's score and value products, 12·L·T·C (QKᵀ and PV, 4·T·C forward per layer, both
 // counted over the full T×T square); with recompute, one more forward of the layers,
-// 2·P_layers + 4·L·T·C. The usual "model FLOPs" of MFU figures, not the FLOPs a kernel runs.
+// 2·P_layers + 4·L·T·C (every layer's; the CPU model skips the last layer's recompute in
+// batch-major order). The usual "model FLOPs" of MFU figures, not the FLOPs a kernel runs.
 double Gpt2TrainFlopsPerToken(const Gpt2Config& config, int seq_len, bool recompute);
 // A dense layout of `specs` (each tensor at a multiple of `alignment` elements), the same
 // rule the engine uses; for plain in-memory parameter buffers.
