@@ -56,7 +56,10 @@ class Engine:
     def last_step_stats(self):
         """The last committed step's statistics, final ("step" says which): seconds, bound,
         efficiency, bytes per edge, busy seconds per resource, grad_norm, clip_coef, peaks,
-        deferred_blocks, overlapped_seconds; with Engine(timing=True) also "python": the
+        deferred_blocks, overlapped_seconds, stall_seconds and tail_seconds (the layer's own:
+        the engine sees no compute on its lanes, torch computes outside them; stall is the
+        seconds the training thread waited in the engine's calls, tail the seconds from the
+        step's last release to the end of opt.step()); with Engine(timing=True) also "python": the
         layer's seconds in that step (see _LayerClock.snapshot). With pipelined updates
         (pipeline="on", the default, with max_grad_norm) opt.step() returns before the step's
         updates ran, and the step commits during the next one: this is then the step before

@@ -52,6 +52,7 @@ engine's gradients never reach .grad, so a GradScaler could not unscale or check
 """
 import collections
 import functools
+import time
 
 import torch
 
@@ -161,6 +162,10 @@ class _Offloaded:
                                      len(self._engine_blocks), self.block_name)
         self.recompute = True  # offload(recompute=...)
         self._kept_bytes = 0  # activations kept by this forward's blocks (recompute != True)
+        # The step's waits for the engine (acquire, gradient submission, activation fetches),
+        # and when its last access was released: the step's stall and tail (end_step).
+        self._waited = 0.0
+        self._last_release = time.perf_counter()
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
         # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
         # read them (see submit).
@@ -331,7 +336,9 @@ class _Offloaded:
             p.data = empty
 
     def _acquire(self, b, backward):
+        t = time.perf_counter()
         address = self._core.acquire(b, backward)
+        self._waited += time.perf_counter() - t
         self.progress.acquired_now(b, backward)
         self._handoff.to_torch()
         return address
@@ -339,6 +346,7 @@ class _Offloaded:
     def _release(self, b):
         self._handoff.to_engine()
         self._core.release(b)
+        self._last_release = time.perf_counter()
         self.progress.released_now()
 
     def _copy(self, dst, src):
@@ -375,7 +383,9 @@ class _Offloaded:
                 keep.append(g)
                 addresses.append(g.data_ptr())
             self._handoff.to_engine()
+        t = time.perf_counter()
         ticket = self._core.submit_grads_from(b, addresses)
+        self._waited += time.perf_counter() - t
         self.progress.submitted_now(b)
         self._held_grads.append((ticket, keep))
         self._drop_read_grads()
@@ -398,7 +408,9 @@ class _Offloaded:
                 else:
                     self._copy(flat[off:off + n], g.reshape(-1))
             self._handoff.to_engine()
+        t = time.perf_counter()
         self._core.submit_grads(b)
+        self._waited += time.perf_counter() - t
         self.progress.submitted_now(b)
 
     # --- the step -----------------------------------------------------------------------
@@ -429,6 +441,7 @@ class _Offloaded:
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
             progress.open = True
+            self._waited = 0.0
             self._stash.begin_step()
         progress.micro += 1
         self._stash.begin_forward()
@@ -494,7 +507,11 @@ class _Offloaded:
 
     def fetch_input(self, meta):
         """A stashed block input, back before the block's recompute."""
-        return self._stash.fetch(self._core, self._handoff, meta)
+        t = time.perf_counter()
+        try:
+            return self._stash.fetch(self._core, self._handoff, meta)
+        finally:
+            self._waited += time.perf_counter() - t
 
     def keeps_activations(self, b):
         """Whether block b, now running forward, keeps its autograd graph for backward: with
@@ -544,10 +561,13 @@ class _Offloaded:
     def end_step(self, opt):
         with self._clock.layer():
             stats = self._end_step_timed(opt)
+        # The engine sees no compute on its lanes here (torch computes outside them), so its
+        # stall would be 0 and its tail the whole step: the layer's own figures replace them.
+        extras = {"stall_seconds": self._waited,
+                  "tail_seconds": time.perf_counter() - self._last_release}
         if self.engine._clock is not None:
-            self.engine._ended(stats, python=self.engine._clock.snapshot())
-        else:
-            self.engine._ended(stats)
+            extras["python"] = self.engine._clock.snapshot()
+        self.engine._ended(stats, **extras)
         self._stash.learned(self)
         self.threads.after_step(self._core, self.engine.config)
 
