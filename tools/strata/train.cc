@@ -429,9 +429,14 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
           *size, {.host_memory_bytes = model::HostMemoryBytes(), .have_nvme = nvme});
     }
   } else {
-    // The GPU's memory not in use yet: layer-major's extra activations must fit in it.
+    // The GPU's memory not in use yet, less what the engine keeps there without a budget
+    // (every block's bf16 parameters and fp32 gradient buffers at most: 6 bytes a parameter):
+    // layer-major's extra activations must fit in the rest.
     const DeviceMemoryStats mem = setup->device().MemoryStats();
-    order_in.unlimited_room_bytes = mem.budget_bytes - std::min(mem.budget_bytes, mem.in_use_bytes);
+    const uint64_t free = mem.budget_bytes - std::min(mem.budget_bytes, mem.in_use_bytes);
+    const uint64_t engine = 6 * uint64_t(model::Gpt2NumParams(cfg));
+    order_in.unlimited_room_bytes =
+        std::max<uint64_t>(1, free - std::min(free, engine));  // 0: "unknown"
   }
   auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
   if (!created.ok()) {
