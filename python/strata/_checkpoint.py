@@ -205,7 +205,12 @@ def _replace_folder(new, path):
     if os.path.exists(path):
         shutil.rmtree(old, ignore_errors=True)
         os.rename(path, old)
-    os.rename(new, path)
+    try:
+        os.rename(new, path)
+    except BaseException:
+        if os.path.exists(old) and not os.path.exists(path):
+            os.rename(old, path)  # the older one back where it was
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
