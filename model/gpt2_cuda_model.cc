@@ -178,7 +178,8 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
     const size_t n = v.layout->padded_numel;
     float* g = grad;
     if (write == GradWrite::kAccumulate) {
-      STRATA_ASSIGN_OR_RETURN(g, GradScratch(n));
+      STRATA_ASSIGN_OR_RETURN(void* scratch, GradScratch(n * sizeof(float)));
+      g = static_cast<float*>(scratch);
     }
     STRATA_RETURN_IF_ERROR(BlockBackwardInto(b, v, g, dloss, micro));
     return write == GradWrite::kAccumulate ? co::AccumulateF32(*ctx_, grad, g, n) : Status::OK();
@@ -314,13 +315,16 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   const co::BlockActivations& Acts(int l) const {
     return recompute_ ? redo_ : cur_->acts[static_cast<size_t>(l)];
   }
-  // An fp32 buffer of at least n values for a gradient that is then added (kAccumulate).
-  Result<float*> GradScratch(size_t n) {
-    if (n > grad_scratch_numel_) {
+  // A device buffer of at least `bytes` for a block's gradient on its way into the engine's
+  // buffer: the micro-batch's own gradient that kAccumulate then adds, or the bf16 packing's
+  // staging (never both in one Backward: bf16 with kAccumulate is refused). Work using it is
+  // ordered on the compute stream, so one buffer serves every block.
+  Result<void*> GradScratch(size_t bytes) {
+    if (bytes > grad_scratch_bytes_) {
       // A larger block: a new buffer (queued work may still read the old one; both are freed
       // with the model).
-      STRATA_RETURN_IF_ERROR(Alloc(&grad_scratch_, n * sizeof(float)));
-      grad_scratch_numel_ = n;
+      STRATA_RETURN_IF_ERROR(Alloc(&grad_scratch_, bytes));
+      grad_scratch_bytes_ = bytes;
     }
     return grad_scratch_;
   }
@@ -328,13 +332,8 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   // grad[0, n) fp32 -> n bf16 at the start of the same buffer (through a scratch buffer: an
   // in-place conversion by parallel threads would overwrite values not yet read).
   Status PackBf16(float* grad, size_t n) {
-    if (n > pack_scratch_numel_) {
-      // A larger block: a new buffer (the old one may still be read by queued work; both are
-      // freed with the model).
-      STRATA_RETURN_IF_ERROR(Alloc(&pack_scratch_, n * sizeof(Bf16)));
-      pack_scratch_numel_ = n;
-    }
-    Bf16* scratch = static_cast<Bf16*>(pack_scratch_);
+    STRATA_ASSIGN_OR_RETURN(void* staging, GradScratch(n * sizeof(Bf16)));
+    Bf16* scratch = static_cast<Bf16*>(staging);
     STRATA_RETURN_IF_ERROR(co::ConvertF32ToBf16(*ctx_, scratch, grad, n));
     return co::CudaStatus(
         cudaMemcpyAsync(grad, scratch, n * sizeof(Bf16), cudaMemcpyDeviceToDevice, ctx_->stream()),
@@ -381,10 +380,8 @@ class Gpt2CudaModelImpl : public Gpt2CudaModel {
   size_t used_events_ = 0;
   double compute_seconds_ = 0;
   GradDtype grad_dtype_ = GradDtype::kFp32;
-  void* pack_scratch_ = nullptr;
-  size_t pack_scratch_numel_ = 0;
-  float* grad_scratch_ = nullptr;
-  size_t grad_scratch_numel_ = 0;
+  void* grad_scratch_ = nullptr;  // GradScratch's buffer, grad_scratch_bytes_ long
+  size_t grad_scratch_bytes_ = 0;
   // What one micro-batch keeps from its forward to its backward (and, in backward, from one
   // block to the next), as the CPU model's Slot (model/gpt2.cc) does: its tokens, the residual
   // stream, each layer's activations unless they are recomputed, the final LayerNorm, the
