@@ -440,10 +440,9 @@ class _Offloaded:
             self._clock.reset()
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
-            progress.open = True
             self._waited = 0.0
             self._stash.begin_step()
-        progress.micro += 1
+        progress.micro_begun()
         self._stash.begin_forward()
         self._kept_bytes = 0
         if self.rest:

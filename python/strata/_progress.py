@@ -51,6 +51,11 @@ class StepProgress:
                         f"micro_batches={self.micro_batches}; call opt.step() after "
                         f"{self.micro_batches} forward/backward passes")
 
+    def micro_begun(self):
+        """A micro-batch began (the step with it, on the first)."""
+        self.open = True
+        self.micro += 1
+
     def start_forward(self):
         """The blocks' forward may begin (after the rest block's copy in)."""
         self.next_fwd = self.first
