@@ -13,7 +13,9 @@ resume=True (as Engine(resume=True) continues a run), so a fresh process continu
 Only an engine with NVMe folders keeps its moments where they can be saved; without them
 save_checkpoint is refused. The folder is written as `path`.partial and renamed into place; an
 older checkpoint at `path` is moved to `path`.old meanwhile and removed once the new one is in
-place.
+place. A crash between those two renames leaves no `path`; the next load_checkpoint or
+save_checkpoint of `path` finishes the replace first (the new folder when it is whole, else the
+older one back).
 
 With several ranks an engine cannot be reopened in the same process (its ranks would have to
 meet again), so each rank saves its own shard instead, read from the open engine between
@@ -214,6 +216,21 @@ def _replace_folder(new, path):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _finish_interrupted_replace(path):
+    """A crash between _replace_folder's two renames leaves no `path`: the older checkpoint is
+    at `path`.old and the new one at `path`.partial. Completes that replace when the new folder
+    is whole (strata.json, written last, is there), else puts the older one back, so that
+    load_checkpoint and the next save find a checkpoint at `path`."""
+    old, new = path + ".old", path + ".partial"
+    if os.path.exists(path) or not os.path.exists(old):
+        return
+    if os.path.isfile(os.path.join(new, "strata.json")):
+        os.rename(new, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(old, path)
+
+
 def _agree(core, what, phase):
     """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
     one-value all-gather of whether the phase failed here). Raises the phase's own exception on
@@ -258,6 +275,7 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
 
     def make_folder():
         if rank == 0:
+            _finish_interrupted_replace(path)
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
 
@@ -306,6 +324,8 @@ def _load_shards(state, path, optimizer, lr_scheduler):
     rank, world = core.rank, core.world_size
     kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
     loaded = {}
+    _agree(core, f"load_checkpoint({path!r})",
+           lambda: rank == 0 and _finish_interrupted_replace(path))
 
     def read_shard():
         meta = _checkpoint_meta(path)
@@ -371,6 +391,7 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     if state.core().world_size != 1:
         return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     nvme = _closed_engine(state, "save_checkpoint")
+    _finish_interrupted_replace(path)
     tmp = path + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -401,6 +422,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     if state.core().world_size != 1:
         return _load_shards(state, path, optimizer, lr_scheduler)
     nvme = _closed_engine(state, "load_checkpoint")
+    _finish_interrupted_replace(path)
     try:
         kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
         saved = torch.load(os.path.join(path, "python.pt"), **kw)

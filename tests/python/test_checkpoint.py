@@ -35,6 +35,31 @@ def test_a_fresh_process_continues_from_a_checkpoint_bit_for_bit(tmp_path):
     assert (ckpt / "model.safetensors").read_bytes() != straight  # step 3's weights, not 5's
 
 
+def test_a_crash_between_the_renames_of_a_save_loses_no_checkpoint(tmp_path):
+    """A save that died after moving the older checkpoint to path.old and before renaming
+    path.partial into place: load finishes the replace when the new folder is whole (the older
+    one here is damaged, so loading it would fail), and takes the older one back when not."""
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    ckpt = tmp_path / "ckpt"
+    _child("save", tmp_path / "a", ckpt, tmp_path / "straight.safetensors")
+    straight = (tmp_path / "straight.safetensors").read_bytes()
+    old, partial = tmp_path / "ckpt.old", tmp_path / "ckpt.partial"
+    shutil.copytree(ckpt, old)
+    (old / "python.pt").unlink()
+    os.rename(ckpt, partial)  # whole: strata.json is there
+    _child("load", tmp_path / "b", ckpt, tmp_path / "resumed.safetensors")
+    assert (tmp_path / "resumed.safetensors").read_bytes() == straight
+    assert sorted(os.listdir(tmp_path)).count("ckpt") == 1 and not old.exists()
+    assert not partial.exists()
+    os.rename(ckpt, old)
+    shutil.copytree(old, partial)
+    (partial / "strata.json").unlink()  # the new folder was not finished
+    _child("load", tmp_path / "c", ckpt, tmp_path / "resumed2.safetensors")
+    assert (tmp_path / "resumed2.safetensors").read_bytes() == straight
+    assert ckpt.is_dir() and not old.exists()
+
+
 def _ranks(tmp_path, *args, timeout=60):
     """checkpoint_multirank_child.py as two ranks (launcher variables, a file rendezvous);
     `args` may name "{rank}", which each rank's arguments get its number in. `timeout`: the
@@ -65,7 +90,13 @@ def test_two_ranks_save_their_shards_and_fresh_ranks_continue_bit_for_bit(tmp_pa
     _ranks(tmp_path, "save", tmp_path / "a{rank}", ckpt, tmp_path / "straight{rank}.safetensors")
     assert sorted(os.listdir(ckpt)) == ["model.safetensors", "python.pt", "rank0.pt", "rank1.pt",
                                         "strata.json"]
+    # As a crash between the save's two renames leaves it (the older folder damaged here): the
+    # load finishes the replace before any rank reads.
+    shutil.copytree(ckpt, tmp_path / "ckpt.old")
+    (tmp_path / "ckpt.old" / "rank1.pt").unlink()
+    os.rename(ckpt, tmp_path / "ckpt.partial")
     _ranks(tmp_path, "load", tmp_path / "b{rank}", ckpt, tmp_path / "resumed{rank}.safetensors")
+    assert not (tmp_path / "ckpt.old").exists() and not (tmp_path / "ckpt.partial").exists()
     straight = (tmp_path / "straight0.safetensors").read_bytes()
     assert (tmp_path / "straight1.safetensors").read_bytes() == straight
     for r in range(2):
