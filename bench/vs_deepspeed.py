@@ -14,6 +14,8 @@ Runs (each in its own process, so that its peak RSS is its own):
   strata-nvme-keep  (only when named in --runs) the same with recompute=False: autograd's
                  activations kept in torch's memory, outside the budgets, as DeepSpeed keeps
                  them; what the recompute costs
+  strata-nvme@64M, strata-nvme-keep@64M, ...  (only when named) the same with another host
+                 budget (any size strata.Engine(host_mem=...) takes)
   ds-cpu         DeepSpeed ZeRO-3, offload_optimizer + offload_param to cpu
   ds-nvme        DeepSpeed ZeRO-3, offload_optimizer + offload_param to nvme
 DeepSpeed runs as issue 27 ran it: DS_ACCELERATOR=cpu, gloo, world size 1, the model built
@@ -27,7 +29,9 @@ tools/bootstrap.sh` installs the pinned one into the torch-matrix venv).
     OMP_NUM_THREADS=2 PYTHONPATH=build/release/python \\
       ~/.cache/strata/venv-torch-matrix/bin/python bench/vs_deepspeed.py --rounds 2
 
-Output: the configuration in `#` lines, then a markdown table (--json: one JSON object).
+Output: the configuration in `#` lines, then a markdown table (--json: one JSON object), then
+for each strata NVMe run its engine's figures of the last step (NVMe bytes read and written,
+the seconds the training thread waited for the engine, the NVMe lanes' busy seconds).
 --strata-threads N gives the strata runs strata.Engine(threads=N) (default: the CPU engine's
 own, the CPUs torch leaves free; python/strata/_flags.py says why). The #wrong column counts the
 steps whose loss differs from plain torch's by more than 1e-3 relative (issue 27: every run gave
@@ -37,6 +41,7 @@ spins unless the process has more OpenMP threads than CPUs; see python/strata/_f
 CPU seconds near threads x s/step.
 """
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -51,11 +56,23 @@ EXTRA_RUNS = ["strata-nvme-keep"]
 LABELS = {
     "torch": "plain torch in memory",
     "strata-mem": "`strata.offload`, in memory",
-    "strata-nvme": "`strata.offload`, NVMe, 24M device / 32M host",
-    "strata-nvme-keep": "`strata.offload`, NVMe, 24M device / 32M host, recompute=False",
+    "strata-nvme": "`strata.offload`, NVMe, 24M device / {host} host",
+    "strata-nvme-keep": "`strata.offload`, NVMe, 24M device / {host} host, recompute=False",
     "ds-cpu": "DeepSpeed ZeRO-3, offload_optimizer + offload_param to cpu",
     "ds-nvme": "DeepSpeed ZeRO-3, offload to nvme",
 }
+HOST_MEM = "32M"  # the NVMe runs' host budget unless the run names another ("strata-nvme@64M")
+
+
+def _split(run):
+    """"strata-nvme@64M" -> ("strata-nvme", "64M"); the host budget only for the NVMe runs."""
+    base, _, host = run.partition("@")
+    return base, host or (HOST_MEM if base.startswith("strata-nvme") else None)
+
+
+def _label(run):
+    base, host = _split(run)
+    return LABELS[base].format(host=host)
 LR, CLIP, VOCAB, SEQ, BATCH = 1e-4, 1.0, 256, 128, 4
 
 
@@ -98,12 +115,12 @@ def _torch_step():
     return step
 
 
-def _strata_step(nvme, threads, recompute=None):
+def _strata_step(nvme, threads, recompute=None, host_mem=HOST_MEM):
     import strata
     model = _model()
     # threads 0: the CPU engine's default (python/strata/_threads.py: the CPUs torch leaves
     # free, the OMP_NUM_THREADS team once other processes take the CPU)
-    engine = (strata.Engine(device="cpu", device_mem="24M", host_mem="32M", nvme=[nvme],
+    engine = (strata.Engine(device="cpu", device_mem="24M", host_mem=host_mem, nvme=[nvme],
                             threads=threads)
               if nvme else strata.Engine(device="cpu", threads=threads))
     model = strata.offload(model, blocks=list(model.transformer.h), engine=engine,
@@ -116,6 +133,7 @@ def _strata_step(nvme, threads, recompute=None):
         loss.backward()
         opt.step()
         return loss.item()
+    step.engine = engine
     return step
 
 
@@ -154,10 +172,11 @@ def child(run, steps, folder, threads):
     """One run in this process: prints {"seconds": [...], "cpu_seconds": [...], "losses": [...],
     "rss_mib": ...}; cpu_seconds are the process's (every thread's) CPU seconds in each step."""
     nvme = folder if "nvme" in run else None
+    base, host = _split(run)
     make = {"torch": _torch_step, "strata-mem": lambda: _strata_step(None, threads),
-            "strata-nvme": lambda: _strata_step(nvme, threads),
-            "strata-nvme-keep": lambda: _strata_step(nvme, threads, recompute=False),
-            "ds-cpu": lambda: _deepspeed_step(None), "ds-nvme": lambda: _deepspeed_step(nvme)}[run]
+            "strata-nvme": lambda: _strata_step(nvme, threads, host_mem=host),
+            "strata-nvme-keep": lambda: _strata_step(nvme, threads, False, host),
+            "ds-cpu": lambda: _deepspeed_step(None), "ds-nvme": lambda: _deepspeed_step(nvme)}[base]
     step = make()
     seconds, cpu_seconds, losses = [], [], []
     for x in _batches(steps):
@@ -166,8 +185,15 @@ def child(run, steps, folder, threads):
         seconds.append(time.perf_counter() - t0)
         cpu_seconds.append(time.process_time() - c0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    engine = getattr(step, "engine", None)
+    stats = None
+    if engine is not None and nvme:
+        last = engine.last_step_stats()  # the last committed step's final figures
+        stats = {"nvme_read": last["bytes"]["nvme_read"],
+                 "nvme_write": last["bytes"]["nvme_write"], "stall": last["stall_seconds"],
+                 "nvme_busy": last["busy_seconds"]["nvme"]}
     print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "losses": losses,
-                      "rss_mib": rss}))
+                      "rss_mib": rss, "stats": stats}))
 
 
 def deepspeed_missing():
@@ -200,9 +226,11 @@ def main():
     if args.child:
         return child(args.child, args.steps, args.folder, args.strata_threads)
     runs = [r for r in args.runs.split(",") if r]
-    unknown = set(runs) - set(RUNS + EXTRA_RUNS)
+    unknown = [r for r in runs if _split(r)[0] not in RUNS + EXTRA_RUNS
+               or ("@" in r and not r.startswith("strata-nvme"))]
     if unknown:
-        sys.exit(f"vs_deepspeed: unknown runs {sorted(unknown)}; choose from {RUNS + EXTRA_RUNS}")
+        sys.exit(f"vs_deepspeed: unknown runs {unknown}; choose from {RUNS + EXTRA_RUNS} "
+                 "(the strata-nvme runs may name a host budget: strata-nvme@64M)")
     skipped = {}
     why = deepspeed_missing() if any(r.startswith("ds-") for r in runs) else None
     if why:
@@ -228,6 +256,7 @@ def main():
             results[run]["losses"].append(r["losses"])
             results[run]["rss_mib"].append(r["rss_mib"])
             results[run]["rounds"].append(statistics.median(r["seconds"][2:]))
+            results[run].setdefault("stats", []).append(r.get("stats"))
     report(args, results, skipped)
 
 
@@ -243,7 +272,8 @@ def report(args, results, skipped):
         rows[run] = {"s_per_step": statistics.median(r["seconds"]),
                      "cpu_s_per_step": statistics.median(r["cpu_seconds"]),
                      "peak_rss_mib": max(r["rss_mib"]), "wrong": wrong,
-                     "last_loss": r["losses"][0][-1], "round_s_per_step": r["rounds"]}
+                     "last_loss": r["losses"][0][-1], "round_s_per_step": r["rounds"],
+                     "engine_last_step": r.get("stats", [None])[-1]}
     for run, s in rows.items():
         s["x_torch"] = s["s_per_step"] / rows["torch"]["s_per_step"] if "torch" in rows else None
     if args.json:
@@ -258,13 +288,15 @@ def report(args, results, skipped):
     print("|---|---|---|---|---|---|")
     for run, s in rows.items():
         x = f"{s['x_torch']:.2f}" if s["x_torch"] is not None else "-"
-        print(f"| {LABELS[run]} | {s['s_per_step']:.3f} | {s['cpu_s_per_step']:.3f} | {x} | "
+        print(f"| {_label(run)} | {s['s_per_step']:.3f} | {s['cpu_s_per_step']:.3f} | {x} | "
               f"{s['peak_rss_mib']:.0f} MiB | "
               f"{s['wrong']} |")
     for run, why in skipped.items():
-        print(f"| {LABELS[run]} | skipped | | | | |")
-    for a, b in (("strata-mem", "ds-cpu"), ("strata-nvme", "ds-nvme"),
-                 ("strata-nvme-keep", "ds-nvme"), ("strata-nvme", "strata-nvme-keep")):
+        print(f"| {_label(run)} | skipped | | | | |")
+    nvme_runs = [r for r in rows if r.startswith("strata-nvme")]
+    pairs = ([("strata-mem", "ds-cpu")] + [(r, "ds-nvme") for r in nvme_runs]
+             + list(itertools.combinations(nvme_runs, 2)))  # in the order --runs names them
+    for a, b in pairs:
         if a in rows and b in rows:
             per_round = [x / y for x, y in zip(rows[a]["round_s_per_step"],
                                                rows[b]["round_s_per_step"])]
@@ -273,6 +305,12 @@ def report(args, results, skipped):
             print(f"# {a} / {b}: {rows[a]['s_per_step'] / rows[b]['s_per_step']:.2f} x the "
                   f"time (per round {rounds}; median {statistics.median(per_round):.2f}), "
                   f"{memory:.2f} x the memory")
+    for run in nvme_runs:
+        e = rows[run]["engine_last_step"]
+        if e:
+            print(f"# {run}, its engine's last step: NVMe read {e['nvme_read'] / 1e6:.1f} MB, "
+                  f"write {e['nvme_write'] / 1e6:.1f} MB, NVMe busy {e['nvme_busy']:.3f} s, "
+                  f"the training thread waited {e['stall']:.3f} s")
 
 
 if __name__ == "__main__":
