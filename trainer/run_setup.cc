@@ -179,7 +179,8 @@ Status RunSetup::Start(const RunNames& names, std::string* failed) {
   return Status::OK();
 }
 
-Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
+Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed,
+                                                  std::vector<std::string>* made) const {
   std::string ignored;
   if (failed == nullptr) failed = &ignored;
   EngineOptions eo;
@@ -190,7 +191,8 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed) const {
     eo.nvme_paths.push_back(RankPath(p, rank_));
     // A missing --nvme folder (this rank's, with {rank}) is made, parents too.
     std::error_code ec;
-    std::filesystem::create_directories(eo.nvme_paths.back(), ec);
+    const bool created = std::filesystem::create_directories(eo.nvme_paths.back(), ec);
+    if (created && made != nullptr) made->push_back(eo.nvme_paths.back());
     if (ec) {
       *failed = "--nvme";
       return Status::IOError("--nvme " + eo.nvme_paths.back() + ": cannot create the folder (" +

@@ -131,7 +131,10 @@ class RunSetup {
   // and trace file, resume, the optimizer, and the communicators. Call after Start. Makes
   // each of this rank's --nvme folders when missing. Errors (with *failed): "--resume" when
   // the folder is not one of the --nvme folders; "--nvme" when a folder cannot be made.
-  Result<EngineOptions> MakeEngineOptions(std::string* failed) const;
+  // `made` (when given) gets the folders that did not exist and were made, so that a
+  // mistyped path is told rather than silently filled.
+  Result<EngineOptions> MakeEngineOptions(std::string* failed,
+                                          std::vector<std::string>* made = nullptr) const;
 
   const RunConfig& config() const { return config_; }
   const RankInfo& rank() const { return rank_; }

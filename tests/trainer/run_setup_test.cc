@@ -6,13 +6,17 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <string>
+#include <vector>
+
+#include "tests/temp_dir.h"
 
 namespace strata::trainer {
 namespace {
 
 // No launcher variables: every test here is one rank.
-class RunSetupTest : public testing::Test {
+class RunSetupTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* v :
@@ -132,6 +136,26 @@ TEST_F(RunSetupTest, EngineOptionsCarryTheConfig) {
   ASSERT_TRUE(resumed.ok());
   EXPECT_TRUE(resumed->resume);
   EXPECT_EQ(resumed->nvme_paths, (std::vector<std::string>{"/var/tmp/elsewhere"}));
+}
+
+// A missing --nvme folder is made, parents too, and reported, so that a mistyped path is
+// told rather than silently filled; one that exists is not reported.
+TEST_F(RunSetupTest, MissingNvmeFoldersAreMadeAndReported) {
+  strata::testing::TempDir dir("strata_run_setup_test");
+  RunConfig c;
+  c.device = DeviceChoice::kCpu;
+  c.nvme = {dir.path() + "/typo/run.{rank}", dir.path()};
+  std::string failed;
+  auto setup = RunSetup::Begin(c, &failed);
+  ASSERT_TRUE(setup.ok());
+  ASSERT_TRUE((*setup)->Start({"strata-test", "/tmp/strata-run-setup-test-"}, &failed).ok());
+  std::vector<std::string> made;
+  ASSERT_TRUE((*setup)->MakeEngineOptions(&failed, &made).ok());
+  EXPECT_EQ(made, (std::vector<std::string>{dir.path() + "/typo/run.0"}));
+  EXPECT_TRUE(std::filesystem::is_directory(dir.path() + "/typo/run.0"));
+  made.clear();
+  ASSERT_TRUE((*setup)->MakeEngineOptions(&failed, &made).ok());
+  EXPECT_TRUE(made.empty());
 }
 
 TEST_F(RunSetupTest, BatchMustSplitOverTheRanks) {

@@ -399,7 +399,12 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
                            nullptr,     a.lr_schedule, a.seed, a.run.nvme};
   report.log_every = a.log_every;
   PrintConfig(report);
-  STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what));
+  std::vector<std::string> made;
+  STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what, &made));
+  for (const std::string& folder : made) {
+    std::printf("# --nvme %s did not exist: made it (check the path if that is a surprise)\n",
+                folder.c_str());
+  }
   eo.run_id = StoreRunId(a.run_id, ri.rank, ri.world_size);
   if (!a.run.io_config.empty() && !eo.nvme_paths.empty()) {
     std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
