@@ -16,6 +16,7 @@
 #include "strata/engine.h"
 #include "strata/fault_injection.h"
 #include "tests/engine/fake_model.h"
+#include "tests/engine/random_model.h"
 #include "tests/temp_dir.h"
 
 namespace strata::engine_test {
@@ -24,27 +25,6 @@ namespace strata::engine_test {
 struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("strata_engine_test") {}
 };
-
-inline std::vector<BlockSpec> RandomModel(std::mt19937_64& rng, int blocks) {
-  static const int64_t kOdd[] = {1, 15, 17, 1023, 64, 4096, 3000};
-  std::vector<BlockSpec> specs;
-  for (int b = 0; b < blocks; ++b) {
-    BlockSpec s;
-    s.name = "h." + std::to_string(b);
-    const int tensors = 1 + int(rng() % 3);
-    for (int t = 0; t < tensors; ++t) {
-      TensorSpec ts;
-      ts.name = "w" + std::to_string(t);
-      const int64_t a = kOdd[rng() % 7];
-      const int64_t c = 1 + int64_t(rng() % 9);
-      ts.shape = {a, c};
-      ts.weight_decay = (rng() % 2) == 0;
-      s.tensors.push_back(ts);
-    }
-    specs.push_back(s);
-  }
-  return specs;
-}
 
 // One training run's knobs.
 struct RunConfig {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/plan.h"
+#include "tests/engine/random_model.h"
 
 namespace strata::engine_internal {
 
@@ -31,23 +32,7 @@ inline int TrialsFromEnv(int fallback) {
   return s ? std::atoi(s) : fallback;
 }
 
-inline std::vector<BlockSpec> RandomModel(std::mt19937_64& rng, int blocks) {
-  static const int64_t kOdd[] = {1, 15, 17, 1023, 64, 4096, 3000};
-  std::vector<BlockSpec> specs;
-  for (int b = 0; b < blocks; ++b) {
-    BlockSpec s;
-    s.name = "h." + std::to_string(b);
-    const int tensors = 1 + int(rng() % 3);
-    for (int t = 0; t < tensors; ++t) {
-      TensorSpec ts;
-      ts.name = "w" + std::to_string(t);
-      ts.shape = {kOdd[rng() % 7], 1 + int64_t(rng() % 9)};
-      s.tensors.push_back(ts);
-    }
-    specs.push_back(s);
-  }
-  return specs;
-}
+using engine_test::RandomModel;
 
 // A random order of one micro-batch: every block's forward before its backward.
 inline std::vector<ScheduleEntry> RandomOrder(std::mt19937_64& rng, int blocks) {
