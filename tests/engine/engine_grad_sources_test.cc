@@ -60,8 +60,12 @@ void RandomTrial(uint64_t seed, int trial) {
   ASSERT_TRUE(caller.ok()) << caller.status().ToString();
   EXPECT_TRUE(BitIdentical(buffered->states, caller->states));
   EXPECT_EQ(buffered->rec.norms, caller->rec.norms);
-  if (rc.device_mem != 0) EXPECT_LE(caller->rec.peak_device, rc.device_mem);
-  if (rc.host_mem != 0) EXPECT_LE(caller->rec.peak_host, rc.host_mem);
+  if (rc.device_mem != 0) {
+    EXPECT_LE(caller->rec.peak_device, rc.device_mem);
+  }
+  if (rc.host_mem != 0) {
+    EXPECT_LE(caller->rec.peak_host, rc.host_mem);
+  }
   EXPECT_GE(caller->max_caller_held, 1u);
 }
 

@@ -104,7 +104,9 @@ void RandomTrial(uint64_t seed, int trial) {
   if (rc.speculation != Speculation::kAuto) {
     EXPECT_EQ(got->rec.redone_blocks, waited->rec.redone_blocks);
   }
-  if (nvme) EXPECT_LE(got->rec.peak_host, piped.host_mem);
+  if (nvme) {
+    EXPECT_LE(got->rec.peak_host, piped.host_mem);
+  }
   if (rc.speculation == Speculation::kOff) {
     // Every step waits for the norm: each defers its updates where the placement pipelines.
     TempDir d3;
@@ -453,7 +455,9 @@ TEST(EnginePipelineTest, CommittedStatsCountEachStepsOwnDeferredUpdates) {
         // At once without pipelining; one step later with it (nothing after step 1).
         const int64_t want = k == 1 ? step - 1 : step;
         ASSERT_EQ(got.size(), want > 0 ? 1u : 0u) << "after EndStep of step " << step;
-        if (want > 0) EXPECT_EQ(got[0].step, want);
+        if (want > 0) {
+          EXPECT_EQ(got[0].step, want);
+        }
         final[k].insert(final[k].end(), got.begin(), got.end());
       }
       ASSERT_TRUE(f->engine->Flush().ok());

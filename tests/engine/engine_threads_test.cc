@@ -43,7 +43,9 @@ TEST(EngineThreadsTest, ChangingTheTeamBetweenStepsChangesNoBit) {
     ASSERT_TRUE(states.ok()) << states.status().ToString();
     EXPECT_TRUE(BitIdentical(ref->states, *states));
     EXPECT_EQ(rec.norms, ref->rec.norms);
-    if (clip > 0) EXPECT_GT(rec.deferred_blocks, 0);
+    if (clip > 0) {
+      EXPECT_GT(rec.deferred_blocks, 0);
+    }
   }
 }
 

@@ -125,7 +125,7 @@ TEST(EvalCli, ScoresEveryHeldOutTokenOnce) {
     nats += model::ForwardPlain(one, m.w.layouts, m.w.Ptrs(), &in, &tg);
   }
   const int64_t n = static_cast<int64_t>(text.size() - begin - 1);
-  for (const std::string& seq : {"1", "3", "8"}) {
+  for (const std::string seq : {"1", "3", "8"}) {
     const std::string args = "eval --init " + tmp.File("m.safetensors") + " --data " +
                              tmp.File("data.txt") + " --seq-len " + seq + " --batch 2";
     const CliRun r = Strata(args + " --json -");
@@ -136,7 +136,9 @@ TEST(EvalCli, ScoresEveryHeldOutTokenOnce) {
     const double loss = j["loss"].get<double>();
     EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
     EXPECT_NEAR(j["bits_per_byte"].get<double>(), loss / std::log(2.0), 1e-9);
-    if (seq == "1") EXPECT_NEAR(loss, nats / n, 1e-5);
+    if (seq == "1") {
+      EXPECT_NEAR(loss, nats / n, 1e-5);
+    }
     // The same figures on the report's line.
     const CliRun human = Strata(args);
     EXPECT_TRUE(Contains(human.output, "tokens " + std::to_string(n))) << human.output;

@@ -111,7 +111,9 @@ TEST_F(TrainCliTest, KilledRunResumesWithTheSameLosses) {
               st["seconds"].get<double>());
     // Redone only when the step updated speculatively and then clipped.
     EXPECT_GE(st["redone_blocks"].get<int64_t>(), 0);
-    if (!st["speculative"].get<bool>()) EXPECT_EQ(st["redone_blocks"], 0);
+    if (!st["speculative"].get<bool>()) {
+      EXPECT_EQ(st["redone_blocks"], 0);
+    }
     tail += st["tail_seconds"].get<double>();
   }
   EXPECT_NEAR(full["totals"]["tail_seconds"].get<double>(), tail, 1e-9);
@@ -608,7 +610,9 @@ TEST_F(TrainCliTest, JsonRecordsEachCommittedStepWithItsFinalStats) {
     }
     // Its updates ran under the next step, but where a read between steps (validation) or
     // the final flush ran them.
-    if ((i + 1) % 10 != 0) EXPECT_GT(on[i]["overlapped_seconds"].get<double>(), 0.0);
+    if ((i + 1) % 10 != 0) {
+      EXPECT_GT(on[i]["overlapped_seconds"].get<double>(), 0.0);
+    }
   }
   EXPECT_EQ(runs[1]["totals"]["bytes"]["nvme_write"], runs[0]["totals"]["bytes"]["nvme_write"]);
 }

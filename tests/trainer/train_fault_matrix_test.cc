@@ -137,7 +137,9 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
     const std::string store = dir + "/c" + std::to_string(k++);
     std::filesystem::create_directory(store);
     const auto r = Train({"--nvme", store, "--json", store + ".json"}, &c);
-    if (c.outcome != Outcome::kKilled) EXPECT_FALSE(LooksLikeACrash(r)) << r.output;
+    if (c.outcome != Outcome::kKilled) {
+      EXPECT_FALSE(LooksLikeACrash(r)) << r.output;
+    }
     Outcome outcome = c.outcome;
     if (outcome == Outcome::kCaughtOrHarmless) {
       outcome = r.exit_code == 0 ? Outcome::kInvisible : Outcome::kError;
@@ -172,7 +174,9 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
       EXPECT_TRUE(Contains(r.output, "strata train: ")) << r.output;
       EXPECT_TRUE(Contains(r.output, c.expect)) << r.output;
       // Silent corruption is named by the checksum, the others by the injected errno.
-      if (c.expect != "Corruption") EXPECT_TRUE(Contains(r.output, "injected fault")) << r.output;
+      if (c.expect != "Corruption") {
+        EXPECT_TRUE(Contains(r.output, "injected fault")) << r.output;
+      }
     }
     // Resume from the last commit, without the fault.
     const auto resumed =

@@ -136,7 +136,9 @@ class TrainMultirankCrashTest : public ::testing::Test {
                               << errs;
     const int64_t from = j["config"]["resumed_step"];
     // A kill at a commit point always cuts the run short (commit n is of step n-1).
-    if (!victim_env.empty()) EXPECT_LT(from, 16) << what;
+    if (!victim_env.empty()) {
+      EXPECT_LT(from, 16) << what;
+    }
     for (const auto& s : j["steps"]) {
       const int64_t k = s["step"];
       ASSERT_EQ(s["loss"].get<double>(), full[k - 1]) << what << ", resumed at " << from;

@@ -738,7 +738,9 @@ TEST_F(GpuOpsTest, WholeBlock) {
     const std::string tag = std::string(spec) == "naive" ? "(naive) " : "";
     // What the model reserves at start-up covers every op of the block (no growth below).
     const size_t reserved = ModelWorkspaceBytes(*ctx_, B, T, C, NH);
-    if (tag.empty()) ASSERT_TRUE(ctx_->Workspace(reserved).ok());
+    if (tag.empty()) {
+      ASSERT_TRUE(ctx_->Workspace(reserved).ok());
+    }
     auto d_params = UploadBf16(params);
     auto d_x = UploadBf16(x), d_dy = UploadBf16(dy);
     DeviceBuffer<float> d_grads(P);
@@ -753,7 +755,9 @@ TEST_F(GpuOpsTest, WholeBlock) {
     ASSERT_OK(BlockForward(*ctx_, s, gp, d_x->get(), d_y.get(), d_tmp.get(), act));
     ASSERT_OK(BlockBackward(*ctx_, s, gp, gg, d_x->get(), act, d_dy->get(), d_dx.get(), scratch));
     ASSERT_CUDA(cudaStreamSynchronize(stream_));
-    if (tag.empty()) EXPECT_EQ(ctx_->workspace_bytes(), reserved);
+    if (tag.empty()) {
+      EXPECT_EQ(ctx_->workspace_bytes(), reserved);
+    }
 
     ExpectClose(tag + "block y", DownloadBf16(d_y), y, 1e-2f, 3e-2f);
     ExpectClose(tag + "block dx", DownloadBf16(d_dx), dx, 1e-2f, 3e-2f);
