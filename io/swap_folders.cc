@@ -130,8 +130,9 @@ Status SwapFolders::CheckFolders(const std::vector<std::string>& paths) const {
 // other's files. The lock file holds the pid of its holder, for the message a second
 // process gets.
 Status SwapFolders::OpenAndLock(const std::string& path) {
-  folders_.push_back(Folder{path});
+  folders_.emplace_back();
   Folder& p = folders_.back();
+  p.path = path;
   p.dir_fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (p.dir_fd < 0) return Status::FromErrno(errno, "opening swap folder " + path);
   struct stat st {};

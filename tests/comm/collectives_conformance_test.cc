@@ -31,6 +31,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "strata/comm.h"
@@ -59,6 +60,7 @@ const std::vector<size_t> kSizes = {1,       2,        3,
 
 // One collective in flight: its handle, its buffers and how to check it.
 struct Pending {
+  explicit Pending(std::string w) : what(std::move(w)) {}
   std::string what;
   CommHandle handle;
   std::vector<float> a, b;  // input / output (or the one buffer)

@@ -118,7 +118,7 @@ TEST(IoConfigCli, ABadFileIsNamedAndLeavesNoStore) {
   for (const auto& [text, says] : bad) {
     const std::string file = tmp.File("bad.json");
     std::ofstream(file) << text;
-    for (const std::string cmd : {std::string(kTrain), std::string("bench step --steps 1")}) {
+    for (const std::string& cmd : {std::string(kTrain), std::string("bench step --steps 1")}) {
       const CliRun r = Strata(cmd + " --nvme" + ShellQuote({tmp.File("nvme")}) + " --io-config" +
                               ShellQuote({file}));
       EXPECT_NE(r.exit_code, 0) << text << "\n" << r.output;

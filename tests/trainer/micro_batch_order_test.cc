@@ -96,8 +96,9 @@ class MicroBatchOrderTest : public ::testing::Test {
 
   // The engine's minimum budgets for the case (batch-major, one micro-batch of gradients).
   PlacementReport Probe(const Case& c, const std::string& nvme) {
-    if (!nvme.empty())
+    if (!nvme.empty()) {
       EXPECT_EQ(0, std::system(("rm -rf " + nvme + " && mkdir -p " + nvme).c_str()));
+    }
     auto dev = CreateHostDevice({});
     EXPECT_TRUE(dev.ok());
     EngineOptions eo = Options(dev->get(), c, 0, 64ull << 20, nvme);

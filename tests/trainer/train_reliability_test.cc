@@ -290,7 +290,7 @@ TEST_F(TrainReliabilityTest, LlmcMagicWithAWrongVersionIsAnError) {
   bytes.append(128, 'a');
   std::ofstream(dir_ + "/v2.bin", std::ios::binary) << bytes;
   std::ofstream(dir_ + "/short.bin", std::ios::binary) << bytes.substr(0, 12);
-  for (const std::string& name : {"v2.bin", "short.bin"}) {
+  for (const std::string name : {"v2.bin", "short.bin"}) {
     const auto r = Train({"--data", dir_ + "/" + name, "--steps", "1"});
     EXPECT_EQ(r.exit_code, 1) << name << "\n" << r.output;
     EXPECT_TRUE(Contains(r.output, "llm.c token file")) << r.output;
