@@ -89,11 +89,13 @@ TEST_F(RunSetupTest, NcclWithoutAGpuIsRefusedBeforeAnyRankJoins) {
 }
 
 TEST_F(RunSetupTest, EngineOptionsCarryTheConfig) {
+  strata::testing::TempDir dir("strata_run_setup_test");
+  const std::string d = dir.path();
   RunConfig c;
   c.device = DeviceChoice::kCpu;
   c.device_mem_bytes = 1 << 20;
   c.host_mem_bytes = 2 << 20;
-  c.nvme = {"/var/tmp/a.{rank}", "/var/tmp/b.{local_rank}"};
+  c.nvme = {d + "/a.{rank}", d + "/b.{local_rank}"};
   c.trace = "/tmp/t.{rank}.json";
   c.io = IoBackendKind::kPosix;
   c.cpu_threads = 3;
@@ -108,7 +110,7 @@ TEST_F(RunSetupTest, EngineOptionsCarryTheConfig) {
   EXPECT_EQ(eo->device, &(*setup)->device());
   EXPECT_EQ(eo->device_mem_bytes, uint64_t{1} << 20);
   EXPECT_EQ(eo->host_mem_bytes, uint64_t{2} << 20);
-  EXPECT_EQ(eo->nvme_paths, (std::vector<std::string>{"/var/tmp/a.0", "/var/tmp/b.0"}));
+  EXPECT_EQ(eo->nvme_paths, (std::vector<std::string>{d + "/a.0", d + "/b.0"}));
   EXPECT_EQ(eo->trace_path, "/tmp/t.0.json");
   EXPECT_EQ(eo->io.kind, IoBackendKind::kPosix);
   EXPECT_EQ(eo->optimizer_threads, 3);
@@ -121,7 +123,7 @@ TEST_F(RunSetupTest, EngineOptionsCarryTheConfig) {
   EXPECT_EQ(eo->comm, nullptr);
 
   // --resume must name one of the --nvme folders; alone it is the NVMe folder.
-  c.resume = "/var/tmp/elsewhere";
+  c.resume = d + "/elsewhere";
   auto bad = RunSetup::Begin(c, &failed);
   ASSERT_TRUE(bad.ok());
   ASSERT_TRUE((*bad)->Start({"strata-test", "/tmp/strata-run-setup-test-"}, &failed).ok());
@@ -135,7 +137,7 @@ TEST_F(RunSetupTest, EngineOptionsCarryTheConfig) {
   auto resumed = (*alone)->MakeEngineOptions(&failed);
   ASSERT_TRUE(resumed.ok());
   EXPECT_TRUE(resumed->resume);
-  EXPECT_EQ(resumed->nvme_paths, (std::vector<std::string>{"/var/tmp/elsewhere"}));
+  EXPECT_EQ(resumed->nvme_paths, (std::vector<std::string>{d + "/elsewhere"}));
 }
 
 // A missing --nvme folder is made, parents too, and reported, so that a mistyped path is
