@@ -1,6 +1,7 @@
-// Forked Gloo ranks for the comm tests: each rank is a child process that meets the others
-// through a FileStore in a fresh temporary folder and talks over loopback TCP. The parent
-// reaps them with a deadline: a rank still running then is killed and reported as a hang.
+// Forked Gloo ranks for the comm tests: each rank is a child process (tests/forked_children.h)
+// that meets the others through a FileStore in a fresh temporary folder and talks over
+// loopback TCP. The parent reaps them with a deadline: a rank still running then is killed and
+// reported as a hang.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "strata/comm.h"
+#include "tests/forked_children.h"
 #include "tests/temp_dir.h"
 
 namespace strata {
@@ -51,81 +53,43 @@ struct ChildResult {
   int exit_code = -1;  // -signal when killed
 };
 
-// Forks `world` ranks; each builds a communicator and runs `body` (returning an exit code).
-// `before_wait(pids)` runs in the parent after forking. Rank `kill_last` (if >= 0) is
-// killed once every other rank has exited. Children still alive at `deadline` are killed
-// and reported as -SIGKILL (the test then fails on them).
+// Forks `world` ranks (tests/forked_children.h); each builds a communicator and runs `body`
+// (returning an exit code). `before_wait(pids)` runs in the parent after forking. Rank
+// `kill_last` (if >= 0) is killed once every other rank has exited. Ranks still alive at
+// `deadline` are killed and reported as -SIGKILL (the test then fails on them).
 inline std::vector<ChildResult> RunRanks(
     int world, std::chrono::milliseconds comm_timeout,
     const std::function<int(Communicator&)>& body,
     const std::function<void(const std::vector<pid_t>&)>& before_wait = nullptr,
     std::chrono::seconds deadline = std::chrono::seconds(120), int kill_last = -1) {
   TempDir dir;
-  std::vector<pid_t> pids;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      {
+  const std::vector<int> codes = testing::ForkChildren(
+      world,
+      [&](int r) {
         Result<std::unique_ptr<Communicator>> comm =
             CreateGlooCommunicator(Options(dir.path(), r, world, comm_timeout));
         if (!comm.ok()) {
           std::fprintf(stderr, "rank %d: create: %s\n", r, comm.status().ToString().c_str());
-          code = 90;
-        } else {
-          code = body(**comm);
+          return 90;
         }
-      }
-      std::fflush(stderr);
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
-  if (before_wait) before_wait(pids);
+        return body(**comm);
+      },
+      {.deadline = deadline, .before_wait = before_wait, .kill_last = kill_last});
   std::vector<ChildResult> results(world);
-  std::vector<bool> done(world, false);
-  auto end = std::chrono::steady_clock::now() + deadline;
-  int remaining = world;
-  while (remaining > 0) {
-    for (int r = 0; r < world; ++r) {
-      if (done[r]) continue;
-      int st = 0;
-      pid_t got = ::waitpid(pids[r], &st, WNOHANG);
-      if (got == pids[r]) {
-        done[r] = true;
-        --remaining;
-        results[r].exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-      }
-    }
-    if (remaining == 0) break;
-    // A rank that stalls on purpose is killed once all the others have finished.
-    if (kill_last >= 0 && remaining == 1 && !done[kill_last]) ::kill(pids[kill_last], SIGKILL);
-    if (std::chrono::steady_clock::now() > end) {
-      for (int r = 0; r < world; ++r) {
-        if (!done[r]) {
-          ADD_FAILURE() << "rank " << r << " still running after the deadline: a hang";
-          ::kill(pids[r], SIGKILL);
-          ::waitpid(pids[r], nullptr, 0);
-          results[r].exit_code = -SIGKILL;
-        }
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  for (int r = 0; r < world; ++r) results[r].exit_code = codes[r];
   return results;
 }
 
-#define CHILD_CHECK(cond, ...)                                                 \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::fprintf(stderr, "rank %d: check failed: %s: ", comm.rank(), #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                       \
-      std::fprintf(stderr, "\n");                                              \
-      return 1;                                                                \
-    }                                                                          \
+// In a rank's body (a `comm` in scope): on a failed check, prints it (and the printf-style
+// message, when given) and returns 1 from the body.
+#define CHILD_CHECK(cond, ...)                                                   \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::fprintf(stderr, "rank %d: check failed: %s", comm.rank(), #cond);     \
+      __VA_OPT__(std::fprintf(stderr, ": "); std::fprintf(stderr, __VA_ARGS__);) \
+      std::fprintf(stderr, "\n");                                                \
+      return 1;                                                                  \
+    }                                                                            \
   } while (0)
 
 #define CHILD_OK(expr)                                              \

@@ -4,8 +4,6 @@
 #include "comm/messages.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -13,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/temp_dir.h"
+#include "tests/comm/forked_ranks.h"
 
 namespace strata {
 namespace {
@@ -25,54 +23,13 @@ struct Shape {
   double lr;
 };
 
-// Forks `world` ranks joined over Gloo in a fresh folder; each runs `body` and exits with
-// its return value (0 = its checks passed). Returns the exit codes.
+// The exit codes of `world` ranks running `body` (tests/comm/forked_ranks.h; 0 = its checks
+// passed).
 std::vector<int> RunRanks(int world, const std::function<int(Communicator&)>& body) {
-  testing::TempDir dir("strata_messages_test");
-  std::vector<pid_t> pids;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 90;
-      {
-        CommOptions o;
-        o.rank.rank = r;
-        o.rank.world_size = world;
-        o.rank.local_rank = r;
-        o.rank.local_world_size = world;
-        o.rendezvous.kind = RendezvousSpec::Kind::kFile;
-        o.rendezvous.path = dir.path();
-        o.timeout = 30s;
-        auto comm = CreateGlooCommunicator(o);
-        if (comm.ok()) {
-          code = body(**comm);
-        } else {
-          std::fprintf(stderr, "rank %d: %s\n", r, comm.status().ToString().c_str());
-        }
-      }
-      std::fflush(stderr);
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
   std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    codes.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-  }
+  for (const ChildResult& r : strata::RunRanks(world, 30s, body)) codes.push_back(r.exit_code);
   return codes;
 }
-
-#define CHILD_CHECK(cond)                                                      \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::fprintf(stderr, "rank %d: check failed: %s\n", comm.rank(), #cond); \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
 
 TEST(CommMessages, ShareFromRootDeliversTheValueOrTheFailure) {
   auto codes = RunRanks(3, [](Communicator& comm) {

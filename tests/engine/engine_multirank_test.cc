@@ -32,6 +32,7 @@
 #include "strata/log.h"
 #include "strata/optim.h"
 #include "tests/engine/fake_model.h"
+#include "tests/forked_children.h"
 #include "tests/temp_dir.h"
 
 namespace strata {
@@ -291,58 +292,34 @@ std::vector<Outcome> RunRanks(int world, const RunConfig& rc) {
   TempDir dir;
   const std::string rdv = dir.path() + "/rendezvous";
   fs::create_directories(rdv);
-  std::vector<pid_t> pids;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      {
-        CommOptions co;
-        co.rank.rank = r;
-        co.rank.world_size = world;
-        co.rank.local_rank = r;
-        co.rank.local_world_size = world;
-        co.rendezvous.path = rdv;
-        co.timeout = 60s;
-        auto comm =
-            reference ? Result<std::unique_ptr<Communicator>>(nullptr) : CreateGlooCommunicator(co);
-        if (!comm.ok()) {
-          std::fprintf(stderr, "rank %d: %s\n", r, comm.status().ToString().c_str());
-          code = 90;
-        } else {
-          const std::string mine = dir.path() + "/rank" + std::to_string(r);
-          fs::create_directories(mine);
-          auto o = Run(rc, comm->get(), mine);
-          if (!o.ok()) {
-            std::fprintf(stderr, "rank %d: %s\n", r, o.status().ToString().c_str());
-            code = 91;
-          } else {
-            WriteOutcome(mine + "/outcome.bin", *o);
-          }
-        }
-      }
-      std::fflush(stderr);
-      ::_exit(code);
+  const std::vector<int> codes = strata::testing::ForkChildren(world, [&](int r) {
+    CommOptions co;
+    co.rank.rank = r;
+    co.rank.world_size = world;
+    co.rank.local_rank = r;
+    co.rank.local_world_size = world;
+    co.rendezvous.path = rdv;
+    co.timeout = 60s;
+    auto comm =
+        reference ? Result<std::unique_ptr<Communicator>>(nullptr) : CreateGlooCommunicator(co);
+    if (!comm.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, comm.status().ToString().c_str());
+      return 90;
     }
-    pids.push_back(pid);
-  }
+    const std::string mine = dir.path() + "/rank" + std::to_string(r);
+    fs::create_directories(mine);
+    auto o = Run(rc, comm->get(), mine);
+    if (!o.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, o.status().ToString().c_str());
+      return 91;
+    }
+    WriteOutcome(mine + "/outcome.bin", *o);
+    return 0;
+  });
   std::vector<Outcome> out(world);
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
   for (int r = 0; r < world; ++r) {
-    int st = 0;
-    for (;;) {
-      if (::waitpid(pids[r], &st, WNOHANG) == pids[r]) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        ADD_FAILURE() << "rank " << r << " still running after the deadline: a hang";
-        for (pid_t p : pids) ::kill(p, SIGKILL);
-        for (pid_t p : pids) ::waitpid(p, nullptr, 0);
-        return {};
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " failed (" << st << ")";
+    if (codes[r] == -SIGKILL) return {};  // a hang, reported by ForkChildren
+    EXPECT_EQ(codes[r], 0) << "rank " << r << " failed";
     EXPECT_TRUE(ReadOutcome(dir.path() + "/rank" + std::to_string(r) + "/outcome.bin", &out[r]))
         << "rank " << r << " wrote no outcome";
   }
@@ -694,42 +671,31 @@ TEST_F(EngineMultirankTest, RanksWithDifferentOptionsAreRefusedAtCreate) {
   TempDir dir;
   const std::string rdv = dir.path() + "/rendezvous";
   fs::create_directories(rdv);
-  std::vector<pid_t> pids;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  for (int r = 0; r < 3; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      std::string message = "no error";
-      {
-        CommOptions co;
-        co.rank = RankInfo{r, 3, r, 3, "test"};
-        co.rendezvous.path = rdv;
-        co.timeout = 60s;
-        auto comm = CreateGlooCommunicator(co);
-        auto device = CreateHostDevice(DeviceOptions{});
-        if (!comm.ok() || !device.ok()) ::_exit(90);
-        EngineOptions opt = BaseOptions(device->get(), RunConfig{});
-        opt.comm = comm->get();
-        opt.host_mem_bytes = r == 1 ? (32u << 20) : (64u << 20);
-        if (r == 2) opt.beta1 = 0.8;
-        if (r == 2) opt.pipeline_updates = false;
-        if (r == 1) opt.grad_dtype = GradDtype::kBf16;
-        std::vector<BlockSpec> model = Model();
-        if (r == 1) model[0].tensors[0].group = 1;  // another optimizer group: other numbers
-        auto e = Engine::Create(model, opt);
-        if (!e.ok()) message = e.status().ToString();
-      }
-      std::ofstream(dir.path() + "/msg" + std::to_string(r)) << message;
-      ::_exit(0);
+  const std::vector<int> codes = strata::testing::ForkChildren(3, [&](int r) {
+    std::string message = "no error";
+    {
+      CommOptions co;
+      co.rank = RankInfo{r, 3, r, 3, "test"};
+      co.rendezvous.path = rdv;
+      co.timeout = 60s;
+      auto comm = CreateGlooCommunicator(co);
+      auto device = CreateHostDevice(DeviceOptions{});
+      if (!comm.ok() || !device.ok()) return 90;
+      EngineOptions opt = BaseOptions(device->get(), RunConfig{});
+      opt.comm = comm->get();
+      opt.host_mem_bytes = r == 1 ? (32u << 20) : (64u << 20);
+      if (r == 2) opt.beta1 = 0.8;
+      if (r == 2) opt.pipeline_updates = false;
+      if (r == 1) opt.grad_dtype = GradDtype::kBf16;
+      std::vector<BlockSpec> model = Model();
+      if (r == 1) model[0].tensors[0].group = 1;  // another optimizer group: other numbers
+      auto e = Engine::Create(model, opt);
+      if (!e.ok()) message = e.status().ToString();
     }
-    pids.push_back(pid);
-  }
-  for (pid_t p : pids) {
-    int st = 0;
-    ::waitpid(p, &st, 0);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+    std::ofstream(dir.path() + "/msg" + std::to_string(r)) << message;
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
   for (int r = 0; r < 3; ++r) {
     std::ifstream f(dir.path() + "/msg" + std::to_string(r));
     const std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
