@@ -73,6 +73,8 @@ def _split(run):
 def _label(run):
     base, host = _split(run)
     return LABELS[base].format(host=host)
+
+
 LR, CLIP, VOCAB, SEQ, BATCH = 1e-4, 1.0, 256, 128, 4
 
 
