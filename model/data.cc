@@ -178,7 +178,9 @@ double NonTextShare(const std::string& bytes) {
 }  // namespace
 
 Result<TokenStream> LoadTokens(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadDataFile(path));
+  Result<std::string> read = ReadDataFile(path);
+  if (!read.ok()) return read.status();
+  const std::string& bytes = *read;
   TokenStream s;
   int32_t header[kLlmcHeaderInts] = {};
   if (bytes.size() >= sizeof(int32_t)) std::memcpy(header, bytes.data(), sizeof(int32_t));
