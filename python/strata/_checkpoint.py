@@ -13,9 +13,9 @@ resume=True (as Engine(resume=True) continues a run), so a fresh process continu
 Only an engine with NVMe folders keeps its moments where they can be saved; without them
 save_checkpoint is refused. The folder is written as `path`.partial and renamed into place; an
 older checkpoint at `path` is moved to `path`.old meanwhile and removed once the new one is in
-place. A crash between those two renames leaves no `path`; the next load_checkpoint or
-save_checkpoint of `path` finishes the replace first (the new folder when it is whole, else the
-older one back).
+place. A crash between the two renames (or before the one rename of a first save) leaves no
+`path`; the next load_checkpoint or save_checkpoint of `path` finishes the replace first (the
+new folder when it is whole, else the older one back).
 
 With several ranks an engine cannot be reopened in the same process (its ranks would have to
 meet again), so each rank saves its own shard instead, read from the open engine between
@@ -217,17 +217,17 @@ def _replace_folder(new, path):
 
 
 def _finish_interrupted_replace(path):
-    """A crash between _replace_folder's two renames leaves no `path`: the older checkpoint is
-    at `path`.old and the new one at `path`.partial. Completes that replace when the new folder
-    is whole (strata.json, written last, is there), else puts the older one back, so that
-    load_checkpoint and the next save find a checkpoint at `path`."""
+    """A crash between _replace_folder's two renames leaves no `path`: the older checkpoint (if
+    any) is at `path`.old and the new one at `path`.partial. Completes that replace when the new
+    folder is whole (strata.json, written last, is there), else puts the older one back, so
+    that load_checkpoint and the next save find a checkpoint at `path`."""
     old, new = path + ".old", path + ".partial"
-    if os.path.exists(path) or not os.path.exists(old):
+    if os.path.exists(path):
         return
     if os.path.isfile(os.path.join(new, "strata.json")):
         os.rename(new, path)
         shutil.rmtree(old, ignore_errors=True)
-    else:
+    elif os.path.exists(old):
         os.rename(old, path)
 
 

@@ -38,7 +38,8 @@ def test_a_fresh_process_continues_from_a_checkpoint_bit_for_bit(tmp_path):
 def test_a_crash_between_the_renames_of_a_save_loses_no_checkpoint(tmp_path):
     """A save that died after moving the older checkpoint to path.old and before renaming
     path.partial into place: load finishes the replace when the new folder is whole (the older
-    one here is damaged, so loading it would fail), and takes the older one back when not."""
+    one here is damaged, so loading it would fail), and takes the older one back when not; a
+    first save that died before its rename leaves a whole path.partial, which load takes."""
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
     ckpt = tmp_path / "ckpt"
@@ -58,6 +59,13 @@ def test_a_crash_between_the_renames_of_a_save_loses_no_checkpoint(tmp_path):
     _child("load", tmp_path / "c", ckpt, tmp_path / "resumed2.safetensors")
     assert (tmp_path / "resumed2.safetensors").read_bytes() == straight
     assert ckpt.is_dir() and not old.exists()
+    # The first save of `path` cut off before its one rename: the whole new folder is taken.
+    shutil.rmtree(partial)
+    os.rename(ckpt, partial)
+    (tmp_path / "d").mkdir()
+    _child("load", tmp_path / "d", ckpt, tmp_path / "resumed3.safetensors")
+    assert (tmp_path / "resumed3.safetensors").read_bytes() == straight
+    assert ckpt.is_dir() and not partial.exists()
 
 
 def _ranks(tmp_path, *args, timeout=60):
