@@ -20,27 +20,36 @@ namespace {
 
 using namespace engine_test;  // NOLINT: the harness is this test's vocabulary
 
+// The tight NVMe run of `specs` in `dir` after steps 1..`steps`, committed and closed: its
+// config, to resume from.
+Result<RunConfig> Committed(const std::vector<BlockSpec>& specs, const std::string& dir,
+                            int steps) {
+  RunConfig rc = TightNvme(specs, dir);
+  STRATA_ASSIGN_OR_RETURN(Fixture f, MakeEngine(specs, rc));
+  STRATA_RETURN_IF_ERROR(RunSteps(f, 1, steps, 1, nullptr));
+  return rc;
+}
+
+// `rc` resumed from its last commit, through `faults` when given.
+RunConfig Resumed(RunConfig rc, const FaultInjectionOptions* faults = nullptr) {
+  rc.resume = true;
+  if (faults != nullptr) rc.io_factory = FaultInjectionFactory(*faults);
+  return rc;
+}
+
 TEST(EngineFaultTest, ReadErrorSurfacesAndResumeContinuesFromLastCommit) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = ThreeBlockModel();
   auto ref = UnlimitedStates(specs, 4, 1, 0);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   TempDir dir;
-  RunConfig rc = TightNvme(specs, dir.path());
-  {
-    auto f = MakeEngine(specs, rc);
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    Status s = RunSteps(*f, 1, 2, 1, nullptr);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
+  auto rc = Committed(specs, dir.path(), 2);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
   {
     // Every NVMe request now fails with EIO: the error comes back as a status.
-    RunConfig bad = rc;
-    bad.resume = true;
     FaultInjectionOptions fo;
     fo.eio = 1.0;
-    bad.io_factory = FaultInjectionFactory(fo);
-    auto f = MakeEngine(specs, bad);
+    auto f = MakeEngine(specs, Resumed(*rc, &fo));
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     EXPECT_EQ(f->engine->ResumedStep(), 2);
     Status s = RunSteps(*f, 3, 3, 1, nullptr);
@@ -52,9 +61,7 @@ TEST(EngineFaultTest, ReadErrorSurfacesAndResumeContinuesFromLastCommit) {
     EXPECT_FALSE(f->engine->BeginStep(StepArgs{}).ok());
   }
   {
-    RunConfig good = rc;
-    good.resume = true;
-    auto f = MakeEngine(specs, good);
+    auto f = MakeEngine(specs, Resumed(*rc));
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     ASSERT_EQ(f->engine->ResumedStep(), 2);
     Status s = RunSteps(*f, 3, 4, 1, nullptr);
@@ -72,28 +79,19 @@ TEST(EngineFaultTest, WriteErrorLeavesLastCommitIntact) {
   auto ref = UnlimitedStates(specs, 3, 1, 0);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   TempDir dir;
-  RunConfig rc = TightNvme(specs, dir.path());
+  auto rc = Committed(specs, dir.path(), 1);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
   {
-    auto f = MakeEngine(specs, rc);
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    ASSERT_TRUE(RunSteps(*f, 1, 1, 1, nullptr).ok());
-  }
-  {
-    RunConfig bad = rc;
-    bad.resume = true;
     FaultInjectionOptions fo;
     fo.seed = 7;
     fo.enospc = 0.5;  // writes fail with ENOSPC about half the time
-    bad.io_factory = FaultInjectionFactory(fo);
-    auto f = MakeEngine(specs, bad);
+    auto f = MakeEngine(specs, Resumed(*rc, &fo));
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     Status s = RunSteps(*f, 2, 3, 1, nullptr);
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
   }
-  RunConfig good = rc;
-  good.resume = true;
-  auto f = MakeEngine(specs, good);
+  auto f = MakeEngine(specs, Resumed(*rc));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   ASSERT_EQ(f->engine->ResumedStep(), 1);
   ASSERT_TRUE(RunSteps(*f, 2, 3, 1, nullptr).ok());
@@ -107,18 +105,11 @@ TEST(EngineFaultTest, FlippedBitsOnReadAreCaughtAsCorruption) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = ThreeBlockModel();
   TempDir dir;
-  RunConfig rc = TightNvme(specs, dir.path());
-  {
-    auto f = MakeEngine(specs, rc);
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    ASSERT_TRUE(RunSteps(*f, 1, 1, 1, nullptr).ok());
-  }
-  RunConfig bad = rc;
-  bad.resume = true;
+  auto rc = Committed(specs, dir.path(), 1);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
   FaultInjectionOptions fo;
   fo.flip_read = 1.0;
-  bad.io_factory = FaultInjectionFactory(fo);
-  auto f = MakeEngine(specs, bad);
+  auto f = MakeEngine(specs, Resumed(*rc, &fo));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   Status s = RunSteps(*f, 2, 2, 1, nullptr);
   ASSERT_FALSE(s.ok());
