@@ -231,6 +231,13 @@ def _finish_interrupted_replace(path):
         os.rename(old, path)
 
 
+def _torch_load(path):
+    """torch.load of a file this module wrote: pickled Python state (param_groups, the
+    scheduler's state, client_state), which torch >= 2.6 refuses by default (weights_only)."""
+    kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
+    return torch.load(path, **kw)
+
+
 def _agree(core, what, phase):
     """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
     one-value all-gather of whether the phase failed here). Raises the phase's own exception on
@@ -322,10 +329,9 @@ def _load_shards(state, path, optimizer, lr_scheduler):
     core = state.core()
     _ready_between_steps(state, "load_checkpoint")
     rank, world = core.rank, core.world_size
-    kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
+    what = f"load_checkpoint({path!r})"
     loaded = {}
-    _agree(core, f"load_checkpoint({path!r})",
-           lambda: rank == 0 and _finish_interrupted_replace(path))
+    _agree(core, what, lambda: rank == 0 and _finish_interrupted_replace(path))
 
     def read_shard():
         meta = _checkpoint_meta(path)
@@ -334,8 +340,8 @@ def _load_shards(state, path, optimizer, lr_scheduler):
             raise Error(f"the checkpoint {path} was saved by {saved} rank(s), this run has "
                         f"{world}; load it with as many ranks (each loads its own shard)")
         try:
-            loaded["mine"] = torch.load(os.path.join(path, f"rank{rank}.pt"), **kw)
-            loaded["saved"] = torch.load(os.path.join(path, "python.pt"), **kw)
+            loaded["mine"] = _torch_load(os.path.join(path, f"rank{rank}.pt"))
+            loaded["saved"] = _torch_load(os.path.join(path, "python.pt"))
         except FileNotFoundError as e:
             raise Error(f"the checkpoint {path} is incomplete: {e}") from None
         except Exception as e:  # noqa: BLE001 (a damaged file: torch's unpickling errors vary)
@@ -350,7 +356,7 @@ def _load_shards(state, path, optimizer, lr_scheduler):
                                 f"values, the engine's shard {padded // world}")
 
     # Every rank's shard is read and checked before any engine is written.
-    _agree(core, f"load_checkpoint({path!r})", read_shard)
+    _agree(core, what, read_shard)
     mine, saved = loaded["mine"], loaded["saved"]
     for (b, k), v in sorted(mine["shards"].items()):
         v = v.contiguous()
@@ -359,7 +365,7 @@ def _load_shards(state, path, optimizer, lr_scheduler):
     state.step_offset = int(saved["step"]) - steps
     _restore_python_state(state, saved, optimizer, lr_scheduler)
     torch.set_rng_state(mine["rng"])
-    _agree(core, f"load_checkpoint({path!r})", lambda: None)  # every rank has its shard back
+    _agree(core, what, lambda: None)  # every rank has its shard back
     return saved["client_state"]
 
 
@@ -424,8 +430,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     nvme = _closed_engine(state, "load_checkpoint")
     _finish_interrupted_replace(path)
     try:
-        kw = {"weights_only": False} if "weights_only" in torch.load.__code__.co_varnames else {}
-        saved = torch.load(os.path.join(path, "python.pt"), **kw)
+        saved = _torch_load(os.path.join(path, "python.pt"))
     except FileNotFoundError as e:
         raise Error(f"{path} is not a strata checkpoint (no python.pt): {e}") from None
     if "folders" not in saved:
