@@ -2,7 +2,9 @@
 # Layer-major micro-batches with offloaded activations (bench/PERFORMANCE.md, "Offloaded
 # activations"): the issue-24 table. One micro-batch, four batch-major, four with default flags
 # (auto: layer-major with the activations of the micro-batches the device has no room for in
-# the engine), alternating, on the same model and budgets. Figures per run are medians over
+# the engine, where the recompute that needs costs less than batch-major's weight traffic;
+# on the host device it does not, and auto keeps batch-major), alternating, on the same model
+# and budgets. Figures per run are medians over
 # steps 3..N, then the median of REPS runs: h2d bytes per step against one micro-batch (bound:
 # <= 1.1x), the activations' own bytes per link, step time against batch-major (bound: not
 # worse). Every run must end with the same losses as batch-major, bit for bit (#wrong).

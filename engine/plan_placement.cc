@@ -565,10 +565,11 @@ Status Placer::PredictTraffic() {
                         (opt.device_budget ? "budget holds " + FormatBytes(opt.device_budget)
                                            : std::string("no device budget")) +
                         "; evicting the block needed farthest ahead)");
-  const double rd = opt.nvme_read_bps > 0 ? opt.nvme_read_bps : 2e9;
-  const double wr = opt.nvme_write_bps > 0 ? opt.nvme_write_bps : 1.5e9;
-  const double h2d = opt.h2d_bps > 0 ? opt.h2d_bps : 10e9;
-  const double d2h = opt.d2h_bps > 0 ? opt.d2h_bps : 10e9;
+  const double rd = opt.nvme_read_bps > 0 ? opt.nvme_read_bps : EngineOptions::kDefaultNvmeReadBps;
+  const double wr =
+      opt.nvme_write_bps > 0 ? opt.nvme_write_bps : EngineOptions::kDefaultNvmeWriteBps;
+  const double h2d = opt.h2d_bps > 0 ? opt.h2d_bps : EngineOptions::kDefaultH2dBps;
+  const double d2h = opt.d2h_bps > 0 ? opt.d2h_bps : EngineOptions::kDefaultD2hBps;
   const std::pair<double, const char*> times[] = {
       {rep.predicted_bytes.nvme_read / rd, "nvme_read"},
       {rep.predicted_bytes.nvme_write / wr, "nvme_write"},

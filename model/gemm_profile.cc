@@ -4,25 +4,29 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace strata::model {
+
+// A linear layer out[N,OC] = in[N,IC] · w[IC,OC]: forward NN; dX = dout · wᵀ (NT);
+// dW = inᵀ · dout (TN).
+std::vector<GemmShape> BlockForwardGemms(const Gpt2Config& cfg, int B, int T) {
+  const int N = B * T, C = cfg.d_model;
+  return {{false, false, N, 3 * C, C},
+          {false, false, N, C, C},
+          {false, false, N, 4 * C, C},
+          {false, false, N, C, 4 * C}};
+}
 
 std::vector<GemmShape> ModelGemms(const Gpt2Config& cfg, int B, int T) {
   const int N = B * T, C = cfg.d_model, V = cfg.vocab;
   std::vector<GemmShape> g;
-  // A linear layer out[N,OC] = in[N,IC] · w[IC,OC]: forward NN; dX = dout · wᵀ (NT);
-  // dW = inᵀ · dout (TN).
-  auto linear_fwd = [&](int ic, int oc) { g.push_back({false, false, N, oc, ic}); };
   auto linear_bwd = [&](int ic, int oc) {
     g.push_back({false, true, N, ic, oc});
     g.push_back({true, false, ic, oc, N});
   };
-  for (int l = 0; l < cfg.layers; ++l) {
-    linear_fwd(C, 3 * C);
-    linear_fwd(C, C);
-    linear_fwd(C, 4 * C);
-    linear_fwd(4 * C, C);
-  }
+  const std::vector<GemmShape> block = BlockForwardGemms(cfg, B, T);
+  for (int l = 0; l < cfg.layers; ++l) g.insert(g.end(), block.begin(), block.end());
   g.push_back({false, true, N, V, C});   // logits = x · wteᵀ
   g.push_back({false, false, N, C, V});  // dx = dlogits · wte
   g.push_back({true, false, V, C, N});   // dwte = dlogitsᵀ · x
@@ -63,6 +67,18 @@ void GemmRunner::Run() {
                 g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, 1.0f, a_.data(), lda,
                 b_.data(), ldb, 1.0f, c_.data(), g.n);
   }
+}
+
+double GemmRunner::TimedRun(int runs) {
+  Run();
+  double best = 0;
+  for (int r = 0; r < std::max(runs, 1); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = r == 0 ? s : std::min(best, s);
+  }
+  return best;
 }
 
 }  // namespace strata::model

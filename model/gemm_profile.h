@@ -23,6 +23,9 @@ struct GemmShape {
 // per layer qkv, attention projection, MLP up and down (forward: 1 call each; backward: dX
 // and dW each), and the tied LM head (forward; backward dX and dW).
 std::vector<GemmShape> ModelGemms(const Gpt2Config& config, int B, int T);
+// The forward sgemm calls of one block (qkv, attention projection, MLP up and down) for
+// micro-batches of B x T: what a recompute runs again for each block it recomputes.
+std::vector<GemmShape> BlockForwardGemms(const Gpt2Config& config, int B, int T);
 double TotalFlops(const std::vector<GemmShape>& gemms);
 
 class GemmRunner {
@@ -30,6 +33,8 @@ class GemmRunner {
   explicit GemmRunner(const std::vector<GemmShape>& gemms);
   // Runs every GEMM of the list once, in order.
   void Run();
+  // Runs the list once to warm up, then `runs` times timed: the fastest run's seconds.
+  double TimedRun(int runs = 1);
 
  private:
   std::vector<GemmShape> gemms_;

@@ -1,5 +1,8 @@
 #include "trainer/micro_batch_order.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "strata/bytes.h"
 
 namespace strata::trainer {
@@ -86,6 +89,10 @@ std::string MicroBatchCap::ToString() const {
          (nvme ? "" : " or give --nvme folders") + " for more";
 }
 
+double RecomputeSeconds(double block_forward_seconds, int layers, int micro_batches) {
+  return block_forward_seconds * std::max(layers - 1, 0) * std::max(micro_batches, 0);
+}
+
 namespace {
 
 Result<OrderedEngine> BatchMajor(const std::vector<BlockSpec>& specs, const EngineOptions& options,
@@ -102,6 +109,51 @@ Result<OrderedEngine> BatchMajor(const std::vector<BlockSpec>& specs, const Engi
 
 uint64_t SaturatingMul(uint64_t a, uint64_t b) {
   return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+// Batch-major's weight and gradient bytes beyond layer-major's (`p` is layer-major's
+// engine, which sees one micro-batch's transfers): the weights once more per micro-batch and,
+// on one rank, the gradient (layer-major sums the micro-batches on the device).
+EdgeBytes BatchMajorExtraBytes(const PlacementReport& p, const MicroBatchOrderInputs& in, int M) {
+  EdgeBytes extra;
+  extra.h2d = SaturatingMul(uint64_t(M - 1), p.predicted_bytes.h2d);
+  extra.d2h = in.multi_rank ? 0 : SaturatingMul(uint64_t(M - 1), p.predicted_bytes.d2h);
+  return extra;
+}
+
+// Seconds the bytes take at the engine's expected link bandwidths.
+double LinkSeconds(const EngineOptions& options, uint64_t h2d, uint64_t d2h) {
+  return double(h2d) / options.ExpectedH2dBps() + double(d2h) / options.ExpectedD2hBps();
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", s);
+  return buf;
+}
+
+// Under auto, layer-major that needs --recompute turned on pays a forward per recomputed
+// block and micro-batch (and `act_h2d`/`act_d2h` of offloaded activations) to save
+// batch-major's weight and gradient traffic. Why batch-major is faster, or "" where layer-major
+// is (or it cannot be weighed, or --recompute is not auto's to turn on).
+std::string RecomputeCostsMore(const EngineOptions& options, const MicroBatchOrderInputs& in,
+                               const PlacementReport& layer_major, uint64_t act_h2d,
+                               uint64_t act_d2h) {
+  if (in.choice != MicroBatchOrderChoice::kAuto || in.recompute || !in.recompute_auto ||
+      !in.recompute_seconds || in.offload == OffloadActivations::kOn) {
+    return "";
+  }
+  const EdgeBytes saved = BatchMajorExtraBytes(layer_major, in, options.micro_batches);
+  const double saved_s = LinkSeconds(options, saved.h2d, saved.d2h);
+  const double act_s = LinkSeconds(options, act_h2d, act_d2h);
+  if (*in.recompute_seconds + act_s < saved_s) return "";
+  return "layer-major needs --recompute, whose extra forward (" + Seconds(*in.recompute_seconds) +
+         " a step, predicted from this machine's GEMMs)" +
+         (act_s > 0 ? " and offloaded activations (" + Seconds(act_s) + ")" : std::string()) +
+         " take longer than batch-major's " + FormatBytes(saved.h2d + saved.d2h) +
+         " more weight and gradient bytes (" + Seconds(saved_s) +
+         " at the expected link bandwidth); --recompute or --micro-batch-order layer "
+         "choose layer-major";
 }
 
 std::string MoreMicroBatches(int n) {
@@ -235,11 +287,12 @@ Result<std::unique_ptr<Engine>> ProbeTwoMicroBatches(const std::vector<BlockSpec
 }
 
 // Layer-major with the micro-batches the device has no room for sharing one slot. nullptr
-// with *refused set when it does not fit, or (auto) moves more bytes than batch-major.
+// with *refused set when it does not fit, or (auto) moves more bytes than batch-major; with
+// *slower set when (auto) the recompute it turns on costs more time than batch-major's bytes.
 Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
                                           const EngineOptions& options,
                                           const MicroBatchOrderInputs& in, OrderedEngine* out,
-                                          Status* refused) {
+                                          Status* refused, std::string* slower) {
   const int M = options.micro_batches;
   const bool recompute = in.recompute || in.recompute_auto;
   if (in.offload_shape.key_bytes == 0) {
@@ -272,11 +325,9 @@ Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
   const int slots = 1 + std::min(M - 2, room_slots);
   const MicroBatchCap cap =
       OffloadedMicroBatchCap(p, 1 + room_slots, in.offload_shape.keys_per_micro_batch);
-  // What batch-major would move on top: the weights once more per micro-batch (and, on one
-  // rank, the gradient), against the offloaded micro-batches' activations.
-  const EdgeBytes pb = p.predicted_bytes;
-  const uint64_t batch_extra =
-      SaturatingMul(uint64_t(M - 1), pb.h2d + (in.multi_rank ? 0 : pb.d2h));
+  // What batch-major would move on top, against the offloaded micro-batches' activations.
+  const EdgeBytes extra = BatchMajorExtraBytes(p, in, M);
+  const uint64_t batch_extra = extra.h2d + extra.d2h;
   const uint64_t moved = uint64_t(M - slots + 1);
   const uint64_t d2h = moved * in.offload_shape.d2h_bytes_per_micro_batch;
   const uint64_t h2d = moved * in.offload_shape.h2d_bytes_per_micro_batch;
@@ -288,6 +339,8 @@ Result<std::unique_ptr<Engine>> Offloaded(const std::vector<BlockSpec>& specs,
     *refused = Status::OutOfMemory(counts + ": batch-major moves fewer bytes");
     return std::unique_ptr<Engine>();
   }
+  *slower = RecomputeCostsMore(options, in, p, h2d, d2h);
+  if (!slower->empty()) return std::unique_ptr<Engine>();
   if (slots > 1 || probed) {
     engine.reset();  // its pinned memory and swap files go before the next engine's
     STRATA_ASSIGN_OR_RETURN(engine, OffloadedEngine(specs, options, in, slots, per));
@@ -333,6 +386,7 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
   }
   OrderedEngine out;
   Status refused;
+  std::string slower;  // auto: the recompute layer-major needs costs more than it saves
   if (in.offload != OffloadActivations::kOn) {
     // Every micro-batch's activations on the device: as given, or (auto) without recompute,
     // then with it.
@@ -344,6 +398,10 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
       Status why;
       STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
                               OnDevice(specs, options, in, per, recompute, &out, &why));
+      if (e && recompute && !in.recompute) {
+        slower = RecomputeCostsMore(options, in, e->Placement(), 0, 0);
+        if (!slower.empty()) break;  // offloading would need the recompute too
+      }
       if (e) {
         out.engine = std::move(e);
         if (recompute && !in.recompute) out.reason += "; --recompute turned on to fit them";
@@ -352,15 +410,20 @@ Result<OrderedEngine> CreateOrderedEngine(const std::vector<BlockSpec>& specs,
       if (refused.ok()) refused = why;
     }
   }
-  if (in.offload != OffloadActivations::kOff) {
+  if (slower.empty() && in.offload != OffloadActivations::kOff) {
     Status why;
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Offloaded(specs, options, in, &out, &why));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                            Offloaded(specs, options, in, &out, &why, &slower));
     if (e) {
       out.engine = std::move(e);
       return out;
     }
-    refused = refused.ok() ? why : Status(refused.code(), refused.message() + "; " + why.message());
+    if (!why.ok()) {
+      refused =
+          refused.ok() ? why : Status(refused.code(), refused.message() + "; " + why.message());
+    }
   }
+  if (!slower.empty()) return BatchMajor(specs, options, in, "batch-major: " + slower);
   if (forced) {
     return Status::OutOfMemory("--micro-batch-order layer: " + refused.message() +
                                "; raise --device-mem, add --recompute, lower --batch or "

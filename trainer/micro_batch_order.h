@@ -23,13 +23,17 @@
 // on the device (turning --recompute on when it was not given and that makes them fit);
 // layer-major with activations offloaded when that moves fewer bytes than batch-major's
 // weight reloads (counting both; --offload-activations on/off forces it); else batch-major,
-// saying why.
+// saying why. Where layer-major needs --recompute turned on, bytes are not the whole cost:
+// the recompute is another forward. With a predicted recompute time (the host device, where
+// a weight reload is a memcpy and the recompute a third more compute), auto turns it on only
+// when it costs less time than the weight traffic it saves.
 //
 // Plain functions; the engine made here belongs to the caller.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,7 +76,19 @@ struct MicroBatchOrderInputs {
   // Without a --device-mem cap: the memory the device has for layer-major's extra
   // activations (on the host device, what this host's memory leaves; 0: not known).
   uint64_t unlimited_room_bytes = 0;
+  // What turning --recompute on adds to a step, predicted: one more forward of the
+  // recomputed blocks per micro-batch (RecomputeSeconds). Under auto, layer-major that needs
+  // --recompute turned on is taken only when this (plus any offloaded activations' traffic)
+  // takes less time than batch-major's extra weight and gradient traffic at the engine's
+  // expected link bandwidths. nullopt: not known (a GPU, where the link dominates); bytes
+  // alone decide.
+  std::optional<double> recompute_seconds;
 };
+
+// The predicted recompute cost: `block_forward_seconds` (one block's forward GEMMs for one
+// micro-batch, timed) for each recomputed block (every block but the last, which keeps its
+// activations) of each of `micro_batches`.
+double RecomputeSeconds(double block_forward_seconds, int layers, int micro_batches);
 
 // The most micro-batches the host and NVMe budgets admit with offloaded activations, from
 // the engine's PlacementReport::activation_host_capacity / activation_nvme_capacity (the

@@ -332,8 +332,14 @@ struct EngineOptions {
   // earlier one's.
   int64_t trace_first_step = 0, trace_last_step = 0;
   // Expected bandwidths (bytes/s) used only to predict the step's bound in Placement();
-  // 0 = use built-in guesses. They never change a decision that affects numerics.
+  // 0 = use built-in guesses (kDefault*Bps). They never change a decision that affects
+  // numerics.
   double nvme_read_bps = 0, nvme_write_bps = 0, h2d_bps = 0, d2h_bps = 0, cpu_optim_bps = 0;
+  static constexpr double kDefaultNvmeReadBps = 2e9, kDefaultNvmeWriteBps = 1.5e9,
+                          kDefaultH2dBps = 10e9, kDefaultD2hBps = 10e9;
+  // The expected bandwidths with the guesses filled in.
+  double ExpectedH2dBps() const { return h2d_bps > 0 ? h2d_bps : kDefaultH2dBps; }
+  double ExpectedD2hBps() const { return d2h_bps > 0 ? d2h_bps : kDefaultD2hBps; }
 };
 
 // ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "model/run_size.h"
@@ -109,7 +110,8 @@ class MicroBatchOrderTest : public ::testing::Test {
 
   Outcome Run(const Case& c, MicroBatchOrderChoice choice, uint64_t device_mem, uint64_t host_mem,
               int steps, const std::string& tag,
-              OffloadActivations offload = OffloadActivations::kOff, bool recompute_auto = false) {
+              OffloadActivations offload = OffloadActivations::kOff, bool recompute_auto = false,
+              std::optional<double> recompute_seconds = std::nullopt) {
     Outcome out;
     const std::string nvme = c.nvme ? dir_ + "/" + tag : "";
     if (!nvme.empty()) {
@@ -127,6 +129,7 @@ class MicroBatchOrderTest : public ::testing::Test {
     in.saved_activation_bytes_recompute =
         SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
     in.offload = offload;
+    in.recompute_seconds = recompute_seconds;
     if (offload != OffloadActivations::kOff) {
       in.offload_shape = model::OffloadedActivations(c.cfg, c.opt.batch, c.opt.seq_len);
     }
@@ -357,6 +360,60 @@ TEST_F(MicroBatchOrderTest, AutoOffloadsWhenTheDeviceHasNoRoomAndSaysWhy) {
                            OffloadActivations::kAuto, /*recompute_auto=*/true);
   ASSERT_EQ(many.order, MicroBatchOrder::kLayerMajor) << many.reason;
   EXPECT_EQ(many.engine_device_bytes, p.device_min_bytes);
+}
+
+// Where layer-major needs --recompute turned on, auto weighs the recompute's predicted time
+// against the time batch-major's extra weight and gradient bytes take: a recompute that costs
+// more picks batch-major and says why; one that costs less (or an unknown cost) keeps the
+// byte rule. A --recompute the user gave, or a forced order, is not weighed.
+TEST_F(MicroBatchOrderTest, AutoWeighsTheRecomputeAgainstBatchMajorsTraffic) {
+  Case c;
+  c.cfg.layers = 3;
+  c.cfg.d_model = 64;
+  c.cfg.heads = 2;
+  c.cfg.max_seq = 16;
+  c.opt.seq_len = 16;
+  c.opt.batch = 2;
+  c.opt.micro_batches = 1;
+  const PlacementReport p = Probe(c, "");
+  c.opt.micro_batches = 4;
+  const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
+  const auto run = [&](MicroBatchOrderChoice choice, uint64_t device, double seconds,
+                       const std::string& tag) {
+    return Run(c, choice, device, 0, 2, tag, OffloadActivations::kAuto,
+               /*recompute_auto=*/!c.opt.recompute, seconds);
+  };
+  // An hour of recompute: batch-major, offloaded (no room) or on the device (room for three
+  // more micro-batches' recomputed activations), saying what was weighed.
+  for (const uint64_t device : {p.device_min_bytes, p.device_min_bytes + 3 * acts}) {
+    SCOPED_TRACE("--device-mem " + std::to_string(device));
+    const Outcome slow = run(MicroBatchOrderChoice::kAuto, device, 3600, "slow");
+    ASSERT_EQ(slow.order, MicroBatchOrder::kBatchMajor) << slow.reason;
+    EXPECT_FALSE(slow.recompute);
+    EXPECT_NE(slow.reason.find("batch-major: layer-major needs --recompute, whose extra forward "
+                               "(3.6e+03 s a step"),
+              std::string::npos)
+        << slow.reason;
+    EXPECT_NE(slow.reason.find("take longer than batch-major's"), std::string::npos) << slow.reason;
+    // A free recompute: layer-major with it turned on, as the byte rule alone chooses.
+    const Outcome fast = run(MicroBatchOrderChoice::kAuto, device, 0, "fast");
+    ASSERT_EQ(fast.order, MicroBatchOrder::kLayerMajor) << fast.reason;
+    EXPECT_TRUE(fast.recompute);
+    EXPECT_NE(fast.reason.find("--recompute turned on"), std::string::npos) << fast.reason;
+    ExpectSameBits(slow, fast, "batch-major vs layer-major with recompute");
+    // Forced layer-major is not weighed.
+    const Outcome forced = run(MicroBatchOrderChoice::kLayer, device, 3600, "forced");
+    EXPECT_EQ(forced.order, MicroBatchOrder::kLayerMajor) << forced.reason;
+  }
+  // --recompute given: both orders pay for it, so bytes decide.
+  c.opt.recompute = true;
+  const Outcome given = run(MicroBatchOrderChoice::kAuto, p.device_min_bytes, 3600, "given");
+  EXPECT_EQ(given.order, MicroBatchOrder::kLayerMajor) << given.reason;
+}
+
+TEST(MicroBatchOrderParse, RecomputeSecondsCountEveryBlockButTheLastPerMicroBatch) {
+  EXPECT_DOUBLE_EQ(RecomputeSeconds(0.5, 6, 4), 0.5 * 5 * 4);
+  EXPECT_DOUBLE_EQ(RecomputeSeconds(0.5, 1, 4), 0.0);
 }
 
 TEST(MicroBatchOrderParse, OffloadActivationsNamesTheFlag) {

@@ -216,6 +216,22 @@ TEST_F(TrainMultirankTest, LayerMajorIsBitIdenticalToBatchMajorAcrossTwoRanks) {
   }
 }
 
+// --micro-batch-order auto without --recompute weighs the recompute layer-major may need by a
+// GEMM timing, which differs from rank to rank: rank 0 times and shares it, so that every rank
+// picks the same order (a split choice would fail the collectives), with batch-major's losses.
+TEST_F(TrainMultirankTest, AutoOrderWeighedOnRankZeroIsEveryRanks) {
+  const std::vector<std::string> tight = {"--micro-batches", "3", "--device-mem", "2M"};
+  std::vector<std::string> batch_flags = tight;
+  batch_flags.insert(batch_flags.end(), {"--micro-batch-order", "batch"});
+  const std::vector<double> batch = Train(2, batch_flags, dir_ + "/batch.json");
+  const std::vector<double> chosen = Train(2, tight, dir_ + "/auto.json");
+  ASSERT_EQ(batch.size(), 20u);
+  EXPECT_EQ(batch, chosen);
+  std::ifstream f(dir_ + "/auto.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_FALSE(j["config"]["micro_batch_order_reason"].get<std::string>().empty());
+}
+
 // --grad-dtype bf16 on 2 ranks: each rank's whole block crosses D2H as bf16 (the gradients
 // reduce in host memory): exactly the placement's prediction, half the fp32 run's; the losses
 // within 0.1% of the fp32 2-rank run's (the gradients are rounded to bf16; not equal: the

@@ -155,7 +155,9 @@ class BenchStep {
         .micro_batches = opt_.micro_batches,
         .saved_activation_bytes = f_.activation_stash ? 0 : acts,
         .offload_shape = {},
-        .multi_rank = world() > 1};
+        .multi_rank = world() > 1,
+        .unlimited_room_bytes = 0,
+        .recompute_seconds = std::nullopt};
     *what = "budgets (--device-mem, --host-mem, --nvme) or --micro-batch-order";
     STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine made,
                             trainer::CreateOrderedEngine(blocks, opt_, order_in));

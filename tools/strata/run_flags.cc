@@ -117,7 +117,9 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "the next (params cross once per pass, gradients sum on the device; the "
                   "activations of every micro-batch count in --device-mem, or live in the "
                   "engine: --offload-activations), batch one micro-batch after another; auto "
-                  "takes layer when it fits or moves fewer bytes. Same results")
+                  "takes layer when it fits or moves fewer bytes, and where it needs "
+                  "recompute turned on, only when that costs less time than batch-major's "
+                  "weight traffic (timed on the host device). Same results")
       ->capture_default_str();
   cmd->add_option("--offload-activations", f->offload_activations,
                   "auto, on or off: in layer-major order, the micro-batches the device has no "

@@ -21,6 +21,7 @@
 
 #include "comm/messages.h"
 #include "model/data.h"
+#include "model/gemm_profile.h"
 #include "model/gpt2.h"
 #include "model/gpt2_backend.h"
 #include "model/run_size.h"
@@ -211,6 +212,66 @@ Status CheckRunSize(const TrainArgs& a, const model::Gpt2Config& cfg,
       size, {.host_memory_bytes = model::HostMemoryBytes(),
              .cpu_model = setup.device().Kind() != DeviceKind::kCuda,
              .have_nvme = !setup.config().nvme.empty() || !setup.config().resume.empty()});
+}
+
+// What --micro-batch-order auto weighs for this run (trainer/micro_batch_order.h). On the
+// host device, where layer-major may turn --recompute on, rank 0 times one block's forward
+// GEMMs and shares the prediction, so that every rank picks the same order.
+Result<trainer::MicroBatchOrderInputs> OrderInputs(const TrainArgs& a,
+                                                   const trainer::RunConfig& config,
+                                                   const model::Gpt2Config& cfg,
+                                                   trainer::RunSetup& setup, int rows,
+                                                   std::string* what) {
+  const bool cpu_model = setup.device().Kind() != DeviceKind::kCuda;
+  trainer::MicroBatchOrderInputs order_in{
+      .choice = config.micro_batch_order,
+      .micro_batches = a.run.micro_batches,
+      .saved_activation_bytes = model::SavedActivationBytes(cfg, rows, a.seq_len, a.recompute),
+      .recompute = a.recompute,
+      .recompute_auto = !a.recompute_given,
+      .saved_activation_bytes_recompute = model::SavedActivationBytes(cfg, rows, a.seq_len, true),
+      .offload = config.offload_activations,
+      .offload_shape = model::OffloadedActivations(
+          cfg, rows, a.seq_len, model::ResidualValueBytes(setup.device().Kind())),
+      .multi_rank = setup.rank().world_size > 1,
+      .unlimited_room_bytes = 0,
+      .recompute_seconds = std::nullopt};
+  if (cpu_model) {
+    auto size = model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute);
+    const bool nvme = !config.nvme.empty() || !config.resume.empty();
+    if (size.ok()) {
+      order_in.unlimited_room_bytes = model::HostRoomLeft(
+          *size, {.host_memory_bytes = model::HostMemoryBytes(), .have_nvme = nvme});
+    }
+  } else {
+    // The GPU's memory not in use yet, less what the engine keeps there without a budget
+    // (every block's bf16 parameters and fp32 gradient buffers at most: 6 bytes a parameter):
+    // layer-major's extra activations must fit in the rest.
+    const DeviceMemoryStats mem = setup.device().MemoryStats();
+    const uint64_t free = mem.budget_bytes - std::min(mem.budget_bytes, mem.in_use_bytes);
+    const uint64_t engine = 6 * uint64_t(model::Gpt2NumParams(cfg));
+    order_in.unlimited_room_bytes =
+        std::max<uint64_t>(1, free - std::min(free, engine));  // 0: "unknown"
+  }
+  const bool weigh = cpu_model && a.run.micro_batches > 1 && !a.recompute_given &&
+                     config.micro_batch_order == trainer::MicroBatchOrderChoice::kAuto;
+  if (!weigh) return order_in;
+  std::optional<double> block_s;
+  Communicator* comm = setup.host_comm();
+  if (comm == nullptr || setup.rank().rank == 0) {
+    StartupPhase phase("timing one block's forward GEMMs to weigh --recompute for layer-major");
+    block_s = model::GemmRunner(model::BlockForwardGemms(cfg, rows, a.seq_len)).TimedRun(5);
+    phase.Done();
+  }
+  if (comm != nullptr) {
+    *what = "sharing the recompute's predicted time";
+    STRATA_ASSIGN_OR_RETURN(block_s, ShareFromRoot(*comm, 0, block_s, "train: recompute time"));
+  }
+  if (block_s) {
+    order_in.recompute_seconds =
+        trainer::RecomputeSeconds(*block_s, cfg.layers, a.run.micro_batches);
+  }
+  return order_in;
 }
 
 // --save: the weights (collective: every rank reads its shard; rank 0 writes) replace the
@@ -410,39 +471,11 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
     std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
                 IoSettingsText(eo).c_str());
   }
+  const int rows = a.batch / std::max(1, ri.world_size);
+  STRATA_ASSIGN_OR_RETURN(const trainer::MicroBatchOrderInputs order_in,
+                          OrderInputs(a, config, cfg, *setup, rows, what));
   StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
                                       : "opening the store to resume");
-  const int rows = a.batch / std::max(1, ri.world_size);
-  const bool cpu_model = setup->device().Kind() != DeviceKind::kCuda;
-  trainer::MicroBatchOrderInputs order_in{
-      .choice = config.micro_batch_order,
-      .micro_batches = a.run.micro_batches,
-      .saved_activation_bytes = model::SavedActivationBytes(cfg, rows, a.seq_len, a.recompute),
-      .recompute = a.recompute,
-      .recompute_auto = !a.recompute_given,
-      .saved_activation_bytes_recompute = model::SavedActivationBytes(cfg, rows, a.seq_len, true),
-      .offload = config.offload_activations,
-      .offload_shape = model::OffloadedActivations(
-          cfg, rows, a.seq_len, model::ResidualValueBytes(setup->device().Kind())),
-      .multi_rank = ri.world_size > 1,
-      .unlimited_room_bytes = 0};
-  if (cpu_model) {
-    auto size = model::EstimateRunSize(cfg, rows, a.seq_len, a.recompute);
-    const bool nvme = !config.nvme.empty() || !config.resume.empty();
-    if (size.ok()) {
-      order_in.unlimited_room_bytes = model::HostRoomLeft(
-          *size, {.host_memory_bytes = model::HostMemoryBytes(), .have_nvme = nvme});
-    }
-  } else {
-    // The GPU's memory not in use yet, less what the engine keeps there without a budget
-    // (every block's bf16 parameters and fp32 gradient buffers at most: 6 bytes a parameter):
-    // layer-major's extra activations must fit in the rest.
-    const DeviceMemoryStats mem = setup->device().MemoryStats();
-    const uint64_t free = mem.budget_bytes - std::min(mem.budget_bytes, mem.in_use_bytes);
-    const uint64_t engine = 6 * uint64_t(model::Gpt2NumParams(cfg));
-    order_in.unlimited_room_bytes =
-        std::max<uint64_t>(1, free - std::min(free, engine));  // 0: "unknown"
-  }
   auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
   if (!created.ok()) {
     // The flags that decide what failed: the budgets, or the store being resumed.

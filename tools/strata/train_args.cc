@@ -397,7 +397,8 @@ void AddTrainFlags(CLI::App* sub, TrainArgs* a) {
       sub, "recompute", &a->recompute,
       "Activation checkpointing: keep only each block's input, recompute in backward. Neither "
       "--recompute nor --no-recompute: off, unless layer-major order with several micro-batches "
-      "needs it to fit or to offload activations (the start-up report says so). Same results");
+      "needs it to fit or to offload activations and (on the host device) its predicted time "
+      "is less than the weight traffic it saves (the start-up report says so). Same results");
   sub->add_option("--max-skipped-steps", a->max_skipped_steps,
                   "A step whose gradient is not finite (NaN or infinity) updates nothing and is "
                   "skipped with a warning; this many in a row stop the run, its last commit "

@@ -85,11 +85,7 @@ void PrintPredictedBound(const TrainReportInputs& in) {
     std::printf("# timing the model's GEMMs for the predicted bound ...\n");
     std::fflush(stdout);
     model::GemmRunner gemms(model::ModelGemms(*in.model, t.batch, t.seq_len));
-    gemms.Run();  // warm-up
-    const auto t0 = std::chrono::steady_clock::now();
-    gemms.Run();
-    compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() *
-                t.micro_batches;
+    compute_s = gemms.TimedRun() * t.micro_batches;
   }
   std::printf(
       "# predicted bound per step: %.4f s (%s); transfers %.4f s (%s), compute >= "
