@@ -61,6 +61,19 @@ Case RandomCase(std::mt19937& rng, int trial, int min_mb, int span) {
   return c;
 }
 
+// A fixed small run: 2 heads, T 16, B 2, one micro-batch.
+Case FixedCase(int layers, int d_model) {
+  Case c;
+  c.cfg.layers = layers;
+  c.cfg.d_model = d_model;
+  c.cfg.heads = 2;
+  c.cfg.max_seq = 16;
+  c.opt.seq_len = 16;
+  c.opt.batch = 2;
+  c.opt.micro_batches = 1;
+  return c;
+}
+
 std::string Describe(const Case& c, int trial, const std::string& nvme) {
   return "trial " + std::to_string(trial) + " (L " + std::to_string(c.cfg.layers) + ", C " +
          std::to_string(c.cfg.d_model) + ", T " + std::to_string(c.opt.seq_len) + ", B " +
@@ -193,15 +206,8 @@ TEST_F(MicroBatchOrderTest, LayerMajorIsBitIdenticalOverRandomModelsAndBudgets) 
 }
 
 TEST_F(MicroBatchOrderTest, ParamsAndGradientsCrossAsOftenAsWithOneMicroBatch) {
-  Case c;
-  c.cfg.layers = 3;
-  c.cfg.d_model = 32;
-  c.cfg.heads = 2;
-  c.cfg.max_seq = 16;
-  c.opt.seq_len = 16;
-  c.opt.batch = 2;
+  Case c = FixedCase(3, 32);
   c.opt.recompute = true;
-  c.opt.micro_batches = 1;
   const PlacementReport p = Probe(c, "");
   // Room for one block at a time (the engine's minimum), plus the layer-major activations.
   const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
@@ -219,13 +225,7 @@ TEST_F(MicroBatchOrderTest, ParamsAndGradientsCrossAsOftenAsWithOneMicroBatch) {
 }
 
 TEST_F(MicroBatchOrderTest, TheDeviceBudgetDecidesAndTheReasonSaysWhy) {
-  Case c;
-  c.cfg.layers = 2;
-  c.cfg.d_model = 32;
-  c.cfg.heads = 2;
-  c.cfg.max_seq = 16;
-  c.opt.seq_len = 16;
-  c.opt.batch = 2;
+  Case c = FixedCase(2, 32);
   c.opt.micro_batches = 3;
   const PlacementReport p = Probe(c, "");
   const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, false);
@@ -314,14 +314,7 @@ TEST_F(MicroBatchOrderTest, OffloadedActivationsAreBitIdenticalOverRandomModelsA
 }
 
 TEST_F(MicroBatchOrderTest, AutoOffloadsWhenTheDeviceHasNoRoomAndSaysWhy) {
-  Case c;
-  c.cfg.layers = 3;
-  c.cfg.d_model = 64;
-  c.cfg.heads = 2;
-  c.cfg.max_seq = 16;
-  c.opt.seq_len = 16;
-  c.opt.batch = 2;
-  c.opt.micro_batches = 1;
+  Case c = FixedCase(3, 64);
   const PlacementReport p = Probe(c, "");
   const Outcome one = Run(c, MicroBatchOrderChoice::kAuto, p.device_min_bytes, 0, 2, "one");
   // No room beside the engine's minimum: auto turns recompute on and offloads.
@@ -367,14 +360,7 @@ TEST_F(MicroBatchOrderTest, AutoOffloadsWhenTheDeviceHasNoRoomAndSaysWhy) {
 // more picks batch-major and says why; one that costs less (or an unknown cost) keeps the
 // byte rule. A --recompute the user gave, or a forced order, is not weighed.
 TEST_F(MicroBatchOrderTest, AutoWeighsTheRecomputeAgainstBatchMajorsTraffic) {
-  Case c;
-  c.cfg.layers = 3;
-  c.cfg.d_model = 64;
-  c.cfg.heads = 2;
-  c.cfg.max_seq = 16;
-  c.opt.seq_len = 16;
-  c.opt.batch = 2;
-  c.opt.micro_batches = 1;
+  Case c = FixedCase(3, 64);
   const PlacementReport p = Probe(c, "");
   c.opt.micro_batches = 4;
   const uint64_t acts = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
