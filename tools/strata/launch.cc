@@ -225,259 +225,339 @@ bool RoomForPipes(int nproc) {
   return false;
 }
 
-int RunLaunch(LaunchArgs& args) {
+// SIGINT and SIGTERM reach OnSignal (launch passes them on to the ranks) while this lives;
+// the handlers before it come back after. A forked rank restores them before it execs.
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    struct sigaction sa = {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalForwarding() { RestoreHandlers(); }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+  void RestoreHandlers() const {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ = {}, old_term_ = {};
+};
+
+// What every rank's environment holds besides its own RANK and LOCAL_RANK.
+struct RankEnvironment {
+  std::string world, local_world, rendezvous;
+  std::string launch_command;  // the launch's arguments up to the command (ResumeCommand)
+};
+
+// The ranks of one launch, from their start until the last has exited: it owns their
+// processes and output pipes, forwards their output, reaps them, names the failed rank that
+// caused a failure, and escalates after one (the grace period, SIGTERM, then SIGKILL).
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchArgs& args) : args_(args), ranks_(args.nproc) {}
+
+  // Forks the ranks. False (printed) when a pipe or a fork fails; the ranks already started
+  // are killed.
+  bool Start(const RankEnvironment& env, const SignalForwarding& signals);
+  // Until every rank has exited: forward output, reap ranks, escalate after a failure. Pipes
+  // can outlive a rank (a grandchild holding them), so this ends on exits; Finish drains the
+  // rest.
+  void Supervise();
+  // Drains what the ranks wrote last (bounded) and returns the launch's exit code, naming
+  // the failed rank on stderr.
+  int Finish();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // Not scheduled. Plain time points, not optionals: GCC 12 warns that a checked optional
+  // time point may be used uninitialized.
+  static constexpr Clock::time_point kNever = Clock::time_point::max();
+  static constexpr auto kSettle = std::chrono::milliseconds(500);
+
+  [[noreturn]] void ExecRank(int r, const RankEnvironment& env, const SignalForwarding& signals,
+                             const std::vector<char*>& argv, int out_fd, int err_fd) const;
+  void SignalAll(int sig) const;  // every running rank's process group
+  // Waits up to 50 ms for output on the open streams (just sleeps when none is open) and
+  // forwards what came; a stream that ended is closed.
+  void ForwardOutput();
+  void PassOnSignal();
+  void Reap();
+  void NameTheCause();
+  void Escalate();
+
+  const LaunchArgs& args_;
+  std::vector<Rank> ranks_;
+  std::vector<Stream> streams_;
+  int running_ = 0;
+  std::vector<int> failures_;         // failed ranks in the order they were reaped
+  std::optional<int> first_failed_;   // the failed rank named as the cause
+  std::optional<int> hung_reporter_;  // when first_failed_ hung: the failed rank that said so
+  Clock::time_point decide_at_ = kNever, term_at_ = kNever, kill_at_ = kNever;
+  bool passed_on_signal_ = false;
+};
+
+void Supervisor::ExecRank(int r, const RankEnvironment& env, const SignalForwarding& signals,
+                          const std::vector<char*>& argv, int out_fd, int err_fd) const {
+  ::setpgid(0, 0);
+  signals.RestoreHandlers();
+  ::dup2(out_fd, STDOUT_FILENO);
+  ::dup2(err_fd, STDERR_FILENO);
+  ::setenv("RANK", std::to_string(args_.first_rank + r).c_str(), 1);
+  ::setenv("WORLD_SIZE", env.world.c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", env.local_world.c_str(), 1);
+  ::setenv("STRATA_RENDEZVOUS", env.rendezvous.c_str(), 1);
+  ::setenv("STRATA_LAUNCH_COMMAND", env.launch_command.c_str(), 1);
+  if (!args_.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args_.comm_host.c_str(), 1);
+  if (!args_.comm_interface.empty()) {
+    ::setenv("GLOO_SOCKET_IFNAME", args_.comm_interface.c_str(), 1);
+  }
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "strata launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  std::fflush(stderr);
+  ::_exit(127);
+}
+
+bool Supervisor::Start(const RankEnvironment& env, const SignalForwarding& signals) {
+  std::vector<char*> argv;
+  for (const std::string& a : args_.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < args_.nproc; ++r) {
+    int out_pipe[2], err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "strata launch: pipe: %s\n", std::strerror(errno));
+      SignalAll(SIGKILL);
+      return false;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "strata launch: fork for rank %d: %s\n", r, std::strerror(errno));
+      SignalAll(SIGKILL);
+      return false;
+    }
+    if (pid == 0) ExecRank(r, env, signals, argv, out_pipe[1], err_pipe[1]);
+    ::setpgid(pid, pid);  // also here, so that it holds before the first kill
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    ranks_[r].pid = pid;
+    ranks_[r].running = true;
+    ++running_;
+    streams_.push_back(Stream{out_pipe[0], r, true, {}});
+    streams_.push_back(Stream{err_pipe[0], r, false, {}});
+  }
+  return true;
+}
+
+void Supervisor::SignalAll(int sig) const {
+  for (const Rank& r : ranks_) {
+    if (r.running) ::kill(-r.pid, sig);
+  }
+}
+
+void Supervisor::ForwardOutput() {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> polled;
+  for (Stream& s : streams_) {
+    if (s.fd >= 0) {
+      fds.push_back(pollfd{s.fd, POLLIN, 0});
+      polled.push_back(&s);
+    }
+  }
+  if (::poll(fds.data(), fds.size(), 50) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Pump(args_, *polled[i])) {
+      ::close(polled[i]->fd);
+      polled[i]->fd = -1;
+    }
+  }
+}
+
+// A signal to launch goes on to every rank, once; SIGKILL follows 5 s later.
+void Supervisor::PassOnSignal() {
+  if (g_signal == 0 || passed_on_signal_) return;
+  passed_on_signal_ = true;
+  std::fprintf(stderr, "strata launch: got signal %d; stopping the ranks\n",
+               static_cast<int>(g_signal));
+  SignalAll(SIGTERM);
+  kill_at_ = Clock::now() + std::chrono::seconds(5);
+}
+
+// Reaps every rank that has exited. The first failure starts the grace period and, a moment
+// later (kSettle), NameTheCause.
+void Supervisor::Reap() {
+  for (;;) {
+    int st = 0;
+    const pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    for (int r = 0; r < args_.nproc; ++r) {
+      Rank& rank = ranks_[r];
+      if (rank.pid != pid || !rank.running) continue;
+      rank.running = false;
+      --running_;
+      if (WIFSIGNALED(st)) {
+        rank.killed_by_signal = true;
+        rank.signal = WTERMSIG(st);
+        rank.exit_code = 128 + WTERMSIG(st);
+      } else {
+        rank.exit_code = WEXITSTATUS(st);
+      }
+      if (rank.exit_code == 0 || passed_on_signal_) continue;
+      std::fprintf(stderr, "strata launch: rank %d %s\n", args_.first_rank + r,
+                   Describe(rank).c_str());
+      if (failures_.empty()) {
+        decide_at_ = Clock::now() + kSettle;
+        if (running_ > 0) {
+          std::fprintf(stderr, "strata launch: giving the other ranks %.3g s to stop\n",
+                       args_.grace_s);
+          term_at_ = Clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(args_.grace_s * 1000.0));
+        }
+      }
+      failures_.push_back(r);
+    }
+  }
+}
+
+// Which failed rank is named as the cause: a rank killed by a signal before ranks that
+// exited non-zero, in exit order (a dead rank's peers exit with comm errors moments after
+// it, and the kernel may report them first); but a rank that the failed ones say sent
+// nothing, and that has not failed itself, hung: the others only gave up waiting for it.
+void Supervisor::NameTheCause() {
+  if (first_failed_ || failures_.empty() || (Clock::now() < decide_at_ && running_ > 0)) return;
+  std::vector<int> order = failures_;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return ranks_[a].killed_by_signal && !ranks_[b].killed_by_signal;
+  });
+  first_failed_ = order.front();
+  for (const Stream& s : streams_) {
+    const int h = s.named_hung < 0 ? -1 : s.named_hung - args_.first_rank;
+    if (h >= 0 && h < args_.nproc && ranks_[h].running &&
+        std::find(failures_.begin(), failures_.end(), s.rank) != failures_.end()) {
+      first_failed_ = h;
+      hung_reporter_ = s.rank;
+      return;
+    }
+  }
+}
+
+void Supervisor::Escalate() {
+  const auto now = Clock::now();
+  if (now >= term_at_ && running_ > 0) {
+    term_at_ = kNever;
+    std::fprintf(stderr, "strata launch: grace period over; sending SIGTERM to %d rank(s)\n",
+                 running_);
+    SignalAll(SIGTERM);
+    kill_at_ = now + std::chrono::seconds(5);
+  }
+  if (now >= kill_at_ && running_ > 0) {
+    kill_at_ = kNever;
+    std::fprintf(stderr, "strata launch: sending SIGKILL to %d rank(s)\n", running_);
+    SignalAll(SIGKILL);
+  }
+}
+
+void Supervisor::Supervise() {
+  while (running_ > 0) {
+    ForwardOutput();
+    PassOnSignal();
+    Reap();
+    NameTheCause();
+    Escalate();
+  }
+}
+
+int Supervisor::Finish() {
+  // Bounded: a leftover grandchild may keep a pipe open.
+  const auto drain_end = Clock::now() + std::chrono::seconds(2);
+  auto any_open = [&] {
+    return std::any_of(streams_.begin(), streams_.end(), [](const Stream& s) { return s.fd >= 0; });
+  };
+  while (any_open() && Clock::now() < drain_end) ForwardOutput();
+  for (Stream& s : streams_) {
+    if (s.fd >= 0) {
+      if (!s.partial.empty()) Emit(args_, s, s.partial + "\n");
+      ::close(s.fd);
+    }
+  }
+  if (first_failed_ && hung_reporter_) {
+    const Rank& r = ranks_[*first_failed_];
+    std::fprintf(stderr,
+                 "strata launch: failed: rank %d of %d hung: rank %d got nothing from it within "
+                 "its comm timeout, and it did not stop by itself (it %s)\n",
+                 args_.first_rank + *first_failed_, args_.world, args_.first_rank + *hung_reporter_,
+                 Describe(r).c_str());
+    return r.exit_code != 0 ? r.exit_code : 1;
+  }
+  if (first_failed_) {
+    const Rank& r = ranks_[*first_failed_];
+    std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n",
+                 args_.first_rank + *first_failed_, args_.world, Describe(r).c_str());
+    return r.exit_code;
+  }
+  if (passed_on_signal_) return 128 + static_cast<int>(g_signal);
+  for (int r = 0; r < args_.nproc; ++r) {
+    if (ranks_[r].exit_code != 0) {
+      std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", args_.first_rank + r,
+                   args_.world, Describe(ranks_[r]).c_str());
+      return ranks_[r].exit_code;
+    }
+  }
+  return 0;
+}
+
+// The flags that can be checked before anything starts; prints what is wrong.
+bool CheckLaunchArgs(const LaunchArgs& args) {
   if (args.nproc < 1 || args.nproc > kMaxLocalRanks) {
     std::fprintf(stderr,
                  "strata launch: -n %d: the number of ranks on this host must be at least 1 and "
                  "at most %d\n",
                  args.nproc, kMaxLocalRanks);
-    return 2;
+    return false;
   }
-  if (!RoomForPipes(args.nproc)) return 2;
+  if (!RoomForPipes(args.nproc)) return false;
   if (args.command.empty()) {
     std::fprintf(stderr,
                  "strata launch: no command given; usage: strata launch -n N -- COMMAND...\n");
-    return 2;
+    return false;
   }
   if (args.output != "prefix" && args.output != "rank0") {
     std::fprintf(stderr, "strata launch: --output %s: expected prefix or rank0\n",
                  args.output.c_str());
-    return 2;
+    return false;
   }
+  return true;
+}
 
-  if (!ResolveNodes(args)) return 2;
+int RunLaunch(LaunchArgs& args) {
+  if (!CheckLaunchArgs(args) || !ResolveNodes(args)) return 2;
   std::string tmp_root = "/tmp";
   if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') tmp_root = t;
   // Removed when RunLaunch returns, however it returns (the ranks have exited by then, or
   // were never started).
   TempFolder rdzv;
-  std::string rendezvous = args.rendezvous;
-  if (rendezvous.empty()) {
+  RankEnvironment env{std::to_string(args.world), std::to_string(args.nproc), args.rendezvous,
+                      // An interrupted run's resume command starts with these.
+                      CommandLinePrefix(args.command.size())};
+  if (env.rendezvous.empty()) {
     if (Result<std::string> made = rdzv.Make(tmp_root + "/strata-launch-"); !made.ok()) {
       std::fprintf(stderr, "strata launch: cannot create a rendezvous folder under %s: %s\n",
                    tmp_root.c_str(), std::strerror(made.status().err_no()));
       return 1;
     }
-    rendezvous = "file:" + rdzv.path();
+    env.rendezvous = "file:" + rdzv.path();
   }
-  const std::string world = std::to_string(args.world);
-  const std::string local_world = std::to_string(args.nproc);
-  // The launch's own arguments, up to the command: an interrupted run's resume command
-  // starts with them (ResumeCommand).
-  const std::string launch_command = CommandLinePrefix(args.command.size());
-
-  std::vector<char*> argv;
-  for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  struct sigaction old_int = {}, old_term = {};
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
-
-  std::vector<Rank> ranks(args.nproc);
-  std::vector<Stream> streams;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  for (int r = 0; r < args.nproc; ++r) {
-    int out_pipe[2], err_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-      std::fprintf(stderr, "strata launch: pipe: %s\n", std::strerror(errno));
-      return 1;
-    }
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      std::fprintf(stderr, "strata launch: fork for rank %d: %s\n", r, std::strerror(errno));
-      for (int k = 0; k < r; ++k) ::kill(-ranks[k].pid, SIGKILL);
-      return 1;
-    }
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      ::sigaction(SIGINT, &old_int, nullptr);
-      ::sigaction(SIGTERM, &old_term, nullptr);
-      ::dup2(out_pipe[1], STDOUT_FILENO);
-      ::dup2(err_pipe[1], STDERR_FILENO);
-      ::setenv("RANK", std::to_string(args.first_rank + r).c_str(), 1);
-      ::setenv("WORLD_SIZE", world.c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", local_world.c_str(), 1);
-      ::setenv("STRATA_RENDEZVOUS", rendezvous.c_str(), 1);
-      ::setenv("STRATA_LAUNCH_COMMAND", launch_command.c_str(), 1);
-      if (!args.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args.comm_host.c_str(), 1);
-      if (!args.comm_interface.empty()) {
-        ::setenv("GLOO_SOCKET_IFNAME", args.comm_interface.c_str(), 1);
-      }
-      ::execvp(argv[0], argv.data());
-      std::fprintf(stderr, "strata launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
-      std::fflush(stderr);
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);  // also here, so that it holds before the first kill
-    ::close(out_pipe[1]);
-    ::close(err_pipe[1]);
-    ranks[r].pid = pid;
-    ranks[r].running = true;
-    streams.push_back(Stream{out_pipe[0], r, true, {}});
-    streams.push_back(Stream{err_pipe[0], r, false, {}});
-  }
-
-  using Clock = std::chrono::steady_clock;
-  std::optional<int> first_failed;   // the failed rank named as the cause
-  std::vector<int> failures;         // failed ranks in the order they were reaped
-  std::optional<int> hung_reporter;  // when first_failed hung: the failed rank that said so
-  std::optional<Clock::time_point> decide_at;
-  constexpr auto kSettle = std::chrono::milliseconds(500);
-  // When to escalate (kNever: not scheduled). Plain time points, not optionals: GCC 12 warns
-  // that a checked optional time point may be used uninitialized.
-  constexpr Clock::time_point kNever = Clock::time_point::max();
-  Clock::time_point term_at = kNever, kill_at = kNever;
-  bool forwarded_signal = false;
-  int running = args.nproc;
-  auto signal_all = [&](int sig) {
-    for (const Rank& r : ranks) {
-      if (r.running) ::kill(-r.pid, sig);
-    }
-  };
-
-  // Waits up to 50 ms for output on the open streams (just sleeps when none is open) and
-  // forwards what came; a stream that ended is closed.
-  auto forward_output = [&] {
-    std::vector<pollfd> fds;
-    std::vector<Stream*> polled;
-    for (Stream& s : streams) {
-      if (s.fd >= 0) {
-        fds.push_back(pollfd{s.fd, POLLIN, 0});
-        polled.push_back(&s);
-      }
-    }
-    if (::poll(fds.data(), fds.size(), 50) <= 0) return;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Pump(args, *polled[i])) {
-        ::close(polled[i]->fd);
-        polled[i]->fd = -1;
-      }
-    }
-  };
-
-  // Until every rank has exited: forward output, reap ranks, escalate after a failure.
-  // Pipes can outlive a rank (a grandchild holding them), so the loop ends on exits, and
-  // the remaining output is drained afterwards with a bound.
-  while (running > 0) {
-    forward_output();
-    if (g_signal != 0 && !forwarded_signal) {
-      forwarded_signal = true;
-      std::fprintf(stderr, "strata launch: got signal %d; stopping the ranks\n",
-                   static_cast<int>(g_signal));
-      signal_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::seconds(5);
-    }
-    // Reap every rank that has exited. The first failure starts the grace period; which
-    // failed rank is named as the cause is decided a moment later (kSettle), preferring a
-    // rank killed by a signal over ranks that exited non-zero, in exit order: a dead rank's
-    // peers exit with comm errors moments after it, and the kernel may report them first.
-    for (;;) {
-      int st = 0;
-      pid_t pid = ::waitpid(-1, &st, WNOHANG);
-      if (pid <= 0) break;
-      for (int r = 0; r < args.nproc; ++r) {
-        if (ranks[r].pid != pid || !ranks[r].running) continue;
-        ranks[r].running = false;
-        --running;
-        if (WIFSIGNALED(st)) {
-          ranks[r].killed_by_signal = true;
-          ranks[r].signal = WTERMSIG(st);
-          ranks[r].exit_code = 128 + WTERMSIG(st);
-        } else {
-          ranks[r].exit_code = WEXITSTATUS(st);
-        }
-        if (ranks[r].exit_code == 0 || forwarded_signal) continue;
-        std::fprintf(stderr, "strata launch: rank %d %s\n", args.first_rank + r,
-                     Describe(ranks[r]).c_str());
-        if (failures.empty()) {
-          decide_at = Clock::now() + kSettle;
-          if (running > 0) {
-            std::fprintf(stderr, "strata launch: giving the other ranks %.3g s to stop\n",
-                         args.grace_s);
-            term_at = Clock::now() +
-                      std::chrono::milliseconds(static_cast<int64_t>(args.grace_s * 1000.0));
-          }
-        }
-        failures.push_back(r);
-      }
-    }
-    if (!first_failed && !failures.empty() && (Clock::now() >= *decide_at || running == 0)) {
-      std::vector<int> order = failures;
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return ranks[a].killed_by_signal && !ranks[b].killed_by_signal;
-      });
-      first_failed = order.front();
-      // A rank that the failed ones say sent nothing, and that has not failed itself, hung:
-      // the others only gave up waiting for it.
-      for (const Stream& s : streams) {
-        const int h = s.named_hung < 0 ? -1 : s.named_hung - args.first_rank;
-        if (h >= 0 && h < args.nproc && ranks[h].running &&
-            std::find(failures.begin(), failures.end(), s.rank) != failures.end()) {
-          first_failed = h;
-          hung_reporter = s.rank;
-          break;
-        }
-      }
-    }
-    auto now = Clock::now();
-    if (now >= term_at && running > 0) {
-      term_at = kNever;
-      std::fprintf(stderr, "strata launch: grace period over; sending SIGTERM to %d rank(s)\n",
-                   running);
-      signal_all(SIGTERM);
-      kill_at = now + std::chrono::seconds(5);
-    }
-    if (now >= kill_at && running > 0) {
-      kill_at = kNever;
-      std::fprintf(stderr, "strata launch: sending SIGKILL to %d rank(s)\n", running);
-      signal_all(SIGKILL);
-    }
-  }
-
-  // Drain what the ranks wrote last (bounded: a leftover grandchild may keep a pipe open).
-  auto drain_end = Clock::now() + std::chrono::seconds(2);
-  auto any_open = [&] {
-    return std::any_of(streams.begin(), streams.end(), [](const Stream& s) { return s.fd >= 0; });
-  };
-  while (any_open() && Clock::now() < drain_end) forward_output();
-  for (Stream& s : streams) {
-    if (s.fd >= 0) {
-      if (!s.partial.empty()) Emit(args, s, s.partial + "\n");
-      ::close(s.fd);
-    }
-  }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  if (first_failed && hung_reporter) {
-    const Rank& r = ranks[*first_failed];
-    std::fprintf(stderr,
-                 "strata launch: failed: rank %d of %d hung: rank %d got nothing from it within "
-                 "its comm timeout, and it did not stop by itself (it %s)\n",
-                 args.first_rank + *first_failed, args.world, args.first_rank + *hung_reporter,
-                 Describe(r).c_str());
-    return r.exit_code != 0 ? r.exit_code : 1;
-  }
-  if (first_failed) {
-    const Rank& r = ranks[*first_failed];
-    std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n",
-                 args.first_rank + *first_failed, args.world, Describe(r).c_str());
-    return r.exit_code;
-  }
-  if (forwarded_signal) return 128 + static_cast<int>(g_signal);
-  for (int r = 0; r < args.nproc; ++r) {
-    if (ranks[r].exit_code != 0) {
-      std::fprintf(stderr, "strata launch: failed: rank %d of %d %s\n", args.first_rank + r,
-                   args.world, Describe(ranks[r]).c_str());
-      return ranks[r].exit_code;
-    }
-  }
-  return 0;
+  const SignalForwarding signals;
+  Supervisor ranks(args);
+  if (!ranks.Start(env, signals)) return 1;
+  ranks.Supervise();
+  return ranks.Finish();
 }
 
 }  // namespace
