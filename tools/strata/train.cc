@@ -274,6 +274,70 @@ Result<trainer::MicroBatchOrderInputs> OrderInputs(const TrainArgs& a,
   return order_in;
 }
 
+// The engine in the order --micro-batch-order chooses, with the trainer options that follow
+// from the choice; prints the choice (and, with offloaded activations, the most
+// micro-batches the budgets admit).
+Result<trainer::OrderedEngine> CreateEngine(const TrainArgs& a, const trainer::RunConfig& config,
+                                            const model::Gpt2Config& cfg, trainer::RunSetup& setup,
+                                            const EngineOptions& eo, trainer::TrainOptions* to,
+                                            std::string* what) {
+  const int rows = a.batch / std::max(1, setup.rank().world_size);
+  STRATA_ASSIGN_OR_RETURN(const trainer::MicroBatchOrderInputs order_in,
+                          OrderInputs(a, config, cfg, setup, rows, what));
+  StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
+                                      : "opening the store to resume");
+  auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
+  if (!created.ok()) {
+    // The flags that decide what failed: the budgets, or the store being resumed.
+    *what = created.status().code() == StatusCode::kOutOfMemory
+                ? "budgets (--device-mem, --host-mem, --nvme)"
+            : created.status().code() == StatusCode::kNotSupported
+                ? "--micro-batch-order"
+                : (a.resume.empty() ? "engine" : "--resume " + a.resume);
+    return created.status();
+  }
+  to->micro_batch_order = created->order;
+  to->grad_dtype = eo.grad_dtype;
+  to->accumulate_on_device = created->accumulate_on_device;
+  to->activation_slots = created->activation_slots;
+  to->recompute = created->recompute;
+  phase.Done();
+  std::printf("# micro-batches: %s\n", created->reason.c_str());
+  const trainer::MicroBatchCap& cap = created->max_micro_batches;
+  if (!cap.bound.empty()) std::printf("# micro-batches: %s\n", cap.ToString().c_str());
+  return created;
+}
+
+// --json's start: the configuration and placement (PrintPlacement prints them), the NVMe
+// I/O settings and the micro-batch order chosen.
+nlohmann::json StartJson(const TrainArgs& a, const TrainReportInputs& report,
+                         const EngineOptions& eo, const trainer::OrderedEngine& created) {
+  nlohmann::json js;
+  js["config"] = PrintPlacement(report);
+  if (!eo.nvme_paths.empty()) {
+    js["config"]["nvme_io"] = {
+        {"block_bytes", eo.nvme_stripe_bytes},      {"queue_depth", eo.io.queue_depth},
+        {"backend", IoBackendKindName(eo.io.kind)}, {"direct", eo.io.direct},
+        {"fixed_buffers", eo.io.fixed_buffers},     {"io_config", a.run.io_config}};
+  }
+  js["placement"] = PlacementJson(report.engine->Placement());
+  js["config"]["micro_batch_order"] = MicroBatchOrderName(created.order);
+  js["config"]["micro_batch_order_reason"] = created.reason;
+  js["config"]["layer_major_activation_bytes"] = created.activation_bytes;
+  js["config"]["activation_slots"] = created.activation_slots;
+  js["config"]["offloaded_activations"] = {
+      {"d2h_bytes_per_step", created.offloaded_d2h_bytes},
+      {"h2d_bytes_per_step", created.offloaded_h2d_bytes},
+      {"batch_major_extra_bytes_per_step", created.batch_major_extra_bytes}};
+  // With offloaded activations: the most micro-batches the budgets admit (null: unbounded,
+  // or not offloaded) and which budget bounds it (host, nvme, unbounded; "" not offloaded).
+  const trainer::MicroBatchCap& cap = created.max_micro_batches;
+  js["config"]["max_micro_batches"] =
+      cap.max > 0 ? nlohmann::json(cap.max) : nlohmann::json(nullptr);
+  js["config"]["max_micro_batches_bound"] = cap.bound;
+  return js;
+}
+
 // --save: the weights (collective: every rank reads its shard; rank 0 writes) replace the
 // file atomically (model::SaveWeights writes through AtomicFile), so an interrupted or
 // killed run leaves the previous file whole.
@@ -471,31 +535,9 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
     std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
                 IoSettingsText(eo).c_str());
   }
-  const int rows = a.batch / std::max(1, ri.world_size);
-  STRATA_ASSIGN_OR_RETURN(const trainer::MicroBatchOrderInputs order_in,
-                          OrderInputs(a, config, cfg, *setup, rows, what));
-  StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
-                                      : "opening the store to resume");
-  auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
-  if (!created.ok()) {
-    // The flags that decide what failed: the budgets, or the store being resumed.
-    *what = created.status().code() == StatusCode::kOutOfMemory
-                ? "budgets (--device-mem, --host-mem, --nvme)"
-            : created.status().code() == StatusCode::kNotSupported
-                ? "--micro-batch-order"
-                : (a.resume.empty() ? "engine" : "--resume " + a.resume);
-    return created.status();
-  }
-  std::unique_ptr<Engine> engine = std::move(created->engine);
-  to.micro_batch_order = created->order;
-  to.grad_dtype = eo.grad_dtype;
-  to.accumulate_on_device = created->accumulate_on_device;
-  to.activation_slots = created->activation_slots;
-  to.recompute = created->recompute;
-  phase.Done();
-  std::printf("# micro-batches: %s\n", created->reason.c_str());
-  const trainer::MicroBatchCap& cap = created->max_micro_batches;
-  if (!cap.bound.empty()) std::printf("# micro-batches: %s\n", cap.ToString().c_str());
+  STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine created,
+                          CreateEngine(a, config, cfg, *setup, eo, &to, what));
+  std::unique_ptr<Engine> engine = std::move(created.engine);
   report.engine = engine.get();
   if (comm != nullptr) {
     // Every rank must resume the same step (each rank's store holds its own shard).
@@ -531,28 +573,7 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
                 static_cast<long long>(engine->ResumedStep()), a.resume.c_str());
   }
 
-  nlohmann::json js;
-  js["config"] = PrintPlacement(report);
-  if (!eo.nvme_paths.empty()) {
-    js["config"]["nvme_io"] = {
-        {"block_bytes", eo.nvme_stripe_bytes},      {"queue_depth", eo.io.queue_depth},
-        {"backend", IoBackendKindName(eo.io.kind)}, {"direct", eo.io.direct},
-        {"fixed_buffers", eo.io.fixed_buffers},     {"io_config", a.run.io_config}};
-  }
-  js["placement"] = PlacementJson(engine->Placement());
-  js["config"]["micro_batch_order"] = MicroBatchOrderName(created->order);
-  js["config"]["micro_batch_order_reason"] = created->reason;
-  js["config"]["layer_major_activation_bytes"] = created->activation_bytes;
-  js["config"]["activation_slots"] = created->activation_slots;
-  js["config"]["offloaded_activations"] = {
-      {"d2h_bytes_per_step", created->offloaded_d2h_bytes},
-      {"h2d_bytes_per_step", created->offloaded_h2d_bytes},
-      {"batch_major_extra_bytes_per_step", created->batch_major_extra_bytes}};
-  // With offloaded activations: the most micro-batches the budgets admit (null: unbounded,
-  // or not offloaded) and which budget bounds it (host, nvme, unbounded; "" not offloaded).
-  js["config"]["max_micro_batches"] =
-      cap.max > 0 ? nlohmann::json(cap.max) : nlohmann::json(nullptr);
-  js["config"]["max_micro_batches_bound"] = cap.bound;
+  nlohmann::json js = StartJson(a, report, eo, created);
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
   AfterStep after_step;
