@@ -50,12 +50,11 @@ struct PlanOptions {
   int world_size = 1;
   // kDevice or kHost with a communicator; kAuto without one (no collectives).
   CollectiveMemory collectives = CollectiveMemory::kAuto;
-  // Bandwidths for the predicted transfer bound (bytes/s); 0 = the defaults
-  // (2e9, 1.5e9, 10e9, 10e9).
-  double nvme_read_bps = 0;
-  double nvme_write_bps = 0;
-  double h2d_bps = 0;
-  double d2h_bps = 0;
+  // Bandwidths for the predicted transfer bound (bytes/s): EngineOptions::Expected*Bps.
+  double nvme_read_bps = EngineOptions::kDefaultNvmeReadBps;
+  double nvme_write_bps = EngineOptions::kDefaultNvmeWriteBps;
+  double h2d_bps = EngineOptions::kDefaultH2dBps;
+  double d2h_bps = EngineOptions::kDefaultD2hBps;
   // The activation stash (EngineOptions::activation_bytes/count); 0 = none.
   uint64_t activation_bytes = 0;
   int activation_count = 0;

@@ -35,10 +35,10 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.rank = options.rank;
   p.world_size = options.world_size;
   p.collectives = options.comm ? options.collective_memory : CollectiveMemory::kAuto;
-  p.nvme_read_bps = options.nvme_read_bps;
-  p.nvme_write_bps = options.nvme_write_bps;
-  p.h2d_bps = options.h2d_bps;
-  p.d2h_bps = options.d2h_bps;
+  p.nvme_read_bps = options.ExpectedNvmeReadBps();
+  p.nvme_write_bps = options.ExpectedNvmeWriteBps();
+  p.h2d_bps = options.ExpectedH2dBps();
+  p.d2h_bps = options.ExpectedD2hBps();
   p.activation_bytes = options.activation_count > 0 ? options.activation_bytes : 0;
   p.activation_count = options.activation_bytes > 0 ? options.activation_count : 0;
   return p;
@@ -565,16 +565,11 @@ Status Placer::PredictTraffic() {
                         (opt.device_budget ? "budget holds " + FormatBytes(opt.device_budget)
                                            : std::string("no device budget")) +
                         "; evicting the block needed farthest ahead)");
-  const double rd = opt.nvme_read_bps > 0 ? opt.nvme_read_bps : EngineOptions::kDefaultNvmeReadBps;
-  const double wr =
-      opt.nvme_write_bps > 0 ? opt.nvme_write_bps : EngineOptions::kDefaultNvmeWriteBps;
-  const double h2d = opt.h2d_bps > 0 ? opt.h2d_bps : EngineOptions::kDefaultH2dBps;
-  const double d2h = opt.d2h_bps > 0 ? opt.d2h_bps : EngineOptions::kDefaultD2hBps;
   const std::pair<double, const char*> times[] = {
-      {rep.predicted_bytes.nvme_read / rd, "nvme_read"},
-      {rep.predicted_bytes.nvme_write / wr, "nvme_write"},
-      {rep.predicted_bytes.h2d / h2d, "h2d"},
-      {rep.predicted_bytes.d2h / d2h, "d2h"}};
+      {rep.predicted_bytes.nvme_read / opt.nvme_read_bps, "nvme_read"},
+      {rep.predicted_bytes.nvme_write / opt.nvme_write_bps, "nvme_write"},
+      {rep.predicted_bytes.h2d / opt.h2d_bps, "h2d"},
+      {rep.predicted_bytes.d2h / opt.d2h_bps, "d2h"}};
   for (const auto& [t, name] : times) {
     if (t > rep.predicted_bound_seconds) {
       rep.predicted_bound_seconds = t;

@@ -338,8 +338,11 @@ struct EngineOptions {
   static constexpr double kDefaultNvmeReadBps = 2e9, kDefaultNvmeWriteBps = 1.5e9,
                           kDefaultH2dBps = 10e9, kDefaultD2hBps = 10e9;
   // The expected bandwidths with the guesses filled in.
-  double ExpectedH2dBps() const { return h2d_bps > 0 ? h2d_bps : kDefaultH2dBps; }
-  double ExpectedD2hBps() const { return d2h_bps > 0 ? d2h_bps : kDefaultD2hBps; }
+  double ExpectedNvmeReadBps() const { return Expected(nvme_read_bps, kDefaultNvmeReadBps); }
+  double ExpectedNvmeWriteBps() const { return Expected(nvme_write_bps, kDefaultNvmeWriteBps); }
+  double ExpectedH2dBps() const { return Expected(h2d_bps, kDefaultH2dBps); }
+  double ExpectedD2hBps() const { return Expected(d2h_bps, kDefaultD2hBps); }
+  static double Expected(double given, double guess) { return given > 0 ? given : guess; }
 };
 
 // ---------------------------------------------------------------------------------------

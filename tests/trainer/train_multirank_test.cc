@@ -217,8 +217,11 @@ TEST_F(TrainMultirankTest, LayerMajorIsBitIdenticalToBatchMajorAcrossTwoRanks) {
 }
 
 // --micro-batch-order auto without --recompute weighs the recompute layer-major may need by a
-// GEMM timing, which differs from rank to rank: rank 0 times and shares it, so that every rank
-// picks the same order (a split choice would fail the collectives), with batch-major's losses.
+// GEMM timing, which differs from rank to rank: rank 0 times and shares it (a broadcast every
+// rank must join, so a rank that skipped or added one would hang or fail this run), and the
+// order chosen trains batch-major's losses. Which order the shared figure picks is
+// MicroBatchOrderTest.AutoWeighsTheRecomputeAgainstBatchMajorsTraffic's to check: two ranks on
+// one host time alike, so this run cannot tell a shared figure from two similar ones.
 TEST_F(TrainMultirankTest, AutoOrderWeighedOnRankZeroIsEveryRanks) {
   const std::vector<std::string> tight = {"--micro-batches", "3", "--device-mem", "2M"};
   std::vector<std::string> batch_flags = tight;

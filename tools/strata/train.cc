@@ -253,8 +253,10 @@ Result<trainer::MicroBatchOrderInputs> OrderInputs(const TrainArgs& a,
     order_in.unlimited_room_bytes =
         std::max<uint64_t>(1, free - std::min(free, engine));  // 0: "unknown"
   }
+  // The cases trainer::CreateOrderedEngine weighs (a forced order or offload is not).
   const bool weigh = cpu_model && a.run.micro_batches > 1 && !a.recompute_given &&
-                     config.micro_batch_order == trainer::MicroBatchOrderChoice::kAuto;
+                     config.micro_batch_order == trainer::MicroBatchOrderChoice::kAuto &&
+                     config.offload_activations != trainer::OffloadActivations::kOn;
   if (!weigh) return order_in;
   std::optional<double> block_s;
   Communicator* comm = setup.host_comm();
