@@ -1,5 +1,6 @@
-// strata::PeekCommittedStep (strata/engine.h): a store's last committed step for callers that
-// must not open (lock) the store, such as the CLI's resume checks.
+// strata::PeekCommittedStep and StoreStateFiles (strata/engine.h): what callers that must not
+// open (lock) a store learn of it: its last committed step (the CLI's resume checks) and the
+// files of its committed state (the Python layer's checkpoints).
 #include "io/swap_store.h"
 #include "strata/engine.h"
 
@@ -7,6 +8,10 @@ namespace strata {
 
 Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder) {
   return SwapStore::PeekCommittedStep(folder);
+}
+
+std::vector<std::string> StoreStateFiles(size_t index, size_t folders) {
+  return SwapStore::StateFileNames(index, folders);
 }
 
 }  // namespace strata

@@ -22,6 +22,10 @@ constexpr const char* kManifestName = "strata.manifest";
 constexpr const char* kTemporaryName = "strata.manifest.tmp";
 constexpr const char* kLockName = "strata.lock";
 
+std::string DataFileName(size_t index, size_t folders) {
+  return "strata.swap." + std::to_string(index) + "-of-" + std::to_string(folders);
+}
+
 // Reads `name` in the folder `dir_fd` (shown as `path`), refusing a link or non-regular file.
 Result<std::string> ReadWholeFile(int dir_fd, const char* name, const std::string& path) {
   int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -72,12 +76,18 @@ Result<std::unique_ptr<SwapFolders>> SwapFolders::Open(const std::vector<std::st
   for (const std::string& p : paths) STRATA_RETURN_IF_ERROR(f->OpenAndLock(p));
   for (size_t i = 0; i < paths.size(); ++i) {
     Folder& folder = f->folders_[i];
-    folder.data_file_name =
-        "strata.swap." + std::to_string(i) + "-of-" + std::to_string(paths.size());
+    folder.data_file_name = DataFileName(i, paths.size());
     folder.data_file = JoinPath(folder.path, folder.data_file_name);
   }
   f->manifest_path_ = JoinPath(paths[0], kManifestName);
   return f;
+}
+
+std::vector<std::string> SwapFolders::StateFileNames(size_t index, size_t folders) {
+  std::vector<std::string> names;
+  if (index == 0) names.push_back(kManifestName);
+  names.push_back(DataFileName(index, folders));
+  return names;
 }
 
 bool SwapFolders::HasManifest(const std::string& folder) {

@@ -38,6 +38,9 @@ class SwapFolders {
   // The committed step named by `folder`'s manifest, read without locking (see
   // SwapStore::PeekCommittedStep).
   static Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
+  // The names of the files that hold the committed state in folder `index` of `folders`
+  // (see SwapStore::StateFileNames).
+  static std::vector<std::string> StateFileNames(size_t index, size_t folders);
   ~SwapFolders();
   SwapFolders(const SwapFolders&) = delete;
   SwapFolders& operator=(const SwapFolders&) = delete;

@@ -99,6 +99,10 @@ Result<std::optional<uint64_t>> SwapStore::PeekCommittedStep(const std::string& 
   return swap_internal::SwapFolders::PeekCommittedStep(folder);
 }
 
+std::vector<std::string> SwapStore::StateFileNames(size_t index, size_t folders) {
+  return swap_internal::SwapFolders::StateFileNames(index, folders);
+}
+
 Result<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& options,
                                                    std::unique_ptr<IoBackend> backend) {
   std::unique_ptr<SwapStore> store(new SwapStore(options));

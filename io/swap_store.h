@@ -219,6 +219,11 @@ class SwapStore {
   // NotFound without a manifest (a link or non-regular file there: InvalidArgument), Corruption
   // when it does not decode.
   static Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
+  // The files of the committed state in folder `index` of a store over `folders` folders:
+  // folder 0's manifest, then the folder's data file. With the store closed, these files of
+  // every folder are the whole run; nothing else in a folder is the store's state (its lock,
+  // a manifest's temporary, the engine's activation scratch files, the user's own files).
+  static std::vector<std::string> StateFileNames(size_t index, size_t folders);
   // Waits for the I/O in flight; does not commit.
   ~SwapStore();
   SwapStore(const SwapStore&) = delete;

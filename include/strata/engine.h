@@ -645,4 +645,12 @@ class Engine {
 // manifest; Corruption (naming the file) when it cannot be decoded.
 Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
 
+// The names of the files that hold a run's committed state (master weights, moments, step) in
+// its NVMe folder `index` of `folders` (EngineOptions::nvme_paths in order): folder 0's
+// manifest, then the folder's swap file. With the engine closed, these files of every folder
+// are the whole run: a copy of them is a copy of the run (what a checkpoint holds). Nothing
+// else in a folder is the run's state, and a copy must neither take nor replace it: the
+// lock, a manifest's temporary, the activations' scratch files, the user's own files.
+std::vector<std::string> StoreStateFiles(size_t index, size_t folders);
+
 }  // namespace strata

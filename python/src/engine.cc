@@ -557,6 +557,9 @@ void BindEngine(py::module_& m) {
       .def_readwrite("activation_bytes", &EngineConfig::activation_bytes)
       .def_readwrite("activation_count", &EngineConfig::activation_count);
   m.def("cuda_available", &CudaAvailable);
+  m.def("store_state_files", &StoreStateFiles, py::arg("index"), py::arg("folders"),
+        "The files of a run's committed state in its NVMe folder `index` of `folders`: "
+        "what a copy of the closed run takes and replaces, and nothing else.");
   m.def("cuda_device_for", &CudaDeviceFor, py::arg("configured") = -1,
         "The GPU an Engine opens: `configured` when >= 0, else the launcher's local rank.");
   py::class_<PyEngine>(m, "Engine")

@@ -3,13 +3,16 @@ state, strata.save_checkpoint / load_checkpoint.
 
 A checkpoint is a folder:
   nvme<i>/        the engine's committed state (weights, moments, step) as its NVMe folder i
-                  holds it: its manifest and swap file, copied while the engine is closed;
+                  holds it: its manifest and swap file (_strata.store_state_files; nothing else
+                  of the folder), copied while the engine is closed;
   model.safetensors  the weights as plain safetensors (save_safetensors), for from_pretrained
                   or any other reader;
   python.pt       what lives in Python: the optimizer's param_groups (lr, betas, ...), the lr
                   scheduler's state, torch's RNG state, the caller's client_state.
-load_checkpoint copies nvme<i>/ into the engine's NVMe folders and reopens the engine with
-resume=True (as Engine(resume=True) continues a run), so a fresh process continues bit for bit.
+load_checkpoint puts nvme<i>/ in place of those files in the engine's NVMe folders (beside them
+first, then renamed over them; _store_copy.py) and reopens the engine with resume=True (as
+Engine(resume=True) continues a run), so a fresh process continues bit for bit. Every file is
+synced before it is renamed into place.
 Only an engine with NVMe folders keeps its moments where they can be saved; without them
 save_checkpoint is refused. The folder is written as `path`.partial and renamed into place; an
 older checkpoint at `path` is moved to `path`.old meanwhile and removed once the new one is in
@@ -42,12 +45,11 @@ import struct
 import torch
 
 from . import _strata
+from ._store_copy import copy_state_in, copy_state_out
 from ._strata import Error
 
 __all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors",
            "write_moments"]
-
-_LOCK = "strata.lock"  # held by an open engine; never part of a checkpoint
 
 
 def _offloaded_state(model, what):
@@ -80,27 +82,36 @@ def _closed_engine(state, what):
     return nvme
 
 
-def _copy_files(src, dst):
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(dst):
-        if name != _LOCK:
-            os.remove(os.path.join(dst, name))
-    for name in sorted(os.listdir(src)):
-        if name != _LOCK:
-            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+def _write_synced(path, write):
+    """write(f) into a new binary file at `path`, then made durable (fsync)."""
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _reopened(state, why, between):
     """Closes the engine, runs between() on its quiescent NVMe folders, reopens it at its
-    (possibly replaced) last commit."""
+    (possibly replaced) last commit. When between() fails, its error is the one raised, after
+    the engine reopened at what the folders hold (or, when it cannot, with that error as its
+    cause: the model then stays closed)."""
     state.close_core(why)
     try:
         between()
-    finally:
-        config = state.engine.config
-        config.resume = True
-        state._open_core(config)
-        state._closed = None
+    except BaseException as failure:
+        try:
+            _reopen(state)
+        except Exception as e:
+            raise failure from e
+        raise
+    _reopen(state)
+
+
+def _reopen(state):
+    config = state.engine.config
+    config.resume = True
+    state._open_core(config)
+    state._closed = None
 
 
 def _moments_access(state, what):
@@ -402,19 +413,21 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
 
-    def copy_out():
-        for i, folder in enumerate(nvme):
-            _copy_files(folder, os.path.join(tmp, f"nvme{i}"))
-
-    _reopened(state, "saving a checkpoint", copy_out)
-    step = state.core().resumed_step()
-    save_safetensors(model, os.path.join(tmp, "model.safetensors"))
-    opt = optimizer or state._opt
-    torch.save(_python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme)),
-               os.path.join(tmp, "python.pt"))
-    with open(os.path.join(tmp, "strata.json"), "w") as f:
-        json.dump({"step": step, "folders": len(nvme)}, f)
-    _replace_folder(tmp, path)
+    try:
+        _reopened(state, "saving a checkpoint",
+                  lambda: copy_state_out(nvme, tmp, f"save_checkpoint({path!r})"))
+        step = state.core().resumed_step()
+        save_safetensors(model, os.path.join(tmp, "model.safetensors"))
+        opt = optimizer or state._opt
+        _write_synced(os.path.join(tmp, "python.pt"), lambda f: torch.save(
+            _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme)), f))
+        # Written last: a .partial folder with strata.json is whole (_finish_interrupted_replace).
+        _write_synced(os.path.join(tmp, "strata.json"),
+                      lambda f: f.write(json.dumps({"step": step, "folders": len(nvme)}).encode()))
+        _replace_folder(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # `path` stays as it was
+        raise
     return path
 
 
@@ -440,11 +453,8 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
         raise Error(f"the checkpoint {path} holds {saved['folders']} NVMe folders' state, the "
                     f"engine has {len(nvme)}; give strata.Engine(nvme=...) as many folders")
 
-    def copy_in():
-        for i, folder in enumerate(nvme):
-            _copy_files(os.path.join(path, f"nvme{i}"), folder)
-
-    _reopened(state, "loading a checkpoint", copy_in)
+    _reopened(state, "loading a checkpoint",
+              lambda: copy_state_in(path, nvme, f"load_checkpoint({path!r})"))
     if state.core().resumed_step() != saved["step"]:
         raise Error(f"the engine reopened at step {state.core().resumed_step()}, the checkpoint "
                     f"{path} is step {saved['step']}: its NVMe state is damaged")

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <filesystem>
@@ -312,6 +313,43 @@ TEST(SwapStoreTest, LargeExtentIsStripedOverEveryFolder) {
   }
   auto got = ReadAll(*store, "big");
   ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, data);
+}
+
+// StateFileNames is what a copy of a closed run takes (the Python layer's checkpoints): the
+// store's files in each folder are those and its lock, and those alone, copied into new
+// folders, open as the same run with the same bytes.
+TEST(SwapStoreTest, StateFileNamesAreTheWholeCommittedRun) {
+  TempDir a, b, copy_a, copy_b;
+  const std::string data = Pattern(3 * kMiB + 7, 5);
+  {
+    auto store = MustOpen(Options({a.path(), b.path()}, 8 * kMiB, IoBackendKind::kPosix, kMiB));
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(WriteString(*store, "x", data).ok());
+    ASSERT_TRUE(store->Commit(1).ok());
+  }
+  const std::vector<std::string> from = {a.path(), b.path()}, to = {copy_a.path(), copy_b.path()};
+  for (size_t i = 0; i < from.size(); ++i) {
+    const std::vector<std::string> names = SwapStore::StateFileNames(i, from.size());
+    std::vector<std::string> present;
+    for (const auto& e : std::filesystem::directory_iterator(from[i])) {
+      present.push_back(e.path().filename().string());
+    }
+    std::vector<std::string> expected = names;
+    expected.push_back("strata.lock");
+    std::sort(present.begin(), present.end());
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(present, expected) << "folder " << i;
+    for (const std::string& n : names) {
+      std::filesystem::copy_file(from[i] + "/" + n, to[i] + "/" + n);
+    }
+  }
+  EXPECT_EQ(SwapStore::StateFileNames(0, 2).front(), "strata.manifest");
+  auto copied = MustOpen(Options(to, 0, IoBackendKind::kPosix, kMiB));
+  ASSERT_TRUE(copied);
+  EXPECT_EQ(copied->CommittedStep(), std::optional<uint64_t>(1));
+  auto got = ReadAll(*copied, "x");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, data);
 }
 

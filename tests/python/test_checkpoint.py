@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import strata
-from gpt_model import GPT
+from gpt_model import GPT, batches
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -164,3 +164,132 @@ def test_checkpoint_needs_nvme_and_a_step_boundary(tmp_path):
     model(x, x).backward()
     with pytest.raises(strata.Error, match="middle of a step"):
         strata.save_checkpoint(model, tmp_path / "c")
+
+
+def _offloaded_run(nvme):
+    model = GPT()
+    model = strata.offload(model, blocks=list(model.blocks),
+                           engine=strata.Engine(device_mem="160K", host_mem="400K", nvme=[nvme]))
+    opt = strata.optim.AdamW(model.parameters(), lr=2e-2)
+    return model, opt
+
+
+def _train(model, opt, steps, seed):
+    for micro in batches(steps, 1, seed=seed):
+        for x, y in micro:
+            model(x, y).backward()
+        opt.step()
+
+
+def _weights(model, path):
+    strata.save_safetensors(model, path)
+    return path.read_bytes()
+
+
+def _listing(folder):
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))
+            if (folder / n).is_file()}
+
+
+def test_a_checkpoint_takes_and_replaces_only_the_runs_own_files(tmp_path):
+    """The NVMe folder also holds the user's files and the checkpoint folder itself: the
+    checkpoint copies the store's state files alone, and a load replaces those alone (it used
+    to copy every file, fail on a folder, and delete whatever the folder held)."""
+    nvme = tmp_path / "nvme"
+    (nvme / "ckpts").mkdir(parents=True)
+    (nvme / "notes.txt").write_text("the user's own")
+    model, opt = _offloaded_run(nvme)
+    _train(model, opt, 2, seed=1)
+    saved = _weights(model, tmp_path / "saved.safetensors")
+    ckpt = nvme / "ckpts" / "c"
+    strata.save_checkpoint(model, ckpt, opt)
+    state_files = sorted(strata._strata.store_state_files(0, 1))
+    assert state_files == ["strata.manifest", "strata.swap.0-of-1"]
+    assert sorted(os.listdir(ckpt / "nvme0")) == state_files
+    (nvme / "notes.txt").write_text("changed after the save")
+    (nvme / "added.bin").write_bytes(b"made after the save")
+    _train(model, opt, 1, seed=2)
+    strata.load_checkpoint(model, ckpt, opt)
+    assert _weights(model, tmp_path / "loaded.safetensors") == saved
+    assert (nvme / "notes.txt").read_text() == "changed after the save"
+    assert (nvme / "added.bin").read_bytes() == b"made after the save"
+    assert sorted(os.listdir(nvme)) == sorted(
+        ["added.bin", "ckpts", "notes.txt", "strata.lock"] + state_files)
+    _train(model, opt, 1, seed=2)  # the run goes on from the loaded state
+
+
+def test_a_load_without_room_beside_the_run_replaces_it_in_place_or_changes_nothing(
+        tmp_path, monkeypatch):
+    """The free space a load sees (os.statvfs, the only thing faked here) decides: less than
+    the checkpoint's state needs even in place of the run's: strata.Error saying so, the run's
+    state untouched and usable; room only in its place: replaced in place, with a warning. The
+    checkpoint's swap file is 1 MiB longer than the run's here (a longer file is still whole),
+    so that the three cases differ."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    model, opt = _offloaded_run(nvme)
+    _train(model, opt, 2, seed=1)
+    saved = _weights(model, tmp_path / "saved.safetensors")
+    ckpt = tmp_path / "c"
+    strata.save_checkpoint(model, ckpt, opt)
+    with open(ckpt / "nvme0" / "strata.swap.0-of-1", "ab") as f:
+        f.write(bytes(1 << 20))
+    _train(model, opt, 1, seed=2)
+    before = _listing(nvme)
+    after_step3 = _weights(model, tmp_path / "step3.safetensors")
+    need = sum(os.path.getsize(ckpt / "nvme0" / n) for n in os.listdir(ckpt / "nvme0"))
+    own = sum(os.path.getsize(nvme / n) for n in os.listdir(ckpt / "nvme0"))
+    assert need == own + (1 << 20)
+    real = os.statvfs
+
+    def free(bytes_free):
+        class Fake:
+            f_bavail, f_frsize = bytes_free, 1
+        monkeypatch.setattr(os, "statvfs", lambda p: Fake() if str(p) == str(nvme) else real(p))
+
+    free((1 << 20) - 1)
+    with pytest.raises(strata.Error, match=f"has {(1 << 20) - 1} bytes free, and the "
+                                           f"checkpoint's state needs {need} \\(even in place "
+                                           f"of the run's own {own}\\).*nothing was changed"):
+        strata.load_checkpoint(model, ckpt, opt)
+    assert _listing(nvme) == before
+    assert _weights(model, tmp_path / "still.safetensors") == after_step3
+    free(1 << 20)
+    with pytest.warns(UserWarning, match="replacing it in place"):
+        strata.load_checkpoint(model, ckpt, opt)
+    assert _weights(model, tmp_path / "loaded.safetensors") == saved
+    assert not [n for n in os.listdir(nvme) if n.endswith(".loading")]
+    _train(model, opt, 1, seed=2)
+
+
+def test_a_load_that_fails_while_copying_leaves_the_run_as_it_was(tmp_path, monkeypatch):
+    """A copy that fails (ENOSPC from the file system, injected into the copy) before the
+    checkpoint's state is whole beside the run's: the staged files are removed, the run's
+    state is untouched and the engine goes on from it."""
+    import errno
+    from strata import _store_copy
+
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    model, opt = _offloaded_run(nvme)
+    _train(model, opt, 2, seed=1)
+    ckpt = tmp_path / "c"
+    strata.save_checkpoint(model, ckpt, opt)
+    _train(model, opt, 1, seed=2)
+    before = _listing(nvme)
+    after_step3 = _weights(model, tmp_path / "step3.safetensors")
+    copies = []
+
+    def failing_copy(src, dst):
+        copies.append(dst)
+        if len(copies) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", dst)
+        return shutil.copyfile(src, dst)
+
+    monkeypatch.setattr(_store_copy.shutil, "copyfile", failing_copy)
+    with pytest.raises(strata.Error, match="the run's own state is unchanged"):
+        strata.load_checkpoint(model, ckpt, opt)
+    assert len(copies) == 2 and copies[0].endswith(".loading")
+    assert _listing(nvme) == before
+    assert _weights(model, tmp_path / "still.safetensors") == after_step3
+    _train(model, opt, 1, seed=2)
