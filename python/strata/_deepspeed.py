@@ -319,12 +319,19 @@ class DeepSpeedEngine:
 
     def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True,
                         load_lr_scheduler_states=True):
-        """(path, client_state), as DeepSpeed returns them."""
+        """(path, client_state), as DeepSpeed returns them; without a tag and without
+        load_dir/latest, (None, None) and a warning, as DeepSpeed does (a script that resumes
+        when a checkpoint exists starts afresh otherwise)."""
         if not load_optimizer_states:
             raise Error("load_checkpoint(load_optimizer_states=False) is not supported: the "
                         "engine's checkpoint is its whole committed state")
         if tag is None:
-            with open(os.path.join(load_dir, "latest")) as f:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.isfile(latest):
+                warnings.warn(f"load_checkpoint: no {latest}, so no checkpoint to load (pass "
+                              "tag= to load one by name); the run starts afresh", stacklevel=2)
+                return None, None
+            with open(latest) as f:
                 tag = f.read().strip()
         path = os.path.join(load_dir, str(tag))
         state = load_checkpoint(self.module, path, self.optimizer,

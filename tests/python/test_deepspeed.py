@@ -92,6 +92,8 @@ def test_engine_save_checkpoint_and_load_checkpoint_continue_the_run(tmp_path):
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step2"
     _deepspeed_script(a, 2, seed=5)
     b, _ = _initialize(tmp_path, "b")
+    with pytest.warns(UserWarning, match="no checkpoint to load"):  # DeepSpeed's (None, None)
+        assert b.load_checkpoint(tmp_path / "none") == (None, None)
     path, client = b.load_checkpoint(tmp_path / "ckpt")
     assert client == {"epoch": 1} and b.global_steps == 2 and b.get_lr() == [1e-2]
     _deepspeed_script(b, 2, seed=5)
