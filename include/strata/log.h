@@ -33,13 +33,26 @@ inline LogLevel Threshold() {
   }();
   return level;
 }
+
+// The default writer: "strata: warning: ..." on stderr, when `level` passes STRATA_LOG_LEVEL.
+inline void WriteToStderr(LogLevel level, std::string_view message) {
+  if (level > Threshold()) return;
+  static const char* kPrefix[] = {"error: ", "warning: ", "", "debug: "};
+  std::fprintf(stderr, "strata: %s%.*s\n", kPrefix[static_cast<int>(level)],
+               static_cast<int>(message.size()), message.data());
+}
 }  // namespace log_internal
 
-// Replaces the stderr writer (nullptr restores it). Returns nothing; for tests.
-inline void SetLogSink(std::function<void(LogLevel, std::string_view)> sink) {
+// Replaces the writer (nullptr restores stderr's) and returns the one it replaced (nullptr:
+// stderr's), so that a caller can pass messages on to it and put it back. A sink is called
+// under the log's mutex, one message at a time; after SetLogSink returns, the replaced sink
+// is never called again. For tests, and for the CLI's progress lines.
+inline std::function<void(LogLevel, std::string_view)> SetLogSink(
+    std::function<void(LogLevel, std::string_view)> sink) {
   auto& st = log_internal::GetState();
   std::lock_guard<std::mutex> lock(st.mu);
-  st.sink = std::move(sink);
+  std::swap(st.sink, sink);
+  return sink;
 }
 
 inline void Log(LogLevel level, std::string_view message) {
@@ -49,10 +62,7 @@ inline void Log(LogLevel level, std::string_view message) {
     st.sink(level, message);
     return;
   }
-  if (level > log_internal::Threshold()) return;
-  static const char* kPrefix[] = {"error: ", "warning: ", "", "debug: "};
-  std::fprintf(stderr, "strata: %s%.*s\n", kPrefix[static_cast<int>(level)],
-               static_cast<int>(message.size()), message.data());
+  log_internal::WriteToStderr(level, message);
 }
 inline void LogWarning(std::string_view m) { Log(LogLevel::kWarning, m); }
 inline void LogDebug(std::string_view m) { Log(LogLevel::kDebug, m); }

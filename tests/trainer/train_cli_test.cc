@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -320,6 +321,33 @@ TEST_F(TrainCliTest, NoMemlockWarningOnTheHostDevice) {
   ASSERT_EQ(pclose(p), 0) << out;
   EXPECT_NE(out.find("model + optimizer states: 2"), std::string::npos) << out;  // > 8 MiB
   EXPECT_EQ(out.find("RLIMIT_MEMLOCK"), std::string::npos) << out;
+}
+
+// A warning while a start-up phase's "# ... ..." line is open (here: --nvme on tmpfs, which
+// has no O_DIRECT) starts a line of its own, and the phase ends on its own line after it.
+TEST_F(TrainCliTest, AStartupWarningStartsALineOfItsOwn) {
+  const std::string shm = "/dev/shm/strata_train_cli_test_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(shm.c_str(), 0755), 0);
+  const std::string cmd = std::string(STRATA_CLI_PATH) +
+                          " train --device cpu --layers 1 --d-model 32 --heads 2 --seq-len 16 "
+                          "--batch 2 --steps 1 --host-mem 1M --nvme " +
+                          shm + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  std::filesystem::remove_all(shm);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string phase = "# placing the states and creating the engine";
+  EXPECT_NE(out.find(phase + " ...\nstrata: warning: "), std::string::npos) << out;
+  const size_t warning = out.find("tmpfs");
+  const size_t done = out.find("\n" + phase + ": done (");
+  ASSERT_NE(warning, std::string::npos) << out;
+  EXPECT_LT(warning, done) << out;
+  EXPECT_NE(done, std::string::npos) << out;
 }
 
 TEST_F(TrainCliTest, BadFlagsNameTheValue) {

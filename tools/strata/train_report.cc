@@ -126,21 +126,43 @@ int64_t DefaultLogEvery(int64_t steps) {
   }
 }
 
-StartupPhase::StartupPhase(const std::string& what) : start_(std::chrono::steady_clock::now()) {
+StartupPhase::StartupPhase(const std::string& what)
+    : what_(what), start_(std::chrono::steady_clock::now()) {
   std::printf("# %s ...", what.c_str());
   std::fflush(stdout);
+  previous_sink_ = SetLogSink([this](LogLevel level, std::string_view message) {
+    if (line_open_ && level <= log_internal::Threshold()) {
+      std::printf("\n");
+      std::fflush(stdout);
+      line_open_ = false;
+    }
+    if (previous_sink_) {
+      previous_sink_(level, message);
+    } else {
+      log_internal::WriteToStderr(level, message);
+    }
+  });
 }
 
 StartupPhase::~StartupPhase() {
-  if (done_) return;
-  std::printf(" failed\n");
-  std::fflush(stdout);
+  if (!done_) End("failed");
 }
 
 void StartupPhase::Done() {
   done_ = true;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  std::printf(" done (%.1f s)\n", s);
+  char how[48];
+  std::snprintf(how, sizeof(how), "done (%.1f s)", s);
+  End(how);
+}
+
+void StartupPhase::End(const std::string& how) {
+  SetLogSink(previous_sink_);  // once it returns, the sink above is not running nor called
+  if (line_open_) {
+    std::printf(" %s\n", how.c_str());
+  } else {
+    std::printf("# %s: %s\n", what_.c_str(), how.c_str());
+  }
   std::fflush(stdout);
 }
 

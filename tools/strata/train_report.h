@@ -17,6 +17,7 @@
 #include "model/data.h"
 #include "model/gpt2.h"
 #include "strata/engine.h"
+#include "strata/log.h"
 #include "strata/status.h"
 #include "trainer/run_setup.h"
 #include "trainer/trainer.h"
@@ -51,7 +52,10 @@ void PrintConfig(const TrainReportInputs& in);
 nlohmann::json PrintPlacement(const TrainReportInputs& in);
 
 // One phase of the start-up: "# <what> ..." when made, " done (1.2 s)" on Done, so a long
-// start-up shows where it is.
+// start-up shows where it is. A warning logged meanwhile (a tmpfs folder, io_uring refused)
+// ends the open line first, so that it starts a line of its own; the phase then ends with
+// "# <what>: done (1.2 s)". While it lives it is the log's sink (strata/log.h), passing every
+// message on to the sink it replaced; one phase at a time, on the main thread.
 class StartupPhase {
  public:
   explicit StartupPhase(const std::string& what);
@@ -61,8 +65,13 @@ class StartupPhase {
   void Done();
 
  private:
+  void End(const std::string& how);  // puts the log's sink back, then ends the phase's line
+
+  std::string what_;
   std::chrono::steady_clock::time_point start_;
   bool done_ = false;
+  bool line_open_ = true;  // "# <what> ..." not ended yet; the sink's (under the log's mutex)
+  std::function<void(LogLevel, std::string_view)> previous_sink_;
 };
 
 // Sums over the steps this run took.
