@@ -227,6 +227,21 @@ def _replace_folder(new, path):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _check_replaceable(path):
+    """A save replaces `path` whole: refused (strata.Error, before anything is written) unless
+    it is absent, an empty folder or a strata checkpoint, so that a folder of the user's own is
+    never taken for an older checkpoint and removed."""
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise Error(f"save_checkpoint: {path} exists and is not a folder; a checkpoint is a "
+                    "folder that replaces what is at its path: give a new path")
+    if os.listdir(path) and not os.path.isfile(os.path.join(path, "strata.json")):
+        raise Error(f"save_checkpoint: {path} is a folder that is not a strata checkpoint (no "
+                    "strata.json), and saving would replace it with everything in it: give a "
+                    "new or empty folder, or remove it first")
+
+
 def _finish_interrupted_replace(path):
     """A crash between _replace_folder's two renames leaves no `path`: the older checkpoint (if
     any) is at `path`.old and the new one at `path`.partial. Completes that replace when the new
@@ -294,6 +309,7 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
     def make_folder():
         if rank == 0:
             _finish_interrupted_replace(path)
+            _check_replaceable(path)
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
 
@@ -409,6 +425,7 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
         return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     nvme = _closed_engine(state, "save_checkpoint")
     _finish_interrupted_replace(path)
+    _check_replaceable(path)
     tmp = path + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

@@ -293,3 +293,32 @@ def test_a_load_that_fails_while_copying_leaves_the_run_as_it_was(tmp_path, monk
     assert _listing(nvme) == before
     assert _weights(model, tmp_path / "still.safetensors") == after_step3
     _train(model, opt, 1, seed=2)
+
+
+def test_a_save_never_replaces_what_is_not_a_checkpoint(tmp_path):
+    """save_checkpoint replaces `path` whole: a folder of the user's own there (it used to be
+    moved aside and removed, with everything in it), a file or a link is refused before
+    anything is written; an empty folder and an older checkpoint are replaced."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    model, opt = _offloaded_run(nvme)
+    _train(model, opt, 1, seed=1)
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "train.log").write_text("the user's own")
+    with pytest.raises(strata.Error, match="is a folder that is not a strata checkpoint"):
+        strata.save_checkpoint(model, mine, opt)
+    assert sorted(os.listdir(mine)) == ["train.log"]
+    (tmp_path / "file").write_text("x")
+    os.symlink(tmp_path / "ckpt", tmp_path / "link")
+    for p in ("file", "link"):
+        with pytest.raises(strata.Error, match="exists and is not a folder"):
+            strata.save_checkpoint(model, tmp_path / p, opt)
+    assert (tmp_path / "file").read_text() == "x" and os.path.islink(tmp_path / "link")
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(("file", "link", "project"))) \
+        == ["file", "link", "project"]
+    (tmp_path / "ckpt").mkdir()
+    strata.save_checkpoint(model, tmp_path / "ckpt", opt)  # an empty folder
+    _train(model, opt, 1, seed=2)
+    strata.save_checkpoint(model, tmp_path / "ckpt", opt)  # the older checkpoint
+    strata.load_checkpoint(model, tmp_path / "ckpt", opt)
