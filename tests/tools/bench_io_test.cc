@@ -5,12 +5,14 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -268,6 +270,46 @@ TEST(BenchIo, TmpfsFallsBackToBufferedAndContinues) {
   EXPECT_TRUE(Contains(r.err, "tmpfs")) << r.err;
   EXPECT_TRUE(Contains(r.err, "buffered")) << r.err;
   EXPECT_TRUE(Contains(r.output, "buffered")) << r.output;  // the # file line says so too
+}
+
+// The benchmark's files have names that anyone can predict (pid, job, index): a link planted at
+// one, or any file already there, is refused, and what it points to is neither written nor
+// removed. exec keeps the pid, so the child plants the link under its own and then execs.
+TEST(BenchIo, AFilePlantedAtABenchmarkFileNameIsRefusedAndLeftAlone) {
+  testing::TempDir dir, outside;
+  const std::string target = outside.File("precious");
+  { std::ofstream(target) << "the user's own"; }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string planted =
+        dir.path() + "/strata_bench_io." + std::to_string(::getpid()) + ".0.0";
+    if (::symlink(target.c_str(), planted.c_str()) != 0) _exit(100);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    const std::string path = dir.path();
+    ::execl(STRATA_CLI_PATH, STRATA_CLI_PATH, "bench", "io", "--path", path.c_str(), "--size", "8M",
+            "--iters", "1", "--warmup", "0", static_cast<char*>(nullptr));
+    _exit(101);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 100) << "could not plant the link";
+  EXPECT_NE(WEXITSTATUS(status), 0) << "the benchmark ran through the planted link";
+  std::ifstream f(target);
+  std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(got == "the user's own")
+      << "the file the link points to now holds " << got.size() << " bytes";
+  size_t entries = 0;  // nothing but the link is left there ...
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    entries += !e.is_directory();
+  EXPECT_EQ(entries, 1u);
+  const std::string planted = dir.path() + "/strata_bench_io." + std::to_string(pid) + ".0.0";
+  struct stat st {};
+  EXPECT_EQ(::lstat(planted.c_str(), &st), 0);  // ... and was not removed
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
 }
 
 }  // namespace

@@ -175,7 +175,11 @@ Status IoBench::Setup(uint64_t max_block, uint32_t max_qd) {
   backend_name_ = std::string(backend->Name());
   caps_ = backend->Capabilities();
   for (const std::string& name : names) {
-    Result<int> h = backend->OpenFile(name, OpenOptions{.create = true, .direct = o_.direct});
+    // A new file (O_EXCL, never through a link): nothing already at the name, whoever put it
+    // there, is written or later removed.
+    Result<int> h = backend->OpenFile(
+        name,
+        OpenOptions{.create = true, .direct = o_.direct, .no_follow = true, .exclusive = true});
     if (!h.ok()) {
       Status s = h.status();
       return s.Annotate("--path " + std::filesystem::path(name).parent_path().string() +
