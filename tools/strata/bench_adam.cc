@@ -366,66 +366,70 @@ Status RunStepCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, int threads,
   return Status::OK();
 }
 
-int RunBenchAdam(const BenchAdamFlags& fl) {
-  auto fail = [](const Status& st) {
-    std::fprintf(stderr, "strata bench adam: %s\n", st.ToString().c_str());
-    return 1;
-  };
-  Result<size_t> n_or = ParseCount(fl.params);
-  if (!n_or.ok()) return fail(n_or.status());
-  const size_t n = *n_or;
-  if (fl.iters < 1 || fl.warmup < 0) {
-    return fail(Status::InvalidArgument("--iters must be >= 1 and --warmup >= 0"));
-  }
+// The cases the flags ask for, each list checked and resolved (--isa all: every ISA this CPU
+// has).
+struct Cases {
+  size_t params = 0;
   std::vector<CpuIsa> isas;
+  std::vector<FloatFormat> grads;
+  std::vector<ParamOut> outs;
+  bool step_mode = false;
+};
+
+Result<Cases> ParseCases(const BenchAdamFlags& fl) {
+  Cases c;
+  STRATA_ASSIGN_OR_RETURN(c.params, ParseCount(fl.params));
+  if (fl.iters < 1 || fl.warmup < 0) {
+    return Status::InvalidArgument("--iters must be >= 1 and --warmup >= 0");
+  }
   for (const std::string& name : fl.isas) {
     if (name == "all") {
       for (CpuIsa i : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
-        if (CpuSupports(i)) isas.push_back(i);
+        if (CpuSupports(i)) c.isas.push_back(i);
       }
       continue;
     }
     Result<CpuIsa> isa = ParseCpuIsa(name);
-    if (!isa.ok())
-      return fail(Status::InvalidArgument("--isa: " + isa.status().message() + ", or all"));
-    Result<CpuIsa> resolved = ResolveCpuIsa(*isa);
-    if (!resolved.ok()) return fail(resolved.status());
-    isas.push_back(*resolved);
+    if (!isa.ok()) return Status::InvalidArgument("--isa: " + isa.status().message() + ", or all");
+    STRATA_ASSIGN_OR_RETURN(CpuIsa resolved, ResolveCpuIsa(*isa));
+    c.isas.push_back(resolved);
   }
-  std::vector<FloatFormat> grads;
   for (const std::string& name : fl.grad_dtypes) {
     Result<FloatFormat> f = ParseFloatFormat(name);
-    if (!f.ok()) return fail(Status::InvalidArgument("--grad-dtype: " + f.status().message()));
-    grads.push_back(*f);
+    if (!f.ok()) return Status::InvalidArgument("--grad-dtype: " + f.status().message());
+    c.grads.push_back(*f);
   }
-  std::vector<ParamOut> outs;
   for (const std::string& name : fl.param_outs) {
     Result<ParamOut> o = ParseParamOut(name);
-    if (!o.ok()) return fail(Status::InvalidArgument("--param-out: " + o.status().message()));
-    outs.push_back(*o);
+    if (!o.ok()) return Status::InvalidArgument("--param-out: " + o.status().message());
+    c.outs.push_back(*o);
   }
   for (int t : fl.threads) {
-    if (t < 0)
-      return fail(
-          Status::InvalidArgument("--threads " + std::to_string(t) + ": use 0 (default) or more"));
+    if (t < 0) {
+      return Status::InvalidArgument("--threads " + std::to_string(t) +
+                                     ": use 0 (default) or more");
+    }
   }
+  c.step_mode = fl.mode == "step";
+  return c;
+}
+
+// The "# " lines echoing the configuration, and the table's column names.
+void PrintHeader(FILE* out, const BenchAdamFlags& fl, const Cases& c) {
   Result<CpuIsa> found = ResolveCpuIsa(CpuIsa::kAuto);
   std::string supported;
   for (CpuIsa i : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
     if (CpuSupports(i)) supported += std::string(supported.empty() ? "" : " ") + CpuIsaName(i);
   }
-  const bool step_mode = fl.mode == "step";
-
-  FILE* out = fl.json == "-" ? stderr : stdout;  // with --json -, the table goes to stderr
   std::fprintf(out, "# strata bench adam --mode %s\n", fl.mode.c_str());
   std::fprintf(out, "# params: %zu (%s)  iters: %d  warmup: %d  (times are medians over iters)\n",
-               n, fl.params.c_str(), fl.iters, fl.warmup);
+               c.params, fl.params.c_str(), fl.iters, fl.warmup);
   std::fprintf(out, "# cpu: %s; ISA found: %s; supported: %s; STRATA_CPU_ISA=%s\n",
                CpuModel().c_str(),
                found.ok() ? CpuIsaName(*found) : found.status().ToString().c_str(),
                supported.c_str(), EnvGet("STRATA_CPU_ISA").c_str());
   std::fprintf(out, "# hyper: AdamW lr=1e-3 wd=0.01 betas=(0.9,0.999) eps=1e-8\n");
-  if (!step_mode) {
+  if (!c.step_mode) {
     std::fprintf(
         out,
         "# bound: same loads/stores as the kernel (AdamTrafficStep), one fma per "
@@ -445,81 +449,63 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
                  "#wrong");
   }
   std::fflush(out);
+}
 
-  State s;
-  if (Status st = Fill(&s, n); !st.ok()) return fail(st);
-  nlohmann::json runs = nlohmann::json::array();
-  nlohmann::json steps = nlohmann::json::array();
-  uint64_t total_wrong = 0;
-  std::vector<StepRow> step_rows;
-  for (FloatFormat gf : grads) {
-    if (Status st = FillGrad(&s, n, gf); !st.ok()) return fail(st);
-    for (CpuIsa isa : isas) {
-      for (int threads : fl.threads) {
-        if (!step_mode) {
-          for (ParamOut o : outs) {
-            AdamRow r;
-            if (Status st = RunAdamCase(s, n, isa, gf, o, threads, fl, &r); !st.ok())
-              return fail(st);
-            const double gps = n / r.seconds / 1e9;
-            const double gbps = gps * r.bytes_per_param;
-            const double bound_gbps = n / r.bound_seconds / 1e9 * r.bytes_per_param;
-            const double ratio = r.ratio;
-            std::fprintf(out,
-                         "%-7s %-5s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %12.2f %7.3f %7llu\n",
-                         CpuIsaName(isa), FloatFormatName(gf), ParamOutName(o),
-                         ThreadsName(threads).c_str(), n, r.seconds * 1e3, gps, r.bytes_per_param,
-                         gbps, bound_gbps, ratio, static_cast<unsigned long long>(r.wrong));
-            std::fflush(out);
-            total_wrong += r.wrong;
-            runs.push_back({{"isa", CpuIsaName(isa)},
-                            {"grad_dtype", FloatFormatName(gf)},
-                            {"param_out", ParamOutName(o)},
-                            {"threads", threads},
-                            {"params", n},
-                            {"seconds", r.seconds},
-                            {"gparams_per_s", gps},
-                            {"bytes_per_param", r.bytes_per_param},
-                            {"gbps", gbps},
-                            {"bound_gbps", bound_gbps},
-                            {"ratio_to_bound", ratio},
-                            {"wrong", r.wrong}});
-          }
-        } else {
-          StepRow r;
-          if (Status st = RunStepCase(s, n, isa, gf, threads, fl, &r); !st.ok()) return fail(st);
-          const double speedup = r.speedup;
-          for (bool fused : {true, false}) {
-            const double sec = fused ? r.fused_seconds : r.four_pass_seconds;
-            const size_t bytes = fused ? r.fused_bytes : r.four_pass_bytes;
-            std::fprintf(out, "%-10s %-7s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %8s %7llu\n",
-                         fused ? "fused" : "four-pass", CpuIsaName(isa), FloatFormatName(gf),
-                         ThreadsName(threads).c_str(), n, sec * 1e3, n / sec / 1e9, bytes,
-                         n / sec / 1e9 * bytes,
-                         fused ? (std::to_string(speedup).substr(0, 5) + "x").c_str() : "1x",
-                         static_cast<unsigned long long>(r.wrong));
-          }
-          std::fflush(out);
-          total_wrong += r.wrong;
-          step_rows.push_back(r);
-          steps.push_back({{"isa", CpuIsaName(isa)},
-                           {"grad_dtype", FloatFormatName(gf)},
-                           {"threads", threads},
-                           {"params", n},
-                           {"fused_seconds", r.fused_seconds},
-                           {"four_pass_seconds", r.four_pass_seconds},
-                           {"fused_bytes_per_param", r.fused_bytes},
-                           {"four_pass_bytes_per_param", r.four_pass_bytes},
-                           {"speedup", speedup},
-                           {"wrong", r.wrong}});
-        }
-      }
-    }
+// One row of --mode adam: printed, and returned as its JSON object.
+nlohmann::json PrintAdamRow(FILE* out, const AdamRow& r) {
+  const double gps = r.params / r.seconds / 1e9;
+  const double gbps = gps * r.bytes_per_param;
+  const double bound_gbps = r.params / r.bound_seconds / 1e9 * r.bytes_per_param;
+  std::fprintf(out, "%-7s %-5s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %12.2f %7.3f %7llu\n",
+               CpuIsaName(r.isa), FloatFormatName(r.grad), ParamOutName(r.out),
+               ThreadsName(r.threads).c_str(), r.params, r.seconds * 1e3, gps, r.bytes_per_param,
+               gbps, bound_gbps, r.ratio, static_cast<unsigned long long>(r.wrong));
+  std::fflush(out);
+  return {{"isa", CpuIsaName(r.isa)},
+          {"grad_dtype", FloatFormatName(r.grad)},
+          {"param_out", ParamOutName(r.out)},
+          {"threads", r.threads},
+          {"params", r.params},
+          {"seconds", r.seconds},
+          {"gparams_per_s", gps},
+          {"bytes_per_param", r.bytes_per_param},
+          {"gbps", gbps},
+          {"bound_gbps", bound_gbps},
+          {"ratio_to_bound", r.ratio},
+          {"wrong", r.wrong}};
+}
+
+// The two rows (fused, four-pass) of one --mode step case: printed, and returned as its JSON
+// object.
+nlohmann::json PrintStepRows(FILE* out, const StepRow& r) {
+  for (bool fused : {true, false}) {
+    const double sec = fused ? r.fused_seconds : r.four_pass_seconds;
+    const size_t bytes = fused ? r.fused_bytes : r.four_pass_bytes;
+    std::fprintf(out, "%-10s %-7s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %8s %7llu\n",
+                 fused ? "fused" : "four-pass", CpuIsaName(r.isa), FloatFormatName(r.grad),
+                 ThreadsName(r.threads).c_str(), r.params, sec * 1e3, r.params / sec / 1e9, bytes,
+                 r.params / sec / 1e9 * bytes,
+                 fused ? (std::to_string(r.speedup).substr(0, 5) + "x").c_str() : "1x",
+                 static_cast<unsigned long long>(r.wrong));
   }
-  // DeepSpeed's layout keeps fp32 grads on the host and runs the four passes (46 B/param);
-  // when both were measured, compare our fused bf16 step against it too.
-  for (const StepRow& a : step_rows) {
-    for (const StepRow& b : step_rows) {
+  std::fflush(out);
+  return {{"isa", CpuIsaName(r.isa)},
+          {"grad_dtype", FloatFormatName(r.grad)},
+          {"threads", r.threads},
+          {"params", r.params},
+          {"fused_seconds", r.fused_seconds},
+          {"four_pass_seconds", r.four_pass_seconds},
+          {"fused_bytes_per_param", r.fused_bytes},
+          {"four_pass_bytes_per_param", r.four_pass_bytes},
+          {"speedup", r.speedup},
+          {"wrong", r.wrong}};
+}
+
+// DeepSpeed's layout keeps fp32 grads on the host and runs the four passes (46 B/param); when
+// both were measured, our fused bf16 step against it too.
+void PrintAgainstDeepSpeedLayout(FILE* out, const std::vector<StepRow>& rows) {
+  for (const StepRow& a : rows) {
+    for (const StepRow& b : rows) {
       if (a.grad == FloatFormat::kBf16 && b.grad == FloatFormat::kFp32 && a.isa == b.isa &&
           a.threads == b.threads) {
         std::fprintf(out,
@@ -530,14 +516,52 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
       }
     }
   }
+}
+
+int RunBenchAdam(const BenchAdamFlags& fl) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "strata bench adam: %s\n", st.ToString().c_str());
+    return 1;
+  };
+  Result<Cases> cases = ParseCases(fl);
+  if (!cases.ok()) return fail(cases.status());
+  const Cases& c = *cases;
+  const size_t n = c.params;
+  FILE* out = fl.json == "-" ? stderr : stdout;  // with --json -, the table goes to stderr
+  PrintHeader(out, fl, c);
+
+  State s;
+  if (Status st = Fill(&s, n); !st.ok()) return fail(st);
+  nlohmann::json runs = nlohmann::json::array();
+  nlohmann::json steps = nlohmann::json::array();
+  uint64_t total_wrong = 0;
+  std::vector<StepRow> step_rows;
+  for (FloatFormat gf : c.grads) {
+    if (Status st = FillGrad(&s, n, gf); !st.ok()) return fail(st);
+    for (CpuIsa isa : c.isas) {
+      for (int threads : fl.threads) {
+        if (c.step_mode) {
+          StepRow r;
+          if (Status st = RunStepCase(s, n, isa, gf, threads, fl, &r); !st.ok()) return fail(st);
+          steps.push_back(PrintStepRows(out, r));
+          total_wrong += r.wrong;
+          step_rows.push_back(r);
+          continue;
+        }
+        for (ParamOut o : c.outs) {
+          AdamRow r;
+          if (Status st = RunAdamCase(s, n, isa, gf, o, threads, fl, &r); !st.ok()) return fail(st);
+          runs.push_back(PrintAdamRow(out, r));
+          total_wrong += r.wrong;
+        }
+      }
+    }
+  }
+  PrintAgainstDeepSpeedLayout(out, step_rows);
   if (!fl.json.empty()) {
     nlohmann::json doc = {{"runs", runs}};
-    if (step_mode) doc["steps"] = steps;
-    const Status s = WriteOutput("--json", fl.json, doc.dump(2) + "\n");
-    if (!s.ok()) {
-      std::fprintf(stderr, "strata bench adam: %s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (c.step_mode) doc["steps"] = steps;
+    if (Status st = WriteOutput("--json", fl.json, doc.dump(2) + "\n"); !st.ok()) return fail(st);
   }
   if (total_wrong > 0) {
     std::fprintf(stderr,
