@@ -180,6 +180,17 @@ Status SwapFolders::OpenAndLock(const std::string& path) {
     const ssize_t got = pread(p.lock_fd, buf, sizeof(buf) - 1, 0);
     std::string holder = got > 0 ? std::string(buf, static_cast<size_t>(got)) : "";
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    // The holder's pid is in the file; an engine of this very process is told apart, since
+    // "stop it" would then be the wrong advice.
+    if (holder == "pid " + std::to_string(getpid())) {
+      return Status::IOError("swap folder " + path +
+                             " is in use by another engine in this "
+                             "process (" +
+                             holder + ") holding " + lock_path +
+                             "; close that engine first or use another folder")
+          .WithPath(lock_path)
+          .WithErrno(err);
+    }
     return Status::IOError("swap folder " + path + " is in use by another process" +
                            (holder.empty() ? "" : " (" + holder + ")") + " holding " + lock_path +
                            "; stop it or use another folder")

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -184,10 +185,13 @@ TEST(SwapStoreTest, BadArgumentsAreNamed) {
   EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Wait(12345).code(), StatusCode::kInvalidArgument);
 
-  // A second Open of the same store is refused while the first holds it.
+  // A second Open of the same store is refused while the first holds it: here, one of this
+  // process (another process's is named as such: StoreHeldByAnotherProcessNamesItsPid).
   auto second = SwapStore::Open(Options({dir.path()}, kMiB));
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("in use by another process"), std::string::npos)
+  EXPECT_NE(second.status().message().find("in use by another engine in this process (pid " +
+                                           std::to_string(::getpid()) + ")"),
+            std::string::npos)
       << second.status().ToString();
   ASSERT_TRUE(store->Commit(1).ok());
   store.reset();
@@ -210,6 +214,38 @@ TEST(SwapStoreTest, BadArgumentsAreNamed) {
   ASSERT_TRUE(again);
   EXPECT_EQ(again->Stats().capacity_bytes, kMiB);
   EXPECT_EQ(again->Stats().stripe_bytes, kMiB);
+}
+
+// A store held by another process is refused naming that process's pid (what to stop).
+TEST(SwapStoreTest, StoreHeldByAnotherProcessNamesItsPid) {
+  TempDir dir;
+  int ready[2], release[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(release), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto held = SwapStore::Open(Options({dir.path()}, kMiB));
+    const char ok = held.ok() ? 1 : 0;
+    (void)!::write(ready[1], &ok, 1);
+    char c;
+    (void)!::read(release[0], &c, 1);  // holds the store until the parent has looked
+    _exit(0);
+  }
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 1);
+  auto second = SwapStore::Open(Options({dir.path()}, kMiB));
+  (void)!::write(release[1], "x", 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  for (int fd : {ready[0], ready[1], release[0], release[1]}) ::close(fd);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use by another process (pid " +
+                                           std::to_string(child) + ")"),
+            std::string::npos)
+      << second.status().ToString();
+  EXPECT_NE(second.status().message().find("stop it or use another folder"), std::string::npos);
 }
 
 TEST(SwapStoreTest, DamagedManifestAndShortFileAreCorruption) {
