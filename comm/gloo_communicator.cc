@@ -509,6 +509,129 @@ Result<std::shared_ptr<KeyValueStore>> OpenKeyValueStore(const RendezvousSpec& s
   return std::shared_ptr<KeyValueStore>(std::make_shared<GlooKeyValueStore>(core, prefix));
 }
 
+namespace {
+
+// Every rank announces itself, then waits for all others, so that a missing rank is reported
+// by number rather than as an anonymous store timeout inside Gloo.
+Status WaitForEveryRank(GlooKeyValueStore& kv, const CommOptions& options,
+                        const std::string& where) {
+  const RankInfo& ri = options.rank;
+  STRATA_RETURN_IF_ERROR(kv.Set("join/" + std::to_string(ri.rank), "1"));
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  for (;;) {
+    std::vector<int> missing;
+    for (int r = 0; r < ri.world_size; ++r) {
+      STRATA_ASSIGN_OR_RETURN(std::optional<std::string> joined,
+                              kv.Peek("join/" + std::to_string(r)));
+      if (!joined) missing.push_back(r);
+    }
+    if (missing.empty()) return Status::OK();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string list;
+      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      return Status::Timeout("rendezvous " + where + ": rank(s) " + list + " of " +
+                             std::to_string(ri.world_size) + " did not join within " +
+                             std::to_string(options.timeout.count()) +
+                             " ms (not started, crashed, or pointed at another rendezvous)");
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+// Gloo's full mesh of TCP pairs, listening on `hostname`; *own_address: this rank's listening
+// address as its peers got it.
+Result<std::shared_ptr<gloo::rendezvous::Context>> ConnectFullMesh(
+    const CommOptions& options, const std::shared_ptr<StoreCore>& core, const std::string& hostname,
+    const std::string& where, std::string* own_address) {
+  const RankInfo& ri = options.rank;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = hostname;
+    std::shared_ptr<gloo::transport::Device> device;
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument("gloo: cannot listen on host '" + hostname +
+                                     "': " + CleanGlooMessage(e.what()) +
+                                     " (pass a host name or address of this machine that "
+                                     "the other ranks can reach)");
+    }
+    auto context = std::make_shared<gloo::rendezvous::Context>(ri.rank, ri.world_size);
+    context->setTimeout(options.timeout);
+    LockedGlooStore gstore(core, options.store_prefix + "/gloo");
+    context->connectFullMesh(gstore, device);
+    const int peer = (ri.rank + 1) % ri.world_size;
+    *own_address =
+        gloo_internal::ListenAddressFromPairAddress(context->getPair(peer)->address().str());
+    return context;
+  } catch (const std::exception& e) {
+    std::string msg = CleanGlooMessage(e.what());
+    std::string text = "gloo: connecting rank " + std::to_string(ri.rank) + " of " +
+                       std::to_string(ri.world_size) + " through " + where + " failed: " + msg;
+    return gloo_internal::LooksLikeTimeout(msg) ? Status::Timeout(text) : Status::Comm(text);
+  }
+}
+
+// Every rank's TCP endpoints (listening address first) and process identity, published and
+// collected, so that failures can name ranks whichever end of a connection Gloo's message
+// shows. `addresses[rank]` is this rank's own on entry; every rank's on return.
+struct RankEndpoints {
+  std::vector<std::string> addresses;
+  std::vector<std::vector<std::string>> endpoints;
+  std::vector<std::string> identities;
+};
+Result<RankEndpoints> ExchangeEndpoints(GlooKeyValueStore& kv, const CommOptions& options,
+                                        gloo::rendezvous::Context& context,
+                                        const std::string& own_address) {
+  const RankInfo& ri = options.rank;
+  RankEndpoints out;
+  out.addresses.resize(ri.world_size);
+  out.endpoints.resize(ri.world_size);
+  out.identities.resize(ri.world_size);
+  out.addresses[ri.rank] = own_address;
+  // The accepting side of a connection may still hold it in the kernel's backlog when
+  // connectFullMesh returns; wait (briefly) until every peer's socket is in our table.
+  std::vector<std::string> local;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::min<std::chrono::milliseconds>(options.timeout, 5000ms);
+  for (;;) {
+    int established = 0;
+    local = gloo_internal::LocalTcpEndpoints(&established);
+    if (established >= ri.world_size - 1 || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(2ms);
+  }
+  // Each pair has its own address, the one its peer got through the rendezvous and names in
+  // error messages; these come first.
+  std::string mine = own_address;
+  for (int r = 0; r < ri.world_size; ++r) {
+    if (r == ri.rank) continue;
+    std::string a =
+        gloo_internal::ListenAddressFromPairAddress(context.getPair(r)->address().str());
+    if (a != own_address) mine += " " + a;
+  }
+  for (const std::string& e : local) {
+    if (e != own_address) mine += " " + e;
+  }
+  STRATA_RETURN_IF_ERROR(kv.Set("addr/" + std::to_string(ri.rank), mine));
+  STRATA_RETURN_IF_ERROR(
+      kv.Set("proc/" + std::to_string(ri.rank), gloo_internal::ProcessIdentity()));
+  for (int r = 0; r < ri.world_size; ++r) {
+    Result<std::string> proc = kv.Get("proc/" + std::to_string(r), options.timeout);
+    if (proc.ok()) out.identities[r] = *proc;
+    Result<std::string> a = kv.Get("addr/" + std::to_string(r), options.timeout);
+    if (!a.ok()) {
+      Status s = a.status();
+      return s.Annotate("gloo: collecting rank " + std::to_string(r) + "'s addresses");
+    }
+    std::istringstream in(*a);
+    for (std::string e; in >> e;) out.endpoints[r].push_back(e);
+    if (!out.endpoints[r].empty()) out.addresses[r] = out.endpoints[r][0];
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options) {
   const RankInfo& ri = options.rank;
   if (ri.world_size < 1 || ri.rank < 0 || ri.rank >= ri.world_size) {
@@ -537,106 +660,15 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(options, core, kv, nullptr, {std::string()}, {{}}, {std::string()}));
   }
-
-  // Join: every rank announces itself, then waits for all others, so that a missing rank
-  // is reported by number rather than as an anonymous store timeout inside Gloo.
-  STRATA_RETURN_IF_ERROR(kv->Set("join/" + std::to_string(ri.rank), "1"));
-  auto deadline = std::chrono::steady_clock::now() + options.timeout;
-  for (;;) {
-    std::vector<int> missing;
-    for (int r = 0; r < ri.world_size; ++r) {
-      STRATA_ASSIGN_OR_RETURN(std::optional<std::string> joined,
-                              kv->Peek("join/" + std::to_string(r)));
-      if (!joined) missing.push_back(r);
-    }
-    if (missing.empty()) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string list;
-      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      return Status::Timeout("rendezvous " + where + ": rank(s) " + list + " of " +
-                             std::to_string(ri.world_size) + " did not join within " +
-                             std::to_string(options.timeout.count()) +
-                             " ms (not started, crashed, or pointed at another rendezvous)");
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-
-  const std::string gloo_prefix = options.store_prefix + "/gloo";
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  std::vector<std::string> addresses(ri.world_size);
-  try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = hostname;
-    std::shared_ptr<gloo::transport::Device> device;
-    try {
-      device = gloo::transport::tcp::CreateDevice(attr);
-    } catch (const std::exception& e) {
-      return Status::InvalidArgument("gloo: cannot listen on host '" + hostname +
-                                     "': " + CleanGlooMessage(e.what()) +
-                                     " (pass a host name or address of this machine that "
-                                     "the other ranks can reach)");
-    }
-    context = std::make_shared<gloo::rendezvous::Context>(ri.rank, ri.world_size);
-    context->setTimeout(options.timeout);
-    LockedGlooStore gstore(core, gloo_prefix);
-    context->connectFullMesh(gstore, device);
-    int peer = (ri.rank + 1) % ri.world_size;
-    addresses[ri.rank] =
-        gloo_internal::ListenAddressFromPairAddress(context->getPair(peer)->address().str());
-  } catch (const std::exception& e) {
-    std::string msg = CleanGlooMessage(e.what());
-    std::string text = "gloo: connecting rank " + std::to_string(ri.rank) + " of " +
-                       std::to_string(ri.world_size) + " through " + where + " failed: " + msg;
-    return gloo_internal::LooksLikeTimeout(msg) ? Status::Timeout(text) : Status::Comm(text);
-  }
-
-  // Publish and collect every rank's TCP endpoints (listening address first), so failures
-  // can name ranks whichever end of a connection Gloo's message shows.
-  std::vector<std::vector<std::string>> endpoints(ri.world_size);
-  std::vector<std::string> identities(ri.world_size);
-  {
-    // The accepting side of a connection may still hold it in the kernel's backlog when
-    // connectFullMesh returns; wait (briefly) until every peer's socket is in our table.
-    std::vector<std::string> local;
-    auto until = std::chrono::steady_clock::now() +
-                 std::min<std::chrono::milliseconds>(options.timeout, 5000ms);
-    for (;;) {
-      int established = 0;
-      local = gloo_internal::LocalTcpEndpoints(&established);
-      if (established >= ri.world_size - 1 || std::chrono::steady_clock::now() >= until) break;
-      std::this_thread::sleep_for(2ms);
-    }
-    // Each pair has its own address, the one its peer got through the rendezvous and
-    // names in error messages; these come first.
-    std::string mine = addresses[ri.rank];
-    for (int r = 0; r < ri.world_size; ++r) {
-      if (r == ri.rank) continue;
-      std::string a =
-          gloo_internal::ListenAddressFromPairAddress(context->getPair(r)->address().str());
-      if (a != addresses[ri.rank]) mine += " " + a;
-    }
-    for (const std::string& e : local) {
-      if (e != addresses[ri.rank]) mine += " " + e;
-    }
-    STRATA_RETURN_IF_ERROR(kv->Set("addr/" + std::to_string(ri.rank), mine));
-    STRATA_RETURN_IF_ERROR(
-        kv->Set("proc/" + std::to_string(ri.rank), gloo_internal::ProcessIdentity()));
-  }
-  for (int r = 0; r < ri.world_size; ++r) {
-    Result<std::string> proc = kv->Get("proc/" + std::to_string(r), options.timeout);
-    if (proc.ok()) identities[r] = *proc;
-    Result<std::string> a = kv->Get("addr/" + std::to_string(r), options.timeout);
-    if (!a.ok()) {
-      Status s = a.status();
-      return s.Annotate("gloo: collecting rank " + std::to_string(r) + "'s addresses");
-    }
-    std::istringstream in(*a);
-    for (std::string e; in >> e;) endpoints[r].push_back(e);
-    if (!endpoints[r].empty()) addresses[r] = endpoints[r][0];
-  }
+  STRATA_RETURN_IF_ERROR(WaitForEveryRank(*kv, options, where));
+  std::string own_address;
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<gloo::rendezvous::Context> context,
+                          ConnectFullMesh(options, core, hostname, where, &own_address));
+  STRATA_ASSIGN_OR_RETURN(RankEndpoints ends,
+                          ExchangeEndpoints(*kv, options, *context, own_address));
   return std::unique_ptr<Communicator>(
-      new GlooCommunicator(options, core, kv, std::move(context), std::move(addresses),
-                           std::move(endpoints), std::move(identities)));
+      new GlooCommunicator(options, core, kv, std::move(context), std::move(ends.addresses),
+                           std::move(ends.endpoints), std::move(ends.identities)));
 }
 
 }  // namespace strata
