@@ -18,7 +18,9 @@ save_checkpoint is refused. The folder is written as `path`.partial and renamed 
 older checkpoint at `path` is moved to `path`.old meanwhile and removed once the new one is in
 place. A crash between the two renames (or before the one rename of a first save) leaves no
 `path`; the next load_checkpoint or save_checkpoint of `path` finishes the replace first (the
-new folder when it is whole, else the older one back).
+new folder when it is whole, else the older one back). A save removes a `path`.partial or
+`path`.old left by an earlier one only when it holds nothing but a checkpoint's entries; anything
+else of that name is refused (strata.Error), never deleted.
 
 With several ranks an engine cannot be reopened in the same process (its ranks would have to
 meet again), so each rank saves its own shard instead, read from the open engine between
@@ -39,6 +41,7 @@ removed); a failed load writes nothing into any engine.
 """
 import json
 import os
+import re
 import shutil
 import struct
 
@@ -216,7 +219,7 @@ def _replace_folder(new, path):
     `path`.old) rather than nothing."""
     old = path + ".old"
     if os.path.exists(path):
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_leftover(old)
         os.rename(path, old)
     try:
         os.rename(new, path)
@@ -224,7 +227,31 @@ def _replace_folder(new, path):
         if os.path.exists(old) and not os.path.exists(path):
             os.rename(old, path)  # the older one back where it was
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # the checkpoint that was at `path` (checked)
+
+
+# What a checkpoint folder (and so a `path`.partial or `path`.old of this module's) holds.
+_CHECKPOINT_ENTRY = re.compile(r"(nvme\d+|rank\d+\.pt|model\.safetensors|python\.pt|strata\.json)")
+
+
+def _holds_only_a_checkpoint(folder):
+    """True when `folder` is a real folder (not a link) holding nothing but the entries a
+    checkpoint has (so possibly none): a leftover of this module's, safe to remove."""
+    return (os.path.isdir(folder) and not os.path.islink(folder)
+            and all(_CHECKPOINT_ENTRY.fullmatch(n) for n in os.listdir(folder)))
+
+
+def _remove_leftover(folder):
+    """Removes `path`.partial or `path`.old left by an earlier save before this one uses the
+    name; strata.Error (nothing removed) when something else is there, so that a folder of the
+    user's own that happens to have that name is never deleted."""
+    if not os.path.lexists(folder):
+        return
+    if not _holds_only_a_checkpoint(folder):
+        raise Error(f"save_checkpoint: {folder} is in the way: a save uses that name for the "
+                    "checkpoint it writes (.partial) or replaces (.old), and it holds what is not "
+                    "a checkpoint's; move or remove it, or save under another path")
+    shutil.rmtree(folder)
 
 
 def _check_replaceable(path):
@@ -252,7 +279,8 @@ def _finish_interrupted_replace(path):
         return
     if os.path.isfile(os.path.join(new, "strata.json")):
         os.rename(new, path)
-        shutil.rmtree(old, ignore_errors=True)
+        if _holds_only_a_checkpoint(old):
+            shutil.rmtree(old)
     elif os.path.exists(old):
         os.rename(old, path)
 
@@ -310,7 +338,8 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
         if rank == 0:
             _finish_interrupted_replace(path)
             _check_replaceable(path)
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_leftover(path + ".old")
+            _remove_leftover(tmp)
             os.makedirs(tmp)
 
     def write_shard():
@@ -345,7 +374,7 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
         _agree(core, what, write_weights)
         _agree(core, what, put_in_place)  # no rank returns before the checkpoint is in place
     except BaseException:
-        if rank == 0:
+        if rank == 0 and _holds_only_a_checkpoint(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
@@ -427,7 +456,8 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     _finish_interrupted_replace(path)
     _check_replaceable(path)
     tmp = path + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_leftover(path + ".old")
+    _remove_leftover(tmp)
     os.makedirs(tmp)
 
     try:

@@ -322,3 +322,32 @@ def test_a_save_never_replaces_what_is_not_a_checkpoint(tmp_path):
     _train(model, opt, 1, seed=2)
     strata.save_checkpoint(model, tmp_path / "ckpt", opt)  # the older checkpoint
     strata.load_checkpoint(model, tmp_path / "ckpt", opt)
+
+
+def test_a_save_never_removes_a_users_folder_named_like_its_scratch_folders(tmp_path):
+    """save_checkpoint(path) writes path.partial and moves an older checkpoint to path.old; a
+    folder of the user's own by either name (it used to be removed, with everything in it) is
+    refused before anything is written, while a leftover of an earlier save is removed."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    model, opt = _offloaded_run(nvme)
+    _train(model, opt, 1, seed=1)
+    ckpt = tmp_path / "ckpt"
+    strata.save_checkpoint(model, ckpt, opt)
+    for suffix in (".partial", ".old"):
+        mine = tmp_path / ("ckpt" + suffix)
+        mine.mkdir()
+        (mine / "notes.txt").write_text("the user's own")
+        with pytest.raises(strata.Error, match=f"ckpt\\{suffix} is in the way"):
+            strata.save_checkpoint(model, ckpt, opt)
+        assert sorted(os.listdir(mine)) == ["notes.txt"]
+        assert os.path.isfile(ckpt / "strata.json")  # the older checkpoint stays
+        shutil.rmtree(mine)
+    # Leftovers of an earlier save (a cut-off .partial, a stale .old) are removed.
+    shutil.copytree(ckpt, tmp_path / "ckpt.old")
+    (tmp_path / "ckpt.partial").mkdir()
+    (tmp_path / "ckpt.partial" / "python.pt").write_bytes(b"cut off")
+    _train(model, opt, 1, seed=2)
+    strata.save_checkpoint(model, ckpt, opt)
+    assert not (tmp_path / "ckpt.old").exists() and not (tmp_path / "ckpt.partial").exists()
+    strata.load_checkpoint(model, ckpt, opt)
