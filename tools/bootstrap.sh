@@ -48,7 +48,8 @@ install_debian
 # imports with torch 1.13 (4.50 imports torch.distributed.tensor, which torch 2.x added);
 # tokenizers and huggingface_hub are within its bounds. Without network (or pip) the step warns
 # and the test that needs it is skipped.
-pydeps_pins=(transformers==4.49.0 tokenizers==0.21.4 huggingface_hub==0.30.2 safetensors==0.5.3)
+pydeps_pins=(transformers==4.49.0 tokenizers==0.21.4 huggingface_hub==0.30.2 safetensors==0.5.3
+  accelerate==0.34.2 peft==0.13.2 fsspec==2024.12.0)
 pydeps="${STRATA_PYDEPS:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/pydeps}"
 pydeps_ok=1
 for pin in "${pydeps_pins[@]}"; do
