@@ -369,6 +369,31 @@ Result<uint64_t> EngineImpl::Submit(int block, std::vector<const float*> sources
   return ticket;
 }
 
+Status EngineImpl::WaitStepWorkLocked() {
+  return ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) {
+    return optimizer_.StepDoneLocked() && host_.StepDoneLocked() && device_.StepDoneLocked() &&
+           collectives_->StepDoneLocked();
+  });
+}
+
+Result<double> EngineImpl::GradNorm() {
+  MutexLock lk(&ctx_.mu);
+  if (!ctx_.step_open) return Status::InvalidArgument("GradNorm without BeginStep");
+  if (ctx_.opt.grad_clip <= 0) {
+    return Status::InvalidArgument(
+        "GradNorm with grad_clip 0: without clipping the updates run before the norm is "
+        "known; set grad_clip (AdamW's max_grad_norm) to the norm to clip to");
+  }
+  const int released = device_.model_pos();
+  if (ctx_.error.ok() && released != int(ctx_.schedule.size())) {
+    return Status::InvalidArgument("GradNorm after " + std::to_string(released) + " of " +
+                                   std::to_string(ctx_.schedule.size()) +
+                                   " accesses; the norm is known once every gradient is in");
+  }
+  STRATA_RETURN_IF_ERROR(WaitStepWorkLocked());
+  return optimizer_.NormLocked().grad_norm;
+}
+
 Result<StepStats> EngineImpl::EndStep() {
   MutexLock lk(&ctx_.mu);
   if (!ctx_.step_open) return Status::InvalidArgument("EndStep without BeginStep");
@@ -385,10 +410,7 @@ Result<StepStats> EngineImpl::EndStep() {
   const Status dropped = stash_.EndStep();
   ctx_.mu.Lock();
   if (!dropped.ok()) ctx_.SetErrorLocked(dropped);
-  Status s = ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) {
-    return optimizer_.StepDoneLocked() && host_.StepDoneLocked() && device_.StepDoneLocked() &&
-           collectives_->StepDoneLocked();
-  });
+  Status s = WaitStepWorkLocked();
   if (!s.ok()) {
     ctx_.step_open = false;
     return s;

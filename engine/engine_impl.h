@@ -61,6 +61,7 @@ class EngineImpl final : public Engine {
     return stash_.Fetch(key, dst, last);
   }
   Result<StepStats> EndStep() override;
+  Result<double> GradNorm() override;
   Status Flush() override;
   Status SetOptimizerThreads(int threads) override;
   std::vector<StepStats> TakeCommittedStats() override;
@@ -71,6 +72,8 @@ class EngineImpl final : public Engine {
   Result<HostPlan> PlanStepLocked(bool speculative) REQUIRES(ctx_.mu);
   // Whether the step beginning updates speculatively (see Speculation).
   bool SpeculateLocked() const REQUIRES(ctx_.mu);
+  // Waits for the step's updates, writes and collectives (what EndStep commits).
+  Status WaitStepWorkLocked() REQUIRES(ctx_.mu);
   // EndStep: redoes (or, for a skipped step, undoes) the speculative updates the norm
   // invalidated, then frees the gradients held for them.
   Status RedoSpeculativeLocked(StepStats* st) REQUIRES(ctx_.mu);

@@ -597,6 +597,13 @@ class Engine {
   // norm are left to the next step (StepStats::deferred_blocks), which commits this one.
   // Activations still live are dropped (after their I/O in flight has finished).
   virtual Result<StepStats> EndStep() = 0;
+  // The step's global gradient L2 norm before clipping (with several ranks, combined), once
+  // every gradient is final: waits as EndStep does for the step's work, so the value is
+  // exactly the StepStats::grad_norm that EndStep then returns (EndStep does not wait again).
+  // For a caller that must know the norm before the step ends (torch's clip_grad_norm_ on an
+  // offloaded model). REQUIRES: every access of the step released, and grad_clip > 0 (without
+  // clipping updates run before the norm is known); InvalidArgument otherwise.
+  virtual Result<double> GradNorm() = 0;
   // Activations (docs/design.md "Activations"), within a step, on the model's thread. Keys
   // are any uint32 the model chooses; EndStep drops the activations still live.
   //

@@ -449,6 +449,16 @@ class PyEngine {
   }
   // Engine::SetOptimizerThreads (between steps).
   void SetOptimizerThreads(int threads) { ThrowIfError(Live().SetOptimizerThreads(threads)); }
+  // Engine::GradNorm: the step's global norm before clipping, once every gradient is in.
+  double GradNorm() {
+    Result<double> r = Status::OK();
+    {
+      py::gil_scoped_release release;
+      r = Live().GradNorm();
+    }
+    ThrowIfError(r.status());
+    return *r;
+  }
   py::dict EndStep() {
     Result<StepStats> r = Status::OK();
     {
@@ -595,6 +605,7 @@ void BindEngine(py::module_& m) {
            py::arg("bytes"))
       .def("fetch_activation", &PyEngine::FetchActivation, py::arg("key"), py::arg("address"),
            py::arg("bytes"), py::arg("last") = true)
+      .def("grad_norm", &PyEngine::GradNorm)
       .def("end_step", &PyEngine::EndStep)
       .def("flush", &PyEngine::Flush)
       .def("set_optimizer_threads", &PyEngine::SetOptimizerThreads, py::arg("threads"))

@@ -20,9 +20,11 @@ __version__ = _strata.version()
 
 from . import io, optim  # noqa: E402
 from ._checkpoint import load_checkpoint, save_checkpoint, save_safetensors  # noqa: E402
+from ._clip import clip_grad_norm_  # noqa: E402
 from ._lazy import init_empty  # noqa: E402
 from ._offload import Engine, offload  # noqa: E402
 from ._deepspeed import DeepSpeedEngine, initialize  # noqa: E402
 
-__all__ = ["DeepSpeedEngine", "Engine", "Error", "__version__", "init_empty", "initialize", "io",
-           "load_checkpoint", "offload", "optim", "save_checkpoint", "save_safetensors"]
+__all__ = ["DeepSpeedEngine", "Engine", "Error", "__version__", "clip_grad_norm_", "init_empty",
+           "initialize", "io", "load_checkpoint", "offload", "optim", "save_checkpoint",
+           "save_safetensors"]

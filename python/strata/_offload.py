@@ -66,6 +66,8 @@ from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
 from ._progress import StepProgress
 from ._owners import assign_owners, model_dtype
+from ._params import mark_offloaded, placeholder, tensor_grad
+from ._state_dict import install_hooks, install_save_pretrained
 from ._stash import InputStash
 from ._strata import Error
 
@@ -142,6 +144,9 @@ class _Offloaded:
             if any(b is c for c in blocks[:i]):
                 raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
         self._assign_owners()
+        self._placeholders = None  # per engine block, once the engine holds the values
+        self._state_dict_hooks = install_hooks(self)
+        install_save_pretrained(self)
         # Hugging Face's gradient checkpointing flag, on the blocks (transformers 5) or on a
         # module holding them (4.x); checked at each forward, as it can be set at any time.
         within = {id(m) for b in blocks for m in b.modules()}
@@ -194,10 +199,21 @@ class _Offloaded:
         self.dtype = model_dtype(self.model)
         self.first_block = 1 if self.rest else 0
         self.last_block = self.first_block + len(self.blocks) - 1
-        for _, p in self.all_params():
-            p._strata_offload = self
         self._engine_blocks = ([("rest", self.rest)] if self.rest else []) + self.block_params
         self._block_tensors = [[p for _, p in ps] for _, ps in self._engine_blocks]
+        # id(param) -> (engine block, tensor index, full name)
+        self._where = {}
+        for b, (bname, ps) in enumerate(self._engine_blocks):
+            for t, (n, p) in enumerate(ps):
+                full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
+                self._where[id(p)] = (b, t, full)
+        for _, p in self.all_params():
+            mark_offloaded(p)
+            p._strata_offload = self
+
+    def trainable_params(self):
+        """[(name, param)] the engine trains (what strata.optim.AdamW must be given)."""
+        return list(self.all_params())
 
     def all_params(self):
         yield from self.rest
@@ -262,10 +278,14 @@ class _Offloaded:
                 if self._lazy:
                     return_freed_memory()
             self._core.commit_params()
-        # The engine holds the values now: block parameters keep an empty placeholder.
-        for _, ps in self.block_params:
-            for _, p in ps:
-                p.data = torch.empty(0, dtype=p.dtype, device=self._torch_device)
+        # The engine holds the values now: block parameters keep a placeholder of their shape
+        # (_params.py), and so do the rest's until the first forward copies them in.
+        self._placeholders = [[placeholder(shape, self.dtype, self._torch_device)
+                               for (_, shape, _, _) in tensors]
+                              for _, tensors, _ in self._layout]
+        for b in range(len(self._engine_blocks)):
+            if b or not self.rest or self._lazy:
+                self.clear_params(b)
         self._opt = opt
 
     def step_groups(self):
@@ -330,9 +350,8 @@ class _Offloaded:
         self._release(b)
 
     def clear_params(self, b):
-        """Points block b's Parameters back at empty placeholders (the block stays acquired)."""
-        empty = torch.empty(0, dtype=self.dtype, device=self._torch_device)
-        for p in self._block_tensors[b]:
+        """Points block b's Parameters back at their placeholders (the block stays acquired)."""
+        for p, empty in zip(self._block_tensors[b], self._placeholders[b]):
             p.data = empty
 
     def _acquire(self, b, backward):
@@ -449,7 +468,8 @@ class _Offloaded:
             views = self._params_view(0, self._acquire(0, False))
             with torch.no_grad(), self._clock.copy():
                 for (_, p), v in zip(self.rest, views):
-                    if p.data.shape != v.shape or p.data.device != v.device:
+                    if (p.data.shape != v.shape or p.data.device != v.device
+                            or not p.data.is_contiguous()):  # a placeholder
                         p.data = torch.empty(v.shape, dtype=p.dtype, device=self._torch_device)
                     self._copy(p.data, v)
                     p.grad = None
@@ -496,9 +516,7 @@ class _Offloaded:
             with self._clock.compute():
                 return forward(*args, **kwargs)
         finally:
-            empty = torch.empty(0, dtype=torch.float32, device=self._torch_device)
-            for p in ps:
-                p.data = empty
+            self.clear_params(b)
 
     def stash_inputs(self, tensors):
         """A recomputed block's inputs after its forward: see _stash.py."""
@@ -552,7 +570,7 @@ class _Offloaded:
         with self._clock.layer():
             self._rest_pending = False
             self._acquire(0, True)
-            self.submit(0, [p.grad for _, p in self.rest])
+            self.submit(0, [tensor_grad(p) for _, p in self.rest])
             for _, p in self.rest:
                 p.grad = None
             self._release(0)
@@ -690,6 +708,73 @@ class _Offloaded:
 
     def block_name(self, b):
         return repr(self.engine_blocks()[b][0])
+
+    # --- the model read and written between steps (_state_dict.py, _params.py) ----------
+
+    def holds_values(self):
+        """Whether the engine holds the parameters' values (the optimizer has bound)."""
+        return self._placeholders is not None
+
+    def gradients_in_engine(self):
+        """Whether a step is open: its gradients are accumulating in the engine."""
+        return self._placeholders is not None and self.progress.open
+
+    def param_name(self, p):
+        return self._where[id(p)][2]
+
+    def shape_of(self, p):
+        b, t, _ = self._where[id(p)]
+        return tuple(self._layout[b][1][t][1])
+
+    def check_between_steps(self, what):
+        self.core()  # raises when the engine is closed
+        if self.progress.open:
+            raise Error(f"{what} in the middle of a training step: the engine holds that "
+                        "step's partial state; call it after opt.step() (or drop the step "
+                        "with engine.abort_step())")
+
+    def committed_value(self, p, what):
+        """Parameter p's committed weights, a CPU tensor of p's shape and dtype."""
+        self.check_between_steps(what)
+        b, t, _ = self._where[id(p)]
+        _, shape, _, numel = self._layout[b][1][t]
+        v = torch.empty(numel, dtype=torch.float32)
+        self._core.read_params(b, t, v.data_ptr(), numel)
+        v = v.view(shape)
+        return v if p.dtype == torch.float32 else v.to(p.dtype)
+
+    def write_value(self, p, value, what):
+        """Writes `value` (p's shape) as p's weights; committed by commit_written()."""
+        self.check_between_steps(what)
+        b, t, _ = self._where[id(p)]
+        v = value.detach().to("cpu", torch.float32).contiguous().reshape(-1)
+        self._core.write_params(b, t, v.data_ptr(), v.numel())
+        if b == 0 and self.rest and p.data.is_contiguous() and p.data.shape == value.shape:
+            with torch.no_grad():  # the rest's own copy, until the next forward replaces it
+                p.data.copy_(value.to(p.dtype))
+
+    def commit_written(self):
+        self._core.commit_params()
+
+    def grad_norm(self, max_norm):
+        """The open step's global gradient norm (strata.clip_grad_norm_): the engine's own,
+        the value opt.last_grad_norm will hold, once every gradient is in."""
+        opt_norm = self._opt.max_grad_norm if self._opt is not None else 0.0
+        if not self.progress.open:
+            raise Error("clip_grad_norm_ on an offloaded model outside a step (after opt.step() "
+                        "or before the first backward): call it after the step's last backward "
+                        "and before opt.step()")
+        if opt_norm <= 0 or float(max_norm) != opt_norm:
+            raise Error(f"clip_grad_norm_(max_norm={max_norm}) on an offloaded model: its "
+                        f"engine clips with strata.optim.AdamW's max_grad_norm ({opt_norm}), "
+                        "before any update, so that is the one clipping threshold; create the "
+                        f"optimizer with strata.optim.AdamW(..., max_grad_norm={max_norm})")
+        self._finish_backward()
+        try:
+            return self._core.grad_norm()
+        except Error as e:
+            raise Error(f"clip_grad_norm_ on an offloaded model: {e} (call it after the last "
+                        "micro-batch's backward of the step)") from None
 
     def gather(self):
         """{name: fp32 CPU tensor} of the current weights (between steps)."""

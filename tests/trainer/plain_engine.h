@@ -101,17 +101,20 @@ class PlainEngine : public Engine {
   }
   Status Flush() override { return Status::OK(); }
   Status SetOptimizerThreads(int) override { return Status::OK(); }
-  Result<StepStats> EndStep() override {
-    StepStats s;
-    acts_.clear();  // EndStep drops the activations still live
-    s.step = ++step_;
+  Result<double> GradNorm() override {
     double sq = 0;
     for (const auto& a : acc_) {
       STRATA_ASSIGN_OR_RETURN(GradNormResult r,
                               GradNormSquared(a.data(), FloatFormat::kFp32, a.size()));
       sq += r.sum_squares;
     }
-    s.grad_norm = std::sqrt(sq) * args_.grad_scale;
+    return std::sqrt(sq) * args_.grad_scale;
+  }
+  Result<StepStats> EndStep() override {
+    StepStats s;
+    acts_.clear();  // EndStep drops the activations still live
+    s.step = ++step_;
+    STRATA_ASSIGN_OR_RETURN(s.grad_norm, GradNorm());
     if (o_.grad_clip > 0 && s.grad_norm > o_.grad_clip) s.clip_coef = o_.grad_clip / s.grad_norm;
     for (size_t b = 0; b < layouts_.size(); ++b) {
       for (const TensorLayout& tl : layouts_[b].tensors) {
