@@ -55,9 +55,10 @@ def _refuse_arguments(args):
     if getattr(args, "fp16", False):
         refused.append("fp16=True (strata trains fp32 master weights without loss scaling: use "
                        "bf16=True)")
-    if getattr(args, "gradient_checkpointing", False):
-        refused.append("gradient_checkpointing=True (strata.offload recomputes the blocks "
-                       "itself: leave it off)")
+    for name in ("gradient_checkpointing", "activation_checkpointing"):
+        if getattr(args, name, False) is True:
+            refused.append(f"{name}=True (strata.offload recomputes the blocks itself: "
+                           "leave it off)")
     optim_name = str(getattr(args, "optim", "adamw_torch")).split(".")[-1].lower()
     if optim_name not in _OPTIMS:
         refused.append(f"optim={optim_name!r} (the engine runs AdamW: use the default)")
