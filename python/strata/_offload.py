@@ -69,6 +69,7 @@ from ._owners import assign_owners, model_dtype
 from ._params import mark_offloaded, placeholder, tensor_grad
 from ._state_dict import install_hooks, install_save_pretrained
 from ._stash import InputStash
+from ._step_drop import StepDrop
 from ._strata import Error
 
 __all__ = ["Engine", "offload"]
@@ -145,6 +146,7 @@ class _Offloaded:
                 raise Error(f"blocks[{i}] appears twice in `blocks`; list each block once")
         self._assign_owners()
         self._placeholders = None  # per engine block, once the engine holds the values
+        self._drop = StepDrop(self)  # engine.abort_step() and a step dropped on an exception
         self._state_dict_hooks = install_hooks(self)
         install_save_pretrained(self)
         # Hugging Face's gradient checkpointing flag, on the blocks (transformers 5) or on a
@@ -606,105 +608,13 @@ class _Offloaded:
         for _, p in self.rest:
             p.grad = None
 
-    # --- dropping a step ----------------------------------------------------------------
+    # --- dropping a step (_step_drop.py) ------------------------------------------------
 
     def abort_after(self, exc):
-        """`exc` was raised inside the step: drops the step when the engine is part way through
-        a forward or backward (a misuse refused between passes leaves a usable step alone). A
-        failure to drop it is added to `exc` as a note; `exc` is what the caller sees."""
-        progress = self.progress
-        if self._core is None or not progress.open:
-            return
-        if not progress.in_pass() and progress.acquired is None:
-            return
-        try:
-            self.abort_step()
-        except Exception as failure:  # noqa: BLE001 (exc stays the error the user sees)
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"strata: {failure}")
+        self._drop.abort_after(exc)
 
     def abort_step(self):
-        """Engine.abort_step. With NVMe folders and one rank the engine is closed and reopened
-        at its last commit (the run continues as if the step had not begun; the step before,
-        whose pipelined updates commit during this one, is kept). Otherwise the rest
-        of the step's schedule runs with a non-finite gradient for every block not yet
-        submitted, so that the engine skips the step whole (with several ranks too: the norm
-        is global) and commits the states it began from; when some updates already ran, it
-        cannot, and is closed (strata.Error)."""
-        core = self.core()
-        progress = self.progress
-        if not progress.open:
-            return
-        if self.engine.config.nvme and core.world_size == 1:
-            self._run_out_first_forward()
-            self._reopen("dropping the step in progress")
-            return
-        total = progress.total()
-        if progress.released == total and progress.acquired is None:
-            raise Error("abort_step() after the step's last backward: its updates have run, and "
-                        "an engine without NVMe folders keeps no earlier state to go back to; "
-                        "call opt.step() to commit the step")
-        try:
-            self._run_out_step(total)
-            stats = core.end_step()
-        except Error as failure:
-            self._reopen(f"the step in progress could not be dropped ({failure})")
-            return
-        finally:
-            self._held_grads.clear()
-        self._reset_step()
-        self.engine._ended(stats, aborted=True)
-
-    def _run_out_first_forward(self):
-        """With pipelined updates the previous step commits during this one, once its updates
-        ran, each before its block's first forward: runs the first micro-batch's forward out
-        (acquire and release, no compute), so that closing the engine commits it and reopening
-        goes back to it, not to the step before. A failure closes the engine for good."""
-        n = len(self._engine_blocks)
-        if self.progress.released >= n:
-            return
-        try:
-            self._run_out_step(n)  # forward accesses only: no gradient is submitted
-        except Error as failure:
-            self.close_core(f"the step in progress could not be dropped ({failure})")
-            raise Error(f"{self._closed}; create a new Engine") from failure
-
-    def _run_out_step(self, total):
-        """Acquires and releases the accesses left in the step up to `total` released, in the
-        schedule's order (per micro-batch: forward 0..n-1, backward n-1..0), submitting NaN
-        gradients in backward."""
-        if self.progress.acquired is not None:
-            b, backward, submitted = self.progress.acquired
-            if backward and not submitted:
-                self._submit_nan(b)
-            self._release(b)
-        for b, backward in self.progress.rest_of_schedule(total):
-            self._acquire(b, backward)
-            if backward:
-                self._submit_nan(b)
-            self._release(b)
-
-    def _submit_nan(self, b):
-        _, tensors, _ = self._layout[b]
-        nan = torch.full((max(n for *_, n in tensors),), float("nan"),
-                         device=self._torch_device)
-        self.submit(b, [nan[:n] for *_, n in tensors])
-
-    def _reopen(self, why):
-        """Closes the engine and reopens it at its last commit (NVMe folders, one rank); closes
-        it for good and raises strata.Error where it cannot."""
-        config = self.engine.config
-        several = self._core.world_size != 1
-        if not config.nvme or several:
-            self.close_core(why + (": with several ranks each must reopen its engine" if several
-                                   else ": an engine without NVMe folders keeps no earlier "
-                                   "state to go back to (with max_grad_norm > 0 updates wait "
-                                   "for the whole gradient, so a step can always be dropped)"))
-            raise Error(f"{self._closed}; create a new Engine")
-        self.close_core(why)
-        config.resume = True
-        self._open_core(config)
-        self._closed = None
+        self._drop.abort_step()
 
     def block_name(self, b):
         return repr(self.engine_blocks()[b][0])
