@@ -199,3 +199,33 @@ def test_save_pretrained_of_a_model_4x_the_host_budget_streams(tmp_path):
     assert growth <= 1.5 * host_mem + shard, (growth, host_mem, shard)
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] >= weights * 0.99
+
+
+def make_llama(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=SEQ,
+                                      use_cache=False, tie_word_embeddings=False)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_a_llama_trains_saves_and_loads_as_torch(tmp_path):
+    plain = make_llama()
+    popt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=0.0)
+    want_losses = train_steps(plain, popt, plain=True)
+    model = make_llama()
+    strata.offload(model, blocks=list(model.model.layers), engine=strata.Engine())
+    opt = strata.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, max_grad_norm=CLIP)
+    assert model.num_parameters() == plain.num_parameters()
+    losses = train_steps(model, opt)
+    assert losses == pytest.approx(want_losses, rel=1e-4, abs=1e-5)
+    got = model.state_dict()
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-4, msg=k)
+    model.save_pretrained(tmp_path / "llama", max_shard_size="30KB")
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "llama")
+    x = torch.randint(0, VOCAB, (2, SEQ))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=x).logits, model(input_ids=x).logits,
+                                   rtol=1e-5, atol=1e-5)
