@@ -48,7 +48,7 @@ import struct
 import torch
 
 from . import _strata
-from ._store_copy import copy_state_in, copy_state_out
+from ._store_copy import check_digests, copy_state_in, copy_state_out
 from ._strata import Error
 
 __all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors",
@@ -461,13 +461,15 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     os.makedirs(tmp)
 
     try:
-        _reopened(state, "saving a checkpoint",
-                  lambda: copy_state_out(nvme, tmp, f"save_checkpoint({path!r})"))
+        digests = {}
+        _reopened(state, "saving a checkpoint", lambda: digests.update(
+            copy_state_out(nvme, tmp, f"save_checkpoint({path!r})")))
         step = state.core().resumed_step()
         save_safetensors(model, os.path.join(tmp, "model.safetensors"))
         opt = optimizer or state._opt
         _write_synced(os.path.join(tmp, "python.pt"), lambda f: torch.save(
-            _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme)), f))
+            _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme),
+                          files=digests), f))
         # Written last: a .partial folder with strata.json is whole (_finish_interrupted_replace).
         _write_synced(os.path.join(tmp, "strata.json"),
                       lambda f: f.write(json.dumps({"step": step, "folders": len(nvme)}).encode()))
@@ -500,8 +502,13 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
         raise Error(f"the checkpoint {path} holds {saved['folders']} NVMe folders' state, the "
                     f"engine has {len(nvme)}; give strata.Engine(nvme=...) as many folders")
 
-    _reopened(state, "loading a checkpoint",
-              lambda: copy_state_in(path, nvme, f"load_checkpoint({path!r})"))
+    _check_fits(state, path, saved)
+
+    def probe_then_copy():
+        _probe(state, path, len(nvme), saved["step"])  # the run's own files are untouched
+        copy_state_in(path, nvme, f"load_checkpoint({path!r})")
+
+    _reopened(state, "loading a checkpoint", probe_then_copy)
     if state.core().resumed_step() != saved["step"]:
         raise Error(f"the engine reopened at step {state.core().resumed_step()}, the checkpoint "
                     f"{path} is step {saved['step']}: its NVMe state is damaged")
@@ -509,6 +516,90 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     torch.set_rng_state(saved["rng"])
     state.step_offset = saved.get("step_offset", 0)
     return saved["client_state"]
+
+
+def _check_fits(state, path, saved):
+    """strata.Error unless the checkpoint at `path` is one this model can continue from: its
+    step agrees in strata.json, python.pt and its store's manifest, and its model.safetensors
+    names every weight of the model with the model's shape and nothing else (another number of
+    layers, another width). Reads the checkpoint only."""
+    meta = _checkpoint_meta(path)
+    if meta.get("step") != saved["step"]:
+        raise Error(f"the checkpoint {path} is inconsistent: strata.json says step "
+                    f"{meta.get('step')}, python.pt step {saved['step']}; nothing was changed")
+    try:
+        committed = _strata.peek_committed_step(os.path.join(path, "nvme0"))
+    except Error as e:
+        raise Error(f"the checkpoint {path} cannot be loaded: {e}; nothing was changed") from None
+    if committed != saved["step"]:
+        raise Error(f"the checkpoint {path} is inconsistent: its nvme0/ state is step "
+                    f"{committed}, python.pt step {saved['step']}; nothing was changed")
+    check_digests(path, saved.get("files", {}))  # a checkpoint saved before: none recorded
+    theirs = _safetensors_shapes(os.path.join(path, "model.safetensors"))
+    ours = {}
+    for b, (bname, ps) in enumerate(state.engine_blocks()):
+        for t, (n, _) in enumerate(ps):
+            full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
+            ours[full] = list(state._layout[b][1][t][1])
+    diff = [f"{n} is {theirs[n]} there, {ours[n]} here" for n in sorted(ours)
+            if n in theirs and theirs[n] != ours[n]]
+    diff += [f"{n} is missing there" for n in sorted(set(ours) - set(theirs))]
+    diff += [f"{n} is not in this model" for n in sorted(set(theirs) - set(ours))]
+    if diff:
+        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+        raise Error(f"the checkpoint {path} does not fit this model (another number of layers "
+                    f"or another width?): {'; '.join(diff[:3])}{more}; nothing was changed")
+
+
+def _safetensors_shapes(path):
+    """{name: shape} from the header of the safetensors file at `path`."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+        return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except FileNotFoundError:
+        raise Error(f"the checkpoint {path} is incomplete: no such file") from None
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise Error(f"the checkpoint's {path} is damaged ({e}); nothing was changed") from None
+
+
+def _probe(state, path, folders, step):
+    """Opens the checkpoint's own state (path/nvme<i>/) as the closed engine would resume it,
+    with the engine's configuration, and closes it again: the engine's own checks (every
+    block's state present with its size, so another state_dtype or placement; the manifest's
+    checksum and each extent's, where the open reads it) run on the checkpoint before any byte
+    of the run's state changes. strata.Error naming the checkpoint when it does not open there
+    or opens at another step. Leaves nothing behind in the checkpoint (the store's lock is
+    removed again when the probe made it)."""
+    config = _strata.EngineConfig()
+    for k in dir(config):
+        if not k.startswith("_"):
+            setattr(config, k, getattr(state.engine.config, k))
+    config.nvme = [os.path.join(path, f"nvme{i}") for i in range(folders)]
+    for f in config.nvme:
+        if not os.path.isdir(f):
+            raise Error(f"the checkpoint {path} is incomplete: it has no {os.path.basename(f)}/; "
+                        "nothing was changed")
+    config.resume, config.trace_path = True, ""
+    made = [os.path.join(f, n) for f in config.nvme for n in os.listdir(f)]
+    try:
+        core = _strata.Engine(state._specs, config)
+        try:
+            got = core.resumed_step()
+        finally:
+            core.close()
+    except Error as e:
+        raise Error(f"the checkpoint {path} does not fit this engine (another model, "
+                    f"state_dtype or placement, or damaged): {e}; nothing was changed") from None
+    finally:
+        for f in config.nvme:
+            for n in os.listdir(f):
+                if os.path.join(f, n) not in made and os.path.isfile(os.path.join(f, n)):
+                    os.remove(os.path.join(f, n))
+    if got != step:
+        raise Error(f"the checkpoint {path} opened at step {got}, its python.pt is step {step}: "
+                    "its NVMe state is damaged; nothing was changed")
 
 
 def save_safetensors(model, path):
