@@ -39,6 +39,7 @@ every other rank raises strata.Error naming the failed ranks, at once, instead o
 the communicator's timeout. A failed save leaves `path` as it was (the .partial folder is
 removed); a failed load writes nothing into any engine.
 """
+import contextlib
 import json
 import os
 import re
@@ -447,37 +448,86 @@ def _restore_python_state(state, saved, optimizer, lr_scheduler):
 def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state=None):
     """Writes the run's state after the last opt.step() into the folder `path` (replaced when
     it exists); see the module docstring. With one rank the engine is closed and reopened
-    meanwhile; with several, every rank calls it and saves its own shard."""
+    meanwhile; with several, every rank calls it and saves its own shard. A path that cannot
+    be a checkpoint's folder ("", "/", "x/.."), or a file system without room for it, is
+    strata.Error before anything is written; any other failure (a full disk midway, a folder
+    it may not write) is strata.Error naming the path, with nothing left of this save."""
     state = _offloaded_state(model, "save_checkpoint")
-    path = os.fspath(path)
+    path = _checkpoint_path(path, "save_checkpoint")
     if state.core().world_size != 1:
         return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     nvme = _closed_engine(state, "save_checkpoint")
-    _finish_interrupted_replace(path)
-    _check_replaceable(path)
-    tmp = path + ".partial"
-    _remove_leftover(path + ".old")
-    _remove_leftover(tmp)
-    os.makedirs(tmp)
-
-    try:
-        digests = {}
-        _reopened(state, "saving a checkpoint", lambda: digests.update(
-            copy_state_out(nvme, tmp, f"save_checkpoint({path!r})")))
-        step = state.core().resumed_step()
-        save_safetensors(model, os.path.join(tmp, "model.safetensors"))
-        opt = optimizer or state._opt
-        _write_synced(os.path.join(tmp, "python.pt"), lambda f: torch.save(
-            _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme),
-                          files=digests), f))
-        # Written last: a .partial folder with strata.json is whole (_finish_interrupted_replace).
-        _write_synced(os.path.join(tmp, "strata.json"),
-                      lambda f: f.write(json.dumps({"step": step, "folders": len(nvme)}).encode()))
-        _replace_folder(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # `path` stays as it was
-        raise
+    what = f"save_checkpoint({path!r})"
+    with _os_errors(what, "nothing was saved, and what was at the path is as it was"):
+        _finish_interrupted_replace(path)
+        _check_replaceable(path)
+        _check_room(state, path, nvme, what)
+        tmp = path + ".partial"
+        _remove_leftover(path + ".old")
+        _remove_leftover(tmp)
+        os.makedirs(tmp)
+        try:
+            digests = {}
+            _reopened(state, "saving a checkpoint",
+                      lambda: digests.update(copy_state_out(nvme, tmp, what)))
+            step = state.core().resumed_step()
+            save_safetensors(model, os.path.join(tmp, "model.safetensors"))
+            opt = optimizer or state._opt
+            _write_synced(os.path.join(tmp, "python.pt"), lambda f: torch.save(
+                _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme),
+                              files=digests), f))
+            # Written last: a .partial folder with strata.json is whole
+            # (_finish_interrupted_replace).
+            _write_synced(os.path.join(tmp, "strata.json"), lambda f: f.write(
+                json.dumps({"step": step, "folders": len(nvme)}).encode()))
+            _replace_folder(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # `path` stays as it was
+            raise
     return path
+
+
+def _checkpoint_path(path, what):
+    """`path` as a checkpoint's folder name: trailing slashes dropped ("dir/" is "dir", whose
+    scratch folder is "dir.partial" beside it, not "dir/.partial" inside it); strata.Error for
+    a path that names no folder of its own."""
+    path = os.fsdecode(os.fspath(path))
+    folder = path.rstrip("/")
+    if not folder or os.path.basename(folder) in (".", ".."):
+        raise Error(f"{what}({path!r}): give the checkpoint's own folder (a name such as "
+                    "\"ckpt/step100\"); an empty path, \"/\", \".\" or \"..\" names none")
+    return folder
+
+
+@contextlib.contextmanager
+def _os_errors(what, outcome):
+    """An OSError inside (a full disk, a folder it may not write) raised as strata.Error that
+    names the file and says what became of the checkpoint."""
+    try:
+        yield
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise Error(f"{what}: {e.strerror or e}{where}; {outcome}") from e
+
+
+def _check_room(state, path, nvme, what):
+    """strata.Error, before anything is written, when the file system that will hold `path`
+    has less room than the checkpoint's files need (the run's state files, as they are now,
+    and the weights as safetensors); a save that still runs out midway is cleaned up."""
+    need = sum(os.path.getsize(os.path.join(folder, name))
+               for i, folder in enumerate(nvme)
+               for name in _strata.store_state_files(i, len(nvme))
+               if os.path.isfile(os.path.join(folder, name)))
+    need += sum(4 * numel + 128 for _, tensors, _ in state._layout for *_, numel in tensors)
+    where = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(where):  # makedirs creates what is missing
+        where = os.path.dirname(where)
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise Error(f"{what}: the file system of {where} has {free} bytes free, and the "
+                    f"checkpoint needs about {need}; free some space there or save elsewhere "
+                    "(nothing was written)")
 
 
 def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
@@ -486,7 +536,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     optimizer's param_groups, the scheduler's state and torch's RNG state are restored.
     Returns the client_state given to save_checkpoint."""
     state = _offloaded_state(model, "load_checkpoint")
-    path = os.fspath(path)
+    path = _checkpoint_path(path, "load_checkpoint")
     if state.core().world_size != 1:
         return _load_shards(state, path, optimizer, lr_scheduler)
     nvme = _closed_engine(state, "load_checkpoint")
