@@ -191,9 +191,10 @@ def _zero(zero):
                     "ZeRO stage 3 with offload_param / offload_optimizer")
     _section("zero_optimization", zero,
              IGNORED_ZERO | {"stage", "offload_param", "offload_optimizer"})
-    stage = zero.get("stage", 0)
+    stage = zero.get("stage", 0)  # DeepSpeed's default: 0
     if isinstance(stage, bool) or not isinstance(stage, int) or stage != 3:
-        raise Error(f"DeepSpeed config zero_optimization.stage={zero.get('stage')!r}: expected 3 "
+        raise Error(f"DeepSpeed config zero_optimization.stage={stage!r}"
+                    f"{'' if 'stage' in zero else ' (not given: DeepSpeed takes 0)'}: expected 3 "
                     "(strata holds parameters and optimizer states offloaded as ZeRO stage 3 "
                     "does)")
     ignored = [f"zero_optimization.{k}" for k in sorted(zero) if k in IGNORED_ZERO]
