@@ -570,6 +570,17 @@ void BindEngine(py::module_& m) {
   m.def("store_state_files", &StoreStateFiles, py::arg("index"), py::arg("folders"),
         "The files of a run's committed state in its NVMe folder `index` of `folders`: "
         "what a copy of the closed run takes and replaces, and nothing else.");
+  m.def(
+      "peek_committed_step",
+      [](const std::string& folder) {
+        Result<std::optional<uint64_t>> step = PeekCommittedStep(folder);
+        ThrowIfError(step.status());
+        return *step;
+      },
+      py::arg("folder"),
+      "The step of the last commit of the store whose first folder is `folder` (None when it "
+      "never committed), read without opening or locking it; strata.Error when the folder "
+      "holds no manifest or a damaged one.");
   m.def("cuda_device_for", &CudaDeviceFor, py::arg("configured") = -1,
         "The GPU an Engine opens: `configured` when >= 0, else the launcher's local rank.");
   py::class_<PyEngine>(m, "Engine")

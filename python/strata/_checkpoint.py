@@ -39,6 +39,7 @@ every other rank raises strata.Error naming the failed ranks, at once, instead o
 the communicator's timeout. A failed save leaves `path` as it was (the .partial folder is
 removed); a failed load writes nothing into any engine.
 """
+import contextlib
 import json
 import os
 import re
@@ -48,7 +49,7 @@ import struct
 import torch
 
 from . import _strata
-from ._store_copy import copy_state_in, copy_state_out
+from ._store_copy import check_digests, copy_state_in, copy_state_out
 from ._strata import Error
 
 __all__ = ["load_checkpoint", "read_moments", "save_checkpoint", "save_safetensors",
@@ -447,35 +448,86 @@ def _restore_python_state(state, saved, optimizer, lr_scheduler):
 def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state=None):
     """Writes the run's state after the last opt.step() into the folder `path` (replaced when
     it exists); see the module docstring. With one rank the engine is closed and reopened
-    meanwhile; with several, every rank calls it and saves its own shard."""
+    meanwhile; with several, every rank calls it and saves its own shard. A path that cannot
+    be a checkpoint's folder ("", "/", "x/.."), or a file system without room for it, is
+    strata.Error before anything is written; any other failure (a full disk midway, a folder
+    it may not write) is strata.Error naming the path, with nothing left of this save."""
     state = _offloaded_state(model, "save_checkpoint")
-    path = os.fspath(path)
+    path = _checkpoint_path(path, "save_checkpoint")
     if state.core().world_size != 1:
         return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     nvme = _closed_engine(state, "save_checkpoint")
-    _finish_interrupted_replace(path)
-    _check_replaceable(path)
-    tmp = path + ".partial"
-    _remove_leftover(path + ".old")
-    _remove_leftover(tmp)
-    os.makedirs(tmp)
-
-    try:
-        _reopened(state, "saving a checkpoint",
-                  lambda: copy_state_out(nvme, tmp, f"save_checkpoint({path!r})"))
-        step = state.core().resumed_step()
-        save_safetensors(model, os.path.join(tmp, "model.safetensors"))
-        opt = optimizer or state._opt
-        _write_synced(os.path.join(tmp, "python.pt"), lambda f: torch.save(
-            _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme)), f))
-        # Written last: a .partial folder with strata.json is whole (_finish_interrupted_replace).
-        _write_synced(os.path.join(tmp, "strata.json"),
-                      lambda f: f.write(json.dumps({"step": step, "folders": len(nvme)}).encode()))
-        _replace_folder(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # `path` stays as it was
-        raise
+    what = f"save_checkpoint({path!r})"
+    with _os_errors(what, "nothing was saved, and what was at the path is as it was"):
+        _finish_interrupted_replace(path)
+        _check_replaceable(path)
+        _check_room(state, path, nvme, what)
+        tmp = path + ".partial"
+        _remove_leftover(path + ".old")
+        _remove_leftover(tmp)
+        os.makedirs(tmp)
+        try:
+            digests = {}
+            _reopened(state, "saving a checkpoint",
+                      lambda: digests.update(copy_state_out(nvme, tmp, what)))
+            step = state.core().resumed_step()
+            save_safetensors(model, os.path.join(tmp, "model.safetensors"))
+            opt = optimizer or state._opt
+            _write_synced(os.path.join(tmp, "python.pt"), lambda f: torch.save(
+                _python_state(state, opt, lr_scheduler, client_state, step, folders=len(nvme),
+                              files=digests), f))
+            # Written last: a .partial folder with strata.json is whole
+            # (_finish_interrupted_replace).
+            _write_synced(os.path.join(tmp, "strata.json"), lambda f: f.write(
+                json.dumps({"step": step, "folders": len(nvme)}).encode()))
+            _replace_folder(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # `path` stays as it was
+            raise
     return path
+
+
+def _checkpoint_path(path, what):
+    """`path` as a checkpoint's folder name: trailing slashes dropped ("dir/" is "dir", whose
+    scratch folder is "dir.partial" beside it, not "dir/.partial" inside it); strata.Error for
+    a path that names no folder of its own."""
+    path = os.fsdecode(os.fspath(path))
+    folder = path.rstrip("/")
+    if not folder or os.path.basename(folder) in (".", ".."):
+        raise Error(f"{what}({path!r}): give the checkpoint's own folder (a name such as "
+                    "\"ckpt/step100\"); an empty path, \"/\", \".\" or \"..\" names none")
+    return folder
+
+
+@contextlib.contextmanager
+def _os_errors(what, outcome):
+    """An OSError inside (a full disk, a folder it may not write) raised as strata.Error that
+    names the file and says what became of the checkpoint."""
+    try:
+        yield
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise Error(f"{what}: {e.strerror or e}{where}; {outcome}") from e
+
+
+def _check_room(state, path, nvme, what):
+    """strata.Error, before anything is written, when the file system that will hold `path`
+    has less room than the checkpoint's files need (the run's state files, as they are now,
+    and the weights as safetensors); a save that still runs out midway is cleaned up."""
+    need = sum(os.path.getsize(os.path.join(folder, name))
+               for i, folder in enumerate(nvme)
+               for name in _strata.store_state_files(i, len(nvme))
+               if os.path.isfile(os.path.join(folder, name)))
+    need += sum(4 * numel + 128 for _, tensors, _ in state._layout for *_, numel in tensors)
+    where = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(where):  # makedirs creates what is missing
+        where = os.path.dirname(where)
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise Error(f"{what}: the file system of {where} has {free} bytes free, and the "
+                    f"checkpoint needs about {need}; free some space there or save elsewhere "
+                    "(nothing was written)")
 
 
 def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
@@ -484,7 +536,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     optimizer's param_groups, the scheduler's state and torch's RNG state are restored.
     Returns the client_state given to save_checkpoint."""
     state = _offloaded_state(model, "load_checkpoint")
-    path = os.fspath(path)
+    path = _checkpoint_path(path, "load_checkpoint")
     if state.core().world_size != 1:
         return _load_shards(state, path, optimizer, lr_scheduler)
     nvme = _closed_engine(state, "load_checkpoint")
@@ -500,8 +552,13 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
         raise Error(f"the checkpoint {path} holds {saved['folders']} NVMe folders' state, the "
                     f"engine has {len(nvme)}; give strata.Engine(nvme=...) as many folders")
 
-    _reopened(state, "loading a checkpoint",
-              lambda: copy_state_in(path, nvme, f"load_checkpoint({path!r})"))
+    _check_fits(state, path, saved)
+
+    def probe_then_copy():
+        _probe(state, path, len(nvme), saved["step"])  # the run's own files are untouched
+        copy_state_in(path, nvme, f"load_checkpoint({path!r})")
+
+    _reopened(state, "loading a checkpoint", probe_then_copy)
     if state.core().resumed_step() != saved["step"]:
         raise Error(f"the engine reopened at step {state.core().resumed_step()}, the checkpoint "
                     f"{path} is step {saved['step']}: its NVMe state is damaged")
@@ -509,6 +566,90 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     torch.set_rng_state(saved["rng"])
     state.step_offset = saved.get("step_offset", 0)
     return saved["client_state"]
+
+
+def _check_fits(state, path, saved):
+    """strata.Error unless the checkpoint at `path` is one this model can continue from: its
+    step agrees in strata.json, python.pt and its store's manifest, and its model.safetensors
+    names every weight of the model with the model's shape and nothing else (another number of
+    layers, another width). Reads the checkpoint only."""
+    meta = _checkpoint_meta(path)
+    if meta.get("step") != saved["step"]:
+        raise Error(f"the checkpoint {path} is inconsistent: strata.json says step "
+                    f"{meta.get('step')}, python.pt step {saved['step']}; nothing was changed")
+    try:
+        committed = _strata.peek_committed_step(os.path.join(path, "nvme0"))
+    except Error as e:
+        raise Error(f"the checkpoint {path} cannot be loaded: {e}; nothing was changed") from None
+    if committed != saved["step"]:
+        raise Error(f"the checkpoint {path} is inconsistent: its nvme0/ state is step "
+                    f"{committed}, python.pt step {saved['step']}; nothing was changed")
+    check_digests(path, saved.get("files", {}))  # a checkpoint saved before: none recorded
+    theirs = _safetensors_shapes(os.path.join(path, "model.safetensors"))
+    ours = {}
+    for b, (bname, ps) in enumerate(state.engine_blocks()):
+        for t, (n, _) in enumerate(ps):
+            full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
+            ours[full] = list(state._layout[b][1][t][1])
+    diff = [f"{n} is {theirs[n]} there, {ours[n]} here" for n in sorted(ours)
+            if n in theirs and theirs[n] != ours[n]]
+    diff += [f"{n} is missing there" for n in sorted(set(ours) - set(theirs))]
+    diff += [f"{n} is not in this model" for n in sorted(set(theirs) - set(ours))]
+    if diff:
+        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+        raise Error(f"the checkpoint {path} does not fit this model (another number of layers "
+                    f"or another width?): {'; '.join(diff[:3])}{more}; nothing was changed")
+
+
+def _safetensors_shapes(path):
+    """{name: shape} from the header of the safetensors file at `path`."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+        return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except FileNotFoundError:
+        raise Error(f"the checkpoint {path} is incomplete: no such file") from None
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise Error(f"the checkpoint's {path} is damaged ({e}); nothing was changed") from None
+
+
+def _probe(state, path, folders, step):
+    """Opens the checkpoint's own state (path/nvme<i>/) as the closed engine would resume it,
+    with the engine's configuration, and closes it again: the engine's own checks (every
+    block's state present with its size, so another state_dtype or placement; the manifest's
+    checksum and each extent's, where the open reads it) run on the checkpoint before any byte
+    of the run's state changes. strata.Error naming the checkpoint when it does not open there
+    or opens at another step. Leaves nothing behind in the checkpoint (the store's lock is
+    removed again when the probe made it)."""
+    config = _strata.EngineConfig()
+    for k in dir(config):
+        if not k.startswith("_"):
+            setattr(config, k, getattr(state.engine.config, k))
+    config.nvme = [os.path.join(path, f"nvme{i}") for i in range(folders)]
+    for f in config.nvme:
+        if not os.path.isdir(f):
+            raise Error(f"the checkpoint {path} is incomplete: it has no {os.path.basename(f)}/; "
+                        "nothing was changed")
+    config.resume, config.trace_path = True, ""
+    made = [os.path.join(f, n) for f in config.nvme for n in os.listdir(f)]
+    try:
+        core = _strata.Engine(state._specs, config)
+        try:
+            got = core.resumed_step()
+        finally:
+            core.close()
+    except Error as e:
+        raise Error(f"the checkpoint {path} does not fit this engine (another model, "
+                    f"state_dtype or placement, or damaged): {e}; nothing was changed") from None
+    finally:
+        for f in config.nvme:
+            for n in os.listdir(f):
+                if os.path.join(f, n) not in made and os.path.isfile(os.path.join(f, n)):
+                    os.remove(os.path.join(f, n))
+    if got != step:
+        raise Error(f"the checkpoint {path} opened at step {got}, its python.pt is step {step}: "
+                    "its NVMe state is damaged; nothing was changed")
 
 
 def save_safetensors(model, path):

@@ -9,10 +9,11 @@
 
 is the same script as with `deepspeed.initialize`: the model is offloaded (strata.offload) into a
 strata.Engine built from the ZeRO-3 offload subset of the config, with strata.optim.AdamW and,
-when the config names one, DeepSpeed's WarmupLR or WarmupDecayLR schedule. Each config key is
-mapped (_MAPPED), ignored with a warning naming it (_IGNORED: tuning knobs of DeepSpeed's own
-machinery, which the engine's planner decides), or refused with strata.Error (anything else:
-what strata would compute differently). The mapping is documented in python/README.md.
+when the config names one, DeepSpeed's WarmupLR or WarmupDecayLR schedule (step for step as
+DeepSpeed's). Each config key is mapped, ignored with a warning naming it (tuning knobs of
+DeepSpeed's own machinery, which the engine's planner decides), or refused with strata.Error
+(anything else: what strata would compute differently); _ds_config.py checks the whole config
+before the model is touched. The mapping is documented in python/README.md.
 """
 import math
 import os
@@ -22,30 +23,11 @@ import torch
 
 from . import optim
 from ._checkpoint import load_checkpoint, save_checkpoint
+from ._ds_config import resolve
 from ._offload import Engine, offload
 from ._strata import Error
 
-__all__ = ["initialize", "DeepSpeedEngine"]
-
-# zero_optimization keys the engine's planner decides itself (buffers, buckets, prefetch).
-_IGNORED_ZERO = {
-    "contiguous_gradients", "overlap_comm", "reduce_bucket_size", "reduce_scatter",
-    "allgather_bucket_size", "allgather_partitions", "round_robin_gradients", "sub_group_size",
-    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-    "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-    "memory_efficient_linear", "elastic_checkpoint", "load_from_fp32_weights",
-}
-_IGNORED_OFFLOAD = {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init",
-                    "ratio", "pipeline_read", "pipeline_write", "pipeline"}
-_IGNORED_TOP = {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
-                "dump_state", "prescale_gradients", "gradient_predivide_factor",
-                "memory_breakdown", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-                "comms_logger", "aio", "activation_checkpointing"}
-_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-        "gradient_clipping", "optimizer", "scheduler", "zero_optimization", "fp16", "bf16",
-        "amp"} | _IGNORED_TOP
-
+__all__ = ["initialize", "DeepSpeedEngine", "WarmupLR", "WarmupDecayLR"]
 
 def initialize(model=None, config=None, model_parameters=None, optimizer=None,
                lr_scheduler=None, blocks=None, recompute=True, offload_activations="auto",
@@ -55,100 +37,50 @@ def initialize(model=None, config=None, model_parameters=None, optimizer=None,
     `blocks`: the model's repeated sub-modules (default: its largest nn.ModuleList of one
     module type, e.g. GPT2's transformer.h). `recompute`, `offload_activations`,
     `activation_bytes`: strata.offload's. `engine_options`: strata.Engine's own (device_mem,
-    host_mem, ...), which a DeepSpeed config does not say."""
+    host_mem, ...), which a DeepSpeed config does not say. The whole config is checked
+    (_ds_config.resolve) and the engine built before the model is offloaded: a config that is
+    refused leaves the model as it was, so that a retry with the config fixed works."""
     if model is None or config is None:
         raise Error("strata.initialize(model=..., config=...): both are required")
     if optimizer is not None or lr_scheduler is not None:
         raise Error("strata.initialize takes the optimizer and scheduler from the config "
                     "(\"optimizer\", \"scheduler\"); a client optimizer or scheduler object is "
                     "not supported (the engine runs AdamW itself)")
-    if not isinstance(config, dict):
-        raise Error(f"config must be a dict (a DeepSpeed config), got {type(config).__name__}")
-    ignored = []
-    unknown = sorted(set(config) - _TOP)
-    if unknown:
-        raise Error(f"DeepSpeed config keys not supported by strata.initialize: {unknown}")
-    ignored += sorted(k for k in config if k in _IGNORED_TOP)
-    _refuse_precision(config)
-    micro = int(config.get("gradient_accumulation_steps", 1))
-    _check_batch(config, micro)
-    nvme, zero_ignored = _zero(config.get("zero_optimization"))
-    ignored += zero_ignored
-    if nvme and engine_options.get("nvme"):
-        raise Error(f"nvme={engine_options['nvme']!r} and the config's nvme_path {nvme}: give "
+    world = int(torch.distributed.get_world_size()) if (
+        torch.distributed.is_available() and torch.distributed.is_initialized()) else 1
+    c = resolve(config, world)
+    if c.nvme and engine_options.get("nvme"):
+        raise Error(f"nvme={engine_options['nvme']!r} and the config's nvme_path {c.nvme}: give "
                     "the NVMe folders in one place")
-    engine = Engine(**{"nvme": nvme or None, **engine_options})
+    groups = list(model_parameters) if model_parameters is not None else None
+    _check_per_group(c.scheduler, len(groups) if groups and isinstance(groups[0], dict) else 1)
     if blocks is None:
         blocks = _find_blocks(model)
-    offload(model, blocks=blocks, engine=engine, micro_batches=micro, recompute=recompute,
+    engine = Engine(**{"nvme": c.nvme or None, **engine_options})
+    offload(model, blocks=blocks, engine=engine, micro_batches=c.micro, recompute=recompute,
             offload_activations=offload_activations, activation_bytes=activation_bytes)
-    opt = _optimizer(model, model_parameters, config.get("optimizer"),
-                     float(config.get("gradient_clipping", 0.0)))
-    sched = _scheduler(opt, config.get("scheduler"))
-    if ignored:
+    opt = optim.AdamW(groups if groups is not None else model.parameters(),
+                      max_grad_norm=c.clip, **c.optimizer)
+    sched = None
+    if c.scheduler is not None:
+        kind, params = c.scheduler
+        sched = (WarmupDecayLR if kind == "WarmupDecayLR" else WarmupLR)(opt, **params)
+    if c.ignored:
         warnings.warn(f"strata.initialize ignores these DeepSpeed config keys (the engine's "
-                      f"planner decides what they tune): {ignored}", stacklevel=2)
-    ds = DeepSpeedEngine(model, engine, opt, sched, micro, ignored)
+                      f"planner decides what they tune): {c.ignored}", stacklevel=2)
+    ds = DeepSpeedEngine(model, engine, opt, sched, c.micro, c.ignored)
     return ds, opt, None, sched
 
 
-def _refuse_precision(config):
-    if config.get("fp16", {}).get("enabled", False):
-        raise Error("config fp16.enabled: strata trains fp32 master weights without loss "
-                    "scaling; use bf16 (torch.autocast) or remove fp16")
-    if config.get("amp", {}).get("enabled", False):
-        raise Error("config amp.enabled: apex AMP is not supported; use torch.autocast")
-    if config.get("bf16", {}).get("enabled", False):
-        extra = set(config["bf16"]) - {"enabled"}
-        if extra:
-            raise Error(f"config bf16 keys {sorted(extra)} are not supported")
-        # bf16: the engine already computes in bf16 on CUDA (fp32 master weights, as
-        # DeepSpeed's bf16 mode keeps); on the host device it computes in fp32.
-
-
-def _check_batch(config, micro):
-    mb = config.get("train_micro_batch_size_per_gpu")
-    tb = config.get("train_batch_size")
-    if micro < 1:
-        raise Error(f"gradient_accumulation_steps={micro}: must be >= 1")
-    if mb is not None and tb is not None:
-        world = int(torch.distributed.get_world_size()) if (
-            torch.distributed.is_available() and torch.distributed.is_initialized()) else 1
-        if int(tb) != int(mb) * micro * world:
-            raise Error(f"train_batch_size {tb} != train_micro_batch_size_per_gpu {mb} x "
-                        f"gradient_accumulation_steps {micro} x world size {world}")
-
-
-def _zero(zero):
-    """(NVMe folders, ignored keys) of the zero_optimization section."""
-    if zero is None:
-        raise Error("the config has no zero_optimization section; strata.initialize takes "
-                    "ZeRO stage 3 with offload_param / offload_optimizer")
-    if int(zero.get("stage", 0)) != 3:
-        raise Error(f"zero_optimization.stage={zero.get('stage')}: strata holds parameters "
-                    "and optimizer states offloaded as ZeRO stage 3 does; set stage 3")
-    ignored = [f"zero_optimization.{k}" for k in sorted(zero) if k in _IGNORED_ZERO]
-    unknown = sorted(set(zero) - _IGNORED_ZERO - {"stage", "offload_param", "offload_optimizer"})
-    if unknown:
-        raise Error(f"zero_optimization keys not supported by strata.initialize: {unknown}")
-    nvme = []
-    for section in ("offload_param", "offload_optimizer"):
-        off = zero.get(section) or {}
-        bad = sorted(set(off) - _IGNORED_OFFLOAD - {"device", "nvme_path"})
-        if bad:
-            raise Error(f"zero_optimization.{section} keys not supported: {bad}")
-        ignored += [f"zero_optimization.{section}.{k}" for k in sorted(off)
-                    if k in _IGNORED_OFFLOAD]
-        device = off.get("device", "none")
-        if device not in ("none", "cpu", "nvme"):
-            raise Error(f"zero_optimization.{section}.device={device!r}: expected none, cpu "
-                        "or nvme")
-        if device == "nvme":
-            if not off.get("nvme_path"):
-                raise Error(f"zero_optimization.{section}.device=nvme needs nvme_path")
-            if off["nvme_path"] not in nvme:
-                nvme.append(off["nvme_path"])
-    return nvme, ignored
+def _check_per_group(scheduler, groups):
+    """A warmup_min_lr or warmup_max_lr given per param group needs one value per group."""
+    if scheduler is None:
+        return
+    for k in ("warmup_min_lr", "warmup_max_lr"):
+        v = scheduler[1].get(k)
+        if isinstance(v, list) and len(v) != groups:
+            raise Error(f"DeepSpeed config scheduler.params.{k}={v!r}: expected one number, or "
+                        f"one per param group ({groups})")
 
 
 def _find_blocks(model):
@@ -167,60 +99,59 @@ def _find_blocks(model):
     return list(best)
 
 
-def _optimizer(model, model_parameters, spec, clip):
-    if spec is None:
-        raise Error("the config has no optimizer section; give {\"type\": \"AdamW\", "
-                    "\"params\": {...}}")
-    kind = spec.get("type", "")
-    params = dict(spec.get("params", {}))
-    if kind.lower() not in ("adam", "adamw"):
-        raise Error(f"optimizer type {kind!r}: strata runs AdamW only (Adam, AdamW)")
-    if kind.lower() == "adam" and not params.pop("adam_w_mode", True):
-        raise Error("optimizer Adam with adam_w_mode=false (L2 regularisation) is not "
-                    "supported; strata runs AdamW (decoupled weight decay)")
-    params.pop("adam_w_mode", None)
-    params.pop("torch_adam", None)
-    bad = sorted(set(params) - {"lr", "betas", "eps", "weight_decay"})
-    if bad:
-        raise Error(f"optimizer params not supported: {bad}")
-    groups = model_parameters if model_parameters is not None else model.parameters()
-    return optim.AdamW(groups, max_grad_norm=clip, **params)
+class WarmupLR:
+    """DeepSpeed's WarmupLR, step for step: the lr rises from warmup_min_lr to warmup_max_lr
+    over warmup_num_steps (log or linear), then stays. As DeepSpeed's, the constructor sets
+    every param group's lr to warmup_min_lr and leaves last_batch_iteration at -1, so the first
+    optimizer step runs at warmup_min_lr and the first step() sets iteration 0's lr (which is
+    warmup_min_lr again): the lr of optimizer step k >= 2 is that of iteration k - 2.
+    warmup_min_lr and warmup_max_lr may be one number or one per param group; warmup_max_lr's
+    default is DeepSpeed's, 0.001."""
 
-
-class _WarmupLR:
-    """DeepSpeed's WarmupLR (and WarmupDecayLR with total_num_steps): the lr rises from
-    warmup_min_lr to warmup_max_lr over warmup_num_steps (log or linear), then stays (or
-    falls linearly to 0 at total_num_steps)."""
-
-    def __init__(self, opt, warmup_min_lr=0.0, warmup_max_lr=0.001, warmup_num_steps=1000,
-                 warmup_type="log", total_num_steps=None, last_batch_iteration=-1):
+    def __init__(self, optimizer, warmup_min_lr=0.0, warmup_max_lr=0.001,
+                 warmup_num_steps=1000, warmup_type="log", last_batch_iteration=-1):
         if warmup_type not in ("log", "linear"):
             raise Error(f"scheduler warmup_type={warmup_type!r}: expected log or linear")
-        self.optimizer = opt
-        self.min_lr, self.max_lr = float(warmup_min_lr), float(warmup_max_lr)
-        self.warmup = max(2, int(warmup_num_steps))
-        self.type, self.total = warmup_type, total_num_steps
+        self.optimizer = optimizer
+        self.min_lrs = self._per_group(warmup_min_lr, "warmup_min_lr")
+        self.max_lrs = self._per_group(warmup_max_lr, "warmup_max_lr")
+        self.warmup_num_steps = max(2, int(warmup_num_steps))
+        self.warmup_type = warmup_type
         self.last_batch_iteration = int(last_batch_iteration)
-        self.step()
+        if self.last_batch_iteration == -1:
+            self._set(self.get_lr())
 
-    def _gamma(self, it):
-        if it < self.warmup:
-            if self.type == "log":
-                return math.log(it + 1) / math.log(self.warmup)
-            return it / self.warmup
-        if self.total is None:
-            return 1.0
-        return max(0.0, (self.total - it) / max(1.0, self.total - self.warmup))
+    def _per_group(self, value, name):
+        n = len(self.optimizer.param_groups)
+        if isinstance(value, (list, tuple)):
+            if len(value) != n:
+                raise Error(f"scheduler {name}={list(value)}: expected one value per param "
+                            f"group ({n})")
+            return [float(v) for v in value]
+        return [float(value)] * n
+
+    def _gamma(self):
+        it = self.last_batch_iteration
+        if it < self.warmup_num_steps:
+            if self.warmup_type == "log":
+                return math.log(it + 1) / math.log(self.warmup_num_steps)
+            return it / self.warmup_num_steps
+        return 1.0
 
     def get_lr(self):
-        g = self._gamma(self.last_batch_iteration)
-        return [self.min_lr + (self.max_lr - self.min_lr) * g for _ in self.optimizer.param_groups]
+        if self.last_batch_iteration < 0:
+            return list(self.min_lrs)
+        g = self._gamma()
+        return [lo + (hi - lo) * g for lo, hi in zip(self.min_lrs, self.max_lrs)]
+
+    def _set(self, lrs):
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
 
     def step(self, last_batch_iteration=None):
         self.last_batch_iteration = (self.last_batch_iteration + 1 if last_batch_iteration is None
                                      else int(last_batch_iteration))
-        for g, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            g["lr"] = lr
+        self._set(self.get_lr())
 
     def get_last_lr(self):
         return [g["lr"] for g in self.optimizer.param_groups]
@@ -229,24 +160,26 @@ class _WarmupLR:
         return {"last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, sd):
-        self.last_batch_iteration = sd["last_batch_iteration"]
-        for g, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            g["lr"] = lr
+        """As DeepSpeed's: the iteration only; the lr comes back with the optimizer's
+        param_groups (load_checkpoint restores both)."""
+        self.last_batch_iteration = int(sd["last_batch_iteration"])
 
 
-def _scheduler(opt, spec):
-    if spec is None:
-        return None
-    kind, params = spec.get("type"), dict(spec.get("params", {}))
-    if kind not in ("WarmupLR", "WarmupDecayLR"):
-        raise Error(f"scheduler type {kind!r}: strata.initialize has WarmupLR and "
-                    "WarmupDecayLR; for another, drive the optimizer's lr with a torch scheduler")
-    if kind == "WarmupDecayLR" and "total_num_steps" not in params:
-        raise Error("scheduler WarmupDecayLR needs total_num_steps")
-    try:
-        return _WarmupLR(opt, **params)
-    except TypeError as e:
-        raise Error(f"scheduler {kind} params: {e}") from None
+class WarmupDecayLR(WarmupLR):
+    """DeepSpeed's WarmupDecayLR: WarmupLR's warmup, then the lr falls linearly to 0 at
+    total_num_steps (iterations as in WarmupLR)."""
+
+    def __init__(self, optimizer, total_num_steps, warmup_min_lr=0.0, warmup_max_lr=0.001,
+                 warmup_num_steps=1000, warmup_type="log", last_batch_iteration=-1):
+        self.total_num_steps = int(total_num_steps)
+        super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type,
+                         last_batch_iteration)
+
+    def _gamma(self):
+        if self.last_batch_iteration < self.warmup_num_steps:
+            return super()._gamma()
+        return max(0.0, (self.total_num_steps - self.last_batch_iteration)
+                   / max(1.0, self.total_num_steps - self.warmup_num_steps))
 
 
 class DeepSpeedEngine:

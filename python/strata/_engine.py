@@ -36,6 +36,8 @@ class Engine:
                             "per drive)")
         if resume and not nvme:
             raise Error("resume=True needs nvme=[...]: the committed state lives there")
+        if nvme and not resume:
+            _refuse_committed(nvme[0])
         self.config.nvme = nvme
         self.config.resume = bool(resume)
         # As `strata train`: with NVMe folders every step commits a complete state, so that
@@ -169,3 +171,19 @@ class Engine:
             raise Error("this strata.Engine holds no model yet; call strata.offload(model, "
                         "blocks=..., engine=...) and create strata.optim.AdamW first")
         return self._model
+
+
+def _refuse_committed(folder):
+    """A fresh engine never starts over a run's committed state: strata.Error naming the
+    Python ways to continue it (the engine's own refusal names the CLI's --resume). A folder
+    with no store, or one whose manifest cannot be read, is left to the engine, which reports
+    it when it opens."""
+    try:
+        step = _strata.peek_committed_step(folder)
+    except Error:
+        return
+    if step is not None:
+        raise Error(f"NVMe folder {folder} already holds a committed engine state (step {step});"
+                    f" continue that run with strata.Engine(nvme=[{folder!r}, ...], "
+                    "resume=True) (or strata.load_checkpoint to go back to a checkpoint), or "
+                    "give an empty folder for a new run")

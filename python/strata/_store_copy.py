@@ -16,6 +16,7 @@ has no room even then, nothing is changed and strata.Error says how much is miss
 import os
 import shutil
 import warnings
+import zlib
 
 from . import _strata
 from ._strata import Error
@@ -25,7 +26,9 @@ _STAGED = ".loading"
 
 def copy_state_out(folders, dst, what):
     """Copies the committed state of the closed engine whose NVMe folders are `folders` into
-    dst/nvme<i>/ (made here), each file synced."""
+    dst/nvme<i>/ (made here), each file synced. Returns {"nvme<i>/name": (bytes, CRC-32)} of
+    the copies, which load_checkpoint checks before it changes anything (check_digests)."""
+    digests = {}
     for i, folder in enumerate(folders):
         out = os.path.join(dst, f"nvme{i}")
         os.makedirs(out)
@@ -36,7 +39,36 @@ def copy_state_out(folders, dst, what):
                             "no committed state to save (was it removed or replaced while the "
                             "engine ran?)")
             _copy_synced(src, os.path.join(out, name))
+            digests[f"nvme{i}/{name}"] = file_digest(os.path.join(out, name))
         _sync_folder(out)
+    return digests
+
+
+def file_digest(path):
+    """(bytes, CRC-32) of the file at `path`."""
+    crc, size, buf = 0, 0, bytearray(8 << 20)
+    with open(path, "rb", buffering=0) as f:
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(view)
+            if not n:
+                return size, crc
+            crc, size = zlib.crc32(view[:n], crc), size + n
+
+
+def check_digests(src, digests):
+    """strata.Error naming the first file of the checkpoint `src` whose size or CRC-32 is not
+    the one its save recorded (`digests`, as copy_state_out returns them)."""
+    for name, (size, crc) in sorted(digests.items()):
+        path = os.path.join(src, name)
+        if not os.path.isfile(path):
+            raise Error(f"the checkpoint {src} is incomplete: it has no {name}; nothing was "
+                        "changed")
+        got = file_digest(path)
+        if got != (size, crc):
+            raise Error(f"the checkpoint {src} is damaged: {name} has {got[0]} bytes with "
+                        f"CRC-32 {got[1]:08x}, its save wrote {size} bytes with CRC-32 "
+                        f"{crc:08x}; nothing was changed")
 
 
 def copy_state_in(src, folders, what):

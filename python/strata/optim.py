@@ -44,8 +44,8 @@ class AdamW(torch.optim.Optimizer):
             raise Error(f"AdamW lr={lr}: must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise Error(f"AdamW betas={betas}: each must be in [0, 1)")
-        if not eps >= 0.0:
-            raise Error(f"AdamW eps={eps}: must be >= 0")
+        if not 0.0 <= eps < math.inf:  # as `strata train --eps`: 0 is accepted
+            raise Error(f"AdamW eps={eps}: must be a finite number >= 0")
         if not weight_decay >= 0.0:
             raise Error(f"AdamW weight_decay={weight_decay}: must be >= 0")
         if rounding not in ("torch", "fused"):

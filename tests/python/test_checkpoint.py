@@ -234,6 +234,10 @@ def test_a_load_without_room_beside_the_run_replaces_it_in_place_or_changes_noth
     strata.save_checkpoint(model, ckpt, opt)
     with open(ckpt / "nvme0" / "strata.swap.0-of-1", "ab") as f:
         f.write(bytes(1 << 20))
+    saved_state = strata._checkpoint._torch_load(ckpt / "python.pt")  # its size, recorded
+    saved_state["files"]["nvme0/strata.swap.0-of-1"] = strata._store_copy.file_digest(
+        ckpt / "nvme0" / "strata.swap.0-of-1")
+    torch.save(saved_state, ckpt / "python.pt")
     _train(model, opt, 1, seed=2)
     before = _listing(nvme)
     after_step3 = _weights(model, tmp_path / "step3.safetensors")

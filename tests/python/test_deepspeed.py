@@ -2,6 +2,7 @@
 engine.backward / engine.step every micro-batch, engine.save_checkpoint) runs with one line
 changed, and computes what the same run written against strata.offload computes."""
 import copy
+import math
 import warnings
 
 import pytest
@@ -42,6 +43,26 @@ def _config(nvme):
     return c
 
 
+def deepspeed_warmup_lr(iteration, min_lr, max_lr, warmup_steps, warmup_type="log",
+                        total_steps=None):
+    """DeepSpeed's documented WarmupLR / WarmupDecayLR lr at `iteration` (its
+    last_batch_iteration; -1 before the first step(), which is warmup_min_lr): gamma rises as
+    log(it + 1) / log(warmup) (or it / warmup) for it < warmup (warmup at least 2), is then 1,
+    or with total_steps falls as (total - it) / max(1, total - warmup), never below 0;
+    lr = min + (max - min) * gamma."""
+    warmup = max(2, warmup_steps)
+    if iteration < 0:
+        return min_lr
+    if iteration < warmup:
+        gamma = (math.log(iteration + 1) / math.log(warmup) if warmup_type == "log"
+                 else iteration / warmup)
+    elif total_steps is None:
+        gamma = 1.0
+    else:
+        gamma = max(0.0, (total_steps - iteration) / max(1.0, total_steps - warmup))
+    return min_lr + (max_lr - min_lr) * gamma
+
+
 def _deepspeed_script(engine, steps, seed=1):
     """The training loop of a DeepSpeed script."""
     for micro in batches(steps, 2, seed=seed):
@@ -74,12 +95,12 @@ def test_a_deepspeed_script_computes_what_strata_offload_computes(tmp_path):
     model = strata.offload(model, blocks=list(model.blocks), engine=decay, micro_batches=2)
     opt = strata.optim.AdamW(model.parameters(), lr=2e-2, betas=(0.9, 0.95), eps=1e-8,
                              weight_decay=0.1, max_grad_norm=1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, it / 4))
-    for micro in batches(4, 2):
+    for k, micro in enumerate(batches(4, 2), start=1):
+        for g in opt.param_groups:  # DeepSpeed's WarmupLR: step k runs iteration k - 2's lr
+            g["lr"] = deepspeed_warmup_lr(k - 2, 0.0, 2e-2, 4, "linear")
         for x, y in micro:
             (model(x, y) / 2).backward()
         opt.step()
-        sched.step()
     strata.save_safetensors(engine.module, tmp_path / "ds.st")
     strata.save_safetensors(model, tmp_path / "ref.st")
     assert (tmp_path / "ds.st").read_bytes() == (tmp_path / "ref.st").read_bytes()
@@ -95,7 +116,8 @@ def test_engine_save_checkpoint_and_load_checkpoint_continue_the_run(tmp_path):
     with pytest.warns(UserWarning, match="no checkpoint to load"):  # DeepSpeed's (None, None)
         assert b.load_checkpoint(tmp_path / "none") == (None, None)
     path, client = b.load_checkpoint(tmp_path / "ckpt")
-    assert client == {"epoch": 1} and b.global_steps == 2 and b.get_lr() == [1e-2]
+    # After two steps DeepSpeed's WarmupLR is at iteration 1: 2e-2 x 1/4.
+    assert client == {"epoch": 1} and b.global_steps == 2 and b.get_lr() == [5e-3]
     _deepspeed_script(b, 2, seed=5)
     strata.save_safetensors(a.module, tmp_path / "a.st")
     strata.save_safetensors(b.module, tmp_path / "b.st")
@@ -109,7 +131,7 @@ def test_engine_save_checkpoint_and_load_checkpoint_continue_the_run(tmp_path):
     ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "adam_w_mode=false"),
     ({"pipeline": {"stages": 2}}, r"\['pipeline'\]"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "nvme": 1}}},
-     r"offload_param keys not supported: \['nvme'\]"),
+     r"offload_param: keys not supported by strata.initialize: \['nvme'\]"),
     ({"scheduler": {"type": "OneCycle", "params": {}}}, "'OneCycle'"),
     ({"train_batch_size": 16}, "train_batch_size 16 != "),
 ])
