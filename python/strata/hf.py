@@ -34,7 +34,8 @@ import torch
 from . import optim
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._clip import clip_grad_norm_
-from ._deepspeed import _find_blocks, _zero
+from ._deepspeed import _find_blocks
+from ._ds_config import _zero
 from ._offload import Engine, offload
 from ._strata import Error
 
