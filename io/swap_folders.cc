@@ -26,7 +26,8 @@ std::string DataFileName(size_t index, size_t folders) {
   return "strata.swap." + std::to_string(index) + "-of-" + std::to_string(folders);
 }
 
-// Reads `name` in the folder `dir_fd` (shown as `path`), refusing a link or non-regular file.
+}  // namespace
+
 Result<std::string> ReadWholeFile(int dir_fd, const char* name, const std::string& path) {
   int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
@@ -61,8 +62,6 @@ Result<std::string> ReadWholeFile(int dir_fd, const char* name, const std::strin
   close(fd);
   return out;
 }
-
-}  // namespace
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
   if (!dir.empty() && dir.back() == '/') return dir + name;

@@ -24,6 +24,8 @@
 namespace strata::swap_internal {
 
 std::string JoinPath(const std::string& dir, const std::string& name);
+// Reads `name` in the folder `dir_fd` (shown as `path`), refusing a link or non-regular file.
+Result<std::string> ReadWholeFile(int dir_fd, const char* name, const std::string& path);
 
 class SwapFolders {
  public:

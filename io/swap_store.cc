@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "io/manifest.h"
+#include "io/stripe_marker.h"
 #include "io/swap_folders.h"
 #include "io/swap_layout.h"
 #include "strata/bytes.h"
@@ -155,6 +156,11 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
                                    std::to_string(swap_internal::kMaxRunIdBytes));
   }
   const std::string& folder0 = options_.paths[0];
+  // Before the folders are locked: the folders must be this store's, in its order (resume),
+  // or hold no part of another run's committed store (fresh).
+  std::vector<std::optional<swap_internal::StripeMarker>> markers;
+  STRATA_RETURN_IF_ERROR(swap_internal::CheckStripeFolders(
+      options_.paths, options_.create, options_.replace_through_step, &markers));
   struct stat folder_st {};
   if (!options_.create && ::stat(folder0.c_str(), &folder_st) == 0 &&
       !swap_internal::SwapFolders::HasManifest(folder0)) {
@@ -175,6 +181,12 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
                             "); start a fresh run there (without --resume)")
         .WithPath(manifest_path);
   }
+  if (manifest && options_.create && manifest->step && options_.replace_through_step &&
+      *manifest->step <= *options_.replace_through_step) {
+    LogDebug("swap store in " + folder0 + ": its run committed nothing after step " +
+             std::to_string(*manifest->step) + "; a fresh store takes its place");
+    manifest.reset();
+  }
   if (manifest) STRATA_RETURN_IF_ERROR(CheckRunId(*manifest, manifest_path));
   if (manifest && options_.resolve_prepared) {
     STRATA_ASSIGN_OR_RETURN(
@@ -182,6 +194,18 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   }
   folders_->RemoveTemporary();  // a Commit cut short: discarded
 
+  // A new store gets a new identity; an existing one keeps its folder 0's (a store made
+  // before markers gets one now).
+  std::vector<bool> current(n, false);
+  if (manifest && markers[0]) {
+    store_id_ = markers[0]->store_id;
+    for (size_t i = 0; i < n; ++i) {
+      current[i] = markers[i] && markers[i]->store_id == store_id_ && markers[i]->index == i &&
+                   markers[i]->count == n;
+    }
+  } else {
+    store_id_ = swap_internal::NewStoreId();
+  }
   STRATA_ASSIGN_OR_RETURN(layout_, swap_internal::SwapLayout::Resolve(
                                        options_, manifest ? &*manifest : nullptr, n, folder0));
   // Existing data files must cover every committed extent ("swap files that come back
@@ -191,6 +215,7 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   STRATA_RETURN_IF_ERROR(folders_->CheckDataFiles(
       needed_end, manifest && !manifest->entries.empty(), layout_.file_bytes, layout_.capacity));
 
+  STRATA_RETURN_IF_ERROR(WriteMarkers(current));
   if (backend) {
     backend_ = std::move(backend);
   } else {
@@ -226,6 +251,17 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
     m.stripe_bytes = layout_.stripe;
     m.capacity_bytes = layout_.capacity;
     STRATA_RETURN_IF_ERROR(WriteManifest(m));
+  }
+  return Status::OK();
+}
+
+Status SwapStore::WriteMarkers(const std::vector<bool>& current) {
+  const std::string& run = options_.run_id.empty() ? run_id_ : options_.run_id;
+  for (size_t i = 0; i < current.size(); ++i) {
+    if (current[i]) continue;
+    STRATA_RETURN_IF_ERROR(swap_internal::WriteStripeMarker(
+        folders_->dir_fd(i), folders_->folder(i),
+        swap_internal::MakeStripeMarker(store_id_, run, uint32_t(i), options_.paths)));
   }
   return Status::OK();
 }

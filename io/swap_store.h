@@ -2,9 +2,12 @@
 // every byte checksummed, crash-consistent at commit boundaries.
 //
 // Layout. The store spans one or more folders (one per NVMe drive). Folder i holds one data
-// file, "strata.swap.<i>-of-<n>", preallocated (fallocate) at Open; folder 0 also holds the
-// manifest "strata.manifest". Every folder holds a lock file "strata.lock" (flock'ed for the
-// store's life, naming the holder's pid): two stores can never share a folder. Every file is
+// file, "strata.swap.<i>-of-<n>", preallocated (fallocate) at Open, and a marker
+// "strata.stripe" naming the store and the folder's place in it (io/stripe_marker.h): a
+// resume that gives the folders in another order, or only some, is refused naming them, and
+// so is a fresh store over any folder of another store's committed state. Folder 0 also
+// holds the manifest "strata.manifest". Every folder holds a lock file "strata.lock" (flock'ed for
+// the store's life, naming the holder's pid): two stores can never share a folder. Every file is
 // opened relative to its folder's descriptor with O_NOFOLLOW; a symbolic link, a
 // non-regular file or a hard-linked file under a store name is refused, new files are
 // created O_EXCL, and store files are created 0600. The files form one logical address space cut
@@ -129,6 +132,11 @@ struct SwapStoreOptions {
   // opened as it is, for the caller to refuse (Lookup, CommittedStep). Empty: any store is
   // accepted, and keeps the identity it has.
   std::string run_id;
+  // With create: a store whose committed step is at most this is taken as new (its extents
+  // dropped, this run's identity recorded), whoever made it; the engine sets 0 for a fresh
+  // run, so that a run that stopped after its initial commit does not block the next one.
+  // nullopt: only a store that committed nothing is taken as new.
+  std::optional<uint64_t> replace_through_step;
   // Backend made by Open when it is not handed one.
   IoBackendOptions backend;
   // Set by a caller whose commits must agree with other stores' (the ranks of one run; see
@@ -222,7 +230,8 @@ class SwapStore {
   // The files of the committed state in folder `index` of a store over `folders` folders:
   // folder 0's manifest, then the folder's data file. With the store closed, these files of
   // every folder are the whole run; nothing else in a folder is the store's state (its lock,
-  // a manifest's temporary, the engine's activation scratch files, the user's own files).
+  // its stripe marker, which an open remakes where a copied folder has none, a manifest's
+  // temporary, the engine's activation scratch files, the user's own files).
   static std::vector<std::string> StateFileNames(size_t index, size_t folders);
   // Waits for the I/O in flight; does not commit.
   ~SwapStore();
@@ -286,6 +295,9 @@ class SwapStore {
   std::optional<ExtentInfo> Lookup(std::string_view key) const;
   std::vector<std::string> Keys() const;  // visible keys, sorted
   std::optional<uint64_t> CommittedStep() const;
+  // The run identity the store records (its manifest's): options.run_id, or, for another
+  // run's committed store opened with create (for the caller to refuse), that run's.
+  const std::string& RunId() const { return run_id_; }
   SwapStoreStats Stats() const;
 
   // Registers memory (e.g. the PinnedPool's arena) with the store's backend.
@@ -309,6 +321,9 @@ class SwapStore {
   Status ProcessCompletions(size_t min_complete);
   void FinishOp(std::unique_ptr<Op> op);
   Status CheckRunId(const swap_internal::Manifest& manifest, const std::string& manifest_path);
+  // Writes the stripe marker of every folder i where !current[i] (missing, or naming
+  // another store or place).
+  Status WriteMarkers(const std::vector<bool>& current);
   Status WriteManifest(const swap_internal::Manifest& manifest);
   // The two halves of WriteManifest: the temporary file written and synced (and its
   // folder, with `sync_folder`), then renamed over the manifest and the folder synced.
@@ -319,7 +334,8 @@ class SwapStore {
   Status FinishLocked();
 
   const SwapStoreOptions options_;
-  std::string run_id_;  // the store's run identity (set by Init; the manifests carry it)
+  std::string run_id_;    // the store's run identity (set by Init; the manifests carry it)
+  std::string store_id_;  // the store's own identity (its folders' stripe markers carry it)
   swap_internal::SwapLayout layout_;  // the geometry, fixed at Open
 
   std::unique_ptr<swap_internal::SwapFolders> folders_;  // descriptors, locks, manifest files

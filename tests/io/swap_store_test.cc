@@ -317,8 +317,9 @@ TEST(SwapStoreTest, LargeExtentIsStripedOverEveryFolder) {
 }
 
 // StateFileNames is what a copy of a closed run takes (the Python layer's checkpoints): the
-// store's files in each folder are those and its lock, and those alone, copied into new
-// folders, open as the same run with the same bytes.
+// store's files in each folder are those, its lock and its stripe marker (remade where a copy
+// has none), and those alone, copied into new folders, open as the same run with the same
+// bytes.
 TEST(SwapStoreTest, StateFileNamesAreTheWholeCommittedRun) {
   TempDir a, b, copy_a, copy_b;
   const std::string data = Pattern(3 * kMiB + 7, 5);
@@ -337,6 +338,7 @@ TEST(SwapStoreTest, StateFileNamesAreTheWholeCommittedRun) {
     }
     std::vector<std::string> expected = names;
     expected.push_back("strata.lock");
+    expected.push_back("strata.stripe");
     std::sort(present.begin(), present.end());
     std::sort(expected.begin(), expected.end());
     EXPECT_EQ(present, expected) << "folder " << i;
