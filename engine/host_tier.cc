@@ -113,10 +113,17 @@ Status HostTier::InitObjects() NO_THREAD_SAFETY_ANALYSIS {
     return ResumeFromStore();
   }
   if (committed) {
-    return Status::InvalidArgument("NVMe folder " + ctx_.opt.nvme_paths[0] +
-                                   " already holds a committed engine state (step " +
-                                   std::to_string(*committed) + "); resume it with --resume " +
-                                   ctx_.opt.nvme_paths[0] + ", or use an empty folder");
+    // The same refusal the store gives a fresh run over any folder of a committed store
+    // (io/stripe_marker.h): whose it is, and how far it got.
+    const std::string& folder = ctx_.opt.nvme_paths[0];
+    const std::string& run = store_->RunId();
+    return Status::InvalidArgument(
+               "NVMe folder " + folder + " holds the swap store of another run (" +
+               (run.empty() ? std::string("a run without identity") : "run '" + run + "'") +
+               "), committed at step " + std::to_string(*committed) +
+               ": a fresh run there would destroy it. Resume that run (--resume " + folder +
+               "; Engine(resume=True) in Python), or give an empty folder")
+        .WithPath(folder);
   }
   return Status::OK();
 }
@@ -128,6 +135,9 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   sopt.capacity_bytes = ctx_.place.swap_capacity_bytes;  // see SwapCapacity
   sopt.stripe_bytes = opt.nvme_stripe_bytes;
   sopt.create = !opt.resume;
+  // A run that stopped after its initial commit (step 0) trained nothing: a fresh run may
+  // take its store.
+  if (!opt.resume) sopt.replace_through_step = 0;
   sopt.run_id = opt.run_id;
   sopt.backend = opt.io;
   std::unique_ptr<IoBackend> backend;
