@@ -227,12 +227,58 @@ Result<RunRecord> ReadResumedRecord(const std::string& folder, const RankInfo& r
   return std::move(*record);
 }
 
+// The folders the record names for the store (unexpanded, as recorded).
+std::vector<std::string> RecordedFolders(const RunRecord& record) {
+  for (const auto& [key, inputs] : record.train) {
+    if (key == "nvme") return inputs;
+  }
+  return {};
+}
+
+// A store resumed from another folder than the one its record names (copied or moved): the
+// outputs the record names are the original run's, and a copy must not overwrite them. One
+// the command line does not give is written inside the store's new folder when it was inside
+// the old one, and not at all otherwise (the line says how to get it back).
+void KeepOutputsWithTheStore(TrainArgs* a, const std::string& from, const GivenFn& given) {
+  const std::pair<const char*, std::string*> outputs[] = {
+      {"save", &a->save}, {"json", &a->json}, {"trace", &a->run.trace}};
+  const std::string inside = from + "/";
+  for (const auto& [key, path] : outputs) {
+    if (given(key) || path->empty() || *path == "-") continue;
+    if (path->rfind(inside, 0) == 0) {
+      const std::string moved = a->resume + "/" + path->substr(inside.size());
+      std::printf("# --%s %s: the record's %s, inside the store's folder as it is now\n", key,
+                  moved.c_str(), path->c_str());
+      *path = moved;
+    } else {
+      std::printf(
+          "# --%s %s (from the record) is not written: it belongs to the store where the "
+          "record says it is; give --%s to write one\n",
+          key, path->c_str(), key);
+      path->clear();
+    }
+  }
+}
+
 // The store moved (another folder or drive): --nvme follows --resume when it was one folder
 // and is not given. Each of the run's other folders must hold a record of the same run.
+// A copy (the record's folder still holds the run) is told apart from a move, and neither
+// writes the outputs the record names outside the store (KeepOutputsWithTheStore).
 Status PlaceMovedStore(TrainArgs* a, const RunRecord& record, const RankInfo& rank,
                        const GivenFn& given) {
   auto rank_path = [&](const std::string& p) { return RankPath(p, rank); };
   const std::string resume = rank_path(a->resume);
+  const std::vector<std::string> recorded = RecordedFolders(record);
+  const bool relocated =
+      !recorded.empty() && std::none_of(recorded.begin(), recorded.end(),
+                                        [&](const auto& f) { return rank_path(f) == resume; });
+  bool copied = false;
+  if (relocated) {
+    Result<std::optional<RunRecord>> there = ReadRunRecord(rank_path(recorded.front()));
+    copied =
+        there.ok() && there->has_value() && (*there)->identity.run_id == record.identity.run_id;
+    KeepOutputsWithTheStore(a, recorded.front(), given);
+  }
   const bool listed = std::any_of(a->run.nvme.begin(), a->run.nvme.end(),
                                   [&](const std::string& f) { return rank_path(f) == resume; });
   if (!listed && !given("nvme")) {
@@ -245,9 +291,17 @@ Status PlaceMovedStore(TrainArgs* a, const RunRecord& record, const RankInfo& ra
                  "--nvme, in the order of the record, as they are now")
           .WithPath(record.path);
     }
-    if (!a->run.nvme.empty()) {
-      std::printf("# resuming %s: the store moved here from %s (the run identity matches)\n",
-                  resume.c_str(), rank_path(a->run.nvme.front()).c_str());
+    if (!a->run.nvme.empty() && copied) {
+      std::printf(
+          "# resuming %s: a copy of the store in %s, which still holds the run (the run "
+          "identity matches); this copy trains on its own and writes only inside %s or where "
+          "the command line says\n",
+          resume.c_str(), rank_path(a->run.nvme.front()).c_str(), resume.c_str());
+    } else if (!a->run.nvme.empty()) {
+      std::printf(
+          "# resuming %s: the store moved here from %s (the run identity matches; nothing of "
+          "the run is left there)\n",
+          resume.c_str(), rank_path(a->run.nvme.front()).c_str());
     }
     a->run.nvme = {a->resume};
   }
