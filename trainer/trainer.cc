@@ -311,6 +311,7 @@ Status Trainer::CountSkipped(const StepResult& r) {
   }
   const int limit = options_.max_skipped_steps;
   if (limit <= 0 || skipped_in_a_row_ < limit) return Status::OK();
+  stopped_step_ = r;
   return Status::Aborted(std::to_string(skipped_in_a_row_) +
                          " steps in a row had a non-finite gradient, stopping at step " +
                          std::to_string(r.step) +

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/data.h"
@@ -144,6 +145,10 @@ class Trainer {
   int64_t next_step() const { return next_step_; }
   // Steps of this run skipped for a non-finite gradient (all of them, not only in a row).
   int64_t skipped_steps() const { return skipped_steps_; }
+  // The step that stopped the run (Step returned Aborted: options.max_skipped_steps
+  // non-finite gradients in a row); its update was skipped, the engine is intact and the
+  // step ended, so the caller may still flush and report it. nullopt otherwise.
+  const std::optional<StepResult>& stopped_step() const { return stopped_step_; }
 
   // Mean loss over options.val_batches batches of the held-out tail (between steps).
   Result<double> ValidationLoss();
@@ -164,6 +169,7 @@ class Trainer {
   Status CountSkipped(const StepResult& r);
   int64_t next_step_;
   int64_t skipped_steps_ = 0, skipped_in_a_row_ = 0;
+  std::optional<StepResult> stopped_step_;
   int rank_ = 0, world_ = 1;  // from options.comm
 };
 

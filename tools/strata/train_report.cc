@@ -388,6 +388,12 @@ Status RunSteps(trainer::Trainer& trainer, const TrainReportInputs& in, int64_t 
     if (totals->interrupted != 0) break;
     auto r = trainer.Step();
     if (!r.ok()) {
+      if (const auto& stopped = trainer.stopped_step()) {
+        // --max-skipped-steps: the step that stopped the run ended (its update skipped) and
+        // is reported like the others once it commits.
+        reporter.Ended(*stopped);
+        if (in.engine->Flush().ok()) reporter.Committed();
+      }
       if (reporter.tty() && ran > 0) std::printf("\n");
       *what = "step " + std::to_string(s);
       return r.status();
