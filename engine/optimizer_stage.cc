@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "strata/log.h"
+
 namespace strata::engine_internal {
 namespace {
 
@@ -80,6 +82,8 @@ void OptimizerStage::BeginStepLocked() {
   norm_final_ = false;
   applied_ = 0;
   speculated_.assign(ctx_.L, false);
+  updated_.assign(ctx_.L, false);
+  update_not_finite_ = false;
   carried_left_ = ctx_.carried.size();
   carry_committed_ = ctx_.carried.empty();
   norms_done_ = ctx_.hplan.deferred.empty();
@@ -145,7 +149,7 @@ void OptimizerStage::FinalizeNormLocked(std::span<const NormPart> parts) {
   for (const NormPart& p : parts) sum += p.sum_squares, bad += p.non_finite;
   norm_.grad_norm = std::sqrt(sum) * ctx_.args.grad_scale;
   // A non-finite element, or squares whose sum overflows: the step updates nothing.
-  norm_.skipped = bad > 0 || !std::isfinite(norm_.grad_norm);
+  norm_.skipped = bad > 0 || !std::isfinite(norm_.grad_norm) || update_not_finite_;
   const double clip = ctx_.opt.grad_clip;
   if (clip > 0 && !norm_.skipped) {
     norm_.clip_coef = norm_.grad_norm > clip ? clip / (norm_.grad_norm + 1e-6) : 1.0;
@@ -297,19 +301,65 @@ Status OptimizerStage::AdamBlock(int b, bool carried, bool* applied) {
         ctx_, b, bufs,
         carried ? ctx_.carried_args : StepUpdateArgs(ctx_, final_norm ? &norm : nullptr));
   }
+  if (*applied && status.ok()) {
+    // No update may leave a non-finite master weight behind (a finite gradient can still
+    // give one: --eps 0 over a zero second moment divides zero by zero).
+    const auto scan =
+        GradNormSquared(static_cast<const float*>(bufs[int(Component::kMaster)]),
+                        FloatFormat::kFp32, ctx_.layout[b].shard_numel, ctx_.kernel_options);
+    if (!scan.ok()) {
+      status = scan.status();
+    } else if (scan->non_finite > 0) {
+      MutexLock lock(&ctx_.mu);
+      status = CheckUpdateFiniteLocked(b, carried, scan->non_finite);
+      if (status.ok()) return status;  // skipped: rolled back at EndStep
+    }
+  }
   ctx_.timeline.Add(
       TraceLane::kCpuOptim,
       "adam " + ctx_.layout[b].name +
           (carried ? " (step " + std::to_string(ctx_.carried_args.step) + ")" : std::string()),
       t0, Clock::now(), ctx_.layout[b].shard_numel * 4);
   if (carried) return status;
+  MutexLock lock(&ctx_.mu);
+  if (*applied) updated_[b] = true;
   // Updated before the norm: a restorable block can be redone (clipping) or undone (a late
   // non-finite gradient, with or without clipping).
-  if (*applied && !final_norm && ctx_.place.Restorable(b)) {
-    MutexLock lock(&ctx_.mu);
-    speculated_[b] = true;
-  }
+  if (*applied && !final_norm && ctx_.place.Restorable(b)) speculated_[b] = true;
   return status;
+}
+
+Status OptimizerStage::CheckUpdateFiniteLocked(int b, bool carried, uint64_t non_finite) {
+  updated_[b] = !carried;
+  const int64_t step = carried ? ctx_.carried_args.step : ctx_.resumed_step + ctx_.step;
+  // Skipped whole when every block this step updated can be restored from the last commit
+  // (one rank: ranks would disagree on the step).
+  bool undoable = !carried && ctx_.ws == 1;
+  for (int x = 0; x < ctx_.L && undoable; ++x) {
+    undoable = !updated_[x] || ctx_.place.Restorable(x);
+  }
+  const std::string what = "step " + std::to_string(step) + ": the update of block '" +
+                           ctx_.layout[b].name + "' made " + std::to_string(non_finite) +
+                           " master weight(s) non-finite (a zero second moment with eps " +
+                           std::to_string(ctx_.opt.eps) + ", or a learning rate too large)";
+  if (undoable) {
+    LogWarning(what + "; the step is skipped, the weights keep their last committed values");
+    update_not_finite_ = true;
+    norm_.skipped = true;  // the blocks still to come update nothing
+    for (int x = 0; x < ctx_.L; ++x) speculated_[x] = speculated_[x] || updated_[x];
+    return Status::OK();
+  }
+  std::string kept = "nothing to resume (no NVMe store): run again";
+  if (host_.has_store()) {
+    const auto committed = host_.CommittedStep();
+    kept = "the step is not committed, " +
+           (committed ? "step " + std::to_string(*committed) : std::string("the initial state")) +
+           " stays the last good commit: resume from it";
+  }
+  return Status::Aborted(what + ". The engine stops; " + kept +
+                         " with a larger eps (1e-8 is Adam's usual) or a lower learning rate. "
+                         "A step like this is skipped instead where its updates can be undone "
+                         "(one rank, --nvme with --durable, --pipeline off)");
 }
 
 }  // namespace strata::engine_internal

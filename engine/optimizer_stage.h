@@ -118,6 +118,11 @@ class OptimizerStage {
   // there is none.
   Result<bool> ComputeOneNormLocked() REQUIRES(ctx_.mu);
   Status AdamBlock(int block, bool carried, bool* applied) EXCLUDES(ctx_.mu);
+  // After block b's update: a master weight that came out non-finite (e.g. --eps 0 with a
+  // zero second moment) is never committed. A step whose updated blocks can all be rolled
+  // back from the last commit is skipped whole (as a non-finite gradient's is, and counted
+  // so); otherwise the engine stops with the step uncommitted (Aborted).
+  Status CheckUpdateFiniteLocked(int b, bool carried, uint64_t non_finite) REQUIRES(ctx_.mu);
   // Every final gradient's norm, and the step's (one rank), for a step whose updates are
   // deferred to the next.
   Status ComputeNorms() EXCLUDES(ctx_.mu);
@@ -140,8 +145,10 @@ class OptimizerStage {
   bool norm_final_ GUARDED_BY(ctx_.mu) = false;
   size_t opts_done_ GUARDED_BY(ctx_.mu) = 0;
   int applied_ GUARDED_BY(ctx_.mu) = 0;
-  std::vector<bool> speculated_ GUARDED_BY(ctx_.mu);  // per block: updated before the norm
-  size_t carried_left_ GUARDED_BY(ctx_.mu) = 0;       // carried updates not yet run
+  std::vector<bool> speculated_ GUARDED_BY(ctx_.mu);    // per block: updated before the norm
+  std::vector<bool> updated_ GUARDED_BY(ctx_.mu);       // per block: this step's update ran
+  bool update_not_finite_ GUARDED_BY(ctx_.mu) = false;  // an update made a master non-finite
+  size_t carried_left_ GUARDED_BY(ctx_.mu) = 0;         // carried updates not yet run
   bool carry_committed_ GUARDED_BY(ctx_.mu) = true;
   bool norms_done_ GUARDED_BY(ctx_.mu) = true;  // ComputeNorms ran, when the step needs it
   Clock::time_point carry_commit_time_ GUARDED_BY(ctx_.mu);
