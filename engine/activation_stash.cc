@@ -262,6 +262,22 @@ Result<EventPtr> ActivationStash::Stash(uint32_t key, const void* device_src, ui
                                    std::to_string(bytes) + " bytes; it must be 1.." +
                                    std::to_string(max_bytes_) + " (activation_bytes)");
   }
+  // A key fetched with last=true while its spill or read-back was in flight stays until that
+  // job ends (FinishJobLocked drops it), and so do its slots: a model that stashes the key
+  // again at once (the residual gradient, every block of backward) waits for it, as does one
+  // that needs the slots of such keys. Before, that was refused as "live already".
+  auto lingering = [&]() REQUIRES(mu_) {
+    auto it = live_.find(key);
+    if (it != live_.end()) return it->second.dead;
+    if (int(live_.size()) < count_) return false;
+    return std::any_of(live_.begin(), live_.end(), [](const auto& kv) { return kv.second.dead; });
+  };
+  while (error_.ok() && !shutdown_ && lingering()) {
+    cv_.SignalAll();
+    cv_.Wait();
+  }
+  STRATA_RETURN_IF_ERROR(error_);
+  if (shutdown_) return Status::Aborted("engine is shutting down");
   if (live_.count(key)) {
     return Status::InvalidArgument("StashActivation: " + ActName(key) +
                                    " is live already (fetch it with last=true first)");
