@@ -694,6 +694,18 @@ Result<PlacementPlan> PlanStates(const std::vector<BlockLayout>& layout, const P
                                (host_short ? "; and the " + host.message() : std::string()));
   }
   STRATA_RETURN_IF_ERROR(host);
+  if (opt.nvme && opt.host_budget == 0) {
+    // The minimum reported for an unlimited host budget is given back as --host-mem; with
+    // NVMe a budget takes PlaceWithNvme's path, whose minimum (every state cached, in whole
+    // pages) can exceed the all-on-host one. Report the one that path accepts.
+    PlanOptions bounded = opt;
+    bounded.host_budget = 1;
+    Placer q(layout, bounded);
+    if (q.Prepare().ok() && MinCacheCapacity(q.hin).ok()) {
+      (void)q.PlaceWithNvme();  // refuses the budget of 1 after setting its minimum
+      if (q.pp.report.host_min_bytes != 0) pp.report.host_min_bytes = q.pp.report.host_min_bytes;
+    }
+  }
   pp.spill_grads = p.hin.spill_grads;
   pp.use_nvme = pp.use_nvme || opt.durable || pp.spill_grads;
   for (int o : p.state_objs) {
