@@ -44,6 +44,10 @@ enum class Outcome {
   // The first commit failed: nothing to resume. The resume says so and that a fresh run
   // works; the same command (no --resume) in the same folder gives the fault-free losses.
   kBeforeFirstCommit,
+  // SIGKILL right after the initial commit (step 0: the weights, nothing trained): a fresh
+  // run in the same folder takes the store and gives the fault-free losses (round 4; before,
+  // it was refused as "already holds a committed engine state (step 0)").
+  kKilledAtInitialCommit,
 };
 
 struct Case {
@@ -121,6 +125,7 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
       {"STRATA_TEST_KILL_AT", "manifest_temp_written:5", Outcome::kKilled, ""},
       {"STRATA_TEST_KILL_AT", "manifest_renamed:6", Outcome::kKilled, ""},
       {"STRATA_TEST_KILL_AT", "committed:7", Outcome::kKilled, ""},
+      {"STRATA_TEST_KILL_AT", "committed:1", Outcome::kKilledAtInitialCommit, ""},
       // The pipelined step boundary (--pipeline on, the default, with --grad-clip 1: every
       // step defers its updates): step k's updates and their writes run under step k+1's
       // forward, and its commit lands during it. A kill while a carried update's write is in
@@ -157,6 +162,13 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
         EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
         EXPECT_TRUE(Contains(resumed.output, "before its first commit")) << resumed.output;
         EXPECT_TRUE(Contains(resumed.output, "without --resume")) << resumed.output;
+        const auto fresh = Train({"--nvme", store, "--json", store + ".json"}, nullptr);
+        EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
+        EXPECT_EQ(Losses(store + ".json"), ref);
+        continue;
+      }
+      case Outcome::kKilledAtInitialCommit: {
+        EXPECT_EQ(r.exit_code, 137) << r.output;
         const auto fresh = Train({"--nvme", store, "--json", store + ".json"}, nullptr);
         EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
         EXPECT_EQ(Losses(store + ".json"), ref);
