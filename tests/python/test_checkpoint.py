@@ -214,7 +214,7 @@ def test_a_checkpoint_takes_and_replaces_only_the_runs_own_files(tmp_path):
     assert (nvme / "notes.txt").read_text() == "changed after the save"
     assert (nvme / "added.bin").read_bytes() == b"made after the save"
     assert sorted(os.listdir(nvme)) == sorted(
-        ["added.bin", "ckpts", "notes.txt", "strata.lock"] + state_files)
+        ["added.bin", "ckpts", "notes.txt", "strata.lock", "strata.stripe"] + state_files)
     _train(model, opt, 1, seed=2)  # the run goes on from the loaded state
 
 
