@@ -177,12 +177,13 @@ def _refuse_committed(folder):
     """A fresh engine never starts over a run's committed state: strata.Error naming the
     Python ways to continue it (the engine's own refusal names the CLI's --resume). A folder
     with no store, or one whose manifest cannot be read, is left to the engine, which reports
-    it when it opens."""
+    it when it opens; so is one whose run stopped at step 0, its initial commit (nothing
+    trained: the engine takes it for the new run)."""
     try:
         step = _strata.peek_committed_step(folder)
     except Error:
         return
-    if step is not None:
+    if step is not None and step > 0:
         raise Error(f"NVMe folder {folder} already holds a committed engine state (step {step});"
                     f" continue that run with strata.Engine(nvme=[{folder!r}, ...], "
                     "resume=True) (or strata.load_checkpoint to go back to a checkpoint), or "
