@@ -18,6 +18,26 @@ void SetMomentFormat(const EngineContext& ctx, int64_t step, int b, uint64_t lo,
   s->index_base = lo;
 }
 
+// Whether block b's update can turn finite inputs (a finite gradient, as the norm checked,
+// and finite states) into a non-finite master weight. AdamW's step m/(sqrt(v)+eps) is bounded
+// (about 1/sqrt(1-beta2)) while eps > 0 and 0 <= beta1, beta2 < 1, and a gradient scale of at
+// most 1 cannot overflow a finite gradient; what is left is eps 0 over a zero second moment
+// (0/0) and learning rates too large to be meant. Only then is the master shard scanned (one
+// read of it per update).
+bool MayTurnNonFinite(const EngineContext& ctx, int b, const UpdateArgs& args) {
+  auto risky = [](double lr, double beta1, double beta2, double eps) {
+    return !(eps > 0) || !(std::abs(lr) <= 1e6) || !(beta1 >= 0 && beta1 < 1) ||
+           !(beta2 >= 0 && beta2 < 1);
+  };
+  if (!(std::abs(args.scale) <= 1.0f)) return true;
+  if (!args.groups) return risky(args.lr, ctx.opt.beta1, ctx.opt.beta2, ctx.opt.eps);
+  for (const TensorLayout& t : ctx.layout[b].tensors) {
+    const OptimizerGroup& g = (*args.groups)[t.group];
+    if (risky(g.lr, g.beta1, g.beta2, g.eps)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 UpdateArgs StepUpdateArgs(const EngineContext& ctx, const GradNormResult* norm) {
@@ -296,12 +316,14 @@ Status OptimizerStage::AdamBlock(int b, bool carried, bool* applied) {
   Status status;
   // A carried update's step was not skipped (a skipped step carries none).
   *applied = carried || !norm.skipped;
+  bool scan = false;
   if (*applied) {
-    status = ApplyAdamW(
-        ctx_, b, bufs,
-        carried ? ctx_.carried_args : StepUpdateArgs(ctx_, final_norm ? &norm : nullptr));
+    const UpdateArgs args =
+        carried ? ctx_.carried_args : StepUpdateArgs(ctx_, final_norm ? &norm : nullptr);
+    scan = MayTurnNonFinite(ctx_, b, args);
+    status = ApplyAdamW(ctx_, b, bufs, args);
   }
-  if (*applied && status.ok()) {
+  if (scan && status.ok()) {
     // No update may leave a non-finite master weight behind (a finite gradient can still
     // give one: --eps 0 over a zero second moment divides zero by zero).
     const auto scan =
