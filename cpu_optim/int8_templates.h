@@ -179,12 +179,15 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   auto requantize = [&](size_t j, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
     if constexpr (V::kWidth > 1) Prefetch<V, G, O>(a, j + kInt8StateBlock);
-    const I r = V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+    I r_m = V::Set1I(kNearestBitsExpAvg), r_u = V::Set1I(kNearestBitsExpAvgSq);
+    if (!a.int8_nearest) {
+      r_m = V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+      r_u = RotateBits16<V>(r_m);
+    }
     const F m = V::template LoadF32<false>(new_m + (j - begin), typename V::Tail{});
     const F u = V::template LoadF32<false>(new_u + (j - begin), typename V::Tail{});
-    V::template StoreU8<kTail>(m_out + j, Int8Quantize<V, ExpAvgMap>(m, m_inv, r), t);
-    V::template StoreU8<kTail>(u_out + j,
-                               Int8Quantize<V, ExpAvgSqMap>(u, u_inv, RotateBits16<V>(r)), t);
+    V::template StoreU8<kTail>(m_out + j, Int8Quantize<V, ExpAvgMap>(m, m_inv, r_m), t);
+    V::template StoreU8<kTail>(u_out + j, Int8Quantize<V, ExpAvgSqMap>(u, u_inv, r_u), t);
   };
   size_t j = begin;
   for (; j + V::kWidth <= end; j += V::kWidth) requantize(j, full, False{});

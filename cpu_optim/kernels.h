@@ -54,6 +54,7 @@ struct AdamArgs {
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
   size_t n = 0;
+  bool int8_nearest = false;  // kInt8 + StateRounding::kNearestEven
 };
 
 // One ISA's kernels. All ranges are element indices into the arrays of the call.

@@ -366,6 +366,7 @@ AdamArgs ArgsOf(const AdamSlice& slice, AdamMode mode, const AdamScalars& scalar
     a.moments = MomentStore::kInt8;
     a.exp_avg_scale = slice.exp_avg_scale;
     a.exp_avg_sq_scale = slice.exp_avg_sq_scale;
+    a.int8_nearest = slice.state_rounding == StateRounding::kNearestEven;
   }
   a.n = slice.n;
   a.rounding_key = Mix32(static_cast<uint32_t>(slice.rounding_key ^ (slice.rounding_key >> 32)));

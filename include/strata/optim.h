@@ -121,13 +121,16 @@ Result<StateFormat> ParseStateFormat(std::string_view name);
 //   exp_avg_sq:  code EEEE|MMMM   -> (2^(E-15) * (1 + M/16) * scale)^2         (E = 0: 0)
 // i.e. exp_avg_sq is stored as its square root, whose dynamic range is half as wide, with
 // its own scale = absmax of sqrt(exp_avg_sq). AdamStep dequantizes a block, updates it in
-// fp32 (the formula below), takes the new absmax and requantizes: the code nearest below or
-// above y = x * (1/scale) is chosen stochastically (state_rounding is ignored), with element
-// i's random bits h of the kBf16 hash below: exp_avg adds h's low 20 bits to y's fp32 bits
-// and keeps the top 3 fraction bits (below 2^-14 it rounds to 2^-14 with probability
-// y * 2^14, comparing against (h >> 8) * 2^-24), sqrt(exp_avg_sq) adds rotr(h, 16)'s low
-// 19 bits and keeps 4 (below 2^-14 any non-zero value becomes 2^-14, so that a denominator
-// never quantizes to 0). The same bits on every ISA and thread count.
+// fp32 (the formula below), takes the new absmax and requantizes y = x * (1/scale) by adding
+// rounding bits h to y's fp32 bits and keeping the top 3 (exp_avg: h's low 20 bits) or 4
+// (sqrt(exp_avg_sq): the low 19 bits of h' = rotr(h, 16)) fraction bits. Below 2^-14,
+// exp_avg rounds up to 2^-14 when (h >> 8) * 2^-24 < y * 2^14, and sqrt(exp_avg_sq) rounds
+// any non-zero value up to 2^-14 (a denominator never quantizes to 0). state_rounding picks h:
+//   kNearestEven: h = 0x80080000 for exp_avg and h' = 0x00040000 (round to nearest, ties
+//     away from zero). Measured better (docs/design.md): an EMA with beta2 = 0.999 re-rounded
+//     stochastically each step random-walks by tens of percent at 4 fraction bits.
+//   kStochastic: element i's hash bits of the kBf16 rounding below (unbiased per store).
+// The same bits on every ISA and thread count.
 inline constexpr size_t kInt8StateBlock = 2048;
 // Blocks (scales per moment) of an n-element int8 slice: ceil(n / kInt8StateBlock).
 inline constexpr size_t Int8StateBlocks(size_t n) {

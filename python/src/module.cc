@@ -81,7 +81,7 @@ void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintp
 void AdamStepInt8(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintptr_t exp_avg_scale,
                   uintptr_t exp_avg_sq_scale, uintptr_t grad, size_t n, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t step, float grad_scale,
-                  uint64_t key, int threads) {
+                  uint64_t key, bool stochastic, int threads) {
   AdamSlice slice;
   slice.master = reinterpret_cast<float*>(param);
   slice.exp_avg = reinterpret_cast<void*>(exp_avg);
@@ -92,6 +92,7 @@ void AdamStepInt8(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uint
   slice.n = n;
   slice.state_format = StateFormat::kInt8;
   slice.rounding_key = key;
+  slice.state_rounding = stochastic ? StateRounding::kStochastic : StateRounding::kNearestEven;
   AdamHyperParams h;
   h.lr = lr;
   h.beta1 = beta1;
@@ -152,7 +153,7 @@ PYBIND11_MODULE(_strata, m) {
         py::arg("exp_avg_sq"), py::arg("exp_avg_scale"), py::arg("exp_avg_sq_scale"),
         py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
         py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
-        py::arg("key"), py::arg("threads") = 0);
+        py::arg("key"), py::arg("stochastic") = true, py::arg("threads") = 0);
   m.def(
       "int8_state_blocks", [](size_t n) { return strata::Int8StateBlocks(n); }, py::arg("n"));
   m.def(

@@ -210,7 +210,7 @@ class AdamW(torch.optim.Optimizer):
                                state["exp_avg_sq_scale"].data_ptr(), p.grad.data_ptr(),
                                p.numel(), float(group["lr"]), float(beta1), float(beta2),
                                float(group["eps"]), float(group["weight_decay"]),
-                               int(state["step"]), scale, key, self.threads)
+                               int(state["step"]), scale, key, False, self.threads)
 
     def _fused_clip(self, params):
         """The engine's clipping: the norm exact in double (Strata's deterministic kernel),

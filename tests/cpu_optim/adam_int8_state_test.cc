@@ -120,8 +120,12 @@ AdamSlice Int8Slice(State* s, const float* g, size_t n, uint64_t key) {
 TEST(AdamInt8StateTest, EqualsTheFp32StepRequantizedAsDocumented) {
   for (size_t n : {size_t(1), size_t(15), size_t(17), size_t(2047), size_t(2048), size_t(2049),
                    size_t(70001)}) {
-    for (ParamOut out : {ParamOut::kNone, ParamOut::kBf16}) {
-      SCOPED_TRACE("n " + std::to_string(n) + " out " + ParamOutName(out));
+    for (auto [out, rounding] : {std::pair{ParamOut::kNone, StateRounding::kStochastic},
+                                 std::pair{ParamOut::kBf16, StateRounding::kStochastic},
+                                 std::pair{ParamOut::kBf16, StateRounding::kNearestEven}}) {
+      const bool nearest = rounding == StateRounding::kNearestEven;
+      SCOPED_TRACE("n " + std::to_string(n) + " out " + ParamOutName(out) + " " +
+                   StateRoundingName(rounding));
       State s = RandomState(n, uint32_t(n));
       std::vector<float> p32 = s.p, m32(n), v32(n);
       ASSERT_TRUE(DequantizeInt8Moments(s.m.data(), s.v.data(), s.m_scale.data(), s.v_scale.data(),
@@ -140,6 +144,7 @@ TEST(AdamInt8StateTest, EqualsTheFp32StepRequantizedAsDocumented) {
       const uint64_t key = 0xfeedface12345678ull;
       AdamSlice sl = Int8Slice(&s, g.data(), n, key);
       if (out != ParamOut::kNone) sl.param_out = out8.data(), sl.param_out_format = out;
+      sl.state_rounding = rounding;
       ASSERT_TRUE(AdamStep(sl, Hyper(5), 0.5f).ok());
       ASSERT_EQ(test::FirstBitDifference(s.p.data(), p32.data(), n), -1);
       ASSERT_EQ(test::FirstBitDifference(out8.data(), out32.data(), n), -1);
@@ -154,9 +159,10 @@ TEST(AdamInt8StateTest, EqualsTheFp32StepRequantizedAsDocumented) {
         ASSERT_EQ(s.m_scale[b], m_max) << "block " << b;
         ASSERT_EQ(s.v_scale[b], u_max) << "block " << b;
         for (size_t i = lo; i < hi; ++i) {
-          const uint32_t h = Mix32(uint32_t(i) + k);
+          // Nearest: half of the dropped bits (m: and an underflow threshold just above 1/2).
+          const uint32_t h = nearest ? 0x80080000u : Mix32(uint32_t(i) + k);
           ASSERT_EQ(s.m[i], QuantizeRef(m32[i], m_max, h, 3, true)) << "exp_avg " << i;
-          const uint32_t rot = (h >> 16) | (h << 16);
+          const uint32_t rot = nearest ? 0x00040000u : (h >> 16) | (h << 16);
           ASSERT_EQ(s.v[i], QuantizeRef(std::sqrt(v32[i]), u_max, rot, 4, false))
               << "exp_avg_sq " << i;
         }
@@ -182,6 +188,7 @@ State RunSteps(size_t n, CpuIsa isa, int threads, FloatFormat grad_format) {
     sl.param_out_format = ParamOut::kBf16;
     AdamHyperParams h = Hyper(t);
     if (t == 2) h.mode = AdamMode::kAdam;
+    if (t == 3) sl.state_rounding = StateRounding::kNearestEven;
     const Status st = AdamStep(sl, h, 0.75f, opt);
     EXPECT_TRUE(st.ok()) << st.ToString();
   }

@@ -1,5 +1,5 @@
 """strata.optim.AdamW(state_dtype="int8") on plain CPU parameters: uint8 codes with per-2048
-scales in the state, a step that reruns to the same bits, and training that follows fp32
+scales in the state, a step that reruns to the same bits, and training no worse than fp32
 states."""
 import pytest
 import torch
@@ -44,7 +44,7 @@ def test_int8_trains_like_fp32_states():
     _, loss8, _ = _fit("int8")
     _, start, _ = _fit("fp32", steps=0)
     assert loss32 < 0.5 * start
-    assert abs(loss8 - loss32) <= 0.05 * loss32, (loss8, loss32)
+    assert loss8 <= 1.05 * loss32, (loss8, loss32)  # no worse than fp32 states
 
 
 def test_int8_arguments_are_checked():
