@@ -464,8 +464,8 @@ void PrintHeader(FILE* out, const BenchAdamFlags& fl, const Cases& c) {
     std::fprintf(out,
                  "# #wrong: sampled elements differing (bitwise) from a scalar-kernel replay\n");
     std::fprintf(out,
-                 "# state: moments' dtype (int8: + 8 B of scales per 2048 params, not in "
-                 "B/param); the bound moves the same bytes\n");
+                 "# state: moments' dtype (bf16: stochastic rounding; int8: nearest, + 8 B of "
+                 "scales per 2048 params, not in B/param); the bound moves the same bytes\n");
     std::fprintf(out, "%-5s %-7s %-5s %-5s %-8s %-11s %10s %9s %8s %8s %12s %7s %7s\n", "state",
                  "isa", "grad", "out", "threads", "params", "time_ms", "Gparam/s", "B/param",
                  "GB/s", "bound_GB/s", "ratio", "#wrong");

@@ -53,6 +53,9 @@ struct Arrays {
     if (c.out != ParamOut::kNone) s.param_out = c.out_buffer + lo, s.param_out_format = c.out;
     s.n = hi - lo;
     s.state_format = state;
+    // int8: nearest, the rounding strata.optim.AdamW uses (docs/design.md); bf16: stochastic.
+    s.state_rounding =
+        state == StateFormat::kInt8 ? StateRounding::kNearestEven : StateRounding::kStochastic;
     s.rounding_key = key;
     s.index_base = lo;  // the rounding bits are indexed from the array's start
     if (state == StateFormat::kInt8) {
