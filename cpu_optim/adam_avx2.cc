@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cpu_optim/convert.h"
+#include "cpu_optim/int8_templates.h"
 #include "cpu_optim/kernel_templates.h"
 #include "cpu_optim/kernels.h"
 
@@ -126,6 +127,58 @@ struct Avx2Vec {
         _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet_nan), is_nan));
     Store16<kTail>(p, Narrow(out), t);
   }
+  // Integer lanes for int8_templates.h; a mask lane is all ones or 0.
+  static R Bits(F x) { return _mm256_castps_si256(x); }
+  static F FromBits(R x) { return _mm256_castsi256_ps(x); }
+  static R And(R a, R b) { return _mm256_and_si256(a, b); }
+  static R Or(R a, R b) { return _mm256_or_si256(a, b); }
+  static R AndNot(R a, R b) { return _mm256_andnot_si256(a, b); }
+  template <int kN>
+  static R ShrL(R a) {
+    return _mm256_srli_epi32(a, kN);
+  }
+  template <int kN>
+  static R Shl(R a) {
+    return _mm256_slli_epi32(a, kN);
+  }
+  static R AddI(R a, R b) { return _mm256_add_epi32(a, b); }
+  static R SubI(R a, R b) { return _mm256_sub_epi32(a, b); }
+  static R Set1I(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  static R MinI(R a, R b) { return _mm256_min_epi32(a, b); }
+  static R MaxI(R a, R b) { return _mm256_max_epi32(a, b); }
+  static R CmpGtI(R a, R b) { return _mm256_cmpgt_epi32(a, b); }
+  static R CmpEqI(R a, R b) { return _mm256_cmpeq_epi32(a, b); }
+  static R CmpLtF(F a, F b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+  static F CvtI(R a) { return _mm256_cvtepi32_ps(a); }
+  static R TruncI(F a) { return _mm256_cvttps_epi32(a); }
+  static uint32_t HMaxI(R a) {
+    const __m128i h = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    const __m128i q = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    return static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_max_epi32(q, _mm_shuffle_epi32(q, 0xb1))));
+  }
+  template <bool kTail>
+  static R LoadU8(const uint8_t* p, const Tail& t) {
+    if constexpr (kTail) {
+      alignas(16) uint8_t buf[16] = {};
+      std::memcpy(buf, p, t.count);
+      return _mm256_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+    } else {
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    }
+  }
+  // Lanes hold values <= 0xff (the kernels mask them): both packs are exact.
+  template <bool kTail>
+  static void StoreU8(uint8_t* p, R x, const Tail& t) {
+    const __m128i w = Narrow(x);
+    const __m128i b = _mm_packus_epi16(w, w);
+    if constexpr (kTail) {
+      alignas(16) uint8_t buf[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(buf), b);
+      std::memcpy(p, buf, t.count);
+    } else {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(p), b);
+    }
+  }
 };
 
 // 16 consecutive elements -> the 16 norm lanes held in four registers of 4 doubles
@@ -188,9 +241,14 @@ void NormBlockDispatch(const void* grad, FloatFormat format, size_t begin, size_
 }  // namespace
 
 const IsaKernels& Avx2Kernels() {
-  static const IsaKernels kernels{
-      CpuIsa::kAvx2,      &AdamDispatch<Avx2Vec>,  &TrafficDispatch<Avx2Vec>,
-      &NormBlockDispatch, &ScaleDispatch<Avx2Vec>, &ConvertDispatch<Avx2Vec>};
+  static const IsaKernels kernels{CpuIsa::kAvx2,
+                                  &AdamDispatch<Avx2Vec>,
+                                  &TrafficDispatch<Avx2Vec>,
+                                  &NormBlockDispatch,
+                                  &ScaleDispatch<Avx2Vec>,
+                                  &ConvertDispatch<Avx2Vec>,
+                                  &AdamInt8Dispatch<Avx2Vec>,
+                                  &TrafficInt8Dispatch<Avx2Vec>};
   return kernels;
 }
 

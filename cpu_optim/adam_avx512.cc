@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "cpu_optim/int8_templates.h"
 #include "cpu_optim/kernel_templates.h"
 #include "cpu_optim/kernels.h"
 
@@ -105,6 +106,52 @@ struct Avx512Vec {
     const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     out = _mm512_mask_or_epi32(out, is_nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
     Store16<kTail>(p, _mm512_cvtepi32_epi16(out), t);
+  }  // Integer lanes for int8_templates.h; a mask lane is all ones or 0.
+  static R Bits(F x) { return _mm512_castps_si512(x); }
+  static F FromBits(R x) { return _mm512_castsi512_ps(x); }
+  static R And(R a, R b) { return _mm512_and_si512(a, b); }
+  static R Or(R a, R b) { return _mm512_or_si512(a, b); }
+  static R AndNot(R a, R b) { return _mm512_andnot_si512(a, b); }
+  template <int kN>
+  static R ShrL(R a) {
+    return _mm512_srli_epi32(a, kN);
+  }
+  template <int kN>
+  static R Shl(R a) {
+    return _mm512_slli_epi32(a, kN);
+  }
+  static R AddI(R a, R b) { return _mm512_add_epi32(a, b); }
+  static R SubI(R a, R b) { return _mm512_sub_epi32(a, b); }
+  static R Set1I(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static R MinI(R a, R b) { return _mm512_min_epi32(a, b); }
+  static R MaxI(R a, R b) { return _mm512_max_epi32(a, b); }
+  static R AllOnes(__mmask16 m) { return _mm512_maskz_mov_epi32(m, _mm512_set1_epi32(-1)); }
+  static R CmpGtI(R a, R b) { return AllOnes(_mm512_cmpgt_epi32_mask(a, b)); }
+  static R CmpEqI(R a, R b) { return AllOnes(_mm512_cmpeq_epi32_mask(a, b)); }
+  static R CmpLtF(F a, F b) { return AllOnes(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)); }
+  static F CvtI(R a) { return _mm512_cvtepi32_ps(a); }
+  static R TruncI(F a) { return _mm512_cvttps_epi32(a); }
+  // Once per block: through memory (GCC 12 warns inside _mm512_reduce_max_epi32).
+  static uint32_t HMaxI(R a) {
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, a);
+    int32_t m = lanes[0];
+    for (int32_t x : lanes) m = x > m ? x : m;
+    return static_cast<uint32_t>(m);
+  }
+  template <bool kTail>
+  static R LoadU8(const uint8_t* p, const Tail& t) {
+    if constexpr (kTail) return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(t.mask, p));
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  template <bool kTail>
+  static void StoreU8(uint8_t* p, R x, const Tail& t) {
+    const __m128i b = _mm512_cvtepi32_epi8(x);
+    if constexpr (kTail) {
+      _mm_mask_storeu_epi8(p, t.mask, b);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
+    }
   }
 };
 
@@ -151,9 +198,14 @@ void NormBlockDispatch(const void* grad, FloatFormat format, size_t begin, size_
 }  // namespace
 
 const IsaKernels& Avx512Kernels() {
-  static const IsaKernels kernels{
-      CpuIsa::kAvx512,    &AdamDispatch<Avx512Vec>,  &TrafficDispatch<Avx512Vec>,
-      &NormBlockDispatch, &ScaleDispatch<Avx512Vec>, &ConvertDispatch<Avx512Vec>};
+  static const IsaKernels kernels{CpuIsa::kAvx512,
+                                  &AdamDispatch<Avx512Vec>,
+                                  &TrafficDispatch<Avx512Vec>,
+                                  &NormBlockDispatch,
+                                  &ScaleDispatch<Avx512Vec>,
+                                  &ConvertDispatch<Avx512Vec>,
+                                  &AdamInt8Dispatch<Avx512Vec>,
+                                  &TrafficInt8Dispatch<Avx512Vec>};
   return kernels;
 }
 

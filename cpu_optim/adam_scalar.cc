@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cpu_optim/convert.h"
+#include "cpu_optim/int8_templates.h"
 #include "cpu_optim/kernel_templates.h"
 #include "cpu_optim/kernels.h"
 
@@ -63,6 +64,39 @@ struct ScalarVec {
     const uint32_t add = kHigh ? r >> 16 : r & 0xffffu;
     *p = static_cast<uint16_t>((b + add) >> 16);
   }
+  // Integer lanes for int8_templates.h; a mask lane is all ones or 0.
+  static R Bits(F x) { return FloatBits(x); }
+  static F FromBits(R x) { return BitsFloat(x); }
+  static R And(R a, R b) { return a & b; }
+  static R Or(R a, R b) { return a | b; }
+  static R AndNot(R a, R b) { return ~a & b; }
+  template <int kN>
+  static R ShrL(R a) {
+    return a >> kN;
+  }
+  template <int kN>
+  static R Shl(R a) {
+    return a << kN;
+  }
+  static R AddI(R a, R b) { return a + b; }
+  static R SubI(R a, R b) { return a - b; }
+  static R Set1I(uint32_t x) { return x; }
+  static R MinI(R a, R b) { return static_cast<int32_t>(a) < static_cast<int32_t>(b) ? a : b; }
+  static R MaxI(R a, R b) { return static_cast<int32_t>(a) > static_cast<int32_t>(b) ? a : b; }
+  static R CmpGtI(R a, R b) { return static_cast<int32_t>(a) > static_cast<int32_t>(b) ? ~0u : 0u; }
+  static R CmpEqI(R a, R b) { return a == b ? ~0u : 0u; }
+  static R CmpLtF(F a, F b) { return a < b ? ~0u : 0u; }
+  static F CvtI(R a) { return static_cast<float>(static_cast<int32_t>(a)); }
+  static R TruncI(F a) { return static_cast<R>(static_cast<int32_t>(a)); }
+  static uint32_t HMaxI(R a) { return a; }
+  template <bool kTail>
+  static R LoadU8(const uint8_t* p, const Tail&) {
+    return *p;
+  }
+  template <bool kTail>
+  static void StoreU8(uint8_t* p, R x, const Tail&) {
+    *p = static_cast<uint8_t>(x);
+  }
 };
 
 float LoadAsFloat(const void* grad, FloatFormat format, size_t i) {
@@ -93,10 +127,45 @@ void NormBlockScalar(const void* grad, FloatFormat format, size_t begin, size_t 
 
 }  // namespace
 
+void QuantizeInt8Block(const float* exp_avg, const float* exp_avg_sq, size_t n,
+                       uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, float* exp_avg_scale,
+                       float* exp_avg_sq_scale) {
+  uint32_t m_max = 0, u_max = 0;
+  for (size_t i = 0; i < n; ++i) {
+    m_max = ScalarVec::MaxI(m_max, FloatBits(exp_avg[i]) & 0x7fffffffu);
+    u_max = ScalarVec::MaxI(u_max, FloatBits(std::sqrt(exp_avg_sq[i])) & 0x7fffffffu);
+  }
+  *exp_avg_scale = BitsFloat(m_max);
+  *exp_avg_sq_scale = BitsFloat(u_max);
+  const float m_inv = InverseScale(*exp_avg_scale);
+  const float u_inv = InverseScale(*exp_avg_sq_scale);
+  for (size_t i = 0; i < n; ++i) {
+    exp_avg_code[i] = static_cast<uint8_t>(
+        Int8Quantize<ScalarVec, ExpAvgMap>(exp_avg[i], m_inv, kNearestBitsExpAvg));
+    exp_avg_sq_code[i] = static_cast<uint8_t>(Int8Quantize<ScalarVec, ExpAvgSqMap>(
+        std::sqrt(exp_avg_sq[i]), u_inv, kNearestBitsExpAvgSq));
+  }
+}
+
+void DequantizeInt8Block(const uint8_t* exp_avg_code, const uint8_t* exp_avg_sq_code,
+                         float exp_avg_scale, float exp_avg_sq_scale, size_t n, float* exp_avg,
+                         float* exp_avg_sq) {
+  for (size_t i = 0; i < n; ++i) {
+    exp_avg[i] = Int8Dequantize<ScalarVec, ExpAvgMap>(exp_avg_code[i], exp_avg_scale);
+    const float u = Int8Dequantize<ScalarVec, ExpAvgSqMap>(exp_avg_sq_code[i], exp_avg_sq_scale);
+    exp_avg_sq[i] = u * u;
+  }
+}
+
 const IsaKernels& ScalarKernels() {
-  static const IsaKernels kernels{
-      CpuIsa::kScalar,  &AdamDispatch<ScalarVec>,  &TrafficDispatch<ScalarVec>,
-      &NormBlockScalar, &ScaleDispatch<ScalarVec>, &ConvertDispatch<ScalarVec>};
+  static const IsaKernels kernels{CpuIsa::kScalar,
+                                  &AdamDispatch<ScalarVec>,
+                                  &TrafficDispatch<ScalarVec>,
+                                  &NormBlockScalar,
+                                  &ScaleDispatch<ScalarVec>,
+                                  &ConvertDispatch<ScalarVec>,
+                                  &AdamInt8Dispatch<ScalarVec>,
+                                  &TrafficInt8Dispatch<ScalarVec>};
   return kernels;
 }
 

@@ -87,6 +87,31 @@ struct AdamConsts {
         neg_step_size(V::Set1(s.neg_step_size)) {}
 };
 
+// The kAdamW / kAdam update of one vector (formula: include/strata/optim.h), shared by
+// AdamVector and the int8 kernel (int8_templates.h): m and v from their old values, p in
+// place; *v_new the new second moment and *sqrt_v its square root (denom's).
+template <class V, AdamMode M>
+inline void AdamMath(const AdamConsts<V>& c, typename V::F g, typename V::F v_old,
+                     typename V::F m_old, typename V::F* p, typename V::F* m, typename V::F* v_new,
+                     typename V::F* sqrt_v) {
+  using F = typename V::F;
+  if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, *p, g);
+  *m = V::Fma(c.beta1, m_old, V::Mul(c.one_minus_beta1, g));
+  const F v = V::Fma(c.beta2, v_old, V::Mul(c.one_minus_beta2, V::Mul(g, g)));
+  *v_new = v;
+  *sqrt_v = V::Sqrt(v);
+  const F denom = V::Add(V::Div(*sqrt_v, c.bias_correction2_sqrt), c.eps);
+  // AdamW: p * (1 - lr*wd) - step * m/denom evaluated as p + ((-lr*wd)*p + -step * m/denom):
+  // the only rounding at the magnitude of p is the final add (half an ulp of p per step);
+  // the others fall on the small update. The product form would round p twice per step
+  // and carry float(1 - lr*wd)'s error (up to 3e-8) into every step as a bias.
+  if constexpr (M == AdamMode::kAdamW) {
+    *p = V::Add(*p, V::Fma(c.neg_step_size, V::Div(*m, denom), V::Mul(c.neg_lr_wd, *p)));
+  } else {
+    *p = V::Fma(c.neg_step_size, V::Div(*m, denom), *p);
+  }
+}
+
 // One vector of the AdamW/Adam update; the formula is the one in include/strata/optim.h
 // (torch.optim.AdamW / torch.optim.Adam).
 template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S, bool kTail>
@@ -116,21 +141,9 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
     V::template StoreF32<kTail>(a.master + i, p, t);
     return;
   }
-  if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, p, g);
-  const F m =
-      V::Fma(c.beta1, LoadMoment<V, S, kTail>(a.exp_avg, i, t), V::Mul(c.one_minus_beta1, g));
-  const F v = V::Fma(c.beta2, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t),
-                     V::Mul(c.one_minus_beta2, V::Mul(g, g)));
-  const F denom = V::Add(V::Div(V::Sqrt(v), c.bias_correction2_sqrt), c.eps);
-  // AdamW: p * (1 - lr*wd) - step * m/denom evaluated as p + ((-lr*wd)*p + -step * m/denom):
-  // the only rounding at the magnitude of p is the final add (half an ulp of p per step);
-  // the others fall on the small update. The product form would round p twice per step
-  // and carry float(1 - lr*wd)'s error (up to 3e-8) into every step as a bias.
-  if constexpr (M == AdamMode::kAdamW) {
-    p = V::Add(p, V::Fma(c.neg_step_size, V::Div(m, denom), V::Mul(c.neg_lr_wd, p)));
-  } else {
-    p = V::Fma(c.neg_step_size, V::Div(m, denom), p);
-  }
+  F m, v, sqrt_v;
+  AdamMath<V, M>(c, g, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t),
+                 LoadMoment<V, S, kTail>(a.exp_avg, i, t), &p, &m, &v, &sqrt_v);
   typename V::R r{};
   if constexpr (S == MomentStore::kBf16Stochastic) {
     r = V::RandomBits(static_cast<uint32_t>(a.index_base + i), a.rounding_key);
@@ -239,6 +252,8 @@ void AdamRangeState(const AdamArgs& a, size_t begin, size_t end) {
       return AdamRange<V, G, O, M, MomentStore::kBf16Nearest>(a, begin, end);
     case MomentStore::kBf16Stochastic:
       return AdamRange<V, G, O, M, MomentStore::kBf16Stochastic>(a, begin, end);
+    case MomentStore::kInt8:  // optim.cc sends these to IsaKernels::adam_int8
+      return;
   }
 }
 

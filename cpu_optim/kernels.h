@@ -34,7 +34,8 @@ struct AdamScalars {
 AdamScalars MakeAdamScalars(const AdamHyperParams& hyper, float grad_scale);
 
 // How the moments are stored: the slice's StateFormat and StateRounding in one.
-enum class MomentStore : uint8_t { kF32, kBf16Nearest, kBf16Stochastic };
+// kInt8 slices run through IsaKernels::adam_int8 (int8_templates.h), never `adam`.
+enum class MomentStore : uint8_t { kF32, kBf16Nearest, kBf16Stochastic, kInt8 };
 
 struct AdamArgs {
   float* master;
@@ -49,6 +50,11 @@ struct AdamArgs {
   MomentStore moments = MomentStore::kF32;
   uint32_t rounding_key = 0;  // Mix32 of the slice's rounding_key (see optim.h)
   uint64_t index_base = 0;
+  // kInt8: one absmax per kInt8StateBlock elements of each moment, and the slice's length.
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  size_t n = 0;
+  bool int8_nearest = false;  // kInt8 + StateRounding::kNearestEven
 };
 
 // One ISA's kernels. All ranges are element indices into the arrays of the call.
@@ -64,11 +70,23 @@ struct IsaKernels {
                      double* sum_squares, uint64_t* non_finite);
   void (*scale)(void* grad, FloatFormat format, float scale, size_t begin, size_t end);
   void (*convert)(const float* src, void* dst, FloatFormat dst_format, size_t begin, size_t end);
+  // Int8 moments: whole quantization blocks [first_block, last_block) of the slice.
+  void (*adam_int8)(const AdamArgs& args, size_t first_block, size_t last_block);
+  void (*traffic_int8)(const AdamArgs& args, size_t first_block, size_t last_block);
 };
 
 const IsaKernels& ScalarKernels();
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
+
+// One int8 quantization block (n <= kInt8StateBlock) from fp32 moments, rounding to nearest,
+// and back (exp_avg_sq = the dequantized root squared). Scalar: for conversions.
+void QuantizeInt8Block(const float* exp_avg, const float* exp_avg_sq, size_t n,
+                       uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, float* exp_avg_scale,
+                       float* exp_avg_sq_scale);
+void DequantizeInt8Block(const uint8_t* exp_avg_code, const uint8_t* exp_avg_sq_code,
+                         float exp_avg_scale, float exp_avg_sq_scale, size_t n, float* exp_avg,
+                         float* exp_avg_sq);
 
 // The kernels for options.isa (resolved), or NotSupported.
 Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options);

@@ -65,8 +65,18 @@ const char* StateFormatName(StateFormat format) {
       return "fp32";
     case StateFormat::kBf16:
       return "bf16";
+    case StateFormat::kInt8:
+      return "int8";
   }
   return "?";
+}
+
+Result<StateFormat> ParseStateFormat(std::string_view name) {
+  if (name == "fp32") return StateFormat::kFp32;
+  if (name == "bf16") return StateFormat::kBf16;
+  if (name == "int8") return StateFormat::kInt8;
+  return Status::InvalidArgument("unknown optimizer state dtype '" + std::string(name) +
+                                 "': use fp32, bf16 or int8");
 }
 
 const char* StateRoundingName(StateRounding rounding) {
@@ -219,6 +229,31 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 size_t ParamOutBytes(ParamOut out) { return out == ParamOut::kNone ? 0 : 2; }
 
+size_t StateBytesPerElement(StateFormat f) {
+  return f == StateFormat::kFp32 ? 4 : f == StateFormat::kBf16 ? 2 : 1;
+}
+
+// Int8 slices: whole quantization blocks per call, kInt8Chunk blocks per OpenMP chunk (the
+// same element count as kChunk).
+constexpr size_t kInt8Chunk = kChunk / kInt8StateBlock;
+
+template <class Fn>
+void ParallelBlocks(size_t n, int threads, Fn&& fn) {
+  const size_t blocks = Int8StateBlocks(n);
+  if (blocks == 0) return;
+  if (threads <= 1 || n < kMinParallel) {
+    fn(size_t{0}, blocks);
+    return;
+  }
+  const size_t chunks = (blocks + kInt8Chunk - 1) / kInt8Chunk;
+  const int t = static_cast<int>(chunks < static_cast<size_t>(threads) ? chunks : threads);
+#pragma omp parallel for schedule(static) num_threads(t)
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t last = (c + 1) * kInt8Chunk;
+    fn(c * kInt8Chunk, last < blocks ? last : blocks);
+  }
+}
+
 Status CheckSlice(const AdamSlice& s) {
   if (s.n == 0) return Status::OK();
   if (s.master == nullptr || s.exp_avg == nullptr || s.exp_avg_sq == nullptr || s.grad == nullptr) {
@@ -237,7 +272,8 @@ Status CheckSlice(const AdamSlice& s) {
     const void* p;
     size_t bytes;
   };
-  if (s.state_format != StateFormat::kFp32 && s.state_format != StateFormat::kBf16) {
+  if (s.state_format != StateFormat::kFp32 && s.state_format != StateFormat::kBf16 &&
+      s.state_format != StateFormat::kInt8) {
     return Status::InvalidArgument("AdamStep: unknown StateFormat value " +
                                    std::to_string(static_cast<int>(s.state_format)));
   }
@@ -246,12 +282,22 @@ Status CheckSlice(const AdamSlice& s) {
     return Status::InvalidArgument("AdamStep: unknown StateRounding value " +
                                    std::to_string(static_cast<int>(s.state_rounding)));
   }
-  const size_t state = s.state_format == StateFormat::kFp32 ? 4 : 2;
+  const bool int8 = s.state_format == StateFormat::kInt8;
+  if (int8 && (s.exp_avg_scale == nullptr || s.exp_avg_sq_scale == nullptr)) {
+    return Status::InvalidArgument(
+        "AdamStep: int8 moments need exp_avg_scale and exp_avg_sq_scale (" +
+        std::to_string(Int8StateBlocks(s.n)) + " floats each for " + std::to_string(s.n) +
+        " elements)");
+  }
+  const size_t state = StateBytesPerElement(s.state_format);
+  const size_t scales = int8 ? Int8StateBlocks(s.n) * 4 : 0;
   const Range r[] = {{"master", s.master, s.n * 4},
                      {"exp_avg", s.exp_avg, s.n * state},
                      {"exp_avg_sq", s.exp_avg_sq, s.n * state},
                      {"grad", s.grad, s.n * FloatFormatBytes(s.grad_format)},
-                     {"param_out", s.param_out, s.n * ParamOutBytes(s.param_out_format)}};
+                     {"param_out", s.param_out, s.n * ParamOutBytes(s.param_out_format)},
+                     {"exp_avg_scale", int8 ? s.exp_avg_scale : nullptr, scales},
+                     {"exp_avg_sq_scale", int8 ? s.exp_avg_sq_scale : nullptr, scales}};
   for (size_t i = 0; i < std::size(r); ++i) {
     for (size_t j = i + 1; j < std::size(r); ++j) {
       if (Overlaps(r[i].p, r[i].bytes, r[j].p, r[j].bytes)) {
@@ -316,7 +362,13 @@ AdamArgs ArgsOf(const AdamSlice& slice, AdamMode mode, const AdamScalars& scalar
   if (slice.state_format == StateFormat::kBf16) {
     a.moments = slice.state_rounding == StateRounding::kStochastic ? MomentStore::kBf16Stochastic
                                                                    : MomentStore::kBf16Nearest;
+  } else if (slice.state_format == StateFormat::kInt8) {
+    a.moments = MomentStore::kInt8;
+    a.exp_avg_scale = slice.exp_avg_scale;
+    a.exp_avg_sq_scale = slice.exp_avg_sq_scale;
+    a.int8_nearest = slice.state_rounding == StateRounding::kNearestEven;
   }
+  a.n = slice.n;
   a.rounding_key = Mix32(static_cast<uint32_t>(slice.rounding_key ^ (slice.rounding_key >> 32)));
   a.index_base = slice.index_base;
   return a;
@@ -357,7 +409,7 @@ Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options) {
 }
 
 size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format) {
-  const size_t moment = state_format == StateFormat::kFp32 ? 4 : 2;
+  const size_t moment = StateBytesPerElement(state_format);
   return FloatFormatBytes(grad_format) + (4 + 2 * moment) * 2 + ParamOutBytes(param_out);
 }
 
@@ -365,6 +417,11 @@ Status TrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
   const IsaKernels* kernels = nullptr;
   STRATA_RETURN_IF_ERROR(PrepareAdam(slice, options, &kernels));
   const AdamArgs args = ArgsOf(slice, AdamMode::kAdamW, AdamScalars{});
+  if (slice.state_format == StateFormat::kInt8) {
+    ParallelBlocks(slice.n, ThreadCount(options),
+                   [&](size_t b, size_t e) { kernels->traffic_int8(args, b, e); });
+    return Status::OK();
+  }
   ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->traffic(args, b, e); });
   return Status::OK();
@@ -392,6 +449,11 @@ Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper, float grad
         "moments and no parameter copy; use AdamMode::kAdamW for the other formats");
   }
   const AdamArgs args = ArgsOf(slice, hyper.mode, MakeAdamScalars(hyper, grad_scale));
+  if (slice.state_format == StateFormat::kInt8) {
+    ParallelBlocks(slice.n, ThreadCount(options),
+                   [&](size_t b, size_t e) { kernels->adam_int8(args, b, e); });
+    return Status::OK();
+  }
   ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->adam(args, b, e); });
   return Status::OK();
@@ -472,6 +534,40 @@ Status ConvertFromFloat(const float* src, void* dst, FloatFormat dst_format, siz
   STRATA_ASSIGN_OR_RETURN(const IsaKernels* kernels, KernelsFor(options));
   ParallelChunks(n, dst, FloatFormatBytes(dst_format), ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->convert(src, dst, dst_format, b, e); });
+  return Status::OK();
+}
+
+Status QuantizeInt8Moments(const float* exp_avg, const float* exp_avg_sq, size_t n,
+                           uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, float* exp_avg_scale,
+                           float* exp_avg_sq_scale) {
+  if (n > 0 && (!exp_avg || !exp_avg_sq || !exp_avg_code || !exp_avg_sq_code || !exp_avg_scale ||
+                !exp_avg_sq_scale)) {
+    return Status::InvalidArgument("QuantizeInt8Moments: an array is null for " +
+                                   std::to_string(n) + " elements");
+  }
+  for (size_t b = 0; b < Int8StateBlocks(n); ++b) {
+    const size_t lo = b * kInt8StateBlock;
+    const size_t len = n - lo < kInt8StateBlock ? n - lo : kInt8StateBlock;
+    cpu_optim::QuantizeInt8Block(exp_avg + lo, exp_avg_sq + lo, len, exp_avg_code + lo,
+                                 exp_avg_sq_code + lo, exp_avg_scale + b, exp_avg_sq_scale + b);
+  }
+  return Status::OK();
+}
+
+Status DequantizeInt8Moments(const uint8_t* exp_avg_code, const uint8_t* exp_avg_sq_code,
+                             const float* exp_avg_scale, const float* exp_avg_sq_scale, size_t n,
+                             float* exp_avg, float* exp_avg_sq) {
+  if (n > 0 && (!exp_avg || !exp_avg_sq || !exp_avg_code || !exp_avg_sq_code || !exp_avg_scale ||
+                !exp_avg_sq_scale)) {
+    return Status::InvalidArgument("DequantizeInt8Moments: an array is null for " +
+                                   std::to_string(n) + " elements");
+  }
+  for (size_t b = 0; b < Int8StateBlocks(n); ++b) {
+    const size_t lo = b * kInt8StateBlock;
+    const size_t len = n - lo < kInt8StateBlock ? n - lo : kInt8StateBlock;
+    cpu_optim::DequantizeInt8Block(exp_avg_code + lo, exp_avg_sq_code + lo, exp_avg_scale[b],
+                                   exp_avg_sq_scale[b], len, exp_avg + lo, exp_avg_sq + lo);
+  }
   return Status::OK();
 }
 

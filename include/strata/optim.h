@@ -95,8 +95,9 @@ Result<ParamOut> ParseParamOut(std::string_view name);
 // The format of the Adam moments (exp_avg, exp_avg_sq) in memory. The update itself is
 // computed in fp32 either way; kBf16 widens the stored moments exactly on load and rounds
 // the new ones to bf16 on store (the master weights stay fp32): 8 bytes of state per
-// parameter instead of 12.
-enum class StateFormat : uint8_t { kFp32, kBf16 };
+// parameter instead of 12. kInt8 quantizes both moments block-wise to 8-bit codes (see "int8
+// moments" below): 6 bytes of state per parameter (+ 8 bytes of scales per 2048).
+enum class StateFormat : uint8_t { kFp32, kBf16, kInt8 };
 // How kBf16 moments are rounded on store.
 //   kNearestEven: round to nearest, ties to even (as FloatToBf16). Deterministic, but an
 //     increment below half a bf16 ulp (2^-9 relative) is lost: exp_avg_sq with beta2 =
@@ -106,9 +107,46 @@ enum class StateFormat : uint8_t { kFp32, kBf16 };
 //     of (rounding_key, index_base + i): the same bits for every ISA, thread count and
 //     tier, so results stay bit-identical across them and across reruns.
 enum class StateRounding : uint8_t { kNearestEven, kStochastic };
-// "fp32", "bf16"; "nearest-even", "stochastic".
+// "fp32", "bf16", "int8"; "nearest-even", "stochastic".
 const char* StateFormatName(StateFormat format);
 const char* StateRoundingName(StateRounding rounding);
+// Parses "fp32" | "bf16" | "int8"; InvalidArgument naming the bad value otherwise.
+Result<StateFormat> ParseStateFormat(std::string_view name);
+
+// Int8 moments (StateFormat::kInt8), after Dettmers et al., "8-bit Optimizers via Block-wise
+// Quantization". A slice is cut into blocks of kInt8StateBlock elements counted from its
+// first element (the last one may be shorter); each block of each moment has one fp32 scale,
+// its absmax, and one 8-bit code per element:
+//   exp_avg:     code s|EEEE|MMM  ->  (-1)^s * 2^(E-15) * (1 + M/8)  * scale   (E = 0: 0)
+//   exp_avg_sq:  code EEEE|MMMM   -> (2^(E-15) * (1 + M/16) * scale)^2         (E = 0: 0)
+// i.e. exp_avg_sq is stored as its square root, whose dynamic range is half as wide, with
+// its own scale = absmax of sqrt(exp_avg_sq). AdamStep dequantizes a block, updates it in
+// fp32 (the formula below), takes the new absmax and requantizes y = x * (1/scale) by adding
+// rounding bits h to y's fp32 bits and keeping the top 3 (exp_avg: h's low 20 bits) or 4
+// (sqrt(exp_avg_sq): the low 19 bits of h' = rotr(h, 16)) fraction bits. Below 2^-14,
+// exp_avg rounds up to 2^-14 when (h >> 8) * 2^-24 < y * 2^14, and sqrt(exp_avg_sq) rounds
+// any non-zero value up to 2^-14 (a denominator never quantizes to 0). state_rounding picks h:
+//   kNearestEven: h = 0x80080000 for exp_avg and h' = 0x00040000 (round to nearest, ties
+//     away from zero). Measured better (docs/design.md): an EMA with beta2 = 0.999 re-rounded
+//     stochastically each step random-walks by tens of percent at 4 fraction bits.
+//   kStochastic: element i's hash bits of the kBf16 rounding below (unbiased per store).
+// The same bits on every ISA and thread count.
+inline constexpr size_t kInt8StateBlock = 2048;
+// Blocks (scales per moment) of an n-element int8 slice: ceil(n / kInt8StateBlock).
+inline constexpr size_t Int8StateBlocks(size_t n) {
+  return (n + kInt8StateBlock - 1) / kInt8StateBlock;
+}
+// fp32 moments -> int8 codes and scales (round to nearest; n elements, Int8StateBlocks(n)
+// scales each), and back (exp_avg_sq squared from its stored root). For conversions,
+// checkpoints and state_dict(); InvalidArgument for a null array with n > 0.
+[[nodiscard]] Status QuantizeInt8Moments(const float* exp_avg, const float* exp_avg_sq, size_t n,
+                                         uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code,
+                                         float* exp_avg_scale, float* exp_avg_sq_scale);
+[[nodiscard]] Status DequantizeInt8Moments(const uint8_t* exp_avg_code,
+                                           const uint8_t* exp_avg_sq_code,
+                                           const float* exp_avg_scale,
+                                           const float* exp_avg_sq_scale, size_t n, float* exp_avg,
+                                           float* exp_avg_sq);
 
 // One contiguous slice of n parameters. The master and moment arrays are updated in place.
 struct AdamSlice {
@@ -130,6 +168,9 @@ struct AdamSlice {
   // array is cut into slices.
   uint64_t rounding_key = 0;
   uint64_t index_base = 0;
+  // kInt8 only: Int8StateBlocks(n) scales per moment, read and updated with the codes.
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
 };
 
 // One optimizer step over `slice`, per element (g the gradient converted to float):

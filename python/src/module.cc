@@ -75,6 +75,41 @@ void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintp
   ThrowIfError(s);
 }
 
+// The AdamW step over one fp32 tensor with int8 moments (StateFormat::kInt8): codes n bytes
+// each, scales Int8StateBlocks(n) floats each, all updated in place; `key` keys the
+// stochastic rounding (give each step and tensor its own).
+void AdamStepInt8(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintptr_t exp_avg_scale,
+                  uintptr_t exp_avg_sq_scale, uintptr_t grad, size_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int64_t step, float grad_scale,
+                  uint64_t key, bool stochastic, int threads) {
+  AdamSlice slice;
+  slice.master = reinterpret_cast<float*>(param);
+  slice.exp_avg = reinterpret_cast<void*>(exp_avg);
+  slice.exp_avg_sq = reinterpret_cast<void*>(exp_avg_sq);
+  slice.exp_avg_scale = reinterpret_cast<float*>(exp_avg_scale);
+  slice.exp_avg_sq_scale = reinterpret_cast<float*>(exp_avg_sq_scale);
+  slice.grad = reinterpret_cast<const void*>(grad);
+  slice.n = n;
+  slice.state_format = StateFormat::kInt8;
+  slice.rounding_key = key;
+  slice.state_rounding = stochastic ? StateRounding::kStochastic : StateRounding::kNearestEven;
+  AdamHyperParams h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.step = step;
+  CpuKernelOptions options;
+  options.threads = threads;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = AdamStep(slice, h, grad_scale, options);
+  }
+  ThrowIfError(s);
+}
+
 // (sum of squares, non-finite count) of n fp32 gradient values.
 py::tuple GradNormSquaredF32(uintptr_t grad, size_t n, int threads) {
   CpuKernelOptions options;
@@ -114,6 +149,33 @@ PYBIND11_MODULE(_strata, m) {
         py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
         py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
         py::arg("adamw") = true, py::arg("threads") = 0, py::arg("rounding") = "fused");
+  m.def("adam_step_int8", &AdamStepInt8, py::arg("param"), py::arg("exp_avg"),
+        py::arg("exp_avg_sq"), py::arg("exp_avg_scale"), py::arg("exp_avg_sq_scale"),
+        py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
+        py::arg("key"), py::arg("stochastic") = true, py::arg("threads") = 0);
+  m.def(
+      "int8_state_blocks", [](size_t n) { return strata::Int8StateBlocks(n); }, py::arg("n"));
+  m.def(
+      "int8_moments_to_float",
+      [](uintptr_t m_code, uintptr_t v_code, uintptr_t m_scale, uintptr_t v_scale, size_t n,
+         uintptr_t m, uintptr_t v) {
+        ThrowIfError(strata::DequantizeInt8Moments(
+            reinterpret_cast<const uint8_t*>(m_code), reinterpret_cast<const uint8_t*>(v_code),
+            reinterpret_cast<const float*>(m_scale), reinterpret_cast<const float*>(v_scale), n,
+            reinterpret_cast<float*>(m), reinterpret_cast<float*>(v)));
+      },
+      "int8 moments -> fp32 exp_avg, exp_avg_sq (strata/optim.h DequantizeInt8Moments).");
+  m.def(
+      "int8_moments_from_float",
+      [](uintptr_t m, uintptr_t v, size_t n, uintptr_t m_code, uintptr_t v_code, uintptr_t m_scale,
+         uintptr_t v_scale) {
+        ThrowIfError(strata::QuantizeInt8Moments(
+            reinterpret_cast<const float*>(m), reinterpret_cast<const float*>(v), n,
+            reinterpret_cast<uint8_t*>(m_code), reinterpret_cast<uint8_t*>(v_code),
+            reinterpret_cast<float*>(m_scale), reinterpret_cast<float*>(v_scale)));
+      },
+      "fp32 exp_avg, exp_avg_sq -> int8 codes and scales (round to nearest).");
   m.def("grad_norm_squared_f32", &GradNormSquaredF32, py::arg("grad"), py::arg("n"),
         py::arg("threads") = 0);
   m.def(

@@ -39,7 +39,7 @@ _TORCH_ROUNDING = "torch2" if int(torch.__version__.split(".")[0]) >= 2 else "to
 
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 max_grad_norm=0.0, threads=0, rounding="torch"):
+                 max_grad_norm=0.0, threads=0, rounding="torch", state_dtype="fp32"):
         if not lr >= 0.0:
             raise Error(f"AdamW lr={lr}: must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -50,6 +50,10 @@ class AdamW(torch.optim.Optimizer):
             raise Error(f"AdamW weight_decay={weight_decay}: must be >= 0")
         if rounding not in ("torch", "fused"):
             raise Error(f"AdamW rounding={rounding!r}: expected \"torch\" or \"fused\"")
+        if state_dtype not in ("fp32", "int8"):
+            raise Error(f"AdamW state_dtype={state_dtype!r}: expected \"fp32\" or \"int8\"")
+        if state_dtype == "int8" and rounding != "fused":
+            raise Error("AdamW state_dtype=\"int8\" runs the fused kernel: pass rounding=\"fused\"")
         if not max_grad_norm >= 0.0:
             raise Error(f"AdamW max_grad_norm={max_grad_norm}: must be >= 0 (0 = no clipping)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -57,6 +61,7 @@ class AdamW(torch.optim.Optimizer):
         self.max_grad_norm = float(max_grad_norm)
         self.threads = int(threads)
         self.rounding = rounding
+        self.state_dtype = state_dtype
         self.last_grad_norm = None  # the norm before clipping, when max_grad_norm > 0
         self.last_step_skipped = False  # a non-finite gradient: nothing was updated
         offloaded = [getattr(p, "_strata_offload", None) for g in self.param_groups
@@ -165,6 +170,9 @@ class AdamW(torch.optim.Optimizer):
                     continue
                 _check_plain(p)
                 state = self.state[p]
+                if self.state_dtype == "int8":
+                    self._step_int8(p, state, group, scale)
+                    continue
                 if not state:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
@@ -179,6 +187,30 @@ class AdamW(torch.optim.Optimizer):
                                       _TORCH_ROUNDING if self.rounding == "torch" else "fused")
         return loss
 
+
+    def _step_int8(self, p, state, group, scale):
+        """One step of p with int8 moments: uint8 codes "exp_avg", "exp_avg_sq" and their
+        per-2048 fp32 scales "exp_avg_scale", "exp_avg_sq_scale" (strata/optim.h)."""
+        if not state:
+            blocks = _strata.int8_state_blocks(p.numel())
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros(p.numel(), dtype=torch.uint8)
+            state["exp_avg_sq"] = torch.zeros(p.numel(), dtype=torch.uint8)
+            state["exp_avg_scale"] = torch.zeros(blocks, dtype=torch.float32)
+            state["exp_avg_sq_scale"] = torch.zeros(blocks, dtype=torch.float32)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        if not hasattr(self, "_int8_index"):  # the parameter's place: the same in every run
+            self._int8_index = {id(q): i for i, q in
+                                enumerate(q for g in self.param_groups for q in g["params"])}
+        key = (int(state["step"]) * 0x9E3779B97F4A7C15 + self._int8_index[id(p)] *
+               0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
+        _strata.adam_step_int8(p.data_ptr(), state["exp_avg"].data_ptr(),
+                               state["exp_avg_sq"].data_ptr(), state["exp_avg_scale"].data_ptr(),
+                               state["exp_avg_sq_scale"].data_ptr(), p.grad.data_ptr(),
+                               p.numel(), float(group["lr"]), float(beta1), float(beta2),
+                               float(group["eps"]), float(group["weight_decay"]),
+                               int(state["step"]), scale, key, False, self.threads)
 
     def _fused_clip(self, params):
         """The engine's clipping: the norm exact in double (Strata's deterministic kernel),

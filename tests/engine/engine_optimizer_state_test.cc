@@ -331,5 +331,16 @@ TEST(EngineWriteComponentTest, WrongComponentSizeOrTimeIsRefused) {
   EXPECT_LT(std::abs(m[0]), 0.5f);
 }
 
+// Int8 moments run in AdamStep; the tiers do not hold their scales yet: refused by name.
+TEST(EngineStateFormatTest, Int8StatesAreRefusedNamingThem) {
+  RunConfig rc;
+  rc.state_format = StateFormat::kInt8;
+  auto f = MakeEngine(GroupedModel(), rc);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(f.status().message().find("state_format int8"), std::string::npos)
+      << f.status().ToString();
+}
+
 }  // namespace
 }  // namespace strata

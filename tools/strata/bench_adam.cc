@@ -21,6 +21,7 @@
 
 #include "strata/env.h"
 #include "strata/optim.h"
+#include "tools/strata/bench_adam_state.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/config_file.h"
@@ -34,6 +35,7 @@ struct BenchAdamFlags {
   std::vector<std::string> param_outs;
   std::vector<int> threads;
   std::vector<std::string> isas;
+  std::vector<std::string> state_dtypes;
   std::string mode = "adam";
   int iters = 10;
   int warmup = 2;
@@ -213,6 +215,7 @@ std::string CpuModel() {
 }
 
 struct AdamRow {
+  StateFormat state;
   CpuIsa isa;
   FloatFormat grad;
   ParamOut out;
@@ -280,7 +283,8 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
   for (int64_t k = 1; k <= t; ++k) {
     STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(o), Hyper(k), scale, ref));
   }
-  *row = AdamRow{isa,
+  *row = AdamRow{StateFormat::kFp32,
+                 isa,
                  gf,
                  o,
                  threads,
@@ -290,6 +294,23 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
                  Median(ratios),
                  AdamBytesPerParam(gf, o),
                  sample.Wrong(s, o != ParamOut::kNone)};
+  return Status::OK();
+}
+
+// bf16 or int8 moments (bench_adam_state.cc): its own arrays, the grads and copy of `s`.
+Status RunCompactCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, int threads,
+                      StateFormat sf, const BenchAdamFlags& fl, AdamRow* row) {
+  CompactStateCase c;
+  c.n = n, c.isa = isa, c.threads = threads, c.state = sf, c.grad_format = gf;
+  c.grad = gf == FloatFormat::kFp32 ? static_cast<const void*>(s.g32.data()) : s.g16.data();
+  c.out = o, c.out_buffer = s.out.data(), c.warmup = fl.warmup, c.iters = fl.iters;
+  STRATA_ASSIGN_OR_RETURN(const CompactStateResult r, RunCompactStateCase(c));
+  *row = AdamRow{sf,        isa,
+                 gf,        o,
+                 threads,   n,
+                 r.seconds, r.bound_seconds,
+                 r.ratio,   AdamBytesPerParam(gf, o, sf),
+                 r.wrong};
   return Status::OK();
 }
 
@@ -373,6 +394,7 @@ struct Cases {
   std::vector<CpuIsa> isas;
   std::vector<FloatFormat> grads;
   std::vector<ParamOut> outs;
+  std::vector<StateFormat> states;  // of the moments (--mode adam)
   bool step_mode = false;
 };
 
@@ -410,6 +432,11 @@ Result<Cases> ParseCases(const BenchAdamFlags& fl) {
                                      ": use 0 (default) or more");
     }
   }
+  for (const std::string& name : fl.state_dtypes) {
+    Result<StateFormat> f = ParseStateFormat(name);
+    if (!f.ok()) return Status::InvalidArgument("--state-dtype: " + f.status().message());
+    c.states.push_back(*f);
+  }
   c.step_mode = fl.mode == "step";
   return c;
 }
@@ -436,9 +463,12 @@ void PrintHeader(FILE* out, const BenchAdamFlags& fl, const Cases& c) {
         "stream; timed alternately with it; ratio = median of paired (bound time / kernel time)\n");
     std::fprintf(out,
                  "# #wrong: sampled elements differing (bitwise) from a scalar-kernel replay\n");
-    std::fprintf(out, "%-7s %-5s %-5s %-8s %-11s %10s %9s %8s %8s %12s %7s %7s\n", "isa", "grad",
-                 "out", "threads", "params", "time_ms", "Gparam/s", "B/param", "GB/s", "bound_GB/s",
-                 "ratio", "#wrong");
+    std::fprintf(out,
+                 "# state: moments' dtype (bf16: stochastic rounding; int8: nearest, + 8 B of "
+                 "scales per 2048 params, not in B/param); the bound moves the same bytes\n");
+    std::fprintf(out, "%-5s %-7s %-5s %-5s %-8s %-11s %10s %9s %8s %8s %12s %7s %7s\n", "state",
+                 "isa", "grad", "out", "threads", "params", "time_ms", "Gparam/s", "B/param",
+                 "GB/s", "bound_GB/s", "ratio", "#wrong");
   } else {
     std::fprintf(out,
                  "# fused: GradNormSquared pass + AdamStep(unscale x clip, bf16 copy-out)\n"
@@ -456,12 +486,14 @@ nlohmann::json PrintAdamRow(FILE* out, const AdamRow& r) {
   const double gps = r.params / r.seconds / 1e9;
   const double gbps = gps * r.bytes_per_param;
   const double bound_gbps = r.params / r.bound_seconds / 1e9 * r.bytes_per_param;
-  std::fprintf(out, "%-7s %-5s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %12.2f %7.3f %7llu\n",
-               CpuIsaName(r.isa), FloatFormatName(r.grad), ParamOutName(r.out),
-               ThreadsName(r.threads).c_str(), r.params, r.seconds * 1e3, gps, r.bytes_per_param,
-               gbps, bound_gbps, r.ratio, static_cast<unsigned long long>(r.wrong));
+  std::fprintf(out, "%-5s %-7s %-5s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %12.2f %7.3f %7llu\n",
+               StateFormatName(r.state), CpuIsaName(r.isa), FloatFormatName(r.grad),
+               ParamOutName(r.out), ThreadsName(r.threads).c_str(), r.params, r.seconds * 1e3, gps,
+               r.bytes_per_param, gbps, bound_gbps, r.ratio,
+               static_cast<unsigned long long>(r.wrong));
   std::fflush(out);
-  return {{"isa", CpuIsaName(r.isa)},
+  return {{"state_dtype", StateFormatName(r.state)},
+          {"isa", CpuIsaName(r.isa)},
           {"grad_dtype", FloatFormatName(r.grad)},
           {"param_out", ParamOutName(r.out)},
           {"threads", r.threads},
@@ -548,11 +580,16 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
           step_rows.push_back(r);
           continue;
         }
-        for (ParamOut o : c.outs) {
-          AdamRow r;
-          if (Status st = RunAdamCase(s, n, isa, gf, o, threads, fl, &r); !st.ok()) return fail(st);
-          runs.push_back(PrintAdamRow(out, r));
-          total_wrong += r.wrong;
+        for (StateFormat sf : c.states) {
+          for (ParamOut o : c.outs) {
+            AdamRow r;
+            const Status st = sf == StateFormat::kFp32
+                                  ? RunAdamCase(s, n, isa, gf, o, threads, fl, &r)
+                                  : RunCompactCase(s, n, isa, gf, o, threads, sf, fl, &r);
+            if (!st.ok()) return fail(st);
+            runs.push_back(PrintAdamRow(out, r));
+            total_wrong += r.wrong;
+          }
         }
       }
     }
@@ -580,6 +617,7 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
   fl->param_outs = {"none"};
   fl->threads = {0};
   fl->isas = {"auto"};
+  fl->state_dtypes = {"fp32"};
   CLI::App* cmd = bench.add_subcommand(
       "adam",
       "CPU AdamW throughput against its same-traffic memory bound; --mode step: one fused "
@@ -602,6 +640,10 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--isa", fl->isas,
                   "kernel ISA(s): auto, avx512, avx2, scalar, or all (every one this CPU has)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--state-dtype", fl->state_dtypes,
+                  "Adam moments' dtype(s), --mode adam: fp32, bf16, int8 (comma list)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--mode", fl->mode, "adam: kernel vs bound; step: fused step vs four passes")

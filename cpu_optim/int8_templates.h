@@ -1,0 +1,278 @@
+// The int8 moments (StateFormat::kInt8): block-wise quantization of exp_avg and of
+// sqrt(exp_avg_sq) after Dettmers et al., "8-bit Optimizers via Block-wise Quantization"
+// (2022), written once over the vector traits of kernel_templates.h and instantiated by
+// each ISA's translation unit, so every ISA performs the same operations: same bits.
+//
+// The maps (include/strata/optim.h, "int8 moments"; docs/design.md says why these):
+//   exp_avg:        code = s EEEE MMM; value = (-1)^s 2^(E-15) (1 + M/8) * absmax, E=0: 0
+//   sqrt(exp_avg_sq): code = EEEE MMMM; value = 2^(E-15) (1 + M/16) * absmax,   E=0: 0
+// i.e. dynamic-exponent maps (a 4-bit exponent covers 2^-14..1 of the block's absmax) with
+// 3 and 4 bits of linear fraction. Quantizing is integer work on the float bits of
+// y = x * (1 / absmax): add random bits below the kept fraction (stochastic rounding, the
+// bits of include/strata/optim.h) and truncate. Below 2^-14 (the smallest code):
+// exp_avg rounds stochastically between 0 and 2^-14 (unbiased); sqrt(exp_avg_sq) rounds
+// any non-zero value up to 2^-14, so a quantized denominator is never 0 where the true one
+// is not (an update m / (0 + eps) would be enormous).
+//
+// The fused pass (AdamInt8Block): per block of kInt8StateBlock elements, one streaming loop
+// dequantizes, updates (the formula of AdamVector, shared through AdamMath), writes the
+// master and the parameter copy, and keeps the new m and sqrt(v) in an L1-sized scratch
+// together with their running absmax; a second loop over that scratch requantizes. DRAM
+// sees each array once. The absmax is an integer max over |bits|, exact and
+// order-independent (a NaN, whose bits are the largest, propagates into the scale).
+//
+// V adds to kernel_templates.h's traits (I = R, a vector of uint32):
+//   Bits(F), FromBits(I), And, Or, AndNot(a, b) = ~a & b, ShrL<n>, Shl<n>, AddI, SubI,
+//   Set1I, MinI, MaxI (signed), CmpGtI(a, b) (signed, all-ones lanes), CmpEqI, CmpLtF,
+//   CvtI (int32 -> float), TruncI (float -> int32, truncating), HMaxI (max over lanes),
+//   LoadU8<kTail>(ptr, tail) (zero-extended), StoreU8<kTail>(ptr, x, tail) (low byte).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "cpu_optim/convert.h"
+#include "cpu_optim/kernel_templates.h"
+#include "cpu_optim/kernels.h"
+
+namespace strata::cpu_optim {
+namespace {
+
+// The two maps: kMant fraction bits, signed (exp_avg) or not (sqrt(exp_avg_sq)).
+template <int kFractionBits, bool kHasSign>
+struct Int8Map {
+  static constexpr int kMant = kFractionBits;
+  static constexpr bool kSigned = kHasSign;
+  static constexpr int kDrop = 23 - kMant;  // fp32 fraction bits dropped
+  static constexpr uint32_t kMaxMag = (15u << kMant) | ((1u << kMant) - 1u);
+  static constexpr uint32_t kMagMask = kSigned ? 0x7fu : 0xffu;
+};
+using ExpAvgMap = Int8Map<3, true>;
+using ExpAvgSqMap = Int8Map<4, false>;
+// Rounding bits that make Int8Quantize round to nearest (ties up): half of the dropped
+// fraction, and an underflow threshold just above 1/2. For conversions, not for steps.
+constexpr uint32_t kNearestBitsExpAvg = 0x80080000u;
+constexpr uint32_t kNearestBitsExpAvgSq = 0x00040000u;
+
+template <class V>
+inline typename V::R Mask(typename V::R m, uint32_t bits) {
+  return V::And(m, V::Set1I(bits));
+}
+
+template <class V>
+inline typename V::R Select(typename V::R mask, typename V::R a, typename V::R b) {
+  return V::Or(V::And(mask, a), V::AndNot(mask, b));
+}
+
+// code of x given inv = 1 / absmax and per-lane random bits r (see the header).
+template <class V, class Map>
+inline typename V::R Int8Quantize(typename V::F x, typename V::F inv, typename V::R r) {
+  using I = typename V::R;
+  const I b = V::Bits(V::Mul(x, inv));
+  const I a = Mask<V>(b, 0x7fffffffu);
+  const I rounded = V::AddI(a, Mask<V>(r, (1u << Map::kDrop) - 1u));
+  const I exponent = V::SubI(V::template ShrL<23>(rounded), V::Set1I(112));  // rebias 127 -> 15
+  const I fraction = Mask<V>(V::template ShrL<Map::kDrop>(rounded), (1u << Map::kMant) - 1u);
+  // Signed min: a negative exponent (an underflow) is replaced below anyway.
+  const I normal =
+      V::MinI(V::AddI(V::template Shl<Map::kMant>(exponent), fraction), V::Set1I(Map::kMaxMag));
+  I tiny;
+  if constexpr (Map::kSigned) {  // stochastic between 0 and 2^-14: up with p = y * 2^14
+    const typename V::F frac = V::Mul(V::FromBits(a), V::Set1(16384.0f));
+    const typename V::F thr = V::Mul(V::CvtI(V::template ShrL<8>(r)), V::Set1(0x1p-24f));
+    tiny = Mask<V>(V::CmpLtF(thr, frac), 1u << Map::kMant);
+  } else {  // any non-zero value up to 2^-14
+    tiny = Mask<V>(V::CmpGtI(a, V::Set1I(0)), 1u << Map::kMant);
+  }
+  I code = Select<V>(V::CmpGtI(V::Set1I(0x38800000), a), tiny, normal);
+  if constexpr (Map::kSigned) code = V::Or(code, Mask<V>(V::template ShrL<24>(b), 0x80u));
+  return code;
+}
+
+template <class V, class Map>
+inline typename V::F Int8Dequantize(typename V::R code, typename V::F absmax) {
+  using I = typename V::R;
+  const I mag = Mask<V>(code, Map::kMagMask);
+  const I exponent = V::template ShrL<Map::kMant>(mag);
+  const I bits = V::Or(V::template Shl<23>(V::AddI(exponent, V::Set1I(112))),
+                       V::template Shl<Map::kDrop>(Mask<V>(mag, (1u << Map::kMant) - 1u)));
+  I value = V::AndNot(V::CmpEqI(exponent, V::Set1I(0)), bits);
+  if constexpr (Map::kSigned) value = V::Or(value, V::template Shl<24>(Mask<V>(code, 0x80u)));
+  return V::Mul(V::FromBits(value), absmax);
+}
+
+// 1 / absmax as every ISA computes it (scalar float division); 0 for an all-zero block.
+inline float InverseScale(float absmax) { return absmax > 0.0f ? 1.0f / absmax : 0.0f; }
+
+template <class V>
+inline typename V::R RotateBits16(typename V::R r) {
+  return V::Or(V::template ShrL<16>(r), V::template Shl<16>(r));
+}
+
+// The second loop of a block touches only L1, so the hardware prefetchers stall and the next
+// block's first loop would start cold: the second loop prefetches the next block's streams,
+// one vector's worth per iteration (16 floats = a 64-byte line with AVX-512). Prefetches past
+// the end of an array are harmless (they never fault).
+template <class V, FloatFormat G, ParamOut O>
+inline void Prefetch(const AdamArgs& a, size_t i) {
+  __builtin_prefetch(a.master + i, 1);
+  __builtin_prefetch(static_cast<const char*>(a.grad) + i * (G == FloatFormat::kFp32 ? 4 : 2));
+  if constexpr (O != ParamOut::kNone) {
+    __builtin_prefetch(static_cast<const uint16_t*>(a.param_out) + i, 1);
+  }
+  if (i % 64 < V::kWidth) {  // one line of codes per 64 elements
+    __builtin_prefetch(static_cast<const uint8_t*>(a.exp_avg) + i, 1);
+    __builtin_prefetch(static_cast<const uint8_t*>(a.exp_avg_sq) + i, 1);
+  }
+}
+
+// One block [begin, end) of the slice (begin a multiple of kInt8StateBlock).
+template <class V, FloatFormat G, ParamOut O, AdamMode M>
+void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size_t begin,
+                   size_t end) {
+  using F = typename V::F;
+  using I = typename V::R;
+  alignas(64) float new_m[kInt8StateBlock];
+  alignas(64) float new_u[kInt8StateBlock];
+  const auto* m_code = static_cast<const uint8_t*>(a.exp_avg);
+  const auto* u_code = static_cast<const uint8_t*>(a.exp_avg_sq);
+  const F m_scale = V::Set1(a.exp_avg_scale[block]);
+  const F u_scale = V::Set1(a.exp_avg_sq_scale[block]);
+  I m_max = V::Set1I(0), u_max = V::Set1I(0);
+  auto update = [&](size_t i, const typename V::Tail& t, auto tail) {
+    constexpr bool kTail = decltype(tail)::value;
+    F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
+    F p = V::template LoadF32<kTail>(a.master + i, t);
+    const F m_old = Int8Dequantize<V, ExpAvgMap>(V::template LoadU8<kTail>(m_code + i, t), m_scale);
+    const F u_old =
+        Int8Dequantize<V, ExpAvgSqMap>(V::template LoadU8<kTail>(u_code + i, t), u_scale);
+    F m, v, sqrt_v;
+    AdamMath<V, M>(c, g, V::Mul(u_old, u_old), m_old, &p, &m, &v, &sqrt_v);
+    V::template StoreF32<kTail>(a.master + i, p, t);
+    if constexpr (O == ParamOut::kBf16) {
+      V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
+    } else if constexpr (O == ParamOut::kFp16) {
+      V::template StoreFp16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
+    }
+    // Whole vectors into the scratch: lanes past a tail hold m = sqrt_v = 0 (zero loads).
+    V::template StoreF32<false>(new_m + (i - begin), m, typename V::Tail{});
+    V::template StoreF32<false>(new_u + (i - begin), sqrt_v, typename V::Tail{});
+    m_max = V::MaxI(m_max, Mask<V>(V::Bits(m), 0x7fffffffu));
+    u_max = V::MaxI(u_max, Mask<V>(V::Bits(sqrt_v), 0x7fffffffu));
+  };
+  using False = std::false_type;
+  using True = std::true_type;
+  const typename V::Tail full{};
+  size_t i = begin;
+  for (; i + V::kWidth <= end; i += V::kWidth) update(i, full, False{});
+  if (i < end) update(i, V::MakeTail(end - i), True{});
+
+  const float m_absmax = BitsFloat(V::HMaxI(m_max));
+  const float u_absmax = BitsFloat(V::HMaxI(u_max));
+  a.exp_avg_scale[block] = m_absmax;
+  a.exp_avg_sq_scale[block] = u_absmax;
+  const F m_inv = V::Set1(InverseScale(m_absmax));
+  const F u_inv = V::Set1(InverseScale(u_absmax));
+  auto* m_out = static_cast<uint8_t*>(a.exp_avg);
+  auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
+  auto requantize = [&](size_t j, const typename V::Tail& t, auto tail) {
+    constexpr bool kTail = decltype(tail)::value;
+    if constexpr (V::kWidth > 1) Prefetch<V, G, O>(a, j + kInt8StateBlock);
+    I r_m = V::Set1I(kNearestBitsExpAvg), r_u = V::Set1I(kNearestBitsExpAvgSq);
+    if (!a.int8_nearest) {
+      r_m = V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+      r_u = RotateBits16<V>(r_m);
+    }
+    const F m = V::template LoadF32<false>(new_m + (j - begin), typename V::Tail{});
+    const F u = V::template LoadF32<false>(new_u + (j - begin), typename V::Tail{});
+    V::template StoreU8<kTail>(m_out + j, Int8Quantize<V, ExpAvgMap>(m, m_inv, r_m), t);
+    V::template StoreU8<kTail>(u_out + j, Int8Quantize<V, ExpAvgSqMap>(u, u_inv, r_u), t);
+  };
+  size_t j = begin;
+  for (; j + V::kWidth <= end; j += V::kWidth) requantize(j, full, False{});
+  if (j < end) requantize(j, V::MakeTail(end - j), True{});
+}
+
+template <class V, FloatFormat G, ParamOut O, AdamMode M>
+void AdamInt8Range(const AdamArgs& a, size_t first_block, size_t last_block) {
+  const AdamConsts<V> c(a.s);
+  for (size_t b = first_block; b < last_block; ++b) {
+    const size_t begin = b * kInt8StateBlock;
+    const size_t end = begin + kInt8StateBlock < a.n ? begin + kInt8StateBlock : a.n;
+    AdamInt8Block<V, G, O, M>(a, c, b, begin, end);
+  }
+}
+
+template <class V, FloatFormat G, ParamOut O>
+void AdamInt8Mode(const AdamArgs& a, size_t first_block, size_t last_block) {
+  if (a.mode == AdamMode::kAdamW) {
+    AdamInt8Range<V, G, O, AdamMode::kAdamW>(a, first_block, last_block);
+  } else {
+    AdamInt8Range<V, G, O, AdamMode::kAdam>(a, first_block, last_block);
+  }
+}
+
+template <class V, FloatFormat G>
+void AdamInt8Out(const AdamArgs& a, size_t first_block, size_t last_block) {
+  switch (a.param_out_format) {
+    case ParamOut::kNone:
+      return AdamInt8Mode<V, G, ParamOut::kNone>(a, first_block, last_block);
+    case ParamOut::kBf16:
+      return AdamInt8Mode<V, G, ParamOut::kBf16>(a, first_block, last_block);
+    case ParamOut::kFp16:
+      return AdamInt8Mode<V, G, ParamOut::kFp16>(a, first_block, last_block);
+  }
+}
+
+// Blocks [first_block, last_block) of an int8-state slice.
+template <class V>
+void AdamInt8Dispatch(const AdamArgs& a, size_t first_block, size_t last_block) {
+  switch (a.grad_format) {
+    case FloatFormat::kFp32:
+      return AdamInt8Out<V, FloatFormat::kFp32>(a, first_block, last_block);
+    case FloatFormat::kBf16:
+      return AdamInt8Out<V, FloatFormat::kBf16>(a, first_block, last_block);
+    case FloatFormat::kFp16:
+      return AdamInt8Out<V, FloatFormat::kFp16>(a, first_block, last_block);
+  }
+}
+
+// The bound for int8 moments: the same DRAM streams as AdamInt8Block (grad, master r/w,
+// both code arrays r/w, the copy written), one fma per stream; values unchanged.
+template <class V, bool kTail>
+inline void TrafficInt8Vector(const AdamArgs& a, typename V::F zero, size_t i,
+                              const typename V::Tail& t) {
+  using F = typename V::F;
+  F g;
+  if (a.grad_format == FloatFormat::kFp32) {
+    g = V::template LoadF32<kTail>(static_cast<const float*>(a.grad) + i, t);
+  } else {
+    g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
+  }
+  const F p = V::Fma(g, zero, V::template LoadF32<kTail>(a.master + i, t));
+  auto* m = static_cast<uint8_t*>(a.exp_avg);
+  auto* u = static_cast<uint8_t*>(a.exp_avg_sq);
+  const F mf = V::Fma(g, zero, V::CvtI(V::template LoadU8<kTail>(m + i, t)));
+  const F uf = V::Fma(g, zero, V::CvtI(V::template LoadU8<kTail>(u + i, t)));
+  V::template StoreU8<kTail>(m + i, V::TruncI(mf), t);
+  V::template StoreU8<kTail>(u + i, V::TruncI(uf), t);
+  V::template StoreF32<kTail>(a.master + i, p, t);
+  if (a.param_out_format != ParamOut::kNone) {
+    V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
+  }
+}
+
+template <class V>
+void TrafficInt8Dispatch(const AdamArgs& a, size_t first_block, size_t last_block) {
+  const typename V::F zero = V::Set1(a.s.grad_scale);
+  const size_t begin = first_block * kInt8StateBlock;
+  const size_t end = last_block * kInt8StateBlock < a.n ? last_block * kInt8StateBlock : a.n;
+  size_t i = begin;
+  const typename V::Tail full{};
+  for (; i + V::kWidth <= end; i += V::kWidth) TrafficInt8Vector<V, false>(a, zero, i, full);
+  if (i < end) TrafficInt8Vector<V, true>(a, zero, i, V::MakeTail(end - i));
+}
+
+}  // namespace
+}  // namespace strata::cpu_optim

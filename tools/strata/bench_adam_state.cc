@@ -1,0 +1,204 @@
+// See bench_adam_state.h.
+#include "tools/strata/bench_adam_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace strata::cli {
+namespace {
+
+template <class T>
+Result<std::unique_ptr<T[]>> Alloc(size_t n, const char* what) {
+  std::unique_ptr<T[]> p(new (std::nothrow) T[n]);
+  if (!p && n > 0) {
+    return Status::OutOfMemory(std::string("cannot allocate ") + std::to_string(n * sizeof(T)) +
+                               " bytes for " + what + ": lower --params");
+  }
+  return p;
+}
+
+double MedianOf(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x.empty() ? 0.0 : x[x.size() / 2];
+}
+
+AdamHyperParams Hyper(int64_t t) {
+  AdamHyperParams h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.01;
+  h.step = t;
+  return h;
+}
+
+// The arrays of one compact-state run; Slice(lo, hi) views elements [lo, hi) (block-aligned).
+struct Arrays {
+  StateFormat state;
+  size_t n;
+  std::unique_ptr<float[]> p, m_scale, v_scale;
+  std::unique_ptr<uint8_t[]> m, v;  // n (int8) or 2n (bf16) bytes
+
+  size_t MomentBytes() const { return state == StateFormat::kInt8 ? 1 : 2; }
+  AdamSlice Slice(size_t lo, size_t hi, const CompactStateCase& c, uint64_t key) {
+    AdamSlice s;
+    s.master = p.get() + lo;
+    s.exp_avg = m.get() + lo * MomentBytes();
+    s.exp_avg_sq = v.get() + lo * MomentBytes();
+    s.grad = static_cast<const char*>(c.grad) + lo * FloatFormatBytes(c.grad_format);
+    s.grad_format = c.grad_format;
+    if (c.out != ParamOut::kNone) s.param_out = c.out_buffer + lo, s.param_out_format = c.out;
+    s.n = hi - lo;
+    s.state_format = state;
+    // int8: nearest, the rounding strata.optim.AdamW uses (docs/design.md); bf16: stochastic.
+    s.state_rounding =
+        state == StateFormat::kInt8 ? StateRounding::kNearestEven : StateRounding::kStochastic;
+    s.rounding_key = key;
+    s.index_base = lo;  // the rounding bits are indexed from the array's start
+    if (state == StateFormat::kInt8) {
+      s.exp_avg_scale = m_scale.get() + lo / kInt8StateBlock;
+      s.exp_avg_sq_scale = v_scale.get() + lo / kInt8StateBlock;
+    }
+    return s;
+  }
+};
+
+Status Fill(Arrays* a) {
+  const size_t n = a->n, blocks = Int8StateBlocks(n);
+  STRATA_ASSIGN_OR_RETURN(a->p, Alloc<float>(n, "master"));
+  STRATA_ASSIGN_OR_RETURN(a->m, Alloc<uint8_t>(n * a->MomentBytes(), "exp_avg"));
+  STRATA_ASSIGN_OR_RETURN(a->v, Alloc<uint8_t>(n * a->MomentBytes(), "exp_avg_sq"));
+  STRATA_ASSIGN_OR_RETURN(a->m_scale, Alloc<float>(blocks, "exp_avg scales"));
+  STRATA_ASSIGN_OR_RETURN(a->v_scale, Alloc<float>(blocks, "exp_avg_sq scales"));
+  std::vector<float> m(kInt8StateBlock), v(kInt8StateBlock);
+  for (size_t lo = 0; lo < n; lo += kInt8StateBlock) {
+    const size_t len = std::min(kInt8StateBlock, n - lo);
+    for (size_t i = 0; i < len; ++i) {  // a cheap hash: values over a few decades
+      const uint32_t h = uint32_t((lo + i) * 2654435761u);
+      a->p[lo + i] = float(int32_t(h)) * 0x1p-31f;
+      m[i] = float(int32_t(h * 40503u)) * 0x1p-38f;
+      v[i] = float(h >> 8) * 0x1p-38f;
+    }
+    if (a->state == StateFormat::kInt8) {
+      STRATA_RETURN_IF_ERROR(QuantizeInt8Moments(
+          m.data(), v.data(), len, a->m.get() + lo, a->v.get() + lo,
+          a->m_scale.get() + lo / kInt8StateBlock, a->v_scale.get() + lo / kInt8StateBlock));
+    } else {
+      auto* m16 = reinterpret_cast<uint16_t*>(a->m.get()) + lo;
+      auto* v16 = reinterpret_cast<uint16_t*>(a->v.get()) + lo;
+      for (size_t i = 0; i < len; ++i) m16[i] = FloatToBf16(m[i]), v16[i] = FloatToBf16(v[i]);
+    }
+  }
+  return Status::OK();
+}
+
+// The bytes of `len` elements of every array and of their `blocks` scales, concatenated.
+std::vector<uint8_t> RangeBytes(const float* p, const uint8_t* m, const uint8_t* v, const float* ms,
+                                const float* vs, size_t len, size_t moment_bytes, size_t blocks) {
+  std::vector<uint8_t> out;
+  auto put = [&](const void* x, size_t bytes) {
+    const auto* b = static_cast<const uint8_t*>(x);
+    out.insert(out.end(), b, b + bytes);
+  };
+  put(p, len * 4);
+  put(m, len * moment_bytes);
+  put(v, len * moment_bytes);
+  put(ms, blocks * 4);
+  put(vs, blocks * 4);
+  return out;
+}
+
+// Elements [lo, hi) of `a` (lo block-aligned), as RangeBytes lays them out.
+std::vector<uint8_t> RangeOf(const Arrays& a, size_t lo, size_t hi) {
+  const size_t mb = a.MomentBytes(), b0 = lo / kInt8StateBlock;
+  return RangeBytes(a.p.get() + lo, a.m.get() + lo * mb, a.v.get() + lo * mb, a.m_scale.get() + b0,
+                    a.v_scale.get() + b0, hi - lo, mb, Int8StateBlocks(hi) - b0);
+}
+
+}  // namespace
+
+Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
+  Arrays a{c.state, c.n, {}, {}, {}, {}, {}};
+  STRATA_RETURN_IF_ERROR(Fill(&a));
+  // The first block and the last (maybe partial) one, replayed at the end.
+  const size_t last_lo = (Int8StateBlocks(c.n) - 1) * kInt8StateBlock;
+  struct Range {
+    size_t lo, hi;
+    std::vector<uint8_t> before;
+  };
+  std::vector<Range> ranges = {{0, std::min(c.n, kInt8StateBlock), {}}, {last_lo, c.n, {}}};
+  for (Range& g : ranges) g.before = RangeOf(a, g.lo, g.hi);
+  const CpuKernelOptions opt{c.threads, c.isa};
+  const float scale = 0.5f;
+  auto key = [](int64_t t) { return 0x5eed0000ull + uint64_t(t); };
+  std::vector<double> kt, bt, ratios;
+  int64_t t = 0;
+  auto time = [](auto&& fn) -> Result<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    STRATA_RETURN_IF_ERROR(fn());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int k = 0; k < c.warmup + c.iters; ++k) {
+    ++t;
+    const AdamSlice s = a.Slice(0, c.n, c, key(t));
+    auto kernel = [&] { return time([&] { return AdamStep(s, Hyper(t), scale, opt); }); };
+    auto bound = [&] { return time([&] { return AdamTrafficStep(s, opt); }); };
+    double x = 0, y = 0;
+    if (k % 2 == 0) {
+      STRATA_ASSIGN_OR_RETURN(x, kernel());
+      STRATA_ASSIGN_OR_RETURN(y, bound());
+    } else {
+      STRATA_ASSIGN_OR_RETURN(y, bound());
+      STRATA_ASSIGN_OR_RETURN(x, kernel());
+    }
+    if (k >= c.warmup) kt.push_back(x), bt.push_back(y), ratios.push_back(y / x);
+  }
+  // One more (untimed) step so the copy holds AdamStep's bits, not the bound's.
+  ++t;
+  STRATA_RETURN_IF_ERROR(AdamStep(a.Slice(0, c.n, c, key(t)), Hyper(t), scale, opt));
+  CompactStateResult r{MedianOf(kt), MedianOf(bt), MedianOf(ratios), 0};
+  // Replay each range from its bytes before the run with the scalar kernel, t steps.
+  for (const Range& g : ranges) {
+    const size_t len = g.hi - g.lo, mb = a.MomentBytes();
+    const size_t nb = Int8StateBlocks(g.hi) - g.lo / kInt8StateBlock;
+    std::vector<float> p(len), ms(nb), vs(nb);
+    std::vector<uint8_t> m(len * mb), v(len * mb);
+    const uint8_t* src = g.before.data();
+    for (auto [dst, bytes] : {std::pair<void*, size_t>{p.data(), len * 4},
+                              {m.data(), len * mb},
+                              {v.data(), len * mb},
+                              {ms.data(), nb * 4},
+                              {vs.data(), nb * 4}}) {
+      std::memcpy(dst, src, bytes);
+      src += bytes;
+    }
+    std::vector<uint16_t> out(len);
+    for (int64_t k = 1; k <= t; ++k) {
+      AdamSlice sl = a.Slice(g.lo, g.hi, c, key(k));
+      sl.master = p.data(), sl.exp_avg = m.data(), sl.exp_avg_sq = v.data();
+      if (c.state == StateFormat::kInt8)
+        sl.exp_avg_scale = ms.data(), sl.exp_avg_sq_scale = vs.data();
+      if (c.out != ParamOut::kNone) sl.param_out = out.data();
+      STRATA_RETURN_IF_ERROR(AdamStep(sl, Hyper(k), scale, CpuKernelOptions{1, CpuIsa::kScalar}));
+    }
+    const std::vector<uint8_t> want =
+        RangeBytes(p.data(), m.data(), v.data(), ms.data(), vs.data(), len, mb, nb);
+    const std::vector<uint8_t> got = RangeOf(a, g.lo, g.hi);
+    for (size_t i = 0; i < len; ++i) {  // masters element by element, the rest as a whole
+      r.wrong += std::memcmp(&got[i * 4], &want[i * 4], 4) != 0;
+    }
+    if (std::memcmp(got.data() + len * 4, want.data() + len * 4, got.size() - len * 4) != 0) {
+      ++r.wrong;
+    }
+    if (c.out != ParamOut::kNone &&
+        std::memcmp(out.data(), c.out_buffer + g.lo, len * sizeof(uint16_t)) != 0) {
+      ++r.wrong;
+    }
+  }
+  return r;
+}
+
+}  // namespace strata::cli
