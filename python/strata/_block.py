@@ -210,7 +210,7 @@ class _BlockFunction(torch.autograd.Function):
         instead, when its activations would overrun the budget."""
         inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
                   else a for a in args]
-        hooks = _ParamsSaved(params)
+        hooks = _ParamsSaved(params + fwd.state.frozen_params(fwd.b))
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(hooks.pack,
                                                                            hooks.unpack):
             out = fwd.forward(*inputs, **kwargs)

@@ -60,7 +60,7 @@ class LazyParams:
                     continue
                 q = new.get(id(p))
                 if q is None:  # one placeholder per parameter: tied ones stay tied
-                    q = new[id(p)] = torch.nn.Parameter(torch.empty(0),
+                    q = new[id(p)] = torch.nn.Parameter(torch.empty(0, dtype=p.dtype),
                                                         requires_grad=p.requires_grad)
                     self.shapes[id(q)] = p.shape
                 m._parameters[name] = q
@@ -68,17 +68,46 @@ class LazyParams:
     def shape(self, p):
         return self.shapes.get(id(p), p.shape)
 
-    def materialise(self, named):
-        """Gives the parameters `named` ([(full name, param)]) their values on the CPU: read
-        from the weights files, or initialised by their modules."""
+    def locate(self, name):
+        """(path, dtype, begin, end) of tensor `name` of the model in the weights files, or
+        None (no weights files, or none holds it): where a frozen parameter is read in place."""
+        if self.files is None:
+            return None
+        key = _key(self.files, name)
+        if key is None:
+            return None
+        path, dtype, _, begin, end = self.files[key]
+        if dtype not in _DTYPES:
+            raise Error(f"weights tensor {key!r} is {dtype}; F32, BF16 and F16 are read")
+        return path, _DTYPES[dtype], begin, end
+
+    def materialise(self, named, own_dtype=False):
+        """Gives the parameters `named` ([(full name, param)]) their values on the CPU, in
+        float32 (the engine's values) or with own_dtype in each parameter's dtype (a frozen
+        one's): read from the weights files, or initialised by their modules. A parameter the
+        files do not hold keeps its values (built off the meta device: a PEFT adapter) or is
+        initialised."""
         lazy = [(n, p) for n, p in named if id(p) in self.shapes]
         for _, p in lazy:
-            p.data = torch.empty(self.shapes[id(p)], dtype=torch.float32)
+            p.data = torch.empty(self.shapes[id(p)],
+                                 dtype=p.dtype if own_dtype else torch.float32)
         if self.files is not None:  # every parameter, on the meta device or not
+            missing = []
             with torch.no_grad():
                 for n, p in named:
-                    _read(self.files, n, p.data)
-            return
+                    key = _key(self.files, n)
+                    if key is None and id(p) in self.shapes and self.init is None:
+                        if self._init_adapter(n):
+                            continue
+                    if key is None and id(p) in self.shapes:
+                        missing.append((n, p))
+                    elif key is not None:
+                        _read(self.files, key, p.data)
+            if missing and self.init is None:
+                _read(self.files, missing[0][0], missing[0][1].data)  # raises, naming it
+            lazy = missing
+        else:
+            lazy = [(n, p) for n, p in lazy if not self._init_adapter(n)]
         if not lazy:
             return
         ids = {id(p) for _, p in lazy}
@@ -95,6 +124,31 @@ class LazyParams:
                     raise Error(f"{type(m).__name__} has no reset_parameters(); give "
                                 "strata.offload(init=fn) (fn(module) initialises a module's "
                                 "own parameters) or weights=...")
+
+
+    def _init_adapter(self, name):
+        """Initialises a peft LoRA adapter's parameter `name` (built on the meta device with
+        its base, as get_peft_model moves an adapter to its base layer's device) as peft does:
+        its layer's reset_lora_parameters(adapter, init_lora_weights), A and B of that adapter
+        at once. False when `name` is not in such an adapter."""
+        parts = name.split(".")
+        for i in range(len(parts) - 3, 0, -1):
+            try:
+                layer = self.model.get_submodule(".".join(parts[:i]))
+            except AttributeError:
+                continue
+            if not hasattr(layer, "reset_lora_parameters"):
+                continue
+            adapter = parts[i + 1]
+            done = self._adapters_done = getattr(self, "_adapters_done", set())
+            if (id(layer), adapter) not in done:
+                config = getattr(self.model, "peft_config", {}).get(adapter)
+                init = getattr(config, "init_lora_weights", True)
+                with torch.no_grad():
+                    layer.reset_lora_parameters(adapter, init)
+                done.add((id(layer), adapter))
+            return True
+        return False
 
 
 def return_freed_memory():
@@ -140,6 +194,19 @@ def _index(weights):
             begin, end = meta["data_offsets"]
             index[name] = (path, meta["dtype"], meta["shape"], 8 + n + begin, 8 + n + end)
     return index
+
+
+def _key(index, name):
+    """The name under which the weights files hold the model's tensor `name`: itself, or, in a
+    model wrapped by peft (get_peft_model), the base model's name (without the wrapper's
+    "base_model.model." prefix and the ".base_layer" a tuned module's weight gains)."""
+    if name in index:
+        return name
+    if name.startswith("base_model.model."):
+        base = name[len("base_model.model."):].replace(".base_layer.", ".")
+        if base in index:
+            return base
+    return None
 
 
 def _read(index, name, out):

@@ -61,11 +61,12 @@ from ._block import (CHECKPOINTING_REFUSED, _autocast_state, _BlockForward,
                      activation_budget, keep_activations)
 from ._clock import _NO_CLOCK, _TimedCore
 from ._engine import Engine
+from ._frozen import check_requires_grad, place_frozen, split_frozen, upcoming
 from ._threads import optimizer_threads
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
 from ._progress import StepProgress
-from ._owners import assign_owners, model_dtype
+from ._owners import assign_owners
 from ._params import mark_offloaded, placeholder, tensor_grad
 from ._state_dict import install_hooks, install_save_pretrained
 from ._stash import InputStash
@@ -73,6 +74,11 @@ from ._step_drop import StepDrop
 from ._strata import Error
 
 __all__ = ["Engine", "offload"]
+
+# The one engine tensor of a block whose parameters are all frozen: the engine's schedule
+# (acquire, gradient, update) runs for every block, so such a block trains one value nobody
+# reads (no weight decay, gradient 0): 4 bytes of each state.
+_NO_TRAINABLE = "strata.no_trainable_parameter"
 
 
 def offload(model, blocks, engine, micro_batches=1, recompute=True, weights=None, init=None,
@@ -196,9 +202,11 @@ class _Offloaded:
         return guarded
 
     def _assign_owners(self):
-        """Every parameter gets one owner: a block (engine index) or the rest (0)."""
-        self.rest, self.block_params = assign_owners(self.model, self.blocks)
-        self.dtype = model_dtype(self.model)
+        """Every parameter gets one owner: a block (engine index) or the rest (0). The engine
+        holds the trainable ones; the frozen ones (requires_grad=False) of a block go to the
+        frozen store (_frozen.py), those outside the blocks stay in torch's memory."""
+        rest, block_params = assign_owners(self.model, self.blocks)
+        split_frozen(self, rest, block_params)
         self.first_block = 1 if self.rest else 0
         self.last_block = self.first_block + len(self.blocks) - 1
         self._engine_blocks = ([("rest", self.rest)] if self.rest else []) + self.block_params
@@ -209,19 +217,33 @@ class _Offloaded:
             for t, (n, p) in enumerate(ps):
                 full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
                 self._where[id(p)] = (b, t, full)
-        for _, p in self.all_params():
+        for _, p in self.trainable_params():
             mark_offloaded(p)
             p._strata_offload = self
+        for _, p in self.frozen_rest + [(n, p) for ts in self._frozen_named for n, p in ts]:
+            p._strata_offload = self  # strata.optim.AdamW takes them (and leaves them alone)
 
     def trainable_params(self):
         """[(name, param)] the engine trains (what strata.optim.AdamW must be given)."""
-        return list(self.all_params())
+        out = list(self.rest)
+        for prefix, ps in self.block_params:
+            out += [((f"{prefix}.{n}" if prefix else n), p) for n, p in ps]
+        return out
 
     def all_params(self):
-        yield from self.rest
-        for prefix, ps in self.block_params:
-            for n, p in ps:
-                yield (f"{prefix}.{n}" if prefix else n), p
+        """[(name, param)] whose values the layer holds apart from torch: the engine's and the
+        frozen store's (not the frozen ones outside the blocks, plain tensors)."""
+        yield from self.trainable_params()
+        for ts in self._frozen_named:
+            yield from ts
+
+    def frozen_params(self, b):
+        """Block b's frozen Parameters (bound with it: see _block._ParamsSaved)."""
+        return self._frozen.params(b)
+
+    def frozen_bytes_read(self):
+        """Bytes the frozen store has read for the blocks since the optimizer bound."""
+        return self._frozen.bytes_read
 
     def engine_blocks(self):
         """[(name, [(name, param)])] in engine order."""
@@ -237,10 +259,11 @@ class _Offloaded:
         # Each tensor is updated with its param group's settings, read at every step (see
         # step_groups), so schedulers may change any of them.
         group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
-        missing = [n for n, p in self.all_params() if id(p) not in group_of]
+        check_requires_grad(self)
+        missing = [n for n, p in self.trainable_params() if id(p) not in group_of]
         if missing:
-            raise Error(f"strata.optim.AdamW must be given every parameter of the offloaded "
-                        f"model (the engine trains them all); missing: {missing[:3]}")
+            raise Error(f"strata.optim.AdamW must be given every trainable parameter of the "
+                        f"offloaded model (the engine trains them all); missing: {missing[:3]}")
         c = self.engine.config
         c.micro_batches = self.micro_batches
         c.beta1, c.beta2 = (float(b) for b in first["betas"])
@@ -254,7 +277,7 @@ class _Offloaded:
         self._stash.configure(c, cpu_engine=cpu_engine)
         shape = self._lazy.shape if self._lazy else (lambda p: p.shape)
         self._specs = [(bname, [(n, list(shape(p)) or [1], True, group_of[id(p)])
-                                for n, p in ps])
+                                for n, p in ps] or [(_NO_TRAINABLE, [1], False, 0)])
                        for bname, ps in self.engine_blocks()]
         self._open_core(c)
         self._one_rank = self._core.world_size == 1  # gradients go in from torch's memory
@@ -280,6 +303,7 @@ class _Offloaded:
                 if self._lazy:
                     return_freed_memory()
             self._core.commit_params()
+        place_frozen(self)
         # The engine holds the values now: block parameters keep a placeholder of their shape
         # (_params.py), and so do the rest's until the first forward copies them in.
         self._placeholders = [[placeholder(shape, self.dtype, self._torch_device)
@@ -340,11 +364,13 @@ class _Offloaded:
         return [flat[off:off + n].view(shape) for (_, shape, off, n) in tensors]
 
     def bind(self, b, backward):
-        """Acquires engine block b and points its Parameters at the acquired buffer."""
+        """Acquires engine block b and points its Parameters at the acquired buffer (and its
+        frozen ones at theirs); returns the trainable ones."""
         views = self._params_view(b, self._acquire(b, backward))
         ps = self._block_tensors[b]
         for p, v in zip(ps, views):
             p.data = v  # the engine's working dtype is the model's
+        self._frozen.bind(b, upcoming(self, b, backward))
         return ps
 
     def unbind(self, b):
@@ -355,6 +381,7 @@ class _Offloaded:
         """Points block b's Parameters back at their placeholders (the block stays acquired)."""
         for p, empty in zip(self._block_tensors[b], self._placeholders[b]):
             p.data = empty
+        self._frozen.clear(b)
 
     def _acquire(self, b, backward):
         t = time.perf_counter()
@@ -385,6 +412,8 @@ class _Offloaded:
         here until it has read them; otherwise they are copied into the engine's fp32 gradient
         buffer first (the reduce-scatter of several ranks reads it; bf16 is widened by that
         copy)."""
+        grads = list(grads)
+        grads += [None] * (len(self._layout[b][1]) - len(grads))  # _NO_TRAINABLE's
         if self._one_rank and self.dtype == torch.float32:
             self._submit_from(b, grads)
         else:
@@ -514,6 +543,7 @@ class _Offloaded:
         with self._clock.copy():
             for t, p in enumerate(ps):
                 p.data = self._read_tensor(b, t)
+            self._frozen.bind(b, upcoming(self, b, False))
         try:
             with self._clock.compute():
                 return forward(*args, **kwargs)
@@ -630,9 +660,13 @@ class _Offloaded:
         return self._placeholders is not None and self.progress.open
 
     def param_name(self, p):
+        if self._frozen.holds(p):
+            return self._frozen.name_of(p)
         return self._where[id(p)][2]
 
     def shape_of(self, p):
+        if self._frozen.holds(p):
+            return self._frozen.shape_of(p)
         b, t, _ = self._where[id(p)]
         return tuple(self._layout[b][1][t][1])
 
@@ -646,6 +680,8 @@ class _Offloaded:
     def committed_value(self, p, what):
         """Parameter p's committed weights, a CPU tensor of p's shape and dtype."""
         self.check_between_steps(what)
+        if id(p) not in self._where:  # frozen: in the store, or a torch tensor
+            return self._frozen.value(p) if self._frozen.holds(p) else p.detach().to("cpu")
         b, t, _ = self._where[id(p)]
         _, shape, _, numel = self._layout[b][1][t]
         v = torch.empty(numel, dtype=torch.float32)
@@ -656,6 +692,8 @@ class _Offloaded:
     def write_value(self, p, value, what):
         """Writes `value` (p's shape) as p's weights; committed by commit_written()."""
         self.check_between_steps(what)
+        if self._frozen.holds(p):
+            return self._frozen.write(p, value)
         b, t, _ = self._where[id(p)]
         v = value.detach().to("cpu", torch.float32).contiguous().reshape(-1)
         self._core.write_params(b, t, v.data_ptr(), v.numel())
@@ -698,6 +736,7 @@ class _Offloaded:
                 full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
                 out[full] = v.view(shape)
         return out
+
 
 
 def _fp16_autocast():

@@ -46,10 +46,11 @@ def assign_owners(model, blocks):
     return rest, block_params
 
 
-def model_dtype(model):
-    """The one dtype of the model's parameters, float32 or bfloat16 (strata.Error otherwise)."""
+def model_dtype(model, named=None):
+    """The one dtype of the model's parameters (or of `named`, [(name, param)]: the trainable
+    ones), float32 or bfloat16 (strata.Error otherwise)."""
     dtypes = {}
-    for n, p in model.named_parameters():
+    for n, p in (model.named_parameters() if named is None else named):
         dtypes.setdefault(p.dtype, n)
     if torch.float16 in dtypes:
         raise Error(f"parameter {dtypes[torch.float16]!r} is float16; strata.offload does not "
@@ -57,7 +58,8 @@ def model_dtype(model):
                     "unscale or check them): use model.bfloat16() or model.float()")
     if len(dtypes) > 1 or not set(dtypes) <= {torch.float32, torch.bfloat16}:
         found = ", ".join(f"{d} ({n!r})" for d, n in dtypes.items())
-        raise Error(f"the parameters of an offloaded model are all float32 or all bfloat16 (the "
+        which = "trainable parameters" if named is not None else "parameters"
+        raise Error(f"the {which} of an offloaded model are all float32 or all bfloat16 (the "
                     f"engine computes in one dtype); found {found}: call model.float() or "
                     "model.bfloat16() first")
     return next(iter(dtypes), torch.float32)

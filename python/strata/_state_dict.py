@@ -132,8 +132,8 @@ def install_save_pretrained(state):
     save_pretrained of the module doc, as an attribute of the instance."""
     model = state.model
     original = getattr(model, "save_pretrained", None)
-    if original is None or not hasattr(model, "config"):
-        return
+    if original is None or not hasattr(model, "config") or not _is_transformers_model(model):
+        return  # e.g. a peft PeftModel: its save_pretrained writes the adapter (state_dict())
     default_shard = _default_max_shard_size(original)
 
     @functools.wraps(original)
@@ -150,6 +150,12 @@ def install_save_pretrained(state):
         save_streaming(state, os.fspath(save_directory), max_shard_size, is_main_process)
 
     model.save_pretrained = save_pretrained
+
+
+def _is_transformers_model(model):
+    """A transformers PreTrainedModel (found without importing transformers)."""
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.")
+               for c in type(model).__mro__)
 
 
 def _default_max_shard_size(save_pretrained):
