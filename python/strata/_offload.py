@@ -265,8 +265,9 @@ class _Offloaded:
         check_requires_grad(self)
         missing = [n for n, p in self.trainable_params() if id(p) not in group_of]
         if missing:
-            raise Error(f"strata.optim.AdamW must be given every trainable parameter of the "
-                        f"offloaded model (the engine trains them all); missing: {missing[:3]}")
+            raise Error(f"strata.optim.AdamW must be given every parameter of the offloaded "
+                        f"model that requires grad (the engine trains them all); missing: "
+                        f"{missing[:3]}")
         c = self.engine.config
         c.micro_batches = self.micro_batches
         c.beta1, c.beta2 = (float(b) for b in first["betas"])

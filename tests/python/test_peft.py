@@ -281,5 +281,5 @@ def test_the_optimizer_needs_the_trainable_parameters_only():
     model2 = lora_model("llama")
     strata.offload(model2, blocks=layers(model2), engine=strata.Engine())
     some = [p for p in model2.parameters() if p.requires_grad][1:]
-    with pytest.raises(strata.Error, match="every trainable parameter"):
+    with pytest.raises(strata.Error, match="every parameter .* that requires grad"):
         strata.optim.AdamW(some)
