@@ -394,3 +394,17 @@ def upcoming(state, b, backward):
     if not backward:
         return list(range(b + 1, last + 1)) + list(range(last, first - 1, -1))
     return list(range(b - 1, first - 1, -1)) + list(range(first, last + 1))
+
+
+def forward_root(model):
+    """The module whose forward starts the model's step: the deepest one that holds every
+    parameter. For a plain model, the model; for a wrapper whose forward delegates to one inner
+    model (peft's PeftModel -> LoraModel -> the Hugging Face model), that inner model, which
+    the wrapper's generate() also calls directly."""
+    every = {id(p) for p in model.parameters()}
+    root = model
+    while True:
+        inner = [c for c in root.children() if {id(p) for p in c.parameters()} == every]
+        if len(inner) != 1:
+            return root
+        root = inner[0]

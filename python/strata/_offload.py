@@ -64,7 +64,8 @@ from ._block import (CHECKPOINTING_REFUSED, _autocast_state, _BlockForward,
                      activation_budget, keep_activations)
 from ._clock import _NO_CLOCK, _TimedCore
 from ._engine import Engine
-from ._frozen import check_requires_grad, place_frozen, split_frozen, upcoming
+from ._frozen import (check_requires_grad, forward_root, place_frozen, split_frozen,
+                      upcoming)
 from ._threads import optimizer_threads
 from ._handoff import handoff_for
 from ._lazy import LazyParams, return_freed_memory
@@ -186,8 +187,9 @@ class _Offloaded:
         # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
         # read them (see submit).
         self._held_grads = collections.deque()
-        self._hooks = [model.register_forward_pre_hook(self._begin_forward)]
-        model.forward = self._dropping_step_on_error(model.forward)
+        root = forward_root(model)  # a wrapper's (peft's PeftModel) inner model: generate()
+        self._hooks = [root.register_forward_pre_hook(self._begin_forward)]
+        root.forward = self._dropping_step_on_error(root.forward)
         for i, b in enumerate(blocks):
             b.forward = _BlockForward(self, self.first_block + i, b.forward)
 
