@@ -11,9 +11,10 @@ packages=(
   fio redis-server
   # the Python binding (python/) and its tests: CPU torch 1.13 for /usr/bin/python3
   python3-dev pybind11-dev python3-pytest python3-torch
-  # what transformers imports that Debian ships (the PyPI-only rest: pydeps below)
+  # what transformers, accelerate and peft import that Debian ships (jinja2: peft's model card;
+  # the PyPI-only rest: pydeps below)
   python3-numpy python3-regex python3-requests python3-yaml python3-tqdm python3-filelock
-  python3-packaging python3-typing-extensions python3-pip
+  python3-packaging python3-typing-extensions python3-pip python3-jinja2 python3-psutil
 )
 # bench/vs_deepspeed.py's DeepSpeed (opt-in, below): its NVMe offload (async_io) needs libaio.
 if [ "${STRATA_DEEPSPEED:-0}" = 1 ]; then packages+=(libaio-dev); fi
