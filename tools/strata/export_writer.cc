@@ -1,7 +1,11 @@
 // The streaming writer of `strata export`; see export_writer.h.
 #include "tools/strata/export_writer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -43,6 +47,17 @@ void Convert(const uint8_t* src, uint64_t n, uint64_t src_bytes, uint64_t out_by
       std::memcpy(dst + 4 * i, &f, 4);
     }
   }
+}
+
+Status WriteAt(int fd, std::string_view bytes, uint64_t offset, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = pwrite(fd, bytes.data(), bytes.size(), off_t(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "writing " + path).WithPath(path);
+    bytes.remove_prefix(size_t(n));
+    offset += uint64_t(n);
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -99,45 +114,59 @@ Status WriteExportFile(RunStore& store, const ExportPlan& plan, const ExportFile
       model::SafetensorsPrefix(header, plan.out_elem_bytes == 2 ? "BF16" : "F32", metadata));
   STRATA_ASSIGN_OR_RETURN(auto out, AtomicFile::Create(file.path));
   STRATA_RETURN_IF_ERROR(out->Write(prefix));
+  if (std::fflush(out->stream()) != 0) {
+    return Status::FromErrno(errno, "writing " + file.path).WithPath(file.path);
+  }
+  const int fd = fileno(out->stream());
   const uint64_t src_bytes = ElementBytes(store, component);
   const uint64_t ob = plan.out_elem_bytes;
+  // Where each tensor's bytes go in the file, and each block's tensors in this file.
+  std::vector<uint64_t> at(file.last - file.first);
+  std::map<int, std::pair<size_t, size_t>> blocks;  // block -> its tensors [first, last)
+  uint64_t pos = prefix.size();
+  for (size_t t = file.first; t < file.last; ++t) {
+    at[t - file.first] = pos;
+    pos += plan.tensors[t].numel * ob;
+    auto [it, fresh] = blocks.try_emplace(plan.tensors[t].block, t, t + 1);
+    if (!fresh) it->second.second = t + 1;
+  }
   uint64_t written = 0;
   std::string buf;
-  for (size_t t = file.first; t < file.last;) {
-    // The tensors of this file in block b: [t, end).
-    const int b = plan.tensors[t].block;
-    size_t end = t;
-    while (end < file.last && plan.tensors[end].block == b) ++end;
-    const uint64_t lo = plan.tensors[t].offset;
-    const uint64_t hi = plan.tensors[end - 1].offset + plan.tensors[end - 1].numel;
-    const uint64_t shard = store.layouts[b].shard_numel;
-    const std::string key = ExtentKey(b, component);
-    for (RankStore& r : store.ranks) {
-      const uint64_t s0 = uint64_t(r.rank) * shard;
-      if (s0 + shard <= lo || s0 >= hi) continue;
-      auto sink = [&](size_t, uint64_t offset, std::span<const uint8_t> bytes) -> Status {
-        // Full-block elements [g0, g1) arrive; each tensor's part of them is appended.
-        const uint64_t g0 = s0 + offset / src_bytes, g1 = g0 + bytes.size() / src_bytes;
-        for (size_t k = t; k < end; ++k) {
-          const ExportTensor& x = plan.tensors[k];
-          const uint64_t a = std::max(g0, x.offset), z = std::min(g1, x.offset + x.numel);
-          if (a >= z) continue;
-          const uint8_t* src = bytes.data() + (a - g0) * src_bytes;
-          std::string_view piece(reinterpret_cast<const char*>(src), (z - a) * ob);
-          if (src_bytes != ob) {
-            buf.clear();
-            Convert(src, z - a, src_bytes, ob, &buf);
-            piece = buf;
-          }
-          written += piece.size();
-          STRATA_RETURN_IF_ERROR(out->Write(piece));
-        }
-        return Status::OK();
-      };
-      const std::string keys[] = {key};
-      STRATA_RETURN_IF_ERROR(r.reader->Read(keys, sink).Annotate("rank " + std::to_string(r.rank)));
+  // Rank by rank, every extent of the rank this file needs in one Read, so that the queue
+  // stays full across them; each piece's part of each tensor is written where it belongs.
+  for (RankStore& r : store.ranks) {
+    std::vector<std::string> keys;
+    std::vector<int> key_block;
+    for (const auto& [b, range] : blocks) {
+      const uint64_t shard = store.layouts[b].shard_numel, s0 = uint64_t(r.rank) * shard;
+      const ExportTensor &lo = plan.tensors[range.first], &hi = plan.tensors[range.second - 1];
+      if (s0 + shard <= lo.offset || s0 >= hi.offset + hi.numel) continue;
+      keys.push_back(ExtentKey(b, component));
+      key_block.push_back(b);
     }
-    t = end;
+    auto sink = [&](size_t k, uint64_t offset, std::span<const uint8_t> bytes) -> Status {
+      const int b = key_block[k];
+      const uint64_t s0 = uint64_t(r.rank) * store.layouts[b].shard_numel;
+      // Full-block elements [g0, g1) arrive.
+      const uint64_t g0 = s0 + offset / src_bytes, g1 = g0 + bytes.size() / src_bytes;
+      for (size_t t = blocks[b].first; t < blocks[b].second; ++t) {
+        const ExportTensor& x = plan.tensors[t];
+        const uint64_t a = std::max(g0, x.offset), z = std::min(g1, x.offset + x.numel);
+        if (a >= z) continue;
+        const uint8_t* src = bytes.data() + (a - g0) * src_bytes;
+        std::string_view piece(reinterpret_cast<const char*>(src), (z - a) * ob);
+        if (src_bytes != ob) {
+          buf.clear();
+          Convert(src, z - a, src_bytes, ob, &buf);
+          piece = buf;
+        }
+        STRATA_RETURN_IF_ERROR(
+            WriteAt(fd, piece, at[t - file.first] + (a - x.offset) * ob, file.path));
+        written += piece.size();
+      }
+      return Status::OK();
+    };
+    STRATA_RETURN_IF_ERROR(r.reader->Read(keys, sink).Annotate("rank " + std::to_string(r.rank)));
   }
   uint64_t want = 0;
   for (size_t t = file.first; t < file.last; ++t) want += plan.tensors[t].numel * ob;
