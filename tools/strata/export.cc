@@ -146,6 +146,12 @@ int RunExport(const ExportArgs& a) {
     return fail(a.dir,
                 Status::InvalidArgument("the store holds no committed step of a known model"));
   }
+  if (a.with_optimizer && ElementBytes(*store, "exp_avg") == 0) {
+    return fail("--with-optimizer",
+                Status::NotSupported("the Adam moments are stored as " + store->state_dtype +
+                                     ", which this export does not read; export without "
+                                     "--with-optimizer"));
+  }
   const bool hf = format == "hf";
   std::string base = a.out;
   if (hf) {

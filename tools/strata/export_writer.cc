@@ -119,6 +119,11 @@ Status WriteExportFile(RunStore& store, const ExportPlan& plan, const ExportFile
   }
   const int fd = fileno(out->stream());
   const uint64_t src_bytes = ElementBytes(store, component);
+  if (src_bytes == 0) {
+    return Status::NotSupported("the Adam moments are stored as " + store.state_dtype +
+                                ", which this export does not read; export without "
+                                "--with-optimizer");
+  }
   const uint64_t ob = plan.out_elem_bytes;
   // Where each tensor's bytes go in the file, and each block's tensors in this file.
   std::vector<uint64_t> at(file.last - file.first);

@@ -114,6 +114,7 @@ void ModelFromRecord(const RunRecord& record, RunStore* s) {
   c.max_seq = seq;
   s->state_dtype = RecordedString(record, "state-dtype");
   if (s->state_dtype.rfind("bf16", 0) == 0) s->state_dtype = "bf16";
+  if (s->state_dtype.empty()) s->state_dtype = "fp32";  // a record from before the flag
   const uint32_t alignment = EngineOptions{}.tensor_alignment;
   if (!RecordedString(record, "init").empty() && !s->ranks.empty() && s->ranks[0].reader) {
     // --init's wpe may have more rows than --seq-len: the stored embedding block says.
@@ -145,12 +146,13 @@ void CheckExtents(RunStore* s) {
         const std::string key = ExtentKey(int(b), comp);
         const uint64_t want = s->layouts[b].shard_numel * ElementBytes(*s, comp);
         const StoreExtentInfo* e = r.reader->Find(key);
+        // A state format this build does not know (want 0): present, its length unchecked.
         if (e == nullptr) {
           s->problems.push_back(Status::Corruption("rank " + std::to_string(r.rank) + ": " +
                                                    r.reader->manifest_path() + " has no extent " +
                                                    key + " (block '" + s->layouts[b].name + "')")
                                     .WithPath(r.reader->manifest_path()));
-        } else if (e->length != want) {
+        } else if (want != 0 && e->length != want) {
           s->problems.push_back(
               Status::Corruption("rank " + std::to_string(r.rank) + ": extent " + key + " (at " +
                                  std::to_string(e->file_offset) + " of " + e->file + ") is " +
@@ -211,7 +213,7 @@ std::string ExtentKey(int block, const std::string& component) {
 uint64_t ElementBytes(const RunStore& store, const std::string& component) {
   if (component == "param") return 2;
   if (component == "exp_avg" || component == "exp_avg_sq") {
-    return store.state_dtype == "bf16" ? 2 : 4;
+    return store.state_dtype == "bf16" ? 2 : store.state_dtype == "fp32" ? 4 : 0;
   }
   return 4;
 }

@@ -46,7 +46,7 @@ struct RunStore {
   model::Gpt2Config config;
   std::vector<BlockSpec> specs;
   std::vector<BlockLayout> layouts;  // at world_size ranks
-  std::string state_dtype;           // the moments as stored: "fp32" or "bf16"
+  std::string state_dtype;           // the moments as recorded: "fp32", "bf16" or another
   std::vector<RankStore> ranks;
   // Everything found wrong, each naming the file (and offset): a missing rank, a damaged
   // manifest or record, ranks that disagree, extents the model does not fit. Reading the
@@ -58,7 +58,9 @@ struct RunStore {
 // not even one rank's store can be found; everything else is listed in problems.
 Result<RunStore> OpenRunStore(const std::string& dir, const StoreReaderOptions& options);
 
-// The bytes one element of `component` ("master", "exp_avg", ...) takes in `store`'s extents.
+// The bytes one element of `component` ("master", "exp_avg", ...) takes in `store`'s extents;
+// 0 for moments in a state format this build does not read (verify checks their checksums
+// only; export --with-optimizer refuses them).
 uint64_t ElementBytes(const RunStore& store, const std::string& component);
 
 // "b<block>.<component>"

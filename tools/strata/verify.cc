@@ -105,7 +105,10 @@ nlohmann::json Describe(const RunStore& s) {
   }
   nlohmann::json dj;
   for (const auto& [comp, bytes] : dtypes) {
-    dj[comp] = comp == "master" ? "fp32" : bytes == 2 ? "bf16" : bytes == 4 ? "fp32" : "?";
+    dj[comp] = comp == "master" ? "fp32"
+               : bytes == 2     ? "bf16"
+               : bytes == 4     ? "fp32"
+                                : s.state_dtype;
   }
   j["dtypes"] = dj;
   return j;
