@@ -1,6 +1,8 @@
 // strata::PeekCommittedStep and StoreStateFiles (strata/engine.h): what callers that must not
 // open (lock) a store learn of it: its last committed step (the CLI's resume checks) and the
-// files of its committed state (the Python layer's checkpoints).
+// files of its committed state (the Python layer's checkpoints); ComputeBlockLayout, the
+// layout of what a store holds (strata export and verify).
+#include "engine/plan.h"
 #include "io/swap_store.h"
 #include "strata/engine.h"
 
@@ -12,6 +14,11 @@ Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder) {
 
 std::vector<std::string> StoreStateFiles(size_t index, size_t folders) {
   return SwapStore::StateFileNames(index, folders);
+}
+
+Result<std::vector<BlockLayout>> ComputeBlockLayout(const std::vector<BlockSpec>& blocks,
+                                                    uint32_t tensor_alignment, int world_size) {
+  return engine_internal::ComputeLayout(blocks, tensor_alignment, world_size);
 }
 
 }  // namespace strata

@@ -232,32 +232,41 @@ Status SafetensorsReader::ReadFloat(const std::string& name,
   return Status::OK();
 }
 
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+Result<std::string> SafetensorsPrefix(const std::vector<TensorToWrite>& tensors,
+                                      const std::string& dtype,
+                                      const std::map<std::string, std::string>& metadata) {
+  const uint64_t elem = dtype == "F32" ? 4 : dtype == "BF16" ? 2 : 0;
+  if (elem == 0) return Status::InvalidArgument("safetensors dtype " + dtype + ": F32 or BF16");
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const TensorToWrite& t : tensors) {
     if (!seen.insert(t.name).second) {
-      return Status::InvalidArgument("duplicate tensor name " + t.name + " for " + path);
+      return Status::InvalidArgument("duplicate tensor name " + t.name);
     }
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    const uint64_t bytes = static_cast<uint64_t>(n) * 4;
+    const uint64_t bytes = static_cast<uint64_t>(n) * elem;
     header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}};
   for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
-  STRATA_ASSIGN_OR_RETURN(auto out, AtomicFile::Create(path));
-  uint8_t len[8];
+  std::string out(8, '\0');
   for (int i = 0; i < 8; ++i)
-    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  STRATA_RETURN_IF_ERROR(out->Write({reinterpret_cast<const char*>(len), 8}));
-  STRATA_RETURN_IF_ERROR(out->Write(h));
+    out[i] = static_cast<char>(static_cast<uint64_t>(h.size()) >> (8 * i));
+  return out + h;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  auto prefix = SafetensorsPrefix(tensors, "F32", metadata);
+  if (!prefix.ok()) return Status::InvalidArgument(prefix.status().message() + " for " + path);
+  STRATA_ASSIGN_OR_RETURN(auto out, AtomicFile::Create(path));
+  STRATA_RETURN_IF_ERROR(out->Write(*prefix));
   for (const TensorToWrite& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;

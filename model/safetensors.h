@@ -72,6 +72,16 @@ struct TensorToWrite {
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
+// The bytes a safetensors file of `tensors` starts with: the 8-byte header length and the
+// JSON header (space-padded so that the data section is 8-byte aligned), with every tensor
+// of `dtype` ("F32" or "BF16") and its data right after the previous one's, in the order
+// given (`data` is not read). WriteSafetensors writes this and then the data; a writer that
+// streams the data (strata export) writes it first. InvalidArgument for duplicate names or
+// another dtype.
+Result<std::string> SafetensorsPrefix(const std::vector<TensorToWrite>& tensors,
+                                      const std::string& dtype,
+                                      const std::map<std::string, std::string>& metadata = {});
+
 // "[768, 2304]"
 std::string ShapeString(const std::vector<int64_t>& shape);
 

@@ -660,4 +660,12 @@ Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
 // lock, a manifest's temporary, the activations' scratch files, the user's own files.
 std::vector<std::string> StoreStateFiles(size_t index, size_t folders);
 
+// The block layouts an engine of `world_size` ranks gives `blocks` with `tensor_alignment`
+// (EngineOptions::tensor_alignment): each tensor's offset in its block's flat buffer, and the
+// padded and per-rank shard lengths. What a run's stores hold, shard r of block b being rank
+// r's "b<b>.master" extent: tools that read a store without an engine (strata export,
+// verify) find the tensors with it. InvalidArgument as Engine::Create for a bad spec.
+Result<std::vector<BlockLayout>> ComputeBlockLayout(const std::vector<BlockSpec>& blocks,
+                                                    uint32_t tensor_alignment, int world_size);
+
 }  // namespace strata

@@ -21,6 +21,8 @@ void AddBenchAdam(CLI::App& bench, int* exit_code);   // strata bench adam
 void AddBenchStep(CLI::App& bench, int* exit_code);   // strata bench step
 void AddEval(CLI::App& app, int* exit_code);          // strata eval
 void AddBenchComm(CLI::App& bench, int* exit_code);   // strata bench comm
+void AddVerify(CLI::App& app, int* exit_code);        // strata verify DIR
+void AddExport(CLI::App& app, int* exit_code);        // strata export DIR
 
 // --temperature, --top-k and --top-p on `sub` (generate, train --sample), stored in *s, which
 // must outlive the parse; ranges are checked by CLI11 as the flags are read.

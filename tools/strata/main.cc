@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   strata::cli::AddEval(app, &exit_code);
   strata::cli::AddBenchModel(*bench, &exit_code);
   strata::cli::AddBenchComm(*bench, &exit_code);
+  strata::cli::AddVerify(app, &exit_code);
+  strata::cli::AddExport(app, &exit_code);
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
       ->callback([] {
         for (const strata::EnvVar& v : strata::kEnvVars) {
