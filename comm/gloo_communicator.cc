@@ -17,6 +17,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
@@ -526,13 +527,28 @@ Status WaitForEveryRank(GlooKeyValueStore& kv, const CommOptions& options,
       if (!joined) missing.push_back(r);
     }
     if (missing.empty()) return Status::OK();
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (const int sig = gloo_internal::RendezvousInterrupted(); sig != 0) {
       std::string list;
       for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      return Status::Timeout("rendezvous " + where + ": rank(s) " + list + " of " +
-                             std::to_string(ri.world_size) + " did not join within " +
-                             std::to_string(options.timeout.count()) +
-                             " ms (not started, crashed, or pointed at another rendezvous)");
+      return gloo_internal::InterruptedStatus(sig, where, "rank(s) " + list + " to join");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string list, refused;
+      for (int r : missing) {
+        list += (list.empty() ? "" : ", ") + std::to_string(r);
+        // A join key that is there but does not verify: say which, and why.
+        Result<std::string> seen = kv.Get("join/" + std::to_string(r), 0ms);
+        const std::string& m = seen.status().message();
+        if (!seen.ok() && m.find("refused: ") != std::string::npos) {
+          std::string why = m.substr(m.find("refused: ") + 9);
+          if (!why.empty() && why.back() == ')') why.pop_back();
+          refused += "; key '" + m.substr(5, m.find('\'', 5) - 5) + "' was refused: " + why;
+        }
+      }
+      return Status::Timeout(
+          "rendezvous " + where + ": rank(s) " + list + " of " + std::to_string(ri.world_size) +
+          " did not join within " + std::to_string(options.timeout.count()) +
+          " ms (not started, crashed, or pointed at another rendezvous)" + refused);
     }
     std::this_thread::sleep_for(10ms);
   }
@@ -544,6 +560,7 @@ Result<std::shared_ptr<gloo::rendezvous::Context>> ConnectFullMesh(
     const CommOptions& options, const std::shared_ptr<StoreCore>& core, const std::string& hostname,
     const std::string& where, std::string* own_address) {
   const RankInfo& ri = options.rank;
+  std::string gstore_key;  // the last key Gloo read, for a malformed one
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
@@ -559,11 +576,30 @@ Result<std::shared_ptr<gloo::rendezvous::Context>> ConnectFullMesh(
     auto context = std::make_shared<gloo::rendezvous::Context>(ri.rank, ri.world_size);
     context->setTimeout(options.timeout);
     LockedGlooStore gstore(core, options.store_prefix + "/gloo");
-    context->connectFullMesh(gstore, device);
+    try {
+      context->connectFullMesh(gstore, device);
+    } catch (...) {
+      gstore_key = gstore.last_key;
+      throw;
+    }
     const int peer = (ri.rank + 1) % ri.world_size;
     *own_address =
         gloo_internal::ListenAddressFromPairAddress(context->getPair(peer)->address().str());
     return context;
+  } catch (const gloo_internal::RendezvousInterruptedError& e) {
+    return gloo_internal::InterruptedStatus(e.signal, where, "the other ranks' addresses");
+  } catch (const gloo::EnforceNotMet& e) {
+    // Gloo checked what it read from the store and found it malformed (a planted or forged
+    // key, without a run secret to refuse it): name the key, not Gloo's assertion.
+    LogDebug(std::string("gloo: connectFullMesh: ") + e.what());
+    return Status::InvalidArgument(
+        "gloo: connecting rank " + std::to_string(ri.rank) + " of " +
+        std::to_string(ri.world_size) + " through " + where + ": key '" +
+        (gstore_key.empty() ? std::string("?") : gstore_key) +
+        "' does not hold a rank's addresses as strata writes them (another run, or a process "
+        "that is not one of this run's ranks, wrote it); delete it, use another prefix, and "
+        "give the run a secret (--run-secret, STRATA_RUN_SECRET) so that such keys are "
+        "ignored");
   } catch (const std::exception& e) {
     std::string msg = CleanGlooMessage(e.what());
     std::string text = "gloo: connecting rank " + std::to_string(ri.rank) + " of " +
@@ -653,6 +689,7 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
   // Checked first: a host the others cannot reach should fail here, not as a timeout.
   STRATA_ASSIGN_OR_RETURN(std::string hostname, ListenHost(options));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StoreCore> core, OpenStoreCore(options.rendezvous));
+  core->keep_written = false;  // until the ranks have joined (below)
   auto kv = std::make_shared<GlooKeyValueStore>(core, options.store_prefix);
   const std::string where = options.rendezvous.ToString();
 
@@ -666,6 +703,12 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& 
                           ConnectFullMesh(options, core, hostname, where, &own_address));
   STRATA_ASSIGN_OR_RETURN(RankEndpoints ends,
                           ExchangeEndpoints(*kv, options, *context, own_address));
+  {
+    // The run joined: a folder keeps its keys (forensics reads them; the folder is the
+    // run's own). A failed or interrupted join deletes them on the way out.
+    std::lock_guard<std::mutex> lock(core->mu);
+    core->keep_written = options.rendezvous.kind == RendezvousSpec::Kind::kFile;
+  }
   return std::unique_ptr<Communicator>(
       new GlooCommunicator(options, core, kv, std::move(context), std::move(ends.addresses),
                            std::move(ends.endpoints), std::move(ends.identities)));

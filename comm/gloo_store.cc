@@ -17,8 +17,13 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "comm/gloo_forensics.h"
+#include "comm/run_secret.h"
+#include "strata/env.h"
+#include "strata/log.h"
 
 namespace strata::gloo_internal {
 namespace {
@@ -30,6 +35,9 @@ class CheckableFileStore : public gloo::rendezvous::FileStore {
  public:
   using FileStore::FileStore;
   bool Has(const std::string& key) { return check({key}); }
+  void Erase(const std::vector<std::string>& keys) {
+    for (const std::string& k : keys) ::unlink(objectPath(k).c_str());
+  }
 };
 
 #if GLOO_USE_REDIS
@@ -44,11 +52,99 @@ class ErasableRedisStore : public gloo::rendezvous::RedisStore {
       freeReplyObject(reply);
     }
   }
+  // EXISTS and GET in one (atomic: a key deleted between Gloo's check and get made its
+  // GET fail an assertion): the value, or nullopt when the key is absent. Throws
+  // gloo::IoException with hiredis' words when the connection is gone, std::runtime_error
+  // quoting the server's error reply (NOAUTH, ...) otherwise.
+  std::optional<std::vector<char>> GetIfPresent(const std::string& key) {
+    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "GET %b", key.data(), key.size()));
+    if (reply == nullptr) {
+      throw gloo::IoException(std::string("Redis connection lost: ") + redis_->errstr);
+    }
+    std::optional<std::vector<char>> out;
+    std::string err;
+    if (reply->type == REDIS_REPLY_STRING) {
+      out.emplace(reply->str, reply->str + reply->len);
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+      err.assign(reply->str, reply->len);
+    } else if (reply->type != REDIS_REPLY_NIL) {
+      err = "a reply of type " + std::to_string(reply->type) + " to GET";
+    }
+    freeReplyObject(reply);
+    if (!err.empty()) throw std::runtime_error(ServerAnswered(err));
+    return out;
+  }
+  static std::string ServerAnswered(const std::string& err) {
+    std::string m = "the server answered '" + err + "'";
+    if (err.rfind("NOAUTH", 0) == 0 || err.rfind("NOPERM", 0) == 0 ||
+        err.rfind("WRONGPASS", 0) == 0) {
+      m += " (authentication: give the password in STRATA_REDIS_PASSWORD or the URL)";
+    }
+    return m;
+  }
+  // Sends `argv` (AUTH, PING); "" when the server accepted it, else its error reply (or
+  // hiredis' error when the connection failed).
+  std::string Command(const std::vector<std::string>& argv) {
+    std::vector<const char*> args;
+    std::vector<size_t> lens;
+    for (const std::string& a : argv) {
+      args.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    auto* reply = static_cast<redisReply*>(
+        redisCommandArgv(redis_, static_cast<int>(args.size()), args.data(), lens.data()));
+    if (reply == nullptr) return redis_->errstr[0] != '\0' ? redis_->errstr : "no reply";
+    std::string err;
+    if (reply->type == REDIS_REPLY_ERROR) err.assign(reply->str, reply->len);
+    freeReplyObject(reply);
+    return err;
+  }
 };
+
+// The server's answer to AUTH (when a password is known) and PING, as the rendezvous'
+// error: a server that wants a password, or refused the one given, says so by name.
+Status Authenticate(ErasableRedisStore& rs, const RendezvousSpec& spec,
+                    const std::string& password) {
+  const std::string where = "Redis rendezvous " + spec.ToString();
+  if (!password.empty()) {
+    std::vector<std::string> argv = {"AUTH"};
+    if (!spec.user.empty()) argv.push_back(spec.user);
+    argv.push_back(password);
+    if (std::string err = rs.Command(argv); !err.empty()) {
+      return Status::InvalidArgument(
+          where + ": authentication failed: the server answered '" + err + "' to AUTH" +
+          (spec.user.empty() ? "" : " as user '" + spec.user + "'") +
+          "; check the password (in the URL as redis://[USER]:PASSWORD@HOST, or "
+          "STRATA_REDIS_PASSWORD) against the server's requirepass or ACL users");
+    }
+  }
+  if (std::string err = rs.Command({"PING"}); !err.empty()) {
+    if (err.rfind("NOAUTH", 0) == 0 || err.rfind("NOPERM", 0) == 0) {
+      return Status::InvalidArgument(
+          where + ": authentication needed: the server answered '" + err +
+          "'; give its password in STRATA_REDIS_PASSWORD (kept out of ps) or in the URL as "
+          "redis://:PASSWORD@HOST:PORT/PREFIX (redis://USER:PASSWORD@... for an ACL user)");
+    }
+    return Status::IOError(where + ": the server answered '" + err + "' to PING");
+  }
+  return Status::OK();
+}
 #endif
 
-// Values get a one-byte tag because FileStore refuses to read back an empty file.
+// Values get a one-byte tag because FileStore refuses to read back an empty file; a signed
+// value has its own (StoreCore's comment has the layout).
 constexpr char kValueTag = 'v';
+constexpr char kSignedTag = 'h';
+
+std::atomic<int (*)()> g_interrupt_check{nullptr};
+
+HmacSha256Digest ValueMac(const std::string& secret, const std::string& full,
+                          std::string_view payload) {
+  std::string msg = full;
+  msg.push_back('\0');
+  msg.append(payload);
+  return HmacSha256(secret, msg);
+}
 
 // Connects to host:port and closes again (5 s at most); IOError naming `what` otherwise.
 [[maybe_unused]] Status ProbeTcp(const std::string& host, int port, const std::string& what) {
@@ -92,7 +188,98 @@ constexpr char kValueTag = 'v';
 }  // namespace
 
 StoreCore::~StoreCore() {
-  if (erase && !written.empty()) erase(written);
+  if (!erase || keep_written || written.empty()) return;
+  try {
+    erase(written);
+  } catch (const std::exception& e) {  // a store that went away: nothing left to delete
+    LogDebug(std::string("rendezvous: deleting this rank's keys: ") + e.what());
+  }
+}
+
+std::vector<char> StoreCore::Seal(const std::string& full, std::string_view payload,
+                                  bool tagged) const {
+  std::vector<char> data;
+  if (!secret.empty()) {
+    const HmacSha256Digest mac = ValueMac(secret, full, payload);
+    data.reserve(1 + mac.size() + payload.size());
+    data.push_back(kSignedTag);
+    data.insert(data.end(), mac.begin(), mac.end());
+  } else if (tagged) {
+    data.push_back(kValueTag);
+  }
+  data.insert(data.end(), payload.begin(), payload.end());
+  return data;
+}
+
+StoreCore::Found StoreCore::Fetch(const std::string& full, bool tagged, std::string* payload,
+                                  std::string* why) {
+  std::optional<std::vector<char>> got = get_if(full);
+  if (!got) return Found::kAbsent;
+  const std::vector<char>& data = *got;
+  const bool signed_value = data.size() > kHmacSha256Bytes && data[0] == kSignedTag;
+  if (!secret.empty()) {
+    if (!signed_value) {
+      *why =
+          "it carries no HMAC (written without a run secret: by another run, or a process "
+          "that is not one of this run's ranks)";
+      return Found::kForeign;
+    }
+    HmacSha256Digest mac;
+    std::memcpy(mac.data(), data.data() + 1, mac.size());
+    std::string_view rest(data.data() + 1 + mac.size(), data.size() - 1 - mac.size());
+    if (!DigestsEqual(mac, ValueMac(secret, full, rest))) {
+      *why =
+          "its HMAC does not verify with this run's secret (another run, or a process "
+          "without the secret, wrote it; or the ranks were given different secrets)";
+      return Found::kForeign;
+    }
+    payload->assign(rest);
+    return Found::kOk;
+  }
+  if (signed_value && tagged) {
+    *why =
+        "it is signed with a run secret, and this rank has none: give every rank the same "
+        "--run-secret (or STRATA_RUN_SECRET)";
+    return Found::kForeign;
+  }
+  if (!tagged) {
+    payload->assign(data.begin(), data.end());
+    return Found::kOk;
+  }
+  if (data.empty() || data[0] != kValueTag) {
+    *why = "it was not written by strata";
+    return Found::kForeign;
+  }
+  payload->assign(data.begin() + 1, data.end());
+  return Found::kOk;
+}
+
+void StoreCore::WarnForeign(const std::string& full, const std::string& why) {
+  if (std::find(warned.begin(), warned.end(), full) != warned.end()) return;
+  warned.push_back(full);
+  LogWarning("rendezvous " + where + ": ignoring key '" + full + "': " + why +
+             "; waiting for this run's own value");
+}
+
+void StoreCore::Overwrite(const std::string& full, const std::vector<char>& data) {
+  LogWarning("rendezvous " + where + ": replacing key '" + full +
+             "', which this run did not write (it does not verify with the run secret)");
+  if (erase) erase({full});
+  store->set(full, data);
+}
+
+int RendezvousInterrupted() {
+  int (*check)() = g_interrupt_check.load();
+  return check == nullptr ? 0 : check();
+}
+
+Status InterruptedStatus(int signal, const std::string& where, const std::string& what) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  return Status::Aborted(
+      "interrupted by " +
+      (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(signal)) +
+      " while waiting in rendezvous " + where + " for " + what +
+      "; the keys this rank wrote there are deleted");
 }
 
 std::string StoreCore::StaleKeyAdvice() const {
@@ -110,23 +297,33 @@ std::string StoreCore::StaleKeyAdvice() const {
 // Gloo's and hiredis' words for a server that went away, as the rendezvous' error.
 std::string StoreFailure(const StoreCore& core, const std::string& what) {
   if (core.spec.kind == RendezvousSpec::Kind::kFile) return what;
+  // An error reply (NOAUTH, ...) comes from a server that is there.
+  if (what.find("the server answered") != std::string::npos) return what;
   return what + " (the Redis server at " + core.spec.host + ":" + std::to_string(core.spec.port) +
          " stopped answering: is redis-server still running there? restart it, then the run)";
 }
 
 Status GlooKeyValueStore::Set(const std::string& key, std::string_view value) {
   std::string full = core_->Key(prefix_, key);
-  std::vector<char> data;
-  data.reserve(value.size() + 1);
-  data.push_back(kValueTag);
-  data.insert(data.end(), value.begin(), value.end());
   std::lock_guard<std::mutex> lock(core_->mu);
   try {
-    if (core_->has(full)) {
+    const std::vector<char> data = core_->Seal(full, value, /*tagged=*/true);
+    std::string existing, why;
+    const StoreCore::Found found =
+        core_->secret.empty()
+            ? (core_->has(full) ? StoreCore::Found::kOk : StoreCore::Found::kAbsent)
+            : core_->Fetch(full, /*tagged=*/true, &existing, &why);
+    if (found == StoreCore::Found::kOk) {
       return Status::InvalidArgument("key '" + full + "' already exists in rendezvous " +
                                      core_->where + ": " + core_->StaleKeyAdvice());
     }
-    core_->store->set(full, data);
+    // With a run secret, a key that does not verify is not this run's: one this rank owns
+    // is taken over, so that a planted or stale key cannot block the prefix.
+    if (found == StoreCore::Found::kForeign) {
+      core_->Overwrite(full, data);
+    } else {
+      core_->store->set(full, data);
+    }
     core_->written.push_back(full);
   } catch (const std::exception& e) {
     return Status::IOError(StoreFailure(*core_, "setting key '" + full + "' in rendezvous " +
@@ -140,19 +337,29 @@ Result<std::string> GlooKeyValueStore::Get(const std::string& key,
                                            std::chrono::milliseconds timeout) {
   std::string full = core_->Key(prefix_, key);
   auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string foreign;  // why the last value seen under the key was refused
   // Polls rather than calling Store::wait, so that the lock is not held while waiting and
   // the timeout has millisecond resolution (FileStore::wait counts whole seconds).
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(core_->mu);
       try {
-        if (core_->has(full)) {
-          std::vector<char> data = core_->store->get(full);
-          if (data.empty() || data[0] != kValueTag) {
-            return Status::Corruption("key '" + full + "' in rendezvous " + core_->where +
-                                      " was not written by strata");
-          }
-          return std::string(data.begin() + 1, data.end());
+        std::string payload, why;
+        switch (core_->Fetch(full, /*tagged=*/true, &payload, &why)) {
+          case StoreCore::Found::kOk:
+            return payload;
+          case StoreCore::Found::kAbsent:
+            break;
+          case StoreCore::Found::kForeign:
+            // Without a secret a rank cannot tell another run's key from its own run's: it
+            // stops here. With one, this run's rank may still overwrite the key.
+            if (core_->secret.empty()) {
+              return Status::Corruption("key '" + full + "' in rendezvous " + core_->where +
+                                        " is refused: " + why + "; " + core_->StaleKeyAdvice());
+            }
+            core_->WarnForeign(full, why);
+            foreign = why;
+            break;
         }
       } catch (const std::exception& e) {
         return Status::IOError(StoreFailure(*core_, "reading key '" + full + "' from rendezvous " +
@@ -160,9 +367,14 @@ Result<std::string> GlooKeyValueStore::Get(const std::string& key,
                                                         CleanGlooMessage(e.what())));
       }
     }
+    if (const int sig = RendezvousInterrupted(); sig != 0) {
+      return InterruptedStatus(sig, core_->where, "key '" + full + "'");
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      return Status::Timeout("key '" + full + "' did not appear in rendezvous " + core_->where +
-                             " within " + std::to_string(timeout.count()) + " ms");
+      return Status::Timeout(
+          "key '" + full + "' did not appear in rendezvous " + core_->where + " within " +
+          std::to_string(timeout.count()) + " ms" +
+          (foreign.empty() ? "" : " (a value was there, refused: " + foreign + ")"));
     }
     std::this_thread::sleep_for(5ms);
   }
@@ -184,28 +396,56 @@ Result<std::optional<std::string>> GlooKeyValueStore::Peek(const std::string& ke
 void LockedGlooStore::set(const std::string& key, const std::vector<char>& data) {
   std::lock_guard<std::mutex> lock(core_->mu);
   const std::string full = core_->Key(prefix_, key);
-  core_->store->set(full, data);
+  last_key = full;
+  const std::vector<char> sealed =
+      core_->Seal(full, std::string_view(data.data(), data.size()), /*tagged=*/false);
+  std::string existing, why;
+  if (!core_->secret.empty() &&
+      core_->Fetch(full, /*tagged=*/false, &existing, &why) == StoreCore::Found::kForeign) {
+    core_->Overwrite(full, sealed);
+  } else {
+    core_->store->set(full, sealed);
+  }
   core_->written.push_back(full);
 }
 
 std::vector<char> LockedGlooStore::get(const std::string& key) {
   wait({key}, kDefaultTimeout);
   std::lock_guard<std::mutex> lock(core_->mu);
-  return core_->store->get(core_->Key(prefix_, key));
+  const std::string full = core_->Key(prefix_, key);
+  last_key = full;
+  std::string payload, why;
+  if (core_->Fetch(full, /*tagged=*/false, &payload, &why) != StoreCore::Found::kOk) {
+    throw gloo::IoException("key '" + full + "' in rendezvous " + core_->where +
+                            " is refused: " + why);
+  }
+  return std::vector<char>(payload.begin(), payload.end());
 }
 
 void LockedGlooStore::wait(const std::vector<std::string>& keys,
                            const std::chrono::milliseconds& timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string foreign;  // "key 'K': why" of the last refused value
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(core_->mu);
       bool all = true;
-      for (const std::string& k : keys) all = all && core_->has(core_->Key(prefix_, k));
+      for (const std::string& k : keys) {
+        const std::string full = core_->Key(prefix_, k);
+        std::string payload, why;
+        const StoreCore::Found f = core_->Fetch(full, /*tagged=*/false, &payload, &why);
+        if (f == StoreCore::Found::kForeign) {
+          core_->WarnForeign(full, why);
+          foreign = "key '" + full + "': " + why;
+        }
+        all = all && f == StoreCore::Found::kOk;
+      }
       if (all) return;
     }
+    if (const int sig = RendezvousInterrupted(); sig != 0) throw RendezvousInterruptedError(sig);
     if (timeout != gloo::kNoTimeout && std::chrono::steady_clock::now() >= deadline) {
-      throw gloo::IoException("Wait timeout for rendezvous key(s) in " + core_->where);
+      throw gloo::IoException("Wait timeout for rendezvous key(s) in " + core_->where +
+                              (foreign.empty() ? "" : " (refused " + foreign + ")"));
     }
     std::this_thread::sleep_for(5ms);
   }
@@ -213,10 +453,22 @@ void LockedGlooStore::wait(const std::vector<std::string>& keys,
 
 bool HasRedis() { return GLOO_USE_REDIS != 0; }
 
+}  // namespace strata::gloo_internal
+
+namespace strata {
+void SetRendezvousInterruptCheck(int (*check)()) { gloo_internal::g_interrupt_check = check; }
+}  // namespace strata
+
+namespace strata::gloo_internal {
+
 Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
   auto core = std::make_shared<StoreCore>();
   core->spec = spec;
   core->where = spec.ToString();
+  // A folder keeps what is written through OpenKeyValueStore (it is the run's own);
+  // CreateGlooCommunicator deletes a rank's keys there when its join fails.
+  core->keep_written = spec.kind == RendezvousSpec::Kind::kFile;
+  core->secret = spec.run_secret.empty() ? EnvGet("STRATA_RUN_SECRET") : spec.run_secret;
   if (spec.kind == RendezvousSpec::Kind::kRedis && !spec.prefix.empty())
     core->ns = spec.prefix + "/";
   if (spec.kind == RendezvousSpec::Kind::kFile) {
@@ -233,6 +485,11 @@ Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
       auto fs = std::make_unique<CheckableFileStore>(spec.path);
       CheckableFileStore* raw = fs.get();
       core->has = [raw](const std::string& key) { return raw->Has(key); };
+      core->get_if = [raw](const std::string& key) -> std::optional<std::vector<char>> {
+        if (!raw->Has(key)) return std::nullopt;
+        return raw->get(key);
+      };
+      core->erase = [raw](const std::vector<std::string>& keys) { raw->Erase(keys); };
       core->store = std::move(fs);
     } catch (const std::exception& e) {
       return Status::IOError("opening rendezvous folder " + spec.path + ": " +
@@ -248,7 +505,10 @@ Result<std::shared_ptr<StoreCore>> OpenStoreCore(const RendezvousSpec& spec) {
   try {
     auto rs = std::make_unique<ErasableRedisStore>(spec.host, spec.port);
     ErasableRedisStore* raw = rs.get();
-    core->has = [raw](const std::string& key) { return raw->check({key}); };
+    STRATA_RETURN_IF_ERROR(Authenticate(
+        *raw, spec, spec.password.empty() ? EnvGet("STRATA_REDIS_PASSWORD") : spec.password));
+    core->has = [raw](const std::string& key) { return raw->GetIfPresent(key).has_value(); };
+    core->get_if = [raw](const std::string& key) { return raw->GetIfPresent(key); };
     core->erase = [raw](const std::vector<std::string>& keys) { raw->Erase(keys); };
     core->store = std::move(rs);
   } catch (const std::exception& e) {

@@ -102,15 +102,52 @@ Result<RankInfo> RankInfoFromEnv() {
 std::string RendezvousSpec::ToString() const {
   if (kind == Kind::kFile) return "file:" + path;
   bool v6 = host.find(':') != std::string::npos;
-  return "redis://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port) +
+  std::string auth;
+  if (!user.empty()) auth = user + (password.empty() ? "" : ":***") + "@";
+  if (user.empty() && !password.empty()) auth = ":***@";
+  return "redis://" + auth + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port) +
          (prefix.empty() ? "" : "/" + prefix);
 }
 
+namespace {
+
+// `text` with the password of a redis:// URL's USER:PASSWORD@ replaced by ***, for messages.
+std::string MaskPassword(std::string_view text) {
+  if (!text.starts_with("redis://")) return std::string(text);
+  const size_t end = text.find('/', 8);
+  const size_t at = text.substr(0, end).rfind('@');
+  if (at == std::string_view::npos) return std::string(text);
+  const size_t colon = text.substr(0, at).find(':', 8);
+  if (colon == std::string_view::npos) return std::string(text);
+  return std::string(text.substr(0, colon + 1)) + "***" + std::string(text.substr(at));
+}
+
+// Decodes %XX escapes (RFC 3986); false on a malformed one.
+bool PercentDecode(std::string_view in, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out->push_back(in[i]);
+      continue;
+    }
+    if (i + 2 >= in.size()) return false;
+    int v = 0;
+    auto [ptr, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, v, 16);
+    if (ec != std::errc() || ptr != in.data() + i + 3) return false;
+    out->push_back(static_cast<char>(v));
+    i += 2;
+  }
+  return true;
+}
+
+}  // namespace
+
 Result<RendezvousSpec> ParseRendezvous(std::string_view text) {
   auto bad = [&](const std::string& why) {
-    return Status::InvalidArgument("rendezvous '" + std::string(text) + "': " + why +
+    return Status::InvalidArgument("rendezvous '" + MaskPassword(text) + "': " + why +
                                    "; expected file:DIR (a folder every rank sees) or "
-                                   "redis://HOST[:PORT][/PREFIX] (or redis:HOST:PORT)");
+                                   "redis://[[USER]:PASSWORD@]HOST[:PORT][/PREFIX] (or "
+                                   "redis:HOST:PORT)");
   };
   RendezvousSpec spec;
   if (text.starts_with("file:")) {
@@ -129,6 +166,23 @@ Result<RendezvousSpec> ParseRendezvous(std::string_view text) {
       if (slash != std::string_view::npos) {
         spec.prefix = std::string(rest.substr(slash + 1));
         rest = rest.substr(0, slash);
+      }
+      // USER:PASSWORD@, :PASSWORD@ or USER@ before the host (the last '@': a password may
+      // hold one unescaped).
+      if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
+        const std::string_view info = rest.substr(0, at);
+        const size_t colon = info.find(':');
+        if (!PercentDecode(info.substr(0, colon), &spec.user) ||
+            (colon != std::string_view::npos &&
+             !PercentDecode(info.substr(colon + 1), &spec.password))) {
+          return bad("a malformed %XX escape in USER:PASSWORD@");
+        }
+        if (colon != std::string_view::npos && spec.password.empty()) {
+          return bad(
+              "the password after ':' is empty (leave out USER:PASSWORD@, or set "
+              "STRATA_REDIS_PASSWORD)");
+        }
+        rest = rest.substr(at + 1);
       }
     }
     std::string_view port_s;

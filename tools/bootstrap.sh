@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config
   liburing-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libxxhash-dev libgloo-dev libhiredis-dev libopenblas-dev
+  nlohmann-json3-dev libxxhash-dev libgloo-dev libhiredis-dev libopenblas-dev libssl-dev
   fio redis-server
   # the Python binding (python/) and its tests: CPU torch 1.13 for /usr/bin/python3
   python3-dev pybind11-dev python3-pytest python3-torch

@@ -69,23 +69,39 @@ Result<RankInfo> RankInfoFromEnv();  // the process environment
 
 // Where ranks meet: `file:DIR` (a folder all ranks see, e.g. on NFS; use a fresh folder
 // per run, since stale keys from an earlier run make rendezvous fail) or a Redis server,
-// `redis://HOST[:PORT][/PREFIX]` (or `redis:HOST:PORT`). In Redis every key of the run lies
-// under PREFIX/; each process deletes the keys it wrote when its communicator goes away, so
-// a run that ended leaves nothing behind, and the keys of one that crashed are refused by
-// the next run with the same prefix, naming them and how to delete them.
+// `redis://[[USER]:PASSWORD@]HOST[:PORT][/PREFIX]` (or `redis:HOST:PORT`). In Redis every key
+// of the run lies under PREFIX/; each process deletes the keys it wrote when its
+// communicator goes away, so a run that ended leaves nothing behind, and the keys of one that
+// crashed are refused by the next run with the same prefix, naming them and how to delete
+// them.
+//
+// Authentication (docs/multirank.md, "Securing the rendezvous"): a Redis server with
+// `requirepass` (or ACL users) is sent AUTH with `password` (and `user`); an empty password
+// is taken from STRATA_REDIS_PASSWORD, which keeps it out of `ps`. A run secret
+// (`run_secret`, else STRATA_RUN_SECRET; `strata launch` makes one) signs every key a rank
+// publishes with HMAC-SHA256 over the key's name and value: a rank ignores, and names, any
+// key that does not verify, so a process without the secret can neither join nor forge
+// another rank's endpoints.
 struct RendezvousSpec {
   enum class Kind : uint8_t { kFile, kRedis };
   Kind kind = Kind::kFile;
-  std::string path;              // kFile
-  std::string host;              // kRedis
-  int port = 0;                  // kRedis
-  std::string prefix;            // kRedis: the run's namespace ("" = none)
-  std::string ToString() const;  // back to "file:DIR" / "redis://HOST:PORT[/PREFIX]"
+  std::string path;        // kFile
+  std::string host;        // kRedis
+  int port = 0;            // kRedis
+  std::string prefix;      // kRedis: the run's namespace ("" = none)
+  std::string user;        // kRedis: ACL user for AUTH ("" = the default user)
+  std::string password;    // kRedis: AUTH password ("" = STRATA_REDIS_PASSWORD, else none)
+  std::string run_secret;  // HMAC key of the run's keys ("" = STRATA_RUN_SECRET, else none)
+  // Back to "file:DIR" / "redis://[USER[:***]@]HOST:PORT[/PREFIX]": never shows the
+  // password or the run secret, so it is safe in messages and JSON.
+  std::string ToString() const;
 };
 
-// Parses "file:DIR", "redis://HOST[:PORT][/PREFIX]" (port 6379 by default) or
-// "redis:HOST:PORT" (HOST may be [v6addr]). InvalidArgument naming the text and the accepted
-// forms otherwise. Does not touch the file system or network.
+// Parses "file:DIR", "redis://[[USER]:PASSWORD@]HOST[:PORT][/PREFIX]" (port 6379 by default;
+// USER and PASSWORD may use %XX escapes, e.g. %40 for '@' and %2F for '/') or
+// "redis:HOST:PORT" (HOST may be [v6addr]). InvalidArgument naming the text (with the
+// password masked) and the accepted forms otherwise. Does not touch the file system, the
+// network or the environment.
 Result<RendezvousSpec> ParseRendezvous(std::string_view text);
 
 // A small shared key-value store reachable by every rank, used to exchange addresses and
@@ -107,6 +123,13 @@ class KeyValueStore {
 // folder or server when it is unreachable.
 Result<std::shared_ptr<KeyValueStore>> OpenKeyValueStore(const RendezvousSpec& spec,
                                                          const std::string& prefix);
+
+// Process-wide: `check` is polled (every few milliseconds) while a rank waits in the
+// rendezvous (for the other ranks, or for a key); when it returns non-zero, the signal
+// number that asked this process to stop, the wait ends with Aborted naming that signal, and
+// the keys the rank wrote are deleted on the way out. nullptr (the default): waits run to
+// their timeout. The CLI passes its SIGINT/SIGTERM flag. Safe to call from any thread.
+void SetRendezvousInterruptCheck(int (*check)());
 
 // ---------------------------------------------------------------------------------------
 // Collectives

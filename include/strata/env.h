@@ -14,6 +14,7 @@ struct EnvVar {
   const char* name;
   const char* default_value;
   const char* help;
+  bool secret = false;  // `strata env` shows whether it is set, never its value
 };
 
 inline constexpr EnvVar kEnvVars[] = {
@@ -31,6 +32,12 @@ inline constexpr EnvVar kEnvVars[] = {
      "CUDA GPT-2 kernels: default (tuned), naive (the previous ones), or a list such as "
      "attention=naive,classifier=naive (attention, embedding, classifier, matmul, elementwise)"},
     {"STRATA_COMM_HOST", "", "Gloo listen address; empty: 127.0.0.1 on one host, else hostname"},
+    {"STRATA_REDIS_PASSWORD", "",
+     "password of a redis:// rendezvous (AUTH) when its URL gives none; keeps it out of ps", true},
+    {"STRATA_RUN_SECRET", "",
+     "the run's secret: every rank signs its rendezvous keys with it (HMAC-SHA256) and "
+     "ignores keys that do not verify; strata launch makes one (--run-secret)",
+     true},
     {"STRATA_LAUNCH_COMMAND", "",
      "set by strata launch for its ranks: its own command (strata launch -n N --), which the "
      "resume command of an interrupted run starts with"},

@@ -144,6 +144,44 @@ TEST(ParseRendezvous, AcceptsFileAndRedisAndRejectsTheRest) {
   }
 }
 
+// Redis AUTH in the URL (issue 45): ":secret@127.0.0.1" was taken for the host.
+TEST(ParseRendezvous, PasswordAndUserInTheUrlNeverShowInMessages) {
+  auto p = ParseRendezvous("redis://:s3cret@127.0.0.1:7003/run");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->host, "127.0.0.1");
+  EXPECT_EQ(p->port, 7003);
+  EXPECT_EQ(p->prefix, "run");
+  EXPECT_EQ(p->user, "");
+  EXPECT_EQ(p->password, "s3cret");
+  EXPECT_EQ(p->ToString(), "redis://:***@127.0.0.1:7003/run");
+
+  // An ACL user; '@' and '/' escaped in the password, a raw '@' taken up to the last one.
+  auto u = ParseRendezvous("redis://alice:p%40ss%2Fword@[::1]/p");
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->user, "alice");
+  EXPECT_EQ(u->password, "p@ss/word");
+  EXPECT_EQ(u->host, "::1");
+  EXPECT_EQ(u->port, 6379);
+  EXPECT_EQ(u->ToString(), "redis://alice:***@[::1]:6379/p");
+  auto raw = ParseRendezvous("redis://bob:a@b@head:7004");
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  EXPECT_EQ(raw->user, "bob");
+  EXPECT_EQ(raw->password, "a@b");
+  EXPECT_EQ(raw->host, "head");
+  auto user_only = ParseRendezvous("redis://carol@head/p");
+  ASSERT_TRUE(user_only.ok());
+  EXPECT_EQ(user_only->user, "carol");
+  EXPECT_EQ(user_only->password, "");
+
+  for (const char* bad : {"redis://:@head/p", "redis://:pw%4@head/p", "redis://:topsecret@/p",
+                          "redis://:topsecret@head:99999/p"}) {
+    auto b = ParseRendezvous(bad);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(b.status().message().find("topsecret"), std::string::npos)
+        << "the password leaked: " << b.status().ToString();
+  }
+}
+
 TEST(CommTimeoutFromEnv, ParsesSecondsAndRejectsGarbage) {
   ::setenv("STRATA_COMM_TIMEOUT", "2.5", 1);
   auto t = CommTimeoutFromEnv();

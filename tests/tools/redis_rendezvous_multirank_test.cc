@@ -89,12 +89,26 @@ TEST_F(RedisRendezvousTest, AFinishedRunLeavesNoKeySoTheSamePrefixRunsAgain) {
   EXPECT_EQ(redis_.Cli("DBSIZE"), "0\n");
 }
 
-TEST_F(RedisRendezvousTest, AStaleKeyIsRefusedNamingItAndHowToDeleteIt) {
-  // What a run killed during start-up leaves: rank 0's join key.
+TEST_F(RedisRendezvousTest, AStaleKeyIsTakenOverUnderLaunchAndRefusedWithoutASecret) {
+  // What a run killed during start-up leaves: rank 0's join key, unsigned.
   ASSERT_EQ(redis_.Cli("SET stale/strata-train/join/0 v1"), "OK\n");
+  // strata launch gives its ranks a run secret: the key does not verify with it, so it is
+  // not this run's, and rank 0 takes it over (a stale or planted key cannot block a prefix).
   CliRun run;
   const std::vector<double> losses = Train(2, redis_.Url("stale"), &run);
-  EXPECT_TRUE(losses.empty());
+  EXPECT_EQ(losses.size(), 6u) << run.output;
+  EXPECT_TRUE(Contains(run.output, "replacing key 'stale/strata-train/join/0'")) << run.output;
+  // Ranks without a secret (started by torchrun or srun) cannot tell another run's key from
+  // their own: refused, naming it and how to delete it.
+  ASSERT_EQ(redis_.Cli("SET stale/strata-train/join/0 v1"), "OK\n");
+  testing::CliRunOptions o;
+  o.unset_env = {"LOCAL_WORLD_SIZE", "STRATA_RENDEZVOUS", "STRATA_RUN_SECRET"};
+  o.timeout_s = 60;
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  run = testing::RunCli(kModel + " --comm-timeout 30 --rendezvous " + redis_.Url("stale"), o);
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK"}) ::unsetenv(v);
   EXPECT_NE(run.exit_code, 0);
   EXPECT_TRUE(Contains(run.output, "key 'stale/strata-train/join/0' already exists")) << run.output;
   EXPECT_TRUE(Contains(run.output, "--scan --pattern 'stale/*'")) << run.output;

@@ -35,9 +35,10 @@ class RedisServer {
   RedisServer& operator=(const RedisServer&) = delete;
 
   // Starts the server on a free port of `bind` and waits (5 s at most) until it answers
-  // PING through redis-cli. Returns false (with *why) when it did not come up.
+  // PING through redis-cli. Returns false (with *why) when it did not come up. `extra`:
+  // more redis-server arguments; with "--requirepass PW", set cli_password (below) first.
   bool Start(std::string* why, const std::string& bind = "127.0.0.1",
-             const std::string& prefix = "") {
+             const std::string& prefix = "", const std::string& extra = "") {
     bind_ = bind;
     prefix_ = prefix;
     for (int attempt = 0; attempt < 5; ++attempt) {
@@ -48,7 +49,8 @@ class RedisServer {
         const std::string cmd = prefix + (prefix.empty() ? "" : " ") + Binary() + " --port " +
                                 std::to_string(port_) + " --bind " + bind +
                                 " --save '' --appendonly no --protected-mode no "
-                                "--loglevel warning --logfile /dev/null";
+                                "--loglevel warning --logfile /dev/null " +
+                                extra;
         ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
         ::_exit(127);
       }
@@ -87,7 +89,9 @@ class RedisServer {
   // redis-cli's output for `command` sent to this server (e.g. "SET k v", "KEYS *").
   std::string Cli(const std::string& command) const {
     std::string cmd = prefix_ + (prefix_.empty() ? "" : " ") + "timeout -s KILL 5 redis-cli -h " +
-                      bind_ + " -p " + std::to_string(port_) + " " + command + " 2>/dev/null";
+                      bind_ + " -p " + std::to_string(port_) +
+                      (cli_password.empty() ? "" : " --no-auth-warning -a " + cli_password) + " " +
+                      command + " 2>/dev/null";
     std::string out;
     if (FILE* p = ::popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -99,6 +103,8 @@ class RedisServer {
   }
 
   int port() const { return port_; }
+  // The password Cli authenticates with (a server started with --requirepass).
+  std::string cli_password;
   // The rendezvous flag value for a run with key prefix `prefix`.
   std::string Url(const std::string& prefix) const {
     return "redis://" + bind_ + ":" + std::to_string(port_) + "/" + prefix;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "strata/comm.h"
 #include "strata/env.h"
 
 namespace strata::cli {
@@ -71,6 +72,9 @@ void InstallInterruptHandlers() {
     sa.sa_flags = SA_RESTART;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
+    // A rank waiting for the others in the rendezvous stops at the signal too (and deletes
+    // its keys there), rather than waiting out its comm timeout.
+    SetRendezvousInterruptCheck([] { return InterruptSignal(); });
   });
 }
 

@@ -16,11 +16,19 @@
 // the last line on stderr names that rank; but when the failed ranks' errors say a rank that
 // has not failed "sent nothing" (it hangs), that rank is named as the cause. SIGINT/SIGTERM to
 // launch are passed on to the ranks. Each rank runs in its own process group so that its children
-// are stopped with it.
+// are stopped with it, and dies with launch: a launch killed by SIGKILL (which it cannot pass
+// on) leaves no rank running, since each rank gets SIGTERM when launch dies
+// (PR_SET_PDEATHSIG), and stops as it would at a Ctrl-C.
+//
+// The run secret: every rank gets STRATA_RUN_SECRET, with which it signs its rendezvous keys
+// and refuses keys that do not verify (comm/run_secret.h). It is --run-secret, else
+// STRATA_RUN_SECRET, else with one node a fresh random one; several nodes must share one,
+// so there launch warns that the rendezvous is not authenticated when none is given.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/run_secret.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/interrupt.h"
@@ -60,6 +69,7 @@ struct LaunchArgs {
   std::string comm_host;       // STRATA_COMM_HOST for the ranks
   std::string comm_interface;  // GLOO_SOCKET_IFNAME for the ranks
   std::string output = "prefix";
+  std::string run_secret;  // "": STRATA_RUN_SECRET, else a fresh one (one node)
   double grace_s = 10.0;
   std::vector<std::string> command;
   // Resolved by ResolveNodes: this host's first global rank and the world size.
@@ -252,6 +262,8 @@ class SignalForwarding {
 struct RankEnvironment {
   std::string world, local_world, rendezvous;
   std::string launch_command;  // the launch's arguments up to the command (ResumeCommand)
+  std::string run_secret;      // STRATA_RUN_SECRET ("" = unset)
+  pid_t launcher = 0;          // this process, which the ranks die with
 };
 
 // The ranks of one launch, from their start until the last has exited: it owns their
@@ -305,6 +317,9 @@ void Supervisor::ExecRank(int r, const RankEnvironment& env, const SignalForward
                           const std::vector<char*>& argv, int out_fd, int err_fd) const {
   ::setpgid(0, 0);
   signals.RestoreHandlers();
+  // Die with the launcher. The parent may have died between fork and prctl: then this
+  // process was already reparented, and getppid() tells.
+  if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != env.launcher) ::_exit(128 + 15);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(err_fd, STDERR_FILENO);
   ::setenv("RANK", std::to_string(args_.first_rank + r).c_str(), 1);
@@ -313,6 +328,7 @@ void Supervisor::ExecRank(int r, const RankEnvironment& env, const SignalForward
   ::setenv("LOCAL_WORLD_SIZE", env.local_world.c_str(), 1);
   ::setenv("STRATA_RENDEZVOUS", env.rendezvous.c_str(), 1);
   ::setenv("STRATA_LAUNCH_COMMAND", env.launch_command.c_str(), 1);
+  if (!env.run_secret.empty()) ::setenv("STRATA_RUN_SECRET", env.run_secret.c_str(), 1);
   if (!args_.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args_.comm_host.c_str(), 1);
   if (!args_.comm_interface.empty()) {
     ::setenv("GLOO_SOCKET_IFNAME", args_.comm_interface.c_str(), 1);
@@ -544,7 +560,25 @@ int RunLaunch(LaunchArgs& args) {
   TempFolder rdzv;
   RankEnvironment env{std::to_string(args.world), std::to_string(args.nproc), args.rendezvous,
                       // An interrupted run's resume command starts with these.
-                      CommandLinePrefix(args.command.size())};
+                      CommandLinePrefix(args.command.size()), args.run_secret, ::getpid()};
+  if (const char* e = std::getenv("STRATA_RUN_SECRET"); env.run_secret.empty() && e != nullptr) {
+    env.run_secret = e;
+  }
+  if (env.run_secret.empty() && args.nnodes == 1) {
+    Result<std::string> secret = NewRunSecret();
+    if (!secret.ok()) {
+      std::fprintf(stderr, "strata launch: %s\n", secret.status().ToString().c_str());
+      return 1;
+    }
+    env.run_secret = *secret;
+  } else if (env.run_secret.empty()) {
+    std::fprintf(stderr,
+                 "strata launch: warning: --nnodes %d without a run secret: any process that "
+                 "reaches the rendezvous can join the run; give every host's launch the same "
+                 "STRATA_RUN_SECRET (e.g. from openssl rand -hex 32; --run-secret shows it in "
+                 "ps)\n",
+                 args.nnodes);
+  }
   if (env.rendezvous.empty()) {
     if (Result<std::string> made = rdzv.Make(tmp_root + "/strata-launch-"); !made.ok()) {
       std::fprintf(stderr, "strata launch: cannot create a rendezvous folder under %s: %s\n",
@@ -595,6 +629,11 @@ void AddLaunch(CLI::App& app, int* exit_code) {
                   "rank 0's stdout unchanged, other ranks' stdout dropped, stderr prefixed "
                   "(so that `--json -` output stays one parseable document)")
       ->capture_default_str();
+  sub->add_option("--run-secret", args->run_secret,
+                  "The run's secret (sets STRATA_RUN_SECRET): every rank signs its rendezvous "
+                  "keys with it and ignores keys that do not verify. Default: "
+                  "STRATA_RUN_SECRET, else a fresh random one with one node (several nodes "
+                  "must share one: set STRATA_RUN_SECRET on each, which stays out of ps)");
   sub->add_option("--grace", args->grace_s,
                   "Seconds the other ranks get to stop by themselves after one fails, before "
                   "SIGTERM (then SIGKILL 5 s later)")

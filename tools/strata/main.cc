@@ -35,8 +35,9 @@ int main(int argc, char** argv) {
   app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
       ->callback([] {
         for (const strata::EnvVar& v : strata::kEnvVars) {
+          const std::string now = strata::EnvGet(v.name);
           std::printf("%-20s default=%-6s now=%-8s %s\n", v.name, v.default_value,
-                      strata::EnvGet(v.name).c_str(), v.help);
+                      v.secret ? (now.empty() ? "" : "(set)") : now.c_str(), v.help);
         }
       });
 
