@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bench_stats.h"
 #include "model/cuda/gpt2_cuda_block.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 #include "strata/device.h"
@@ -84,12 +85,6 @@ void* DeviceAlloc(size_t bytes) {
   void* p = nullptr;
   BENCH_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
   return p;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
 // Median milliseconds of `fn` on `stream` over `iters` runs after `warmup` runs.

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bench_stats.h"
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/bench_adam_state.h"
@@ -28,6 +29,8 @@
 
 namespace strata::cli {
 namespace {
+
+using model::Median;
 
 struct BenchAdamFlags {
   std::string params = "64M";
@@ -188,12 +191,6 @@ struct Sample {
     return wrong;
   }
 };
-
-double Median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const size_t k = x.size();
-  return k % 2 ? x[k / 2] : 0.5 * (x[k / 2 - 1] + x[k / 2]);
-}
 
 template <class Fn>
 Result<double> TimeIt(Fn&& fn) {

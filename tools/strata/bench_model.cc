@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bench_stats.h"
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
 #include "tools/strata/cli_common.h"
@@ -20,6 +21,8 @@
 
 namespace strata::cli {
 namespace {
+
+using model::Median;
 
 struct BenchModelArgs {
   std::vector<std::string> models = {"4x128", "6x384", "12x768"};  // LAYERSxD_MODEL
@@ -30,11 +33,6 @@ struct BenchModelArgs {
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int RunBenchModel(const BenchModelArgs& a) {
