@@ -36,6 +36,10 @@ double Seconds(std::chrono::steady_clock::duration d) {
 }
 
 int RunBenchModel(const BenchModelArgs& a) {
+  if (Status s = CheckOutput("--json", a.json); !s.ok()) {  // before the run, not after it
+    std::fprintf(stderr, "strata bench model: %s\n", s.ToString().c_str());
+    return 1;
+  }
   // With --json -, standard output carries the JSON alone; the table goes to standard error.
   const JsonDestination json(a.json);
   SetComputeThreads(ResolveThreads(a.threads));

@@ -70,6 +70,11 @@ Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text) {
   return bytes;
 }
 
+Status CheckOutput(std::string_view flag, const std::string& path) {
+  if (path.empty() || path == "-") return Status::OK();
+  return CheckOutputPath(path, flag);
+}
+
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text) {
   if (path == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
