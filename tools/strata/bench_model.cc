@@ -148,11 +148,7 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   sub->add_option("--json", a->json,
                   "Write the results as JSON to FILE (-: standard output; the table then goes "
                   "to standard error)");
-  sub->add_option("--threads", a->threads,
-                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
-                  "per core)")
-      ->check(CLI::Range(0, kMaxThreads))
-      ->capture_default_str();
+  AddModelThreadsFlag(sub, &a->threads);
   SetCallbackWithConfig(
       sub, [a] { return RunBenchModel(*a); }, exit_code);
 }

@@ -122,6 +122,14 @@ CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
   return on;
 }
 
+void AddModelThreadsFlag(CLI::App* cmd, int* threads) {
+  cmd->add_option("--threads", *threads,
+                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
+                  "per core)")
+      ->check(CLI::Range(0, kMaxThreads))
+      ->capture_default_str();
+}
+
 int ResolveThreads(int flag) {
   if (flag > 0) return flag;
   return EnvNumThreads();

@@ -76,6 +76,10 @@ CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
 // threads, and the run would fail in thread creation (or crash) rather than at the flag.
 inline constexpr int kMaxThreads = kMaxCpuThreads;
 
+// --threads for the commands that run the model alone on the CPU (bench model, eval,
+// generate): 0 to kMaxThreads, 0 meaning ResolveThreads' default.
+void AddModelThreadsFlag(CLI::App* cmd, int* threads);
+
 // Threads for CPU work: `flag` when > 0, else STRATA_NUM_THREADS when > 0, else 0 (one per
 // core, OpenMP's default).
 int ResolveThreads(int flag);
