@@ -47,6 +47,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu_bench_util.h"
+#include "model/bench_stats.h"
 #include "model/cuda/gpt2_cuda_block.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 #include "strata/device.h"
@@ -62,57 +64,6 @@ struct Config {
   bool model_only = false;
   std::string json;
 };
-
-#define BENCH_CHECK_CUDA(expr)                                                \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "error: %s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-#define BENCH_CHECK(expr)                                                               \
-  do {                                                                                  \
-    ::strata::Status bench_status_ = (expr);                                            \
-    if (!bench_status_.ok()) {                                                          \
-      std::fprintf(stderr, "error: %s: %s\n", #expr, bench_status_.ToString().c_str()); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
-void* DeviceAlloc(size_t bytes) {
-  void* p = nullptr;
-  BENCH_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-  return p;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-// Median milliseconds of `fn` on `stream` over `iters` runs after `warmup` runs.
-double TimeMs(cudaStream_t stream, int warmup, int iters, const std::function<void()>& fn) {
-  cudaEvent_t start, stop;
-  BENCH_CHECK_CUDA(cudaEventCreate(&start));
-  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < warmup; ++i) fn();
-  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
-    fn();
-    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    BENCH_CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return Median(ms);
-}
 
 std::vector<Bf16> RandomBf16(size_t n, float stddev, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, stddev);
@@ -465,38 +416,6 @@ struct CopyRow {
   uint64_t wrong;
 };
 
-// --query: the device as the CUDA runtime sees it, one JSON line (no nvidia-smi needed).
-// Exit 0 with a device, 3 without one.
-int Query() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  int driver = 0, runtime = 0;
-  cudaDriverGetVersion(&driver);
-  cudaRuntimeGetVersion(&runtime);
-  nlohmann::json doc = {{"device_count", err == cudaSuccess ? count : 0},
-                        {"driver_version", driver},
-                        {"runtime_version", runtime},
-                        {"devices", nlohmann::json::array()}};
-  if (err != cudaSuccess) doc["error"] = cudaGetErrorString(err);
-  for (int i = 0; err == cudaSuccess && i < count; ++i) {
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaSetDevice(i) == cudaSuccess) cudaMemGetInfo(&free_bytes, &total_bytes);
-    doc["devices"].push_back(
-        {{"ordinal", i},
-         {"name", prop.name},
-         {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
-         {"multiprocessors", prop.multiProcessorCount},
-         {"memory_bytes", prop.totalGlobalMem},
-         {"free_bytes", free_bytes},
-         {"l2_bytes", prop.l2CacheSize},
-         {"pci_bus", prop.pciBusID}});
-  }
-  std::printf("%s\n", doc.dump().c_str());
-  return err == cudaSuccess && count > 0 ? 0 : 3;
-}
-
 // Writes `doc` to `path` ("" = nowhere); false (and a message) when it cannot.
 bool WriteJson(const std::string& path, const nlohmann::json& doc) {
   if (path.empty()) return true;
@@ -506,35 +425,41 @@ bool WriteJson(const std::string& path, const nlohmann::json& doc) {
   return static_cast<bool>(out);
 }
 
-int Run(const Config& cfg) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("# gpu_model_bench: no CUDA device present; nothing to measure\n");
-    return 0;
+// Per kernel, on the model's shapes: the tuned kernels against the previous ones. Returns
+// 1 when a kernel's result differs beyond its tolerance, else 0.
+int MeasureKernels(const Config& cfg, GpuModel& model, cudaStream_t stream, nlohmann::json* doc) {
+  int wrong = 0;
+  KernelBench kernels(model, stream, cfg.warmup, cfg.iters);
+  const std::vector<KernelRow> krows = kernels.Run();
+  std::printf("%-18s %10s %10s %8s %12s %7s\n", "#kernel", "tuned_ms", "naive_ms", "speedup",
+              "max_rel_diff", "#wrong");
+  nlohmann::json kj = nlohmann::json::array();
+  for (const KernelRow& r : krows) {
+    std::printf("%-18s %10.3f %10.3f %8.2f %12.3g %7d\n", r.name.c_str(), r.tuned_ms, r.naive_ms,
+                r.naive_ms / r.tuned_ms, r.diff, r.wrong);
+    kj.push_back({{"kernel", r.name},
+                  {"tuned_ms", r.tuned_ms},
+                  {"naive_ms", r.naive_ms},
+                  {"speedup", r.naive_ms / r.tuned_ms},
+                  {"max_rel_diff", r.diff},
+                  {"wrong", r.wrong}});
+    if (r.wrong) wrong = 1;
   }
-  if (cfg.d_model % cfg.heads != 0) {
-    std::fprintf(stderr, "error: --d-model %d is not a multiple of --heads %d\n", cfg.d_model,
-                 cfg.heads);
-    return 2;
-  }
-  cudaDeviceProp prop{};
-  BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  int runtime = 0;
-  cudaRuntimeGetVersion(&runtime);
-  cudaStream_t stream;
-  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto ctx_or = CudaOpContext::Create(stream);
-  BENCH_CHECK(ctx_or.status());
-  CudaOpContext& ctx = **ctx_or;
-  nlohmann::json doc;
-  doc["config"] = {{"layers", cfg.layers},   {"d_model", cfg.d_model}, {"heads", cfg.heads},
-                   {"seq_len", cfg.seq_len}, {"batch", cfg.batch},     {"vocab", cfg.vocab},
-                   {"iters", cfg.iters},     {"warmup", cfg.warmup},   {"copy_mib", cfg.copy_mib},
-                   {"device", prop.name},    {"cuda_runtime", runtime}};
+  (*doc)["kernels"] = kj;
+  return wrong;
+}
 
-  // ---- model -------------------------------------------------------------------------------
+struct ModelOutcome {
+  int wrong_model = 0;    // the first loss is off (either kernel set), or the two disagree
+  int wrong_kernels = 0;  // a kernel differs beyond its tolerance (with --naive)
+};
+
+// The model's rows: the whole step with the tuned kernels (and with --naive the previous ones,
+// then per kernel), and its GEMMs alone; prints the header lines and the rows, fills doc["model"].
+ModelOutcome MeasureModel(const Config& cfg, const cudaDeviceProp& prop, int runtime,
+                          CudaOpContext& ctx, GpuModel& model, cudaStream_t stream,
+                          nlohmann::json* doc) {
   int wrong_kernels = 0;
-  GpuModel model(cfg, ctx);
   const double tokens = double(cfg.batch) * cfg.seq_len;
   std::printf("# gpu_model_bench on %s (%d SMs, %.1f GiB), CUDA runtime %d\n", prop.name,
               prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, runtime);
@@ -581,45 +506,73 @@ int Run(const Config& cfg) {
               "gemm_only_ms", "gemm_ratio", "loss0", "#wrong");
   std::printf("%-16s %10.3f %12.0f %9.2f %13.3f %11.3f %9.4f %7d\n", "fwd+bwd", step_ms, tok_s,
               tflops, gemm_ms, gemm_ms / step_ms, loss0, wrong_model);
-  doc["model"] = {{"step_ms", step_ms},      {"tokens_per_s", tok_s},           {"tflops", tflops},
-                  {"gemm_only_ms", gemm_ms}, {"gemm_ratio", gemm_ms / step_ms}, {"loss0", loss0},
-                  {"wrong", wrong_model}};
+  (*doc)["model"] = {
+      {"step_ms", step_ms},      {"tokens_per_s", tok_s},           {"tflops", tflops},
+      {"gemm_only_ms", gemm_ms}, {"gemm_ratio", gemm_ms / step_ms}, {"loss0", loss0},
+      {"wrong", wrong_model}};
   if (cfg.naive) {
     std::printf("%-16s %10.3f %12.0f %9.2f %13s %11s %9.4f %7s\n", "fwd+bwd(naive)", naive_step_ms,
                 tokens / (naive_step_ms / 1e3),
                 flops_per_token * tokens / (naive_step_ms / 1e3) / 1e12, "", "", naive_loss0, "");
     std::printf("# speedup of the tuned kernels over the previous ones, whole step: %.2fx\n",
                 naive_step_ms / step_ms);
-    doc["model"]["naive_step_ms"] = naive_step_ms;
-    doc["model"]["naive_loss0"] = naive_loss0;
-    doc["model"]["speedup"] = naive_step_ms / step_ms;
+    (*doc)["model"]["naive_step_ms"] = naive_step_ms;
+    (*doc)["model"]["naive_loss0"] = naive_loss0;
+    (*doc)["model"]["speedup"] = naive_step_ms / step_ms;
 
-    // Per kernel, on the model's shapes.
-    KernelBench kernels(model, stream, cfg.warmup, cfg.iters);
-    const std::vector<KernelRow> krows = kernels.Run();
-    std::printf("%-18s %10s %10s %8s %12s %7s\n", "#kernel", "tuned_ms", "naive_ms", "speedup",
-                "max_rel_diff", "#wrong");
-    nlohmann::json kj = nlohmann::json::array();
-    for (const KernelRow& r : krows) {
-      std::printf("%-18s %10.3f %10.3f %8.2f %12.3g %7d\n", r.name.c_str(), r.tuned_ms, r.naive_ms,
-                  r.naive_ms / r.tuned_ms, r.diff, r.wrong);
-      kj.push_back({{"kernel", r.name},
-                    {"tuned_ms", r.tuned_ms},
-                    {"naive_ms", r.naive_ms},
-                    {"speedup", r.naive_ms / r.tuned_ms},
-                    {"max_rel_diff", r.diff},
-                    {"wrong", r.wrong}});
-      if (r.wrong) wrong_kernels = 1;
-    }
-    doc["kernels"] = kj;
+    wrong_kernels = MeasureKernels(cfg, model, stream, doc);
   }
+  return {wrong_model, wrong_kernels};
+}
 
-  if (cfg.model_only) {
-    if (!WriteJson(cfg.json, doc)) return 1;
-    return wrong_model != 0 || wrong_kernels != 0 ? 1 : 0;
+// strata::Device, as the engine uses it: registered host memory, the H2D / D2H lanes. Appends
+// the device_api_h2d and device_api_d2h rows (or says why they are skipped).
+void MeasureDeviceApiCopies(size_t bytes, const unsigned char* src, double h2d_peak,
+                            double d2h_peak, int reps,
+                            const std::function<uint64_t(const void*)>& verify,
+                            std::vector<CopyRow>* rows) {
+  const double mib = double(bytes) / (1 << 20);
+  auto gbps = [&](double ms, size_t moved) { return moved / (ms / 1e3) / 1e9; };
+  DeviceOptions opts;
+  auto device_or = CreateCudaDevice(opts);
+  if (device_or.ok()) {
+    Device& device = **device_or;
+    void* host = nullptr;
+    BENCH_CHECK_CUDA(cudaMallocHost(&host, bytes));
+    std::memcpy(host, src, bytes);
+    auto dptr = device.Allocate(bytes);
+    BENCH_CHECK(dptr.status());
+    auto time_lane = [&](Lane lane, const std::function<void()>& fn) {
+      std::vector<double> ms;
+      for (int i = 0; i < reps + 1; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        BENCH_CHECK(device.SynchronizeLane(lane));
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+      return Median(ms);
+    };
+    const double dev_h2d_ms = time_lane(
+        Lane::kH2D, [&] { BENCH_CHECK(device.CopyToDevice(*dptr, host, bytes, "bench h2d")); });
+    rows->push_back({"device_api_h2d", mib, gbps(dev_h2d_ms, bytes), h2d_peak,
+                     gbps(dev_h2d_ms, bytes) / h2d_peak, verify(*dptr)});
+    const double dev_d2h_ms = time_lane(
+        Lane::kD2H, [&] { BENCH_CHECK(device.CopyToHost(host, *dptr, bytes, "bench d2h")); });
+    uint64_t diff = 0;
+    for (size_t i = 0; i < bytes; ++i) diff += static_cast<unsigned char*>(host)[i] != src[i];
+    rows->push_back({"device_api_d2h", mib, gbps(dev_d2h_ms, bytes), d2h_peak,
+                     gbps(dev_d2h_ms, bytes) / d2h_peak, diff});
+    BENCH_CHECK(device.Free(*dptr));
+    cudaFreeHost(host);
+  } else {
+    std::printf("# strata::Device rows skipped: %s\n", device_or.status().ToString().c_str());
   }
+}
 
-  // ---- copies ------------------------------------------------------------------------------
+// The copy rows: cudaMemcpyAsync at its peak and per block in each direction, from pageable
+// memory, both directions at once, then through strata::Device; each checked byte for byte.
+std::vector<CopyRow> MeasureCopies(const Config& cfg, GpuModel& model, cudaStream_t stream) {
   const size_t bytes = size_t(cfg.copy_mib) << 20;
   void* pinned = nullptr;
   BENCH_CHECK_CUDA(cudaMallocHost(&pinned, bytes));
@@ -697,44 +650,52 @@ int Run(const Config& cfg) {
   });
   rows.push_back({"bidir_pinned", 2 * mib, gbps(bidir_ms, 2 * bytes), h2d_peak + d2h_peak,
                   gbps(bidir_ms, 2 * bytes) / (h2d_peak + d2h_peak), verify(dev2)});
-  // strata::Device, as the engine uses it: registered host memory, the H2D / D2H lanes.
-  {
-    DeviceOptions opts;
-    auto device_or = CreateCudaDevice(opts);
-    if (device_or.ok()) {
-      Device& device = **device_or;
-      void* host = nullptr;
-      BENCH_CHECK_CUDA(cudaMallocHost(&host, bytes));
-      std::memcpy(host, src, bytes);
-      auto dptr = device.Allocate(bytes);
-      BENCH_CHECK(dptr.status());
-      auto time_lane = [&](Lane lane, const std::function<void()>& fn) {
-        std::vector<double> ms;
-        for (int i = 0; i < reps + 1; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          fn();
-          BENCH_CHECK(device.SynchronizeLane(lane));
-          const auto t1 = std::chrono::steady_clock::now();
-          if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        }
-        return Median(ms);
-      };
-      const double dev_h2d_ms = time_lane(
-          Lane::kH2D, [&] { BENCH_CHECK(device.CopyToDevice(*dptr, host, bytes, "bench h2d")); });
-      rows.push_back({"device_api_h2d", mib, gbps(dev_h2d_ms, bytes), h2d_peak,
-                      gbps(dev_h2d_ms, bytes) / h2d_peak, verify(*dptr)});
-      const double dev_d2h_ms = time_lane(
-          Lane::kD2H, [&] { BENCH_CHECK(device.CopyToHost(host, *dptr, bytes, "bench d2h")); });
-      uint64_t diff = 0;
-      for (size_t i = 0; i < bytes; ++i) diff += static_cast<unsigned char*>(host)[i] != src[i];
-      rows.push_back({"device_api_d2h", mib, gbps(dev_d2h_ms, bytes), d2h_peak,
-                      gbps(dev_d2h_ms, bytes) / d2h_peak, diff});
-      BENCH_CHECK(device.Free(*dptr));
-      cudaFreeHost(host);
-    } else {
-      std::printf("# strata::Device rows skipped: %s\n", device_or.status().ToString().c_str());
-    }
+  MeasureDeviceApiCopies(bytes, src, h2d_peak, d2h_peak, reps, verify, &rows);
+  cudaFreeHost(sink);
+  cudaFreeHost(pinned);
+  return rows;
+}
+
+int Run(const Config& cfg) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("# gpu_model_bench: no CUDA device present; nothing to measure\n");
+    return 0;
   }
+  if (cfg.d_model % cfg.heads != 0) {
+    std::fprintf(stderr, "error: --d-model %d is not a multiple of --heads %d\n", cfg.d_model,
+                 cfg.heads);
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaStream_t stream;
+  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto ctx_or = CudaOpContext::Create(stream);
+  BENCH_CHECK(ctx_or.status());
+  CudaOpContext& ctx = **ctx_or;
+  nlohmann::json doc;
+  doc["config"] = {{"layers", cfg.layers},   {"d_model", cfg.d_model}, {"heads", cfg.heads},
+                   {"seq_len", cfg.seq_len}, {"batch", cfg.batch},     {"vocab", cfg.vocab},
+                   {"iters", cfg.iters},     {"warmup", cfg.warmup},   {"copy_mib", cfg.copy_mib},
+                   {"device", prop.name},    {"cuda_runtime", runtime}};
+
+  // ---- model -------------------------------------------------------------------------------
+  GpuModel model(cfg, ctx);
+  const ModelOutcome outcome = MeasureModel(cfg, prop, runtime, ctx, model, stream, &doc);
+  const int wrong_model = outcome.wrong_model, wrong_kernels = outcome.wrong_kernels;
+
+  if (cfg.model_only) {
+    if (!WriteJson(cfg.json, doc)) return 1;
+    return wrong_model != 0 || wrong_kernels != 0 ? 1 : 0;
+  }
+
+  // ---- copies ------------------------------------------------------------------------------
+  const size_t bytes = size_t(cfg.copy_mib) << 20;
+  const double mib = double(bytes) / (1 << 20);
+  const std::vector<CopyRow> rows = MeasureCopies(cfg, model, stream);
   std::printf(
       "# copies: %.0f MiB per case; per_block = %.2f MiB bf16 params (H2D) / %.2f MiB"
       " fp32 grads (D2H) per cudaMemcpyAsync; ratio = GB/s / peak of that direction\n",
@@ -754,8 +715,6 @@ int Run(const Config& cfg) {
   }
   doc["copies"] = copies;
   if (!WriteJson(cfg.json, doc)) return 1;
-  cudaFreeHost(sink);
-  cudaFreeHost(pinned);
   bool any_wrong = wrong_model != 0 || wrong_kernels != 0;
   for (const CopyRow& r : rows) any_wrong = any_wrong || r.wrong != 0;
   return any_wrong ? 1 : 0;

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "engine/rank_collectives.h"
 
@@ -38,6 +39,34 @@ class NoCollectives final : public Collectives {
  private:
   DeviceTier& device_;
 };
+
+// FNV-1a over the bytes of the model description (blocks, tensor names, shapes, offsets,
+// weight decay, optimizer groups) and of the schedule: {model hash, schedule hash}.
+std::pair<uint64_t, uint64_t> ModelAndScheduleHashes(const EngineContext& ctx) {
+  uint64_t model_hash = 1469598103934665603ull, schedule_hash = model_hash;
+  auto mix = [](uint64_t* h, const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      *h = (*h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  for (const BlockLayout& b : ctx.layout) {
+    mix(&model_hash, b.name.data(), b.name.size() + 1);
+    for (const TensorLayout& t : b.tensors) {
+      mix(&model_hash, t.name.data(), t.name.size() + 1);
+      for (int64_t d : t.shape) mix(&model_hash, &d, sizeof d);
+      mix(&model_hash, &t.offset, sizeof t.offset);
+      const uint8_t wd = t.weight_decay;
+      mix(&model_hash, &wd, 1);
+      mix(&model_hash, &t.group, sizeof t.group);
+    }
+  }
+  for (const ScheduleEntry& e : ctx.opt.schedule) {
+    mix(&schedule_hash, &e.block, sizeof e.block);
+    const uint8_t pass = uint8_t(e.pass);
+    mix(&schedule_hash, &pass, 1);
+  }
+  return {model_hash, schedule_hash};
+}
 
 }  // namespace
 
@@ -73,29 +102,7 @@ std::unique_ptr<Collectives> CreateCollectives(EngineContext& ctx, HostTier& hos
 // difference, so they all fail with the same message.
 Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
   const EngineOptions& opt = ctx.opt;
-  // FNV-1a over the bytes of the model description and the schedule.
-  uint64_t model_hash = 1469598103934665603ull, schedule_hash = model_hash;
-  auto mix = [](uint64_t* h, const void* data, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      *h = (*h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-    }
-  };
-  for (const BlockLayout& b : ctx.layout) {
-    mix(&model_hash, b.name.data(), b.name.size() + 1);
-    for (const TensorLayout& t : b.tensors) {
-      mix(&model_hash, t.name.data(), t.name.size() + 1);
-      for (int64_t d : t.shape) mix(&model_hash, &d, sizeof d);
-      mix(&model_hash, &t.offset, sizeof t.offset);
-      const uint8_t wd = t.weight_decay;
-      mix(&model_hash, &wd, 1);
-      mix(&model_hash, &t.group, sizeof t.group);
-    }
-  }
-  for (const ScheduleEntry& e : opt.schedule) {
-    mix(&schedule_hash, &e.block, sizeof e.block);
-    const uint8_t pass = uint8_t(e.pass);
-    mix(&schedule_hash, &pass, 1);
-  }
+  const auto [model_hash, schedule_hash] = ModelAndScheduleHashes(ctx);
   const WorkingDtype dtype =
       opt.dtype != WorkingDtype::kAuto
           ? opt.dtype

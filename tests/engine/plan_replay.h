@@ -109,6 +109,83 @@ inline std::string CheckDevicePlan(const std::vector<Access>& schedule,
   return "";
 }
 
+// An eviction of object `o` after `kb` of its `n` uses, when `o` is a gradient: it must stay
+// from its first landing to its update (across the step boundary when deferred), unless it
+// is spilled to NVMe from its final landing on. "" when the eviction is allowed.
+inline std::string CheckGradEviction(const HostPlanInput& in, const HostPlan& p, int o, int kb,
+                                     int n) {
+  if (ObjComponent(o) != Component::kGrad) return "";
+  // The gradient's uses: the last step's carried update (if any), this step's landings,
+  // and its own update unless deferred to the next step. A spilled gradient is on NVMe
+  // from its final landing on; one that is not must stay from its first landing to its
+  // update, across the step boundary when deferred.
+  const int b = ObjBlock(o);
+  const int c = std::count(in.carried.begin(), in.carried.end(), b) ? 1 : 0;
+  const bool deferred = std::count(p.deferred.begin(), p.deferred.end(), b) > 0;
+  const int final_landing = n - (deferred ? 0 : 1);  // uses done at the final landing
+  if (c && kb == 0 && !in.spill_grads) return "a carried gradient evicted before its update";
+  if (kb > c && kb < final_landing) {
+    return "a gradient evicted between its landing and its update";
+  }
+  if (kb == final_landing && kb > c && !in.spill_grads) {
+    return "a gradient evicted between its landing and its update";
+  }
+  return "";
+}
+
+// The host plan's optimizer steps against their rules (CheckHostPlan's last part).
+inline std::string CheckHostPlanUpdates(const HostPlanInput& in, const HostPlan& p) {
+  const int n_use = int(p.uses.size());
+  const std::set<int> held(p.held.begin(), p.held.end());
+  // Optimizer steps: one per block, after every gradient of the block (after all of them
+  // with clipping, which needs the global norm first), or none for a block whose update is
+  // deferred to the next step. The last step's carried updates come first: each before any
+  // other use of its block, all of them before the step's own updates, in the carried order.
+  std::vector<int> opt_at(in.blocks, -1), last_grad(in.blocks, -1), first_use(in.blocks, -1);
+  std::vector<int> carried_seen;
+  int last_any_grad = -1;
+  for (int u = 0; u < n_use; ++u) {
+    const HostUse& hu = p.uses[u];
+    if (hu.kind == UseKind::kOpt && hu.carried) {
+      if (first_use[hu.block] >= 0) return "a carried update after a use of its block";
+      if (opt_at[hu.block] >= 0) return "a carried update after the step's own update";
+      carried_seen.push_back(hu.block);
+      first_use[hu.block] = u;
+      continue;
+    }
+    if (first_use[hu.block] < 0) first_use[hu.block] = u;
+    if (hu.kind == UseKind::kGradIn) last_grad[hu.block] = u, last_any_grad = u;
+    if (hu.kind == UseKind::kOpt) {
+      if (opt_at[hu.block] >= 0) return "two optimizer steps of one block";
+      if (carried_seen.size() != in.carried.size()) return "an own update before a carried one";
+      opt_at[hu.block] = u;
+    }
+  }
+  if (carried_seen != in.carried) return "carried updates missing or out of order";
+  const std::set<int> deferred(p.deferred.begin(), p.deferred.end());
+  for (int b = 0; b < in.blocks; ++b) {
+    if (deferred.count(b)) {
+      if (opt_at[b] >= 0) return "a deferred update also in its step";
+      if (!in.pipelined || !in.clip) return "an update deferred without pipelining";
+      if (!in.spill_grads && !std::count(p.end_resident.begin(), p.end_resident.end(),
+                                         ObjIndex(b, Component::kGrad))) {
+        return "a deferred update's gradient does not stay";
+      }
+      continue;
+    }
+    if (opt_at[b] < last_grad[b]) return "an update before its gradients";
+    const bool speculates = in.speculative && b < int(in.restorable.size()) && in.restorable[b];
+    if (in.clip && !speculates && opt_at[b] < last_any_grad) {
+      return "an update before the global norm";
+    }
+    // A speculative update's gradient stays until the end of the step (or is on NVMe).
+    if (in.clip && speculates && !in.spill_grads && !held.count(ObjIndex(b, Component::kGrad))) {
+      return "a speculative update's gradient is not held";
+    }
+  }
+  return "";
+}
+
 // Walks the host plan's operations in order as the host executor does, with the uses
 // running as soon as what they wait for is done: the cache never exceeds its capacity,
 // placed objects never overlap, every use finds its objects resident, every eviction waits
@@ -170,24 +247,8 @@ inline std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
       if (kb > 0 && uses_of[o][kb - 1] >= next_use) {
         return "op " + std::to_string(k) + " evicts for a use that waits for a later load";
       }
-      const bool grad = ObjComponent(o) == Component::kGrad;
-      if (grad) {
-        // The gradient's uses: the last step's carried update (if any), this step's landings,
-        // and its own update unless deferred to the next step. A spilled gradient is on NVMe
-        // from its final landing on; one that is not must stay from its first landing to its
-        // update, across the step boundary when deferred.
-        const int b = ObjBlock(o);
-        const int n = int(uses_of[o].size());
-        const int c = std::count(in.carried.begin(), in.carried.end(), b) ? 1 : 0;
-        const bool deferred = std::count(p.deferred.begin(), p.deferred.end(), b) > 0;
-        const int final_landing = n - (deferred ? 0 : 1);  // uses done at the final landing
-        if (c && kb == 0 && !in.spill_grads) return "a carried gradient evicted before its update";
-        if (kb > c && kb < final_landing) {
-          return "a gradient evicted between its landing and its update";
-        }
-        if (kb == final_landing && kb > c && !in.spill_grads) {
-          return "a gradient evicted between its landing and its update";
-        }
+      if (std::string e = CheckGradEviction(in, p, o, kb, int(uses_of[o].size())); !e.empty()) {
+        return e;
       }
       served[o].push_back({from[o], kb});
       from[o] = -1;
@@ -235,53 +296,7 @@ inline std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
     return "end_resident";
   }
   if (peak > in.capacity) return "peak over capacity";
-  // Optimizer steps: one per block, after every gradient of the block (after all of them
-  // with clipping, which needs the global norm first), or none for a block whose update is
-  // deferred to the next step. The last step's carried updates come first: each before any
-  // other use of its block, all of them before the step's own updates, in the carried order.
-  std::vector<int> opt_at(in.blocks, -1), last_grad(in.blocks, -1), first_use(in.blocks, -1);
-  std::vector<int> carried_seen;
-  int last_any_grad = -1;
-  for (int u = 0; u < n_use; ++u) {
-    const HostUse& hu = p.uses[u];
-    if (hu.kind == UseKind::kOpt && hu.carried) {
-      if (first_use[hu.block] >= 0) return "a carried update after a use of its block";
-      if (opt_at[hu.block] >= 0) return "a carried update after the step's own update";
-      carried_seen.push_back(hu.block);
-      first_use[hu.block] = u;
-      continue;
-    }
-    if (first_use[hu.block] < 0) first_use[hu.block] = u;
-    if (hu.kind == UseKind::kGradIn) last_grad[hu.block] = u, last_any_grad = u;
-    if (hu.kind == UseKind::kOpt) {
-      if (opt_at[hu.block] >= 0) return "two optimizer steps of one block";
-      if (carried_seen.size() != in.carried.size()) return "an own update before a carried one";
-      opt_at[hu.block] = u;
-    }
-  }
-  if (carried_seen != in.carried) return "carried updates missing or out of order";
-  const std::set<int> deferred(p.deferred.begin(), p.deferred.end());
-  for (int b = 0; b < in.blocks; ++b) {
-    if (deferred.count(b)) {
-      if (opt_at[b] >= 0) return "a deferred update also in its step";
-      if (!in.pipelined || !in.clip) return "an update deferred without pipelining";
-      if (!in.spill_grads && !std::count(p.end_resident.begin(), p.end_resident.end(),
-                                         ObjIndex(b, Component::kGrad))) {
-        return "a deferred update's gradient does not stay";
-      }
-      continue;
-    }
-    if (opt_at[b] < last_grad[b]) return "an update before its gradients";
-    const bool speculates = in.speculative && b < int(in.restorable.size()) && in.restorable[b];
-    if (in.clip && !speculates && opt_at[b] < last_any_grad) {
-      return "an update before the global norm";
-    }
-    // A speculative update's gradient stays until the end of the step (or is on NVMe).
-    if (in.clip && speculates && !in.spill_grads && !held.count(ObjIndex(b, Component::kGrad))) {
-      return "a speculative update's gradient is not held";
-    }
-  }
-  return "";
+  return CheckHostPlanUpdates(in, p);
 }
 
 // The order of collectives against its rules (see PlanCommSequence).

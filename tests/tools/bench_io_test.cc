@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -310,6 +311,33 @@ TEST(BenchIo, AFilePlantedAtABenchmarkFileNameIsRefusedAndLeftAlone) {
   struct stat st {};
   EXPECT_EQ(::lstat(planted.c_str(), &st), 0);  // ... and was not removed
   EXPECT_TRUE(S_ISLNK(st.st_mode));
+}
+
+// SIGINT during the run: the benchmark stops after the pass in flight, exits 130 and leaves no
+// data file behind (it used to die by the signal with its file in place).
+TEST(BenchIo, SigintRemovesTheDataFile) {
+  testing::TempDir dir;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    const std::string path = dir.path();
+    ::execl(STRATA_CLI_PATH, STRATA_CLI_PATH, "bench", "io", "--path", path.c_str(), "--size", "8M",
+            "--iters", "1000000", "--warmup", "0", static_cast<char*>(nullptr));
+    _exit(101);
+  }
+  // Wait until the data file exists and the passes run, then interrupt.
+  for (int i = 0; i < 600 && FilesIn(dir.path()) == 0; ++i) ::usleep(50 * 1000);
+  ASSERT_EQ(FilesIn(dir.path()), 1u) << "the benchmark made no data file in 30 s";
+  ::usleep(300 * 1000);
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "died by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_EQ(FilesIn(dir.path()), 0u) << "the data file was left behind";
 }
 
 }  // namespace

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "model/bench_stats.h"
+#include "model/run_size.h"
+#include "strata/bytes.h"
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/bench_adam_state.h"
@@ -28,6 +31,8 @@
 
 namespace strata::cli {
 namespace {
+
+using model::Median;
 
 struct BenchAdamFlags {
   std::string params = "64M";
@@ -41,33 +46,6 @@ struct BenchAdamFlags {
   int warmup = 2;
   std::string json;  // FILE, or "-" for standard output
 };
-
-// "64M" -> 64 * 2^20. K, M, G are binary (2^10, 2^20, 2^30); a plain number is a count.
-Result<size_t> ParseCount(const std::string& s) {
-  if (s.empty()) return Status::InvalidArgument("--params is empty: give a count like 64M");
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (...) {
-    return Status::InvalidArgument("--params '" + s +
-                                   "' is not a count: use e.g. 1000, 4K, 64M, 1G");
-  }
-  const std::string suffix = s.substr(pos);
-  size_t mult = 1;
-  if (suffix == "K" || suffix == "k") {
-    mult = size_t{1} << 10;
-  } else if (suffix == "M" || suffix == "m") {
-    mult = size_t{1} << 20;
-  } else if (suffix == "G" || suffix == "g") {
-    mult = size_t{1} << 30;
-  } else if (!suffix.empty()) {
-    return Status::InvalidArgument("--params '" + s + "': unknown suffix '" + suffix +
-                                   "' (use K, M or G)");
-  }
-  if (v == 0) return Status::InvalidArgument("--params must be > 0");
-  return static_cast<size_t>(v) * mult;
-}
 
 // A buffer without value-initialisation (64M floats would otherwise be zeroed twice).
 template <class T>
@@ -188,12 +166,6 @@ struct Sample {
     return wrong;
   }
 };
-
-double Median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const size_t k = x.size();
-  return k % 2 ? x[k / 2] : 0.5 * (x[k / 2 - 1] + x[k / 2]);
-}
 
 template <class Fn>
 Result<double> TimeIt(Fn&& fn) {
@@ -398,9 +370,29 @@ struct Cases {
   bool step_mode = false;
 };
 
+// --params: a count as ParseBytes reads sizes (K, M, G = 2^10, 2^20, 2^30; overflow is an
+// error), at least 1, and small enough that the State's buffers fit in this host's memory, so
+// that a typo is refused by name before anything is allocated.
+Result<size_t> ParseParams(const std::string& text) {
+  STRATA_ASSIGN_OR_RETURN(const uint64_t n, ParseBytes("--params", text));
+  if (n == 0) return Status::InvalidArgument("--params " + text + ": give at least 1 parameter");
+  // Every buffer of State at once: master, moments, fp32 and 16-bit gradients, the 16-bit
+  // copy-out and the four-pass scratch.
+  constexpr uint64_t kBytesPerParam = 4 * 3 + 4 + 2 + 2 + 4;
+  const uint64_t mem = model::HostMemoryBytes();
+  if (mem != 0 && n > mem / kBytesPerParam) {
+    return Status::InvalidArgument("--params " + text + " (" + std::to_string(n) +
+                                   " parameters) needs up to " + std::to_string(kBytesPerParam) +
+                                   " bytes each, more than this host's " + FormatBytes(mem) +
+                                   " of memory; lower --params");
+  }
+  return static_cast<size_t>(n);
+}
+
 Result<Cases> ParseCases(const BenchAdamFlags& fl) {
   Cases c;
-  STRATA_ASSIGN_OR_RETURN(c.params, ParseCount(fl.params));
+  STRATA_ASSIGN_OR_RETURN(c.params, ParseParams(fl.params));
+  STRATA_RETURN_IF_ERROR(CheckOutput("--json", fl.json));  // before the run, not after it
   if (fl.iters < 1 || fl.warmup < 0) {
     return Status::InvalidArgument("--iters must be >= 1 and --warmup >= 0");
   }

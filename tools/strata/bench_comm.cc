@@ -465,6 +465,7 @@ class BenchComm {
     }
     what->clear();
     const bool lead = rank_.rank == 0;
+    if (lead) STRATA_RETURN_IF_ERROR(CheckOutput("--json", f_.json));  // before the run
     const JsonDestination json(lead ? f_.json : "");
     STRATA_ASSIGN_OR_RETURN(tcp_gbps_, TcpBound(host, tcp_bytes, joined_.options.timeout));
     if (lead) PrintHeader(sizes, backends);

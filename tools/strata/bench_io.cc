@@ -25,6 +25,7 @@
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/config_file.h"
+#include "tools/strata/interrupt.h"
 #include "tools/strata/io_bench.h"
 
 namespace strata::cli {
@@ -126,6 +127,7 @@ class JobSet {
     auto run_job = [&](size_t j) {
       bool arrived = false;
       IoCase mine = c;
+      mine.interrupted = [] { return InterruptSignal() != 0; };
       mine.before_measured = [&] {
         arrived = true;
         start.arrive_and_wait();
@@ -415,7 +417,15 @@ Status CheckFlags(const Flags& f, uint64_t block) {
 }
 
 int RunBenchIo(const Flags& flags) {
+  // The first SIGINT or SIGTERM stops the run after the pass in flight; returning destroys
+  // the jobs, which removes their data files (a second signal kills at once).
+  InstallInterruptHandlers();
   auto fail = [](const Status& s) {
+    if (const int sig = InterruptSignal(); sig != 0) {
+      std::fprintf(stderr, "strata bench io: interrupted by %s; its data files are removed\n",
+                   InterruptName(sig));
+      return InterruptExitCode(sig);
+    }
     std::fprintf(stderr, "strata bench io: error: %s\n", s.ToString().c_str());
     return 1;
   };
@@ -433,6 +443,9 @@ int RunBenchIo(const Flags& flags) {
   Result<uint64_t> size = ParseBytes("--size", flags.size);
   if (!size.ok()) return fail(size.status());
   if (Status s = CheckFlags(flags, *block); !s.ok()) return fail(s);
+  // The outputs are checked before the run, not after minutes of it.
+  if (Status s = CheckOutput("--json", flags.json); !s.ok()) return fail(s);
+  if (Status s = CheckOutput("--io-config", flags.io_config); !s.ok()) return fail(s);
   Result<IoBackendKind> kind = ParseIoBackendKind(flags.backend);
   if (!kind.ok()) return fail(kind.status());
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bench_stats.h"
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
 #include "tools/strata/cli_common.h"
@@ -20,6 +21,8 @@
 
 namespace strata::cli {
 namespace {
+
+using model::Median;
 
 struct BenchModelArgs {
   std::vector<std::string> models = {"4x128", "6x384", "12x768"};  // LAYERSxD_MODEL
@@ -32,12 +35,11 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int RunBenchModel(const BenchModelArgs& a) {
+  if (Status s = CheckOutput("--json", a.json); !s.ok()) {  // before the run, not after it
+    std::fprintf(stderr, "strata bench model: %s\n", s.ToString().c_str());
+    return 1;
+  }
   // With --json -, standard output carries the JSON alone; the table goes to standard error.
   const JsonDestination json(a.json);
   SetComputeThreads(ResolveThreads(a.threads));
@@ -146,11 +148,7 @@ void AddBenchModel(CLI::App& bench, int* exit_code) {
   sub->add_option("--json", a->json,
                   "Write the results as JSON to FILE (-: standard output; the table then goes "
                   "to standard error)");
-  sub->add_option("--threads", a->threads,
-                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
-                  "per core)")
-      ->check(CLI::Range(0, kMaxThreads))
-      ->capture_default_str();
+  AddModelThreadsFlag(sub, &a->threads);
   SetCallbackWithConfig(
       sub, [a] { return RunBenchModel(*a); }, exit_code);
 }

@@ -139,6 +139,7 @@ class BenchStep {
     if (f_.blocks < 1) return Status::InvalidArgument("--blocks must be >= 1");
     if (f_.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
     if (f_.compute_ms < 0) return Status::InvalidArgument("--compute-ms must be >= 0");
+    STRATA_RETURN_IF_ERROR(CheckOutput("--json", f_.json));  // before the run, not after it
     STRATA_ASSIGN_OR_RETURN(uint64_t block_bytes, ParseBytes("--block-bytes", f_.block_bytes));
     numel_ = std::max<uint64_t>(block_bytes / 4, 1);
     STRATA_RETURN_IF_ERROR(Setup(f_, &setup_, &opt_, &temps_, what));

@@ -70,6 +70,11 @@ Result<uint64_t> ParseBudget(std::string_view flag, const std::string& text) {
   return bytes;
 }
 
+Status CheckOutput(std::string_view flag, const std::string& path) {
+  if (path.empty() || path == "-") return Status::OK();
+  return CheckOutputPath(path, flag);
+}
+
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text) {
   if (path == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -115,6 +120,14 @@ CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
   cmd->add_flag_callback(
       "--no-" + name, [value] { *value = false; }, "Turn --" + name + " off");
   return on;
+}
+
+void AddModelThreadsFlag(CLI::App* cmd, int* threads) {
+  cmd->add_option("--threads", *threads,
+                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
+                  "per core)")
+      ->check(CLI::Range(0, kMaxThreads))
+      ->capture_default_str();
 }
 
 int ResolveThreads(int flag) {

@@ -42,6 +42,11 @@ std::string IoSettingsText(const EngineOptions& eo);
 // is "-". Errors: IOError naming `flag` and the path when the file cannot be written.
 Status WriteOutput(std::string_view flag, const std::string& path, const std::string& text);
 
+// Checks, before any work, that WriteOutput can later write `path`: nothing to check for an
+// empty path (no output) or "-" (standard output), else CheckOutputPath's checks. Errors:
+// InvalidArgument naming `flag` and the path.
+Status CheckOutput(std::string_view flag, const std::string& path);
+
 // Where a --json FILE goes, the same in every subcommand: a file, or with "-" standard
 // output, which then carries the JSON alone: while this object lives, whatever the command
 // prints to standard output (fd 1) goes to standard error instead. Restored on destruction.
@@ -70,6 +75,10 @@ CLI::Option* AddSwitch(CLI::App* cmd, const std::string& name, bool* value,
 // The most threads --threads takes: a typo (100000) would otherwise start that many OpenMP
 // threads, and the run would fail in thread creation (or crash) rather than at the flag.
 inline constexpr int kMaxThreads = kMaxCpuThreads;
+
+// --threads for the commands that run the model alone on the CPU (bench model, eval,
+// generate): 0 to kMaxThreads, 0 meaning ResolveThreads' default.
+void AddModelThreadsFlag(CLI::App* cmd, int* threads);
 
 // Threads for CPU work: `flag` when > 0, else STRATA_NUM_THREADS when > 0, else 0 (one per
 // core, OpenMP's default).

@@ -197,11 +197,7 @@ void AddEval(CLI::App& app, int* exit_code) {
   sub->add_option("--heads", a->heads,
                   "Attention heads (default: the n_head the file records, as files "
                   "strata saved do, else d_model / 64); must agree with the file");
-  sub->add_option("--threads", a->threads,
-                  "Threads for the model's CPU ops (0: STRATA_NUM_THREADS when set, else one "
-                  "per core)")
-      ->check(CLI::Range(0, kMaxThreads))
-      ->capture_default_str();
+  AddModelThreadsFlag(sub, &a->threads);
   sub->add_option("--json", a->json, "Also write the results as JSON to FILE (-: standard output)");
   SetCallbackWithConfig(
       sub, [a] { return RunEval(*a); }, exit_code);

@@ -357,6 +357,7 @@ Result<IoJobResult> IoBench::Run(const IoCase& c) {
   // Warm-up passes (it < 0), then measured ones: --iters of them, or as many as fit in
   // --runtime (at least one).
   for (int it = -c.warmup;; ++it) {
+    if (c.interrupted && c.interrupted()) return Status::Aborted("interrupted");
     if (it == 0 && c.before_measured) c.before_measured();
     if (it >= 0 && (c.runtime_s > 0 ? r.seconds >= c.runtime_s : it >= c.iters)) break;
     if (!ModeWrites(c.mode) || IsMixed(c.mode)) {

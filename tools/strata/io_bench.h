@@ -56,6 +56,9 @@ struct IoCase {
   // Called once before the first measured pass (after the warm-up), e.g. a barrier that
   // starts all jobs' measurements together. May be empty.
   std::function<void()> before_measured;
+  // Asked before each pass: true stops the case with Aborted (SIGINT/SIGTERM), the files
+  // still removed when the IoBench is destroyed. May be empty.
+  std::function<bool()> interrupted;
 };
 
 struct IoJobResult {

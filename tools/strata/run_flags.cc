@@ -94,9 +94,8 @@ Status ApplyIoConfig(const std::string& path, bool io_given, trainer::RunConfig*
   return Status::OK();
 }
 
-}  // namespace
-
-void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
+// Where the engine runs and what it may hold: the device and the memory budgets.
+void AddPlacementFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--device", f->device,
                   "auto (CUDA when a GPU is present at run time, else the host device; the "
                   "start-up report says which), cpu (the host device: fp32 on the CPU) or "
@@ -109,6 +108,10 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "Pinned host memory for states and staging (e.g. 256M, or unlimited: the "
                   "default, every state stays in host memory)");
   cmd->add_option("--nvme", f->nvme, nvme_help);
+}
+
+// How a step is ordered: micro-batches, activations, clipping, the pipelined boundary.
+void AddScheduleFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--micro-batches", f->micro_batches,
                   "Micro-batches per step (the gradient is their mean)")
       ->capture_default_str();
@@ -151,6 +154,10 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "norm is known (a lower --host-mem minimum, more NVMe writes); auto does "
                   "so when --host-mem cannot hold them")
       ->capture_default_str();
+}
+
+// The formats of the states and of the gradients.
+void AddPrecisionFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--state-dtype", f->state_dtype,
                   "The Adam moments in host memory and on NVMe: fp32, or bf16 (8 bytes of "
                   "state per parameter instead of 12, a third less NVMe traffic for them; "
@@ -164,12 +171,20 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "auto picks host; device, or --comm-backend nccl, is refused); recorded, and "
                   "a resume must use the same")
       ->capture_default_str();
+}
+
+// The trace.
+void AddTraceFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--trace", f->trace,
                   "Write a Chrome/Perfetto trace of the run to this file ({rank} and "
                   "{local_rank} are replaced by the rank's numbers)");
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace only these steps: a:b (inclusive), a: (from a), :b (up to b) or a "
                   "(one step); default every step");
+}
+
+// The NVMe I/O settings.
+void AddIoFlags(CLI::App* cmd, RunFlags* f) {
   f->io_option =
       cmd->add_option("--io", f->io, "NVMe backend: auto (io_uring, else posix), uring or posix")
           ->capture_default_str();
@@ -180,6 +195,10 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   cmd->add_option("--io-block", f->io_block,
                   "NVMe request size, the swap store's stripe (a multiple of 4K, e.g. 1M; "
                   "fixed for the store's life); default --io-config's, else 1M");
+}
+
+// The CPU threads.
+void AddThreadFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--threads", f->cpu_threads,
                   "Threads for the CPU work: the optimizer and, on the host device, the model "
                   "(0: STRATA_NUM_THREADS when set, else one per core)")
@@ -191,6 +210,10 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "keeps the model's workers spinning: faster on an idle machine, slower "
                   "beside other busy processes (bench/PERFORMANCE.md)")
       ->capture_default_str();
+}
+
+// Several ranks: where they meet and what their collectives run on.
+void AddRankFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option(
       "--rendezvous", f->rendezvous,
       "With WORLD_SIZE > 1 (strata launch, torchrun, mpirun, srun): where the "
@@ -216,6 +239,18 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
                   "NCCL on a GPU, Gloo on the CPU device; host with --grad-dtype bf16). Same "
                   "results either way")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
+  AddPlacementFlags(cmd, f, nvme_help);
+  AddScheduleFlags(cmd, f);
+  AddPrecisionFlags(cmd, f);
+  AddTraceFlags(cmd, f);
+  AddIoFlags(cmd, f);
+  AddThreadFlags(cmd, f);
+  AddRankFlags(cmd, f);
 }
 
 Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string* failed) {

@@ -202,7 +202,10 @@ Result<FileHash> HashFile(const std::string& flag, const std::string& path) {
   std::vector<char> buf(1 << 20);
   uint64_t bytes = 0;
   ssize_t n;
-  while ((n = ::read(fd, buf.data(), buf.size())) > 0) {
+  for (;;) {  // a read a signal interrupted is retried, as InputFile::ReadAll does
+    n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
     XXH3_64bits_update(state, buf.data(), static_cast<size_t>(n));
     bytes += static_cast<uint64_t>(n);
   }
