@@ -83,6 +83,9 @@ class GpuOpsTest : public ::testing::Test {
     auto ctx = CudaOpContext::Create(stream_);
     ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
     ctx_ = std::move(ctx).value();
+    // The tuned kernels, whatever the default (docs/gpu_record.md): tests that compare them
+    // with the previous ones set those explicitly.
+    ctx_->set_kernels(KernelChoice{});
   }
   void TearDown() override {
     ctx_.reset();

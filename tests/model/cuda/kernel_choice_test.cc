@@ -65,14 +65,18 @@ TEST(KernelChoiceTest, DefaultIsWhatHasRunOnAGpu) {
       // The default has passed on a GPU, or no variant of the family has.
       if (!d.pass.passed()) {
         for (const KernelVariant& v : KernelVariants()) {
-          if (v.family == family) EXPECT_FALSE(v.pass.passed()) << family << "=" << v.variant;
+          if (v.family == family) {
+            EXPECT_FALSE(v.pass.passed()) << family << "=" << v.variant;
+          }
         }
       }
       // No newer variant of the family that may be a default has passed.
       bool after = false;
       for (const KernelVariant& v : KernelVariants()) {
         if (v.family != family) continue;
-        if (after && !v.opt_in) EXPECT_FALSE(v.pass.passed()) << family << "=" << v.variant;
+        if (after && !v.opt_in) {
+          EXPECT_FALSE(v.pass.passed()) << family << "=" << v.variant;
+        }
         if (&v == &d) after = true;
       }
       EXPECT_FALSE(d.opt_in) << family;
