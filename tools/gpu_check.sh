@@ -76,6 +76,16 @@
 # subset of "tests bench train gradbf16 layermajor scale"; default all) runs fewer. Each command is boxed
 # at 1-5 minutes so one hang cannot eat the budget.
 #
+# Kernels: every step runs with STRATA_CUDA_KERNELS=tuned (GPU_CHECK_KERNELS changes it), so
+# that the checks prove the tuned kernels, which are not the default until they have passed
+# here; the previous ("naive") kernels run in the bench step and the ops test.
+#
+# The GPU record (docs/gpu_record.md): at the end of a run, tools/gpu_check_record.py marks
+# each kernel variant whose covering checks all passed with this device, the date and the
+# bundle's commit, in the repository's copy of the table and in $OUT/gpu_record.md (commit that
+# copy: the build turns it into the defaults). The dry run checks that the table takes an
+# update.
+#
 # Output: $OUT/gpu_check.json (everything measured) and $OUT/gpu_check.txt (the PASS/FAIL
 # lines and tables), plus $OUT/gpu_check.log (every command's full output). OUT defaults to
 # build/gpu-check. Exit status: 0 when every step passed, 1 otherwise, 2 on bad usage.
@@ -248,10 +258,17 @@ want() { [[ " $steps " == *" $1 "* ]]; }
 
 if [ "$mode" = dry ]; then
   check_libs
-  for step in device tests bench kernels train resident gradbf16 scale; do
+  for step in device tests bench kernels train resident gradbf16 layermajor scale; do
     say "DRY  $step: would run on a GPU"
   done
+  if msg=$("${PYTHON:-python3}" tools/gpu_check_record.py --self-test docs/gpu_record.md 2>&1); then
+    say "PASS record: $msg"; record record PASS
+  else
+    say "FAIL record: $msg"; record record FAIL
+  fi
 else
+  export STRATA_CUDA_KERNELS=${GPU_CHECK_KERNELS:-tuned}
+  say "# STRATA_CUDA_KERNELS=$STRATA_CUDA_KERNELS"
   # ---- device ----
   smi=none
   if command -v nvidia-smi >/dev/null; then
@@ -583,6 +600,18 @@ elif timeout --kill-after=10 540 tools/gpu_check_python.sh "${pyargs[@]}" >>"$lo
   say "PASS python: $(grep ^PASS "$out/python/gpu_check_python.txt" | cut -d: -f1 | tr '\n' ' ')(python/gpu_check_python.txt)"; record python PASS
 else
   say "FAIL python: $(grep ^FAIL "$out/python/gpu_check_python.txt" | cut -c1-200 | tr '\n' ' ')"; record python FAIL
+fi
+# ---- record: the kernel variants this run proved, into docs/gpu_record.md ----
+if [ "$mode" = run ]; then
+  commit=$(head -1 "$bundle/COMMIT" 2>/dev/null | cut -c1-7)
+  grep -q uncommitted "$bundle/COMMIT" 2>/dev/null && commit="$commit+uncommitted"
+  if "${PYTHON:-python3}" tools/gpu_check_record.py "$results" docs/gpu_record.md \
+       "$out/gpu_record.md" --commit "${commit:-unknown}" >>"$txt" 2>&1; then
+    cp "$out/gpu_record.md" docs/gpu_record.md
+    say "# GPU record: $out/gpu_record.md (copied to docs/gpu_record.md; commit it)"
+  else
+    say "# GPU record: not updated (see gpu_check.txt)"
+  fi
 fi
 say "# $pass passed, $fail failed"
 "${PYTHON:-python3}" - "$results" "$out/gpu_check.json" "$mode" <<'PY'

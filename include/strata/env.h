@@ -29,8 +29,10 @@ inline constexpr EnvVar kEnvVars[] = {
      "where ranks meet: file:DIR (shared folder) or redis://HOST:PORT/PREFIX"},
     {"STRATA_COMM_TIMEOUT", "300", "seconds a collective may wait for a peer before failing"},
     {"STRATA_CUDA_KERNELS", "default",
-     "CUDA GPT-2 kernels: default (tuned), naive (the previous ones), or a list such as "
-     "attention=naive,classifier=naive (attention, embedding, classifier, matmul, elementwise)"},
+     "CUDA GPT-2 kernels: default (per family the newest variant that has passed on a GPU, "
+     "see below), tuned (every tuned kernel), naive (the previous ones), or a list such as "
+     "attention=tuned,classifier=naive or attention=flash (attention, embedding, classifier, "
+     "matmul, elementwise)"},
     {"STRATA_COMM_HOST", "", "Gloo listen address; empty: 127.0.0.1 on one host, else hostname"},
     {"STRATA_REDIS_PASSWORD", "",
      "password of a redis:// rendezvous (AUTH) when its URL gives none; keeps it out of ps", true},

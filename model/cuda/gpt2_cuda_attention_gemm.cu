@@ -64,29 +64,20 @@ __device__ __forceinline__ float WarpMax(float v) {
 
 using Dims = AttentionDims;
 
-// dst [B·NH, T, hs] = the heads of src [B, T, stride] (head h at channel h·hs).
-template <int kVec>
-__global__ void SplitHeadsKernel(Bf16* dst, const Bf16* src, int64_t stride, Dims d) {
-  const int64_t total = d.BH() * d.T * (d.hs / kVec);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const HeadIndex x = LocateHead<kVec>(i, d, stride);
-    const size_t head_major = x.head_major;
-    *reinterpret_cast<Bf16Vec<kVec>*>(dst + head_major) =
-        *reinterpret_cast<const Bf16Vec<kVec>*>(src + x.interleaved);
-  }
-}
+// Which way CopyHeadsKernel copies: kSplit, head-major dst [B·NH, T, hs] = the heads of src
+// [B, T, stride] (head h at channel h·hs); kMerge, the reverse.
+enum class HeadCopy { kSplit, kMerge };
 
-// dst [B, T, stride] (head h at channel h·hs) = src [B·NH, T, hs].
-template <int kVec>
-__global__ void MergeHeadsKernel(Bf16* dst, const Bf16* src, int64_t stride, Dims d) {
+template <HeadCopy kDir, int kVec>
+__global__ void CopyHeadsKernel(Bf16* dst, const Bf16* src, int64_t stride, Dims d) {
   const int64_t total = d.BH() * d.T * (d.hs / kVec);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const HeadIndex x = LocateHead<kVec>(i, d, stride);
-    const size_t head_major = x.head_major;
-    *reinterpret_cast<Bf16Vec<kVec>*>(dst + x.interleaved) =
-        *reinterpret_cast<const Bf16Vec<kVec>*>(src + head_major);
+    const size_t to = kDir == HeadCopy::kSplit ? x.head_major : x.interleaved;
+    const size_t from = kDir == HeadCopy::kSplit ? x.interleaved : x.head_major;
+    *reinterpret_cast<Bf16Vec<kVec>*>(dst + to) =
+        *reinterpret_cast<const Bf16Vec<kVec>*>(src + from);
   }
 }
 
@@ -176,21 +167,28 @@ bool Vectorizable(const Dims& d, const void* a, const void* b) {
   return d.hs % 8 == 0 && d.C % 8 == 0 && Aligned16(a) && Aligned16(b);
 }
 
-Status SplitHeads(const CudaOpContext& ctx, Bf16* dst, const Bf16* src, int64_t stride,
-                  const Dims& d, bool vec) {
+template <HeadCopy kDir>
+Status CopyHeads(const CudaOpContext& ctx, Bf16* dst, const Bf16* src, int64_t stride,
+                 const Dims& d, bool vec) {
   const int64_t n = d.BH() * d.T * d.hs;
   if (vec) {
-    SplitHeadsKernel<8><<<GridFor(n / 8), kThreads, 0, ctx.stream()>>>(dst, src, stride, d);
+    CopyHeadsKernel<kDir, 8><<<GridFor(n / 8), kThreads, 0, ctx.stream()>>>(dst, src, stride, d);
   } else {
-    SplitHeadsKernel<1><<<GridFor(n), kThreads, 0, ctx.stream()>>>(dst, src, stride, d);
+    CopyHeadsKernel<kDir, 1><<<GridFor(n), kThreads, 0, ctx.stream()>>>(dst, src, stride, d);
   }
-  return CudaStatus(cudaGetLastError(), "SplitHeadsKernel");
+  return CudaStatus(cudaGetLastError(), kDir == HeadCopy::kSplit ? "CopyHeadsKernel (split)"
+                                                                 : "CopyHeadsKernel (merge)");
+}
+// dst [B·NH, T, hs] = the heads of src [B, T, stride].
+Status SplitHeads(const CudaOpContext& ctx, Bf16* dst, const Bf16* src, int64_t stride,
+                  const Dims& d, bool vec) {
+  return CopyHeads<HeadCopy::kSplit>(ctx, dst, src, stride, d, vec);
 }
 
 // Heads per batch of T×T buffers taking `bytes_per_score` bytes per score.
-int64_t HeadsPerBatch(const CudaOpContext& ctx, const Dims& d, size_t bytes_per_score) {
+int64_t HeadsPerBatch(const KernelChoice& kernels, const Dims& d, size_t bytes_per_score) {
   const size_t per_head = bytes_per_score * size_t(d.T) * size_t(d.T);
-  const size_t budget = ctx.kernels().attention_batch_bytes;
+  const size_t budget = kernels.attention_batch_bytes;
   return std::max<int64_t>(1, std::min<int64_t>(d.BH(), int64_t(budget / per_head)));
 }
 
@@ -267,15 +265,17 @@ constexpr size_t kBackwardScoreBytes = sizeof(float) + 2 * sizeof(Bf16);
 
 }  // namespace
 
-size_t AttentionWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH) {
-  if (ctx.kernels().naive_attention || B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH != 0) {
+size_t AttentionWorkspaceBytes(const KernelChoice& kernels, int sm, int B, int T, int C, int NH) {
+  if (kernels.naive_attention || B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH != 0) {
     return 0;
   }
+  // Flash attention reads qkv in place: no head-major copies, no T×T buffers.
+  if (kernels.flash_attention && FlashAttentionSupports(B, C, NH, sm)) return 0;
   const Dims d{B, T, C, NH, C / NH};
   // The larger of the two ops' (the forward's batches of heads can be the larger).
   Carver f(nullptr), b(nullptr);
-  CarveForward(f, d, HeadsPerBatch(ctx, d, kForwardScoreBytes));
-  CarveBackward(b, d, HeadsPerBatch(ctx, d, kBackwardScoreBytes));
+  CarveForward(f, d, HeadsPerBatch(kernels, d, kForwardScoreBytes));
+  CarveBackward(b, d, HeadsPerBatch(kernels, d, kBackwardScoreBytes));
   return std::max(f.used(), b.used());
 }
 
@@ -285,11 +285,11 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
     return AttentionForwardNaive(ctx, out, stats, qkv, B, T, C, NH);
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionForward", B, T, C, NH));
-  if (ctx.kernels().flash_attention && FlashAttentionSupports(B, C, NH)) {
+  if (ctx.kernels().flash_attention && FlashAttentionSupports(B, C, NH, ctx.compute_capability())) {
     return FlashAttentionForward(ctx, out, stats, qkv, B, T, C, NH);
   }
   if (int64_t(B) * T * C == 0) return Status::OK();
-  const int64_t heads = HeadsPerBatch(ctx, d, kForwardScoreBytes);
+  const int64_t heads = HeadsPerBatch(ctx.kernels(), d, kForwardScoreBytes);
   Carver sizer(nullptr);
   CarveForward(sizer, d, heads);
   STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(sizer.used()));
@@ -318,13 +318,7 @@ Status AttentionForward(const CudaOpContext& ctx, Bf16* out, float* stats, const
     STRATA_RETURN_IF_ERROR(RunGemm(ctx, ValuesGemm<Bf16, Bf16>(T, hs, P, v + off, o + off, n),
                                    "AttentionForward O=PV"));
   }
-  const int64_t n = d.BH() * T * hs;
-  if (vec) {
-    MergeHeadsKernel<8><<<GridFor(n / 8), kThreads, 0, ctx.stream()>>>(out, o, C, d);
-  } else {
-    MergeHeadsKernel<1><<<GridFor(n), kThreads, 0, ctx.stream()>>>(out, o, C, d);
-  }
-  return CudaStatus(cudaGetLastError(), "MergeHeadsKernel");
+  return CopyHeads<HeadCopy::kMerge>(ctx, out, o, C, d, vec);
 }
 
 Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout, const Bf16* qkv,
@@ -333,11 +327,11 @@ Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
     return AttentionBackwardNaive(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
   }
   STRATA_ASSIGN_OR_RETURN(const Dims d, MakeDims("AttentionBackward", B, T, C, NH));
-  if (ctx.kernels().flash_attention && FlashAttentionSupports(B, C, NH)) {
+  if (ctx.kernels().flash_attention && FlashAttentionSupports(B, C, NH, ctx.compute_capability())) {
     return FlashAttentionBackward(ctx, dqkv, dout, qkv, stats, B, T, C, NH);
   }
   if (int64_t(B) * T * C == 0) return Status::OK();
-  const int64_t heads = HeadsPerBatch(ctx, d, kBackwardScoreBytes);
+  const int64_t heads = HeadsPerBatch(ctx.kernels(), d, kBackwardScoreBytes);
   Carver sizer(nullptr);
   CarveBackward(sizer, d, heads);
   STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(sizer.used()));

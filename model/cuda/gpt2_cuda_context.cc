@@ -6,10 +6,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "gpu/kernel_record.h"
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 #include "strata/env.h"
@@ -44,56 +44,36 @@ constexpr NamedKernel kNamedKernels[] = {
 
 }  // namespace
 
+KernelChoice KernelChoice::Recorded() { return *Parse(""); }
+
 Result<KernelChoice> KernelChoice::Parse(const std::string& spec) {
+  STRATA_ASSIGN_OR_RETURN(const KernelSelection selection, KernelSelection::Parse(spec));
   KernelChoice k;
-  if (spec.empty() || spec == "default" || spec == "tuned") return k;
-  if (spec == "naive") {
-    for (const NamedKernel& n : kNamedKernels) k.*n.naive = true;
-    return k;
-  }
-  std::stringstream in(spec);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const size_t eq = item.find('=');
-    const std::string name = item.substr(0, eq);
-    const std::string variant = eq == std::string::npos ? "naive" : item.substr(eq + 1);
-    if (name == "attention" && variant == "flash") {
-      k.naive_attention = false;
-      k.flash_attention = true;
-      continue;
-    }
-    if (variant != "naive" && variant != "tuned") {
-      return Status::InvalidArgument("STRATA_CUDA_KERNELS: '" + item +
-                                     "': the variant must be naive or tuned (or flash, for "
-                                     "attention)");
-    }
-    bool found = false;
-    for (const NamedKernel& n : kNamedKernels) {
-      if (name == n.name) {
-        k.*n.naive = variant == "naive";
-        found = true;
-      }
-    }
-    if (!found) {
-      return Status::InvalidArgument(
-          "STRATA_CUDA_KERNELS: unknown kernel '" + name +
-          "' (known: attention, embedding, classifier, matmul, elementwise; or naive, default)");
-    }
+  for (const NamedKernel& n : kNamedKernels) {
+    const std::string_view variant = selection.Of(n.name).variant;
+    k.*n.naive = variant == "naive";
+    if (variant == "flash") k.flash_attention = true;
   }
   return k;
 }
 
-Result<KernelChoice> KernelChoice::FromEnv() { return Parse(EnvGet("STRATA_CUDA_KERNELS")); }
+Result<KernelChoice> KernelChoice::FromEnv() { return Parse(RunKernelSpec()); }
+
+std::string KernelChoice::Variant(const std::string& family) const {
+  if (family == "attention" && flash_attention) return "flash";
+  for (const NamedKernel& n : kNamedKernels) {
+    if (family == n.name) return this->*n.naive ? "naive" : "tuned";
+  }
+  return "";
+}
 
 std::string KernelChoice::ToString() const {
-  std::string naive;
+  std::string spec;
   for (const NamedKernel& n : kNamedKernels) {
-    if (!(this->*n.naive)) continue;
-    if (!naive.empty()) naive += ',';
-    naive += n.name;
+    if (!spec.empty()) spec += ',';
+    spec += std::string(n.name) + "=" + Variant(n.name);
   }
-  const std::string flash = flash_attention ? " (flash attention)" : "";
-  return (naive.empty() ? "tuned" : "naive: " + naive) + flash;
+  return spec;
 }
 
 Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream) {
@@ -114,6 +94,14 @@ Result<std::unique_ptr<CudaOpContext>> CudaOpContext::Create(cudaStream_t stream
   }
   std::unique_ptr<CudaOpContext> ctx(new CudaOpContext(stream, handle, lt));
   ctx->kernels_ = kernels;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess) {
+    ctx->compute_capability_ = major * 10 + minor;
+  } else {
+    (void)cudaGetLastError();
+  }
   ctx->lt_algos_ = std::make_shared<LtAlgoCache>();
   return ctx;
 }

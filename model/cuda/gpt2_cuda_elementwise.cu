@@ -249,6 +249,13 @@ Status ResidualLayerNormForward(const CudaOpContext& ctx, Bf16* res, Bf16* out, 
     return Status::InvalidArgument("ResidualLayerNormForward: negative dimension");
   if (N == 0) return Status::OK();
   if (C == 0) return Status::InvalidArgument("ResidualLayerNormForward: C must be positive");
+  const size_t bytes = sizeof(Bf16) * size_t(N) * C;
+  if (Overlaps(out, bytes, res, bytes) || Overlaps(out, bytes, a, bytes) ||
+      Overlaps(out, bytes, b, bytes)) {
+    return Status::InvalidArgument(
+        "ResidualLayerNormForward: out overlaps res, a or b (the kernel reads the residual "
+        "row after writing out); give out its own buffer");
+  }
   if (ctx.kernels().naive_elementwise) {
     STRATA_RETURN_IF_ERROR(ResidualForward(ctx, res, a, b, size_t(N) * C));
     return LayerNormForward(ctx, out, mean, rstd, res, w, bias, N, C);

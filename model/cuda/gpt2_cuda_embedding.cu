@@ -4,10 +4,13 @@
 // 32 key bits so that equal tokens are adjacent whatever their value); (2) one block per sorted
 // index; the block at the start of a token's run sums that run's dout rows, in ascending
 // position order (the sort is stable), into fp32 registers and adds them to the token's dwte
-// row once. Each dwte element is written by one thread, summing in the same order as the
-// previous V-block kernel (KernelChoice::naive_embedding), so the two give the same bits; no
-// atomics. Work: O(N log) for the sort plus one read of dout, instead of V blocks each reading
-// all N tokens. Tokens outside [0, V) are skipped, as by the previous kernel.
+// row once. The block finds its run's end by a binary search of the sorted keys (a token that
+// fills the batch, padding or end-of-text, is one run of N: a walk would be N dependent reads
+// before any sum), and reads the run's rows four at a time ahead of the sums. Each dwte element is
+// written by one thread, summing in the same order as the previous V-block kernel
+// (KernelChoice::naive_embedding), so the two give the same bits; no atomics. Work: O(N log) for
+// the sort plus one read of dout, instead of V blocks each reading all N tokens. Tokens outside [0,
+// V) are skipped, as by the previous kernel.
 //
 // Test: ctest --test-dir build/release -R gpt2_cuda_ops   (GpuOpsTest.Embedding; needs a GPU)
 #include <cuda_bf16.h>
@@ -33,6 +36,21 @@ __global__ void IotaKernel(int32_t* out, int N) {
   }
 }
 
+// The first index in [lo, N) whose key is greater than tok (keys sorted ascending, keys[lo] ==
+// tok): O(log N) reads instead of a walk over the run.
+__device__ int RunEnd(const int32_t* keys, int lo, int N, int32_t tok) {
+  int hi = N;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (keys[mid] <= tok) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 // Block i handles the run of equal keys starting at sorted index i (and exits when i is not a
 // run's start). Threads take kVec consecutive channels each.
 template <int kVec>
@@ -43,11 +61,27 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t tok = keys[i];
   if (i > 0 && keys[i - 1] == tok) return;
   if (tok < 0 || tok >= V) return;
-  int end = i + 1;
-  while (end < N && keys[end] == tok) ++end;
+  __shared__ int run_end;
+  if (threadIdx.x == 0) run_end = RunEnd(keys, i + 1, N, tok);
+  __syncthreads();
+  const int end = run_end;
+  constexpr int kAhead = 4;  // rows loaded before they are summed (the sums stay in order)
   for (int c0 = threadIdx.x * kVec; c0 < C; c0 += kThreads * kVec) {
     float acc[kVec] = {};
-    for (int j = i; j < end; ++j) {
+    int j = i;
+    for (; j + kAhead <= end; j += kAhead) {
+      Bf16Vec<kVec> g[kAhead];
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) {
+        g[a] = *reinterpret_cast<const Bf16Vec<kVec>*>(dout + size_t(pos[j + a]) * C + c0);
+      }
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] += __bfloat162float(g[a].v[k]);
+      }
+    }
+    for (; j < end; ++j) {
       const Bf16Vec<kVec> g =
           *reinterpret_cast<const Bf16Vec<kVec>*>(dout + size_t(pos[j]) * C + c0);
 #pragma unroll

@@ -21,6 +21,7 @@
 namespace strata::model::cuda_ops {
 
 class CudaOpContext;
+struct KernelChoice;
 
 // A Cuda status for a cuBLAS error ("<what>: <name> (<string>)"), or OK.
 Status CublasStatus(cublasStatus_t st, const char* what);
@@ -54,6 +55,14 @@ Status ConvertF32ToBf16Vec(const CudaOpContext& ctx, __nv_bfloat16* dst, const f
 Status ConvertBf16ToF32Vec(const CudaOpContext& ctx, float* dst, const __nv_bfloat16* src,
                            size_t n);
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (false when either is null or
+// empty): the ops check the aliasing rules gpt2_cuda_ops.h documents with it.
+inline bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a == nullptr || b == nullptr || a_bytes == 0 || b_bytes == 0) return false;
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
 // dst[i] += src[i] over n floats (fp32; gpt2_cuda_elementwise.cu).
 Status LaunchAddF32(cudaStream_t stream, float* dst, const float* src, size_t n);
 
@@ -75,8 +84,9 @@ Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const c
 size_t LtWorkspaceBytes();
 
 // The workspace the tuned attention (gpt2_cuda_attention_gemm.cu) and embedding backward
-// (gpt2_cuda_embedding.cu) take; 0 for the naive kernels or empty shapes.
-size_t AttentionWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH);
+// (gpt2_cuda_embedding.cu) take; 0 for the naive or flash kernels (flash where
+// FlashAttentionSupports the shape on a device of capability `sm`) or empty shapes.
+size_t AttentionWorkspaceBytes(const KernelChoice& kernels, int sm, int B, int T, int C, int NH);
 size_t EmbeddingWorkspaceBytes(int N);
 
 // The warp-per-row attention kernels (gpt2_cuda_attention.cu): AttentionForward/Backward of
@@ -88,9 +98,11 @@ Status AttentionBackwardNaive(const CudaOpContext& ctx, __nv_bfloat16* dqkv,
                               int B, int T, int C, int NH);
 
 // The flash attention kernels (gpt2_cuda_attention_flash.cu): AttentionForward/Backward of
-// gpt2_cuda_ops.h when KernelChoice::flash_attention is set and FlashAttentionSupports(B, C, NH)
-// (head size 64 or 128, at most 65535 heads); InvalidArgument naming the shape otherwise.
-bool FlashAttentionSupports(int B, int C, int NH);
+// gpt2_cuda_ops.h when KernelChoice::flash_attention is set and FlashAttentionSupports(B, C, NH,
+// ctx.compute_capability()) (compute capability 8.0 or more, head size 64 or 128, at most
+// 65535 heads; else the cuBLAS path runs); called directly, NotSupported naming the device's
+// capability or InvalidArgument naming the shape otherwise.
+bool FlashAttentionSupports(int B, int C, int NH, int sm);
 Status FlashAttentionForward(const CudaOpContext& ctx, __nv_bfloat16* out, float* stats,
                              const __nv_bfloat16* qkv, int B, int T, int C, int NH);
 Status FlashAttentionBackward(const CudaOpContext& ctx, __nv_bfloat16* dqkv,

@@ -141,6 +141,13 @@ Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, 
                            const Bf16* pre, const Bf16* w, int N, int IC, int OC) {
   STRATA_RETURN_IF_ERROR(CheckDims(N, IC, OC, "MatmulDgeluBackward"));
   const size_t n = size_t(N) * IC;
+  const size_t bytes = sizeof(Bf16) * n;
+  if (Overlaps(dpre, bytes, scratch, bytes) || Overlaps(dpre, bytes, pre, bytes) ||
+      Overlaps(dpre, bytes, dout, sizeof(Bf16) * size_t(N) * OC)) {
+    return Status::InvalidArgument(
+        "MatmulDgeluBackward: dpre overlaps scratch, dout or pre (it is overwritten while they "
+        "are read); give dpre its own buffer");
+  }
   if (!ctx.kernels().naive_matmul && N > 0 && IC > 0 && OC > 0 && IC % 8 == 0) {
     const LtCall c = DgeluCall<Bf16>(dpre, pre, dout, w, N, IC, OC);
     STRATA_ASSIGN_OR_RETURN(void* ws, ctx.Workspace(LtWorkspaceBytes()));

@@ -153,12 +153,16 @@ Status RunLt(const CudaOpContext& ctx, const LtCall& c, void* workspace, const c
 
 size_t LtWorkspaceBytes() { return kLtWorkspace; }
 
-size_t ModelWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH) {
-  const size_t lt = ctx.kernels().naive_matmul ? 0 : kLtWorkspace + sizeof(float) * 4 * size_t(C);
-  const size_t attention = AttentionWorkspaceBytes(ctx, B, T, C, NH);
+size_t ModelWorkspaceBytes(const KernelChoice& kernels, int sm, int B, int T, int C, int NH) {
+  const size_t lt = kernels.naive_matmul ? 0 : kLtWorkspace + sizeof(float) * 4 * size_t(C);
+  const size_t attention = AttentionWorkspaceBytes(kernels, sm, B, T, C, NH);
   const size_t embedding =
-      ctx.kernels().naive_embedding ? 0 : EmbeddingWorkspaceBytes(int(int64_t(B) * T));
+      kernels.naive_embedding ? 0 : EmbeddingWorkspaceBytes(int(int64_t(B) * T));
   return std::max({lt, attention, embedding});
+}
+
+size_t ModelWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH) {
+  return ModelWorkspaceBytes(ctx.kernels(), ctx.compute_capability(), B, T, C, NH);
 }
 
 }  // namespace strata::model::cuda_ops

@@ -38,8 +38,9 @@
 // bits; the tuned and naive kernels of an op agree within the ops test's tolerances (the
 // embedding's bit for bit), not in every bit.
 //
-// Memory beyond the caller's buffers: the context's workspace (attention's head-major copies
-// and T×T buffers, up to KernelChoice::attention_batch_bytes plus 7 N·C values; 32 MiB for
+// Memory beyond the caller's buffers: the context's workspace (the cuBLAS attention's
+// head-major copies and T×T buffers, up to KernelChoice::attention_batch_bytes plus 7 N·C
+// values; none for the naive or flash attention; 32 MiB for
 // cuBLASLt; the embedding sort's keys), allocated on first use with cudaMalloc outside any
 // Device budget.
 //
@@ -66,11 +67,11 @@ namespace strata::model::cuda_ops {
 
 using Bf16 = __nv_bfloat16;
 
-// Which implementation each op runs: the tuned kernel (the default) or the previous, simple
-// one, kept so that a device run can time them against each other per kernel and fall back
-// when a tuned kernel misbehaves on some GPU. Both give results within the ops test's
-// tolerances of the CPU reference, and each is deterministic on its own; they do not give the
-// same bits as each other.
+// Which implementation each op runs: the tuned kernel or the previous, simple one (the
+// default of each family is the newest that has run on a GPU: Parse), kept so that a device run can
+// time them against each other per kernel and fall back when a tuned kernel misbehaves on some GPU.
+// Both give results within the ops test's tolerances of the CPU reference, and each is
+// deterministic on its own; they do not give the same bits as each other.
 struct KernelChoice {
   // Attention: warp-per-row kernels (one row of scores in shared memory) instead of cuBLAS
   // strided-batched QKᵀ / PV on tensor cores with fused causal-softmax kernels.
@@ -79,7 +80,7 @@ struct KernelChoice {
   // GEMMs (gpt2_cuda_attention_flash.cu: the products on tensor cores through WMMA; forward one
   // kernel per 64 query rows of a head with the softmax online, backward one per 64 queries for
   // D and dQ and one per 64 keys for dK and dV), for head sizes 64 and 128 (others keep the
-  // cuBLAS path). Same saved statistics as the other paths. Opt-in until it has run on a GPU.
+  // cuBLAS path). Same saved statistics as the other paths.
   bool flash_attention = false;
   // Embedding backward: one block per vocabulary row scanning every token, instead of a
   // radix sort by token and a segmented sum.
@@ -98,15 +99,21 @@ struct KernelChoice {
   // in several batches; at least one head per batch). Tests lower it to cover the batching.
   size_t attention_batch_bytes = size_t{1} << 30;
 
-  // "" or "default": every tuned kernel; "naive": every previous kernel; otherwise a comma
-  // list of attention, embedding, classifier, matmul, elementwise, each optionally "=naive"
-  // or "=tuned" ("attention=naive,classifier=naive"), and "attention=flash".
-  // InvalidArgument naming the bad entry.
+  // "" or "default": per family the newest variant that has passed tools/gpu_check.sh on a
+  // GPU (Recorded(), docs/gpu_record.md); "tuned": every tuned kernel (the struct's own
+  // defaults); "naive": every previous kernel; otherwise a comma list of attention,
+  // embedding, classifier, matmul, elementwise, each optionally "=naive" or "=tuned"
+  // ("attention=naive,classifier=naive"), and "attention=flash", applied to the default.
+  // ToString()'s output parses back to the same choice. InvalidArgument naming the bad entry.
   static Result<KernelChoice> Parse(const std::string& spec);
-  // Parse(STRATA_CUDA_KERNELS).
+  // Parse(STRATA_CUDA_KERNELS), or of the spec a front end set for the process
+  // (gpu/kernel_record.h's RunKernelSpec: strata train's run kernels).
   static Result<KernelChoice> FromEnv();
-  // "tuned" when nothing is naive, else the naive ones ("naive: attention,classifier"); then
-  // " (flash attention)" with flash_attention.
+  // The default: each family's DefaultKernelVariant (gpu/kernel_record.h).
+  static KernelChoice Recorded();
+  // "naive", "tuned" or "flash" for one of the five families; "" for another name.
+  std::string Variant(const std::string& family) const;
+  // Every family's variant: "attention=tuned,embedding=naive,...,elementwise=tuned".
   std::string ToString() const;
 };
 
@@ -131,6 +138,9 @@ class CudaOpContext {
   cublasLtHandle_t cublaslt() const { return cublaslt_; }
   const KernelChoice& kernels() const { return kernels_; }
   void set_kernels(const KernelChoice& k) { kernels_ = k; }
+  // The current device's compute capability at Create, major · 10 + minor (90 for an H100);
+  // 0 when the runtime could not say. Kernels that need a capability check it.
+  int compute_capability() const { return compute_capability_; }
 
   // Device memory of at least `bytes` (256-byte aligned) for one op's intermediates, valid
   // until the next Workspace call on this context; ops on the context's stream run in
@@ -152,6 +162,7 @@ class CudaOpContext {
   cublasHandle_t cublas_;
   cublasLtHandle_t cublaslt_;
   KernelChoice kernels_;
+  int compute_capability_ = 0;
   mutable void* workspace_ = nullptr;
   mutable size_t workspace_bytes_ = 0;
   std::shared_ptr<LtAlgoCache> lt_algos_;  // shared_ptr: the type is incomplete here
@@ -207,7 +218,8 @@ Status MatmulGeluForward(const CudaOpContext& ctx, Bf16* out, Bf16* pre, const B
                          const Bf16* w, const Bf16* bias, int N, int IC, int OC);
 // dpre[N,IC] = gelu'(pre) ⊙ (dout[N,OC] · wᵀ), OVERWRITING dpre (w [IC,OC], pre [N,IC]): one
 // cuBLASLt GEMM with the DGELU epilogue (IC % 8 == 0), else the dinp GEMM into `scratch`
-// ([N,IC], overwritten) and GeluBackward. dpre must not alias scratch, dout or pre.
+// ([N,IC], overwritten) and GeluBackward. dpre must not overlap scratch, dout or pre
+// (InvalidArgument).
 Status MatmulDgeluBackward(const CudaOpContext& ctx, Bf16* dpre, Bf16* scratch, const Bf16* dout,
                            const Bf16* pre, const Bf16* w, int N, int IC, int OC);
 
@@ -231,7 +243,7 @@ Status AttentionBackward(const CudaOpContext& ctx, Bf16* dqkv, const Bf16* dout,
 // res = a + b (bf16, as ResidualForward), then out, mean, rstd = LayerNormForward(res, w, bias):
 // one kernel (the same arithmetic, the residual read once less), or the two ops with
 // KernelChoice::naive_elementwise. res may alias a or b (each element is read before the same
-// thread writes it); out must not alias res, a or b.
+// thread writes it); out must not overlap res, a or b (InvalidArgument).
 Status ResidualLayerNormForward(const CudaOpContext& ctx, Bf16* res, Bf16* out, float* mean,
                                 float* rstd, const Bf16* a, const Bf16* b, const Bf16* w,
                                 const Bf16* bias, int N, int C);
@@ -275,6 +287,9 @@ Status SoftmaxCrossEntropyBackward(const CudaOpContext& ctx, Bf16* dlogits, cons
 // choice (attention's batches, cuBLASLt's 32 MiB and staging, the embedding sort): reserving
 // it up front (ctx.Workspace(bytes)) moves the allocation, and an OutOfMemory, to start-up.
 size_t ModelWorkspaceBytes(const CudaOpContext& ctx, int B, int T, int C, int NH);
+// The same for a kernel choice on a device of compute capability `sm` (major · 10 + minor),
+// computable without a GPU.
+size_t ModelWorkspaceBytes(const KernelChoice& kernels, int sm, int B, int T, int C, int NH);
 
 // ---- fused classifier (softmax cross-entropy, forward and backward in one kernel) ---------
 // The vocabulary padded to a multiple of 128: the row length of the fused classifier's logits
@@ -287,7 +302,9 @@ inline int PaddedVocab(int V) { return (V + 127) / 128 * 128; }
 //   logits[n, v] := (exp(z[n, v] - lse_n) - [v = target_n]) · dloss   (v < V),   0 (v >= V)
 // i.e. the logits are OVERWRITTEN by dlogits. *mean_loss (device; may be nullptr) as in
 // SoftmaxCrossEntropyForward. REQUIRES V <= Vp. 16-byte loads when Vp % 8 == 0 and logits is
-// 16-byte aligned, else one value at a time (the same bits either way).
+// 16-byte aligned, else one value at a time. The two paths do NOT give the same bits: their
+// threads cover different columns, so the per-thread (max, sum) pairs combine in another order
+// (each is deterministic, and both are within the ops test's tolerance of the reference).
 Status FusedClassifier(const CudaOpContext& ctx, Bf16* logits, float* losses, float* mean_loss,
                        const int32_t* targets, int N, int V, int Vp, float dloss);
 

@@ -433,7 +433,7 @@ class _Offloaded:
                     addresses.append(0)
                     continue
                 g = g.detach()
-                if (g.dtype != torch.float32 or g.device.type != self._torch_device.type
+                if (g.dtype != torch.float32 or g.device != self._torch_device
                         or not g.is_contiguous()):
                     g = g.to(self._torch_device, torch.float32).contiguous()
                 keep.append(g)

@@ -13,7 +13,10 @@ What qualifies: a positional tensor argument of the block that requires grad (th
 stream an earlier layer computed; tensors that do not, attention masks and data the caller
 holds, would not be freed by a stash), a plain contiguous tensor on the engine's device (the
 CPU, or the engine's GPU) of a floating dtype with 1..activation_bytes bytes, while fewer than
-activation_count are live. Anything else stays in torch's memory, as without a stash.
+activation_count are live. "On the engine's device" means that very device (torch.device
+equality: cuda:1 is not cuda:0), not only its type: a tensor on another GPU of the process would
+be copied ordered against the wrong stream and come back on the engine's GPU. Anything else
+stays in torch's memory, as without a stash.
 
 On CUDA the copies are stream-ordered, with no host wait (_handoff.py): before a stash the
 engine's compute lane waits for torch's stream (the work that wrote the input); the stash's
@@ -57,7 +60,9 @@ class InputStash:
             self.bytes = 0
         self.count = blocks if self.bytes else 0
         self.enabled = False  # set by configure, once the engine's device is known
-        self.device_type = "cpu"  # the engine's device: where a stashed input lives
+        # The engine's device (torch.device), where a stashed input lives: the CPU for a CPU
+        # engine; the engine's GPU from its hand-off (set by stash(), which has it).
+        self.device = torch.device("cpu")
         # Learning the sizes in the first step (mode "on" without activation_bytes): the largest
         # qualifying input and the most in one forward; None once learned or not learning.
         self.learning = self.mode == "on" and not self.bytes
@@ -73,7 +78,7 @@ class InputStash:
                         "commit, which needs the CPU engine with NVMe folders; give "
                         "activation_bytes=... (the largest input one block gets, e.g. batch * "
                         "seq * hidden * 4 for fp32)")
-        self.device_type = "cpu" if cpu_engine else "cuda"
+        self.device = torch.device("cpu") if cpu_engine else None  # None: until stash()
         config.activation_bytes = self.bytes
         config.activation_count = self.count
         self.enabled = bool(self.bytes)
@@ -86,7 +91,7 @@ class InputStash:
         self._in_forward = 0
 
     def kind_qualifies(self, t):
-        return (t.requires_grad and t.device.type == self.device_type and t.dtype in _DTYPES
+        return (t.requires_grad and t.device == self.device and t.dtype in _DTYPES
                 and t.is_contiguous() and t.layout == torch.strided and t.numel() > 0)
 
     def qualifies(self, t):
@@ -134,6 +139,7 @@ class InputStash:
         """Stashes the qualifying `tensors`; returns one entry per tensor: None (kept by the
         caller in torch's memory) or the stashed tensor's (key, shape, dtype, requires_grad).
         The caller may let go of a stashed tensor once this returns."""
+        self.device = handoff.device
         if self.learning:
             self.learn(tensors)
         metas = [None] * len(tensors)

@@ -4,6 +4,7 @@
 #include <new>
 #include <string_view>
 
+#include "gpu/kernel_record.h"
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/commands.h"
@@ -32,13 +33,20 @@ int main(int argc, char** argv) {
   strata::cli::AddBenchComm(*bench, &exit_code);
   strata::cli::AddVerify(app, &exit_code);
   strata::cli::AddExport(app, &exit_code);
-  app.add_subcommand("env", "List the STRATA_* environment variables, defaults and values")
+  app.add_subcommand("env",
+                     "List the STRATA_* environment variables, defaults and values, and each CUDA "
+                     "kernel family's default variant and where it last passed on a GPU")
       ->callback([] {
         for (const strata::EnvVar& v : strata::kEnvVars) {
           const std::string now = strata::EnvGet(v.name);
           std::printf("%-20s default=%-6s now=%-8s %s\n", v.name, v.default_value,
                       v.secret ? (now.empty() ? "" : "(set)") : now.c_str(), v.help);
         }
+        std::printf(
+            "\nCUDA kernel families: the default runs each family's newest variant that passed "
+            "tools/gpu_check.sh on a GPU (docs/gpu_record.md); STRATA_CUDA_KERNELS=tuned runs "
+            "every tuned kernel\n%s",
+            strata::KernelRecordTable().c_str());
       });
 
   // STRATA_CPU_ISA is checked before anything starts, not when the first optimizer step

@@ -230,6 +230,7 @@ std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentit
   if (!identity.run_id.empty()) out += "run-id = \"" + identity.run_id + "\"\n";
   out += "rank = " + std::to_string(identity.rank) + "\n";
   out += "world-size = " + std::to_string(identity.world_size) + "\n";
+  if (!identity.cuda_kernels.empty()) out += "cuda-kernels = \"" + identity.cuda_kernels + "\"\n";
   for (const auto& [name, file] :
        {std::pair{"data", &identity.data}, std::pair{"tokenizer", &identity.tokenizer}}) {
     if (!file->bytes) continue;
@@ -317,6 +318,8 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder) {
       ok = ParseNumber(value, &id.rank);
     } else if (item.name == "world-size") {
       ok = ParseNumber(value, &id.world_size);
+    } else if (item.name == "cuda-kernels") {
+      id.cuda_kernels = value;
     } else if (item.name == "data-bytes") {
       bytes(&id.data);
     } else if (item.name == "data-xxh3") {

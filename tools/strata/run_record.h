@@ -75,6 +75,10 @@ struct RunIdentity {
   int world_size = 1;
   FileHash data;       // --data's; unset for the built-in corpus
   FileHash tokenizer;  // --tokenizer's; unset without one
+  // The CUDA kernels the run uses, one variant per family ("attention=naive,...";
+  // tools/strata/train_kernels.h); empty on the host device or in a record written before
+  // records named them. A resume keeps them (the same bits) unless STRATA_CUDA_KERNELS says.
+  std::string cuda_kernels;
 };
 
 // 128 random bits as 32 hex digits (getrandom).

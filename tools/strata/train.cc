@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "comm/messages.h"
+#include "gpu/kernel_record.h"
 #include "model/data.h"
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
@@ -41,6 +43,7 @@
 #include "tools/strata/run_flags.h"
 #include "tools/strata/run_record.h"
 #include "tools/strata/train_args.h"
+#include "tools/strata/train_kernels.h"
 #include "tools/strata/train_report.h"
 #include "trainer/run_setup.h"
 #include "trainer/trainer.h"
@@ -446,6 +449,7 @@ Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineO
   id.run_id = a.run_id;
   id.rank = rank.rank;
   id.world_size = rank.world_size;
+  id.cuda_kernels = a.cuda_kernels;
   if (!a.data.empty()) {
     STRATA_ASSIGN_OR_RETURN(id.data, HashFile("--data", a.data));
   }
@@ -526,6 +530,16 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
                            nullptr,     a.lr_schedule, a.seed, a.run.nvme};
   report.log_every = a.log_every;
   PrintConfig(report);
+  if (setup->device().Kind() == DeviceKind::kCuda) {
+    *what = "STRATA_CUDA_KERNELS";
+    const char* env = std::getenv("STRATA_CUDA_KERNELS");
+    STRATA_ASSIGN_OR_RETURN(
+        RunKernels kernels,
+        ChooseRunKernels(env != nullptr ? env : "", !a.resume.empty(), a.recorded_cuda_kernels));
+    for (const std::string& line : kernels.lines) std::printf("# %s\n", line.c_str());
+    SetRunKernelSpec(kernels.spec);  // what the CUDA model's ops run (and the record names)
+    a.cuda_kernels = kernels.spec;
+  }
   std::vector<std::string> made;
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what, &made));
   for (const std::string& folder : made) {

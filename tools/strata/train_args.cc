@@ -354,6 +354,7 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   for (std::string& f : a->run.nvme) f = AbsolutePath(f);
   STRATA_RETURN_IF_ERROR(PlaceMovedStore(a, record, rank, given));
   a->run_id = record.identity.run_id;
+  a->recorded_cuda_kernels = record.identity.cuda_kernels;
   return Status::OK();
 }
 

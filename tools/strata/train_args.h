@@ -61,6 +61,9 @@ struct TrainArgs {
   // The run's identity (run_record.h): the record's with --resume (set by ResolveFlags),
   // else made when the run starts.
   std::string run_id;  // the geometry flags given with --init (checked against the file)
+  // The CUDA kernels the run uses (train_kernels.h; "" on the host device), recorded; and,
+  // with --resume, those its record names.
+  std::string cuda_kernels, recorded_cuda_kernels;
 };
 
 // Defines every flag of train on `sub` (bound to *a), except --config.
