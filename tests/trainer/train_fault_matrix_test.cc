@@ -84,26 +84,11 @@ bool LooksLikeACrash(const strata::testing::CliRun& r) {
          Contains(r.output, "Assertion");
 }
 
-TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) {
-  strata::testing::TempDir tmp("strata-fm");
-  const std::string dir = tmp.path();
-  std::filesystem::create_directory(dir + "/ref");
-  const auto ref_run = Train({"--nvme", dir + "/ref", "--json", dir + "/ref.json"}, nullptr);
-  ASSERT_EQ(ref_run.exit_code, 0) << ref_run.output;
-  const std::vector<double> ref = Losses(dir + "/ref.json");
-  ASSERT_EQ(ref.size(), 8u);
-  // The reference deferred its updates to the next step's forward (--pipeline on, the
-  // default); the same run with the updates at the end of each step gives the same losses.
-  EXPECT_TRUE(Contains(ref_run.output, "run under the next step's forward")) << ref_run.output;
-  std::filesystem::create_directory(dir + "/ref_off");
-  const auto off_run = Train(
-      {"--nvme", dir + "/ref_off", "--json", dir + "/ref_off.json", "--pipeline", "off"}, nullptr);
-  ASSERT_EQ(off_run.exit_code, 0) << off_run.output;
-  EXPECT_EQ(Losses(dir + "/ref_off.json"), ref);
-
+// The matrix: each injected fault or kill, and what the run must do.
+std::vector<Case> FaultCases() {
   // N for requests: initialising the weights takes the first ~50 reads and writes; each
   // step then about 30 of each, so these land in steps 1 to 5.
-  const std::vector<Case> cases = {
+  return {
       {"STRATA_TEST_FAULT", "eio_read@60", Outcome::kError, "IOError"},
       {"STRATA_TEST_FAULT", "eio_read@120", Outcome::kError, "IOError"},
       {"STRATA_TEST_FAULT", "eio_write@60", Outcome::kError, "IOError"},
@@ -136,6 +121,26 @@ TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) 
       {"STRATA_TEST_KILL_AT", "data_synced:6", Outcome::kKilled, ""},
       {"STRATA_TEST_KILL_AT", "manifest_renamed:4", Outcome::kKilled, ""},
   };
+}
+
+TEST(TrainFaultMatrixTest, EveryFaultIsAClearErrorAndResumeReproducesTheLosses) {
+  strata::testing::TempDir tmp("strata-fm");
+  const std::string dir = tmp.path();
+  std::filesystem::create_directory(dir + "/ref");
+  const auto ref_run = Train({"--nvme", dir + "/ref", "--json", dir + "/ref.json"}, nullptr);
+  ASSERT_EQ(ref_run.exit_code, 0) << ref_run.output;
+  const std::vector<double> ref = Losses(dir + "/ref.json");
+  ASSERT_EQ(ref.size(), 8u);
+  // The reference deferred its updates to the next step's forward (--pipeline on, the
+  // default); the same run with the updates at the end of each step gives the same losses.
+  EXPECT_TRUE(Contains(ref_run.output, "run under the next step's forward")) << ref_run.output;
+  std::filesystem::create_directory(dir + "/ref_off");
+  const auto off_run = Train(
+      {"--nvme", dir + "/ref_off", "--json", dir + "/ref_off.json", "--pipeline", "off"}, nullptr);
+  ASSERT_EQ(off_run.exit_code, 0) << off_run.output;
+  EXPECT_EQ(Losses(dir + "/ref_off.json"), ref);
+
+  const std::vector<Case> cases = FaultCases();
   int k = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.variable + "=" + c.value);

@@ -482,6 +482,33 @@ Status MakeRunId(Communicator* comm, TrainArgs* a, std::string* what) {
   return Status::OK();
 }
 
+// The CUDA kernel variants this run uses (STRATA_CUDA_KERNELS, or what a resumed run
+// recorded), printed, set for the CUDA model's ops and kept for the run record.
+Status SelectCudaKernels(TrainArgs* a, std::string* what) {
+  *what = "STRATA_CUDA_KERNELS";
+  const char* env = std::getenv("STRATA_CUDA_KERNELS");
+  STRATA_ASSIGN_OR_RETURN(
+      RunKernels kernels,
+      ChooseRunKernels(env != nullptr ? env : "", !a->resume.empty(), a->recorded_cuda_kernels));
+  for (const std::string& line : kernels.lines) std::printf("# %s\n", line.c_str());
+  SetRunKernelSpec(kernels.spec);  // what the CUDA model's ops run (and the record names)
+  a->cuda_kernels = kernels.spec;
+  return Status::OK();
+}
+
+// The --nvme folders this run made, and their I/O settings when --io-config gave them.
+void PrintStoreFolders(const TrainArgs& a, const EngineOptions& eo,
+                       const std::vector<std::string>& made) {
+  for (const std::string& folder : made) {
+    std::printf("# --nvme %s did not exist: made it (check the path if that is a surprise)\n",
+                folder.c_str());
+  }
+  if (!a.run.io_config.empty() && !eo.nvme_paths.empty()) {
+    std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
+                IoSettingsText(eo).c_str());
+  }
+}
+
 Status Train(TrainArgs a, int* interrupted, std::string* what) {
   STRATA_RETURN_IF_ERROR(CheckTrainFlags(a, what));
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty())) {
@@ -531,26 +558,12 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   report.log_every = a.log_every;
   PrintConfig(report);
   if (setup->device().Kind() == DeviceKind::kCuda) {
-    *what = "STRATA_CUDA_KERNELS";
-    const char* env = std::getenv("STRATA_CUDA_KERNELS");
-    STRATA_ASSIGN_OR_RETURN(
-        RunKernels kernels,
-        ChooseRunKernels(env != nullptr ? env : "", !a.resume.empty(), a.recorded_cuda_kernels));
-    for (const std::string& line : kernels.lines) std::printf("# %s\n", line.c_str());
-    SetRunKernelSpec(kernels.spec);  // what the CUDA model's ops run (and the record names)
-    a.cuda_kernels = kernels.spec;
+    STRATA_RETURN_IF_ERROR(SelectCudaKernels(&a, what));
   }
   std::vector<std::string> made;
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what, &made));
-  for (const std::string& folder : made) {
-    std::printf("# --nvme %s did not exist: made it (check the path if that is a surprise)\n",
-                folder.c_str());
-  }
   eo.run_id = StoreRunId(a.run_id, ri.rank, ri.world_size);
-  if (!a.run.io_config.empty() && !eo.nvme_paths.empty()) {
-    std::printf("# nvme I/O (--io-config %s): %s\n", a.run.io_config.c_str(),
-                IoSettingsText(eo).c_str());
-  }
+  PrintStoreFolders(a, eo, made);
   STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine created,
                           CreateEngine(a, config, cfg, *setup, eo, &to, what));
   std::unique_ptr<Engine> engine = std::move(created.engine);
