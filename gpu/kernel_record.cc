@@ -1,6 +1,6 @@
 // The kernel families and their GPU record: see kernel_record.h. The passes come from
 // docs/gpu_record.md through the generated gpu_record.inc (gpu/CMakeLists.txt).
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 
 #include <algorithm>
 #include <array>

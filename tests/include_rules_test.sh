@@ -11,7 +11,8 @@
 #   model            the public API and itself (the GPT-2 workload is written against the public
 #                    API, as outside code would be)
 #   trainer          the public API, model/, and comm/'s module interface (join.h, messages.h)
-#   tools            the public API, model/, trainer/, comm/'s module interface and itself
+#   tools            the public API, model/, trainer/, comm/'s module interface (with
+#                    run_secret.h for strata launch) and itself
 #   bench            the public API, model/ and itself
 #   python           the public API and itself (the binding is libstrata's public API only)
 # Tests may include anything. Usage: include_rules_test.sh [REPO_ROOT]; exit 1 on a violation,
@@ -35,7 +36,7 @@ allowed() {  # allowed MODULE INCLUDE_PATH
         [[ "$inc" =~ ^comm/(join|messages)\.h$ ]] ;;
     tools)
       [ "$dir" = strata ] || [ "$dir" = model ] || [ "$dir" = trainer ] || [ "$dir" = tools ] ||
-        [[ "$inc" =~ ^comm/(join|messages)\.h$ ]] ;;
+        [[ "$inc" =~ ^comm/(join|messages|run_secret)\.h$ ]] ;;
     bench) [ "$dir" = strata ] || [ "$dir" = model ] || [ "$dir" = bench ] ;;
     python) [ "$dir" = strata ] || [ "$dir" = python ] ;;
     *) return 0 ;;

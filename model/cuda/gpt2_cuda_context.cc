@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 #include "strata/env.h"

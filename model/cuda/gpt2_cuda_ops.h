@@ -107,9 +107,9 @@ struct KernelChoice {
   // ToString()'s output parses back to the same choice. InvalidArgument naming the bad entry.
   static Result<KernelChoice> Parse(const std::string& spec);
   // Parse(STRATA_CUDA_KERNELS), or of the spec a front end set for the process
-  // (gpu/kernel_record.h's RunKernelSpec: strata train's run kernels).
+  // (strata/kernel_record.h's RunKernelSpec: strata train's run kernels).
   static Result<KernelChoice> FromEnv();
-  // The default: each family's DefaultKernelVariant (gpu/kernel_record.h).
+  // The default: each family's DefaultKernelVariant (strata/kernel_record.h).
   static KernelChoice Recorded();
   // "naive", "tuned" or "flash" for one of the five families; "" for another name.
   std::string Variant(const std::string& family) const;

@@ -108,7 +108,7 @@ TEST(FlagVocabulary, AnEarlierRunsStoreIsExplainedInFlags) {
   ASSERT_EQ(Shell(run).exit_code, 0);
   const CliRun again = Shell(run);
   EXPECT_NE(again.exit_code, 0) << again.output;
-  EXPECT_TRUE(Contains(again.output, "resume it with --resume " + tmp.File("n"))) << again.output;
+  EXPECT_TRUE(Contains(again.output, "Resume that run (--resume " + tmp.File("n"))) << again.output;
   EXPECT_FALSE(Contains(again.output, "EngineOptions")) << again.output;
 }
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <string>
 
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 #include "tests/tools/cli_run.h"
 #include "tools/strata/run_record.h"
 

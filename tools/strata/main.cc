@@ -4,7 +4,7 @@
 #include <new>
 #include <string_view>
 
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 #include "strata/env.h"
 #include "strata/optim.h"
 #include "tools/strata/commands.h"

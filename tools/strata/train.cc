@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "comm/messages.h"
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 #include "model/data.h"
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"

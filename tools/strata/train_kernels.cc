@@ -1,7 +1,7 @@
 // Which CUDA kernels a run uses and what it prints about them: see train_kernels.h.
 #include "tools/strata/train_kernels.h"
 
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 
 namespace strata::cli {
 

@@ -1,4 +1,4 @@
-// The CUDA kernels of a `strata train` run on a GPU (gpu/kernel_record.h): each family's
+// The CUDA kernels of a `strata train` run on a GPU (strata/kernel_record.h): each family's
 // variant from STRATA_CUDA_KERNELS and the GPU record (docs/gpu_record.md) for a fresh run;
 // on --resume, the variants the run's record names, so that a default changed since the run
 // began does not change its bits, unless STRATA_CUDA_KERNELS asks for others (then it says

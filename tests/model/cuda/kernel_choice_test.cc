@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-#include "gpu/kernel_record.h"
+#include "strata/kernel_record.h"
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 
