@@ -105,10 +105,17 @@ def test_peak_host_memory_stays_near_the_host_budget_not_the_model_size(tmp_path
     there the bound is 1.6 x. (Before strata returned each materialised block's freed heap to
     the system, construction alone peaked at 1.6-2.0 x under torch 2.15: glibc raises its
     mmap threshold to a freed block's size, and later blocks' freed chunks stayed resident.)"""
-    (tmp_path / "lazy").mkdir()
-    (tmp_path / "eager").mkdir()
-    lazy = _rss_growth("lazy", tmp_path / "lazy")
-    eager = _rss_growth("eager", tmp_path / "eager")
+    for attempt in range(2):
+        (tmp_path / f"lazy{attempt}").mkdir()
+        (tmp_path / f"eager{attempt}").mkdir()
+        lazy = _rss_growth("lazy", tmp_path / f"lazy{attempt}")
+        eager = _rss_growth("eager", tmp_path / f"eager{attempt}")
+        # The eager build holds the 170 MB model at once: a run that shows no growth for it
+        # measured nothing (seen twice in full suite runs under torch 2.15, whose import maps
+        # ~525 MB of file-backed library pages into the base peak; the cause of the drop is
+        # not known). Measure again rather than assert on it.
+        if eager > 0:
+            break
     bound = 1.5 if torch.__version__.startswith("1.") else 1.6
     assert lazy <= bound and lazy < eager, (lazy, eager)
 
