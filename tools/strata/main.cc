@@ -4,8 +4,8 @@
 #include <new>
 #include <string_view>
 
-#include "strata/kernel_record.h"
 #include "strata/env.h"
+#include "strata/kernel_record.h"
 #include "strata/optim.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/interrupt.h"

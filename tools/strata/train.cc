@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "comm/messages.h"
-#include "strata/kernel_record.h"
 #include "model/data.h"
 #include "model/gemm_profile.h"
 #include "model/gpt2.h"
@@ -33,6 +32,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/kernel_record.h"
 #include "strata/log.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"

@@ -10,9 +10,9 @@
 #include <set>
 #include <string>
 
-#include "strata/kernel_record.h"
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
+#include "strata/kernel_record.h"
 
 namespace strata::model::cuda_ops {
 namespace {
