@@ -534,11 +534,15 @@ class _Offloaded:
     def _read_tensor(self, b, t):
         """Tensor t of engine block b, read from the engine onto torch's device (a normal
         tensor under torch.inference_mode too: the rest block's stay for training)."""
-        _, shape, _, numel = self._layout[b][1][t]
         with torch.inference_mode(False):
-            v = torch.empty(numel, dtype=torch.float32)
-            self.core().read_params(b, t, v.data_ptr(), numel)
-            return v.view(shape).to(self._torch_device)
+            return self._read_fp32(b, t).to(self._torch_device)
+
+    def _read_fp32(self, b, t):
+        """Tensor t of engine block b: its committed fp32 master weights, a CPU tensor."""
+        _, shape, _, numel = self._layout[b][1][t]
+        v = torch.empty(numel, dtype=torch.float32)
+        self.core().read_params(b, t, v.data_ptr(), numel)
+        return v.view(shape)
 
     def inference_forward(self, b, forward, args, kwargs):
         """Runs block b under no_grad on weights read from the engine (see _begin_inference)."""
@@ -689,10 +693,7 @@ class _Offloaded:
         if id(p) not in self._where:  # frozen: in the store, or a torch tensor
             return self._frozen.value(p) if self._frozen.holds(p) else p.detach().to("cpu")
         b, t, _ = self._where[id(p)]
-        _, shape, _, numel = self._layout[b][1][t]
-        v = torch.empty(numel, dtype=torch.float32)
-        self._core.read_params(b, t, v.data_ptr(), numel)
-        v = v.view(shape)
+        v = self._read_fp32(b, t)
         return v if p.dtype == torch.float32 else v.to(p.dtype)
 
     def write_value(self, p, value, what):
@@ -732,16 +733,7 @@ class _Offloaded:
 
     def gather(self):
         """{name: fp32 CPU tensor} of the current weights (between steps)."""
-        core = self.core()
-        out = {}
-        for b, (bname, ps) in enumerate(self.engine_blocks()):
-            for t, (n, p) in enumerate(ps):
-                _, shape, _, numel = self._layout[b][1][t]
-                v = torch.empty(numel, dtype=torch.float32)
-                core.read_params(b, t, v.data_ptr(), numel)
-                full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
-                out[full] = v.view(shape)
-        return out
+        return {name: self._read_fp32(b, t) for b, t, name in self._where.values()}
 
 
 
