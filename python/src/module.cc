@@ -36,6 +36,18 @@ void CheckPathArgument(const std::string& path, const char* what) {
 
 namespace {
 
+// AdamStep with the GIL released; a failure is raised as strata.Error.
+void RunAdamStep(const AdamSlice& slice, const AdamHyperParams& h, float grad_scale, int threads) {
+  CpuKernelOptions options;
+  options.threads = threads;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = AdamStep(slice, h, grad_scale, options);
+  }
+  ThrowIfError(s);
+}
+
 // The SIMD AdamW/Adam step over one fp32 tensor (parameters, moments and gradient all fp32).
 // rounding: "fused" (AdamMode::kAdamW), or AdamW rounded as torch.optim.AdamW rounds it:
 // "torch1" (torch 1.x, AdamMode::kAdamWTorch) or "torch2" (lerp_ moments, kAdamWTorchLerp).
@@ -65,14 +77,7 @@ void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintp
            : rounding == "torch1" ? AdamMode::kAdamWTorch
            : rounding == "torch2" ? AdamMode::kAdamWTorchLerp
                                   : AdamMode::kAdamW;
-  CpuKernelOptions options;
-  options.threads = threads;
-  Status s;
-  {
-    py::gil_scoped_release release;
-    s = AdamStep(slice, h, grad_scale, options);
-  }
-  ThrowIfError(s);
+  RunAdamStep(slice, h, grad_scale, threads);
 }
 
 // The AdamW step over one fp32 tensor with int8 moments (StateFormat::kInt8): codes n bytes
@@ -100,14 +105,7 @@ void AdamStepInt8(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uint
   h.eps = eps;
   h.weight_decay = weight_decay;
   h.step = step;
-  CpuKernelOptions options;
-  options.threads = threads;
-  Status s;
-  {
-    py::gil_scoped_release release;
-    s = AdamStep(slice, h, grad_scale, options);
-  }
-  ThrowIfError(s);
+  RunAdamStep(slice, h, grad_scale, threads);
 }
 
 // (sum of squares, non-finite count) of n fp32 gradient values.
