@@ -1,9 +1,9 @@
 // The trainer's multi-rank protocols; see messages.h.
 #include "comm/messages.h"
 
-#include <algorithm>
 #include <cstring>
-#include <utility>
+
+#include "comm/rank_groups.h"
 
 namespace strata {
 
@@ -22,12 +22,6 @@ Status AgreeOnResumedStep(Communicator& comm, int64_t step) {
     }
   }
   return Status::OK();
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
 }
 
 Status CheckSameOnEveryRank(Communicator& comm, const std::vector<NamedValue>& mine,
@@ -73,26 +67,14 @@ Status CheckSameOnEveryRank(Communicator& comm, const std::vector<NamedValue>& m
           .Wait());
   std::string diff;
   for (size_t i = 0; i < count; ++i) {
-    // The distinct values in order of the first rank that has each, with their ranks.
-    std::vector<std::pair<const Cell*, std::vector<int>>> groups;
-    for (int r = 0; r < n; ++r) {
-      const Cell& c = all[size_t(r) * count + i];
-      auto g = std::find_if(groups.begin(), groups.end(),
-                            [&](const auto& e) { return e.first->hash == c.hash; });
-      if (g == groups.end()) {
-        groups.push_back({&c, {r}});
-      } else {
-        g->second.push_back(r);
-      }
-    }
-    if (groups.size() < 2) continue;
-    diff += (diff.empty() ? "" : "; ") + mine[i].name + ":";
-    for (size_t k = 0; k < groups.size(); ++k) {
-      const std::string text(groups[k].first->text,
-                             strnlen(groups[k].first->text, sizeof(Cell::text)));
-      diff += std::string(k == 0 ? " " : " vs ") + (text.empty() ? "(none)" : text) + " on rank" +
-              (groups[k].second.size() > 1 ? "s " : " ") + RankList(groups[k].second);
-    }
+    const auto cell = [&](int r) -> const Cell& { return all[size_t(r) * count + i]; };
+    const std::string d = DescribeRankDifference(
+        mine[i].name, n, [&](int r) { return cell(r).hash; },
+        [&](int r) {
+          const std::string text(cell(r).text, strnlen(cell(r).text, sizeof(Cell::text)));
+          return text.empty() ? std::string("(none)") : text;
+        });
+    if (!d.empty()) diff += (diff.empty() ? "" : "; ") + d;
   }
   if (diff.empty()) return Status::OK();
   return Status::InvalidArgument("the ranks' " + std::string(what) + " differ: " + diff +

@@ -82,7 +82,4 @@ struct NamedValue {
 Status CheckSameOnEveryRank(Communicator& comm, const std::vector<NamedValue>& mine,
                             std::string_view what);
 
-// "0, 2, 5": rank numbers as a message lists them.
-std::string RankList(const std::vector<int>& ranks);
-
 }  // namespace strata

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "comm/rank_groups.h"
 #include "engine/rank_collectives.h"
 
 namespace strata::engine_internal {
@@ -176,28 +177,13 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
     }
     return "?";
   };
-  // Every option that differs, each value with the ranks that have it (in order of the
-  // first rank with each value).
+  // Every option that differs, each value with the ranks that have it.
   std::string diff;
   for (size_t f = 0; f < kFields; ++f) {
-    std::vector<std::pair<uint64_t, std::string>> groups;  // value, "0, 2"
-    for (int r = 0; r < ctx.ws; ++r) {
-      const uint64_t v = all[size_t(r) * kFields + f];
-      auto g =
-          std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == v; });
-      if (g == groups.end()) {
-        groups.push_back({v, "rank " + std::to_string(r)});
-      } else {
-        g->second += ", " + std::to_string(r);
-      }
-    }
-    if (groups.size() < 2) continue;
-    diff += std::string(diff.empty() ? "" : "; ") + fields[f].name + ":";
-    for (size_t k = 0; k < groups.size(); ++k) {
-      std::string& who = groups[k].second;
-      if (who.find(',') != std::string::npos) who.insert(4, "s");  // "ranks 0, 2"
-      diff += std::string(k == 0 ? " " : " vs ") + show(fields[f], groups[k].first) + " on " + who;
-    }
+    const auto value = [&](int r) { return all[size_t(r) * kFields + f]; };
+    const std::string d = DescribeRankDifference(fields[f].name, ctx.ws, value,
+                                                 [&](int r) { return show(fields[f], value(r)); });
+    if (!d.empty()) diff += (diff.empty() ? "" : "; ") + d;
   }
   if (!diff.empty()) {
     return Status::InvalidArgument(

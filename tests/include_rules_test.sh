@@ -6,8 +6,9 @@
 #                    Gloo (it must compile without them)
 #   io cpu_optim gpu the bottom modules: only the public API and themselves
 #   comm             the public API, itself, and gpu/ (NCCL runs on the CUDA device)
-#   engine           the public API, itself, and io/'s module interface (SwapStore, PinnedPool,
-#                    RangeAllocator)
+#   engine           the public API, itself, io/'s module interface (SwapStore, PinnedPool,
+#                    RangeAllocator) and comm/rank_groups.h (header-only: how a difference
+#                    between ranks is worded)
 #   model            the public API and itself (the GPT-2 workload is written against the public
 #                    API, as outside code would be)
 #   trainer          the public API, model/, and comm/'s module interface (join.h, messages.h)
@@ -29,7 +30,8 @@ allowed() {  # allowed MODULE INCLUDE_PATH
     comm) [ "$dir" = strata ] || [ "$dir" = comm ] || [ "$dir" = gpu ] ;;
     engine)
       [ "$dir" = strata ] || [ "$dir" = engine ] ||
-        [[ "$inc" =~ ^io/(swap_store|pinned_pool|range_allocator)\.h$ ]] ;;
+        [[ "$inc" =~ ^io/(swap_store|pinned_pool|range_allocator)\.h$ ]] ||
+        [ "$inc" = comm/rank_groups.h ] ;;
     model) [ "$dir" = strata ] || [ "$dir" = model ] ;;
     trainer)
       [ "$dir" = strata ] || [ "$dir" = model ] || [ "$dir" = trainer ] ||
