@@ -1,5 +1,6 @@
-// Statistics the benchmarks share (`strata bench model`, `strata bench adam`,
-// bench/gpu_model_bench): kept here, in the one module both tools/ and bench/ may include.
+// Statistics the benchmarks share (`strata bench model`, `strata bench adam` with its
+// compact-state cases, `strata bench io`, bench/gpu_model_bench): kept here, in the one module
+// both tools/ and bench/ may include.
 //
 // Header-only, stateless; safe from any thread.
 #pragma once

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/bench_stats.h"
+
 namespace strata::cli {
 namespace {
 
@@ -20,11 +22,6 @@ Result<std::unique_ptr<T[]>> Alloc(size_t n, const char* what) {
                                " bytes for " + what + ": lower --params");
   }
   return p;
-}
-
-double MedianOf(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x.empty() ? 0.0 : x[x.size() / 2];
 }
 
 AdamHyperParams Hyper(int64_t t) {
@@ -159,7 +156,7 @@ Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
   // One more (untimed) step so the copy holds AdamStep's bits, not the bound's.
   ++t;
   STRATA_RETURN_IF_ERROR(AdamStep(a.Slice(0, c.n, c, key(t)), Hyper(t), scale, opt));
-  CompactStateResult r{MedianOf(kt), MedianOf(bt), MedianOf(ratios), 0};
+  CompactStateResult r{model::Median(kt), model::Median(bt), model::Median(ratios), 0};
   // Replay each range from its bytes before the run with the scalar kernel, t steps.
   for (const Range& g : ranges) {
     const size_t len = g.hi - g.lo, mb = a.MomentBytes();

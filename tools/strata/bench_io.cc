@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "model/bench_stats.h"
 #include "strata/io.h"
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
@@ -272,11 +273,7 @@ struct Setting {
   uint64_t block;
   uint32_t qd;
   std::vector<double> mbps;  // one per round
-  double Median() const {
-    std::vector<double> v = mbps;
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-  }
+  double Median() const { return model::Median(mbps); }
   double Min() const { return mbps.empty() ? 0 : *std::min_element(mbps.begin(), mbps.end()); }
   double Max() const { return mbps.empty() ? 0 : *std::max_element(mbps.begin(), mbps.end()); }
 };
