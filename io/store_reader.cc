@@ -60,6 +60,36 @@ Result<std::string> ReadSmallFile(const std::string& path) {
   return out;
 }
 
+// One read of the loop: a stretch of one extent within one stripe chunk.
+struct Piece {
+  size_t index;     // into keys
+  uint64_t offset;  // in the extent
+  uint64_t length;  // bytes read (4 KiB multiple)
+  uint64_t useful;  // bytes of the extent in it
+  uint32_t file;
+  uint64_t file_offset;
+  bool last;
+};
+
+// Why piece `p` of extent `key` cannot be read from data file `f` (missing, or shorter than
+// the piece: Corruption naming the file and the offset), or OK.
+Status PieceUnreadable(const std::string& key, const Piece& p, const StoreDataFile& f,
+                       bool opened) {
+  const std::string where = "offset " + std::to_string(p.file_offset) + " of " + f.path;
+  if (!f.exists || !opened) {
+    return Status::Corruption("extent " + key + " lies at " + where + ", which is missing")
+        .WithPath(f.path)
+        .WithOffset(p.file_offset);
+  }
+  if (p.file_offset + p.length > f.bytes) {
+    return Status::Corruption("extent " + key + " lies at " + where + ", which is " +
+                              std::to_string(f.bytes) + " bytes long (truncated)")
+        .WithPath(f.path)
+        .WithOffset(p.file_offset);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 struct StoreReader::Impl {
@@ -70,6 +100,27 @@ struct StoreReader::Impl {
   std::vector<swap_internal::ManifestEntry> entries;  // by key, as extents_
   std::vector<void*> buffers;
   uint64_t request_bytes = 0;
+
+  // Appends extent `k`'s pieces: one per stripe chunk, at most request_bytes each, the last
+  // marked; an empty extent gets one empty piece.
+  void CutIntoPieces(size_t k, const swap_internal::ManifestEntry& e,
+                     std::vector<Piece>* pieces) const {
+    const uint64_t len = e.length;
+    std::vector<SwapChunk> chunks;
+    layout.Map(e.offset, RoundUp(len, kIoAlignment), &chunks);
+    uint64_t at = 0;
+    for (const SwapChunk& c : chunks) {
+      for (uint64_t o = 0; o < c.length; o += request_bytes) {
+        const uint64_t n = std::min(request_bytes, c.length - o);
+        pieces->push_back(Piece{k, at, n, std::min(n, len - std::min(len, at)), c.path,
+                                c.file_offset + o, false});
+        at += n;
+      }
+    }
+    if (pieces->empty() || pieces->back().index != k)
+      pieces->push_back(Piece{k, 0, 0, 0, 0, 0, false});
+    pieces->back().last = true;
+  }
 
   ~Impl() {
     if (backend) {
@@ -219,18 +270,8 @@ Result<std::unique_ptr<StoreReader>> StoreReader::Open(const std::vector<std::st
 Status StoreReader::Read(std::span<const std::string> keys, const Sink& sink,
                          const std::function<void(size_t, const Status&)>& on_bad) {
   Impl& im = *impl_;
-  struct Piece {
-    size_t index;     // into keys
-    uint64_t offset;  // in the extent
-    uint64_t length;  // bytes read (4 KiB multiple)
-    uint64_t useful;  // bytes of the extent in it
-    uint32_t file;
-    uint64_t file_offset;
-    bool last;
-  };
   std::vector<const swap_internal::ManifestEntry*> entry(keys.size());
   std::vector<Piece> pieces;
-  std::vector<SwapChunk> chunks;
   for (size_t k = 0; k < keys.size(); ++k) {
     const StoreExtentInfo* info = Find(keys[k]);
     if (info == nullptr) {
@@ -238,22 +279,7 @@ Status StoreReader::Read(std::span<const std::string> keys, const Sink& sink,
                               manifest_path_);
     }
     entry[k] = &im.entries[static_cast<size_t>(info - extents_.data())];
-    const uint64_t len = entry[k]->length;
-    chunks.clear();
-    im.layout.Map(entry[k]->offset, RoundUp(len, kIoAlignment), &chunks);
-    uint64_t at = 0;
-    for (const SwapChunk& c : chunks) {
-      for (uint64_t o = 0; o < c.length; o += im.request_bytes) {
-        const uint64_t n = std::min(im.request_bytes, c.length - o);
-        pieces.push_back(Piece{k, at, n, std::min(n, len - std::min(len, at)), c.path,
-                               c.file_offset + o, false});
-        at += n;
-      }
-    }
-    if (pieces.empty() || pieces.back().index != k) {  // an empty extent: one empty piece
-      pieces.push_back(Piece{k, 0, 0, 0, 0, 0, false});
-    }
-    pieces.back().last = true;
+    im.CutIntoPieces(k, *entry[k], &pieces);
   }
 
   const size_t depth = im.buffers.size();
@@ -267,9 +293,6 @@ Status StoreReader::Read(std::span<const std::string> keys, const Sink& sink,
   std::vector<IoRequest> batch;
   std::vector<IoCompletion> done(depth);
 
-  auto where = [&](const Piece& p) {
-    return "offset " + std::to_string(p.file_offset) + " of " + files_[p.file].path;
-  };
   auto fail = [&](size_t k, Status s) {
     if (bad[k]) return;
     bad[k] = true;
@@ -288,22 +311,12 @@ Status StoreReader::Read(std::span<const std::string> keys, const Sink& sink,
       const size_t slot = next_submit % depth;
       slot_done[slot] = false;
       slot_status[slot] = Status::OK();
-      const StoreDataFile& f = files_[p.file];
-      if (p.length == 0) {
+      Status unreadable = p.length == 0 ? Status::OK()
+                                        : PieceUnreadable(keys[p.index], p, files_[p.file],
+                                                          im.handles[p.file] >= 0);
+      if (p.length == 0 || !unreadable.ok()) {
         slot_done[slot] = true;
-      } else if (!f.exists || im.handles[p.file] < 0) {
-        slot_done[slot] = true;
-        slot_status[slot] = Status::Corruption("extent " + keys[p.index] + " lies at " + where(p) +
-                                               ", which is missing")
-                                .WithPath(f.path)
-                                .WithOffset(p.file_offset);
-      } else if (p.file_offset + p.length > f.bytes) {
-        slot_done[slot] = true;
-        slot_status[slot] =
-            Status::Corruption("extent " + keys[p.index] + " lies at " + where(p) + ", which is " +
-                               std::to_string(f.bytes) + " bytes long (truncated)")
-                .WithPath(f.path)
-                .WithOffset(p.file_offset);
+        slot_status[slot] = std::move(unreadable);
       } else {
         batch.push_back(IoRequest{IoOp::kRead, im.handles[p.file], p.file_offset, im.buffers[slot],
                                   p.length, next_submit});
