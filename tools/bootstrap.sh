@@ -9,6 +9,8 @@ packages=(
   liburing-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libgloo-dev libhiredis-dev libopenblas-dev libssl-dev
   fio redis-server
+  # tools/check_lengths.py (CTest source_lengths): the C++ functions' lengths
+  universal-ctags
   # the Python binding (python/) and its tests: CPU torch 1.13 for /usr/bin/python3
   python3-dev pybind11-dev python3-pytest python3-torch
   # what transformers, accelerate and peft import that Debian ships (jinja2: peft's model card;
