@@ -104,18 +104,11 @@ def _reopened(state, why, between):
         between()
     except BaseException as failure:
         try:
-            _reopen(state)
+            state.resume_core()
         except Exception as e:
             raise failure from e
         raise
-    _reopen(state)
-
-
-def _reopen(state):
-    config = state.engine.config
-    config.resume = True
-    state._open_core(config)
-    state._closed = None
+    state.resume_core()
 
 
 def _moments_access(state, what):

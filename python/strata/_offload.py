@@ -346,6 +346,16 @@ class _Offloaded:
         finally:
             self._held_grads.clear()  # after the engine stopped reading them
 
+    def resume_core(self):
+        """Opens the closed engine again at its last commit (resume=True, the engine's
+        configuration as it now is): the one reopen that checkpoints, the activation stash and
+        a dropped step share. The model can train again; strata.Error from the open leaves it
+        closed."""
+        config = self.engine.config
+        config.resume = True
+        self._open_core(config)
+        self._closed = None
+
     def core(self):
         if self._closed:
             raise Error(f"{self._closed}; create a new Engine (resume=True continues a run "

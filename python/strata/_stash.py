@@ -122,18 +122,16 @@ class InputStash:
         config = st.engine.config
         st.engine.flush()  # the step commits (pipelined updates run now)
         st.close_core("sizing the activation stash from the first step")
-        config.resume = True
         config.activation_bytes, config.activation_count = self._most_bytes, self._most_in_forward
         try:
-            st._open_core(config)
+            st.resume_core()
         except Error as e:  # the host budget cannot also hold the stash's minimum
             config.activation_bytes = config.activation_count = 0
-            st._open_core(config)
+            st.resume_core()
             warnings.warn(f"offload_activations=\"on\": the block inputs stay in torch's "
                           f"memory: {e}")
         else:
             self.bytes, self.count, self.enabled = self._most_bytes, self._most_in_forward, True
-        st._closed = None
 
     def stash(self, core, handoff, tensors):
         """Stashes the qualifying `tensors`; returns one entry per tensor: None (kept by the

@@ -107,6 +107,4 @@ class StepDrop:
                                    "for the whole gradient, so a step can always be dropped)"))
             raise Error(f"{self.st._closed}; create a new Engine")
         self.st.close_core(why)
-        config.resume = True
-        self.st._open_core(config)
-        self.st._closed = None
+        self.st.resume_core()
