@@ -18,14 +18,7 @@
 namespace strata {
 namespace {
 
-uint32_t Mix32(uint32_t x) {  // the documented hash ("lowbias32")
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
+using test::Mix32;
 
 // What a stochastic store of `x` gives with `add` random bits (NaN aside).
 uint16_t Stochastic(float x, uint32_t add) { return uint16_t((test::Bits(x) + add) >> 16); }

@@ -19,14 +19,7 @@
 namespace strata {
 namespace {
 
-uint32_t Mix32(uint32_t x) {  // the documented hash ("lowbias32")
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
+using test::Mix32;
 
 // The documented value of a code, times the scale (before squaring for exp_avg_sq).
 float CodeValue(uint8_t code, int mant_bits, bool is_signed, float scale) {

@@ -1,5 +1,6 @@
 // Helpers shared by the cpu_optim tests: the ISAs this CPU can run, buffers placed at a
-// chosen misalignment, bit-exact comparison with the first differing index reported.
+// chosen misalignment, bit-exact comparison with the first differing index reported, the
+// stochastic rounding's hash.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,18 @@
 #include "strata/optim.h"
 
 namespace strata::test {
+
+// The documented hash of stochastic rounding ("lowbias32", AdamSlice in strata/optim.h),
+// written from its documentation rather than taken from cpu_optim/convert.h: the bf16 and int8
+// state tests check the kernels against it.
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
 
 inline std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> out;
