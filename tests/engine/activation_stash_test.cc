@@ -73,14 +73,7 @@ Result<StashFixture> MakeStashEngine(const std::vector<BlockSpec>& specs, const 
   opt.trace_path = c.trace_path;
   opt.weight_decay = 0.1;  // as the harness's MakeEngine: Train is the reference
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
-  for (int b = 0; b < int(specs.size()); ++b) {
-    const auto& layout = f.engine->Layout()[b];
-    for (int t = 0; t < int(layout.tensors.size()); ++t) {
-      std::vector<float> v(layout.tensors[t].numel);
-      for (size_t i = 0; i < v.size(); ++i) v[i] = testing::InitValue(b, t, i);
-      STRATA_RETURN_IF_ERROR(f.engine->WriteParams(b, t, v));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(WriteInitialParams(*f.engine));
   STRATA_ASSIGN_OR_RETURN(void* src, f.device->Allocate(c.count * c.bytes));
   STRATA_ASSIGN_OR_RETURN(void* dst, f.device->Allocate(c.count * c.bytes));
   f.src = static_cast<char*>(src);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,6 +36,7 @@ struct RunConfig {
   double grad_clip = 0;
   bool durable = false;
   bool resume = false;
+  double eps = EngineOptions{}.eps;
   WorkingDtype dtype = WorkingDtype::kFp32;
   StateFormat state_format = StateFormat::kFp32;
   Speculation speculation = Speculation::kAuto;
@@ -48,6 +50,47 @@ struct Fixture {
   std::unique_ptr<Device> device;
   std::unique_ptr<Engine> engine;
 };
+
+// The fake model's starting values (testing::InitValue) written into every block of `e`.
+inline Status WriteInitialParams(Engine& e) {
+  for (int b = 0; b < int(e.Layout().size()); ++b) {
+    const auto& layout = e.Layout()[b];
+    for (int t = 0; t < int(layout.tensors.size()); ++t) {
+      std::vector<float> v(layout.tensors[t].numel);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = testing::InitValue(b, t, i);
+      STRATA_RETURN_IF_ERROR(e.WriteParams(b, t, v));
+    }
+  }
+  return Status::OK();
+}
+
+// One step (lr 0.01) through every block forward and back, block b's gradient written by
+// fill(b, grad, padded element count) on the compute lane.
+inline Result<StepStats> StepWithGradients(const Fixture& f,
+                                           const std::function<void(int, float*, uint64_t)>& fill) {
+  Engine& e = *f.engine;
+  const int L = int(e.Layout().size());
+  STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01}));
+  for (int b = 0; b < L; ++b) {
+    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kForward).status());
+    STRATA_RETURN_IF_ERROR(e.Release(b));
+  }
+  for (int b = L - 1; b >= 0; --b) {
+    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kBackward).status());
+    STRATA_ASSIGN_OR_RETURN(float* grad, e.GradBuffer(b));
+    const uint64_t n = e.Layout()[b].padded_numel;
+    STRATA_RETURN_IF_ERROR(f.device->EnqueueHostFunction(
+        Lane::kCompute,
+        [grad, n, b, fill] {
+          fill(b, grad, n);
+          return Status::OK();
+        },
+        "grad"));
+    STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
+    STRATA_RETURN_IF_ERROR(e.Release(b));
+  }
+  return e.EndStep();
+}
 
 inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const RunConfig& rc,
                                   bool init_params = true) {
@@ -66,6 +109,7 @@ inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const Run
   opt.weight_decay = 0.1;
   opt.durable = rc.durable;
   opt.resume = rc.resume;
+  opt.eps = rc.eps;
   opt.io_backend_factory = rc.io_factory;
   opt.dtype = rc.dtype;
   opt.state_format = rc.state_format;
@@ -74,16 +118,7 @@ inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const Run
   opt.grad_spill = rc.grad_spill;
   opt.pipeline_updates = rc.pipeline;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
-  if (init_params && !rc.resume) {
-    for (int b = 0; b < int(specs.size()); ++b) {
-      const auto& layout = f.engine->Layout()[b];
-      for (int t = 0; t < int(layout.tensors.size()); ++t) {
-        std::vector<float> v(layout.tensors[t].numel);
-        for (size_t i = 0; i < v.size(); ++i) v[i] = testing::InitValue(b, t, i);
-        STRATA_RETURN_IF_ERROR(f.engine->WriteParams(b, t, v));
-      }
-    }
-  }
+  if (init_params && !rc.resume) STRATA_RETURN_IF_ERROR(WriteInitialParams(*f.engine));
   return f;
 }
 

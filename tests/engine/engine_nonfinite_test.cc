@@ -21,29 +21,10 @@ using namespace engine_test;  // NOLINT: the harness is this test's vocabulary
 
 // One step whose gradients are 0.01 everywhere except a NaN in block `nan_block` (-1: none).
 Result<StepStats> StepWithNan(const Fixture& f, int nan_block) {
-  Engine& e = *f.engine;
-  const int L = int(e.Layout().size());
-  STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01}));
-  for (int b = 0; b < L; ++b) {
-    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kForward).status());
-    STRATA_RETURN_IF_ERROR(e.Release(b));
-  }
-  for (int b = L - 1; b >= 0; --b) {
-    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kBackward).status());
-    STRATA_ASSIGN_OR_RETURN(float* grad, e.GradBuffer(b));
-    const uint64_t n = e.Layout()[b].padded_numel;
-    STRATA_RETURN_IF_ERROR(f.device->EnqueueHostFunction(
-        Lane::kCompute,
-        [grad, n, b, nan_block] {
-          for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
-          if (b == nan_block) grad[3] = std::nanf("");
-          return Status::OK();
-        },
-        "grad"));
-    STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
-    STRATA_RETURN_IF_ERROR(e.Release(b));
-  }
-  return e.EndStep();
+  return StepWithGradients(f, [nan_block](int b, float* grad, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
+    if (b == nan_block) grad[3] = std::nanf("");
+  });
 }
 
 // A non-finite gradient in the block whose gradient lands first (the LM head, where a

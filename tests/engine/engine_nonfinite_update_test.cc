@@ -20,60 +20,17 @@ namespace {
 using namespace engine_test;  // NOLINT: the harness is this test's vocabulary
 
 // An engine with eps 0 (the injection: a zero gradient element then updates to NaN).
-Result<Fixture> MakeEpsZeroEngine(const std::vector<BlockSpec>& specs, const RunConfig& rc) {
-  Fixture f;
-  DeviceOptions dopt;
-  dopt.memory_budget_bytes = rc.device_mem;
-  STRATA_ASSIGN_OR_RETURN(f.device, CreateHostDevice(dopt));
-  EngineOptions opt;
-  opt.device = f.device.get();
-  opt.device_mem_bytes = rc.device_mem;
-  opt.host_mem_bytes = rc.host_mem;
-  if (!rc.nvme.empty()) opt.nvme_paths = {rc.nvme};
-  opt.nvme_stripe_bytes = 64 << 10;
-  opt.durable = rc.durable;
-  opt.resume = rc.resume;
-  opt.eps = 0.0;
-  opt.pipeline_updates = rc.pipeline;
-  STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
-  if (!rc.resume) {
-    for (int b = 0; b < int(specs.size()); ++b) {
-      const auto& layout = f.engine->Layout()[b];
-      for (int t = 0; t < int(layout.tensors.size()); ++t) {
-        std::vector<float> v(layout.tensors[t].numel);
-        for (size_t i = 0; i < v.size(); ++i) v[i] = testing::InitValue(b, t, i);
-        STRATA_RETURN_IF_ERROR(f.engine->WriteParams(b, t, v));
-      }
-    }
-  }
-  return f;
+Result<Fixture> MakeEpsZeroEngine(const std::vector<BlockSpec>& specs, RunConfig rc) {
+  rc.eps = 0.0;
+  return MakeEngine(specs, rc);
 }
 
 // One step with gradients 0.01 everywhere, but 0 at element 3 of `zero_block` (-1: none).
 Result<StepStats> Step(const Fixture& f, int zero_block) {
-  Engine& e = *f.engine;
-  const int L = int(e.Layout().size());
-  STRATA_RETURN_IF_ERROR(e.BeginStep(StepArgs{.lr = 0.01}));
-  for (int b = 0; b < L; ++b) {
-    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kForward).status());
-    STRATA_RETURN_IF_ERROR(e.Release(b));
-  }
-  for (int b = L - 1; b >= 0; --b) {
-    STRATA_RETURN_IF_ERROR(e.Acquire(b, Pass::kBackward).status());
-    STRATA_ASSIGN_OR_RETURN(float* grad, e.GradBuffer(b));
-    const uint64_t n = e.Layout()[b].padded_numel;
-    STRATA_RETURN_IF_ERROR(f.device->EnqueueHostFunction(
-        Lane::kCompute,
-        [grad, n, b, zero_block] {
-          for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
-          if (b == zero_block) grad[3] = 0.0f;
-          return Status::OK();
-        },
-        "grad"));
-    STRATA_RETURN_IF_ERROR(e.SubmitGrads(b));
-    STRATA_RETURN_IF_ERROR(e.Release(b));
-  }
-  return e.EndStep();
+  return StepWithGradients(f, [zero_block](int b, float* grad, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) grad[i] = 0.01f;
+    if (b == zero_block) grad[3] = 0.0f;
+  });
 }
 
 bool AllFinite(const std::vector<std::vector<float>>& states) {
