@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import strata
-from gpt_model import GPT, batches
+from checkpoint_run import files as _listing, offloaded_run, train as _train
+from checkpoint_run import weights as _weights
+from gpt_model import GPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -167,28 +169,7 @@ def test_checkpoint_needs_nvme_and_a_step_boundary(tmp_path):
 
 
 def _offloaded_run(nvme):
-    model = GPT()
-    model = strata.offload(model, blocks=list(model.blocks),
-                           engine=strata.Engine(device_mem="160K", host_mem="400K", nvme=[nvme]))
-    opt = strata.optim.AdamW(model.parameters(), lr=2e-2)
-    return model, opt
-
-
-def _train(model, opt, steps, seed):
-    for micro in batches(steps, 1, seed=seed):
-        for x, y in micro:
-            model(x, y).backward()
-        opt.step()
-
-
-def _weights(model, path):
-    strata.save_safetensors(model, path)
-    return path.read_bytes()
-
-
-def _listing(folder):
-    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))
-            if (folder / n).is_file()}
+    return offloaded_run(nvme)
 
 
 def test_a_checkpoint_takes_and_replaces_only_the_runs_own_files(tmp_path):

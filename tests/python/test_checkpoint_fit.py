@@ -4,34 +4,17 @@ the run's state changes: the engine is left exactly as it was (its NVMe files by
 weights and moments) and trains on. It used to replace the run's state first, then fail to
 reopen, and the run was gone (issue 45 §1)."""
 import json
-import os
 
 import pytest
 import torch
 
 import strata
-from gpt_model import GPT, batches
+from checkpoint_run import files as _files, offloaded_run, train as _train
 
 
 def _run(nvme, engine_options=None, **model_options):
     nvme.mkdir()
-    model = GPT(**model_options)
-    model = strata.offload(model, blocks=list(model.blocks), engine=strata.Engine(
-        device_mem="1M", host_mem="2M", nvme=[nvme], **(engine_options or {})))
-    opt = strata.optim.AdamW(model.parameters(), lr=2e-2)
-    return model, opt
-
-
-def _train(model, opt, steps, seed):
-    for micro in batches(steps, 1, seed=seed):
-        for x, y in micro:
-            model(x, y).backward()
-        opt.step()
-
-
-def _files(folder):
-    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))
-            if (folder / n).is_file()}
+    return offloaded_run(nvme, "1M", "2M", engine_options, **model_options)
 
 
 def _state(model, opt, nvme, tmp_path):

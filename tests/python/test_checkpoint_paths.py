@@ -11,29 +11,14 @@ import subprocess
 import pytest
 
 import strata
-from gpt_model import GPT, batches
+from checkpoint_run import offloaded_run, train as _train, weights as _weights
 
 
 def _run(nvme):
     nvme.mkdir()
-    model = GPT()
-    model = strata.offload(model, blocks=list(model.blocks), engine=strata.Engine(
-        device_mem="160K", host_mem="400K", nvme=[nvme]))
-    opt = strata.optim.AdamW(model.parameters(), lr=2e-2)
+    model, opt = offloaded_run(nvme)
     _train(model, opt, 2, seed=1)
     return model, opt
-
-
-def _train(model, opt, steps, seed):
-    for micro in batches(steps, 1, seed=seed):
-        for x, y in micro:
-            model(x, y).backward()
-        opt.step()
-
-
-def _weights(model, path):
-    strata.save_safetensors(model, path)
-    return path.read_bytes()
 
 
 def test_a_trailing_slash_names_the_folder_itself(tmp_path):
