@@ -210,14 +210,6 @@ struct StepRow {
   uint64_t wrong;
 };
 
-AdamHyperParams Hyper(int64_t t) {
-  AdamHyperParams h;
-  h.lr = 1e-3;
-  h.weight_decay = 0.01;
-  h.step = t;
-  return h;
-}
-
 std::string ThreadsName(int t) { return t == 0 ? "default" : std::to_string(t); }
 
 Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, int threads,
@@ -231,29 +223,19 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
   Sample sample;
   sample.Take(s, n, gf);
   const float scale = 0.5f;
-  std::vector<double> kt, bt, ratios;
-  int64_t t = 0;
-  for (int k = 0; k < fl.warmup + fl.iters; ++k) {
-    ++t;
-    double a = 0, b = 0;
-    auto kernel = [&] { return TimeIt([&] { return AdamStep(slice, Hyper(t), scale, opt); }); };
-    auto bound = [&] { return TimeIt([&] { return AdamTrafficStep(slice, opt); }); };
-    if (k % 2 == 0) {  // alternate the order: neither side always runs after the other
-      STRATA_ASSIGN_OR_RETURN(a, kernel());
-      STRATA_ASSIGN_OR_RETURN(b, bound());
-    } else {
-      STRATA_ASSIGN_OR_RETURN(b, bound());
-      STRATA_ASSIGN_OR_RETURN(a, kernel());
-    }
-    if (k >= fl.warmup) kt.push_back(a), bt.push_back(b), ratios.push_back(b / a);
-  }
+  STRATA_ASSIGN_OR_RETURN(PairedTimes times,
+                          TimeAgainstBound(
+                              fl.warmup, fl.iters,
+                              [&](int64_t t) { return AdamStep(slice, BenchHyper(t), scale, opt); },
+                              [&](int64_t) { return AdamTrafficStep(slice, opt); }));
+  int64_t t = times.steps;
   // One more (untimed) step so param_out holds AdamStep's copy, not the bound's bits.
   ++t;
-  STRATA_RETURN_IF_ERROR(AdamStep(slice, Hyper(t), scale, opt));
+  STRATA_RETURN_IF_ERROR(AdamStep(slice, BenchHyper(t), scale, opt));
   // Replay the t steps on the sample with the scalar kernel (the bound left data as is).
   CpuKernelOptions ref{1, CpuIsa::kScalar};
   for (int64_t k = 1; k <= t; ++k) {
-    STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(o), Hyper(k), scale, ref));
+    STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(o), BenchHyper(k), scale, ref));
   }
   *row = AdamRow{StateFormat::kFp32,
                  isa,
@@ -261,9 +243,9 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
                  o,
                  threads,
                  n,
-                 Median(kt),
-                 Median(bt),
-                 Median(ratios),
+                 times.kernel_seconds,
+                 times.bound_seconds,
+                 times.ratio,
                  AdamBytesPerParam(gf, o),
                  sample.Wrong(s, o != ParamOut::kNone)};
   return Status::OK();
@@ -306,14 +288,14 @@ Status RunStepCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, int threads,
     STRATA_ASSIGN_OR_RETURN(GradNormResult norm, GradNormSquared(grad, gf, n, opt));
     non_finite += norm.non_finite;
     AdamSlice slice{s.p.data(), s.m.data(), s.v.data(), grad, gf, s.out.data(), ParamOut::kBf16, n};
-    return AdamStep(slice, Hyper(t), scale, opt);
+    return AdamStep(slice, BenchHyper(t), scale, opt);
   };
   auto four_pass = [&](int64_t t, float scale) -> Status {
     STRATA_ASSIGN_OR_RETURN(GradNormResult norm, GradNormSquared(grad, gf, n, opt));
     non_finite += norm.non_finite;
     STRATA_RETURN_IF_ERROR(ScaleGradients(grad, gf, n, scale, opt));
     AdamSlice slice{s.p.data(), s.m.data(), s.v.data(), grad, gf, nullptr, ParamOut::kNone, n};
-    STRATA_RETURN_IF_ERROR(AdamStep(slice, Hyper(t), 1.0f, opt));
+    STRATA_RETURN_IF_ERROR(AdamStep(slice, BenchHyper(t), 1.0f, opt));
     return ConvertFromFloat(s.p.data(), s.out.data(), FloatFormat::kBf16, n, opt);
   };
   std::vector<double> ft, pt, ratios;
@@ -337,10 +319,11 @@ Status RunStepCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, int threads,
   const size_t k = sample.idx.size();
   for (const Op& op : log) {
     if (op.fused) {
-      STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(ParamOut::kBf16), Hyper(op.t), op.scale, ref));
+      STRATA_RETURN_IF_ERROR(
+          AdamStep(sample.Slice(ParamOut::kBf16), BenchHyper(op.t), op.scale, ref));
     } else {
       STRATA_RETURN_IF_ERROR(ScaleGradients(sample.grad(), gf, k, op.scale, ref));
-      STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(ParamOut::kNone), Hyper(op.t), 1.0f, ref));
+      STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(ParamOut::kNone), BenchHyper(op.t), 1.0f, ref));
       STRATA_RETURN_IF_ERROR(
           ConvertFromFloat(sample.p.data(), sample.out.data(), FloatFormat::kBf16, k, ref));
     }

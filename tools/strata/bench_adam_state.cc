@@ -24,14 +24,6 @@ Result<std::unique_ptr<T[]>> Alloc(size_t n, const char* what) {
   return p;
 }
 
-AdamHyperParams Hyper(int64_t t) {
-  AdamHyperParams h;
-  h.lr = 1e-3;
-  h.weight_decay = 0.01;
-  h.step = t;
-  return h;
-}
-
 // The arrays of one compact-state run; Slice(lo, hi) views elements [lo, hi) (block-aligned).
 struct Arrays {
   StateFormat state;
@@ -117,6 +109,39 @@ std::vector<uint8_t> RangeOf(const Arrays& a, size_t lo, size_t hi) {
 
 }  // namespace
 
+AdamHyperParams BenchHyper(int64_t t) {
+  AdamHyperParams h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.01;
+  h.step = t;
+  return h;
+}
+
+Result<PairedTimes> TimeAgainstBound(int warmup, int iters,
+                                     const std::function<Status(int64_t)>& kernel,
+                                     const std::function<Status(int64_t)>& bound) {
+  auto time = [](auto&& fn) -> Result<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    STRATA_RETURN_IF_ERROR(fn());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> kt, bt, ratios;
+  int64_t t = 0;
+  for (int k = 0; k < warmup + iters; ++k) {
+    ++t;
+    double x = 0, y = 0;
+    if (k % 2 == 0) {
+      STRATA_ASSIGN_OR_RETURN(x, time([&] { return kernel(t); }));
+      STRATA_ASSIGN_OR_RETURN(y, time([&] { return bound(t); }));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(y, time([&] { return bound(t); }));
+      STRATA_ASSIGN_OR_RETURN(x, time([&] { return kernel(t); }));
+    }
+    if (k >= warmup) kt.push_back(x), bt.push_back(y), ratios.push_back(y / x);
+  }
+  return PairedTimes{model::Median(kt), model::Median(bt), model::Median(ratios), t};
+}
+
 Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
   Arrays a{c.state, c.n, {}, {}, {}, {}, {}};
   STRATA_RETURN_IF_ERROR(Fill(&a));
@@ -131,32 +156,19 @@ Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
   const CpuKernelOptions opt{c.threads, c.isa};
   const float scale = 0.5f;
   auto key = [](int64_t t) { return 0x5eed0000ull + uint64_t(t); };
-  std::vector<double> kt, bt, ratios;
-  int64_t t = 0;
-  auto time = [](auto&& fn) -> Result<double> {
-    const auto t0 = std::chrono::steady_clock::now();
-    STRATA_RETURN_IF_ERROR(fn());
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  for (int k = 0; k < c.warmup + c.iters; ++k) {
-    ++t;
-    const AdamSlice s = a.Slice(0, c.n, c, key(t));
-    auto kernel = [&] { return time([&] { return AdamStep(s, Hyper(t), scale, opt); }); };
-    auto bound = [&] { return time([&] { return AdamTrafficStep(s, opt); }); };
-    double x = 0, y = 0;
-    if (k % 2 == 0) {
-      STRATA_ASSIGN_OR_RETURN(x, kernel());
-      STRATA_ASSIGN_OR_RETURN(y, bound());
-    } else {
-      STRATA_ASSIGN_OR_RETURN(y, bound());
-      STRATA_ASSIGN_OR_RETURN(x, kernel());
-    }
-    if (k >= c.warmup) kt.push_back(x), bt.push_back(y), ratios.push_back(y / x);
-  }
+  STRATA_ASSIGN_OR_RETURN(
+      PairedTimes times,
+      TimeAgainstBound(
+          c.warmup, c.iters,
+          [&](int64_t t) {
+            return AdamStep(a.Slice(0, c.n, c, key(t)), BenchHyper(t), scale, opt);
+          },
+          [&](int64_t t) { return AdamTrafficStep(a.Slice(0, c.n, c, key(t)), opt); }));
+  int64_t t = times.steps;
   // One more (untimed) step so the copy holds AdamStep's bits, not the bound's.
   ++t;
-  STRATA_RETURN_IF_ERROR(AdamStep(a.Slice(0, c.n, c, key(t)), Hyper(t), scale, opt));
-  CompactStateResult r{model::Median(kt), model::Median(bt), model::Median(ratios), 0};
+  STRATA_RETURN_IF_ERROR(AdamStep(a.Slice(0, c.n, c, key(t)), BenchHyper(t), scale, opt));
+  CompactStateResult r{times.kernel_seconds, times.bound_seconds, times.ratio, 0};
   // Replay each range from its bytes before the run with the scalar kernel, t steps.
   for (const Range& g : ranges) {
     const size_t len = g.hi - g.lo, mb = a.MomentBytes();
@@ -179,7 +191,8 @@ Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
       if (c.state == StateFormat::kInt8)
         sl.exp_avg_scale = ms.data(), sl.exp_avg_sq_scale = vs.data();
       if (c.out != ParamOut::kNone) sl.param_out = out.data();
-      STRATA_RETURN_IF_ERROR(AdamStep(sl, Hyper(k), scale, CpuKernelOptions{1, CpuIsa::kScalar}));
+      STRATA_RETURN_IF_ERROR(
+          AdamStep(sl, BenchHyper(k), scale, CpuKernelOptions{1, CpuIsa::kScalar}));
     }
     const std::vector<uint8_t> want =
         RangeBytes(p.data(), m.data(), v.data(), ms.data(), vs.data(), len, mb, nb);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "strata/optim.h"
 #include "strata/status.h"
@@ -28,6 +29,21 @@ struct CompactStateResult {
   double ratio = 0;  // median of paired (bound time / kernel time)
   uint64_t wrong = 0;
 };
+
+// The hyper-parameters of step t of every bench adam case: AdamW, lr 1e-3, weight decay 0.01.
+AdamHyperParams BenchHyper(int64_t t);
+
+// Paired timing: warmup + iters rounds, round k running kernel(t) and bound(t) (t = 1, 2, ...)
+// once each, in alternating order so neither side always runs after the other; the medians
+// over the timed rounds. The first error of either is returned.
+struct PairedTimes {
+  double kernel_seconds = 0, bound_seconds = 0;
+  double ratio = 0;   // median of (bound time / kernel time), round by round
+  int64_t steps = 0;  // the last t passed to kernel
+};
+Result<PairedTimes> TimeAgainstBound(int warmup, int iters,
+                                     const std::function<Status(int64_t)>& kernel,
+                                     const std::function<Status(int64_t)>& bound);
 
 // Allocates the master and the moments (and scales) for c.n parameters, runs warmup + iters
 // paired steps, then replays the steps on the first and the last block with the scalar kernel.
