@@ -36,6 +36,19 @@ void CheckPathArgument(const std::string& path, const char* what) {
 
 namespace {
 
+// The hyper-parameters of one step, as the torch layer passes them (mode left at AdamW).
+AdamHyperParams Hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
+                      int64_t step) {
+  AdamHyperParams h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.step = step;
+  return h;
+}
+
 // AdamStep with the GIL released; a failure is raised as strata.Error.
 void RunAdamStep(const AdamSlice& slice, const AdamHyperParams& h, float grad_scale, int threads) {
   CpuKernelOptions options;
@@ -62,13 +75,7 @@ void AdamStepF32(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintp
   slice.grad = reinterpret_cast<const void*>(grad);
   slice.grad_format = FloatFormat::kFp32;
   slice.n = n;
-  AdamHyperParams h;
-  h.lr = lr;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.step = step;
+  AdamHyperParams h = Hyper(lr, beta1, beta2, eps, weight_decay, step);
   if (rounding != "fused" && rounding != "torch1" && rounding != "torch2") {
     ThrowIfError(Status::InvalidArgument("rounding '" + rounding +
                                          "': expected \"fused\", \"torch1\" or \"torch2\""));
@@ -98,13 +105,7 @@ void AdamStepInt8(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uint
   slice.state_format = StateFormat::kInt8;
   slice.rounding_key = key;
   slice.state_rounding = stochastic ? StateRounding::kStochastic : StateRounding::kNearestEven;
-  AdamHyperParams h;
-  h.lr = lr;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.step = step;
+  AdamHyperParams h = Hyper(lr, beta1, beta2, eps, weight_decay, step);
   RunAdamStep(slice, h, grad_scale, threads);
 }
 
