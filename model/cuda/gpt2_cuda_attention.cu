@@ -31,24 +31,15 @@
 
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
+#include "model/cuda/gpt2_cuda_vec.cuh"
 
 namespace strata::model::cuda_ops {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxWarpsPerBlock = 4;
 
 __device__ __forceinline__ float ToF(Bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ Bf16 ToB(float x) { return __float2bfloat16_rn(x); }
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
 
 struct Shape {
   int B, T, C, NH, hs;

@@ -52,7 +52,6 @@ constexpr int kRows = 64;  // query rows per block
 constexpr int kCols = 64;  // keys per tile
 constexpr int kWarps = 4;  // 16 rows each
 constexpr int kThreads = 32 * kWarps;
-constexpr unsigned kFullMask = 0xffffffffu;
 // Padded row strides of the per-warp tiles (see the header): fp32 score rows, bf16 score rows,
 // fp32 rows of HS.
 constexpr int kSStride = kCols + 4;

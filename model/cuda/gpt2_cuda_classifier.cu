@@ -28,7 +28,6 @@
 namespace strata::model::cuda_ops {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kThreads = 512;
 
 // The running (max, sum of exp(z - max)) of a set of logits; m = -inf for the empty set.

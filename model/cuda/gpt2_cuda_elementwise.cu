@@ -26,7 +26,6 @@
 namespace strata::model::cuda_ops {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kThreads = 256;
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
@@ -39,11 +38,6 @@ __device__ __forceinline__ float Gelu(float x) {
 __device__ __forceinline__ float GeluGrad(float x) {
   const float th = tanhf(kGeluK * (x + kGeluA * x * x * x));
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluK * (1.0f + 3.0f * kGeluA * x * x);
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
 }
 
 // Grid-stride over n elements: op.Chunk(c) for each whole 8-wide chunk c (elements

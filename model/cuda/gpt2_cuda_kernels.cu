@@ -34,21 +34,17 @@
 
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
+#include "model/cuda/gpt2_cuda_vec.cuh"
 
 namespace strata::model::cuda_ops {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kThreads = 256;
 
 __device__ __forceinline__ float ToF(Bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ Bf16 ToB(float x) { return __float2bfloat16_rn(x); }
 
 // Butterfly reductions: every lane ends with the same value, combined in a fixed order.
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
 // Block-wide reductions (blockDim.x a multiple of 32, at most 1024); all threads get the
 // result. `scratch` holds 32 values; the function synchronises before reusing it.
