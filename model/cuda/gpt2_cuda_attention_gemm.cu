@@ -41,6 +41,7 @@
 #include <string>
 
 #include "model/cuda/gpt2_cuda_attention_plan.h"
+#include "model/cuda/gpt2_cuda_carver.h"
 #include "model/cuda/gpt2_cuda_kernels.h"
 #include "model/cuda/gpt2_cuda_ops.h"
 #include "model/cuda/gpt2_cuda_vec.cuh"
@@ -50,7 +51,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr size_t kAlign = 256;
 
 using Dims = AttentionDims;
 
@@ -181,23 +181,6 @@ int64_t HeadsPerBatch(const KernelChoice& kernels, const Dims& d, size_t bytes_p
   const size_t budget = kernels.attention_batch_bytes;
   return std::max<int64_t>(1, std::min<int64_t>(d.BH(), int64_t(budget / per_head)));
 }
-
-// Consecutive kAlign-aligned pieces of one workspace (sizes only when base is null).
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <typename T>
-  T* Take(size_t count) {
-    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += (count * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 template <typename Out>
 cudaDataType_t CudaType();

@@ -6,30 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include "model/cuda/gpt2_cuda_carver.h"
 #include "strata/bytes.h"
 
 namespace strata::model::cuda_ops {
 namespace {
-
-constexpr size_t kAlign = 256;
-
-// Hands out consecutive 256-byte-aligned pieces of one buffer (or just counts when base is
-// null).
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <typename T>
-  T* Take(size_t count) {
-    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += RoundUp(count * sizeof(T), kAlign);
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 BlockActivations CarveActivations(Carver& c, const BlockShape& s) {
   const size_t n = size_t(s.N()), C = size_t(s.C);
