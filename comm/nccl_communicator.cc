@@ -24,27 +24,6 @@ Status NcclStatus(ncclResult_t r, std::string_view call, ncclComm_t comm) {
   return Status::Comm(std::move(msg));
 }
 
-// Makes `ordinal` current for a scope; restores the caller's device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int ordinal) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) {
-      status_ = cudaSetDevice(ordinal);
-    } else {
-      previous_ = -1;
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
-
 std::string Seconds(std::chrono::milliseconds ms) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f s", ms.count() / 1000.0);

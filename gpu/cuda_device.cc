@@ -25,28 +25,6 @@ namespace {
     }                                             \
   } while (0)
 
-// Makes `ordinal` the calling thread's current device for a scope and restores the caller's
-// afterwards, so that model code using several GPUs is not surprised.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int ordinal) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) {
-      status_ = cudaSetDevice(ordinal);
-    } else {
-      previous_ = -1;  // nothing to restore
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
-
 #define STRATA_CUDA_GUARD(ordinal)                                                               \
   DeviceGuard strata_guard_(ordinal);                                                            \
   if (strata_guard_.status() != cudaSuccess) {                                                   \

@@ -61,6 +61,31 @@ namespace strata {
 // Status::Cuda for a failed call: "<call>: <cudaGetErrorString> (<cudaGetErrorName>)".
 Status CudaStatus(cudaError_t err, std::string_view call);
 
+// Makes `ordinal` the calling thread's current device for a scope and restores the caller's
+// afterwards, so that model code using several GPUs is not surprised (CudaDevice, the NCCL
+// communicator). status(): cudaSetDevice's result.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != ordinal) {
+      status_ = cudaSetDevice(ordinal);
+    } else {
+      previous_ = -1;  // nothing to restore
+    }
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
 // Per-lane failure bookkeeping, shared with the events (which may outlive the device).
 struct CudaErrorState {
   std::mutex mu;
