@@ -94,6 +94,16 @@ def one_step(model, opt, batch, split=None):
     return t2 - t0
 
 
+def _batches(args):
+    """The four (input, target) batches every run steps through (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    data = []
+    for _ in range(4):
+        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
+        data.append((t[:, :-1], t[:, 1:]))
+    return data
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocab", type=int, default=50257)
@@ -117,11 +127,7 @@ def main():
         return against_train(args)
     if args.tail:
         return pipeline_tail(args)
-    g = torch.Generator().manual_seed(0)
-    data = []
-    for _ in range(4):
-        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
-        data.append((t[:, :-1], t[:, 1:]))
+    data = _batches(args)
     geo = (args.vocab, args.seq, args.dim, args.heads, args.layers)
     n = sum(p.numel() for p in GPT(*geo).parameters())
     print(f"# GPT {n / 1e6:.1f}M params (vocab {args.vocab}, seq {args.seq}, dim {args.dim}, "
@@ -157,11 +163,7 @@ def main():
 
 def pipeline_tail(args):
     """pipeline="on" against pipeline=False, steps alternating; see the module docstring."""
-    g = torch.Generator().manual_seed(0)
-    data = []
-    for _ in range(4):
-        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
-        data.append((t[:, :-1], t[:, 1:]))
+    data = _batches(args)
     geo = (args.vocab, args.seq, args.dim, args.heads, args.layers)
     sides, engines, runs = {}, {}, {}
     for name, pipeline in (("pipelined", "on"), ("at_end", "off")):
@@ -252,11 +254,7 @@ def against_train(args):
     Printed per round (medians over its steps): both splits, the layer's own share of the
     Python step, own + copy, and extra = (other_python - other_train) / step_python, what the
     Python path adds beyond strata train's own non-compute time."""
-    g = torch.Generator().manual_seed(0)
-    data = []
-    for _ in range(4):
-        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
-        data.append((t[:, :-1], t[:, 1:]))
+    data = _batches(args)
     geo = (args.vocab, args.seq, args.dim, args.heads, args.layers)
     torch.manual_seed(0)
     model = GPT(*geo)
