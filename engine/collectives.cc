@@ -139,7 +139,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"gradients to NVMe (0 auto, 1 on, 2 off)", uint64_t(opt.grad_spill), kNumber},
       {"pipelined updates (--pipeline)", uint64_t(opt.pipeline_updates), kNumber},
       {"gradients device -> host (--grad-dtype)", uint64_t(opt.grad_dtype), kGradDtype},
-      {"Adam moments' format (0 fp32, 1 bf16)", uint64_t(opt.state_format), kNumber},
+      {"Adam moments' format (0 fp32, 1 bf16, 2 int8)", uint64_t(opt.state_format), kNumber},
       {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
        kNumber},
   };

@@ -10,11 +10,6 @@
 namespace strata::engine_internal {
 
 Status CheckOptimizerOptions(const EngineOptions& opt) {
-  if (opt.state_format == StateFormat::kInt8) {
-    return Status::NotSupported(
-        "state_format int8: the int8 moments run in AdamStep (strata/optim.h) but the engine's "
-        "tiers and swap store do not hold their per-block scales yet; use fp32 or bf16 states");
-  }
   if (opt.grad_clip < 0 || !std::isfinite(opt.grad_clip)) {
     return Status::InvalidArgument("grad_clip must be >= 0");
   }

@@ -89,11 +89,13 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
                                    std::to_string(n) + " elements, got room for " +
                                    std::to_string(out.size()));
   }
-  if (ctx_.place.elem_bytes[int(component)] == 4) return host_.ReadObjLocked(obj, out.data());
-  std::vector<uint16_t> bf16(n);  // bf16 moments, widened exactly
-  STRATA_RETURN_IF_ERROR(host_.ReadObjLocked(obj, bf16.data()));
-  for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
-  return Status::OK();
+  if (component != Component::kExpAvg && component != Component::kExpAvgSq) {
+    return host_.ReadObjLocked(obj, out.data());  // fp32
+  }
+  // The moments as stored (bf16 widened exactly, int8 dequantized: strata/state_layout.h).
+  std::vector<uint8_t> stored(ctx_.place.DataBytes(ctx_.layout, obj));
+  STRATA_RETURN_IF_ERROR(host_.ReadObjLocked(obj, stored.data()));
+  return DecodeMoment(ctx_.place.state[block], component, stored, out);
 }
 
 Status EngineImpl::WriteComponent(int block, Component component, std::span<const float> values) {

@@ -40,7 +40,7 @@ Status HostTier::InitPool() NO_THREAD_SAFETY_ANALYSIS {
     const Component c = ObjComponent(o);
     h.exists = place.obj_bytes[o] > 0;
     if (!h.exists) continue;
-    h.bytes = ctx_.layout[ObjBlock(o)].shard_numel * place.elem_bytes[int(c)];
+    h.bytes = place.DataBytes(ctx_.layout, o);
     h.cached = place.cached[o];
     // A spilled gradient is written at its final landing (see HostPlanInput::spill_grads).
     h.needs_write =
@@ -446,12 +446,8 @@ Status HostTier::WriteComponentLocked(int block, Component component,
   const bool resident = h.buf && h.res.state == S::kReady;
   AlignedBuffer tmp(resident ? 0 : h.bytes);
   void* data = resident ? h.buf : tmp.data;
-  if (ctx_.place.elem_bytes[int(component)] == 4) {
-    std::memcpy(data, values.data(), h.bytes);
-  } else {
-    uint16_t* p = static_cast<uint16_t*>(data);
-    for (uint64_t i = 0; i < values.size(); ++i) p[i] = FloatToBf16(values[i]);
-  }
+  STRATA_RETURN_IF_ERROR(EncodeMoment(ctx_.place.state[block], component, values,
+                                      std::span(static_cast<uint8_t*>(data), h.bytes)));
   if (h.needs_write && store_) {
     STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(obj), data, h.bytes));
     h.on_nvme = true;

@@ -52,7 +52,13 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
   float* master = static_cast<float*>(bufs[int(Component::kMaster)]);
   char* m = static_cast<char*>(bufs[int(Component::kExpAvg)]);
   char* v = static_cast<char*>(bufs[int(Component::kExpAvgSq)]);
-  const size_t moment_bytes = opt.state_format == StateFormat::kBf16 ? 2 : 4;
+  const BlockStateLayout& state = ctx.place.state[b];
+  const size_t moment_bytes = state.exp_avg.elem_bytes;
+  // int8: each moment's scales follow its codes; one AdamStep per quantization run.
+  float* m_scale = reinterpret_cast<float*>(m + state.exp_avg.scale_offset);
+  float* v_scale = reinterpret_cast<float*>(v + state.exp_avg_sq.scale_offset);
+  const bool int8 = state.formats.moments == StateFormat::kInt8;
+  size_t next_run = 0;
   const float* grad = static_cast<const float*>(bufs[int(Component::kGrad)]);
   uint16_t* param = static_cast<uint16_t*>(bufs[int(Component::kParam)]);
   AdamHyperParams hp;
@@ -66,17 +72,6 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
     // This rank's part of the tensor (all of it with one rank).
     const auto [lo, hi] = ctx.ShardPart(b, t.offset, t.offset + t.numel);
     if (lo == hi) continue;
-    AdamSlice s;
-    s.master = master + lo;
-    s.exp_avg = m + lo * moment_bytes;
-    s.exp_avg_sq = v + lo * moment_bytes;
-    SetMomentFormat(ctx, hp.step, b, lo, &s);
-    s.grad = grad + lo;
-    s.n = hi - lo;
-    if (param) {
-      s.param_out = param + lo;
-      s.param_out_format = ParamOut::kBf16;
-    }
     hp.weight_decay = opt.weight_decay;
     if (args.groups) {  // the tensor's optimizer group (CheckStepArgs checked the index)
       const OptimizerGroup& g = (*args.groups)[t.group];
@@ -87,7 +82,33 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
       hp.weight_decay = g.weight_decay;
     }
     if (!t.weight_decay) hp.weight_decay = 0.0;
-    STRATA_RETURN_IF_ERROR(AdamStep(s, hp, args.scale, ctx.kernel_options));
+    // The part's slices: itself, or its int8 runs (strata/state_layout.h), in shard order.
+    std::vector<Int8Run> slices = {Int8Run{lo, hi, 0}};
+    if (int8) {
+      slices.clear();
+      while (next_run < state.runs.size() && state.runs[next_run].lo < hi) {
+        slices.push_back(state.runs[next_run++]);
+      }
+    }
+    for (const Int8Run& r : slices) {
+      AdamSlice s;
+      s.master = master + r.lo;
+      s.exp_avg = m + r.lo * moment_bytes;
+      s.exp_avg_sq = v + r.lo * moment_bytes;
+      SetMomentFormat(ctx, hp.step, b, r.lo, &s);
+      if (int8) {
+        s.exp_avg_scale = m_scale + r.scale;
+        s.exp_avg_sq_scale = v_scale + r.scale;
+        s.state_rounding = StateRounding::kNearestEven;
+      }
+      s.grad = grad + r.lo;
+      s.n = r.hi - r.lo;
+      if (param) {
+        s.param_out = param + r.lo;
+        s.param_out_format = ParamOut::kBf16;
+      }
+      STRATA_RETURN_IF_ERROR(AdamStep(s, hp, args.scale, ctx.kernel_options));
+    }
   }
   return Status::OK();
 }

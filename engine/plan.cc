@@ -434,3 +434,16 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
 }
 
 }  // namespace strata::engine_internal
+
+namespace strata::engine_internal {
+
+uint64_t PlacementPlan::DataBytes(const std::vector<BlockLayout>& layout, int obj) const {
+  const int b = ObjBlock(obj);
+  const Component c = ObjComponent(obj);
+  if (b < int(state.size())) {
+    if (const StateExtent* e = state[b].Extent(c)) return e->bytes;
+  }
+  return layout[b].shard_numel * elem_bytes[int(c)];
+}
+
+}  // namespace strata::engine_internal

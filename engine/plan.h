@@ -23,6 +23,7 @@
 
 #include "strata/bytes.h"
 #include "strata/engine.h"
+#include "strata/state_layout.h"
 #include "strata/status.h"
 
 namespace strata::engine_internal {
@@ -219,8 +220,13 @@ Result<HostPlan> PlanHost(const HostPlanInput& in);
 struct PlacementPlan {
   std::vector<Tier> home;           // per object (grads: kHost)
   std::vector<uint64_t> obj_bytes;  // per object, pool-rounded; 0 for absent components
-  // Bytes per element of each component (param: the working dtype; moments: state_format).
+  // Bytes per element of each component (param: the working dtype; moments: state_format,
+  // scales apart).
   uint32_t elem_bytes[kNumComponents] = {4, 4, 4, 4, 4};
+  // Per block: this rank's state extents (master and moments; int8: codes, then scales).
+  std::vector<BlockStateLayout> state;
+  // The bytes an object's host copy and extent hold (obj_bytes before the pool's rounding).
+  uint64_t DataBytes(const std::vector<BlockLayout>& layout, int obj) const;
   std::vector<bool> cached;     // per object
   uint64_t cache_capacity = 0;  // host bytes for the cache
   uint64_t staging_bytes = 0;   // fixed staging (gradient accumulation), outside the cache

@@ -196,10 +196,11 @@ struct Placer {
 // Object sizes, the device minimum and the device plan.
 Status Placer::SizeObjects() {
   const uint64_t work_elem = separate ? 2 : 4;
-  const uint32_t moment_elem = opt.state_format == StateFormat::kBf16 ? 2 : 4;
+  const uint32_t moment_elem = MomentElemBytes(opt.state_format);
   pp.elem_bytes[int(Component::kParam)] = uint32_t(work_elem);
   pp.elem_bytes[int(Component::kExpAvg)] = moment_elem;
   pp.elem_bytes[int(Component::kExpAvgSq)] = moment_elem;
+  pp.state.clear();
   const int n_obj = blocks * kNumComponents;
   pp.home.assign(n_obj, Tier::kHost);
   pp.obj_bytes.assign(n_obj, 0);
@@ -217,10 +218,13 @@ Status Placer::SizeObjects() {
     if (need > device_min) device_min = need, largest_block = b;
     const uint64_t f32 = RoundUp(s * 4, kPage);
     largest_f32 = std::max(largest_f32, f32);
-    for (Component c :
-         {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq, Component::kGrad}) {
-      pp.obj_bytes[ObjIndex(b, c)] = RoundUp(s * pp.elem_bytes[int(c)], kPage);
+    // The state's extents as strata/state_layout.h lays them out (int8: codes and scales).
+    pp.state.push_back(
+        DescribeBlockState(layout[b], opt.rank, opt.world_size, StateFormats{opt.state_format}));
+    for (Component c : {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
+      pp.obj_bytes[ObjIndex(b, c)] = RoundUp(pp.state[b].Extent(c)->bytes, kPage);
     }
+    pp.obj_bytes[ObjIndex(b, Component::kGrad)] = RoundUp(s * 4, kPage);
     largest_step =
         std::max(largest_step, 2 * f32 + 2 * pp.obj_bytes[ObjIndex(b, Component::kExpAvg)]);
     if (separate) pp.obj_bytes[ObjIndex(b, Component::kParam)] = RoundUp(s * 2, kPage);

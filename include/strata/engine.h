@@ -14,7 +14,8 @@
 // shard the engine
 // keeps the components of Component: `param` (working dtype, what the device computes with;
 // it aliases `master` when the working dtype is fp32), `master` (fp32), `exp_avg`,
-// `exp_avg_sq` (fp32, or bf16 with EngineOptions::state_format) and `grad` (fp32,
+// `exp_avg_sq` (fp32, bf16 or int8 with EngineOptions::state_format; the extents'
+// layout: strata/state_layout.h) and `grad` (fp32,
 // accumulated on the host across micro-batches). A planner puts
 // each component's home in host memory or on NVMe (Placement() says which and why);
 // cached copies live in faster tiers while they are in use.
@@ -261,8 +262,11 @@ struct EngineOptions {
   // The Adam moments' format in host memory and on NVMe (the master weights stay fp32):
   // kBf16 keeps 8 bytes of state per parameter instead of 12 (see StateFormat and
   // StateRounding in strata/optim.h); its stochastic rounding draws from a hash of the step,
-  // block, rank and element, so results stay independent of budgets and tiers. A resumed
-  // engine must use the format its states were written in (else Corruption at Create).
+  // block, rank and element, so results stay independent of budgets and tiers. kInt8 keeps
+  // about 6 (8-bit codes, an fp32 scale per block of 2048 values beside them in the same
+  // extent, strata/state_layout.h); it always rounds to nearest (state_rounding is ignored:
+  // docs/design.md "Int8 moments" says why). A resumed engine must use the format its states
+  // were written in (else Corruption at Create).
   StateFormat state_format = StateFormat::kFp32;
   StateRounding state_rounding = StateRounding::kStochastic;
   // See GradDtype. Every rank must pass the same.
@@ -549,7 +553,8 @@ class Engine {
   // order; Comm/Timeout when a rank is lost.
   virtual Status ReadParams(int block, int tensor, std::span<float> out) const = 0;
   // Reads a whole component of a block's shard (shard_numel fp32 values; kParam and
-  // kMaster both give the fp32 master weights; bf16 moments are widened exactly). For tests and
+  // kMaster both give the fp32 master weights; bf16 moments are widened exactly, int8 ones
+  // dequantized). For tests and
   // checkpoints; between steps. InvalidArgument for kGrad (gradients are freed after each update)
   // or a wrong size.
   virtual Status ReadComponent(int block, Component component, std::span<float> out) const = 0;
@@ -559,7 +564,9 @@ class Engine {
   // (padding included). kExpAvg, kExpAvgSq set the moments; with StateFormat::kBf16 each value
   // is rounded to the nearest bf16, ties to even, whatever EngineOptions::state_rounding says
   // (stochastic rounding is keyed by a step's update): a value ReadComponent gave (a bf16
-  // widened) is stored exactly. Committed as WriteParams is, by the next BeginStep or
+  // widened) is stored exactly. kInt8 quantizes each run's blocks (strata/state_layout.h) to
+  // nearest; a value ReadComponent gave is stored again with the same codes and scales
+  // unless the block's absmax moved. Committed as WriteParams is, by the next BeginStep or
   // CommitParams. InvalidArgument for kParam or kGrad, a wrong size, or during a step. One
   // rank writes its own shard (with several, each rank writes its own).
   virtual Status WriteComponent(int block, Component component, std::span<const float> values) = 0;

@@ -266,13 +266,15 @@ TEST(EngineWriteComponentTest, WrittenStatesReadBackAndSurviveACommitAndAResume)
 
 // A run's states after step 2, written into a fresh engine whose step count starts at 0, with
 // step_offset 2: its step 3 equals the uninterrupted run's, bit for bit (stochastic bf16
-// rounding included: it is keyed by the bias correction's step; with a bf16 working copy the
+// rounding included: it is keyed by the bias correction's step; int8 moments read back
+// dequantized encode to the same codes and scales again; with a bf16 working copy the
 // master weights written reach the copy the device computes with).
 TEST(EngineWriteComponentTest, StatesWrittenIntoAFreshEngineContinueTheRunBitForBit) {
   SetLogSink([](LogLevel, std::string_view) {});
   const auto specs = GroupedModel();
   for (const auto& [fmt, dtype] : {std::pair{StateFormat::kFp32, WorkingDtype::kFp32},
                                    std::pair{StateFormat::kBf16, WorkingDtype::kFp32},
+                                   std::pair{StateFormat::kInt8, WorkingDtype::kFp32},
                                    std::pair{StateFormat::kFp32, WorkingDtype::kBf16}}) {
     SCOPED_TRACE(std::string(StateFormatName(fmt)) + " moments, " + WorkingDtypeName(dtype) +
                  " working copy");
@@ -329,17 +331,6 @@ TEST(EngineWriteComponentTest, WrongComponentSizeOrTimeIsRefused) {
   std::vector<float> m(n);
   ASSERT_TRUE(e.ReadComponent(1, Component::kExpAvg, m).ok());
   EXPECT_LT(std::abs(m[0]), 0.5f);
-}
-
-// Int8 moments run in AdamStep; the tiers do not hold their scales yet: refused by name.
-TEST(EngineStateFormatTest, Int8StatesAreRefusedNamingThem) {
-  RunConfig rc;
-  rc.state_format = StateFormat::kInt8;
-  auto f = MakeEngine(GroupedModel(), rc);
-  ASSERT_FALSE(f.ok());
-  EXPECT_EQ(f.status().code(), StatusCode::kNotSupported);
-  EXPECT_NE(f.status().message().find("state_format int8"), std::string::npos)
-      << f.status().ToString();
 }
 
 }  // namespace
