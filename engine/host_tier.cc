@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -180,6 +181,8 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
 }
 
 Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
+  int converted = 0;
+  std::string converted_from;
   for (int o = 0; o < int(objs_.size()); ++o) {
     HostObj& h = objs_[o];
     const Component c = ObjComponent(o);
@@ -187,6 +190,13 @@ Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
     auto info = store_->Lookup(ctx_.Key(o));
     if (!info && ctx_.resumed_step == 0 && (c == Component::kExpAvg || c == Component::kExpAvgSq)) {
       continue;  // the initial commit: moments never updated are zeros, never written
+    }
+    if (info && info->length != h.bytes && ctx_.opt.convert_state_format &&
+        (c == Component::kExpAvg || c == Component::kExpAvgSq)) {
+      STRATA_ASSIGN_OR_RETURN(const StateFormat from, ConvertMoment(o, info->length));
+      converted_from = StateFormatName(from);
+      ++converted;
+      continue;
     }
     if (!info || info->length != h.bytes) {
       return Status::Corruption("resume: the committed state in " + ctx_.opt.nvme_paths[0] +
@@ -198,7 +208,44 @@ Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
     h.on_nvme = true;
     if (!h.cached) STRATA_RETURN_IF_ERROR(store_->Read(ctx_.Key(o), h.buf, h.bytes).status());
   }
+  if (converted > 0) {
+    LogWarning("resume: " + std::to_string(converted) + " Adam moment extents converted from " +
+               converted_from + " to " + StateFormatName(ctx_.opt.state_format) +
+               " (EngineOptions::convert_state_format); committed with the next step");
+  }
   return Status::OK();
+}
+
+Result<StateFormat> HostTier::ConvertMoment(int o,
+                                            uint64_t stored_bytes) NO_THREAD_SAFETY_ANALYSIS {
+  HostObj& h = objs_[o];
+  const int b = ObjBlock(o);
+  const Component c = ObjComponent(o);
+  const BlockLayout& bl = ctx_.layout[b];
+  // The committed format is the one whose extent has the stored length (unambiguous: a
+  // tensor takes at least tensor_alignment values, so int8's scales stay below n / 4 bytes).
+  std::optional<BlockStateLayout> from;
+  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kInt8}) {
+    BlockStateLayout l = DescribeBlockState(bl, ctx_.rank, ctx_.ws, StateFormats{f});
+    if (l.Extent(c)->bytes == stored_bytes) from = std::move(l);
+  }
+  if (!from) {
+    return Status::Corruption("resume: " + ctx_.ObjName(o) + " (key " + ctx_.Key(o) + ") is " +
+                              std::to_string(stored_bytes) +
+                              " bytes, the length of no state format of this model");
+  }
+  AlignedBuffer old(RoundUp(stored_bytes, 4096));
+  STRATA_RETURN_IF_ERROR(store_->Read(ctx_.Key(o), old.data, stored_bytes).status());
+  std::vector<float> values(bl.shard_numel);
+  STRATA_RETURN_IF_ERROR(DecodeMoment(
+      *from, c, std::span(static_cast<const uint8_t*>(old.data), stored_bytes), values));
+  AlignedBuffer tmp(h.cached ? h.bytes : 0);
+  void* data = h.cached ? tmp.data : h.buf;
+  STRATA_RETURN_IF_ERROR(EncodeMoment(ctx_.place.state[b], c, values,
+                                      std::span(static_cast<uint8_t*>(data), h.bytes)));
+  h.on_nvme = true;
+  STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(o), data, h.bytes));  // with the next commit
+  return from->formats.moments;
 }
 
 void HostTier::UnregisterFromDevice() {

@@ -164,6 +164,10 @@ class HostTier {
       REQUIRES(ctx_.mu);
   bool PlaceLocked(const HostOp& op) REQUIRES(ctx_.mu);
   Status ResumeFromStore() EXCLUDES(ctx_.mu);
+  // At resume, with EngineOptions::convert_state_format: object o's moment, committed as
+  // `stored_bytes` of another state format, decoded and written again in this engine's
+  // (pending, committed with the next commit). Returns the format it had.
+  Result<StateFormat> ConvertMoment(int o, uint64_t stored_bytes) EXCLUDES(ctx_.mu);
   // RollBackLocked's work for one block, its objects' buffers in `bufs`.
   Status RestoreBlockLocked(int block, StatesFrom from, const BlockBuffers& bufs,
                             const std::function<Status(int, const BlockBuffers&)>& redo)

@@ -547,19 +547,19 @@ Status Placer::PredictTraffic() {
   for (const HostOp& op : steady.ops) {
     const bool grad = ObjComponent(op.obj) == Component::kGrad;
     if (op.kind == HostOpKind::kLoad && (grad ? pp.spill_grads : pp.home[op.obj] == Tier::kNvme)) {
-      rep.predicted_bytes.nvme_read += pp.obj_bytes[op.obj];
+      rep.predicted_bytes.nvme_read += pp.DataBytes(layout, op.obj);
     }
   }
   if (pp.spill_grads) {
     for (int b = 0; b < blocks; ++b) {
-      rep.predicted_bytes.nvme_write += pp.obj_bytes[ObjIndex(b, Component::kGrad)];
+      rep.predicted_bytes.nvme_write += pp.DataBytes(layout, ObjIndex(b, Component::kGrad));
     }
   }
   for (int u : steady.opt_uses) {
     for (const UseObj& uo : steady.uses[u].objs) {
       if (ObjComponent(uo.obj) != Component::kGrad && pp.obj_bytes[uo.obj] &&
           (pp.home[uo.obj] == Tier::kNvme || opt.durable)) {
-        rep.predicted_bytes.nvme_write += pp.obj_bytes[uo.obj];
+        rep.predicted_bytes.nvme_write += pp.DataBytes(layout, uo.obj);
       }
     }
   }

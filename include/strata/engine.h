@@ -269,6 +269,12 @@ struct EngineOptions {
   // were written in (else Corruption at Create).
   StateFormat state_format = StateFormat::kFp32;
   StateRounding state_rounding = StateRounding::kStochastic;
+  // With resume: Adam moments committed in another StateFormat (told by their extents'
+  // lengths, strata/state_layout.h) are converted when the engine opens (decoded to fp32,
+  // encoded in state_format: bf16 and int8 round to nearest) and written as pending
+  // versions, committed with the next commit, instead of refused. fp32 -> bf16/int8 loses
+  // what the coarser format cannot hold; bf16/int8 -> fp32 is exact.
+  bool convert_state_format = false;
   // See GradDtype. Every rank must pass the same.
   GradDtype grad_dtype = GradDtype::kFp32;
 

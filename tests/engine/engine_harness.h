@@ -39,6 +39,7 @@ struct RunConfig {
   double eps = EngineOptions{}.eps;
   WorkingDtype dtype = WorkingDtype::kFp32;
   StateFormat state_format = StateFormat::kFp32;
+  bool convert_state_format = false;  // EngineOptions::convert_state_format
   Speculation speculation = Speculation::kAuto;
   GradSpill grad_spill = GradSpill::kAuto;
   bool pipeline = EngineOptions{}.pipeline_updates;
@@ -113,6 +114,7 @@ inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const Run
   opt.io_backend_factory = rc.io_factory;
   opt.dtype = rc.dtype;
   opt.state_format = rc.state_format;
+  opt.convert_state_format = rc.convert_state_format;
   opt.schedule = rc.schedule;
   opt.speculation = rc.speculation;
   opt.grad_spill = rc.grad_spill;
