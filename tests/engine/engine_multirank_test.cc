@@ -103,7 +103,8 @@ struct RunConfig {
   Speculation speculation = Speculation::kAuto;
   bool pipeline = true;     // EngineOptions::pipeline_updates
   uint64_t host_extra = 0;  // tight: added to the host minimum (room to pipeline the updates)
-  GradDtype grad_dtype = GradDtype::kFp32;  // EngineOptions::grad_dtype
+  GradDtype grad_dtype = GradDtype::kFp32;        // EngineOptions::grad_dtype
+  StateFormat state_format = StateFormat::kFp32;  // EngineOptions::state_format
   // The fake model's gradient: each rank's own (testing::RankGrad; rank 0 without a
   // communicator), rounded to bf16 by the model, or the average of the ranks' bf16-rounded
   // ones (see testing::FakeGradWrite).
@@ -135,6 +136,7 @@ EngineOptions BaseOptions(Device* device, const RunConfig& rc) {
   opt.speculation = rc.speculation;
   opt.pipeline_updates = rc.pipeline;
   opt.grad_dtype = rc.grad_dtype;
+  opt.state_format = rc.state_format;
   return opt;
 }
 
@@ -421,6 +423,31 @@ TEST_F(EngineMultirankTest, HostAndDeviceCollectiveMemoryAgreeAndDeviceCopiesOne
     EXPECT_GT(device[r].h2d, 0u);
     EXPECT_EQ(device[r].h2d * 2, host[r].h2d) << "rank " << r;
     EXPECT_EQ(device[r].d2h * 2, host[r].d2h) << "rank " << r;
+  }
+}
+
+// Int8 moments across ranks: each rank quantizes its part of a tensor in blocks counted from
+// the tensor's start, a block a shard boundary cuts split into two partial blocks with their
+// own scales (strata/state_layout.h). Each rank's shards at the minimum budgets with NVMe equal
+// the unlimited ones bit for bit, and stay near the one-rank run (which has whole blocks there).
+TEST_F(EngineMultirankTest, Int8MomentsShardWithTheirScales) {
+  RunConfig rc;
+  rc.state_format = StateFormat::kInt8;
+  rc.micro_batches = 2;
+  const Outcome one = Reference(rc);
+  const std::vector<Outcome> unlimited = RunRanks(2, rc);
+  rc.tight = true;
+  ExpectRanksIdentical(unlimited, RunRanks(2, rc));
+  ASSERT_EQ(unlimited.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < one.states.size(); i += 3) {  // the master weights
+      for (size_t k = 0; k < unlimited[r].states[i].size(); ++k) {
+        const float got = unlimited[r].states[i][k];
+        if (std::isnan(got)) continue;  // another rank's shard
+        const float want = k < one.states[i].size() ? one.states[i][k] : 0.0f;  // padding
+        ASSERT_NEAR(got, want, 5e-3) << "rank " << r << " block " << i / 3 << " " << k;
+      }
+    }
   }
 }
 
