@@ -230,6 +230,7 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed,
   eo.pipeline_updates = config_.pipeline_updates;
   eo.state_format = config_.state_format;
   eo.state_rounding = config_.state_rounding;
+  eo.convert_state_format = config_.convert_state_format;
   eo.grad_dtype = config_.grad_dtype;
   eo.micro_batches = config_.micro_batches;
   eo.trace_path = RankPath(config_.trace, rank_);

@@ -90,6 +90,8 @@ struct RunConfig {
   // bf16, their rounding (see StateFormat, StateRounding in strata/optim.h).
   StateFormat state_format = StateFormat::kFp32;
   StateRounding state_rounding = StateRounding::kStochastic;
+  // With resume: moments committed in another format are converted (--allow-state-dtype-change).
+  bool convert_state_format = false;
   GradDtype grad_dtype = GradDtype::kFp32;  // gradients device -> host (EngineOptions)
   std::string trace;                        // Chrome trace file; {rank}/{local_rank} replaced
   // The steps the trace records, 1-based and inclusive; 0 = unbounded.

@@ -45,11 +45,12 @@ void Spit(const std::string& path, const std::string& bytes) {
 }
 
 // A short run of `ranks` ranks with its stores under nvme (a {rank} pattern) and --save.
-strata::testing::CliRun Train(int ranks, const std::string& nvme, const std::string& save) {
+strata::testing::CliRun Train(int ranks, const std::string& nvme, const std::string& save,
+                              const std::string& extra = "") {
   const std::string train = std::string(STRATA_CLI_PATH) +
                             " train --layers 2 --d-model 64 --heads 2 --seq-len 16 --batch 4 "
-                            "--steps 3 --threads 1 --nvme" +
-                            ShellQuote({nvme, "--save", save});
+                            "--steps 3 --threads 1 " +
+                            extra + " --nvme" + ShellQuote({nvme, "--save", save});
   const std::string cmd = ranks == 1 ? train.substr(std::string(STRATA_CLI_PATH).size() + 1)
                                      : "launch -n " + std::to_string(ranks) + " -- " + train;
   return RunCli(cmd, {.unset_env = kRankVars});
@@ -130,6 +131,49 @@ TEST_P(ExportVerify, ExportEqualsSaveBitForBitAndVerifyChangesNothing) {
   ASSERT_TRUE(w.ok() && m.ok());
   ASSERT_EQ(w->tensors().size(), m->tensors().size());
   EXPECT_EQ(m->metadata().at("step"), "3");
+}
+
+// Int8 moments: verify checks their extents (codes and scales, strata/state_layout.h) and
+// names the format; export --with-optimizer dequantizes them, per rank's runs, to values near
+// the fp32 run's moments (the same data, steps and seed).
+TEST_P(ExportVerify, Int8MomentsVerifyAndExportDequantized) {
+  const std::string nvme8 = tmp_.File("nvme8/{rank}");
+  auto r = Train(ranks_, nvme8, tmp_.File("saved8.safetensors"), "--state-dtype int8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int code = -1;
+  nlohmann::json j = VerifyJson(nvme8, &code);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(code, 0) << j.dump();
+  EXPECT_EQ(j["dtypes"]["exp_avg"], "int8");
+  auto e = RunCli("export" +
+                  ShellQuote({nvme8, "--out", tmp_.File("x8.safetensors"), "--with-optimizer"}));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  auto f = RunCli("export" +
+                  ShellQuote({pattern_, "--out", tmp_.File("x.safetensors"), "--with-optimizer"}));
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  for (const char* k : {"exp_avg", "exp_avg_sq"}) {
+    SCOPED_TRACE(k);
+    auto a =
+        strata::model::SafetensorsReader::Open(tmp_.File(std::string("x8.") + k + ".safetensors"));
+    auto b =
+        strata::model::SafetensorsReader::Open(tmp_.File(std::string("x.") + k + ".safetensors"));
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->tensors().size(), b->tensors().size());
+    double num = 0, den = 0;
+    for (const auto& [name, t] : b->tensors()) {
+      const size_t n = size_t(t.NumElements());
+      std::vector<float> x(n), y(n);
+      ASSERT_TRUE(a->ReadFloat(name, t.shape, x.data(), n).ok()) << name;
+      ASSERT_TRUE(b->ReadFloat(name, t.shape, y.data(), n).ok()) << name;
+      for (size_t i = 0; i < n; ++i) {
+        if (k[std::strlen(k) - 1] == 'q') ASSERT_GE(x[i], 0.f) << name;
+        num += std::abs(double(x[i]) - y[i]);
+        den += std::abs(double(y[i]));
+      }
+    }
+    EXPECT_GT(den, 0);
+    EXPECT_LT(num, 0.25 * den);  // the same moments, quantized (and a slightly other run)
+  }
 }
 
 TEST_P(ExportVerify, Bf16AndHuggingFaceShardsHoldTheSameWeights) {

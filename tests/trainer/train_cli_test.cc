@@ -362,7 +362,7 @@ TEST_F(TrainCliTest, BadFlagsNameTheValue) {
   EXPECT_NE(out.find("--device-mem lots"), std::string::npos) << out;
   out.clear();
   EXPECT_NE(0, Run({"train", "--state-dtype", "fp8", "--steps", "1"}, &out));
-  EXPECT_NE(out.find("--state-dtype fp8: expected fp32, bf16 or bf16-rne"), std::string::npos)
+  EXPECT_NE(out.find("--state-dtype fp8: expected fp32, bf16, bf16-rne or int8"), std::string::npos)
       << out;
   out.clear();
   EXPECT_NE(0, Run({"train", "--init", dir_ + "/missing.safetensors"}, &out));
@@ -414,6 +414,7 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
       {{"--lr", "0.01"}, "--lr: 0.001 -> 0.01"},
       {{"--beta2", "0.9"}, "--beta2: 0.95 -> 0.9"},
       {{"--state-dtype", "bf16"}, "--state-dtype: \"fp32\" -> \"bf16\""},
+      {{"--state-dtype", "int8"}, "--state-dtype: \"fp32\" -> \"int8\""},
       {{"--grad-dtype", "bf16"}, "--grad-dtype: \"fp32\" -> \"bf16\""},
   };
   for (const auto& [flags, line] : refused) {
@@ -463,6 +464,26 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
   ASSERT_EQ(0, Run({"train", "--resume", resume, "--print-config"}, &out)) << out;
   EXPECT_NE(out.find("steps = 5\n"), std::string::npos) << out;
   EXPECT_NE(out.find("lr = 0.002\n"), std::string::npos) << out;
+  // --state-dtype: refused naming the way out, converted with it (fp32 -> int8 -> fp32), and
+  // recorded: the next resume without the flag continues in the new format.
+  out.clear();
+  EXPECT_EQ(1, Run({"train", "--resume", resume, "--state-dtype", "int8"}, &out)) << out;
+  EXPECT_NE(out.find("--allow-state-dtype-change"), std::string::npos) << out;
+  out.clear();
+  ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "6", "--state-dtype", "int8",
+                    "--allow-state-dtype-change"},
+                   &out))
+      << out;
+  EXPECT_NE(out.find("--state-dtype: \"fp32\" -> \"int8\""), std::string::npos) << out;
+  EXPECT_NE(out.find("converted from fp32 to int8"), std::string::npos) << out;
+  out.clear();
+  ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "7"}, &out)) << out;
+  out.clear();
+  ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "8", "--state-dtype", "fp32",
+                    "--allow-state-dtype-change"},
+                   &out))
+      << out;
+  EXPECT_NE(out.find("converted from int8 to fp32"), std::string::npos) << out;
 }
 
 // The header's __metadata__ of a safetensors file.
@@ -526,9 +547,15 @@ TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
   std::string help, printed;
   ASSERT_EQ(0, Run({"train", "--help"}, &help));
   ASSERT_EQ(0, Run({"train", "--print-config"}, &printed));
-  const std::set<std::string> invocation = {
-      "help",       "config",       "resume",    "print-config", "allow-schedule-change",
-      "no-durable", "no-recompute", "rendezvous"};
+  const std::set<std::string> invocation = {"help",
+                                            "config",
+                                            "resume",
+                                            "print-config",
+                                            "allow-schedule-change",
+                                            "no-durable",
+                                            "no-recompute",
+                                            "rendezvous",
+                                            "allow-state-dtype-change"};
   std::istringstream lines(help);
   std::string line;
   int flags = 0;

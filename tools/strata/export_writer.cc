@@ -13,6 +13,7 @@
 #include "model/safetensors.h"
 #include "strata/atomic_file.h"
 #include "strata/optim.h"
+#include "strata/state_layout.h"
 
 namespace strata::cli {
 
@@ -149,20 +150,19 @@ Status WriteExportFile(RunStore& store, const ExportPlan& plan, const ExportFile
       keys.push_back(ExtentKey(b, component));
       key_block.push_back(b);
     }
-    auto sink = [&](size_t k, uint64_t offset, std::span<const uint8_t> bytes) -> Status {
-      const int b = key_block[k];
-      const uint64_t s0 = uint64_t(r.rank) * store.layouts[b].shard_numel;
-      // Full-block elements [g0, g1) arrive.
-      const uint64_t g0 = s0 + offset / src_bytes, g1 = g0 + bytes.size() / src_bytes;
+    // Full-block elements [g0, g0 + count) of block b, `eb` bytes each, to their tensors.
+    auto place = [&](int b, uint64_t g0, const uint8_t* data, uint64_t count,
+                     uint64_t eb) -> Status {
+      const uint64_t g1 = g0 + count;
       for (size_t t = blocks[b].first; t < blocks[b].second; ++t) {
         const ExportTensor& x = plan.tensors[t];
         const uint64_t a = std::max(g0, x.offset), z = std::min(g1, x.offset + x.numel);
         if (a >= z) continue;
-        const uint8_t* src = bytes.data() + (a - g0) * src_bytes;
+        const uint8_t* src = data + (a - g0) * eb;
         std::string_view piece(reinterpret_cast<const char*>(src), (z - a) * ob);
-        if (src_bytes != ob) {
+        if (eb != ob) {
           buf.clear();
-          Convert(src, z - a, src_bytes, ob, &buf);
+          Convert(src, z - a, eb, ob, &buf);
           piece = buf;
         }
         STRATA_RETURN_IF_ERROR(
@@ -170,6 +170,25 @@ Status WriteExportFile(RunStore& store, const ExportPlan& plan, const ExportFile
         written += piece.size();
       }
       return Status::OK();
+    };
+    // Int8 moments: codes, then their scales (strata/state_layout.h); each extent is kept
+    // whole and dequantized once its last piece arrived.
+    std::vector<uint8_t> whole;
+    std::vector<float> values;
+    auto sink = [&](size_t k, uint64_t offset, std::span<const uint8_t> bytes) -> Status {
+      const int b = key_block[k];
+      const uint64_t s0 = uint64_t(r.rank) * store.layouts[b].shard_numel;
+      if (src_bytes != 1)
+        return place(b, s0 + offset / src_bytes, bytes.data(), bytes.size() / src_bytes, src_bytes);
+      if (offset == 0) whole.clear();
+      whole.insert(whole.end(), bytes.begin(), bytes.end());
+      const BlockStateLayout st = DescribeBlockState(store.layouts[b], r.rank, store.world_size,
+                                                     StateFormats{StateFormat::kInt8});
+      if (whole.size() < st.exp_avg.bytes) return Status::OK();
+      values.resize(st.exp_avg.values);
+      STRATA_RETURN_IF_ERROR(DecodeMoment(
+          st, component == "exp_avg" ? Component::kExpAvg : Component::kExpAvgSq, whole, values));
+      return place(b, s0, reinterpret_cast<const uint8_t*>(values.data()), values.size(), 4);
     };
     STRATA_RETURN_IF_ERROR(r.reader->Read(keys, sink).Annotate("rank " + std::to_string(r.rank)));
   }

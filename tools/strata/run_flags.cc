@@ -162,7 +162,9 @@ void AddPrecisionFlags(CLI::App* cmd, RunFlags* f) {
                   "The Adam moments in host memory and on NVMe: fp32, or bf16 (8 bytes of "
                   "state per parameter instead of 12, a third less NVMe traffic for them; "
                   "the master weights stay fp32; rounded stochastically) or bf16-rne (rounded "
-                  "to nearest even, for comparison: it loses exp_avg_sq's small steps)")
+                  "to nearest even, for comparison: it loses exp_avg_sq's small steps) or int8 "
+                  "(8-bit codes with an fp32 scale per block of 2048 values: about 6 bytes of "
+                  "state per parameter, rounded to nearest)")
       ->capture_default_str();
   cmd->add_option("--grad-dtype", f->grad_dtype,
                   "Gradients from the device to the host: fp32, or bf16 (rounded to nearest "
@@ -336,9 +338,13 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
     config->state_format = StateFormat::kBf16;
     config->state_rounding =
         f.state_dtype == "bf16" ? StateRounding::kStochastic : StateRounding::kNearestEven;
+  } else if (f.state_dtype == "int8") {
+    config->state_format = StateFormat::kInt8;
+    config->state_rounding = StateRounding::kNearestEven;
   } else {
-    return fail("--state-dtype", Status::InvalidArgument("--state-dtype " + f.state_dtype +
-                                                         ": expected fp32, bf16 or bf16-rne"));
+    return fail("--state-dtype",
+                Status::InvalidArgument("--state-dtype " + f.state_dtype +
+                                        ": expected fp32, bf16, bf16-rne or int8"));
   }
   if (f.grad_dtype == "fp32" || f.grad_dtype == "bf16") {
     config->grad_dtype = f.grad_dtype == "bf16" ? GradDtype::kBf16 : GradDtype::kFp32;

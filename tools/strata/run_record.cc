@@ -391,6 +391,9 @@ Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings
     } else {
       refused.push_back(line + (s->on_resume == OnResume::kSchedule
                                     ? " (the learning-rate schedule: --allow-schedule-change)"
+                                : key == "state-dtype"
+                                    ? " (the Adam moments' format: --allow-state-dtype-change "
+                                      "converts them)"
                                     : ""));
     }
   }

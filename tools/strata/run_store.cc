@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "strata/bytes.h"
+#include "strata/state_layout.h"
 
 namespace strata::cli {
 
@@ -144,7 +145,7 @@ void CheckExtents(RunStore* s) {
     for (size_t b = 0; b < s->layouts.size(); ++b) {
       for (const char* comp : {"master", "exp_avg", "exp_avg_sq"}) {
         const std::string key = ExtentKey(int(b), comp);
-        const uint64_t want = s->layouts[b].shard_numel * ElementBytes(*s, comp);
+        const uint64_t want = ExtentBytes(*s, int(b), r.rank, comp);
         const StoreExtentInfo* e = r.reader->Find(key);
         // A state format this build does not know (want 0): present, its length unchecked.
         if (e == nullptr) {
@@ -213,9 +214,22 @@ std::string ExtentKey(int block, const std::string& component) {
 uint64_t ElementBytes(const RunStore& store, const std::string& component) {
   if (component == "param") return 2;
   if (component == "exp_avg" || component == "exp_avg_sq") {
-    return store.state_dtype == "bf16" ? 2 : store.state_dtype == "fp32" ? 4 : 0;
+    const Result<StateFormat> f = ParseStateFormat(store.state_dtype);
+    return f.ok() ? MomentElemBytes(*f) : 0;
   }
   return 4;
+}
+
+uint64_t ExtentBytes(const RunStore& store, int block, int rank, const std::string& component) {
+  const uint64_t elem = ElementBytes(store, component);
+  if (elem == 0 || component == "param") return store.layouts[block].shard_numel * elem;
+  const BlockStateLayout st =
+      DescribeBlockState(store.layouts[block], rank, store.world_size,
+                         StateFormats{*ParseStateFormat(store.state_dtype)});
+  const Component c = component == "master"    ? Component::kMaster
+                      : component == "exp_avg" ? Component::kExpAvg
+                                               : Component::kExpAvgSq;
+  return st.Extent(c)->bytes;
 }
 
 Result<RunStore> OpenRunStore(const std::string& dir, const StoreReaderOptions& options) {

@@ -10,7 +10,8 @@
 // What each rank's store holds: extent "b<i>.master", the fp32 master weights of shard r of
 // block i's flat buffer (ComputeBlockLayout of the recorded model at N ranks); "b<i>.exp_avg"
 // and "b<i>.exp_avg_sq", the Adam moments of the same elements (fp32, or bf16 with
-// --state-dtype bf16); "b<i>.param", the bf16 working copy on CUDA. Tensor t of block i is
+// --state-dtype bf16, or int8 codes followed by their scales: strata/state_layout.h);
+// "b<i>.param", the bf16 working copy on CUDA. Tensor t of block i is
 // full-block elements [offset, offset + numel): shard r holds [r·S, (r+1)·S), S the shard
 // length, so a tensor is read from the one or more ranks whose shards it meets.
 //
@@ -62,6 +63,9 @@ Result<RunStore> OpenRunStore(const std::string& dir, const StoreReaderOptions& 
 // 0 for moments in a state format this build does not read (verify checks their checksums
 // only; export --with-optimizer refuses them).
 uint64_t ElementBytes(const RunStore& store, const std::string& component);
+// The length extent "b<block>.<component>" of `rank` must have (strata/state_layout.h); 0 for
+// moments of a format this build does not know.
+uint64_t ExtentBytes(const RunStore& store, int block, int rank, const std::string& component);
 
 // "b<block>.<component>"
 std::string ExtentKey(int block, const std::string& component);

@@ -77,6 +77,7 @@ int Fail(const Status& s, const std::string& what) {
 Status MakeRunConfig(const TrainArgs& a, trainer::RunConfig* config, std::string* what) {
   STRATA_RETURN_IF_ERROR(ApplyRunFlags(a.run, config, what));
   config->resume = a.resume;
+  config->convert_state_format = !a.resume.empty() && a.allow_state_dtype_change;
   config->durable = a.durable;
   config->beta1 = a.beta1;
   config->beta2 = a.beta2;

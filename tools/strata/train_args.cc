@@ -49,7 +49,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"speculate", free, &a.run.speculate},    // bit-identical either way
       {"grad-spill", free, &a.run.grad_spill},  // bit-identical either way
       {"pipeline", free, &a.run.pipeline},      // bit-identical either way
-      {"state-dtype", fixed, &a.run.state_dtype},
+      {"state-dtype", a.allow_state_dtype_change ? free : fixed, &a.run.state_dtype},
       {"grad-dtype", fixed, &a.run.grad_dtype},
       {"device", fixed, &a.run.device},
       {"comm-backend", fixed, &a.run.comm_backend},
@@ -479,6 +479,10 @@ void AddTrainFlags(CLI::App* sub, TrainArgs* a) {
   sub->add_flag("--allow-schedule-change", a->allow_schedule_change,
                 "With --resume: let --lr, --lr-schedule, --warmup (and --steps under a cosine "
                 "schedule) differ from the stored run's");
+  sub->add_flag("--allow-state-dtype-change", a->allow_state_dtype_change,
+                "With --resume: let --state-dtype differ from the stored run's; the Adam "
+                "moments are converted when the engine opens (fp32/bf16 <-> int8, rounded to "
+                "nearest) and committed in the new format with the next step");
 }
 
 }  // namespace strata::cli

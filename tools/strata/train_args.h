@@ -57,6 +57,9 @@ struct TrainArgs {
   bool durable_given = false;
   CLI::Option* durable_opt = nullptr;
   bool print_config = false, allow_schedule_change = false;
+  // With --resume: --state-dtype may differ from the record's; the moments are converted
+  // (EngineOptions::convert_state_format).
+  bool allow_state_dtype_change = false;
   GeometryFlags init_given;
   // The run's identity (run_record.h): the record's with --resume (set by ResolveFlags),
   // else made when the run starts.
