@@ -6,7 +6,7 @@
     pipeline="on"|"off" (or a bool)    with max_grad_norm: the updates that wait for the norm
                                        run under the next step's forward (opt.step() returns
                                        before they ran; the step commits during the next one)
-    state_dtype="fp32"|"bf16"|"bf16-rne"  the Adam moments in host memory and on NVMe
+    state_dtype="fp32"|"bf16"|"bf16-rne"|"int8"  the Adam moments in host memory and on NVMe
     io="auto"|"uring"|"posix"          the NVMe backend
     io_block="1M"                      NVMe request size, the swap store's stripe (4K multiple)
     collective_memory="auto"|"device"|"host"  where several ranks gather and reduce
@@ -38,7 +38,7 @@ from ._strata import Error
 
 _TRI = {"auto": 0, "on": 1, "off": 2}
 _ONOFF = {"on": True, "off": False}
-_STATE = {"fp32": (0, 1), "bf16": (1, 1), "bf16-rne": (1, 0)}  # (StateFormat, StateRounding)
+_STATE = {"fp32": (0, 1), "bf16": (1, 1), "bf16-rne": (1, 0), "int8": (2, 0)}  # (StateFormat, StateRounding)
 _COLLECTIVE = {"auto": 0, "device": 1, "host": 2}
 _IO = ("auto", "uring", "posix")
 

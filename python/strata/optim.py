@@ -86,6 +86,9 @@ class AdamW(torch.optim.Optimizer):
         sd = super().state_dict()
         if self._offload is not None:
             sd["state"] = read_moments(self._offload, self)
+        elif self.state_dtype == "int8":  # dequantized, as torch.optim.AdamW's state
+            params = [p for g in self.param_groups for p in g["params"]]
+            sd["state"] = {i: _int8_to_float(s, params[i]) for i, s in sd["state"].items()}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -96,7 +99,12 @@ class AdamW(torch.optim.Optimizer):
         model's: load them with the model (or continue a whole run with
         strata.load_checkpoint)."""
         if self._offload is None:
-            return super().load_state_dict(state_dict)
+            super().load_state_dict(state_dict)
+            if self.state_dtype == "int8":  # fp32 moments (torch's layout) quantized
+                for p, s in self.state.items():
+                    if "exp_avg" in s and s["exp_avg"].dtype != torch.uint8:
+                        _int8_from_float(s, p)
+            return None
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, groups)):
@@ -226,6 +234,39 @@ class AdamW(torch.optim.Optimizer):
         if norm > self.max_grad_norm:
             return norm, self.max_grad_norm / (norm + 1e-6)
         return norm, 1.0
+
+
+def _int8_to_float(state, p):
+    """Plain int8 state (codes and per-2048 scales) as torch.optim.AdamW's: fp32 exp_avg and
+    exp_avg_sq of p's shape, dequantized (exp_avg_sq squared from its stored root)."""
+    if "exp_avg_scale" not in state:
+        return state
+    m = torch.empty(p.shape, dtype=torch.float32)
+    v = torch.empty(p.shape, dtype=torch.float32)
+    _strata.int8_moments_to_float(state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
+                                  state["exp_avg_scale"].data_ptr(),
+                                  state["exp_avg_sq_scale"].data_ptr(), p.numel(),
+                                  m.data_ptr(), v.data_ptr())
+    return {"step": state["step"], "exp_avg": m, "exp_avg_sq": v}
+
+
+def _int8_from_float(state, p):
+    """The mirror of _int8_to_float, in place: fp32 moments quantized to nearest."""
+    m = state["exp_avg"].detach().float().cpu().contiguous()
+    v = state["exp_avg_sq"].detach().float().cpu().contiguous()
+    n = p.numel()
+    if m.numel() != n or v.numel() != n:
+        raise Error(f"load_state_dict: moments of {m.numel()} and {v.numel()} values for a "
+                    f"parameter of {n}")
+    blocks = _strata.int8_state_blocks(n)
+    for k in ("exp_avg", "exp_avg_sq"):
+        state[k] = torch.zeros(n, dtype=torch.uint8)
+        state[k + "_scale"] = torch.zeros(blocks, dtype=torch.float32)
+    _strata.int8_moments_from_float(m.data_ptr(), v.data_ptr(), n, state["exp_avg"].data_ptr(),
+                                    state["exp_avg_sq"].data_ptr(),
+                                    state["exp_avg_scale"].data_ptr(),
+                                    state["exp_avg_sq_scale"].data_ptr())
+    state["step"] = int(state["step"])
 
 
 def _torch_clip(params, max_norm):

@@ -44,6 +44,17 @@ def test_state_dtype_bf16_halves_the_moments(tmp_path):
     assert "Adam moments fp32" in eng.placement()
 
 
+def test_state_dtype_int8_moves_about_half_the_nvme_bytes(tmp_path):
+    # (No gradient to NVMe: the states' bytes alone are compared.)
+    fp32, eng = _train(tmp_path, "fp32", grad_spill="off")
+    int8, i8_eng = _train(tmp_path, "int8", state_dtype="int8", grad_spill="off")
+    assert fp32 != int8
+    assert "Adam moments int8" in i8_eng.placement()
+    w32 = eng.last_step_stats()["bytes"]["nvme_write"]
+    w8 = i8_eng.last_step_stats()["bytes"]["nvme_write"]
+    assert 0 < w8 <= 0.55 * w32, (w8, w32)
+
+
 def _steps(tmp_path, name, steps, **options):
     """Trains `steps` steps; returns each step's final statistics as they came: per step the
     list Engine.step_stats() gave after its opt.step(), then the one after flush()."""

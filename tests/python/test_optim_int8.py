@@ -53,3 +53,39 @@ def test_int8_arguments_are_checked():
         strata.optim.AdamW([p], state_dtype="int4")
     with pytest.raises(strata.Error, match="fused"):
         strata.optim.AdamW([p], state_dtype="int8")  # rounding="torch" is fp32 only
+
+
+def test_int8_state_dict_is_torch_layout_and_continues_the_run_bit_for_bit():
+    """state_dict() holds fp32 exp_avg/exp_avg_sq of the parameter's shape (dequantized);
+    loaded into a new int8 optimizer they quantize to the same codes and scales, so the run
+    continues bit for bit; loaded into an fp32 one (and back) they convert."""
+    p, _, opt = _fit("int8", steps=5)
+    sd = opt.state_dict()
+    st = sd["state"][0]
+    assert st["exp_avg"].dtype == torch.float32 and st["exp_avg"].shape == p.shape
+    assert st["exp_avg_sq"].dtype == torch.float32 and bool((st["exp_avg_sq"] >= 0).all())
+    assert int(st["step"]) == 5
+    raw = {k: v.clone() if torch.is_tensor(v) else v
+           for k, v in opt.state[opt.param_groups[0]["params"][0]].items()}
+    assert raw["exp_avg"].dtype == torch.uint8  # the optimizer itself still holds codes
+    q = torch.nn.Parameter(p.clone())
+    opt2 = strata.optim.AdamW([q], lr=1e-2, weight_decay=0.0, rounding="fused",
+                              state_dtype="int8")
+    opt2.load_state_dict(sd)
+    s2 = opt2.state[q]
+    for k in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
+        assert torch.equal(s2[k], raw[k]), k
+    g = torch.Generator().manual_seed(1)
+    grad = torch.randn(5000, generator=g)
+    for o, x in ((opt, opt.param_groups[0]["params"][0]), (opt2, q)):
+        x.grad = grad.clone()
+        o.step()
+    assert torch.equal(q.detach(), opt.param_groups[0]["params"][0].detach())
+    f = torch.nn.Parameter(p.clone())
+    opt32 = strata.optim.AdamW([f], lr=1e-2, weight_decay=0.0, rounding="fused")
+    opt32.load_state_dict(sd)  # int8 -> fp32: the dequantized moments
+    assert torch.equal(opt32.state[f]["exp_avg"], st["exp_avg"])
+    back = strata.optim.AdamW([torch.nn.Parameter(p.clone())], lr=1e-2, rounding="fused",
+                              state_dtype="int8")
+    back.load_state_dict(opt32.state_dict())  # fp32 -> int8: quantized again
+    assert torch.equal(back.state[back.param_groups[0]["params"][0]]["exp_avg"], raw["exp_avg"])

@@ -67,7 +67,7 @@ def _load_weights(model, path):
 GROUPS_KW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, max_grad_norm=1.0)
 
 
-@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
 def test_load_state_dict_into_a_new_optimizer_continues_the_run_bit_for_bit(tmp_path,
                                                                              state_dtype):
     """The moments of step 2, saved with state_dict and loaded with the weights into a new
