@@ -107,6 +107,7 @@ class TrainReshardTest : public ::testing::Test {
   void Reshard(int from, int to, const std::vector<double>& full) {
     const std::string what = std::to_string(from) + " -> " + std::to_string(to) + " ranks";
     const std::string store = dir_ + "/s" + std::to_string(from) + "to" + std::to_string(to);
+    ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
     std::string out;
     ASSERT_FALSE(
         Run(from, Args(store, kStop, false, store + "/a.json"), store + "/a.json", &out).is_null())
@@ -119,7 +120,11 @@ class TrainReshardTest : public ::testing::Test {
     // Loaded on `to` ranks, nothing trained: the weights saved are the stored ones.
     std::vector<std::string> load = Args(store, kStop, true, store + "/b.json");
     load.insert(load.end(), {"--save", store + "/loaded.safetensors"});
-    ASSERT_FALSE(Run(to, load, store + "/b.json", &out).is_null()) << what << "\n" << out;
+    const nlohmann::json b = Run(to, load, store + "/b.json", &out);
+    ASSERT_FALSE(b.is_null()) << what << "\n" << out;
+    ASSERT_TRUE(b["config"].contains("resharded")) << b["config"].dump();
+    EXPECT_EQ(b["config"]["resharded"]["from_ranks"], from);
+    EXPECT_EQ(b["config"]["resharded"]["to_ranks"], to);
     EXPECT_NE(out.find("# re-sharding: step 3 was written by " + std::to_string(from)),
               std::string::npos)
         << out;
@@ -134,11 +139,11 @@ class TrainReshardTest : public ::testing::Test {
       EXPECT_FALSE(a.empty()) << what << part;
       EXPECT_TRUE(a == Slurp(store + "/before" + part + ".safetensors")) << what << part;
     }
-    // Trained on: the losses of the uninterrupted run.
+    // Trained on (the store is the new count's now): the losses of the uninterrupted run.
     const nlohmann::json j =
         Run(to, Args(store, kSteps, true, store + "/c.json"), store + "/c.json", &out);
     ASSERT_FALSE(j.is_null()) << what << "\n" << out;
-    EXPECT_EQ(j["config"]["resharded"]["from_ranks"], from) << j["config"].dump();
+    EXPECT_FALSE(j["config"].contains("resharded")) << what << ": re-sharded again";
     const std::vector<double> got = Losses(j);
     ASSERT_EQ(got.size(), size_t(kSteps - kStop)) << what;
     for (int k = 0; k < kSteps - kStop; ++k) {
@@ -236,6 +241,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
   for (const Kill& k : kills) {
     const std::string tag = "k" + std::to_string(++trial);
     const std::string store = dir_ + "/" + tag;
+    ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
     std::string out;
     ASSERT_FALSE(
         Run(2, Args(store, kStop, false, store + "/a.json"), store + "/a.json", &out).is_null())

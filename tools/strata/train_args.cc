@@ -346,7 +346,11 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
                                                          first_record.identity.run_id));
   a->stored_world_size = layout.world_size;
   a->stored_step = layout.step;
-  const bool own_record = layout.world_size == 0 || rank.rank < layout.world_size;
+  // A rank added by a re-sharding killed after its commit and before its record was written
+  // has a store and no record yet: it reads rank 0's too.
+  Result<std::optional<RunRecord>> own = ReadRunRecord(RankPath(a->resume, rank));
+  const bool own_record = (layout.world_size == 0 || rank.rank < layout.world_size) &&
+                          (!own.ok() || own->has_value() || rank.rank == 0);
   const RankInfo& source = own_record ? rank : first;
   const std::string folder = RankPath(a->resume, source);
   STRATA_ASSIGN_OR_RETURN(const RunRecord record, ReadResumedRecord(folder, source));
