@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,7 @@ Status HostTier::InitObjects() NO_THREAD_SAFETY_ANALYSIS {
   if (ctx_.opt.nvme_paths.empty()) {
     return Status::InvalidArgument("the placement needs NVMe but no NVMe paths were given");
   }
+  if (ctx_.opt.resume && ctx_.opt.reshard_from.world_size > 0) return ResumeResharded();
   STRATA_RETURN_IF_ERROR(OpenStore());
   const auto committed = store_->CommittedStep();
   if (ctx_.opt.resume) {
@@ -140,7 +142,10 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
   // take its store.
   if (!opt.resume) sopt.replace_through_step = 0;
   sopt.run_id = opt.run_id;
+  sopt.previous_run_id = opt.previous_run_id;
   sopt.backend = opt.io;
+  const EngineOptions::ReshardSource& reshard = opt.reshard_from;
+  const bool resharding = opt.resume && reshard.world_size > 0;
   std::unique_ptr<IoBackend> backend;
   STRATA_ASSIGN_OR_RETURN(const IoBackendFactory factory,
                           FaultsFromEnvironment(opt.io_backend_factory));
@@ -150,13 +155,26 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
       return Status::InvalidArgument("EngineOptions::io_backend_factory returned no backend");
     }
   }
-  if (opt.resume) {
+  if (resharding) {
+    // The new shards are written beside the old committed extents, which stay until the
+    // first commit. A rank the old run did not have makes its store (over a stale one of
+    // an earlier rank count of the run: never past the step resumed).
+    sopt.capacity_bytes += reshard_extra_capacity_;
+    sopt.create = ctx_.rank >= reshard.world_size;
+    sopt.replace_through_step = std::numeric_limits<uint64_t>::max();
+    if (!sopt.create) sopt.previous_run_id = reshard.run_ids[size_t(ctx_.rank)];
+    // A prepared commit left here is one of an earlier try of this re-sharding, cut short
+    // before any rank finished it (else the new layout would be the store's): dropped.
+    sopt.resolve_prepared = [](std::optional<uint64_t>, std::optional<uint64_t>) {
+      return Result<bool>(false);
+    };
+  } else if (opt.resume) {
     sopt.max_capacity_bytes = sopt.capacity_bytes;  // a manifest may not ask for more
     sopt.capacity_bytes = 0;                        // keep the stored size
   }
   // With ranks the stores commit together (rank_commit.h): the ranks agree on the step to
   // resume, rolling a prepared commit forward where a peer finished it.
-  const bool agree = opt.resume && ctx_.ws > 1;
+  const bool agree = opt.resume && ctx_.ws > 1 && !resharding;
   bool agreed = false;
   if (agree) {
     sopt.resolve_prepared = [this, &agreed](std::optional<uint64_t> committed,

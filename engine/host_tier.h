@@ -173,11 +173,15 @@ class HostTier {
                             const std::function<Status(int, const BlockBuffers&)>& redo)
       REQUIRES(ctx_.mu);
   Status OpenStore() EXCLUDES(ctx_.mu);
+  // Resume on another rank count (EngineOptions::reshard_from; engine/reshard.cc).
+  Status ResumeResharded() EXCLUDES(ctx_.mu);
 
   EngineContext& ctx_;
   std::unique_ptr<PinnedPool> pool_;
   bool registered_with_device_ = false;
   std::unique_ptr<SwapStore> store_;
+  uint64_t reshard_extra_capacity_ = 0;  // the old store's bytes, kept until the first commit
+  uint64_t resharded_bytes_ = 0;         // this rank's new shards, read from the old stores
   void* staging_ = nullptr;  // gradient landing buffer for micro-batches after the first
   // The cache: one pinned region; the host plan places objects inside it (exact offsets, so
   // the simulated footprint and fragmentation are the real ones).

@@ -12,6 +12,11 @@ Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder) {
   return SwapStore::PeekCommittedStep(folder);
 }
 
+Result<StorePeek> PeekStore(const std::string& folder) {
+  STRATA_ASSIGN_OR_RETURN(SwapStore::Peek p, SwapStore::PeekManifests(folder));
+  return StorePeek{p.step, p.run_id, p.prepared_step, p.prepared_run_id};
+}
+
 std::vector<std::string> StoreStateFiles(size_t index, size_t folders) {
   return SwapStore::StateFileNames(index, folders);
 }

@@ -125,13 +125,13 @@ void ExtentTable::Revert(std::string_view key) {
   e.seq = NextSeq();
 }
 
-Status ExtentTable::CheckCanPrepare(uint64_t step) const {
+Status ExtentTable::CheckCanPrepare(uint64_t step, bool restamp) const {
   if (prepared_step_) {
     return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
                                    " while step " + std::to_string(*prepared_step_) +
                                    " is prepared; finish it first");
   }
-  if (committed_step_ && step <= *committed_step_) {
+  if (committed_step_ && (step < *committed_step_ || (step == *committed_step_ && !restamp))) {
     return Status::InvalidArgument("swap store: commit of step " + std::to_string(step) +
                                    " after step " + std::to_string(*committed_step_) +
                                    "; steps must increase");

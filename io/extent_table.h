@@ -80,8 +80,9 @@ class ExtentTable {
   void Revert(std::string_view key);
 
   // --- commit ---
-  // InvalidArgument when a step is prepared or `step` does not follow the committed one.
-  Status CheckCanPrepare(uint64_t step) const;
+  // InvalidArgument when a step is prepared or `step` does not follow the committed one (or,
+  // with `restamp`, equal it: a commit that records the store under a new identity).
+  Status CheckCanPrepare(uint64_t step, bool restamp = false) const;
   // Every visible extent, as the manifest of `step` names it.
   std::vector<ManifestEntry> ManifestEntries(uint64_t step) const;
   void MarkPrepared(uint64_t step);

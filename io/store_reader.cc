@@ -158,7 +158,7 @@ Result<std::unique_ptr<StoreReader>> StoreReader::Open(const std::vector<std::st
 
   // A live run reuses superseded versions' space: refuse a store whose lock is held. The
   // shared lock taken here keeps a run from opening the store while it is read.
-  for (const std::string& folder : folders) {
+  for (const std::string& folder : options.lock ? folders : std::vector<std::string>{}) {
     const std::string lock = JoinPath(folder, kLockName);
     const int fd = open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) continue;  // a store copied without its lock file

@@ -308,16 +308,21 @@ Result<std::optional<Manifest>> SwapFolders::ReadManifest() const {
   return std::optional<Manifest>(std::move(m));
 }
 
-Result<Manifest> SwapFolders::ResolvePrepared(Manifest committed, const Decider& decide) const {
+Result<Manifest> SwapFolders::ResolvePrepared(Manifest committed, const Decider& decide,
+                                              const std::string& next_run_id) const {
   std::optional<Manifest> prepared;
   // Anything short of a complete manifest of a later step with the same run and geometry is a
   // commit cut short before its manifest was durable: not a prepared one.
   if (std::optional<std::string> bytes = ReadTemporary()) {
     auto m = DecodeManifest(*bytes, manifest_path_ + ".tmp");
-    if (m.ok() && m->step && (!committed.step || *m->step > *committed.step) &&
-        m->run_id == committed.run_id && m->num_paths == committed.num_paths &&
-        m->stripe_bytes == committed.stripe_bytes &&
-        m->capacity_bytes == committed.capacity_bytes) {
+    // A commit under a new identity (next_run_id) may record the committed step again.
+    const bool restamp = !next_run_id.empty() && m.ok() && m->run_id == next_run_id &&
+                         m->run_id != committed.run_id && committed.step && m->step &&
+                         *m->step == *committed.step;
+    if (m.ok() && m->step && (!committed.step || *m->step > *committed.step || restamp) &&
+        (m->run_id == committed.run_id || (!next_run_id.empty() && m->run_id == next_run_id)) &&
+        m->num_paths == committed.num_paths && m->stripe_bytes == committed.stripe_bytes &&
+        (m->capacity_bytes == committed.capacity_bytes || m->run_id != committed.run_id)) {
       prepared = std::move(*m);
     }
   }
@@ -332,6 +337,19 @@ Result<Manifest> SwapFolders::ResolvePrepared(Manifest committed, const Decider&
   STRATA_RETURN_IF_ERROR(RenameTemporary().Annotate("rolling the prepared commit of step " +
                                                     std::to_string(*prepared->step) + " forward"));
   return std::move(*prepared);
+}
+
+std::optional<std::string> SwapFolders::PeekTemporary(const std::string& folder) {
+  const int dir = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return std::nullopt;
+  struct stat st {};
+  std::optional<std::string> out;
+  if (fstatat(dir, kTemporaryName, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+    auto bytes = ReadWholeFile(dir, kTemporaryName, JoinPath(folder, kTemporaryName));
+    if (bytes.ok()) out = std::move(bytes).value();
+  }
+  close(dir);
+  return out;
 }
 
 std::optional<std::string> SwapFolders::ReadTemporary() const {

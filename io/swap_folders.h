@@ -73,7 +73,13 @@ class SwapFolders {
   // renamed over the committed one. Returns the manifest that is now committed.
   using Decider = std::function<Result<bool>(std::optional<uint64_t> committed,
                                              std::optional<uint64_t> prepared)>;
-  Result<Manifest> ResolvePrepared(Manifest committed, const Decider& decide) const;
+  // `next_run_id` (when not empty) is accepted as the prepared manifest's identity too,
+  // and then its capacity may differ (a store resumed on another rank count, whose first
+  // commit records the new identity and the grown capacity).
+  Result<Manifest> ResolvePrepared(Manifest committed, const Decider& decide,
+                                   const std::string& next_run_id = {}) const;
+  // The prepared manifest's bytes (strata.manifest.tmp), if any.
+  static std::optional<std::string> PeekTemporary(const std::string& folder);
   // Writes `bytes` under the temporary name and syncs it (and folder 0 with `sync_folder`,
   // so that its name survives a power cut too). On failure the temporary file is removed.
   Status WriteTemporary(const std::string& bytes, bool sync_folder) const;

@@ -15,8 +15,10 @@
 // the metadata and is never held across a blocking backend call. Order: io_mu_, then mu_.
 #include "io/swap_store.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -100,6 +102,31 @@ Result<std::optional<uint64_t>> SwapStore::PeekCommittedStep(const std::string& 
   return swap_internal::SwapFolders::PeekCommittedStep(folder);
 }
 
+Result<SwapStore::Peek> SwapStore::PeekManifests(const std::string& folder) {
+  Peek p;
+  const std::string path = swap_internal::JoinPath(folder, "strata.manifest");
+  STRATA_ASSIGN_OR_RETURN(p.step, swap_internal::SwapFolders::PeekCommittedStep(folder));
+  // PeekCommittedStep decoded it; the run identity is read the same way.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0) {
+    std::string bytes;
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) bytes.append(buf, size_t(n));
+    close(fd);
+    auto m = swap_internal::DecodeManifest(bytes, path);
+    if (m.ok()) p.run_id = m->run_id;
+  }
+  if (auto tmp = swap_internal::SwapFolders::PeekTemporary(folder)) {
+    auto m = swap_internal::DecodeManifest(*tmp, path + ".tmp");
+    if (m.ok() && m->step) {
+      p.prepared_step = m->step;
+      p.prepared_run_id = m->run_id;
+    }
+  }
+  return p;
+}
+
 std::vector<std::string> SwapStore::StateFileNames(size_t index, size_t folders) {
   return swap_internal::SwapFolders::StateFileNames(index, folders);
 }
@@ -111,6 +138,17 @@ Result<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& optio
   return store;
 }
 
+// The caller's decider; a store still under its previous identity (previous_run_id) has
+// committed nothing of this one, and says so: its peers that finished the first commit under
+// the new identity then make it roll its prepared one forward (engine/rank_commit.h).
+swap_internal::SwapFolders::Decider SwapStore::ResolveDecider() const {
+  if (next_run_id_.empty()) return options_.resolve_prepared;
+  return [decide = options_.resolve_prepared](std::optional<uint64_t>,
+                                              std::optional<uint64_t> prepared) {
+    return decide(std::nullopt, prepared);
+  };
+}
+
 void SwapStore::Hook(std::string_view point) const {
   if (options_.test_hook) options_.test_hook(point);
 }
@@ -120,6 +158,10 @@ void SwapStore::Hook(std::string_view point) const {
 Status SwapStore::CheckRunId(const Manifest& manifest, const std::string& manifest_path) {
   run_id_ = manifest.run_id;
   if (options_.run_id.empty() || manifest.run_id == options_.run_id) return Status::OK();
+  if (!options_.previous_run_id.empty() && manifest.run_id == options_.previous_run_id) {
+    next_run_id_ = options_.run_id;  // recorded by the first commit, not before
+    return Status::OK();
+  }
   if (options_.create && !manifest.step && manifest.entries.empty()) {
     // Nothing was ever committed (a run stopped before its first commit): the store is as
     // good as new, and the run creating it now makes it its own.
@@ -190,7 +232,11 @@ Status SwapStore::Init(std::unique_ptr<IoBackend> backend) {
   if (manifest) STRATA_RETURN_IF_ERROR(CheckRunId(*manifest, manifest_path));
   if (manifest && options_.resolve_prepared) {
     STRATA_ASSIGN_OR_RETURN(
-        manifest, folders_->ResolvePrepared(std::move(*manifest), options_.resolve_prepared));
+        manifest, folders_->ResolvePrepared(std::move(*manifest), ResolveDecider(), next_run_id_));
+    if (manifest->run_id == next_run_id_) {  // the prepared commit rolled forward
+      run_id_ = next_run_id_;
+      next_run_id_.clear();
+    }
   }
   folders_->RemoveTemporary();  // a Commit cut short: discarded
 
@@ -619,7 +665,7 @@ Status SwapStore::FinishCommit() {
 Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    STRATA_RETURN_IF_ERROR(table_.CheckCanPrepare(step));
+    STRATA_RETURN_IF_ERROR(table_.CheckCanPrepare(step, !next_run_id_.empty()));
   }
   while (!ops_.empty()) STRATA_RETURN_IF_ERROR(ProcessCompletions(ops_.size()));
   Hook("commit_begin");
@@ -630,7 +676,7 @@ Status SwapStore::PrepareLocked(uint64_t step, bool sync_folder) {
   Hook("data_synced");
 
   Manifest m;
-  m.run_id = run_id_;
+  m.run_id = next_run_id_.empty() ? run_id_ : next_run_id_;
   m.num_paths = static_cast<uint32_t>(paths_.size());
   m.stripe_bytes = layout_.stripe;
   m.capacity_bytes = layout_.capacity;
@@ -664,6 +710,10 @@ Status SwapStore::FinishLocked() {
   std::lock_guard<std::mutex> lock(mu_);
   table_.FinishCommit(step);
   ++commits_;
+  if (!next_run_id_.empty()) {
+    run_id_ = next_run_id_;
+    next_run_id_.clear();
+  }
   Hook("committed");
   return Status::OK();
 }

@@ -132,6 +132,14 @@ struct SwapStoreOptions {
   // opened as it is, for the caller to refuse (Lookup, CommittedStep). Empty: any store is
   // accepted, and keeps the identity it has.
   std::string run_id;
+  // With create = false: a store that records this identity instead of run_id is accepted
+  // too (the same run written on another rank count: "<run> rank 0 of 2" resumed as "<run>
+  // rank 0 of 3"). Its committed manifest keeps the old identity until the next commit,
+  // which records run_id (and may record the committed step again: the re-sharded state of
+  // that step), so that a crash before it leaves the store as it was; a prepared manifest
+  // recording run_id is one of this store's (ResolvePrepared), and the resolve_prepared
+  // decider is told that this store committed nothing of the new identity.
+  std::string previous_run_id;
   // With create: a store whose committed step is at most this is taken as new (its extents
   // dropped, this run's identity recorded), whoever made it; the engine sets 0 for a fresh
   // run, so that a run that stopped after its initial commit does not block the next one.
@@ -227,6 +235,17 @@ class SwapStore {
   // NotFound without a manifest (a link or non-regular file there: InvalidArgument), Corruption
   // when it does not decode.
   static Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
+  // What folder 0 of a store holds, read without opening (locking) it: the committed
+  // manifest's step and run identity and, when a two-phase commit was cut short between its
+  // phases, the prepared manifest's (complete and sealed; anything less is none). NotFound
+  // when there is no manifest.
+  struct Peek {
+    std::optional<uint64_t> step;
+    std::string run_id;
+    std::optional<uint64_t> prepared_step;
+    std::string prepared_run_id;
+  };
+  static Result<Peek> PeekManifests(const std::string& folder);
   // The files of the committed state in folder `index` of a store over `folders` folders:
   // folder 0's manifest, then the folder's data file. With the store closed, these files of
   // every folder are the whole run; nothing else in a folder is the store's state (its lock,
@@ -320,6 +339,8 @@ class SwapStore {
   Result<uint64_t> ReadVersion(const SwapOp& op);  // Read and ReadCommitted
   Status ProcessCompletions(size_t min_complete);
   void FinishOp(std::unique_ptr<Op> op);
+  std::function<Result<bool>(std::optional<uint64_t>, std::optional<uint64_t>)> ResolveDecider()
+      const;
   Status CheckRunId(const swap_internal::Manifest& manifest, const std::string& manifest_path);
   // Writes the stripe marker of every folder i where !current[i] (missing, or naming
   // another store or place).
@@ -334,8 +355,9 @@ class SwapStore {
   Status FinishLocked();
 
   const SwapStoreOptions options_;
-  std::string run_id_;    // the store's run identity (set by Init; the manifests carry it)
-  std::string store_id_;  // the store's own identity (its folders' stripe markers carry it)
+  std::string run_id_;       // the store's run identity (set by Init; the manifests carry it)
+  std::string next_run_id_;  // options_.run_id, adopted from previous_run_id at the next commit
+  std::string store_id_;     // the store's own identity (its folders' stripe markers carry it)
   swap_internal::SwapLayout layout_;  // the geometry, fixed at Open
 
   std::unique_ptr<swap_internal::SwapFolders> folders_;  // descriptors, locks, manifest files

@@ -331,6 +331,23 @@ struct EngineOptions {
   // store copied from another run or rank). Opaque, at most 256 bytes (the CLI gives a
   // random run id and the rank). Empty: any store is resumed.
   std::string run_id;
+  // With `resume`: the identity this rank's store recorded under the run's previous rank
+  // count ("<run> rank 1 of 2" for "<run> rank 1 of 3"), accepted too; its next commit
+  // records run_id (SwapStoreOptions::previous_run_id).
+  std::string previous_run_id;
+  // With `resume`: the store was written by another number of ranks. Each rank reads its
+  // new shards of every block's states from the byte ranges of the old ranks' stores
+  // (read-only, checksums verified) and writes them into its own store (this rank's
+  // nvme_paths: the old rank's store with previous_run_id when rank < world_size, else a
+  // new one), and the ranks commit the new layout as the resumed step, two-phase, before Create
+  // returns: a crash before a rank finished that commit leaves the old stores as they were.
+  // world_size 0: no re-sharding.
+  struct ReshardSource {
+    int world_size = 0;                                // the ranks that wrote the store
+    std::vector<std::vector<std::string>> nvme_paths;  // each old rank's folders, in order
+    std::vector<std::string> run_ids;                  // each old rank's store identity
+  };
+  ReshardSource reshard_from;
   // Write a Chrome/Perfetto trace (JSON) of every operation to this file; "" = none.
   std::string trace_path;
   // The trace's process: its name and pid (one per rank, so that the ranks' traces opened
@@ -664,6 +681,17 @@ class Engine {
 // nullopt when the store was created but never committed. NotFound when the folder holds no
 // manifest; Corruption (naming the file) when it cannot be decoded.
 Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
+
+// The same, with the run identity its manifest records and, when a two-phase commit of
+// several ranks was cut short between its phases, the prepared manifest's step and identity
+// (what a resume decides from: engine/rank_commit.h). Nothing is locked, made or changed.
+struct StorePeek {
+  std::optional<uint64_t> step;
+  std::string run_id;
+  std::optional<uint64_t> prepared_step;
+  std::string prepared_run_id;
+};
+Result<StorePeek> PeekStore(const std::string& folder);
 
 // The names of the files that hold a run's committed state (master weights, moments, step) in
 // its NVMe folder `index` of `folders` (EngineOptions::nvme_paths in order): folder 0's

@@ -48,6 +48,11 @@ struct StoreDataFile {
 struct StoreReaderOptions {
   IoBackendOptions io;                  // kind, queue depth (requests in flight), O_DIRECT
   uint64_t request_bytes = 1ull << 20;  // bytes per read request (a multiple of 4 KiB)
+  // false: the lock files are neither checked nor flock'ed. Only for a caller that knows
+  // no one rewrites the committed extents while it reads: the ranks of a resume on another
+  // rank count, which hold the stores and write nothing over a committed extent until every
+  // rank has read its shards (their first commit follows an all-gather).
+  bool lock = true;
 };
 
 class StoreReader {

@@ -27,11 +27,14 @@ meet again), so each rank saves its own shard instead, read from the open engine
 steps:
   rank<r>.pt      rank r's shard of every block's master weights and Adam moments (fp32, as
                   Engine.read_component gives them) and its torch RNG state;
-  model.safetensors, python.pt   as above, written by rank 0 (the weights gathered by all);
+  model.safetensors, python.pt   as above, written by rank 0 (the weights gathered one tensor
+                  at a time, so that no rank holds the whole model: _write_gathered_safetensors);
   strata.json     {"step", "world_size", "format": "shards"}.
 load_checkpoint with as many ranks writes each rank's shard back into its open engine
 (Engine.write_component; the next step commits it first) and continues the step count (the bias
-correction's) from the checkpoint's, so fresh ranks continue bit for bit. The folder must be one
+correction's) from the checkpoint's, so fresh ranks continue bit for bit. On another number of
+ranks (one included) each rank builds its new shards from the saved ranks' files, read one at a
+time (_resharded), and writes them the same way. The folder must be one
 that every rank reaches (one host, or a shared filesystem). Every rank calls both. The ranks
 agree after each phase (a one-value all-gather of "did this rank fail"), so a rank that fails
 (a missing or damaged shard, a full disk, a folder it cannot write) raises its own error and
@@ -346,11 +349,8 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
         torch.save({"rank": rank, "world_size": world, "step": step, "shards": shards,
                     "rng": torch.get_rng_state()}, os.path.join(tmp, f"rank{rank}.pt"))
 
-    tensors = {}
-
     def write_weights():
         if rank == 0:
-            _write_safetensors(tensors, os.path.join(tmp, "model.safetensors"))
             opt = optimizer or state._opt
             torch.save(_python_state(state, opt, lr_scheduler, client_state, step,
                                      world_size=world), os.path.join(tmp, "python.pt"))
@@ -364,7 +364,10 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
     try:
         _agree(core, what, make_folder)
         _agree(core, what, write_shard)  # every rank's shard is written
-        tensors.update(state.gather())  # a collective: every rank gathers, rank 0 writes
+        # Tensor by tensor (a collective each): rank 0 writes each as it arrives, so no
+        # rank ever holds more than one tensor of the whole model.
+        _agree(core, what, lambda: _write_gathered_safetensors(
+            state, os.path.join(tmp, "model.safetensors"), rank == 0))
         _agree(core, what, write_weights)
         _agree(core, what, put_in_place)  # no rank returns before the checkpoint is in place
     except BaseException:
@@ -385,12 +388,14 @@ def _load_shards(state, path, optimizer, lr_scheduler):
 
     def read_shard():
         meta = _checkpoint_meta(path)
-        if meta.get("format") != "shards" or meta.get("world_size") != world:
-            saved = meta.get("world_size", 1) if meta.get("format") == "shards" else 1
-            raise Error(f"the checkpoint {path} was saved by {saved} rank(s), this run has "
-                        f"{world}; load it with as many ranks (each loads its own shard)")
+        if meta.get("format") != "shards":
+            raise Error(f"the checkpoint {path} was saved by 1 rank, this run has {world}; "
+                        "load it with 1 rank (its state is a copy of that rank's store)")
         try:
-            loaded["mine"] = _torch_load(os.path.join(path, f"rank{rank}.pt"))
+            if meta.get("world_size") == world:
+                loaded["mine"] = _torch_load(os.path.join(path, f"rank{rank}.pt"))
+            else:
+                loaded["mine"] = _resharded(state, path, int(meta["world_size"]), rank, world)
             loaded["saved"] = _torch_load(os.path.join(path, "python.pt"))
         except FileNotFoundError as e:
             raise Error(f"the checkpoint {path} is incomplete: {e}") from None
@@ -417,6 +422,48 @@ def _load_shards(state, path, optimizer, lr_scheduler):
     torch.set_rng_state(mine["rng"])
     _agree(core, what, lambda: None)  # every rank has its shard back
     return saved["client_state"]
+
+
+def _resharded(state, path, saved_world, rank, world):
+    """Rank `rank` of `world`'s shards of every block's states from a checkpoint saved by
+    `saved_world` ranks, as rank<r>.pt would hold them: each saved rank's file whose shard meets
+    this rank's is read in turn (one at a time) and the overlap copied; values past the saved
+    padding are the new padding (zeros). The RNG state is rank (rank % saved_world)'s."""
+    out = {"rank": rank, "world_size": world, "shards": {}}
+    for b, (_, _, padded) in enumerate(state._layout):
+        for k in ("master", "exp_avg", "exp_avg_sq"):
+            out["shards"][(b, k)] = torch.zeros(padded // world, dtype=torch.float32)
+    for q in range(saved_world):
+        old = None
+        for b, (name, _, padded) in enumerate(state._layout):
+            n = padded // world
+            lo_new = rank * n
+            for k in ("master", "exp_avg", "exp_avg_sq"):
+                if old is None:
+                    old = _torch_load(os.path.join(path, f"rank{q}.pt"))
+                v = old["shards"].get((b, k))
+                if v is None:
+                    raise Error(f"the checkpoint {path} does not fit this model: rank {q}'s file "
+                                f"has no {k} of block {name!r}")
+                m = v.numel()  # the saved shard
+                lo, hi = max(lo_new, q * m), min(lo_new + n, (q + 1) * m)
+                if lo < hi:
+                    out["shards"][(b, k)][lo - lo_new:hi - lo_new] = v[lo - q * m:hi - q * m]
+        if q == rank % saved_world:
+            out["rng"] = old["rng"]
+        out["step"] = old["step"]
+        del old
+    return out
+
+
+def _saved_as_shards(path):
+    """Whether `path` holds a multi-rank checkpoint (one rank loads it re-sharded); a replace
+    cut short between its renames is finished first, as every load does."""
+    _finish_interrupted_replace(path)
+    try:
+        return _checkpoint_meta(path).get("format") == "shards"
+    except Error:
+        return False
 
 
 def _checkpoint_meta(path):
@@ -530,7 +577,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     Returns the client_state given to save_checkpoint."""
     state = _offloaded_state(model, "load_checkpoint")
     path = _checkpoint_path(path, "load_checkpoint")
-    if state.core().world_size != 1:
+    if state.core().world_size != 1 or _saved_as_shards(path):
         return _load_shards(state, path, optimizer, lr_scheduler)
     nvme = _closed_engine(state, "load_checkpoint")
     _finish_interrupted_replace(path)
@@ -658,6 +705,46 @@ def save_safetensors(model, path):
         tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
                    for n, p in model.named_parameters()}
     _write_safetensors(tensors, path)
+
+
+def _write_gathered_safetensors(state, path, writer):
+    """The weights of a multi-rank engine as the safetensors file _write_safetensors writes (the
+    same bytes), gathered one tensor at a time from the ranks' shards: every rank calls it (each
+    gather is a collective, in sorted-name order on every rank) and only the `writer` rank keeps
+    a file. A failed write on the writer does not stop the gathers (the other ranks would wait
+    for it); it is raised after the last one."""
+    entries = sorted((name, b, t) for b, t, name in state._where.values())
+    f, failure = None, None
+    if writer:
+        header, offset = {}, 0
+        for name, b, t in entries:
+            _, shape, _, numel = state._layout[b][1][t]
+            header[name] = {"dtype": "F32", "shape": list(shape),
+                            "data_offsets": [offset, offset + numel * 4]}
+            offset += numel * 4
+        h = json.dumps(header, separators=(",", ":")).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        try:
+            f = _strata.AtomicFile(os.fspath(path))
+            f.write(struct.pack("<Q", len(h)))
+            f.write(h)
+        except Exception as e:  # noqa: BLE001 (raised after the gathers)
+            failure = e
+    try:
+        for name, b, t in entries:
+            v = state._read_fp32(b, t)
+            if f is not None and failure is None:
+                try:
+                    f.write_from(v.data_ptr(), v.numel() * 4)
+                except Exception as e:  # noqa: BLE001 (raised after the gathers)
+                    failure = e
+        if failure is not None:
+            raise failure
+        if f is not None:
+            f.commit()
+    finally:
+        if f is not None:
+            f.discard()
 
 
 def _write_safetensors(tensors, path):

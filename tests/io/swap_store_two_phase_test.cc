@@ -161,3 +161,59 @@ TEST(SwapStoreTwoPhaseTest, WithoutAResolverAPreparedCommitIsDiscarded) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A store of "run rank 0 of 2" reopened as "run rank 0 of 3" (previous_run_id: a resume on
+// another rank count): the committed manifest keeps the old identity until the next commit,
+// which may record the same step again; that commit, prepared and cut short, is offered to
+// the decider as "nothing committed of the new identity" and rolled forward when asked, or
+// dropped, leaving the old store.
+TEST(SwapStoreTwoPhaseTest, ARestampUnderANewIdentityIsTwoPhase) {
+  for (const bool roll_forward : {true, false}) {
+    TempDir dir;
+    {
+      Seen seen;
+      SwapStoreOptions o = Options(dir.path(), &seen, false);
+      o.run_id = "run rank 0 of 2";
+      auto store = SwapStore::Open(o);
+      ASSERT_TRUE(store.ok()) << store.status().ToString();
+      ASSERT_TRUE(WriteString(**store, "a", Pattern(5000, 1)).ok());
+      ASSERT_TRUE((*store)->Commit(3).ok());
+    }
+    {
+      Seen seen;
+      SwapStoreOptions o = Options(dir.path(), &seen, false);
+      o.create = false;
+      o.run_id = "run rank 0 of 3";
+      EXPECT_FALSE(SwapStore::Open(o).ok());  // another identity, not named as the previous
+      o.previous_run_id = "run rank 0 of 2";
+      auto store = SwapStore::Open(o);
+      ASSERT_TRUE(store.ok()) << store.status().ToString();
+      EXPECT_EQ((*store)->RunId(), "run rank 0 of 2");  // until the next commit
+      ASSERT_TRUE(WriteString(**store, "a", Pattern(3000, 2)).ok());
+      ASSERT_TRUE((*store)->PrepareCommit(3).ok());  // the same step, restamped
+    }
+    auto peek = SwapStore::PeekManifests(dir.path());
+    ASSERT_TRUE(peek.ok());
+    EXPECT_EQ(peek->run_id, "run rank 0 of 2");
+    EXPECT_EQ(peek->prepared_run_id, "run rank 0 of 3");
+    EXPECT_EQ(peek->prepared_step, std::optional<uint64_t>(3));
+    Seen seen;
+    SwapStoreOptions o = Options(dir.path(), &seen, roll_forward);
+    o.create = false;
+    o.run_id = "run rank 0 of 3";
+    o.previous_run_id = "run rank 0 of 2";
+    auto store = SwapStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ(seen.committed, std::nullopt);  // nothing committed of the new identity
+    EXPECT_EQ(seen.prepared, std::optional<uint64_t>(3));
+    EXPECT_EQ((*store)->CommittedStep(), std::optional<uint64_t>(3));
+    EXPECT_EQ((*store)->RunId(), roll_forward ? "run rank 0 of 3" : "run rank 0 of 2");
+    EXPECT_EQ(*ReadAll(**store, "a"), roll_forward ? Pattern(3000, 2) : Pattern(5000, 1));
+  }
+}
+
+}  // namespace
+}  // namespace strata

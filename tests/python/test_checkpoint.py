@@ -13,7 +13,7 @@ import torch
 import strata
 from checkpoint_run import files as _listing, offloaded_run, train as _train
 from checkpoint_run import weights as _weights
-from gpt_model import GPT
+from gpt_model import GPT, batches, param_groups
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -112,14 +112,20 @@ def test_two_ranks_save_their_shards_and_fresh_ranks_continue_bit_for_bit(tmp_pa
     for r in range(2):
         assert (tmp_path / f"resumed{r}.safetensors").read_bytes() == straight
     assert (ckpt / "model.safetensors").read_bytes() != straight  # step 3's weights, not 5's
-    # A single-rank run is refused the two ranks' checkpoint, naming what to do.
+    # A single-rank run loads the two ranks' checkpoint (each block's shards read from both
+    # rank files): the weights are step 3's bit for bit, and it trains on.
     (tmp_path / "n").mkdir()
     model = GPT()
-    model = strata.offload(model, blocks=list(model.blocks),
+    model = strata.offload(model, blocks=list(model.blocks), micro_batches=2,
                            engine=strata.Engine(nvme=[tmp_path / "n"]))
-    strata.optim.AdamW(model.parameters())
-    with pytest.raises(strata.Error, match="saved by 2 ranks; load it with as many"):
-        strata.load_checkpoint(model, ckpt)
+    opt = strata.optim.AdamW(param_groups(model, 0.1), lr=2e-2)
+    assert strata.load_checkpoint(model, ckpt) == {"epoch": 7}
+    assert opt.state_dict()["state"][0]["step"] == 3
+    strata.save_safetensors(model, tmp_path / "one.safetensors")
+    assert (tmp_path / "one.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    for x, y in next(batches(1, 2)):
+        (model(x, y) / 2).backward()
+    opt.step()
 
 
 def test_a_rank_that_fails_to_save_or_load_fails_every_rank_at_once(tmp_path):

@@ -337,3 +337,24 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ExportVerify, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "rank"; });
 
 }  // namespace
+
+namespace {
+
+// A run that stopped after its initial commit (step 0) holds the weights and no moments
+// (never updated, they are zeros): whole, and verify says so; export writes its weights.
+TEST(ExportVerifyInitialCommit, AStepZeroStoreIsWhole) {
+  strata::testing::TempDir tmp("strata-export-verify0");
+  const std::string nvme = tmp.File("nvme/{rank}");
+  auto r = strata::testing::RunCli(
+      "launch -n 2 -- " + std::string(STRATA_CLI_PATH) +
+          " train --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 4 --steps 0 --nvme" +
+          ShellQuote({nvme}),
+      {.unset_env = kRankVars});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto v = RunCli("verify" + ShellQuote({nvme}));
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  auto e = RunCli("export" + ShellQuote({nvme, "--out", tmp.File("w.safetensors")}));
+  EXPECT_EQ(e.exit_code, 0) << e.output;
+}
+
+}  // namespace

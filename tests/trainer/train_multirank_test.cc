@@ -427,8 +427,9 @@ TEST_F(TrainMultirankTest, KilledRankIsNamedAndResumeReproducesTheLosses) {
   }
 }
 
-// Each rank's store records the world size: resuming one rank's store alone is refused.
-TEST_F(TrainMultirankTest, ResumeWithAnotherWorldSizeIsRefused) {
+// Each rank's store records the world size; rank 0's folder resumed on one rank re-shards
+// (the record names every rank's folders), and a change of the model is still refused.
+TEST_F(TrainMultirankTest, ResumeWithAnotherWorldSizeReshards) {
   for (const char* d : {"/s/0", "/s/1"}) {
     ASSERT_EQ(0, std::system(("mkdir -p " + dir_ + d).c_str()));
   }
@@ -440,10 +441,16 @@ TEST_F(TrainMultirankTest, ResumeWithAnotherWorldSizeIsRefused) {
       << out;
   strata::testing::CliRunOptions options;
   options.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
-  const strata::testing::CliRun r = strata::testing::RunCli(
-      ShellQuote({"train", "--resume", dir_ + "/s/0", "--steps", "30"}), options);
+  strata::testing::CliRun r = strata::testing::RunCli(
+      ShellQuote({"train", "--resume", dir_ + "/s/0", "--steps", "30", "--d-model", "64"}),
+      options);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("ranks (WORLD_SIZE): 2 -> 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--d-model: "), std::string::npos) << r.output;
+  r = strata::testing::RunCli(ShellQuote({"train", "--resume", dir_ + "/s/0", "--steps", "30"}),
+                              options);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# re-sharding: step "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("written by 2 rank(s)"), std::string::npos) << r.output;
 }
 
 }  // namespace

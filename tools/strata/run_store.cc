@@ -148,6 +148,10 @@ void CheckExtents(RunStore* s) {
         const uint64_t want = ExtentBytes(*s, int(b), r.rank, comp);
         const StoreExtentInfo* e = r.reader->Find(key);
         // A state format this build does not know (want 0): present, its length unchecked.
+        // The initial commit (step 0) holds no moments: never updated, they are zeros.
+        if (e == nullptr && r.reader->step() == uint64_t(0) && std::string(comp) != "master") {
+          continue;
+        }
         if (e == nullptr) {
           s->problems.push_back(Status::Corruption("rank " + std::to_string(r.rank) + ": " +
                                                    r.reader->manifest_path() + " has no extent " +

@@ -42,6 +42,7 @@
 #include "tools/strata/report_json.h"
 #include "tools/strata/run_flags.h"
 #include "tools/strata/run_record.h"
+#include "tools/strata/store_layout.h"
 #include "tools/strata/train_args.h"
 #include "tools/strata/train_kernels.h"
 #include "tools/strata/train_report.h"
@@ -327,6 +328,13 @@ nlohmann::json StartJson(const TrainArgs& a, const TrainReportInputs& report,
         {"fixed_buffers", eo.io.fixed_buffers},     {"io_config", a.run.io_config}};
   }
   js["placement"] = PlacementJson(report.engine->Placement());
+  if (eo.reshard_from.world_size > 0) {
+    // What the placement report says was re-sharded: every block's states, at this step.
+    js["config"]["resharded"] = {{"from_ranks", eo.reshard_from.world_size},
+                                 {"to_ranks", report.setup->rank().world_size},
+                                 {"step", a.stored_step},
+                                 {"blocks", report.engine->Layout().size()}};
+  }
   js["config"]["micro_batch_order"] = MicroBatchOrderName(created.order);
   js["config"]["micro_batch_order_reason"] = created.reason;
   js["config"]["layer_major_activation_bytes"] = created.activation_bytes;
@@ -485,6 +493,37 @@ Status MakeRunId(Communicator* comm, TrainArgs* a, std::string* what) {
 
 // The CUDA kernel variants this run uses (STRATA_CUDA_KERNELS, or what a resumed run
 // recorded), printed, set for the CUDA model's ops and kept for the run record.
+// --resume of a state that another number of ranks holds: where each old rank's store is,
+// for the engine to read this rank's new shards from (EngineOptions::reshard_from). Else,
+// a store whose re-sharding's first commit is to be rolled forward keeps its old identity
+// until then (EngineOptions::previous_run_id).
+void PlanResharding(const TrainArgs& a, const RankInfo& ri, EngineOptions* eo) {
+  if (a.resume.empty() || a.stored_world_size == 0 || eo->nvme_paths.empty()) return;
+  if (a.stored_world_size == ri.world_size) {
+    eo->previous_run_id = PreviousStoreRunId(eo->nvme_paths[0], eo->run_id);
+    return;
+  }
+  const int n = a.stored_world_size;
+  eo->reshard_from.world_size = n;
+  for (int q = 0; q < n; ++q) {
+    RankInfo old = ri;
+    old.rank = q;
+    old.local_rank = q;
+    std::vector<std::string> folders;
+    for (const std::string& f : a.run.nvme) folders.push_back(RankPath(f, old));
+    eo->reshard_from.nvme_paths.push_back(std::move(folders));
+    eo->reshard_from.run_ids.push_back(StoreRunId(a.run_id, q, n));
+  }
+  if (ri.rank == 0) {
+    std::printf(
+        "# re-sharding: step %llu was written by %d rank(s); each of the %d ranks reads its "
+        "shards of every block from their stores (checksums verified) and commits them as step "
+        "%llu of the %d-rank layout (until then the %d-rank stores stay resumable)\n",
+        static_cast<unsigned long long>(a.stored_step), n, ri.world_size,
+        static_cast<unsigned long long>(a.stored_step), ri.world_size, n);
+  }
+}
+
 Status SelectCudaKernels(TrainArgs* a, std::string* what) {
   *what = "STRATA_CUDA_KERNELS";
   const char* env = std::getenv("STRATA_CUDA_KERNELS");
@@ -564,6 +603,7 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   std::vector<std::string> made;
   STRATA_ASSIGN_OR_RETURN(EngineOptions eo, setup->MakeEngineOptions(what, &made));
   eo.run_id = StoreRunId(a.run_id, ri.rank, ri.world_size);
+  PlanResharding(a, ri, &eo);
   PrintStoreFolders(a, eo, made);
   STRATA_ASSIGN_OR_RETURN(trainer::OrderedEngine created,
                           CreateEngine(a, config, cfg, *setup, eo, &to, what));

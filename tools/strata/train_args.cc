@@ -17,6 +17,7 @@
 #include "strata/log.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/config_file.h"
+#include "tools/strata/store_layout.h"
 
 namespace strata::cli {
 
@@ -328,16 +329,40 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   STRATA_ASSIGN_OR_RETURN(const RankInfo rank, RankFromEnvOrSingle());
   // The record's folders are absolute: so is --resume, to be found among them.
   a->resume = AbsolutePath(a->resume);
-  const std::string folder = RankPath(a->resume, rank);
-  STRATA_ASSIGN_OR_RETURN(const RunRecord record, ReadResumedRecord(folder, rank));
+  // The state may be held by another number of ranks than this run's (a resume on another
+  // rank count re-shards): rank 0's store says how many. A rank the old run did not have
+  // reads rank 0's record.
+  RankInfo first = rank;
+  first.rank = 0;
+  first.local_rank = 0;
+  STRATA_ASSIGN_OR_RETURN(const RunRecord first_record,
+                          ReadResumedRecord(RankPath(a->resume, first), first));
+  STRATA_ASSIGN_OR_RETURN(const StoredLayout layout, FindStoredLayout(
+                                                         [&](int q) {
+                                                           RankInfo ri = rank;
+                                                           ri.rank = q;
+                                                           return RankPath(a->resume, ri);
+                                                         },
+                                                         first_record.identity.run_id));
+  a->stored_world_size = layout.world_size;
+  a->stored_step = layout.step;
+  // A rank added by a re-sharding killed after its commit and before its record was written
+  // has a store and no record yet: it reads rank 0's too.
+  Result<std::optional<RunRecord>> own = ReadRunRecord(RankPath(a->resume, rank));
+  const bool own_record = (layout.world_size == 0 || rank.rank < layout.world_size) &&
+                          (!own.ok() || own->has_value() || rank.rank == 0);
+  const RankInfo& source = own_record ? rank : first;
+  const std::string folder = RankPath(a->resume, source);
+  STRATA_ASSIGN_OR_RETURN(const RunRecord record, ReadResumedRecord(folder, source));
   // The recorded schedule decides whether --steps may change (it shapes a cosine one).
   for (const auto& [key, inputs] : record.train) {
     if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
   }
   std::vector<std::string> applied;
   auto identity = [&](RunIdentity* id) -> Status {
-    id->world_size = rank.world_size;
-    id->rank = rank.rank;
+    // Another rank count is no change of the run: the store is re-sharded as it loads.
+    id->world_size = record.identity.world_size;
+    id->rank = source.rank;
     if (!a->data.empty()) {
       STRATA_ASSIGN_OR_RETURN(id->data, HashFile("--data", a->data));
     }
@@ -352,7 +377,7 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
     std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
   }
   for (std::string& f : a->run.nvme) f = AbsolutePath(f);
-  STRATA_RETURN_IF_ERROR(PlaceMovedStore(a, record, rank, given));
+  STRATA_RETURN_IF_ERROR(PlaceMovedStore(a, record, source, given));
   a->run_id = record.identity.run_id;
   a->recorded_cuda_kernels = record.identity.cuda_kernels;
   return Status::OK();

@@ -67,6 +67,10 @@ struct TrainArgs {
   // The CUDA kernels the run uses (train_kernels.h; "" on the host device), recorded; and,
   // with --resume, those its record names.
   std::string cuda_kernels, recorded_cuda_kernels;
+  // With --resume: the ranks whose stores hold the state (store_layout.h), and its step;
+  // another count than this run's re-shards (EngineOptions::reshard_from).
+  int stored_world_size = 0;
+  uint64_t stored_step = 0;
 };
 
 // Defines every flag of train on `sub` (bound to *a), except --config.

@@ -1,0 +1,284 @@
+// A run resumed on another number of ranks than wrote its store (issue 43): each rank reads
+// its new shards from the old ranks' stores and commits them at the resumed step. 2 ranks
+// resumed on 1, 3 and 4, and 4 on 2: the states loaded are the stored ones bit for bit (a
+// resume that trains nothing saves the weights `strata export` reads from the old stores, and
+// the re-sharded store exports the same weights and moments), and the losses continue the
+// uninterrupted run within 1e-6 relative (the ranks' reductions sum in another grouping, as
+// bar 6's N-vs-1 ranks). A kill at each point of the re-sharding commit leaves a store that
+// resumes, on the new count or (before any rank finished it) the old one.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/io/io_test_util.h"
+#include "tests/temp_dir.h"
+#include "tests/tools/cli_run.h"
+#include "tests/trainer/rank_spawn.h"
+
+namespace {
+
+using strata::testing::ShellQuote;
+
+const std::vector<std::string> kRankVars = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                            "STRATA_RENDEZVOUS"};
+constexpr int kSteps = 6, kStop = 3;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+class TrainReshardTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> Args(const std::string& store, int steps, bool resume,
+                                const std::string& json) const {
+    std::vector<std::string> a = {"train",
+                                  "--layers",
+                                  "2",
+                                  "--d-model",
+                                  "32",
+                                  "--heads",
+                                  "2",
+                                  "--seq-len",
+                                  "16",
+                                  "--batch",
+                                  "12",
+                                  "--lr",
+                                  "3e-3",
+                                  "--host-mem",
+                                  "600K",
+                                  "--device-mem",
+                                  "256K",
+                                  "--comm-timeout",
+                                  "10",
+                                  "--threads",
+                                  "1",
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--nvme",
+                                  store + "/{rank}",
+                                  "--json",
+                                  json};
+    if (resume) a.insert(a.end(), {"--resume", store + "/{rank}"});
+    return a;
+  }
+  // Runs `args` on `world` ranks; the --json document, or null (output in *out).
+  nlohmann::json Run(int world, const std::vector<std::string>& args, const std::string& json,
+                     std::string* out) {
+    strata::testing::CliRunOptions o;
+    o.timeout_s = 300;
+    o.unset_env = kRankVars;
+    const std::string cmd = world == 1 ? ShellQuote(args).substr(1)
+                                       : "launch -n " + std::to_string(world) + " -- " +
+                                             STRATA_CLI_PATH + ShellQuote(args);
+    const auto r = strata::testing::RunCli(cmd, o);
+    *out = r.output;
+    if (r.exit_code != 0) return nullptr;
+    std::ifstream f(json);
+    return nlohmann::json::parse(f, nullptr, false);
+  }
+  std::vector<double> Losses(const nlohmann::json& j) {
+    std::vector<double> l;
+    for (const auto& s : j["steps"]) l.push_back(s["loss"].get<double>());
+    return l;
+  }
+  // The uninterrupted run of `world` ranks; its losses.
+  std::vector<double> Full(int world) {
+    const std::string store = dir_ + "/full" + std::to_string(world);
+    std::string out;
+    const nlohmann::json j =
+        Run(world, Args(store, kSteps, false, store + ".json"), store + ".json", &out);
+    EXPECT_FALSE(j.is_null()) << out;
+    return j.is_null() ? std::vector<double>{} : Losses(j);
+  }
+  // `from` ranks train kStop steps; their store resumed on `to` ranks must load the same
+  // weights and continue as the uninterrupted run (`full`).
+  void Reshard(int from, int to, const std::vector<double>& full) {
+    const std::string what = std::to_string(from) + " -> " + std::to_string(to) + " ranks";
+    const std::string store = dir_ + "/s" + std::to_string(from) + "to" + std::to_string(to);
+    ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
+    std::string out;
+    ASSERT_FALSE(
+        Run(from, Args(store, kStop, false, store + "/a.json"), store + "/a.json", &out).is_null())
+        << what << "\n"
+        << out;
+    auto e = strata::testing::RunCli(
+        "export" + ShellQuote({store + "/{rank}", "--out", store + "/before.safetensors",
+                               "--with-optimizer"}));
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    // Loaded on `to` ranks, nothing trained: the weights saved are the stored ones.
+    std::vector<std::string> load = Args(store, kStop, true, store + "/b.json");
+    load.insert(load.end(), {"--save", store + "/loaded.safetensors"});
+    const nlohmann::json b = Run(to, load, store + "/b.json", &out);
+    ASSERT_FALSE(b.is_null()) << what << "\n" << out;
+    ASSERT_TRUE(b["config"].contains("resharded")) << b["config"].dump();
+    EXPECT_EQ(b["config"]["resharded"]["from_ranks"], from);
+    EXPECT_EQ(b["config"]["resharded"]["to_ranks"], to);
+    EXPECT_NE(out.find("# re-sharding: step 3 was written by " + std::to_string(from)),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(Slurp(store + "/loaded.safetensors"), Slurp(store + "/before.safetensors")) << what;
+    // The re-sharded store, committed at the same step: weights and moments bit for bit.
+    e = strata::testing::RunCli(
+        "export" +
+        ShellQuote({store + "/{rank}", "--out", store + "/after.safetensors", "--with-optimizer"}));
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    for (const char* part : {"", ".exp_avg", ".exp_avg_sq"}) {
+      const std::string a = Slurp(store + "/after" + part + ".safetensors");
+      EXPECT_FALSE(a.empty()) << what << part;
+      EXPECT_TRUE(a == Slurp(store + "/before" + part + ".safetensors")) << what << part;
+    }
+    // Trained on (the store is the new count's now): the losses of the uninterrupted run.
+    const nlohmann::json j =
+        Run(to, Args(store, kSteps, true, store + "/c.json"), store + "/c.json", &out);
+    ASSERT_FALSE(j.is_null()) << what << "\n" << out;
+    EXPECT_FALSE(j["config"].contains("resharded")) << what << ": re-sharded again";
+    const std::vector<double> got = Losses(j);
+    ASSERT_EQ(got.size(), size_t(kSteps - kStop)) << what;
+    for (int k = 0; k < kSteps - kStop; ++k) {
+      const double ref = full[size_t(kStop + k)];
+      EXPECT_LE(std::abs(got[size_t(k)] - ref), 1e-6 * std::abs(ref))
+          << what << ", step " << kStop + k + 1 << ": " << got[size_t(k)] << " vs " << ref;
+    }
+    // The store is now the new count's: it verifies, and resumes on `to` without re-sharding.
+    auto v = strata::testing::RunCli("verify" + ShellQuote({store + "/{rank}"}));
+    EXPECT_EQ(v.exit_code, 0) << v.output;
+  }
+
+  // Rank by rank, `args` on `world` ranks, `victim` with `env` (or SIGKILLed `after` from the
+  // start when env is empty); waits (bounded) for every rank.
+  void RunAndKill(int world, const std::vector<std::string>& args, int victim,
+                  const std::vector<std::string>& env, std::chrono::milliseconds after,
+                  const std::string& tag) {
+    const std::string rdv = dir_ + "/rdv-" + tag;
+    ASSERT_EQ(0, std::system(("mkdir -p " + rdv).c_str()));
+    std::vector<pid_t> pids;
+    std::vector<int> fds;
+    for (int r = 0; r < world; ++r) {
+      int fd = -1;
+      pids.push_back(strata::testing::SpawnRank(r, world, rdv, args, &fd,
+                                                dir_ + "/err-" + tag + std::to_string(r),
+                                                r == victim ? env : std::vector<std::string>{}));
+      fds.push_back(fd);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    bool killed = !env.empty();
+    int left = world;
+    std::vector<bool> done(size_t(world), false);
+    char buf[4096];
+    while (left > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+      if (!killed && std::chrono::steady_clock::now() - start >= after) {
+        kill(pids[size_t(victim)], SIGKILL);
+        killed = true;
+      }
+      for (int r = 0; r < world; ++r) {
+        int st = 0;
+        if (!done[size_t(r)] && waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
+          done[size_t(r)] = true;
+          --left;
+        }
+        fcntl(fds[size_t(r)], F_SETFL, fcntl(fds[size_t(r)], F_GETFL) | O_NONBLOCK);
+        while (read(fds[size_t(r)], buf, sizeof buf) > 0) {
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (int r = 0; r < world; ++r) {
+      if (!done[size_t(r)]) {
+        kill(pids[size_t(r)], SIGKILL);
+        waitpid(pids[size_t(r)], nullptr, 0);
+        ADD_FAILURE() << tag << ": rank " << r << " hung";
+      }
+      close(fds[size_t(r)]);
+    }
+  }
+
+  strata::testing::TempDir tmp_{"strata-reshard"};
+  const std::string dir_ = tmp_.path();
+};
+
+TEST_F(TrainReshardTest, TwoRanksResumeOnOneThreeAndFour) {
+  const std::vector<double> full = Full(2);
+  ASSERT_EQ(full.size(), size_t(kSteps));
+  for (const int to : {1, 3, 4}) {
+    Reshard(2, to, full);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(TrainReshardTest, FourRanksResumeOnTwo) {
+  const std::vector<double> full = Full(4);
+  ASSERT_EQ(full.size(), size_t(kSteps));
+  Reshard(4, 2, full);
+}
+
+// A kill at each point of the re-sharding commit (2 -> 3 ranks), and at random
+// moments: the next resume on 3 ranks (re-sharding again, or rolling the commit forward where a
+// rank finished it) still continues the uninterrupted run; and where no rank finished the
+// commit, the old 2-rank stores resume on 2 ranks as well.
+TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
+  const std::vector<double> full = Full(2);
+  ASSERT_EQ(full.size(), size_t(kSteps));
+  std::mt19937 rng(static_cast<uint32_t>(strata::testing::TestSeed()));
+  struct Kill {
+    std::string point;  // STRATA_TEST_KILL_AT's, or "" for a random moment
+    bool old_count_resumes;
+  };
+  const std::vector<Kill> kills = {
+      {"commit_begin", true}, {"prepared", true}, {"committed", false}, {"", false}, {"", false}};
+  int trial = 0;
+  for (const Kill& k : kills) {
+    const std::string tag = "k" + std::to_string(++trial);
+    const std::string store = dir_ + "/" + tag;
+    ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
+    std::string out;
+    ASSERT_FALSE(
+        Run(2, Args(store, kStop, false, store + "/a.json"), store + "/a.json", &out).is_null())
+        << out;
+    const int victim = int(rng() % 3);
+    const auto after = std::chrono::milliseconds(200 + rng() % 1500);
+    const std::string what =
+        (k.point.empty() ? "SIGKILL after " + std::to_string(after.count()) + " ms" : k.point) +
+        " on rank " + std::to_string(victim) + " of 3";
+    std::vector<std::string> args = Args(store, kSteps, true, store + "/{rank}.k.json");
+    RunAndKill(3, args, victim,
+               k.point.empty() ? std::vector<std::string>{}
+                               : std::vector<std::string>{"STRATA_TEST_KILL_AT=" + k.point + ":1"},
+               after, tag);
+    if (k.old_count_resumes) {
+      // Nothing finished: the store is still the 2 ranks' (a copy resumed there).
+      const std::string copy = store + "-old";
+      ASSERT_EQ(0, std::system(("cp -a " + store + " " + copy).c_str()));
+      const nlohmann::json j =
+          Run(2, Args(copy, kSteps, true, copy + "/o.json"), copy + "/o.json", &out);
+      ASSERT_FALSE(j.is_null()) << what << "\n" << out;
+      EXPECT_FALSE(j["config"].contains("resharded")) << what;
+      const std::vector<double> got = Losses(j);
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i], full[full.size() - got.size() + i]) << what;
+      }
+    }
+    const nlohmann::json j =
+        Run(3, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out);
+    ASSERT_FALSE(j.is_null()) << what << ": the resume failed\n" << out;
+    const std::vector<double> got = Losses(j);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double ref = full[full.size() - got.size() + i];
+      EXPECT_LE(std::abs(got[i] - ref), 1e-6 * std::abs(ref))
+          << what << ": " << got[i] << " vs " << ref;
+    }
+  }
+}
+
+}  // namespace
