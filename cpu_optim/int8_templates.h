@@ -139,10 +139,15 @@ inline void PrefetchStep(const void* base, size_t bytes, size_t target, size_t s
 // hardware prefetchers alone leave DRAM idle half of the time. Both loops therefore prefetch
 // the next block, half a vector's elements per iteration: the first loop its first half, the
 // second loop its second half, so DRAM streams evenly through the whole block.
-template <class V, FloatFormat G, ParamOut O>
+template <class V, FloatFormat G, ParamOut O, MasterStore P>
 inline void PrefetchNext(const AdamArgs& a, size_t target) {
   constexpr size_t kStep = V::kWidth / 2;
-  PrefetchStep(a.master, 4, target, kStep);
+  if constexpr (P == MasterStore::kF32) {
+    PrefetchStep(a.master, 4, target, kStep);
+  } else {
+    PrefetchStep(a.master16, 2, target, kStep);
+    if constexpr (P == MasterStore::kBf16Kahan) PrefetchStep(a.comp, 2, target, kStep);
+  }
   PrefetchStep(a.grad, G == FloatFormat::kFp32 ? 4 : 2, target, kStep);
   if constexpr (O != ParamOut::kNone) PrefetchStep(a.param_out, 2, target, kStep);
   PrefetchStep(a.exp_avg, 1, target, kStep);
@@ -150,7 +155,7 @@ inline void PrefetchNext(const AdamArgs& a, size_t target) {
 }
 
 // One block [begin, end) of the slice (begin a multiple of kInt8StateBlock).
-template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest, MasterStore P>
 void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size_t begin,
                    size_t end) {
   using F = typename V::F;
@@ -166,15 +171,17 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   I m_max = V::Set1I(0), u_max = V::Set1I(0);
   auto update = [&](size_t i, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
-    if constexpr (kPrefetch) PrefetchNext<V, G, O>(a, begin + kInt8StateBlock + (i - begin) / 2);
+    if constexpr (kPrefetch) PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + (i - begin) / 2);
     F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
-    F p = V::template LoadF32<kTail>(a.master + i, t);
+    F p = LoadMaster<V, P, kTail>(a, i, t);
+    const F p_old = p;
     const F m_old = Int8Dequantize<V, ExpAvgMap>(V::template LoadU8<kTail>(m_code + i, t), m_scale);
     const F u_old =
         Int8Dequantize<V, ExpAvgSqMap>(V::template LoadU8<kTail>(u_code + i, t), u_scale);
     F m, v, sqrt_v;
-    AdamMath<V, M>(c, g, V::Mul(u_old, u_old), m_old, &p, &m, &v, &sqrt_v);
-    V::template StoreF32<kTail>(a.master + i, p, t);
+    AdamMath<V, M, P == MasterStore::kBf16Kahan>(c, g, V::Mul(u_old, u_old), m_old, &p, &m, &v,
+                                                 &sqrt_v);
+    p = StoreMaster<V, P, kTail>(a, i, p, p_old, t);
     if constexpr (O == ParamOut::kBf16) {
       V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
     } else if constexpr (O == ParamOut::kFp16) {
@@ -204,7 +211,7 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   auto requantize = [&](size_t j, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
     if constexpr (kPrefetch) {
-      PrefetchNext<V, G, O>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
+      PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
     }
     I r_m{}, r_u{};
     if constexpr (!kNearest) {
@@ -221,21 +228,40 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   if (j < end) requantize(j, V::MakeTail(end - j), True{});
 }
 
-template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest,
+          MasterStore P = MasterStore::kF32>
 void AdamInt8Range(const AdamArgs& a, size_t first_block, size_t last_block) {
   const AdamConsts<V> c(a.s);
   for (size_t b = first_block; b < last_block; ++b) {
     const size_t begin = b * kInt8StateBlock;
     const size_t end = begin + kInt8StateBlock < a.n ? begin + kInt8StateBlock : a.n;
-    AdamInt8Block<V, G, O, M, kNearest>(a, c, b, begin, end);
+    AdamInt8Block<V, G, O, M, kNearest, P>(a, c, b, begin, end);
+  }
+}
+
+// A bf16 master: fp32 or bf16 gradients, no copy or a bf16 one (optim.cc checks).
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest>
+void AdamInt8Master(const AdamArgs& a, size_t first_block, size_t last_block) {
+  if constexpr (G != FloatFormat::kFp16 && O != ParamOut::kFp16) {
+    if (a.master_store == MasterStore::kBf16Stochastic) {
+      return AdamInt8Range<V, G, O, M, kNearest, MasterStore::kBf16Stochastic>(a, first_block,
+                                                                               last_block);
+    }
+    if (a.master_store == MasterStore::kBf16Kahan) {
+      return AdamInt8Range<V, G, O, M, kNearest, MasterStore::kBf16Kahan>(a, first_block,
+                                                                          last_block);
+    }
   }
 }
 
 template <class V, FloatFormat G, ParamOut O, AdamMode M>
 void AdamInt8Rounding(const AdamArgs& a, size_t first_block, size_t last_block) {
+  const bool bf16_master = a.master_store != MasterStore::kF32;
   if (a.int8_nearest) {
+    if (bf16_master) return AdamInt8Master<V, G, O, M, true>(a, first_block, last_block);
     AdamInt8Range<V, G, O, M, true>(a, first_block, last_block);
   } else {
+    if (bf16_master) return AdamInt8Master<V, G, O, M, false>(a, first_block, last_block);
     AdamInt8Range<V, G, O, M, false>(a, first_block, last_block);
   }
 }
@@ -286,14 +312,14 @@ inline void TrafficInt8Vector(const AdamArgs& a, typename V::F zero, size_t i,
   } else {
     g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
   }
-  const F p = V::Fma(g, zero, V::template LoadF32<kTail>(a.master + i, t));
+  const F p = V::Fma(g, zero, TrafficLoadMaster<V, kTail>(a, i, t));
   auto* m = static_cast<uint8_t*>(a.exp_avg);
   auto* u = static_cast<uint8_t*>(a.exp_avg_sq);
   const F mf = V::Fma(g, zero, V::CvtI(V::template LoadU8<kTail>(m + i, t)));
   const F uf = V::Fma(g, zero, V::CvtI(V::template LoadU8<kTail>(u + i, t)));
   V::template StoreU8<kTail>(m + i, V::TruncI(mf), t);
   V::template StoreU8<kTail>(u + i, V::TruncI(uf), t);
-  V::template StoreF32<kTail>(a.master + i, p, t);
+  TrafficStoreMaster<V, kTail>(a, i, p, g, zero, t);
   if (a.param_out_format != ParamOut::kNone) {
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
   }
