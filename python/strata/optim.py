@@ -45,7 +45,7 @@ _TORCH_ROUNDING = "torch2" if int(torch.__version__.split(".")[0]) >= 2 else "to
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  max_grad_norm=0.0, threads=0, rounding="torch", state_dtype="fp32",
-                 master_dtype="fp32", master_rounding="kahan"):
+                 master_dtype="fp32", master_rounding="stochastic"):
         if not lr >= 0.0:
             raise Error(f"AdamW lr={lr}: must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
