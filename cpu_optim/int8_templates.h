@@ -65,22 +65,29 @@ inline typename V::R Select(typename V::R mask, typename V::R a, typename V::R b
   return V::Or(V::And(mask, a), V::AndNot(mask, b));
 }
 
-// code of x given inv = 1 / absmax and per-lane random bits r (see the header).
-template <class V, class Map>
+// code of x given inv = 1 / absmax and per-lane random bits r (see the header). The rounded
+// magnitude's bits >> kDrop are (exponent << kMant) | fraction, so the code of a normal value
+// is that less the rebias (127 - 15) << kMant, clamped: three integer ops. kNearest: r is the
+// constant of nearest rounding, folded at compile time (the same values as passing it in r).
+template <class V, class Map, bool kNearest = false>
 inline typename V::R Int8Quantize(typename V::F x, typename V::F inv, typename V::R r) {
   using I = typename V::R;
+  using F = typename V::F;
+  constexpr uint32_t kNearestBits = Map::kSigned ? kNearestBitsExpAvg : kNearestBitsExpAvgSq;
+  constexpr uint32_t kDropMask = (1u << Map::kDrop) - 1u;
   const I b = V::Bits(V::Mul(x, inv));
   const I a = Mask<V>(b, 0x7fffffffu);
-  const I rounded = V::AddI(a, Mask<V>(r, (1u << Map::kDrop) - 1u));
-  const I exponent = V::SubI(V::template ShrL<23>(rounded), V::Set1I(112));  // rebias 127 -> 15
-  const I fraction = Mask<V>(V::template ShrL<Map::kDrop>(rounded), (1u << Map::kMant) - 1u);
-  // Signed min: a negative exponent (an underflow) is replaced below anyway.
+  const I rounded =
+      V::AddI(a, kNearest ? V::Set1I(kNearestBits & kDropMask) : Mask<V>(r, kDropMask));
+  // Signed min: a negative value (an underflow) is replaced below anyway.
   const I normal =
-      V::MinI(V::AddI(V::template Shl<Map::kMant>(exponent), fraction), V::Set1I(Map::kMaxMag));
+      V::MinI(V::SubI(V::template ShrL<Map::kDrop>(rounded), V::Set1I(112u << Map::kMant)),
+              V::Set1I(Map::kMaxMag));
   I tiny;
   if constexpr (Map::kSigned) {  // stochastic between 0 and 2^-14: up with p = y * 2^14
-    const typename V::F frac = V::Mul(V::FromBits(a), V::Set1(16384.0f));
-    const typename V::F thr = V::Mul(V::CvtI(V::template ShrL<8>(r)), V::Set1(0x1p-24f));
+    const F frac = V::Mul(V::FromBits(a), V::Set1(16384.0f));
+    const F thr = kNearest ? V::Set1(static_cast<float>(kNearestBits >> 8) * 0x1p-24f)
+                           : V::Mul(V::CvtI(V::template ShrL<8>(r)), V::Set1(0x1p-24f));
     tiny = Mask<V>(V::CmpLtF(thr, frac), 1u << Map::kMant);
   } else {  // any non-zero value up to 2^-14
     tiny = Mask<V>(V::CmpGtI(a, V::Set1I(0)), 1u << Map::kMant);
@@ -90,14 +97,14 @@ inline typename V::R Int8Quantize(typename V::F x, typename V::F inv, typename V
   return code;
 }
 
+// value of a code times absmax: the magnitude << kDrop puts exponent and fraction in place,
+// + (127 - 15) << 23 rebiases; codes with E = 0 are 0.
 template <class V, class Map>
 inline typename V::F Int8Dequantize(typename V::R code, typename V::F absmax) {
   using I = typename V::R;
-  const I mag = Mask<V>(code, Map::kMagMask);
-  const I exponent = V::template ShrL<Map::kMant>(mag);
-  const I bits = V::Or(V::template Shl<23>(V::AddI(exponent, V::Set1I(112))),
-                       V::template Shl<Map::kDrop>(Mask<V>(mag, (1u << Map::kMant) - 1u)));
-  I value = V::AndNot(V::CmpEqI(exponent, V::Set1I(0)), bits);
+  const I mag = Map::kSigned ? Mask<V>(code, Map::kMagMask) : code;
+  const I bits = V::AddI(V::template Shl<Map::kDrop>(mag), V::Set1I(112u << 23));
+  I value = V::And(V::CmpGtI(mag, V::Set1I((1u << Map::kMant) - 1u)), bits);
   if constexpr (Map::kSigned) value = V::Or(value, V::template Shl<24>(Mask<V>(code, 0x80u)));
   return V::Mul(V::FromBits(value), absmax);
 }
@@ -110,29 +117,51 @@ inline typename V::R RotateBits16(typename V::R r) {
   return V::Or(V::template ShrL<16>(r), V::template Shl<16>(r));
 }
 
-// The second loop of a block touches only L1, so the hardware prefetchers stall and the next
-// block's first loop would start cold: the second loop prefetches the next block's streams,
-// one vector's worth per iteration (16 floats = a 64-byte line with AVX-512). Prefetches past
-// the end of an array are harmless (they never fault).
-template <class V, FloatFormat G, ParamOut O>
-inline void Prefetch(const AdamArgs& a, size_t i) {
-  __builtin_prefetch(a.master + i, 1);
-  __builtin_prefetch(static_cast<const char*>(a.grad) + i * (G == FloatFormat::kFp32 ? 4 : 2));
-  if constexpr (O != ParamOut::kNone) {
-    __builtin_prefetch(static_cast<const uint16_t*>(a.param_out) + i, 1);
-  }
-  if (i % 64 < V::kWidth) {  // one line of codes per 64 elements
-    __builtin_prefetch(static_cast<const uint8_t*>(a.exp_avg) + i, 1);
-    __builtin_prefetch(static_cast<const uint8_t*>(a.exp_avg_sq) + i, 1);
+// The 64-byte line at p into L1 (a hint: never faults, also past an array's end). Inline asm
+// because GCC 12 dropped every __builtin_prefetch of these kernels from the object code.
+inline void PrefetchLine(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+// Prefetches the lines of element `target` of an array of `bytes`-wide elements whose first
+// byte starts a line among the `step` elements ending at target (each line once per sweep).
+inline void PrefetchStep(const void* base, size_t bytes, size_t target, size_t step) {
+  if ((target * bytes) % 64 < step * bytes) {
+    PrefetchLine(static_cast<const char*>(base) + target * bytes);
   }
 }
 
+// A block's second loop touches only L1 and the first one is bound by its divisions, so the
+// hardware prefetchers alone leave DRAM idle half of the time. Both loops therefore prefetch
+// the next block, half a vector's elements per iteration: the first loop its first half, the
+// second loop its second half, so DRAM streams evenly through the whole block.
+template <class V, FloatFormat G, ParamOut O, MasterStore P>
+inline void PrefetchNext(const AdamArgs& a, size_t target) {
+  constexpr size_t kStep = V::kWidth / 2;
+  if constexpr (P == MasterStore::kF32) {
+    PrefetchStep(a.master, 4, target, kStep);
+  } else {
+    PrefetchStep(a.master16, 2, target, kStep);
+    if constexpr (P == MasterStore::kBf16Kahan) PrefetchStep(a.comp, 2, target, kStep);
+  }
+  PrefetchStep(a.grad, G == FloatFormat::kFp32 ? 4 : 2, target, kStep);
+  if constexpr (O != ParamOut::kNone) PrefetchStep(a.param_out, 2, target, kStep);
+  PrefetchStep(a.exp_avg, 1, target, kStep);
+  PrefetchStep(a.exp_avg_sq, 1, target, kStep);
+}
+
 // One block [begin, end) of the slice (begin a multiple of kInt8StateBlock).
-template <class V, FloatFormat G, ParamOut O, AdamMode M>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest, MasterStore P>
 void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size_t begin,
                    size_t end) {
   using F = typename V::F;
   using I = typename V::R;
+  constexpr bool kPrefetch = V::kWidth > 1;
+  constexpr size_t kHalf = kInt8StateBlock / 2;
   alignas(64) float new_m[kInt8StateBlock];
   alignas(64) float new_u[kInt8StateBlock];
   const auto* m_code = static_cast<const uint8_t*>(a.exp_avg);
@@ -142,14 +171,17 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   I m_max = V::Set1I(0), u_max = V::Set1I(0);
   auto update = [&](size_t i, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
+    if constexpr (kPrefetch) PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + (i - begin) / 2);
     F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
-    F p = V::template LoadF32<kTail>(a.master + i, t);
+    F p = LoadMaster<V, P, kTail>(a, i, t);
+    const F p_old = p;
     const F m_old = Int8Dequantize<V, ExpAvgMap>(V::template LoadU8<kTail>(m_code + i, t), m_scale);
     const F u_old =
         Int8Dequantize<V, ExpAvgSqMap>(V::template LoadU8<kTail>(u_code + i, t), u_scale);
     F m, v, sqrt_v;
-    AdamMath<V, M>(c, g, V::Mul(u_old, u_old), m_old, &p, &m, &v, &sqrt_v);
-    V::template StoreF32<kTail>(a.master + i, p, t);
+    AdamMath<V, M, P == MasterStore::kBf16Kahan>(c, g, V::Mul(u_old, u_old), m_old, &p, &m, &v,
+                                                 &sqrt_v);
+    p = StoreMaster<V, P, kTail>(a, i, p, p_old, t);
     if constexpr (O == ParamOut::kBf16) {
       V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
     } else if constexpr (O == ParamOut::kFp16) {
@@ -178,38 +210,68 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
   auto requantize = [&](size_t j, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
-    if constexpr (V::kWidth > 1) Prefetch<V, G, O>(a, j + kInt8StateBlock);
-    I r_m = V::Set1I(kNearestBitsExpAvg), r_u = V::Set1I(kNearestBitsExpAvgSq);
-    if (!a.int8_nearest) {
+    if constexpr (kPrefetch) {
+      PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
+    }
+    I r_m{}, r_u{};
+    if constexpr (!kNearest) {
       r_m = V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
       r_u = RotateBits16<V>(r_m);
     }
     const F m = V::template LoadF32<false>(new_m + (j - begin), typename V::Tail{});
     const F u = V::template LoadF32<false>(new_u + (j - begin), typename V::Tail{});
-    V::template StoreU8<kTail>(m_out + j, Int8Quantize<V, ExpAvgMap>(m, m_inv, r_m), t);
-    V::template StoreU8<kTail>(u_out + j, Int8Quantize<V, ExpAvgSqMap>(u, u_inv, r_u), t);
+    V::template StoreU8<kTail>(m_out + j, Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, r_m), t);
+    V::template StoreU8<kTail>(u_out + j, Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, r_u), t);
   };
   size_t j = begin;
   for (; j + V::kWidth <= end; j += V::kWidth) requantize(j, full, False{});
   if (j < end) requantize(j, V::MakeTail(end - j), True{});
 }
 
-template <class V, FloatFormat G, ParamOut O, AdamMode M>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest,
+          MasterStore P = MasterStore::kF32>
 void AdamInt8Range(const AdamArgs& a, size_t first_block, size_t last_block) {
   const AdamConsts<V> c(a.s);
   for (size_t b = first_block; b < last_block; ++b) {
     const size_t begin = b * kInt8StateBlock;
     const size_t end = begin + kInt8StateBlock < a.n ? begin + kInt8StateBlock : a.n;
-    AdamInt8Block<V, G, O, M>(a, c, b, begin, end);
+    AdamInt8Block<V, G, O, M, kNearest, P>(a, c, b, begin, end);
+  }
+}
+
+// A bf16 master: fp32 or bf16 gradients, no copy or a bf16 one (optim.cc checks).
+template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest>
+void AdamInt8Master(const AdamArgs& a, size_t first_block, size_t last_block) {
+  if constexpr (G != FloatFormat::kFp16 && O != ParamOut::kFp16) {
+    if (a.master_store == MasterStore::kBf16Stochastic) {
+      return AdamInt8Range<V, G, O, M, kNearest, MasterStore::kBf16Stochastic>(a, first_block,
+                                                                               last_block);
+    }
+    if (a.master_store == MasterStore::kBf16Kahan) {
+      return AdamInt8Range<V, G, O, M, kNearest, MasterStore::kBf16Kahan>(a, first_block,
+                                                                          last_block);
+    }
+  }
+}
+
+template <class V, FloatFormat G, ParamOut O, AdamMode M>
+void AdamInt8Rounding(const AdamArgs& a, size_t first_block, size_t last_block) {
+  const bool bf16_master = a.master_store != MasterStore::kF32;
+  if (a.int8_nearest) {
+    if (bf16_master) return AdamInt8Master<V, G, O, M, true>(a, first_block, last_block);
+    AdamInt8Range<V, G, O, M, true>(a, first_block, last_block);
+  } else {
+    if (bf16_master) return AdamInt8Master<V, G, O, M, false>(a, first_block, last_block);
+    AdamInt8Range<V, G, O, M, false>(a, first_block, last_block);
   }
 }
 
 template <class V, FloatFormat G, ParamOut O>
 void AdamInt8Mode(const AdamArgs& a, size_t first_block, size_t last_block) {
   if (a.mode == AdamMode::kAdamW) {
-    AdamInt8Range<V, G, O, AdamMode::kAdamW>(a, first_block, last_block);
+    AdamInt8Rounding<V, G, O, AdamMode::kAdamW>(a, first_block, last_block);
   } else {
-    AdamInt8Range<V, G, O, AdamMode::kAdam>(a, first_block, last_block);
+    AdamInt8Rounding<V, G, O, AdamMode::kAdam>(a, first_block, last_block);
   }
 }
 
@@ -250,14 +312,14 @@ inline void TrafficInt8Vector(const AdamArgs& a, typename V::F zero, size_t i,
   } else {
     g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
   }
-  const F p = V::Fma(g, zero, V::template LoadF32<kTail>(a.master + i, t));
+  const F p = V::Fma(g, zero, TrafficLoadMaster<V, kTail>(a, i, t));
   auto* m = static_cast<uint8_t*>(a.exp_avg);
   auto* u = static_cast<uint8_t*>(a.exp_avg_sq);
   const F mf = V::Fma(g, zero, V::CvtI(V::template LoadU8<kTail>(m + i, t)));
   const F uf = V::Fma(g, zero, V::CvtI(V::template LoadU8<kTail>(u + i, t)));
   V::template StoreU8<kTail>(m + i, V::TruncI(mf), t);
   V::template StoreU8<kTail>(u + i, V::TruncI(uf), t);
-  V::template StoreF32<kTail>(a.master + i, p, t);
+  TrafficStoreMaster<V, kTail>(a, i, p, g, zero, t);
   if (a.param_out_format != ParamOut::kNone) {
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
   }

@@ -90,7 +90,7 @@ struct AdamConsts {
 // The kAdamW / kAdam update of one vector (formula: include/strata/optim.h), shared by
 // AdamVector and the int8 kernel (int8_templates.h): m and v from their old values, p in
 // place; *v_new the new second moment and *sqrt_v its square root (denom's).
-template <class V, AdamMode M>
+template <class V, AdamMode M, bool kDelta = false>
 inline void AdamMath(const AdamConsts<V>& c, typename V::F g, typename V::F v_old,
                      typename V::F m_old, typename V::F* p, typename V::F* m, typename V::F* v_new,
                      typename V::F* sqrt_v) {
@@ -105,21 +105,57 @@ inline void AdamMath(const AdamConsts<V>& c, typename V::F g, typename V::F v_ol
   // the only rounding at the magnitude of p is the final add (half an ulp of p per step);
   // the others fall on the small update. The product form would round p twice per step
   // and carry float(1 - lr*wd)'s error (up to 3e-8) into every step as a bias.
-  if constexpr (M == AdamMode::kAdamW) {
+  // kDelta (the Kahan master): *p receives the update d instead of p + d (optim.h).
+  if constexpr (kDelta && M == AdamMode::kAdamW) {
+    *p = V::Fma(c.neg_step_size, V::Div(*m, denom), V::Mul(c.neg_lr_wd, *p));
+  } else if constexpr (kDelta) {
+    *p = V::Mul(c.neg_step_size, V::Div(*m, denom));
+  } else if constexpr (M == AdamMode::kAdamW) {
     *p = V::Add(*p, V::Fma(c.neg_step_size, V::Div(*m, denom), V::Mul(c.neg_lr_wd, *p)));
   } else {
     *p = V::Fma(c.neg_step_size, V::Div(*m, denom), *p);
   }
 }
 
+template <class V, MasterStore P, bool kTail>
+inline typename V::F LoadMaster(const AdamArgs& a, size_t i, const typename V::Tail& t) {
+  if constexpr (P == MasterStore::kF32) return V::template LoadF32<kTail>(a.master + i, t);
+  return V::template LoadBf16<kTail>(a.master16 + i, t);
+}
+
+// Stores the new weight (x = p + d; kBf16Kahan: x = d, the update, and p_old the weight it
+// applies to) and returns the weight as stored, for the parameter copy.
+template <class V, MasterStore P, bool kTail>
+inline typename V::F StoreMaster(const AdamArgs& a, size_t i, typename V::F x, typename V::F p_old,
+                                 const typename V::Tail& t) {
+  using F = typename V::F;
+  if constexpr (P == MasterStore::kF32) {
+    V::template StoreF32<kTail>(a.master + i, x, t);
+    return x;
+  } else if constexpr (P == MasterStore::kBf16Stochastic) {
+    const typename V::R r = V::RandomBits(static_cast<uint32_t>(a.index_base + i), a.master_key);
+    V::template StoreBf16Stochastic<false, kTail>(a.master16 + i, x, r, t);
+    return V::template LoadBf16<kTail>(a.master16 + i, t);
+  } else {  // Kahan: u = d + c; p' = bf16(p + u); c' = bf16(u - (p' - p)), both exact negations
+    const F minus_one = V::Set1(-1.0f);
+    const F u = V::Add(x, V::template LoadBf16<kTail>(a.comp + i, t));
+    V::template StoreBf16<kTail>(a.master16 + i, V::Add(p_old, u), t);
+    const F p_new = V::template LoadBf16<kTail>(a.master16 + i, t);
+    const F applied = V::Add(p_new, V::Mul(p_old, minus_one));
+    V::template StoreBf16<kTail>(a.comp + i, V::Add(u, V::Mul(applied, minus_one)), t);
+    return p_new;
+  }
+}
+
 // One vector of the AdamW/Adam update; the formula is the one in include/strata/optim.h
 // (torch.optim.AdamW / torch.optim.Adam).
-template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S, bool kTail>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S, bool kTail,
+          MasterStore P = MasterStore::kF32>
 inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
                        const typename V::Tail& t) {
   using F = typename V::F;
   F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
-  F p = V::template LoadF32<kTail>(a.master + i, t);
+  F p = LoadMaster<V, P, kTail>(a, i, t);
   if constexpr (M == AdamMode::kAdamWTorch || M == AdamMode::kAdamWTorchLerp) {
     // torch.optim.AdamW's own rounding, operation by operation (optim.h).
     static_assert(G == FloatFormat::kFp32 && O == ParamOut::kNone && S == MomentStore::kF32);
@@ -142,15 +178,17 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
     return;
   }
   F m, v, sqrt_v;
-  AdamMath<V, M>(c, g, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t),
-                 LoadMoment<V, S, kTail>(a.exp_avg, i, t), &p, &m, &v, &sqrt_v);
+  const F p_old = p;
+  AdamMath<V, M, P == MasterStore::kBf16Kahan>(c, g, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t),
+                                               LoadMoment<V, S, kTail>(a.exp_avg, i, t), &p, &m, &v,
+                                               &sqrt_v);
   typename V::R r{};
   if constexpr (S == MomentStore::kBf16Stochastic) {
     r = V::RandomBits(static_cast<uint32_t>(a.index_base + i), a.rounding_key);
   }
   StoreMoment<V, S, false, kTail>(a.exp_avg, i, m, r, t);
   StoreMoment<V, S, true, kTail>(a.exp_avg_sq, i, v, r, t);
-  V::template StoreF32<kTail>(a.master + i, p, t);
+  p = StoreMaster<V, P, kTail>(a, i, p, p_old, t);
   if constexpr (O == ParamOut::kBf16) {
     V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
   } else if constexpr (O == ParamOut::kFp16) {
@@ -158,13 +196,49 @@ inline void AdamVector(const AdamArgs& a, const AdamConsts<V>& c, size_t i,
   }
 }
 
-template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S>
+template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S,
+          MasterStore P = MasterStore::kF32>
 void AdamRange(const AdamArgs& a, size_t begin, size_t end) {
   const AdamConsts<V> c(a.s);
   size_t i = begin;
   const typename V::Tail full{};
-  for (; i + V::kWidth <= end; i += V::kWidth) AdamVector<V, G, O, M, S, false>(a, c, i, full);
-  if (i < end) AdamVector<V, G, O, M, S, true>(a, c, i, V::MakeTail(end - i));
+  for (; i + V::kWidth <= end; i += V::kWidth) {
+    AdamVector<V, G, O, M, S, false, P>(a, c, i, full);
+  }
+  if (i < end) AdamVector<V, G, O, M, S, true, P>(a, c, i, V::MakeTail(end - i));
+}
+
+// A bf16 master (fp32 or bf16 gradients, no copy or a bf16 one: optim.cc checks).
+template <class V, FloatFormat G, ParamOut O, AdamMode M, MomentStore S>
+void AdamRangeMaster(const AdamArgs& a, size_t begin, size_t end) {
+  if constexpr (G != FloatFormat::kFp16 && O != ParamOut::kFp16) {
+    if (a.master_store == MasterStore::kBf16Stochastic) {
+      return AdamRange<V, G, O, M, S, MasterStore::kBf16Stochastic>(a, begin, end);
+    }
+    if (a.master_store == MasterStore::kBf16Kahan) {
+      return AdamRange<V, G, O, M, S, MasterStore::kBf16Kahan>(a, begin, end);
+    }
+  }
+}
+
+// The bound's master streams: fp32, or bf16 (+ the bf16 compensation), values unchanged
+// (a bf16 value widened and truncated back is itself). Run-time branches: the bound kernel's
+// loop is memory-bound, one predictable branch per vector costs nothing measurable.
+template <class V, bool kTail>
+inline typename V::F TrafficLoadMaster(const AdamArgs& a, size_t i, const typename V::Tail& t) {
+  if (a.master_store == MasterStore::kF32) return V::template LoadF32<kTail>(a.master + i, t);
+  return V::template LoadBf16<kTail>(a.master16 + i, t);
+}
+
+template <class V, bool kTail>
+inline void TrafficStoreMaster(const AdamArgs& a, size_t i, typename V::F p, typename V::F g,
+                               typename V::F zero, const typename V::Tail& t) {
+  if (a.master_store == MasterStore::kF32) return V::template StoreF32<kTail>(a.master + i, p, t);
+  V::template StoreTrunc16<kTail>(a.master16 + i, p, t);
+  if (a.master_store == MasterStore::kBf16Kahan) {
+    const typename V::F c = V::Fma(g, zero, V::template LoadBf16<kTail>(a.comp + i, t));
+    V::template StoreTrunc16<kTail>(a.comp + i, c, t);
+  }
 }
 
 // The bound: the same streams as AdamVector (grad read at its width, master/m/v read and
@@ -181,7 +255,7 @@ inline void TrafficVector(const AdamArgs& a, const typename V::F zero, size_t i,
   } else {  // fp16 bits widened like bf16: same bytes loaded, no conversion work
     g = V::template LoadBf16<kTail>(static_cast<const uint16_t*>(a.grad) + i, t);
   }
-  const F p = V::Fma(g, zero, V::template LoadF32<kTail>(a.master + i, t));
+  const F p = V::Fma(g, zero, TrafficLoadMaster<V, kTail>(a, i, t));
   const F m = V::Fma(g, zero, LoadMoment<V, S, kTail>(a.exp_avg, i, t));
   const F v = V::Fma(g, zero, LoadMoment<V, S, kTail>(a.exp_avg_sq, i, t));
   if constexpr (S == MomentStore::kF32) {
@@ -191,7 +265,7 @@ inline void TrafficVector(const AdamArgs& a, const typename V::F zero, size_t i,
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.exp_avg) + i, m, t);
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.exp_avg_sq) + i, v, t);
   }
-  V::template StoreF32<kTail>(a.master + i, p, t);
+  TrafficStoreMaster<V, kTail>(a, i, p, g, zero, t);
   if constexpr (O != ParamOut::kNone) {
     V::template StoreTrunc16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
   }
@@ -245,6 +319,18 @@ void ConvertRange(const float* src, void* dst, size_t begin, size_t end) {
 // Run-time format/mode -> template instantiation, once per range.
 template <class V, FloatFormat G, ParamOut O, AdamMode M>
 void AdamRangeState(const AdamArgs& a, size_t begin, size_t end) {
+  if (a.master_store != MasterStore::kF32) {
+    switch (a.moments) {
+      case MomentStore::kF32:
+        return AdamRangeMaster<V, G, O, M, MomentStore::kF32>(a, begin, end);
+      case MomentStore::kBf16Nearest:
+        return AdamRangeMaster<V, G, O, M, MomentStore::kBf16Nearest>(a, begin, end);
+      case MomentStore::kBf16Stochastic:
+        return AdamRangeMaster<V, G, O, M, MomentStore::kBf16Stochastic>(a, begin, end);
+      case MomentStore::kInt8:
+        return;
+    }
+  }
   switch (a.moments) {
     case MomentStore::kF32:
       return AdamRange<V, G, O, M, MomentStore::kF32>(a, begin, end);

@@ -36,6 +36,8 @@ AdamScalars MakeAdamScalars(const AdamHyperParams& hyper, float grad_scale);
 // How the moments are stored: the slice's StateFormat and StateRounding in one.
 // kInt8 slices run through IsaKernels::adam_int8 (int8_templates.h), never `adam`.
 enum class MomentStore : uint8_t { kF32, kBf16Nearest, kBf16Stochastic, kInt8 };
+// How the master weights are stored (MasterFormat): fp32, bf16 stochastic, bf16 + Kahan term.
+enum class MasterStore : uint8_t { kF32, kBf16Stochastic, kBf16Kahan };
 
 struct AdamArgs {
   float* master;
@@ -55,6 +57,10 @@ struct AdamArgs {
   float* exp_avg_sq_scale = nullptr;
   size_t n = 0;
   bool int8_nearest = false;  // kInt8 + StateRounding::kNearestEven
+  MasterStore master_store = MasterStore::kF32;
+  uint16_t* master16 = nullptr;  // bf16 masters (master is then null)
+  uint16_t* comp = nullptr;      // kBf16Kahan: the bf16 compensation
+  uint32_t master_key = 0;       // Mix32(rounding_key ^ 0x85ebca6b): the master's random bits
 };
 
 // One ISA's kernels. All ranges are element indices into the arrays of the call.
@@ -98,6 +104,7 @@ Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options);
 // Bytes of DRAM traffic one AdamStep moves per parameter with these formats (each array
 // read once, the fp32 ones written once, the copy written once).
 size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out,
-                         StateFormat state_format = StateFormat::kFp32);
+                         StateFormat state_format = StateFormat::kFp32,
+                         MasterFormat master_format = MasterFormat::kFp32);
 
 }  // namespace strata::cpu_optim

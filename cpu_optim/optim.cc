@@ -79,6 +79,30 @@ Result<StateFormat> ParseStateFormat(std::string_view name) {
                                  "': use fp32, bf16 or int8");
 }
 
+const char* MasterFormatName(MasterFormat format) {
+  switch (format) {
+    case MasterFormat::kFp32:
+      return "fp32";
+    case MasterFormat::kBf16Stochastic:
+      return "bf16-sr";
+    case MasterFormat::kBf16Kahan:
+      return "bf16-kahan";
+  }
+  return "?";
+}
+
+Result<MasterFormat> ParseMasterFormat(std::string_view name) {
+  if (name == "fp32") return MasterFormat::kFp32;
+  if (name == "bf16-sr") return MasterFormat::kBf16Stochastic;
+  if (name == "bf16-kahan") return MasterFormat::kBf16Kahan;
+  return Status::InvalidArgument("unknown master weight dtype '" + std::string(name) +
+                                 "': use fp32, bf16-sr or bf16-kahan");
+}
+
+size_t MasterFormatBytes(MasterFormat format) {
+  return format == MasterFormat::kBf16Stochastic ? 2 : 4;
+}
+
 const char* StateRoundingName(StateRounding rounding) {
   switch (rounding) {
     case StateRounding::kNearestEven:
@@ -254,9 +278,41 @@ void ParallelBlocks(size_t n, int threads, Fn&& fn) {
   }
 }
 
+// A bf16 master's arrays and the formats it takes; OK for an fp32 master.
+Status CheckMaster(const AdamSlice& s) {
+  const MasterFormat f = s.master_format;
+  if (f != MasterFormat::kFp32 && f != MasterFormat::kBf16Stochastic &&
+      f != MasterFormat::kBf16Kahan) {
+    return Status::InvalidArgument("AdamStep: unknown MasterFormat value " +
+                                   std::to_string(static_cast<int>(f)));
+  }
+  if (f == MasterFormat::kFp32) {
+    if (s.master_bf16 != nullptr || s.master_comp != nullptr) {
+      return Status::InvalidArgument(
+          "AdamStep: master_bf16/master_comp are set but master_format is fp32: set "
+          "master_format to bf16-sr or bf16-kahan, or pass `master` only");
+    }
+    return Status::OK();
+  }
+  const bool kahan = f == MasterFormat::kBf16Kahan;
+  if (s.master != nullptr || s.master_bf16 == nullptr || kahan != (s.master_comp != nullptr)) {
+    return Status::InvalidArgument(
+        std::string("AdamStep: a ") + MasterFormatName(f) + " master takes master_bf16" +
+        (kahan ? " and master_comp" : " (no master_comp)") + " and a null `master`");
+  }
+  if (s.grad_format == FloatFormat::kFp16 || s.param_out_format == ParamOut::kFp16) {
+    return Status::NotSupported(
+        "AdamStep: a bf16 master takes fp32 or bf16 gradients and no copy or a bf16 one; "
+        "use an fp32 master with fp16");
+  }
+  return Status::OK();
+}
+
 Status CheckSlice(const AdamSlice& s) {
   if (s.n == 0) return Status::OK();
-  if (s.master == nullptr || s.exp_avg == nullptr || s.exp_avg_sq == nullptr || s.grad == nullptr) {
+  STRATA_RETURN_IF_ERROR(CheckMaster(s));
+  const bool master = s.master != nullptr || s.master_bf16 != nullptr;
+  if (!master || s.exp_avg == nullptr || s.exp_avg_sq == nullptr || s.grad == nullptr) {
     return Status::InvalidArgument(
         "AdamStep: master, exp_avg, exp_avg_sq and grad must be "
         "non-null for a slice of " +
@@ -297,7 +353,9 @@ Status CheckSlice(const AdamSlice& s) {
                      {"grad", s.grad, s.n * FloatFormatBytes(s.grad_format)},
                      {"param_out", s.param_out, s.n * ParamOutBytes(s.param_out_format)},
                      {"exp_avg_scale", int8 ? s.exp_avg_scale : nullptr, scales},
-                     {"exp_avg_sq_scale", int8 ? s.exp_avg_sq_scale : nullptr, scales}};
+                     {"exp_avg_sq_scale", int8 ? s.exp_avg_sq_scale : nullptr, scales},
+                     {"master_bf16", s.master_bf16, s.n * 2},
+                     {"master_comp", s.master_comp, s.n * 2}};
   for (size_t i = 0; i < std::size(r); ++i) {
     for (size_t j = i + 1; j < std::size(r); ++j) {
       if (Overlaps(r[i].p, r[i].bytes, r[j].p, r[j].bytes)) {
@@ -354,6 +412,12 @@ Status PrepareAdam(const AdamSlice& slice, const CpuKernelOptions& options,
   return Status::OK();
 }
 
+// The master array, whose 64-byte lines the chunks are aligned to, and its element width.
+const void* MasterAnchor(const AdamSlice& s) {
+  return s.master != nullptr ? static_cast<const void*>(s.master) : s.master_bf16;
+}
+size_t MasterAnchorBytes(const AdamSlice& s) { return s.master != nullptr ? 4 : 2; }
+
 // The slice's arrays and formats as the kernels take them (scalars left to the caller).
 AdamArgs ArgsOf(const AdamSlice& slice, AdamMode mode, const AdamScalars& scalars) {
   AdamArgs a{slice.master,    slice.exp_avg,     slice.exp_avg_sq,       slice.grad,
@@ -370,6 +434,13 @@ AdamArgs ArgsOf(const AdamSlice& slice, AdamMode mode, const AdamScalars& scalar
   }
   a.n = slice.n;
   a.rounding_key = Mix32(static_cast<uint32_t>(slice.rounding_key ^ (slice.rounding_key >> 32)));
+  a.master_key = Mix32(a.rounding_key ^ 0x85ebca6bu);
+  a.master_store = slice.master_format == MasterFormat::kBf16Stochastic
+                       ? MasterStore::kBf16Stochastic
+                   : slice.master_format == MasterFormat::kBf16Kahan ? MasterStore::kBf16Kahan
+                                                                     : MasterStore::kF32;
+  a.master16 = slice.master_bf16;
+  a.comp = slice.master_comp;
   a.index_base = slice.index_base;
   return a;
 }
@@ -408,9 +479,11 @@ Result<const IsaKernels*> KernelsFor(const CpuKernelOptions& options) {
   return &ScalarKernels();
 }
 
-size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format) {
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format,
+                         MasterFormat master_format) {
   const size_t moment = StateBytesPerElement(state_format);
-  return FloatFormatBytes(grad_format) + (4 + 2 * moment) * 2 + ParamOutBytes(param_out);
+  return FloatFormatBytes(grad_format) + (MasterFormatBytes(master_format) + 2 * moment) * 2 +
+         ParamOutBytes(param_out);
 }
 
 Status TrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
@@ -422,7 +495,7 @@ Status TrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
                    [&](size_t b, size_t e) { kernels->traffic_int8(args, b, e); });
     return Status::OK();
   }
-  ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),
+  ParallelChunks(slice.n, MasterAnchor(slice), MasterAnchorBytes(slice), ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->traffic(args, b, e); });
   return Status::OK();
 }
@@ -443,10 +516,10 @@ Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper, float grad
   }
   if (torch_rounding &&
       (slice.grad_format != FloatFormat::kFp32 || slice.param_out_format != ParamOut::kNone ||
-       slice.state_format != StateFormat::kFp32)) {
+       slice.state_format != StateFormat::kFp32 || slice.master_format != MasterFormat::kFp32)) {
     return Status::NotSupported(
         "AdamStep: AdamMode::kAdamWTorch[Lerp] (torch's rounding order) takes fp32 gradients, fp32 "
-        "moments and no parameter copy; use AdamMode::kAdamW for the other formats");
+        "moments and master and no parameter copy; use AdamMode::kAdamW for the other formats");
   }
   const AdamArgs args = ArgsOf(slice, hyper.mode, MakeAdamScalars(hyper, grad_scale));
   if (slice.state_format == StateFormat::kInt8) {
@@ -454,7 +527,7 @@ Status AdamStep(const AdamSlice& slice, const AdamHyperParams& hyper, float grad
                    [&](size_t b, size_t e) { kernels->adam_int8(args, b, e); });
     return Status::OK();
   }
-  ParallelChunks(slice.n, slice.master, 4, ThreadCount(options),
+  ParallelChunks(slice.n, MasterAnchor(slice), MasterAnchorBytes(slice), ThreadCount(options),
                  [&](size_t b, size_t e) { kernels->adam(args, b, e); });
   return Status::OK();
 }
@@ -574,8 +647,9 @@ Status DequantizeInt8Moments(const uint8_t* exp_avg_code, const uint8_t* exp_avg
 Status AdamTrafficStep(const AdamSlice& slice, const CpuKernelOptions& options) {
   return cpu_optim::TrafficStep(slice, options);
 }
-size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format) {
-  return cpu_optim::AdamBytesPerParam(grad_format, param_out, state_format);
+size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out, StateFormat state_format,
+                         MasterFormat master_format) {
+  return cpu_optim::AdamBytesPerParam(grad_format, param_out, state_format, master_format);
 }
 
 }  // namespace strata

@@ -113,6 +113,29 @@ const char* StateRoundingName(StateRounding rounding);
 // Parses "fp32" | "bf16" | "int8"; InvalidArgument naming the bad value otherwise.
 Result<StateFormat> ParseStateFormat(std::string_view name);
 
+// The format of the master weights (AdamSlice::master_format). Opt-in 2-byte masters; the
+// update is computed in fp32 either way:
+//   kFp32: `master`, fp32, rounded to nearest once per step (see AdamStep).
+//   kBf16Stochastic: `master_bf16`, bf16, stored with stochastic rounding (unbiased per step,
+//     so updates below half a bf16 ulp, 2^-9 relative, survive on average). Element i's bits:
+//     the low 16 of h_p = Mix32(uint32(index_base + i) + Mix32(k ^ 0x85ebca6b)), k the moments'
+//     key Mix32(uint32(rounding_key ^ (rounding_key >> 32))); added to the fp32 bits of the
+//     new weight before the low 16 are dropped (NaN kept as FloatToBf16 keeps it).
+//   kBf16Kahan: `master_bf16` and a bf16 compensation `master_comp` (Kahan summation, as in
+//     Zamirai et al., "Revisiting BFloat16 Training"): with d the step's update of the weight
+//     (AdamW: fma(-lr/(1-b1^t), m/denom, (-lr*wd)*p); Adam: (-lr/(1-b1^t)) * (m/denom)),
+//       u = d + c;  p' = bf16_nearest(p + u);  c' = bf16_nearest(u - (p' - p))
+//     i.e. the rounding error of each step is carried into the next: 4 bytes like fp32, but
+//     each half a 16-bit stream the engine can keep apart.
+// With a bf16 master, param_out (kNone or kBf16) receives the stored master's bits; gradients
+// are fp32 or bf16. The same bits on every ISA and thread count.
+enum class MasterFormat : uint8_t { kFp32, kBf16Stochastic, kBf16Kahan };
+// "fp32", "bf16-sr", "bf16-kahan"; parse: InvalidArgument naming the bad value.
+const char* MasterFormatName(MasterFormat format);
+Result<MasterFormat> ParseMasterFormat(std::string_view name);
+// Bytes of master state per parameter: 4, 2, 4 (bf16 + bf16 compensation).
+size_t MasterFormatBytes(MasterFormat format);
+
 // Int8 moments (StateFormat::kInt8), after Dettmers et al., "8-bit Optimizers via Block-wise
 // Quantization". A slice is cut into blocks of kInt8StateBlock elements counted from its
 // first element (the last one may be shorter); each block of each moment has one fp32 scale,
@@ -150,7 +173,7 @@ inline constexpr size_t Int8StateBlocks(size_t n) {
 
 // One contiguous slice of n parameters. The master and moment arrays are updated in place.
 struct AdamSlice {
-  float* master = nullptr;     // fp32 master weights, n elements
+  float* master = nullptr;     // fp32 master weights, n elements (null with a bf16 master)
   void* exp_avg = nullptr;     // first moment, n elements of state_format
   void* exp_avg_sq = nullptr;  // second moment, n elements of state_format
   const void* grad = nullptr;  // n elements of grad_format; read only
@@ -171,6 +194,11 @@ struct AdamSlice {
   // kInt8 only: Int8StateBlocks(n) scales per moment, read and updated with the codes.
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
+  // A 2-byte master (MasterFormat above): n bf16 weights in master_bf16 instead of `master`,
+  // and for kBf16Kahan n bf16 compensations in master_comp, both updated in place.
+  MasterFormat master_format = MasterFormat::kFp32;
+  uint16_t* master_bf16 = nullptr;
+  uint16_t* master_comp = nullptr;
 };
 
 // One optimizer step over `slice`, per element (g the gradient converted to float):
@@ -248,6 +276,7 @@ float Fp16ToFloat(uint16_t bits);
 // formats (each array read once, the fp32 ones written once, the copy written once).
 [[nodiscard]] Status AdamTrafficStep(const AdamSlice& slice, const CpuKernelOptions& options = {});
 size_t AdamBytesPerParam(FloatFormat grad_format, ParamOut param_out,
-                         StateFormat state_format = StateFormat::kFp32);
+                         StateFormat state_format = StateFormat::kFp32,
+                         MasterFormat master_format = MasterFormat::kFp32);
 
 }  // namespace strata

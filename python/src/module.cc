@@ -109,6 +109,44 @@ void AdamStepInt8(uintptr_t param, uintptr_t exp_avg, uintptr_t exp_avg_sq, uint
   RunAdamStep(slice, h, grad_scale, threads);
 }
 
+// The AdamW step over one fp32 gradient with a bf16 master (MasterFormat: "bf16-sr" or
+// "bf16-kahan"; comp n bf16 for kahan, else 0) and fp32 moments, or int8 moments when the
+// scales are non-zero (codes n bytes, scales Int8StateBlocks(n) floats each, rounded to
+// nearest). `copy`: n bf16, the stored master's bits. `key` keys the stochastic rounding.
+void AdamStepBf16Master(uintptr_t master, uintptr_t comp, uintptr_t copy, uintptr_t exp_avg,
+                        uintptr_t exp_avg_sq, uintptr_t exp_avg_scale, uintptr_t exp_avg_sq_scale,
+                        uintptr_t grad, size_t n, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, int64_t step, float grad_scale, uint64_t key,
+                        const std::string& master_format, int threads) {
+  Result<MasterFormat> format = ParseMasterFormat(master_format);
+  ThrowIfError(format.status());
+  AdamSlice slice;
+  slice.master_format = *format;
+  slice.master_bf16 = reinterpret_cast<uint16_t*>(master);
+  slice.master_comp = reinterpret_cast<uint16_t*>(comp);
+  slice.param_out = reinterpret_cast<void*>(copy);
+  slice.param_out_format = copy != 0 ? ParamOut::kBf16 : ParamOut::kNone;
+  slice.exp_avg = reinterpret_cast<void*>(exp_avg);
+  slice.exp_avg_sq = reinterpret_cast<void*>(exp_avg_sq);
+  if (exp_avg_scale != 0) {
+    slice.state_format = StateFormat::kInt8;
+    slice.state_rounding = StateRounding::kNearestEven;
+    slice.exp_avg_scale = reinterpret_cast<float*>(exp_avg_scale);
+    slice.exp_avg_sq_scale = reinterpret_cast<float*>(exp_avg_sq_scale);
+  }
+  slice.grad = reinterpret_cast<const void*>(grad);
+  slice.n = n;
+  slice.rounding_key = key;
+  AdamHyperParams h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.step = step;
+  RunAdamStep(slice, h, grad_scale, threads);
+}
+
 // (sum of squares, non-finite count) of n fp32 gradient values.
 py::tuple GradNormSquaredF32(uintptr_t grad, size_t n, int threads) {
   CpuKernelOptions options;
@@ -153,6 +191,11 @@ PYBIND11_MODULE(_strata, m) {
         py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
         py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
         py::arg("key"), py::arg("stochastic") = true, py::arg("threads") = 0);
+  m.def("adam_step_bf16_master", &AdamStepBf16Master, py::arg("master"), py::arg("comp"),
+        py::arg("copy"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("exp_avg_scale"),
+        py::arg("exp_avg_sq_scale"), py::arg("grad"), py::arg("n"), py::arg("lr"), py::arg("beta1"),
+        py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
+        py::arg("grad_scale"), py::arg("key"), py::arg("master_format"), py::arg("threads") = 0);
   m.def(
       "int8_state_blocks", [](size_t n) { return strata::Int8StateBlocks(n); }, py::arg("n"));
   m.def(

@@ -13,6 +13,11 @@ Two uses, chosen by the parameters it is given:
   rounding="fused" is the engine's form: the weight rounded once per step (closer to exact
   AdamW) and the norm exact in double; what an offloaded model computes. Both run the same
   SIMD kernel (cpu_optim, AdamMode::kAdamWTorch or kAdamW).
+  state_dtype="int8" keeps the moments as block-quantized uint8 codes (strata/optim.h);
+  master_dtype="bf16" keeps a 2-byte master in the state ("master", bf16) and sets each
+  parameter to it after the step, updated with master_rounding="kahan" (a bf16 compensation
+  "master_comp": 4 bytes, two 16-bit streams) or "stochastic" (2 bytes). Both need
+  rounding="fused" and combine with either state_dtype (docs/design.md, "2-byte master").
 * the parameters of a model given to strata.offload: the engine holds them and their states
   and runs the update itself, overlapped with backward; step() waits for it and commits it.
 
@@ -39,7 +44,8 @@ _TORCH_ROUNDING = "torch2" if int(torch.__version__.split(".")[0]) >= 2 else "to
 
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 max_grad_norm=0.0, threads=0, rounding="torch", state_dtype="fp32"):
+                 max_grad_norm=0.0, threads=0, rounding="torch", state_dtype="fp32",
+                 master_dtype="fp32", master_rounding="stochastic"):
         if not lr >= 0.0:
             raise Error(f"AdamW lr={lr}: must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -54,6 +60,14 @@ class AdamW(torch.optim.Optimizer):
             raise Error(f"AdamW state_dtype={state_dtype!r}: expected \"fp32\" or \"int8\"")
         if state_dtype == "int8" and rounding != "fused":
             raise Error("AdamW state_dtype=\"int8\" runs the fused kernel: pass rounding=\"fused\"")
+        if master_dtype not in ("fp32", "bf16"):
+            raise Error(f"AdamW master_dtype={master_dtype!r}: expected \"fp32\" or \"bf16\"")
+        if master_rounding not in ("stochastic", "kahan"):
+            raise Error(f"AdamW master_rounding={master_rounding!r}: expected \"stochastic\" "
+                        "or \"kahan\"")
+        if master_dtype == "bf16" and rounding != "fused":
+            raise Error("AdamW master_dtype=\"bf16\" runs the fused kernel: pass "
+                        "rounding=\"fused\"")
         if not max_grad_norm >= 0.0:
             raise Error(f"AdamW max_grad_norm={max_grad_norm}: must be >= 0 (0 = no clipping)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -62,6 +76,8 @@ class AdamW(torch.optim.Optimizer):
         self.threads = int(threads)
         self.rounding = rounding
         self.state_dtype = state_dtype
+        self.master_dtype = master_dtype
+        self.master_rounding = master_rounding
         self.last_grad_norm = None  # the norm before clipping, when max_grad_norm > 0
         self.last_step_skipped = False  # a non-finite gradient: nothing was updated
         offloaded = [getattr(p, "_strata_offload", None) for g in self.param_groups
@@ -178,6 +194,9 @@ class AdamW(torch.optim.Optimizer):
                     continue
                 _check_plain(p)
                 state = self.state[p]
+                if self.master_dtype == "bf16":
+                    self._step_bf16_master(p, state, group, scale)
+                    continue
                 if self.state_dtype == "int8":
                     self._step_int8(p, state, group, scale)
                     continue
@@ -208,17 +227,55 @@ class AdamW(torch.optim.Optimizer):
             state["exp_avg_sq_scale"] = torch.zeros(blocks, dtype=torch.float32)
         state["step"] += 1
         beta1, beta2 = group["betas"]
-        if not hasattr(self, "_int8_index"):  # the parameter's place: the same in every run
-            self._int8_index = {id(q): i for i, q in
-                                enumerate(q for g in self.param_groups for q in g["params"])}
-        key = (int(state["step"]) * 0x9E3779B97F4A7C15 + self._int8_index[id(p)] *
-               0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
+        key = self._rounding_key(p, state)
         _strata.adam_step_int8(p.data_ptr(), state["exp_avg"].data_ptr(),
                                state["exp_avg_sq"].data_ptr(), state["exp_avg_scale"].data_ptr(),
                                state["exp_avg_sq_scale"].data_ptr(), p.grad.data_ptr(),
                                p.numel(), float(group["lr"]), float(beta1), float(beta2),
                                float(group["eps"]), float(group["weight_decay"]),
                                int(state["step"]), scale, key, False, self.threads)
+
+    def _rounding_key(self, p, state):
+        """The stochastic rounding's key: the step and the parameter's place (the same in
+        every run)."""
+        if not hasattr(self, "_int8_index"):
+            self._int8_index = {id(q): i for i, q in
+                                enumerate(q for g in self.param_groups for q in g["params"])}
+        return (int(state["step"]) * 0x9E3779B97F4A7C15 + self._int8_index[id(p)] *
+                0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
+
+    def _step_bf16_master(self, p, state, group, scale):
+        """One step of p with a 2-byte master (strata/optim.h MasterFormat): the bf16 weight
+        "master" (+ the bf16 Kahan term "master_comp"), fp32 or int8 moments; p (fp32, what the
+        model computes with) is set to the bf16 master after each step."""
+        n = p.numel()
+        if not state:
+            state["step"] = 0
+            state["master"] = p.detach().reshape(-1).to(torch.bfloat16)
+            if self.master_rounding == "kahan":
+                state["master_comp"] = torch.zeros(n, dtype=torch.bfloat16)
+            if self.state_dtype == "int8":
+                blocks = _strata.int8_state_blocks(n)
+                state["exp_avg"] = torch.zeros(n, dtype=torch.uint8)
+                state["exp_avg_sq"] = torch.zeros(n, dtype=torch.uint8)
+                state["exp_avg_scale"] = torch.zeros(blocks, dtype=torch.float32)
+                state["exp_avg_sq_scale"] = torch.zeros(blocks, dtype=torch.float32)
+            else:
+                state["exp_avg"] = torch.zeros(n, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros(n, dtype=torch.float32)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        int8 = self.state_dtype == "int8"
+        comp = state.get("master_comp")
+        _strata.adam_step_bf16_master(
+            state["master"].data_ptr(), comp.data_ptr() if comp is not None else 0, 0,
+            state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
+            state["exp_avg_scale"].data_ptr() if int8 else 0,
+            state["exp_avg_sq_scale"].data_ptr() if int8 else 0, p.grad.data_ptr(), n,
+            float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+            float(group["weight_decay"]), int(state["step"]), scale, self._rounding_key(p, state),
+            "bf16-kahan" if self.master_rounding == "kahan" else "bf16-sr", self.threads)
+        p.data.copy_(state["master"].view(p.shape))
 
     def _fused_clip(self, params):
         """The engine's clipping: the norm exact in double (Strata's deterministic kernel),

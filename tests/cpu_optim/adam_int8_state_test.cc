@@ -210,6 +210,32 @@ TEST(AdamInt8StateTest, SameBitsOnEveryIsaAndThreadCount) {
   }
 }
 
+uint64_t Fnv1a(uint64_t h, const void* data, size_t bytes) {
+  const auto* b = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+uint64_t HashOf(const State& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = Fnv1a(h, s.p.data(), s.p.size() * 4);
+  h = Fnv1a(h, s.m.data(), s.m.size());
+  h = Fnv1a(h, s.v.data(), s.v.size());
+  h = Fnv1a(h, s.m_scale.data(), s.m_scale.size() * 4);
+  return Fnv1a(h, s.v_scale.data(), s.v_scale.size() * 4);
+}
+
+// The kernel's bits are pinned: these hashes were recorded from the first int8 kernel
+// (449e88e..19f7308), so a faster rewrite must keep every output bit.
+TEST(AdamInt8StateTest, SameBitsAsTheRecordedKernel) {
+  const uint64_t want_fp32 = 0x12d196aaec1f0639ull, want_bf16 = 0x6c55444fc9e25e1bull;
+  for (CpuIsa isa : test::SupportedIsas()) {
+    SCOPED_TRACE(CpuIsaName(isa));
+    EXPECT_EQ(HashOf(RunSteps(100003, isa, 2, FloatFormat::kFp32)), want_fp32);
+    EXPECT_EQ(HashOf(RunSteps(100003, isa, 2, FloatFormat::kBf16)), want_bf16);
+  }
+}
+
 // Nearest rounding: exp_avg within 1/16 of itself (3 fraction bits), sqrt(exp_avg_sq) within
 // 1/32, down to 2^-14 of the block's absmax; below, exp_avg within 2^-15 of the absmax and a
 // non-zero exp_avg_sq never 0.

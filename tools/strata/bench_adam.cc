@@ -41,6 +41,7 @@ struct BenchAdamFlags {
   std::vector<int> threads;
   std::vector<std::string> isas;
   std::vector<std::string> state_dtypes;
+  std::vector<std::string> master_dtypes;
   std::string mode = "adam";
   int iters = 10;
   int warmup = 2;
@@ -188,6 +189,7 @@ std::string CpuModel() {
 
 struct AdamRow {
   StateFormat state;
+  MasterFormat master;
   CpuIsa isa;
   FloatFormat grad;
   ParamOut out;
@@ -238,6 +240,7 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
     STRATA_RETURN_IF_ERROR(AdamStep(sample.Slice(o), BenchHyper(k), scale, ref));
   }
   *row = AdamRow{StateFormat::kFp32,
+                 MasterFormat::kFp32,
                  isa,
                  gf,
                  o,
@@ -253,17 +256,23 @@ Status RunAdamCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, i
 
 // bf16 or int8 moments (bench_adam_state.cc): its own arrays, the grads and copy of `s`.
 Status RunCompactCase(State& s, size_t n, CpuIsa isa, FloatFormat gf, ParamOut o, int threads,
-                      StateFormat sf, const BenchAdamFlags& fl, AdamRow* row) {
+                      StateFormat sf, MasterFormat mf, const BenchAdamFlags& fl, AdamRow* row) {
   CompactStateCase c;
-  c.n = n, c.isa = isa, c.threads = threads, c.state = sf, c.grad_format = gf;
+  c.n = n, c.isa = isa, c.threads = threads, c.state = sf, c.grad_format = gf, c.master = mf;
   c.grad = gf == FloatFormat::kFp32 ? static_cast<const void*>(s.g32.data()) : s.g16.data();
   c.out = o, c.out_buffer = s.out.data(), c.warmup = fl.warmup, c.iters = fl.iters;
   STRATA_ASSIGN_OR_RETURN(const CompactStateResult r, RunCompactStateCase(c));
-  *row = AdamRow{sf,        isa,
-                 gf,        o,
-                 threads,   n,
-                 r.seconds, r.bound_seconds,
-                 r.ratio,   AdamBytesPerParam(gf, o, sf),
+  *row = AdamRow{sf,
+                 mf,
+                 isa,
+                 gf,
+                 o,
+                 threads,
+                 n,
+                 r.seconds,
+                 r.bound_seconds,
+                 r.ratio,
+                 AdamBytesPerParam(gf, o, sf, mf),
                  r.wrong};
   return Status::OK();
 }
@@ -349,7 +358,8 @@ struct Cases {
   std::vector<CpuIsa> isas;
   std::vector<FloatFormat> grads;
   std::vector<ParamOut> outs;
-  std::vector<StateFormat> states;  // of the moments (--mode adam)
+  std::vector<StateFormat> states;    // of the moments (--mode adam)
+  std::vector<MasterFormat> masters;  // of the master weights (--mode adam)
   bool step_mode = false;
 };
 
@@ -412,6 +422,11 @@ Result<Cases> ParseCases(const BenchAdamFlags& fl) {
     if (!f.ok()) return Status::InvalidArgument("--state-dtype: " + f.status().message());
     c.states.push_back(*f);
   }
+  for (const std::string& name : fl.master_dtypes) {
+    Result<MasterFormat> f = ParseMasterFormat(name);
+    if (!f.ok()) return Status::InvalidArgument("--master-dtype: " + f.status().message());
+    c.masters.push_back(*f);
+  }
   c.step_mode = fl.mode == "step";
   return c;
 }
@@ -441,9 +456,12 @@ void PrintHeader(FILE* out, const BenchAdamFlags& fl, const Cases& c) {
     std::fprintf(out,
                  "# state: moments' dtype (bf16: stochastic rounding; int8: nearest, + 8 B of "
                  "scales per 2048 params, not in B/param); the bound moves the same bytes\n");
-    std::fprintf(out, "%-5s %-7s %-5s %-5s %-8s %-11s %10s %9s %8s %8s %12s %7s %7s\n", "state",
-                 "isa", "grad", "out", "threads", "params", "time_ms", "Gparam/s", "B/param",
-                 "GB/s", "bound_GB/s", "ratio", "#wrong");
+    std::fprintf(out,
+                 "# master: fp32, bf16-sr (2 B, stochastic rounding) or bf16-kahan (2 + 2 B); "
+                 "a bf16 master skips fp16 grads and copies\n");
+    std::fprintf(out, "%-5s %-10s %-7s %-5s %-5s %-8s %-11s %10s %9s %8s %8s %12s %7s %7s\n",
+                 "state", "master", "isa", "grad", "out", "threads", "params", "time_ms",
+                 "Gparam/s", "B/param", "GB/s", "bound_GB/s", "ratio", "#wrong");
   } else {
     std::fprintf(out,
                  "# fused: GradNormSquared pass + AdamStep(unscale x clip, bf16 copy-out)\n"
@@ -461,13 +479,15 @@ nlohmann::json PrintAdamRow(FILE* out, const AdamRow& r) {
   const double gps = r.params / r.seconds / 1e9;
   const double gbps = gps * r.bytes_per_param;
   const double bound_gbps = r.params / r.bound_seconds / 1e9 * r.bytes_per_param;
-  std::fprintf(out, "%-5s %-7s %-5s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %12.2f %7.3f %7llu\n",
-               StateFormatName(r.state), CpuIsaName(r.isa), FloatFormatName(r.grad),
-               ParamOutName(r.out), ThreadsName(r.threads).c_str(), r.params, r.seconds * 1e3, gps,
-               r.bytes_per_param, gbps, bound_gbps, r.ratio,
+  std::fprintf(out,
+               "%-5s %-10s %-7s %-5s %-5s %-8s %-11zu %10.3f %9.3f %8zu %8.2f %12.2f %7.3f %7llu\n",
+               StateFormatName(r.state), MasterFormatName(r.master), CpuIsaName(r.isa),
+               FloatFormatName(r.grad), ParamOutName(r.out), ThreadsName(r.threads).c_str(),
+               r.params, r.seconds * 1e3, gps, r.bytes_per_param, gbps, bound_gbps, r.ratio,
                static_cast<unsigned long long>(r.wrong));
   std::fflush(out);
   return {{"state_dtype", StateFormatName(r.state)},
+          {"master_dtype", MasterFormatName(r.master)},
           {"isa", CpuIsaName(r.isa)},
           {"grad_dtype", FloatFormatName(r.grad)},
           {"param_out", ParamOutName(r.out)},
@@ -556,14 +576,18 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
           continue;
         }
         for (StateFormat sf : c.states) {
-          for (ParamOut o : c.outs) {
-            AdamRow r;
-            const Status st = sf == StateFormat::kFp32
-                                  ? RunAdamCase(s, n, isa, gf, o, threads, fl, &r)
-                                  : RunCompactCase(s, n, isa, gf, o, threads, sf, fl, &r);
-            if (!st.ok()) return fail(st);
-            runs.push_back(PrintAdamRow(out, r));
-            total_wrong += r.wrong;
+          for (MasterFormat mf : c.masters) {
+            for (ParamOut o : c.outs) {
+              const bool bf16_master = mf != MasterFormat::kFp32;
+              if (bf16_master && (gf == FloatFormat::kFp16 || o == ParamOut::kFp16)) continue;
+              AdamRow r;
+              const Status st = sf == StateFormat::kFp32 && !bf16_master
+                                    ? RunAdamCase(s, n, isa, gf, o, threads, fl, &r)
+                                    : RunCompactCase(s, n, isa, gf, o, threads, sf, mf, fl, &r);
+              if (!st.ok()) return fail(st);
+              runs.push_back(PrintAdamRow(out, r));
+              total_wrong += r.wrong;
+            }
           }
         }
       }
@@ -593,6 +617,7 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
   fl->threads = {0};
   fl->isas = {"auto"};
   fl->state_dtypes = {"fp32"};
+  fl->master_dtypes = {"fp32"};
   CLI::App* cmd = bench.add_subcommand(
       "adam",
       "CPU AdamW throughput against its same-traffic memory bound; --mode step: one fused "
@@ -619,6 +644,10 @@ void AddBenchAdam(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--state-dtype", fl->state_dtypes,
                   "Adam moments' dtype(s), --mode adam: fp32, bf16, int8 (comma list)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--master-dtype", fl->master_dtypes,
+                  "master weights' dtype(s), --mode adam: fp32, bf16-sr, bf16-kahan (comma list)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--mode", fl->mode, "adam: kernel vs bound; step: fused step vs four passes")

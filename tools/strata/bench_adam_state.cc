@@ -27,14 +27,18 @@ Result<std::unique_ptr<T[]>> Alloc(size_t n, const char* what) {
 // The arrays of one compact-state run; Slice(lo, hi) views elements [lo, hi) (block-aligned).
 struct Arrays {
   StateFormat state;
+  MasterFormat master;
   size_t n;
-  std::unique_ptr<float[]> p, m_scale, v_scale;
-  std::unique_ptr<uint8_t[]> m, v;  // n (int8) or 2n (bf16) bytes
+  std::unique_ptr<float[]> m_scale, v_scale;
+  std::unique_ptr<uint8_t[]> p, m, v;  // MasterBytes() and MomentBytes() per element
 
-  size_t MomentBytes() const { return state == StateFormat::kInt8 ? 1 : 2; }
+  size_t MomentBytes() const {
+    return state == StateFormat::kInt8 ? 1 : state == StateFormat::kBf16 ? 2 : 4;
+  }
+  size_t MasterBytes() const { return MasterFormatBytes(master); }
   AdamSlice Slice(size_t lo, size_t hi, const CompactStateCase& c, uint64_t key) {
     AdamSlice s;
-    s.master = p.get() + lo;
+    SetMaster(&s, p.get(), lo, n);
     s.exp_avg = m.get() + lo * MomentBytes();
     s.exp_avg_sq = v.get() + lo * MomentBytes();
     s.grad = static_cast<const char*>(c.grad) + lo * FloatFormatBytes(c.grad_format);
@@ -53,11 +57,22 @@ struct Arrays {
     }
     return s;
   }
+  // Element lo on of a master array of len elements at `bytes`: fp32, or bf16 (+ the Kahan
+  // terms after the len weights).
+  void SetMaster(AdamSlice* s, uint8_t* bytes, size_t lo, size_t len) const {
+    s->master_format = master;
+    if (master == MasterFormat::kFp32) {
+      s->master = reinterpret_cast<float*>(bytes) + lo;
+      return;
+    }
+    s->master_bf16 = reinterpret_cast<uint16_t*>(bytes) + lo;
+    if (master == MasterFormat::kBf16Kahan) s->master_comp = s->master_bf16 + len;
+  }
 };
 
 Status Fill(Arrays* a) {
   const size_t n = a->n, blocks = Int8StateBlocks(n);
-  STRATA_ASSIGN_OR_RETURN(a->p, Alloc<float>(n, "master"));
+  STRATA_ASSIGN_OR_RETURN(a->p, Alloc<uint8_t>(n * a->MasterBytes(), "master"));
   STRATA_ASSIGN_OR_RETURN(a->m, Alloc<uint8_t>(n * a->MomentBytes(), "exp_avg"));
   STRATA_ASSIGN_OR_RETURN(a->v, Alloc<uint8_t>(n * a->MomentBytes(), "exp_avg_sq"));
   STRATA_ASSIGN_OR_RETURN(a->m_scale, Alloc<float>(blocks, "exp_avg scales"));
@@ -67,7 +82,15 @@ Status Fill(Arrays* a) {
     const size_t len = std::min(kInt8StateBlock, n - lo);
     for (size_t i = 0; i < len; ++i) {  // a cheap hash: values over a few decades
       const uint32_t h = uint32_t((lo + i) * 2654435761u);
-      a->p[lo + i] = float(int32_t(h)) * 0x1p-31f;
+      const float w = float(int32_t(h)) * 0x1p-31f;
+      if (a->master == MasterFormat::kFp32) {
+        std::memcpy(a->p.get() + (lo + i) * 4, &w, 4);
+      } else {  // the Kahan terms start at 0
+        reinterpret_cast<uint16_t*>(a->p.get())[lo + i] = FloatToBf16(w);
+        if (a->master == MasterFormat::kBf16Kahan) {
+          reinterpret_cast<uint16_t*>(a->p.get())[n + lo + i] = 0;
+        }
+      }
       m[i] = float(int32_t(h * 40503u)) * 0x1p-38f;
       v[i] = float(h >> 8) * 0x1p-38f;
     }
@@ -75,6 +98,9 @@ Status Fill(Arrays* a) {
       STRATA_RETURN_IF_ERROR(QuantizeInt8Moments(
           m.data(), v.data(), len, a->m.get() + lo, a->v.get() + lo,
           a->m_scale.get() + lo / kInt8StateBlock, a->v_scale.get() + lo / kInt8StateBlock));
+    } else if (a->state == StateFormat::kFp32) {
+      std::memcpy(a->m.get() + lo * 4, m.data(), len * 4);
+      std::memcpy(a->v.get() + lo * 4, v.data(), len * 4);
     } else {
       auto* m16 = reinterpret_cast<uint16_t*>(a->m.get()) + lo;
       auto* v16 = reinterpret_cast<uint16_t*>(a->v.get()) + lo;
@@ -84,17 +110,21 @@ Status Fill(Arrays* a) {
   return Status::OK();
 }
 
-// The bytes of `len` elements of every array and of their `blocks` scales, concatenated.
-std::vector<uint8_t> RangeBytes(const float* p, const uint8_t* m, const uint8_t* v, const float* ms,
-                                const float* vs, size_t len, size_t moment_bytes, size_t blocks) {
+// The bytes of `len` elements of every array and of their `blocks` scales, concatenated: the
+// master first (MasterBytes() per element: fp32, or the bf16 weights then their Kahan terms).
+std::vector<uint8_t> RangeBytes(const uint8_t* p, const uint8_t* p_comp, const uint8_t* m,
+                                const uint8_t* v, const float* ms, const float* vs, size_t len,
+                                const Arrays& a, size_t blocks) {
   std::vector<uint8_t> out;
   auto put = [&](const void* x, size_t bytes) {
     const auto* b = static_cast<const uint8_t*>(x);
     out.insert(out.end(), b, b + bytes);
   };
-  put(p, len * 4);
-  put(m, len * moment_bytes);
-  put(v, len * moment_bytes);
+  const bool bf16 = a.master != MasterFormat::kFp32;
+  put(p, len * (bf16 ? 2 : 4));
+  if (a.master == MasterFormat::kBf16Kahan) put(p_comp, len * 2);
+  put(m, len * a.MomentBytes());
+  put(v, len * a.MomentBytes());
   put(ms, blocks * 4);
   put(vs, blocks * 4);
   return out;
@@ -103,8 +133,10 @@ std::vector<uint8_t> RangeBytes(const float* p, const uint8_t* m, const uint8_t*
 // Elements [lo, hi) of `a` (lo block-aligned), as RangeBytes lays them out.
 std::vector<uint8_t> RangeOf(const Arrays& a, size_t lo, size_t hi) {
   const size_t mb = a.MomentBytes(), b0 = lo / kInt8StateBlock;
-  return RangeBytes(a.p.get() + lo, a.m.get() + lo * mb, a.v.get() + lo * mb, a.m_scale.get() + b0,
-                    a.v_scale.get() + b0, hi - lo, mb, Int8StateBlocks(hi) - b0);
+  const size_t w = a.master == MasterFormat::kFp32 ? 4 : 2;
+  return RangeBytes(a.p.get() + lo * w, a.p.get() + (a.n + lo) * w, a.m.get() + lo * mb,
+                    a.v.get() + lo * mb, a.m_scale.get() + b0, a.v_scale.get() + b0, hi - lo, a,
+                    Int8StateBlocks(hi) - b0);
 }
 
 }  // namespace
@@ -143,7 +175,7 @@ Result<PairedTimes> TimeAgainstBound(int warmup, int iters,
 }
 
 Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
-  Arrays a{c.state, c.n, {}, {}, {}, {}, {}};
+  Arrays a{c.state, c.master, c.n, {}, {}, {}, {}, {}};
   STRATA_RETURN_IF_ERROR(Fill(&a));
   // The first block and the last (maybe partial) one, replayed at the end.
   const size_t last_lo = (Int8StateBlocks(c.n) - 1) * kInt8StateBlock;
@@ -171,12 +203,12 @@ Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
   CompactStateResult r{times.kernel_seconds, times.bound_seconds, times.ratio, 0};
   // Replay each range from its bytes before the run with the scalar kernel, t steps.
   for (const Range& g : ranges) {
-    const size_t len = g.hi - g.lo, mb = a.MomentBytes();
+    const size_t len = g.hi - g.lo, mb = a.MomentBytes(), pb = a.MasterBytes();
     const size_t nb = Int8StateBlocks(g.hi) - g.lo / kInt8StateBlock;
-    std::vector<float> p(len), ms(nb), vs(nb);
-    std::vector<uint8_t> m(len * mb), v(len * mb);
+    std::vector<uint8_t> p(len * pb), m(len * mb), v(len * mb);
+    std::vector<float> ms(nb), vs(nb);
     const uint8_t* src = g.before.data();
-    for (auto [dst, bytes] : {std::pair<void*, size_t>{p.data(), len * 4},
+    for (auto [dst, bytes] : {std::pair<void*, size_t>{p.data(), len * pb},
                               {m.data(), len * mb},
                               {v.data(), len * mb},
                               {ms.data(), nb * 4},
@@ -187,20 +219,22 @@ Result<CompactStateResult> RunCompactStateCase(const CompactStateCase& c) {
     std::vector<uint16_t> out(len);
     for (int64_t k = 1; k <= t; ++k) {
       AdamSlice sl = a.Slice(g.lo, g.hi, c, key(k));
-      sl.master = p.data(), sl.exp_avg = m.data(), sl.exp_avg_sq = v.data();
+      a.SetMaster(&sl, p.data(), 0, len);
+      sl.exp_avg = m.data(), sl.exp_avg_sq = v.data();
       if (c.state == StateFormat::kInt8)
         sl.exp_avg_scale = ms.data(), sl.exp_avg_sq_scale = vs.data();
       if (c.out != ParamOut::kNone) sl.param_out = out.data();
       STRATA_RETURN_IF_ERROR(
           AdamStep(sl, BenchHyper(k), scale, CpuKernelOptions{1, CpuIsa::kScalar}));
     }
-    const std::vector<uint8_t> want =
-        RangeBytes(p.data(), m.data(), v.data(), ms.data(), vs.data(), len, mb, nb);
+    const size_t w = pb == 2 || a.master == MasterFormat::kBf16Kahan ? 2 : 4;
+    const std::vector<uint8_t> want = RangeBytes(p.data(), p.data() + len * w, m.data(), v.data(),
+                                                 ms.data(), vs.data(), len, a, nb);
     const std::vector<uint8_t> got = RangeOf(a, g.lo, g.hi);
-    for (size_t i = 0; i < len; ++i) {  // masters element by element, the rest as a whole
-      r.wrong += std::memcmp(&got[i * 4], &want[i * 4], 4) != 0;
+    for (size_t i = 0; i < len * pb; i += w) {  // masters element by element, the rest as a whole
+      r.wrong += std::memcmp(&got[i], &want[i], w) != 0;
     }
-    if (std::memcmp(got.data() + len * 4, want.data() + len * 4, got.size() - len * 4) != 0) {
+    if (std::memcmp(got.data() + len * pb, want.data() + len * pb, got.size() - len * pb) != 0) {
       ++r.wrong;
     }
     if (c.out != ParamOut::kNone &&

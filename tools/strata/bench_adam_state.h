@@ -1,4 +1,5 @@
-// `strata bench adam --state-dtype bf16,int8`: the AdamW kernel with compact moments against
+// `strata bench adam --state-dtype bf16,int8 --master-dtype bf16-sr,bf16-kahan`: the AdamW kernel
+// with compact moments or a 2-byte master against
 // its own same-traffic bound (AdamTrafficStep over the same arrays), timed alternately in the
 // same run, and checked against a scalar-kernel replay of a few whole blocks.
 #pragma once
@@ -16,7 +17,8 @@ struct CompactStateCase {
   size_t n = 0;
   CpuIsa isa = CpuIsa::kAuto;
   int threads = 0;
-  StateFormat state = StateFormat::kBf16;  // kBf16 (stochastic) or kInt8
+  StateFormat state = StateFormat::kBf16;     // kFp32, kBf16 (stochastic) or kInt8 (nearest)
+  MasterFormat master = MasterFormat::kFp32;  // a bf16 master: fp32/bf16 grads, no fp16 copy
   FloatFormat grad_format = FloatFormat::kFp32;
   const void* grad = nullptr;  // n elements of grad_format, read only
   ParamOut out = ParamOut::kNone;
