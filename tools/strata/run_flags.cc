@@ -222,6 +222,14 @@ void AddRankFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--comm-timeout", f->comm_timeout,
                   "Seconds a collective waits for a peer before the run fails naming the lost "
                   "rank; default STRATA_COMM_TIMEOUT (300)");
+  cmd->add_option("--run-secret", f->run_secret,
+                  "With several ranks, the run's secret: every rank signs its rendezvous keys "
+                  "with it and ignores keys that do not verify; default STRATA_RUN_SECRET "
+                  "(strata launch sets it). Shows in ps: prefer --run-secret-file or the "
+                  "variable");
+  cmd->add_option("--run-secret-file", f->run_secret_file,
+                  "The run's secret, read from this file (readable by its owner alone: chmod "
+                  "600), so that it shows neither in ps nor in the environment");
   cmd->add_option("--comm-backend", f->comm_backend,
                   "With several ranks, what the engine's parameter all-gathers and gradient "
                   "reduce-scatters run on: gloo (TCP, host memory; works with any device), "
@@ -370,6 +378,8 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   config->optimizer_threads = f.optimizer_threads;
   config->rendezvous = f.rendezvous;
   config->comm_timeout_seconds = f.comm_timeout;
+  config->run_secret = f.run_secret;
+  config->run_secret_file = f.run_secret_file;
   failed->clear();
   return Status::OK();
 }
