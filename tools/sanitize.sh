@@ -5,6 +5,7 @@
 #   tools/sanitize.sh tsan          ThreadSanitizer (tests/tsan.supp): build/tsan
 #   tools/sanitize.sh asan tsan     both, one after the other
 # Options (before the presets): -j N (build and ctest jobs; default nproc), --build-only,
+# --no-build (ctest on what build/<preset> holds, e.g. with -- -R for the tests built),
 # --nice (build and test at nice 10: a shared machine), and after -- anything for ctest
 # (e.g. -- -R Engine, -- -LE slow). CUDA is off (the sanitizers' runtimes and nvcc's
 # objects do not mix); the Python binding is not built (an interpreter does not load the
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/.."
 
 jobs=$(nproc)
 build_only=0
+no_build=0
 nice_cmd=()
 presets=()
 ctest_args=()
@@ -31,10 +33,11 @@ while [ $# -gt 0 ]; do
     -j) jobs="$2"; shift ;;
     -j*) jobs="${1#-j}" ;;
     --build-only) build_only=1 ;;
+    --no-build) no_build=1 ;;
     --nice) nice_cmd=(nice -n 10) ;;
     asan|tsan) presets+=("$1") ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n "2,21p" "$0"; exit 0 ;;
     *) echo "sanitize.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -50,8 +53,10 @@ for preset in "${presets[@]}"; do
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports_dir/ubsan"
   export STRATA_TSAN_OPTIONS="log_path=$reports_dir/tsan"
   start=$(date +%s)
-  cmake --preset "$preset" -DSTRATA_WITH_CUDA=OFF >/dev/null
-  "${nice_cmd[@]}" cmake --build --preset "$preset" -j "$jobs"
+  if [ "$no_build" -eq 0 ] || [ ! -f "build/$preset/CTestTestfile.cmake" ]; then
+    cmake --preset "$preset" -DSTRATA_WITH_CUDA=OFF >/dev/null
+  fi
+  [ "$no_build" -eq 1 ] || "${nice_cmd[@]}" cmake --build --preset "$preset" -j "$jobs"
   built=$(( $(date +%s) - start ))
   echo "sanitize.sh: $preset built in ${built} s"
   [ "$build_only" -eq 1 ] && continue
