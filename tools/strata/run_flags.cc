@@ -261,6 +261,18 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   AddRankFlags(cmd, f);
 }
 
+namespace {
+
+// Where the ranks meet and with which secret (checked when they join: comm/join.h).
+void ApplyRankFlags(const RunFlags& f, trainer::RunConfig* config) {
+  config->rendezvous = f.rendezvous;
+  config->comm_timeout_seconds = f.comm_timeout;
+  config->run_secret = f.run_secret;
+  config->run_secret_file = f.run_secret_file;
+}
+
+}  // namespace
+
 Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string* failed) {
   auto fail = [&](const char* flag, Status s) {
     *failed = flag;
@@ -376,10 +388,7 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
                                 std::to_string(kMaxThreads)));
   }
   config->optimizer_threads = f.optimizer_threads;
-  config->rendezvous = f.rendezvous;
-  config->comm_timeout_seconds = f.comm_timeout;
-  config->run_secret = f.run_secret;
-  config->run_secret_file = f.run_secret_file;
+  ApplyRankFlags(f, config);
   failed->clear();
   return Status::OK();
 }
