@@ -11,6 +11,8 @@
 #include <system_error>
 #include <utility>
 
+#include "comm/run_secret.h"
+
 namespace strata {
 namespace {
 
@@ -132,6 +134,12 @@ Result<JoinedRanks> JoinRanks(const RankInfo& rank, const JoinOptions& options,
     *failed_step = "--rendezvous";
     return spec.status();
   }
+  auto secret = RunSecretFromFlags(options.run_secret, options.run_secret_file);
+  if (!secret.ok()) {
+    *failed_step = "--run-secret-file";
+    return secret.status();
+  }
+  if (!secret->empty()) spec->run_secret = *secret;
   joined.options.rank = rank;
   joined.options.rendezvous = *spec;
   joined.options.store_prefix = options.store_prefix;

@@ -76,6 +76,10 @@ struct JoinOptions {
   // --comm-backend nccl runs the engine's collectives through NCCL on one GPU): a
   // TempFolder made with this prefix, e.g. "/tmp/strata-train-rdzv-".
   std::string one_rank_folder_prefix;
+  // --run-secret VALUE or --run-secret-file PATH (comm/run_secret.h: RunSecretFromFlags),
+  // with which every rank signs its rendezvous keys; both empty: STRATA_RUN_SECRET.
+  std::string run_secret;
+  std::string run_secret_file;
 };
 
 // The ranks of a run, joined: the Gloo communicator (host memory) that carries the
@@ -97,6 +101,7 @@ struct JoinedRanks {
 //   "--rendezvous": none given with several ranks (InvalidArgument naming WORLD_SIZE and
 //     how to give one), or not a valid rendezvous (ParseRendezvous's error);
 //   "--comm-timeout": a negative value (InvalidArgument);
+//   "--run-secret-file": both secret flags, or the file cannot give one (RunSecretFromFlags);
 //   "STRATA_COMM_TIMEOUT": the variable is not a positive number (InvalidArgument);
 //   "joining the other ranks": CreateGlooCommunicator failed (Timeout naming the ranks that
 //     never appeared, InvalidArgument for a stale rendezvous, ...).

@@ -1,11 +1,15 @@
 // The run secret and HMAC-SHA256; see comm/run_secret.h.
 #include "comm/run_secret.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 namespace strata {
 
@@ -42,6 +46,63 @@ Result<std::string> NewRunSecret() {
     out.push_back(kHex[b & 15]);
   }
   return out;
+}
+
+Result<std::string> ReadRunSecretFile(const std::string& path) {
+  const std::string what = "--run-secret-file " + path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, what + " (reading the run secret)");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno(e, what);
+  }
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    ::close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    return Status::InvalidArgument(what + ": other users may read the run secret (mode " + mode +
+                                   "); make it readable by its owner alone: chmod 600 " + path);
+  }
+  std::string secret;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return Status::FromErrno(e, what);
+    }
+    if (n == 0) break;
+    secret.append(buf, static_cast<size_t>(n));
+    if (secret.size() > (1u << 20)) {
+      ::close(fd);
+      return Status::InvalidArgument(what + ": over 1 MiB, not a run secret");
+    }
+  }
+  ::close(fd);
+  while (!secret.empty() && std::string_view(" \t\r\n").find(secret.back()) != std::string::npos) {
+    secret.pop_back();
+  }
+  if (secret.empty()) {
+    return Status::InvalidArgument(what +
+                                   ": the file is empty; put the secret in it (e.g. "
+                                   "openssl rand -hex 32 > " +
+                                   path + ")");
+  }
+  return secret;
+}
+
+Result<std::string> RunSecretFromFlags(const std::string& value, const std::string& path) {
+  if (!value.empty() && !path.empty()) {
+    return Status::InvalidArgument(
+        "--run-secret and --run-secret-file " + path +
+        " both give the run secret: pass one (the file keeps it out of ps)");
+  }
+  if (!path.empty()) return ReadRunSecretFile(path);
+  return value;
 }
 
 }  // namespace strata

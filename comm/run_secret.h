@@ -29,4 +29,16 @@ bool DigestsEqual(const HmacSha256Digest& a, const HmacSha256Digest& b);
 // gives none.
 Result<std::string> NewRunSecret();
 
+// The run secret kept in the file `path` (--run-secret-file), so that it shows neither in
+// `ps` nor in the environment: the file's content without its trailing whitespace (a
+// newline). Errors name the path: NotFound / IOError (with errno) when it cannot be read,
+// InvalidArgument when it holds no secret, or when its group or other users may read it
+// ("chmod 600 PATH"), as ssh refuses a private key.
+Result<std::string> ReadRunSecretFile(const std::string& path);
+
+// The run secret a command line gives: --run-secret `value`, else the file
+// --run-secret-file `path`, else "" (then STRATA_RUN_SECRET, where the rendezvous reads
+// it). InvalidArgument when both are given; ReadRunSecretFile's errors.
+Result<std::string> RunSecretFromFlags(const std::string& value, const std::string& path);
+
 }  // namespace strata

@@ -19,7 +19,13 @@ namespace strata::engine_internal {
 // also waits for the feeder's H2D copy of the shard, and the feeder frees gradient buffers
 // only once their shard's D2H copy is enqueued, after their reduce-scatter: so the gather
 // may not move ahead of the reduce-scatter of a gradient buffer that the feeder frees on
-// its way to that load.
+// its way to that load. In host memory a gather waits for its gather buffer, which the H2D
+// copy of the gather before the last one frees: the feeder must have reached that load,
+// freeing the gradient buffers before it, and a gradient buffer is freed after its D2H
+// copy, which the D2H lane runs after the waits for the reduce-scatters of the gradients
+// landed before it. So the gather may not move ahead of the reduce-scatter of an access
+// before a gradient buffer that the feeder frees on its way to that earlier load (seed
+// 1138143941 of EngineMultirankTest: both ranks waited on that cycle).
 std::vector<CommItem> PlanCommSequence(const std::vector<Access>& schedule,
                                        const DevicePlan& device, const HostPlan& p,
                                        const CommSequenceOptions& options) {
@@ -69,10 +75,9 @@ std::vector<CommItem> PlanCommSequence(const std::vector<Access>& schedule,
     lookahead = true;
     for (const HostOp& op : p.ops) lookahead = lookahead && op.kind != HostOpKind::kEvict;
   }
-  // Device memory: the latest access whose gradient buffer the feeder frees up to each
-  // access (-1: none).
+  // The latest access whose gradient buffer the feeder frees up to each access (-1: none).
   std::vector<int> freed_grad_upto(schedule.size(), -1);
-  if (options.device_collectives) {
+  {
     std::vector<int> grad_access(device.buffers.size(), -1);
     for (int a = 0; a < int(schedule.size()); ++a) {
       if (device.steps[a].grad_buffer >= 0) grad_access[device.steps[a].grad_buffer] = a;
@@ -90,8 +95,15 @@ std::vector<CommItem> PlanCommSequence(const std::vector<Access>& schedule,
       seq.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
     }
     if (schedule[a].pass != Pass::kBackward) continue;
-    if (lookahead && next < loads.size() && ready_after(p.h2d_use[loads[next]]) < p.grad_use[a] &&
-        freed_grad_upto[loads[next]] < a) {
+    // What the feeder must have freed before the gather may be issued: in device memory, on
+    // its way to this load (freed after their reduce-scatters); in host memory, on its way
+    // to the load whose gather buffer this one reuses (freed after the reduce-scatters of
+    // the gradients landed before them).
+    const bool feeder_ok =
+        next < loads.size() &&
+        (options.device_collectives ? freed_grad_upto[loads[next]] < a
+                                    : next < 2 || freed_grad_upto[loads[next - 2]] <= a);
+    if (lookahead && feeder_ok && ready_after(p.h2d_use[loads[next]]) < p.grad_use[a]) {
       seq.push_back(CommItem{CommItem::kGather, loads[next++], gathers++ % 2});
     }
     seq.push_back(CommItem{CommItem::kReduce, a, 0});

@@ -110,6 +110,8 @@ Status RunSetup::Start(const RunNames& names, std::string* failed) {
     JoinOptions jo;
     jo.rendezvous = config_.rendezvous;
     jo.timeout_seconds = config_.comm_timeout_seconds;
+    jo.run_secret = config_.run_secret;
+    jo.run_secret_file = config_.run_secret_file;
     jo.store_prefix = names.store_prefix;
     jo.one_rank_folder_prefix = names.one_rank_folder_prefix;
     STRATA_ASSIGN_OR_RETURN(ranks_, JoinRanks(rank_, jo, failed));

@@ -99,6 +99,9 @@ struct RunConfig {
   // Ranks (several under a launcher: torchrun, mpirun, srun, strata launch).
   std::string rendezvous;           // file:DIR or redis://HOST:PORT/PREFIX; "" = STRATA_RENDEZVOUS
   double comm_timeout_seconds = 0;  // 0 = STRATA_COMM_TIMEOUT
+  // The run secret (comm/join.h JoinOptions): a value or a file; both "" = STRATA_RUN_SECRET.
+  // Never written to the run record.
+  std::string run_secret, run_secret_file;
   CommBackendChoice comm_backend = CommBackendChoice::kAuto;
   CollectiveMemory collective_memory = CollectiveMemory::kAuto;
   // Rows per micro-batch that the ranks split (each takes batch/WORLD_SIZE); 0 = the run

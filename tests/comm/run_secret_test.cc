@@ -1,9 +1,14 @@
-// HMAC-SHA256 against RFC 4231's test vectors, and the run secrets `strata launch` makes.
+// HMAC-SHA256 against RFC 4231's test vectors, the run secrets `strata launch` makes, and
+// reading one from --run-secret-file.
 #include "comm/run_secret.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <fstream>
 #include <string>
+
+#include "tests/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -58,6 +63,48 @@ TEST(NewRunSecret, IsFreshHex) {
   EXPECT_EQ(a->size(), 64u);
   EXPECT_EQ(a->find_first_not_of("0123456789abcdef"), std::string::npos);
   EXPECT_NE(*a, *b);
+}
+
+// --run-secret-file: the content without its trailing newline; a file others may read, an
+// empty one, a missing one, and both flags at once are each refused naming the path or flag.
+TEST(RunSecretFile, ReadsTheSecretAndRefusesWhatCannotHoldOne) {
+  testing::TempDir dir("strata_run_secret");
+  const std::string file = dir.File("secret");
+  auto write = [&](const std::string& text, mode_t mode) {
+    std::ofstream(file, std::ios::trunc) << text;
+    ASSERT_EQ(::chmod(file.c_str(), mode), 0);
+  };
+  write("s3cret\n", 0600);
+  Result<std::string> s = ReadRunSecretFile(file);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(*s, "s3cret");
+  Result<std::string> flags = RunSecretFromFlags("", file);
+  ASSERT_TRUE(flags.ok());
+  EXPECT_EQ(*flags, "s3cret");
+  EXPECT_EQ(*RunSecretFromFlags("given", ""), "given");
+  EXPECT_EQ(*RunSecretFromFlags("", ""), "");
+
+  Result<std::string> both = RunSecretFromFlags("given", file);
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(both.status().message().find("--run-secret and --run-secret-file"), std::string::npos);
+
+  write("s3cret\n", 0644);
+  Result<std::string> readable = ReadRunSecretFile(file);
+  ASSERT_FALSE(readable.ok());
+  EXPECT_NE(readable.status().message().find("mode 644"), std::string::npos)
+      << readable.status().ToString();
+  EXPECT_NE(readable.status().message().find("chmod 600 " + file), std::string::npos);
+
+  write(" \n", 0600);
+  Result<std::string> empty = ReadRunSecretFile(file);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("empty"), std::string::npos);
+
+  Result<std::string> missing = ReadRunSecretFile(dir.File("none"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status().ToString();
+  EXPECT_NE(missing.status().ToString().find(dir.File("none")), std::string::npos);
 }
 
 }  // namespace

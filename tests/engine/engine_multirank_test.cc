@@ -698,10 +698,11 @@ TEST_F(EngineMultirankTest, RandomModelsAndBudgetsMatchOneRank) {
 }
 
 // A seed found on 2026-12-06 whose trial (2 micro-batches, clipping 0.05, minimum budgets,
-// collectives in host memory) deadlocks both ranks until the 120 s deadline, on 223ecbb as on
-// today's main: the comm thread's order against the plans at these budgets is still open.
-// Disabled so that the suite stays green; run it with --gtest_also_run_disabled_tests.
-TEST_F(EngineMultirankTest, DISABLED_KnownDeadlockSeed1138143941) {
+// collectives in host memory, a host plan without evictions) deadlocked both ranks until the
+// 120 s deadline: the gather of access 12 was moved ahead of the reduce-scatter of access 7,
+// but its gather buffer is freed by the H2D copy of access 9, which the feeder enqueues after
+// freeing the gradient buffer of access 8, whose D2H copy waits for that reduce-scatter.
+TEST_F(EngineMultirankTest, HostCollectivesSeed1138143941DoNotDeadlock) {
   RandomModelsAndBudgetsTrials(1138143941, 1);
 }
 

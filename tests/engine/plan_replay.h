@@ -303,7 +303,7 @@ inline std::string CheckHostPlan(const HostPlanInput& in, const HostPlan& p) {
 inline std::string CheckCommSequence(const std::vector<Access>& schedule, const DevicePlan& device,
                                      const HostPlan& host, const CommSequenceOptions& options,
                                      const std::vector<CommItem>& seq) {
-  // Device memory: the access whose gradient buffer each buffer is (-1: params).
+  // The access whose gradient buffer each buffer is (-1: params).
   std::vector<int> grad_access(device.buffers.size(), -1);
   for (int a = 0; a < int(schedule.size()); ++a) {
     if (device.steps[a].grad_buffer >= 0) grad_access[device.steps[a].grad_buffer] = a;
@@ -337,7 +337,8 @@ inline std::string CheckCommSequence(const std::vector<Access>& schedule, const 
     }
     // A gather moved ahead of this reduce-scatter must not need its gradient use or later:
     // its shard's previous uses and its load's evictions all come before.
-    for (int x : gathered) {
+    for (size_t k = 0; k < gathered.size(); ++k) {
+      const int x = gathered[k];
       if (x <= c.access) continue;
       const int u = host.h2d_use[x];
       for (const UseObj& uo : host.uses[u].objs) {
@@ -349,9 +350,24 @@ inline std::string CheckCommSequence(const std::vector<Access>& schedule, const 
           }
         }
       }
+      // In host memory the gather waits for its gather buffer, freed by the H2D copy of the
+      // gather before the last one (access gathered[k - 2]): the feeder's on its way there
+      // frees gradient buffers, each after its D2H copy, which the D2H lane runs after the
+      // waits for the reduce-scatters of the gradients landed before it.
+      if (!options.device_collectives) {
+        if (k < 2) continue;
+        for (int y = 0; y <= gathered[k - 2]; ++y) {
+          for (int f : device.steps[y].frees) {
+            if (grad_access[f] > c.access) {
+              return "a gather moved ahead of a reduce-scatter that the D2H copy of a gradient "
+                     "buffer the feeder frees before its gather buffer is free waits for";
+            }
+          }
+        }
+        continue;
+      }
       // In device memory the gather also waits for the feeder's copy of access x, and the
       // feeder frees a gradient buffer only after that gradient's reduce-scatter.
-      if (!options.device_collectives) continue;
       for (int y = 0; y <= x; ++y) {
         for (int f : device.steps[y].frees) {
           if (grad_access[f] >= c.access) {

@@ -4,9 +4,13 @@
 // tries to meet the others. Each case is one short process of the built strata binary
 // (STRATA_CLI_PATH); none needs a GPU.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <string>
 
+#include "tests/temp_dir.h"
 #include "tests/tools/cli_run.h"
 
 namespace {
@@ -93,6 +97,38 @@ TEST(CommFlags, HelpExplainsTheFlags) {
     EXPECT_TRUE(Contains(r.output, "--collective-memory")) << cmd;
     EXPECT_TRUE(Contains(r.output, "LOCAL_RANK")) << cmd;
   }
+}
+
+// `strata train --run-secret-file`: two ranks (under launch, whose own fresh secret the flag
+// overrides) that read one file train; ranks given files with other secrets refuse each
+// other's keys and time out naming the key; a file other users may read is refused before
+// the ranks meet.
+TEST(CommFlags, TrainTakesTheRunSecretFromAFile) {
+  strata::testing::TempDir tmp("strata-secret-file");
+  auto write = [&](const std::string& name, const std::string& text, mode_t mode) {
+    std::ofstream(tmp.File(name)) << text << "\n";
+    ::chmod(tmp.File(name).c_str(), mode);
+  };
+  write("same0", "one-secret", 0600);
+  write("same1", "one-secret", 0600);
+  write("other1", "another-secret", 0600);
+  write("open0", "one-secret", 0644);
+  write("open1", "one-secret", 0644);
+  auto launch = [&](const std::string& file) {
+    const std::string train = std::string(STRATA_CLI_PATH) + " " + kTinyTrain +
+                              "--comm-timeout 5 --run-secret-file " + tmp.File(file) + "$RANK";
+    return Shell("launch -n 2 -- sh -c " + strata::testing::ShellQuote({"exec " + train}));
+  };
+  const CliRun same = launch("same");
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  // Rank 1 reads other1: "other" names no rank-0 file, so give rank 0 same0 by a link.
+  ASSERT_EQ(::symlink(tmp.File("same0").c_str(), tmp.File("other0").c_str()), 0);
+  const CliRun other = launch("other");
+  EXPECT_NE(other.exit_code, 0) << other.output;
+  EXPECT_TRUE(Contains(other.output, "does not verify")) << other.output;
+  const CliRun open = launch("open");
+  EXPECT_NE(open.exit_code, 0) << open.output;
+  EXPECT_TRUE(Contains(open.output, "chmod 600 " + tmp.File("open"))) << open.output;
 }
 
 }  // namespace

@@ -3,10 +3,12 @@
 // secret (its own fresh one, or the one it is given).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -112,6 +114,29 @@ TEST(LaunchParentDeath, EveryLaunchGivesItsRanksOneRunSecret) {
   ::kill(launch, SIGTERM);
   ::waitpid(launch, nullptr, 0);
   EXPECT_NE(line.find(" given-secret"), std::string::npos) << line;
+}
+
+// --run-secret-file: the secret stays out of ps; the ranks get the file's first line. A
+// file other users may read is refused before any rank starts.
+TEST(LaunchParentDeath, RunSecretFileGivesItsRanksTheSecretAndRefusesAReadableFile) {
+  testing::TempDir dir("strata_launch_secret_file");
+  const std::string file = dir.File("secret");
+  { std::ofstream(file) << "from-a-file\n"; }
+  ::chmod(file.c_str(), 0600);
+  const pid_t launch = StartSleepingRanks(dir.path(), {"--run-secret-file", file});
+  const std::string line = ReadRankFile(dir.path(), 0);
+  ::kill(launch, SIGTERM);
+  ::waitpid(launch, nullptr, 0);
+  EXPECT_NE(line.find(" from-a-file"), std::string::npos) << line;
+  ::chmod(file.c_str(), 0644);
+  const std::string out = dir.File("out");
+  const std::string cmd = std::string(STRATA_CLI_PATH) + " launch -n 2 --run-secret-file " + file +
+                          " -- true > " + out + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream f(out);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(rc, 0) << text;
+  EXPECT_NE(text.find("chmod 600 " + file), std::string::npos) << text;
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ struct Outcome : model::RunBits {
   MicroBatchOrder order = MicroBatchOrder::kBatchMajor;
   std::string reason;
   int activation_slots = 0;
+  int activation_host_slots = 0, activation_count = 0;  // the engine's stash (PlacementReport)
   bool recompute = false;
   uint64_t engine_device_bytes = 0;
 };
@@ -158,6 +159,8 @@ class MicroBatchOrderTest : public ::testing::Test {
     o.activation_slots = made->activation_slots;
     o.recompute = made->recompute;
     out.activation_slots = made->activation_slots;
+    out.activation_host_slots = made->engine->Placement().activation_host_slots;
+    out.activation_count = made->engine->Placement().activation_count;
     out.recompute = made->recompute;
     out.engine_device_bytes = made->engine_device_bytes;
     auto b = Batcher::Create(&data_, o.batch, o.seq_len);
@@ -309,6 +312,35 @@ TEST_F(MicroBatchOrderTest, OffloadedActivationsAreBitIdenticalOverRandomModelsA
     ASSERT_EQ(layer.order, MicroBatchOrder::kLayerMajor) << what << ": " << layer.reason;
     EXPECT_EQ(layer.activation_slots, 1) << what << ": " << layer.reason;
     EXPECT_NE(layer.reason.find("offloaded"), std::string::npos) << layer.reason;
+    ExpectSameBits(batch, layer, what);
+  }
+}
+
+// The mixed placement (issue 45, round 4): micro-batches 0..S-2 keep their activations on the
+// device (room for 1..M-2 more slots beside the engine's minimum), the others share slot S-1
+// with their block inputs in a few pinned host slots and the rest on NVMe. Same bits as
+// batch-major with every activation on the device, over random models; every trial spills.
+TEST_F(MicroBatchOrderTest, MixedDeviceAndNvmeActivationsAreBitIdenticalOverRandomModels) {
+  std::mt19937 rng(20261206);
+  for (int trial = 0; trial < 4; ++trial) {
+    Case c = RandomCase(rng, trial, 3, 4);
+    c.opt.recompute = true;
+    c.nvme = true;
+    const std::string what = Describe(c, trial, "mixed device and NVMe activations");
+    const PlacementReport p = Probe(c, dir_ + "/probe");
+    const auto shape = model::OffloadedActivations(c.cfg, c.opt.batch, c.opt.seq_len);
+    const uint64_t key = (shape.key_bytes + 4095) / 4096 * 4096;
+    const uint64_t per = SavedActivationBytes(c.cfg, c.opt.batch, c.opt.seq_len, true);
+    const int device_slots = 1 + int(rng() % uint32_t(c.opt.micro_batches - 2));
+    const uint64_t device = p.device_min_bytes + per * uint64_t(device_slots);
+    const uint64_t host = p.host_min_bytes + 4 * key;
+    const Outcome batch = Run(c, MicroBatchOrderChoice::kBatch, 0, host, 2, "batch");
+    const Outcome layer =
+        Run(c, MicroBatchOrderChoice::kLayer, device, host, 2, "layer", OffloadActivations::kOn);
+    ASSERT_EQ(layer.order, MicroBatchOrder::kLayerMajor) << what << ": " << layer.reason;
+    EXPECT_GT(layer.activation_slots, 1) << what << ": " << layer.reason;
+    EXPECT_LT(layer.activation_host_slots, layer.activation_count)
+        << what << ": no activation went to NVMe";
     ExpectSameBits(batch, layer, what);
   }
 }

@@ -21,8 +21,9 @@
 // (PR_SET_PDEATHSIG), and stops as it would at a Ctrl-C.
 //
 // The run secret: every rank gets STRATA_RUN_SECRET, with which it signs its rendezvous keys
-// and refuses keys that do not verify (comm/run_secret.h). It is --run-secret, else
-// STRATA_RUN_SECRET, else with one node a fresh random one; several nodes must share one,
+// and refuses keys that do not verify (comm/run_secret.h). It is --run-secret (or read from
+// --run-secret-file), else STRATA_RUN_SECRET, else with one node a fresh random one; several
+// nodes must share one,
 // so there launch warns that the rendezvous is not authenticated when none is given.
 #include <fcntl.h>
 #include <poll.h>
@@ -69,7 +70,8 @@ struct LaunchArgs {
   std::string comm_host;       // STRATA_COMM_HOST for the ranks
   std::string comm_interface;  // GLOO_SOCKET_IFNAME for the ranks
   std::string output = "prefix";
-  std::string run_secret;  // "": STRATA_RUN_SECRET, else a fresh one (one node)
+  std::string run_secret;       // "": STRATA_RUN_SECRET, else a fresh one (one node)
+  std::string run_secret_file;  // --run-secret-file: the secret read from it
   double grace_s = 10.0;
   std::vector<std::string> command;
   // Resolved by ResolveNodes: this host's first global rank and the world size.
@@ -553,6 +555,11 @@ bool CheckLaunchArgs(const LaunchArgs& args) {
 
 int RunLaunch(LaunchArgs& args) {
   if (!CheckLaunchArgs(args) || !ResolveNodes(args)) return 2;
+  Result<std::string> given_secret = RunSecretFromFlags(args.run_secret, args.run_secret_file);
+  if (!given_secret.ok()) {
+    std::fprintf(stderr, "strata launch: %s\n", given_secret.status().ToString().c_str());
+    return 2;
+  }
   std::string tmp_root = "/tmp";
   if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') tmp_root = t;
   // Removed when RunLaunch returns, however it returns (the ranks have exited by then, or
@@ -560,7 +567,7 @@ int RunLaunch(LaunchArgs& args) {
   TempFolder rdzv;
   RankEnvironment env{std::to_string(args.world), std::to_string(args.nproc), args.rendezvous,
                       // An interrupted run's resume command starts with these.
-                      CommandLinePrefix(args.command.size()), args.run_secret, ::getpid()};
+                      CommandLinePrefix(args.command.size()), *given_secret, ::getpid()};
   if (const char* e = std::getenv("STRATA_RUN_SECRET"); env.run_secret.empty() && e != nullptr) {
     env.run_secret = e;
   }
@@ -575,8 +582,8 @@ int RunLaunch(LaunchArgs& args) {
     std::fprintf(stderr,
                  "strata launch: warning: --nnodes %d without a run secret: any process that "
                  "reaches the rendezvous can join the run; give every host's launch the same "
-                 "STRATA_RUN_SECRET (e.g. from openssl rand -hex 32; --run-secret shows it in "
-                 "ps)\n",
+                 "STRATA_RUN_SECRET or --run-secret-file (e.g. from openssl rand -hex 32; "
+                 "--run-secret shows it in ps)\n",
                  args.nnodes);
   }
   if (env.rendezvous.empty()) {
@@ -633,7 +640,11 @@ void AddLaunch(CLI::App& app, int* exit_code) {
                   "The run's secret (sets STRATA_RUN_SECRET): every rank signs its rendezvous "
                   "keys with it and ignores keys that do not verify. Default: "
                   "STRATA_RUN_SECRET, else a fresh random one with one node (several nodes "
-                  "must share one: set STRATA_RUN_SECRET on each, which stays out of ps)");
+                  "must share one: set STRATA_RUN_SECRET on each, or --run-secret-file, which "
+                  "stay out of ps)");
+  sub->add_option("--run-secret-file", args->run_secret_file,
+                  "The run's secret, read from this file (readable by its owner alone: chmod "
+                  "600): as --run-secret, but out of ps; the ranks get it as STRATA_RUN_SECRET");
   sub->add_option("--grace", args->grace_s,
                   "Seconds the other ranks get to stop by themselves after one fails, before "
                   "SIGTERM (then SIGKILL 5 s later)")

@@ -224,6 +224,14 @@ void AddRankFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--comm-timeout", f->comm_timeout,
                   "Seconds a collective waits for a peer before the run fails naming the lost "
                   "rank; default STRATA_COMM_TIMEOUT (300)");
+  cmd->add_option("--run-secret", f->run_secret,
+                  "With several ranks, the run's secret: every rank signs its rendezvous keys "
+                  "with it and ignores keys that do not verify; default STRATA_RUN_SECRET "
+                  "(strata launch sets it). Shows in ps: prefer --run-secret-file or the "
+                  "variable");
+  cmd->add_option("--run-secret-file", f->run_secret_file,
+                  "The run's secret, read from this file (readable by its owner alone: chmod "
+                  "600), so that it shows neither in ps nor in the environment");
   cmd->add_option("--comm-backend", f->comm_backend,
                   "With several ranks, what the engine's parameter all-gathers and gradient "
                   "reduce-scatters run on: gloo (TCP, host memory; works with any device), "
@@ -254,6 +262,18 @@ void AddRunFlags(CLI::App* cmd, RunFlags* f, const std::string& nvme_help) {
   AddThreadFlags(cmd, f);
   AddRankFlags(cmd, f);
 }
+
+namespace {
+
+// Where the ranks meet and with which secret (checked when they join: comm/join.h).
+void ApplyRankFlags(const RunFlags& f, trainer::RunConfig* config) {
+  config->rendezvous = f.rendezvous;
+  config->comm_timeout_seconds = f.comm_timeout;
+  config->run_secret = f.run_secret;
+  config->run_secret_file = f.run_secret_file;
+}
+
+}  // namespace
 
 Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string* failed) {
   auto fail = [&](const char* flag, Status s) {
@@ -374,8 +394,7 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
                                 std::to_string(kMaxThreads)));
   }
   config->optimizer_threads = f.optimizer_threads;
-  config->rendezvous = f.rendezvous;
-  config->comm_timeout_seconds = f.comm_timeout;
+  ApplyRankFlags(f, config);
   failed->clear();
   return Status::OK();
 }

@@ -41,6 +41,7 @@ struct RunFlags {
   int optimizer_threads = trainer::RunConfig{}.optimizer_threads;
   std::string rendezvous;
   double comm_timeout = trainer::RunConfig{}.comm_timeout_seconds;  // seconds; 0: the variable
+  std::string run_secret, run_secret_file;  // --run-secret, --run-secret-file
   std::string comm_backend = trainer::CommBackendChoiceName(trainer::RunConfig{}.comm_backend);
   std::string collective_memory = CollectiveMemoryName(trainer::RunConfig{}.collective_memory);
 };
