@@ -47,11 +47,13 @@ install_debian
 # pydeps: transformers and its PyPI-only dependencies for /usr/bin/python3 (Debian's torch
 # 1.13), in a folder outside the repository that a fresh clone reuses; tests/python/conftest.py
 # puts it on sys.path (STRATA_PYDEPS overrides the place in both). Exact pins and --no-deps, so
-# pip never brings another torch or numpy: transformers 4.49.0 is the newest release that
-# imports with torch 1.13 (4.50 imports torch.distributed.tensor, which torch 2.x added);
-# tokenizers and huggingface_hub are within its bounds. Without network (or pip) the step warns
-# and the test that needs it is skipped.
-pydeps_pins=(transformers==4.49.0 tokenizers==0.21.4 huggingface_hub==0.30.2 safetensors==0.5.3
+# pip never brings another torch or numpy: transformers 4.47.1 is the newest release whose
+# Trainer imports with torch 1.13 (4.48 and 4.49 import torch 2's LRScheduler there and declare
+# torch>=2.0; 4.50 imports torch.distributed.tensor at all); tokenizers, huggingface_hub,
+# accelerate and peft are within its bounds and torch 1.13's. A folder holding other pins (each
+# pin's dist-info is looked for) is replaced whole. Without network (or pip) the step warns and
+# the tests that need it are skipped.
+pydeps_pins=(transformers==4.47.1 tokenizers==0.21.4 huggingface_hub==0.30.2 safetensors==0.5.3
   accelerate==0.34.2 peft==0.13.2 fsspec==2024.12.0)
 pydeps="${STRATA_PYDEPS:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/pydeps}"
 pydeps_ok=1

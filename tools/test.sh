@@ -45,7 +45,7 @@ if [ "$selection" -eq 0 ] && [ -f "$py_dir/interpreter.txt" ] &&
     if [ "$("$venv/bin/python" -c "$soabi")" = "$("$py" -c "$soabi")" ]; then
       echo "test.sh: tests/python under $("$venv/bin/python" -c 'import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__)')"
-      # STRATA_PYDEPS: not the pydeps folder (transformers 4.49 for torch 1.13).
+      # STRATA_PYDEPS: not the pydeps folder (transformers 4.47 for torch 1.13).
       STRATA_PYDEPS="$venv/no-pydeps" PYTHONPATH="$py_dir" "$venv/bin/python" -m pytest -q \
         tests/python
     else

@@ -757,6 +757,9 @@ def _write_safetensors(tensors, path):
                         "data_offsets": [offset, offset + nbytes]}
         blobs.append(t)
         offset += nbytes
+    # {"format": "pt"}, as transformers' save_pretrained and the CLI's writer put it: the
+    # from_pretrained of transformers < 4.49 reads the file's metadata without a None check.
+    header["__metadata__"] = {"format": "pt"}
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     # The CLI's writer (include/strata/atomic_file.h): a temporary created O_EXCL|O_NOFOLLOW next

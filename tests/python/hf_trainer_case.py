@@ -1,8 +1,8 @@
 """The Trainer runs test_hf_trainer.py compares (imported there, and run in a fresh process
-for the resume test): a 3-layer GPT-2 on a fixed synthetic data set, the same
+for the resume test): a 3-layer GPT-2 or Llama (ARCHS) on a fixed synthetic data set, the same
 TrainingArguments for transformers' Trainer and strata.hf.Trainer.
 
-As a script: argv = [run|resume, output_dir, nvme_dir, steps]; trains (or resumes from the
+As a script: argv = [run|resume, arch, output_dir, nvme_dir, steps]; trains (or resumes from the
 output_dir's checkpoint-2) and prints one JSON line: the per-step losses logged and a hash of
 the final weights."""
 import hashlib
@@ -31,12 +31,21 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def make_model(layers=3):
+ARCHS = ("gpt2", "llama")
+
+
+def make_model(arch="gpt2", layers=3):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32,
-                                     n_layer=layers, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0, use_cache=False)
-    return transformers.GPT2LMHeadModel(config)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32,
+                                         n_layer=layers, n_head=4, resid_pdrop=0.0,
+                                         embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+        return transformers.GPT2LMHeadModel(config)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=SEQ,
+                                      hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, use_cache=False)
+    return transformers.LlamaForCausalLM(config)
 
 
 def arguments(output_dir, steps=4, **kw):
@@ -63,10 +72,10 @@ def weights_hash(model):
     return h.hexdigest()
 
 
-def main(mode, output_dir, nvme, steps):
+def main(mode, arch, output_dir, nvme, steps):
     os.makedirs(nvme, exist_ok=True)
     args = arguments(output_dir, steps=int(steps), save_strategy="steps", save_steps=2)
-    trainer = strata.hf.Trainer(model=make_model(), args=args, train_dataset=Tokens(),
+    trainer = strata.hf.Trainer(model=make_model(arch), args=args, train_dataset=Tokens(),
                                 engine=strata.Engine(nvme=[nvme]))
     resume = os.path.join(output_dir, "checkpoint-2") if mode == "resume" else None
     trainer.train(resume_from_checkpoint=resume)

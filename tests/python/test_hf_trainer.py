@@ -1,9 +1,11 @@
 """strata.hf.Trainer against transformers' own Trainer on the same model, data and
-TrainingArguments: per-step losses, the logged grad_norm (clipping with max_grad_norm=1.0 on),
-the lr schedule with warm-up, gradient accumulation, evaluation, bf16 autocast, save_model then
-from_pretrained, and save_steps checkpoints resumed bit for bit in a fresh process. Skipped
-where transformers' Trainer does not import (transformers 4.49, the newest for Debian's torch
-1.13, imports torch.optim.lr_scheduler.LRScheduler, which torch 2.0 added)."""
+TrainingArguments, for an HF GPT-2 and an HF Llama config: per-step losses, the logged grad_norm
+(clipping on), the lr schedule with warm-up, gradient accumulation, evaluation, bf16 autocast,
+save_model then from_pretrained, and save_steps checkpoints resumed bit for bit in a fresh
+process. Runs under the torch matrix's transformers 5 and under Debian's torch 1.13 with the
+transformers 4.47 that tools/bootstrap.sh pins for it (4.48 and later import torch 2's
+torch.optim.lr_scheduler.LRScheduler in their Trainer); skipped where the Trainer does not
+import."""
 import json
 import os
 import subprocess
@@ -21,38 +23,43 @@ try:
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"transformers' Trainer does not import here: {e}", allow_module_level=True)
 
-from hf_trainer_case import Tokens, arguments, make_model, step_logs  # noqa: E402
+from hf_trainer_case import ARCHS, Tokens, arguments, make_model, step_logs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# max_grad_norm below the norms each model's first steps have, so that clipping applies
+CLIP = {"gpt2": 1.0, "llama": 0.5}
 
 
-def run_plain(tmp_path, **kw):
-    trainer = transformers.Trainer(model=make_model(), args=arguments(tmp_path / "plain", **kw),
+def run_plain(tmp_path, arch="gpt2", **kw):
+    trainer = transformers.Trainer(model=make_model(arch),
+                                   args=arguments(tmp_path / "plain", **kw),
                                    train_dataset=Tokens())
     trainer.train()
     return trainer
 
 
-def run_strata(tmp_path, engine=None, **kw):
-    trainer = strata.hf.Trainer(model=make_model(), args=arguments(tmp_path / "strata", **kw),
+def run_strata(tmp_path, arch="gpt2", engine=None, **kw):
+    trainer = strata.hf.Trainer(model=make_model(arch), args=arguments(tmp_path / "strata", **kw),
                                 train_dataset=Tokens(), engine=engine)
     trainer.train()
     return trainer
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 def test_trainer_matches_transformers_step_by_step_and_saves_what_from_pretrained_loads(
-        tmp_path):
-    plain = run_plain(tmp_path)
-    ours = run_strata(tmp_path)
+        tmp_path, arch):
+    clip = CLIP[arch]
+    plain = run_plain(tmp_path, arch, max_grad_norm=clip)
+    ours = run_strata(tmp_path, arch, max_grad_norm=clip)
     want, got = step_logs(plain), step_logs(ours)
     assert len(got) == len(want) == 4
     for (wl, wn, wlr), (gl, gn, glr) in zip(want, got):
         assert gl == pytest.approx(wl, rel=1e-4)
         assert gn == pytest.approx(wn, rel=1e-4)  # the true norm, not 0
         assert glr == wlr
-    assert max(n for _, n, _ in got) > 1.0  # clipping applied at least once
+    assert max(n for _, n, _ in got) > clip  # clipping applied at least once
     ours.save_model(tmp_path / "saved")
-    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
+    loaded = type(plain.model).from_pretrained(tmp_path / "saved")
     for k, v in plain.model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=1e-4, atol=1e-4, msg=k)
     # The evaluation loop: no_grad forwards on the committed weights.
@@ -61,9 +68,10 @@ def test_trainer_matches_transformers_step_by_step_and_saves_what_from_pretraine
     assert e_ours["eval_loss"] == pytest.approx(e_plain["eval_loss"], rel=1e-4)
 
 
-def test_bf16_autocast_trains_as_transformers_does(tmp_path):
-    plain = run_plain(tmp_path, bf16=True, max_steps=2)
-    ours = run_strata(tmp_path, bf16=True, max_steps=2)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_autocast_trains_as_transformers_does(tmp_path, arch):
+    plain = run_plain(tmp_path, arch, bf16=True, max_steps=2)
+    ours = run_strata(tmp_path, arch, bf16=True, max_steps=2)
     for (wl, _, _), (gl, _, _) in zip(step_logs(plain), step_logs(ours)):
         assert gl == pytest.approx(wl, rel=1e-2)
 
@@ -114,10 +122,11 @@ def _child(*args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_save_steps_checkpoints_resume_bit_for_bit_in_a_fresh_process(tmp_path):
-    full = _child("run", tmp_path / "out", tmp_path / "nvme1", 4)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_save_steps_checkpoints_resume_bit_for_bit_in_a_fresh_process(tmp_path, arch):
+    full = _child("run", arch, tmp_path / "out", tmp_path / "nvme1", 4)
     assert os.path.isdir(tmp_path / "out" / "checkpoint-2" / "strata")
-    resumed = _child("resume", tmp_path / "out", tmp_path / "nvme2", 4)
+    resumed = _child("resume", arch, tmp_path / "out", tmp_path / "nvme2", 4)
     assert resumed["weights"] == full["weights"]
     # The resumed Trainer's log holds the checkpoint's first two steps, then its own two.
     assert len(resumed["losses"]) == 4

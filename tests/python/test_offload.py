@@ -113,6 +113,7 @@ def _read_safetensors(path):
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
     out = {}
+    assert header.pop("__metadata__") == {"format": "pt"}
     for name, h in header.items():
         a, b = h["data_offsets"]
         out[name] = torch.frombuffer(bytearray(data[8 + n + a:8 + n + b]),

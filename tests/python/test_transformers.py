@@ -115,6 +115,9 @@ def test_gpt2_head_stays_tied_and_saved_weights_load_with_from_pretrained(tmp_pa
     got = safetensors_torch.load_file(out / "model.safetensors")
     assert set(got) == {n for n, _ in ref.named_parameters()}  # lm_head.weight is not written
     assert "lm_head.weight" not in got and "transformer.wte.weight" in got
+    # {"format": "pt"}, without which transformers < 4.49's from_pretrained fails
+    with safetensors_torch.safe_open(out / "model.safetensors", framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
     loaded = transformers.GPT2LMHeadModel.from_pretrained(out)  # eval mode, no dropout
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
     for n, p in loaded.named_parameters():
