@@ -456,6 +456,7 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     path = _checkpoint_path(path, "save_checkpoint")
     if state.core().world_size != 1:
         return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
+    state.refuse_uncommitted(f"save_checkpoint({path!r})")  # it copies the committed state
     nvme = _closed_engine(state, "save_checkpoint")
     what = f"save_checkpoint({path!r})"
     with _os_errors(what, "nothing was saved, and what was at the path is as it was"):
