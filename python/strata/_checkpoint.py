@@ -6,7 +6,8 @@ A checkpoint is a folder:
                   holds it: its manifest and swap file (_strata.store_state_files; nothing else
                   of the folder), copied while the engine is closed;
   model.safetensors  the weights as plain safetensors (save_safetensors), for from_pretrained
-                  or any other reader;
+                  or any other reader: the whole model, a PEFT model's frozen base too (in its
+                  dtype, read one tensor at a time from where the frozen store holds it);
   python.pt       what lives in Python: the optimizer's param_groups (lr, betas, ...), the lr
                   scheduler's state, torch's RNG state, the caller's client_state.
 load_checkpoint puts nvme<i>/ in place of those files in the engine's NVMe folders (beside them
@@ -49,6 +50,7 @@ import struct
 import torch
 
 from . import _strata
+from ._frozen import frozen_weights
 from ._store_copy import check_digests, copy_state_in, copy_state_out
 from ._strata import Error
 
@@ -357,6 +359,7 @@ def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
 
     def write_weights():
         if rank == 0:
+            tensors.update(_frozen_entries(state))
             _write_safetensors(tensors, os.path.join(tmp, "model.safetensors"))
             opt = optimizer or state._opt
             torch.save(_python_state(state, opt, lr_scheduler, client_state, step,
@@ -592,10 +595,14 @@ def _check_fits(state, path, saved):
         for t, (n, _) in enumerate(ps):
             full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
             ours[full] = list(state._layout[b][1][t][1])
-    diff = [f"{n} is {theirs[n]} there, {ours[n]} here" for n in sorted(ours)
-            if n in theirs and theirs[n] != ours[n]]
+    # The frozen weights (a PEFT base): checked where the file holds them (one saved before
+    # save_safetensors wrote them holds the trained ones alone).
+    frozen = {n: list(shape) for n, shape, _, _ in frozen_weights(state)}
+    diff = [f"{n} is {theirs[n]} there, {want[n]} here"
+            for want in (ours, frozen) for n in sorted(want)
+            if n in theirs and theirs[n] != want[n]]
     diff += [f"{n} is missing there" for n in sorted(set(ours) - set(theirs))]
-    diff += [f"{n} is not in this model" for n in sorted(set(theirs) - set(ours))]
+    diff += [f"{n} is not in this model" for n in sorted(set(theirs) - set(ours) - set(frozen))]
     if diff:
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise Error(f"the checkpoint {path} does not fit this model (another number of layers "
@@ -654,27 +661,44 @@ def _probe(state, path, folders, step):
 
 
 def save_safetensors(model, path):
-    """Writes the model's current weights (fp32) as a safetensors file; for an offloaded model
-    they are gathered from the engine. Tied parameters are written once."""
+    """Writes the model's current weights as a safetensors file; for an offloaded model the
+    trained ones (fp32) are gathered from the engine, and its frozen ones (a PEFT base, in their
+    dtype) are read from where they lie one at a time as the file is written, so the file holds
+    the whole model. Tied parameters are written once."""
     state = None
     for p in model.parameters():
         state = getattr(p, "_strata_offload", None)
         break
     if state is not None:
         tensors = state.gather()
+        tensors.update(_frozen_entries(state))
     else:
         tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
                    for n, p in model.named_parameters()}
     _write_safetensors(tensors, path)
 
 
+def _frozen_entries(state):
+    """{name: (shape, dtype, read)} of the offloaded model's frozen weights (_write_safetensors
+    reads each when it writes it)."""
+    return {n: (shape, dtype, read) for n, shape, dtype, read in frozen_weights(state)}
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
+
+
 def _write_safetensors(tensors, path):
-    """{name: fp32 CPU tensor} as a safetensors file at `path`, written atomically."""
+    """{name: fp32 CPU tensor, or (shape, dtype, read) whose read() gives it when it is
+    written} as a safetensors file at `path`, written atomically."""
     header, offset, blobs = {}, 0, []
     for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        nbytes = t.numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
+        t = tensors[name]
+        shape, dtype = (t[0], t[1]) if isinstance(t, tuple) else (t.shape, t.dtype)
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         blobs.append(t)
         offset += nbytes
@@ -688,7 +712,9 @@ def _write_safetensors(tensors, path):
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for t in blobs:
+            t = (t[2]() if isinstance(t, tuple) else t).contiguous()
             f.write_from(t.data_ptr(), t.numel() * t.element_size())
+            del t
         f.commit()
     finally:
         f.discard()
