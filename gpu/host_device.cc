@@ -282,19 +282,37 @@ Status HostDevice::EnqueueBusy(Lane lane, std::chrono::nanoseconds duration,
   return Enqueue(lane, std::move(op));
 }
 
+// An event recorded on an idle lane completes at once, as its worker would complete it, with
+// the lane's error: no hand-off to the worker. Acquire, Release and SubmitGrads each record on
+// the compute lane, which the layer's CPU compute leaves idle, and each hand-off was two thread
+// wake-ups; on a machine with fewer free cores than busy threads each one waited for a
+// time slice (ms).
 Result<EventPtr> HostDevice::Record(Lane lane) {
   if (!ValidLane(lane)) return BadLane(lane);
   auto event = std::make_shared<HostEvent>();
-  Op op;
-  op.kind = Op::Kind::kRecord;
-  op.record = event;
-  STRATA_RETURN_IF_ERROR(Enqueue(lane, std::move(op)));
+  LaneState& state = lanes_[static_cast<int>(lane)];
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.stop) return Status::Aborted("host device: enqueue after shutdown began");
+    if (state.queue.empty() && !state.running) {
+      event->Complete(state.error);
+      return EventPtr(std::move(event));
+    }
+    Op op;
+    op.kind = Op::Kind::kRecord;
+    op.record = event;
+    state.queue.push_back(std::move(op));
+  }
+  state.cv.notify_one();
   return EventPtr(std::move(event));
 }
 
+// Waiting for an event that completed without error orders nothing: no operation is queued.
+// One that failed is queued, so that the lane takes the error in order.
 Status HostDevice::WaitEvent(Lane lane, const EventPtr& event) {
   if (!ValidLane(lane)) return BadLane(lane);
   if (!event) return Status::InvalidArgument("host device: WaitEvent on a null event");
+  if (event->Query() && event->Synchronize().ok()) return Status::OK();
   Op op;
   op.kind = Op::Kind::kWait;
   op.wait = event;
@@ -332,8 +350,18 @@ void HostDevice::WorkerLoop(Lane lane) {
       if (state.queue.empty()) return;  // stop requested and everything drained
       op = std::move(state.queue.front());
       state.queue.pop_front();
+      if (op.kind == Op::Kind::kRecord) {
+        // Completed without leaving the idle state: once the caller sees the lane's last
+        // event complete, the lane reads as idle, and its next Record completes at once.
+        op.record->Complete(state.error);
+        continue;
+      }
+      state.running = true;
     }
     RunOp(lane, state, op);
+    op = Op();  // its captures and events go before the lane reads as idle
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.running = false;
   }
 }
 

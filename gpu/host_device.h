@@ -5,7 +5,9 @@
 //
 // Structure: one worker thread per Lane, each draining a FIFO queue of operations
 // (copy = memcpy, host function, busy = sleep, record = complete an event, wait = block on
-// another event). Workers block on condition variables; nothing spins.
+// another event). Workers block on condition variables; nothing spins. An event recorded on
+// an idle lane (queue empty, worker not running) completes at once, and a wait for an event
+// already completed without error queues nothing: the caller needs no hand-off to a worker.
 //
 // Errors: the first failing operation of a lane becomes that lane's error. Every later
 // operation on that lane is skipped (not run, not reported to the observer), and events
@@ -104,7 +106,12 @@ class HostDevice final : public Device {
     std::condition_variable cv;
     std::deque<Op> queue;
     bool stop = false;
-    Status error;  // the lane's first error; touched only by its worker
+    // The worker is running an operation it took off the queue (under mu). A lane whose queue
+    // is empty and whose worker is not running is idle: everything enqueued has run.
+    bool running = false;
+    // The lane's first error: written only by its worker while running; read by it, and by
+    // Record under mu while the lane is idle.
+    Status error;
     std::thread worker;
   };
 

@@ -6,7 +6,8 @@ A checkpoint is a folder:
                   holds it: its manifest and swap file (_strata.store_state_files; nothing else
                   of the folder), copied while the engine is closed;
   model.safetensors  the weights as plain safetensors (save_safetensors), for from_pretrained
-                  or any other reader;
+                  or any other reader: the whole model, a PEFT model's frozen base too (in its
+                  dtype, read one tensor at a time from where the frozen store holds it);
   python.pt       what lives in Python: the optimizer's param_groups (lr, betas, ...), the lr
                   scheduler's state, torch's RNG state, the caller's client_state.
 load_checkpoint puts nvme<i>/ in place of those files in the engine's NVMe folders (beside them
@@ -43,6 +44,7 @@ the communicator's timeout. A failed save leaves `path` as it was (the .partial 
 removed); a failed load writes nothing into any engine.
 """
 import contextlib
+import functools
 import json
 import os
 import re
@@ -52,6 +54,7 @@ import struct
 import torch
 
 from . import _strata
+from ._frozen import frozen_weights
 from ._store_copy import check_digests, copy_state_in, copy_state_out
 from ._strata import Error
 
@@ -496,6 +499,7 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     path = _checkpoint_path(path, "save_checkpoint")
     if state.core().world_size != 1:
         return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
+    state.refuse_uncommitted(f"save_checkpoint({path!r})")  # it copies the committed state
     nvme = _closed_engine(state, "save_checkpoint")
     what = f"save_checkpoint({path!r})"
     with _os_errors(what, "nothing was saved, and what was at the path is as it was"):
@@ -631,10 +635,14 @@ def _check_fits(state, path, saved):
         for t, (n, _) in enumerate(ps):
             full = n if bname == "rest" else (f"{bname}.{n}" if bname else n)
             ours[full] = list(state._layout[b][1][t][1])
-    diff = [f"{n} is {theirs[n]} there, {ours[n]} here" for n in sorted(ours)
-            if n in theirs and theirs[n] != ours[n]]
+    # The frozen weights (a PEFT base): checked where the file holds them (one saved before
+    # save_safetensors wrote them holds the trained ones alone).
+    frozen = {n: list(shape) for n, shape, _, _ in frozen_weights(state)}
+    diff = [f"{n} is {theirs[n]} there, {want[n]} here"
+            for want in (ours, frozen) for n in sorted(want)
+            if n in theirs and theirs[n] != want[n]]
     diff += [f"{n} is missing there" for n in sorted(set(ours) - set(theirs))]
-    diff += [f"{n} is not in this model" for n in sorted(set(theirs) - set(ours))]
+    diff += [f"{n} is not in this model" for n in sorted(set(theirs) - set(ours) - set(frozen))]
     if diff:
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise Error(f"the checkpoint {path} does not fit this model (another number of layers "
@@ -693,14 +701,17 @@ def _probe(state, path, folders, step):
 
 
 def save_safetensors(model, path):
-    """Writes the model's current weights (fp32) as a safetensors file; for an offloaded model
-    they are gathered from the engine. Tied parameters are written once."""
+    """Writes the model's current weights as a safetensors file; for an offloaded model the
+    trained ones (fp32) are gathered from the engine, and its frozen ones (a PEFT base, in their
+    dtype) are read from where they lie one at a time as the file is written, so the file holds
+    the whole model. Tied parameters are written once."""
     state = None
     for p in model.parameters():
         state = getattr(p, "_strata_offload", None)
         break
     if state is not None:
         tensors = state.gather()
+        tensors.update(_frozen_entries(state))
     else:
         tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
                    for n, p in model.named_parameters()}
@@ -708,52 +719,51 @@ def save_safetensors(model, path):
 
 
 def _write_gathered_safetensors(state, path, writer):
-    """The weights of a multi-rank engine as the safetensors file _write_safetensors writes (the
-    same bytes), gathered one tensor at a time from the ranks' shards: every rank calls it (each
-    gather is a collective, in sorted-name order on every rank) and only the `writer` rank keeps
-    a file. A failed write on the writer does not stop the gathers (the other ranks would wait
-    for it); it is raised after the last one."""
+    """The whole model (its frozen weights too) as the safetensors file _write_safetensors writes,
+    its trained weights gathered one tensor at a time from the ranks' shards: every rank calls it
+    (each gather is a collective, in sorted-name order on every rank) and only the `writer` rank
+    keeps a file. A failed write on the writer does not stop the gathers (the other ranks would
+    wait for it); it is raised after the last one."""
     entries = sorted((name, b, t) for b, t, name in state._where.values())
-    f, failure = None, None
-    if writer:
-        header, offset = {}, 0
-        for name, b, t in entries:
-            _, shape, _, numel = state._layout[b][1][t]
-            header[name] = {"dtype": "F32", "shape": list(shape),
-                            "data_offsets": [offset, offset + numel * 4]}
-            offset += numel * 4
-        h = json.dumps(header, separators=(",", ":")).encode()
-        h += b" " * ((8 - len(h) % 8) % 8)
-        try:
-            f = _strata.AtomicFile(os.fspath(path))
-            f.write(struct.pack("<Q", len(h)))
-            f.write(h)
-        except Exception as e:  # noqa: BLE001 (raised after the gathers)
-            failure = e
+    gathered = set()
+
+    def gather(name, b, t):
+        gathered.add(name)
+        return state._read_fp32(b, t)
+
     try:
-        for name, b, t in entries:
-            v = state._read_fp32(b, t)
-            if f is not None and failure is None:
-                try:
-                    f.write_from(v.data_ptr(), v.numel() * 4)
-                except Exception as e:  # noqa: BLE001 (raised after the gathers)
-                    failure = e
-        if failure is not None:
-            raise failure
-        if f is not None:
-            f.commit()
+        if writer:
+            tensors = {name: (state._layout[b][1][t][1], torch.float32,
+                              functools.partial(gather, name, b, t)) for name, b, t in entries}
+            tensors.update(_frozen_entries(state))
+            _write_safetensors(tensors, path)
     finally:
-        if f is not None:
-            f.discard()
+        for name, b, t in entries:  # the gathers the writer did not reach (or every one)
+            if name not in gathered:
+                gather(name, b, t)
+
+
+def _frozen_entries(state):
+    """{name: (shape, dtype, read)} of the offloaded model's frozen weights (_write_safetensors
+    reads each when it writes it)."""
+    return {n: (shape, dtype, read) for n, shape, dtype, read in frozen_weights(state)}
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
 
 
 def _write_safetensors(tensors, path):
-    """{name: fp32 CPU tensor} as a safetensors file at `path`, written atomically."""
+    """{name: fp32 CPU tensor, or (shape, dtype, read) whose read() gives it when it is
+    written} as a safetensors file at `path`, written atomically."""
     header, offset, blobs = {}, 0, []
     for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        nbytes = t.numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
+        t = tensors[name]
+        shape, dtype = (t[0], t[1]) if isinstance(t, tuple) else (t.shape, t.dtype)
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         blobs.append(t)
         offset += nbytes
@@ -770,7 +780,9 @@ def _write_safetensors(tensors, path):
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for t in blobs:
+            t = (t[2]() if isinstance(t, tuple) else t).contiguous()
             f.write_from(t.data_ptr(), t.numel() * t.element_size())
+            del t
         f.commit()
     finally:
         f.discard()

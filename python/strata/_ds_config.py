@@ -19,6 +19,12 @@ integration resolves it, where strata.initialize knows the value without a Train
 and refused by name where the value is a TrainingArguments setting strata.initialize cannot know
 (the optimizer's lr, betas, eps and weight_decay, gradient_clipping, warmup_num_steps,
 total_num_steps).
+
+strata.hf.Trainer's config goes through the same check (resolve_for_trainer): there every
+"auto" takes the TrainingArguments' value, as transformers' DeepSpeed integration fills it in, a
+number that disagrees with the arguments is refused by name (the Trainer builds its optimizer
+from the arguments), the optimizer section may be left out, and a scheduler section is refused
+(the arguments' lr_scheduler_type and warm-up drive the lr).
 """
 import collections
 import math
@@ -125,6 +131,51 @@ def resolve(config, world_size=1):
     optimizer = _optimizer(config.get("optimizer"))
     scheduler = _scheduler(config.get("scheduler"), optimizer)
     return Resolved(micro, clip, optimizer, scheduler, nvme, ignored + zero_ignored)
+
+
+def resolve_for_trainer(config, args):
+    """resolve() of strata.hf.Trainer's config dict, its "auto" values filled from the
+    TrainingArguments `args`; strata.Error naming the first key that is wrong or that disagrees
+    with the arguments."""
+    if not isinstance(config, dict):
+        raise Error(f"deepspeed_config must be a dict (a DeepSpeed config), got "
+                    f"{type(config).__name__}")
+    if "scheduler" in config:
+        raise Error("deepspeed_config scheduler: strata.hf.Trainer drives the lr with the "
+                    "TrainingArguments (lr_scheduler_type, warmup_steps, warmup_ratio); remove "
+                    "the scheduler section and set those instead")
+    world = max(int(getattr(args, "world_size", 1) or 1), 1)
+    micro, accum = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    filled = dict(config)
+    _fill(filled, "", {"train_micro_batch_size_per_gpu": micro,
+                       "gradient_accumulation_steps": accum,
+                       "train_batch_size": micro * accum * world,
+                       "gradient_clipping": max(float(args.max_grad_norm or 0.0), 0.0)})
+    opt = config.get("optimizer", {"type": "AdamW"})
+    if isinstance(opt, dict) and isinstance(opt.get("params", {}), dict):
+        opt = dict(opt, params=dict(opt.get("params", {})))
+        _fill(opt["params"], "optimizer.params.",
+              {"lr": args.learning_rate, "betas": [args.adam_beta1, args.adam_beta2],
+               "eps": args.adam_epsilon, "weight_decay": args.weight_decay})
+    filled["optimizer"] = opt
+    return resolve(filled, world)
+
+
+def _fill(section, prefix, values):
+    """Sets each key of `values` given as "auto" in `section` to its value; a number given
+    that disagrees with it is refused (its type is resolve()'s to check)."""
+    for key, value in values.items():
+        given = section.get(key, _AUTO)
+        if given == _AUTO:
+            section[key] = value
+            continue
+        numbers = given if isinstance(given, (list, tuple)) else [given]
+        wanted = value if isinstance(value, list) else [value]
+        if (len(numbers) == len(wanted)
+                and all(isinstance(g, (int, float)) and not isinstance(g, bool) for g in numbers)
+                and any(float(g) != float(w) for g, w in zip(numbers, wanted))):
+            raise Error(f"deepspeed_config {prefix}{key}={given!r} disagrees with "
+                        f"TrainingArguments ({value}); set it to \"auto\" or to the same value")
 
 
 def _enabled(key, section):

@@ -385,6 +385,18 @@ def place_frozen(state):
             p.data = p.data.to(state._torch_device)
 
 
+def frozen_weights(state):
+    """[(full name, shape, dtype, read)] of every frozen parameter of `state` (a PEFT base):
+    read() gives its values, a CPU tensor in its dtype (a block's: a view of a private mmap of
+    its file, so a writer that reads one at a time holds one in memory at most)."""
+    out = [(n, tuple(p.shape), p.dtype, (lambda p=p: p.detach().to("cpu")))
+           for n, p in state.frozen_rest]
+    store = state._frozen
+    for ts in state._frozen_named:
+        out += [(n, store.shape_of(p), p.dtype, (lambda p=p: store.value(p))) for n, p in ts]
+    return out
+
+
 def upcoming(state, b, backward):
     """The blocks the schedule binds after block b (in forward or in backward; a no_grad
     inference forward runs them again from the first), for the store's read-ahead."""

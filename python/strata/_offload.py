@@ -184,6 +184,7 @@ class _Offloaded:
         self._waited = 0.0
         self._last_release = time.perf_counter()
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
+        self._written_uncommitted = False  # load_state_dict's weights, until the next step
         # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
         # read them (see submit).
         self._held_grads = collections.deque()
@@ -506,6 +507,7 @@ class _Offloaded:
             self._clock.reset()
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
+            self._written_uncommitted = False  # BeginStep commits them with this step
             self._waited = 0.0
             self._stash.begin_step()
         progress.micro_begun()
@@ -719,7 +721,17 @@ class _Offloaded:
                 p.data.copy_(value.to(p.dtype))
 
     def commit_written(self):
-        self._core.commit_params()
+        """After load_state_dict's writes (one call's, all checked). An engine with NVMe folders
+        commits them with the next step: its store commits a step once, and this one is
+        committed already (at the optimizer's bind, or by the last step), so CommitParams
+        would refuse. Until then save_checkpoint, which copies the committed state, refuses."""
+        self._written_uncommitted = bool(self.engine.config.nvme)
+
+    def refuse_uncommitted(self, what):
+        if self._written_uncommitted:
+            raise Error(f"{what} after load_state_dict() and before the next step: the engine "
+                        "commits the loaded weights with the next step; run a step first (or "
+                        "save before loading)")
 
     def grad_norm(self, max_norm):
         """The open step's global gradient norm (strata.clip_grad_norm_): the engine's own,

@@ -3,9 +3,14 @@ load_state_dict() and, for a Hugging Face model, a save_pretrained() that stream
 
 Hooks, not overrides: every module that owns an offloaded Parameter gets a state_dict hook that
 puts the engine's committed weights (the fp32 masters, in the parameter's dtype, on the CPU)
-in place of the placeholder, and a load_state_dict pre-hook that writes the given values into
-the engine (WriteParams, committed once the module is loaded) instead of torch's copy into the
-placeholder. Registering them on the owning modules, not on the model, makes any subtree's
+in place of the placeholder, and a load_state_dict pre-hook that takes the given values out of
+torch's copy into the placeholder. They are written into the engine (WriteParams) once per
+load_state_dict() call, by a post-hook on the module it was called on (every module of the model
+has one), and only when torch is not about to raise an error of the values themselves: a call
+with a size mismatch or a value that is not a tensor writes none of them. (Missing or unexpected
+keys are another matter: the hooks cannot see `strict`, torch hands them True whatever the call
+said, and torch itself copies what is present before raising for them, as these hooks write it.) An engine with NVMe folders commits them with the next
+step (_Offloaded.commit_written). Registering them on the owning modules, not on the model, makes any subtree's
 state_dict() right too (peft's get_peft_model_state_dict, a block's own state_dict()). Before
 the optimizer binds, the parameters hold their values and torch does everything as usual.
 
@@ -38,13 +43,19 @@ _INDEX = "model.safetensors.index.json"
 
 def install_hooks(state):
     """Registers the state_dict and load_state_dict hooks on every module that owns an
-    offloaded Parameter of `state` (an _Offloaded); returns their handles."""
+    offloaded Parameter of `state` (an _Offloaded), and the hooks that find each
+    load_state_dict call's root on every module; returns their handles."""
     offloaded = {id(p) for _, p in state.all_params()}
     handles, owners = [], {}
+    loading = _Loading(state)
     for m in state.model.modules():
         for p in m._parameters.values():
             if p is not None:
                 owners[id(p)] = owners.get(id(p), 0) + 1
+        # Before the owner's hooks: a root that owns parameters begins its load first.
+        handles.append(m._register_load_state_dict_pre_hook(
+            functools.partial(loading.begin, m)))
+        handles.append(m.register_load_state_dict_post_hook(loading.end))
     # A tied parameter is one tensor in every module's entry of one state_dict (as torch's
     # state_dict has it, which safetensors' save_model and load_model rely on).
     tied = _TiedValues({i for i, n in owners.items() if n > 1})
@@ -52,14 +63,72 @@ def install_hooks(state):
         own = [(n, p) for n, p in m._parameters.items() if p is not None and id(p) in offloaded]
         if not own:
             continue
-        loaded = set()
         handles.append(m._register_state_dict_hook(functools.partial(_fill_state_dict, state,
                                                                      own, tied)))
         handles.append(m._register_load_state_dict_pre_hook(
-            functools.partial(_load_into_engine, state, own, loaded)))
-        handles.append(m.register_load_state_dict_post_hook(
-            functools.partial(_loaded_into_engine, state, loaded)))
+            functools.partial(loading.take, m, own)))
     return handles
+
+
+class _Loading:
+    """One load_state_dict() call into the offloaded model: the values its owners' pre-hooks
+    took (checked against the parameters' shapes), written into the engine and committed at the
+    end of the call's root module (see the module doc)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.root = None  # the module load_state_dict() was called on
+        self.writes, self.loaded = [], set()
+        self.error_msgs = None
+
+    def begin(self, module, state_dict, prefix, local_metadata, strict, missing_keys,
+              unexpected_keys, error_msgs):
+        if prefix == "" or self.root is None:
+            # A call on a module of the model starts at prefix "" (an earlier call that raised
+            # part way leaves its writes here: they are dropped). A call on a wrapper holding
+            # the model reaches it with a prefix: the first of its modules reached is the root.
+            self.root, self.writes, self.loaded = module, [], set()
+            self.error_msgs = error_msgs
+
+    def take(self, module, own, state_dict, prefix, local_metadata, strict, missing_keys,
+             unexpected_keys, error_msgs):
+        if not self.state.holds_values():
+            return
+        for name, p in own:
+            key = prefix + name
+            if key not in state_dict:
+                continue
+            # Taken out of torch's (copied) dict: its copy into the placeholder would fail.
+            # end() takes the key off missing_keys again.
+            value = state_dict.pop(key)
+            shape = self.state.shape_of(p)
+            if not torch.is_tensor(value):
+                error_msgs.append(f'While copying the parameter named "{key}", expected '
+                                  f"torch.Tensor or Tensor-like object from checkpoint but "
+                                  f"received {type(value)}")
+                continue
+            if tuple(value.shape) != shape:
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape "
+                                  f"{tuple(value.shape)} from checkpoint, the shape in current "
+                                  f"model is {shape}.")
+                continue
+            self.writes.append((p, value))
+            self.loaded.add(key)
+
+    def end(self, module, incompatible_keys):
+        if module is not self.root:
+            return
+        writes, loaded, self.root, self.writes, self.loaded = (self.writes, self.loaded, None,
+                                                               [], set())
+        missing = incompatible_keys.missing_keys
+        missing[:] = [k for k in missing if k not in loaded]
+        if not writes:
+            return
+        if self.error_msgs:
+            return  # torch raises next: nothing of this call reaches the engine
+        for p, value in writes:
+            self.state.write_value(p, value, "load_state_dict()")
+        self.state.commit_written()
 
 
 class _TiedValues:
@@ -87,41 +156,6 @@ def _fill_state_dict(state, own, tied, module, state_dict, prefix, local_metadat
         key = prefix + name
         if key in state_dict:
             state_dict[key] = tied.value(state, p, state_dict)
-
-
-def _load_into_engine(state, own, loaded, state_dict, prefix, local_metadata, strict,
-                      missing_keys, unexpected_keys, error_msgs):
-    if not state.holds_values():
-        return
-    for name, p in own:
-        key = prefix + name
-        if key not in state_dict:
-            continue
-        # Taken out of torch's (copied) dict: its copy into the placeholder would fail. The
-        # post-hook takes the key off missing_keys again.
-        value = state_dict.pop(key)
-        shape = state.shape_of(p)
-        if not torch.is_tensor(value):
-            error_msgs.append(f'While copying the parameter named "{key}", expected '
-                              f"torch.Tensor or Tensor-like object from checkpoint but received "
-                              f"{type(value)}")
-            continue
-        if tuple(value.shape) != shape:
-            error_msgs.append(f"size mismatch for {key}: copying a param with shape "
-                              f"{tuple(value.shape)} from checkpoint, the shape in current "
-                              f"model is {shape}.")
-            continue
-        state.write_value(p, value, "load_state_dict()")
-        loaded.add(key)
-
-
-def _loaded_into_engine(state, loaded, module, incompatible_keys):
-    if not loaded:
-        return
-    incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys
-                                         if k not in loaded]
-    loaded.clear()
-    state.commit_written()
 
 
 # --- save_pretrained ------------------------------------------------------------------------

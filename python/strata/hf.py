@@ -35,7 +35,7 @@ from . import optim
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._clip import clip_grad_norm_
 from ._deepspeed import _find_blocks
-from ._ds_config import _zero
+from ._ds_config import resolve_for_trainer
 from ._offload import Engine, offload
 from ._strata import Error
 
@@ -76,26 +76,11 @@ def _refuse_arguments(args):
 
 
 def _engine_from_deepspeed(config, args):
-    """A strata.Engine for a DeepSpeed ZeRO-3 offload config dict, checked against the
-    TrainingArguments as transformers' DeepSpeed integration does ("auto" takes the
-    argument's value; a number that disagrees with it is refused by name)."""
-    if not isinstance(config, dict):
-        raise Error(f"deepspeed_config must be a dict (a DeepSpeed config), got "
-                    f"{type(config).__name__}")
-    checks = {"gradient_accumulation_steps": args.gradient_accumulation_steps,
-              "gradient_clipping": args.max_grad_norm,
-              "train_micro_batch_size_per_gpu": args.per_device_train_batch_size}
-    for key, value in checks.items():
-        given = config.get(key, "auto")
-        if given != "auto" and float(given) != float(value):
-            raise Error(f"deepspeed_config {key}={given!r} disagrees with TrainingArguments "
-                        f"({value}); set it to \"auto\" or to the same value")
-    for section in ("fp16", "amp"):
-        if config.get(section, {}).get("enabled") not in (None, False, "auto"):
-            raise Error(f"deepspeed_config {section}.enabled: strata trains fp32 master weights "
-                        "without loss scaling; use bf16")
-    nvme, _ = _zero(config.get("zero_optimization"))
-    return Engine(nvme=nvme or None)
+    """A strata.Engine for a DeepSpeed ZeRO-3 offload config dict, checked whole by
+    _ds_config.resolve_for_trainer ("auto" takes the TrainingArguments' value; a number that
+    disagrees with them is refused by name)."""
+    resolved = resolve_for_trainer(config, args)
+    return Engine(nvme=resolved.nvme or None)
 
 
 class Trainer(transformers.Trainer):

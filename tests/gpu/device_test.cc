@@ -624,6 +624,36 @@ TEST(HostDeviceTest, WaitingOnAFailedEventFailsTheWaitingLane) {
   EXPECT_FALSE(computed) << "compute ran on data whose load failed";
 }
 
+// The layer records on the compute lane at every Acquire, Release and SubmitGrads, and its
+// CPU compute leaves that lane idle: such an event needs no hand-off to the lane's worker.
+TEST(HostDeviceTest, EventOnAnIdleLaneCompletesAtOnceWithTheLanesError) {
+  auto dev = CreateHostDevice({});
+  ASSERT_TRUE(dev.ok());
+  Device& d = **dev;
+  auto idle = d.Record(Lane::kCompute);
+  ASSERT_TRUE(idle.ok());
+  EXPECT_TRUE((*idle)->Query()) << "an event on an idle lane waited for its worker";
+  EXPECT_TRUE(d.WaitEvent(Lane::kCompute, *idle).ok());
+  // A busy lane still orders the event after its work.
+  ASSERT_TRUE(d.EnqueueBusy(Lane::kCompute, std::chrono::milliseconds(200), "kernel").ok());
+  auto busy = d.Record(Lane::kCompute);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_FALSE((*busy)->Query()) << "an event completed before the work enqueued ahead of it";
+  EXPECT_TRUE((*busy)->Synchronize().ok());
+  // A failed lane's idle events complete with its error.
+  ASSERT_TRUE(d.EnqueueHostFunction(
+                   Lane::kCompute, [] { return Status::IOError("bad sector"); }, "load")
+                  .ok());
+  EXPECT_EQ(d.SynchronizeLane(Lane::kCompute).code(), StatusCode::kIOError);
+  auto failed = d.Record(Lane::kCompute);
+  ASSERT_TRUE(failed.ok());
+  EXPECT_TRUE((*failed)->Query());
+  EXPECT_EQ((*failed)->Synchronize().code(), StatusCode::kIOError);
+  // Waiting on it still fails the waiting lane (the wait is queued, not skipped).
+  ASSERT_TRUE(d.WaitEvent(Lane::kH2D, *failed).ok());
+  EXPECT_EQ(d.SynchronizeLane(Lane::kH2D).code(), StatusCode::kIOError);
+}
+
 TEST(HostDeviceTest, ComputeReadsDeviceMemoryDirectlyAndNativeStreamIsNull) {
   auto dev = CreateHostDevice({});
   ASSERT_TRUE(dev.ok());

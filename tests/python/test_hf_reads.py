@@ -229,3 +229,42 @@ def test_a_llama_trains_saves_and_loads_as_torch(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=x).logits, model(input_ids=x).logits,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_load_state_dict_into_an_nvme_engine_writes_all_or_nothing(tmp_path):
+    """Each module's post-hook committed what it had loaded: on an engine with NVMe folders
+    the second commit of a step was refused (CommitParams: step N is already committed), so
+    load_state_dict raised there, after part of the model was written; now one call writes all
+    or nothing, and the next step commits it."""
+    other = make_model(seed=3)
+    model, opt = offloaded(make_model(), nvme=str(tmp_path / "nvme"))
+    train_steps(model, opt)
+    model.load_state_dict(other.state_dict())
+    for k, v in other.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    with pytest.raises(strata.Error, match="commits the loaded weights with the next step"):
+        strata.save_checkpoint(model, str(tmp_path / "ck"), optimizer=opt)
+    # A size mismatch in the last block: torch raises, and no block took the new values.
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    third = make_model(seed=4).state_dict()
+    third["transformer.h.2.mlp.c_fc.weight"] = torch.zeros(3, 3)
+    with pytest.raises(RuntimeError, match="size mismatch for transformer.h.2.mlp.c_fc"):
+        model.load_state_dict(third)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # A block's own load_state_dict (its keys without the model's prefix).
+    block = make_model(seed=5).transformer.h[1].state_dict()
+    model.transformer.h[1].load_state_dict(block)
+    for k, v in block.items():
+        assert torch.equal(model.transformer.h[1].state_dict()[k], v), k
+    # The next step trains from them and commits them: a resumed engine starts there.
+    train_steps(model, opt)
+    strata.save_checkpoint(model, str(tmp_path / "ck"), optimizer=opt)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    model.transformer.h[0].forward.state.engine.close()
+    resumed = make_model(seed=9)
+    engine = strata.Engine(nvme=[str(tmp_path / "nvme")], resume=True)
+    resumed = strata.offload(resumed, blocks=list(resumed.transformer.h), engine=engine)
+    strata.optim.AdamW(resumed.parameters(), lr=LR, weight_decay=0.0, max_grad_norm=CLIP)
+    for k in want:
+        assert torch.equal(resumed.state_dict()[k], want[k]), k

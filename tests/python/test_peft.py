@@ -298,3 +298,26 @@ def test_generate_through_the_peft_wrapper():
     x = next(iter(batches(1, 1, seq=SEQ, vocab=VOCAB)))[0][0][:1, :5]
     kw = dict(max_new_tokens=3, do_sample=False, use_cache=False, pad_token_id=0)
     assert torch.equal(model.generate(input_ids=x, **kw), torch_model.generate(input_ids=x, **kw))
+
+
+def test_a_checkpoints_model_file_holds_the_frozen_base_too(tmp_path):
+    """save_checkpoint's model.safetensors (save_safetensors) held only the trained adapters
+    of a PEFT model: the base was missing from it. Now it holds every weight, the base in its
+    own dtype (bf16 here, read from the frozen store), and load_checkpoint takes it."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    model = lora_model("llama", torch.bfloat16)
+    (tmp_path / "nvme").mkdir()
+    engine, opt = offloaded(model, tmp_path / "nvme")
+    train(model, opt)
+    strata.save_checkpoint(model, str(tmp_path / "ck"), optimizer=opt)
+    saved = safetensors_torch.load_file(str(tmp_path / "ck" / "model.safetensors"))
+    want = model.state_dict()
+    assert set(saved) == set(want)
+    for k, v in want.items():
+        if "lora_" in k:
+            assert saved[k].dtype == torch.float32 and torch.equal(saved[k], v), k
+        else:
+            assert saved[k].dtype == torch.bfloat16 and torch.equal(saved[k], v), k
+    strata.load_checkpoint(model, str(tmp_path / "ck"), optimizer=opt)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k]), k
