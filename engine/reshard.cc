@@ -77,6 +77,16 @@ Status HostTier::ResumeResharded() NO_THREAD_SAFETY_ANALYSIS {
   // The old stores, read-only and unlocked: this rank's own (rank < n) is opened below for
   // writing too, and no space of a committed extent is reused before the re-sharding
   // commit finishes, which no rank does before every rank has prepared it (after its reads).
+  // An int8 moment extent holds codes and a scale per quantization block, and a block that
+  // a shard boundary cuts is two partial blocks: its bytes cannot be cut as elements.
+  if (ctx_.opt.state_format == StateFormat::kInt8 || ctx_.opt.convert_state_format) {
+    return Status::InvalidArgument(
+        "re-sharding resume: a store with int8 moments (or one whose moments change format on "
+        "this resume) cannot be re-sharded yet; resume it on the " +
+        std::to_string(n) +
+        " ranks that wrote it, or convert it there first (--allow-state-dtype-change to fp32 "
+        "or bf16) and re-shard that");
+  }
   std::vector<std::unique_ptr<StoreReader>> readers;
   std::vector<StoreReader*> old;
   StoreReaderOptions ro;
