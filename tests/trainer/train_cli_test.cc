@@ -555,7 +555,9 @@ TEST_F(TrainCliTest, EveryFlagIsRecordedOrSteersTheInvocation) {
                                             "no-durable",
                                             "no-recompute",
                                             "rendezvous",
-                                            "allow-state-dtype-change"};
+                                            "allow-state-dtype-change",
+                                            "run-secret",
+                                            "run-secret-file"};
   std::istringstream lines(help);
   std::string line;
   int flags = 0;

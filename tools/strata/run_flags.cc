@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "strata/input_file.h"
@@ -289,16 +290,13 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
   auto memory = trainer::ParseCollectiveMemory(f.collective_memory);
   if (!memory.ok()) return fail("--collective-memory", memory.status());
   config->collective_memory = *memory;
-  // An empty budget (the default) is unlimited, as is the word; 0 is refused.
-  if (!f.device_mem.empty()) {
-    auto b = ParseBudget("--device-mem", f.device_mem);
-    if (!b.ok()) return fail("--device-mem", b.status());
-    config->device_mem_bytes = *b;
-  }
-  if (!f.host_mem.empty()) {
-    auto b = ParseBudget("--host-mem", f.host_mem);
-    if (!b.ok()) return fail("--host-mem", b.status());
-    config->host_mem_bytes = *b;
+  for (auto [flag, text, out] :
+       {std::tuple{"--device-mem", &f.device_mem, &config->device_mem_bytes},
+        std::tuple{"--host-mem", &f.host_mem, &config->host_mem_bytes}}) {
+    if (text->empty()) continue;
+    auto b = ParseBudget(flag, *text);
+    if (!b.ok()) return fail(flag, b.status());
+    *out = *b;
   }
   auto io = ParseIoBackendKind(f.io);
   if (!io.ok()) return fail("--io", io.status());
