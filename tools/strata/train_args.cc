@@ -349,8 +349,11 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   // A rank added by a re-sharding killed after its commit and before its record was written
   // has a store and no record yet: it reads rank 0's too.
   Result<std::optional<RunRecord>> own = ReadRunRecord(RankPath(a->resume, rank));
+  // A rank of the stored count whose folder is gone is named as missing, not re-sharded.
+  std::error_code ec;
   const bool own_record = (layout.world_size == 0 || rank.rank < layout.world_size) &&
-                          (!own.ok() || own->has_value() || rank.rank == 0);
+                          (!own.ok() || own->has_value() || rank.rank == 0 ||
+                           !std::filesystem::exists(RankPath(a->resume, rank), ec));
   const RankInfo& source = own_record ? rank : first;
   const std::string folder = RankPath(a->resume, source);
   STRATA_ASSIGN_OR_RETURN(const RunRecord record, ReadResumedRecord(folder, source));
