@@ -11,8 +11,10 @@ Variants (--variants, comma list):
   bnb         bitsandbytes' AdamW8bit (block-wise 8-bit moments, fp32 master)
 B/param is the state each step reads and writes per parameter (scales not counted).
 
-  python bench/optim_quality.py --model demo --data ../shared/data/tinyshakespeare.txt
-(without --data, or a missing file, a generated text stands in, said in the output).
+  python bench/optim_quality.py --model demo --data CORPUS.txt
+--data (default $STRATA_BENCH_DATA, as bench/state_dtype.sh) is any text corpus, e.g.
+tinyshakespeare.txt; without one, or with a missing file, a generated text stands in, said in
+the output.
 """
 import argparse
 import math
@@ -92,7 +94,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--data", default="")
+    ap.add_argument("--data", default=os.environ.get("STRATA_BENCH_DATA", ""))
     ap.add_argument("--variants", default="fp32,int8,int8-sr,int8-kahan,sr,kahan,bnb")
     args = ap.parse_args()
     cfg = MODELS[args.model]
