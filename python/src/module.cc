@@ -137,14 +137,7 @@ void AdamStepBf16Master(uintptr_t master, uintptr_t comp, uintptr_t copy, uintpt
   slice.grad = reinterpret_cast<const void*>(grad);
   slice.n = n;
   slice.rounding_key = key;
-  AdamHyperParams h;
-  h.lr = lr;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.step = step;
-  RunAdamStep(slice, h, grad_scale, threads);
+  RunAdamStep(slice, Hyper(lr, beta1, beta2, eps, weight_decay, step), grad_scale, threads);
 }
 
 // (sum of squares, non-finite count) of n fp32 gradient values.

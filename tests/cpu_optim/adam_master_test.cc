@@ -16,14 +16,7 @@
 namespace strata {
 namespace {
 
-uint32_t Mix32(uint32_t x) {  // the documented hash ("lowbias32")
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
+using test::Mix32;  // the documented hash ("lowbias32")
 
 struct Outputs {
   std::vector<uint16_t> p, comp, copy;
