@@ -212,6 +212,10 @@ Status HostDevice::Enqueue(Lane lane, Op op) {
   {
     std::lock_guard<std::mutex> lock(state.mu);
     if (state.stop) return Status::Aborted("host device: enqueue after shutdown began");
+    if (op.kind == Op::Kind::kRecord && state.queue.empty() && !state.running) {
+      op.record->Complete(state.error);  // Record on an idle lane: no hand-off (see Record)
+      return Status::OK();
+    }
     state.queue.push_back(std::move(op));
   }
   state.cv.notify_one();
@@ -290,20 +294,10 @@ Status HostDevice::EnqueueBusy(Lane lane, std::chrono::nanoseconds duration,
 Result<EventPtr> HostDevice::Record(Lane lane) {
   if (!ValidLane(lane)) return BadLane(lane);
   auto event = std::make_shared<HostEvent>();
-  LaneState& state = lanes_[static_cast<int>(lane)];
-  {
-    std::lock_guard<std::mutex> lock(state.mu);
-    if (state.stop) return Status::Aborted("host device: enqueue after shutdown began");
-    if (state.queue.empty() && !state.running) {
-      event->Complete(state.error);
-      return EventPtr(std::move(event));
-    }
-    Op op;
-    op.kind = Op::Kind::kRecord;
-    op.record = event;
-    state.queue.push_back(std::move(op));
-  }
-  state.cv.notify_one();
+  Op op;
+  op.kind = Op::Kind::kRecord;
+  op.record = event;
+  STRATA_RETURN_IF_ERROR(Enqueue(lane, std::move(op)));
   return EventPtr(std::move(event));
 }
 
@@ -373,10 +367,7 @@ void HostDevice::SetError(Lane lane, LaneState& state, Status status) {
 }
 
 void HostDevice::RunOp(Lane lane, LaneState& state, Op& op) {
-  if (op.kind == Op::Kind::kRecord) {
-    op.record->Complete(state.error);
-    return;
-  }
+  // kRecord never gets here: Enqueue or WorkerLoop completes it without running the lane.
   if (!state.error.ok()) return;  // a failed lane skips the rest of its work
   if (op.kind == Op::Kind::kWait) {
     Status s = op.wait->Synchronize();
