@@ -43,6 +43,9 @@ inline constexpr EnvVar kEnvVars[] = {
     {"STRATA_LAUNCH_COMMAND", "",
      "set by strata launch for its ranks: its own command (strata launch -n N --), which the "
      "resume command of an interrupted run starts with"},
+    {"STRATA_LAUNCH_COMMAND_HAD_SECRET", "",
+     "set (1) by strata launch for its ranks when its command had a --run-secret, which "
+     "STRATA_LAUNCH_COMMAND leaves out: the resume hint says to give the secret again"},
 };
 
 // The variable's value, or its declared default when unset or empty.

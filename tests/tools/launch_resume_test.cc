@@ -1,7 +1,8 @@
 // The resume command a multi-rank run prints when interrupted under `strata launch` starts
 // with the launch that started it (`strata launch -n 2 -- strata train ... --resume ...`),
 // and runs as printed: before, it was rank 0's own command line, which as one rank cannot
-// resume a store of two.
+// resume a store of two. A --run-secret given to the launch is never printed: the command
+// leaves it out and says to give it again (one node: the launch makes a fresh one).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +27,8 @@ TEST(LaunchResume, InterruptedRunPrintsACommandThatStartsWithTheLaunch) {
                                    "launch",
                                    "-n",
                                    "2",
+                                   "--run-secret",
+                                   "s3cret-of-the-launch",
                                    "--",
                                    STRATA_CLI_PATH,
                                    "train",
@@ -79,11 +82,14 @@ TEST(LaunchResume, InterruptedRunPrintsACommandThatStartsWithTheLaunch) {
   int st = 0;
   ::waitpid(pid, &st, 0);
 
+  EXPECT_FALSE(Contains(seen, "s3cret-of-the-launch")) << seen;
+  EXPECT_TRUE(Contains(seen, "add the run secret again")) << seen;
   const std::string marker = "; resume with: ";
   const size_t at = seen.find(marker);
   ASSERT_NE(at, std::string::npos) << seen;
   const size_t from = at + marker.size();
-  const std::string resume = seen.substr(from, seen.find('\n', from) - from);
+  std::string resume = seen.substr(from, seen.find('\n', from) - from);
+  resume = resume.substr(0, resume.find(" (add the run secret again"));
   const std::string launch = std::string(STRATA_CLI_PATH) + " launch -n 2 -- ";
   ASSERT_EQ(resume.rfind(launch, 0), 0u) << resume;
   EXPECT_TRUE(Contains(resume, "--resume '" + tmp.File("n/{rank}") + "'")) << resume;

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
+#include <string_view>
 
 #include "strata/comm.h"
 #include "strata/env.h"
@@ -59,6 +61,31 @@ std::string EnvOr(const char* name, const char* fallback) {
   return v != nullptr && *v != '\0' ? v : fallback;
 }
 
+// How many arguments from argv[i] on a printed command leaves out: `flag VALUE` or
+// `flag=VALUE` for each flag in `flags`, else 0.
+size_t ArgsToDrop(size_t i, std::initializer_list<std::string_view> flags) {
+  const std::string& a = g_argv[i];
+  for (std::string_view flag : flags) {
+    if (a == flag) return i + 1 < g_argv.size() ? 2 : 1;
+    if (a.size() > flag.size() && a.compare(0, flag.size(), flag) == 0 && a[flag.size()] == '=') {
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// A run secret given on the command line is never printed again (logs keep what ps showed
+// for a moment): a printed command omits it, and the hint says how to give it.
+constexpr std::string_view kSecretFlag = "--run-secret";
+
+bool SecretOnCommandLine() {
+  if (EnvGet("STRATA_LAUNCH_COMMAND_HAD_SECRET") == "1") return true;
+  for (size_t i = 0; i < g_argv.size(); ++i) {
+    if (ArgsToDrop(i, {kSecretFlag}) != 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void SetCommandLine(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
@@ -87,23 +114,27 @@ const char* InterruptName(int signal) { return signal == SIGTERM ? "SIGTERM" : "
 std::string CommandLinePrefix(size_t drop_last) {
   std::string cmd;
   for (size_t i = 0; i + drop_last < g_argv.size(); ++i) {
+    if (size_t drop = ArgsToDrop(i, {kSecretFlag}); drop != 0) {
+      i += drop - 1;
+      continue;
+    }
     if (!cmd.empty()) cmd.push_back(' ');
     cmd.append(Quote(g_argv[i]));
   }
   return cmd;
 }
 
+bool CommandLineHasSecret() { return SecretOnCommandLine(); }
+
 std::string ResumeCommand(const std::string& resume_folder) {
   std::string cmd = EnvGet("STRATA_LAUNCH_COMMAND");
   for (size_t i = 0; i < g_argv.size(); ++i) {
-    const std::string& a = g_argv[i];
-    if (a == "--resume") {
-      ++i;  // and its value
+    if (size_t drop = ArgsToDrop(i, {"--resume", kSecretFlag}); drop != 0) {
+      i += drop - 1;  // --resume is appended below; a secret is never printed
       continue;
     }
-    if (a.rfind("--resume=", 0) == 0) continue;
     if (!cmd.empty()) cmd.push_back(' ');
-    cmd.append(Quote(a));
+    cmd.append(Quote(g_argv[i]));
   }
   cmd.append(" --resume ");
   cmd.append(Quote(resume_folder));
@@ -120,7 +151,13 @@ std::string ResumeHint(const std::string& resume_folder) {
   } else if (world > 1 && local > 0 && local < world) {
     where = ", on each host, with that host's --node-rank";
   }
-  return "resume with" + where + ": " + ResumeCommand(resume_folder);
+  std::string hint = "resume with" + where + ": " + ResumeCommand(resume_folder);
+  if (SecretOnCommandLine()) {
+    hint +=
+        " (add the run secret again, best as --run-secret-file FILE or STRATA_RUN_SECRET: "
+        "it is not printed)";
+  }
+  return hint;
 }
 
 }  // namespace strata::cli

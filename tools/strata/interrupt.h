@@ -34,19 +34,24 @@ int InterruptExitCode(int signal);
 const char* InterruptName(int signal);
 
 // The recorded command line with every --resume (and its value) replaced by
-// `--resume <resume_folder>`, each argument quoted for a POSIX shell where needed. Under
+// `--resume <resume_folder>` and any --run-secret (and its value) left out, each argument
+// quoted for a POSIX shell where needed. Under
 // `strata launch` (STRATA_LAUNCH_COMMAND set) it starts with the launch's own command
 // (`strata launch -n 2 -- strata train ...`): one rank alone cannot resume a store of several.
 std::string ResumeCommand(const std::string& resume_folder);
 
 // How to continue the run: "resume with: <ResumeCommand>", saying where to run it when that
 // is not this one command (on every host of a multi-host launch, on every rank of a run
-// that another launcher started: torchrun, mpirun, srun).
+// that another launcher started: torchrun, mpirun, srun), and to give the run secret again
+// when the command line (or the launch's, STRATA_LAUNCH_COMMAND_HAD_SECRET) had one.
 std::string ResumeHint(const std::string& resume_folder);
 
 // The recorded command line without its last `drop_last` arguments, quoted as in
 // ResumeCommand: what `strata launch` passes its ranks as STRATA_LAUNCH_COMMAND (its own
 // arguments, up to the command it starts).
 std::string CommandLinePrefix(size_t drop_last);
+
+// Whether the recorded command line has a --run-secret (which printed commands leave out).
+bool CommandLineHasSecret();
 
 }  // namespace strata::cli

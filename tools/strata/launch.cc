@@ -330,6 +330,8 @@ void Supervisor::ExecRank(int r, const RankEnvironment& env, const SignalForward
   ::setenv("LOCAL_WORLD_SIZE", env.local_world.c_str(), 1);
   ::setenv("STRATA_RENDEZVOUS", env.rendezvous.c_str(), 1);
   ::setenv("STRATA_LAUNCH_COMMAND", env.launch_command.c_str(), 1);
+  // The launch command above leaves a --run-secret out; the ranks' resume hint says so.
+  if (CommandLineHasSecret()) ::setenv("STRATA_LAUNCH_COMMAND_HAD_SECRET", "1", 1);
   if (!env.run_secret.empty()) ::setenv("STRATA_RUN_SECRET", env.run_secret.c_str(), 1);
   if (!args_.comm_host.empty()) ::setenv("STRATA_COMM_HOST", args_.comm_host.c_str(), 1);
   if (!args_.comm_interface.empty()) {
