@@ -23,9 +23,24 @@ ALL = CXX + (".py", ".sh")
 
 
 def tracked(root):
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True,
-                         capture_output=True).stdout.decode()
+    """The files git tracks, or None where root is not a git work tree (an exported copy)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True,
+                             capture_output=True).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):
+        return None
     return sorted(p for p in out.split("\0") if p.endswith(ALL) and (root / p).is_file())
+
+
+def universal_ctags():
+    """True where `ctags` is universal-ctags (Exuberant's and BSD's lack --_xformat)."""
+    if shutil.which("ctags") is None:
+        return False
+    try:
+        out = subprocess.run(["ctags", "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return False
+    return "Universal Ctags" in out
 
 
 def cxx_functions(root, paths):
@@ -57,13 +72,16 @@ def main():
     ap.add_argument("--function-lines", type=int, default=120)
     a = ap.parse_args()
     paths = tracked(a.root)
+    if paths is None:
+        print(f"{a.root} is not a git work tree: the tracked files are unknown, nothing checked")
+        return 77
     bad = []
     for p in paths:
         n = sum(1 for _ in (a.root / p).open(encoding="utf-8", errors="replace"))
         if n > a.file_lines:
             bad.append(f"{p}: {n} lines (at most {a.file_lines} a file)")
     functions = []
-    have_ctags = shutil.which("ctags") is not None
+    have_ctags = universal_ctags()
     if have_ctags:
         functions += cxx_functions(a.root, [p for p in paths if p.endswith(CXX)])
     for p in paths:
@@ -78,7 +96,8 @@ def main():
     if bad:
         return 1
     if not have_ctags:
-        print("universal-ctags is not installed: C++ function lengths not checked "
+        print("universal-ctags is not installed (or `ctags` is another ctags): C++ function "
+              "lengths not checked "
               "(tools/bootstrap.sh installs it)")
         return 77
     print(f"lengths: {len(paths)} files of at most {a.file_lines} lines, "

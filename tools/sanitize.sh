@@ -30,7 +30,8 @@ presets=()
 ctest_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -j) jobs="$2"; shift ;;
+    -j) [ $# -ge 2 ] || { echo "sanitize.sh: -j needs a number (e.g. -j 2)" >&2; exit 2; }
+        jobs="$2"; shift ;;
     -j*) jobs="${1#-j}" ;;
     --build-only) build_only=1 ;;
     --no-build) no_build=1 ;;
@@ -68,7 +69,7 @@ for preset in "${presets[@]}"; do
   reports=$(find "$reports_dir" -type f | wc -l)
   find "$reports_dir" -type f | head -20
   grep -E "tests passed|tests failed" "$log" || true
-  grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception)" "$log" || true
+  grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Not Run)" "$log" || true
   echo "sanitize.sh: $preset: ctest rc $rc, $reports sanitizer report file(s), tests took" \
     "$(( $(date +%s) - test_start )) s (log: $log)"
   if [ "$rc" -ne 0 ] || [ "$reports" -ne 0 ]; then status=1; fi
