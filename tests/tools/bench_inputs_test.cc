@@ -54,6 +54,20 @@ TEST(BenchInputs, AdamZeroParamsAreRefused) {
   EXPECT_TRUE(Contains(r.output, "--params 0: give at least 1 parameter")) << r.output;
 }
 
+// A bf16 master takes no fp16 gradients: the case is skipped and said so, and a selection of
+// nothing but such cases is an error (it printed an empty table and exited 0).
+TEST(BenchInputs, AdamSkippedCasesAreCountedAndNoCaseLeftIsAnError) {
+  const CliRun none =
+      Strata("bench adam --params 64K --grad-dtype fp16 --master-dtype bf16-sr --iters 1");
+  EXPECT_NE(none.exit_code, 0) << none.output;
+  EXPECT_TRUE(Contains(none.output, "skipped 1 case(s)")) << none.output;
+  EXPECT_TRUE(Contains(none.output, "no case left to run")) << none.output;
+  const CliRun some =
+      Strata("bench adam --params 64K --grad-dtype fp16,fp32 --master-dtype bf16-sr --iters 1");
+  EXPECT_EQ(some.exit_code, 0) << some.output;
+  EXPECT_TRUE(Contains(some.output, "skipped 1 case(s)")) << some.output;
+}
+
 // A --json that cannot be written is refused before the benchmark runs: each command below
 // would run for minutes, and the test's two-minute guard fails the old behaviour (which
 // reported the path after the run) with exit code 137 or a printed table.

@@ -562,6 +562,7 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
   nlohmann::json runs = nlohmann::json::array();
   nlohmann::json steps = nlohmann::json::array();
   uint64_t total_wrong = 0;
+  size_t skipped = 0;  // fp16 gradients or copies with a bf16 master: no kernel takes them
   std::vector<StepRow> step_rows;
   for (FloatFormat gf : c.grads) {
     if (Status st = FillGrad(&s, n, gf); !st.ok()) return fail(st);
@@ -579,7 +580,10 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
           for (MasterFormat mf : c.masters) {
             for (ParamOut o : c.outs) {
               const bool bf16_master = mf != MasterFormat::kFp32;
-              if (bf16_master && (gf == FloatFormat::kFp16 || o == ParamOut::kFp16)) continue;
+              if (bf16_master && (gf == FloatFormat::kFp16 || o == ParamOut::kFp16)) {
+                ++skipped;
+                continue;
+              }
               AdamRow r;
               const Status st = sf == StateFormat::kFp32 && !bf16_master
                                     ? RunAdamCase(s, n, isa, gf, o, threads, fl, &r)
@@ -594,6 +598,16 @@ int RunBenchAdam(const BenchAdamFlags& fl) {
     }
   }
   PrintAgainstDeepSpeedLayout(out, step_rows);
+  if (skipped != 0) {
+    std::fprintf(out,
+                 "skipped %zu case(s): a bf16 master takes fp32 or bf16 gradients and writes no "
+                 "fp16 parameter copy (--grad-dtype / --param-out fp16)\n",
+                 skipped);
+    if (runs.empty() && steps.empty()) {
+      return fail(Status::InvalidArgument(
+          "no case left to run: add --grad-dtype fp32 or bf16 and --param-out none or bf16"));
+    }
+  }
   if (!fl.json.empty()) {
     nlohmann::json doc = {{"runs", runs}};
     if (c.step_mode) doc["steps"] = steps;

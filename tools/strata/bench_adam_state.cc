@@ -134,8 +134,10 @@ std::vector<uint8_t> RangeBytes(const uint8_t* p, const uint8_t* p_comp, const u
 std::vector<uint8_t> RangeOf(const Arrays& a, size_t lo, size_t hi) {
   const size_t mb = a.MomentBytes(), b0 = lo / kInt8StateBlock;
   const size_t w = a.master == MasterFormat::kFp32 ? 4 : 2;
-  return RangeBytes(a.p.get() + lo * w, a.p.get() + (a.n + lo) * w, a.m.get() + lo * mb,
-                    a.v.get() + lo * mb, a.m_scale.get() + b0, a.v_scale.get() + b0, hi - lo, a,
+  // Only a Kahan master has compensation terms (after the n weights); no pointer past them.
+  const uint8_t* comp = a.master == MasterFormat::kBf16Kahan ? a.p.get() + (a.n + lo) * w : nullptr;
+  return RangeBytes(a.p.get() + lo * w, comp, a.m.get() + lo * mb, a.v.get() + lo * mb,
+                    a.m_scale.get() + b0, a.v_scale.get() + b0, hi - lo, a,
                     Int8StateBlocks(hi) - b0);
 }
 
