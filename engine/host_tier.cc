@@ -216,6 +216,17 @@ Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
       ++converted;
       continue;
     }
+    if (info && info->length != h.bytes && (c == Component::kExpAvg || c == Component::kExpAvgSq)) {
+      if (auto stored = StoredMomentLayout(o, info->length)) {
+        const std::string have = StateFormatName(stored->formats.moments);
+        return Status::InvalidArgument(
+            "resume: the committed Adam moments in " + ctx_.opt.nvme_paths[0] + " are " + have +
+            ", this engine's state format is " + StateFormatName(ctx_.opt.state_format) +
+            ": resume with state format " + have +
+            ", or convert them (--allow-state-dtype-change, "
+            "EngineOptions::convert_state_format)");
+      }
+    }
     if (!info || info->length != h.bytes) {
       return Status::Corruption("resume: the committed state in " + ctx_.opt.nvme_paths[0] +
                                 " has no " + ctx_.ObjName(o) + " of " + std::to_string(h.bytes) +
@@ -237,16 +248,9 @@ Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
 Result<StateFormat> HostTier::ConvertMoment(int o,
                                             uint64_t stored_bytes) NO_THREAD_SAFETY_ANALYSIS {
   HostObj& h = objs_[o];
-  const int b = ObjBlock(o);
   const Component c = ObjComponent(o);
-  const BlockLayout& bl = ctx_.layout[b];
-  // The committed format is the one whose extent has the stored length (unambiguous: a
-  // tensor takes at least tensor_alignment values, so int8's scales stay below n / 4 bytes).
-  std::optional<BlockStateLayout> from;
-  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kInt8}) {
-    BlockStateLayout l = DescribeBlockState(bl, ctx_.rank, ctx_.ws, StateFormats{f});
-    if (l.Extent(c)->bytes == stored_bytes) from = std::move(l);
-  }
+  const BlockLayout& bl = ctx_.layout[ObjBlock(o)];
+  const std::optional<BlockStateLayout> from = StoredMomentLayout(o, stored_bytes);
   if (!from) {
     return Status::Corruption("resume: " + ctx_.ObjName(o) + " (key " + ctx_.Key(o) + ") is " +
                               std::to_string(stored_bytes) +
@@ -259,11 +263,22 @@ Result<StateFormat> HostTier::ConvertMoment(int o,
       *from, c, std::span(static_cast<const uint8_t*>(old.data), stored_bytes), values));
   AlignedBuffer tmp(h.cached ? h.bytes : 0);
   void* data = h.cached ? tmp.data : h.buf;
-  STRATA_RETURN_IF_ERROR(EncodeMoment(ctx_.place.state[b], c, values,
+  STRATA_RETURN_IF_ERROR(EncodeMoment(ctx_.place.state[ObjBlock(o)], c, values,
                                       std::span(static_cast<uint8_t*>(data), h.bytes)));
   h.on_nvme = true;
   STRATA_RETURN_IF_ERROR(store_->Write(ctx_.Key(o), data, h.bytes));  // with the next commit
   return from->formats.moments;
+}
+
+std::optional<BlockStateLayout> HostTier::StoredMomentLayout(int o, uint64_t stored_bytes) const {
+  // The committed format is the one whose extent has the stored length (unambiguous: a
+  // tensor takes at least tensor_alignment values, so int8's scales stay below n / 4 bytes).
+  const BlockLayout& bl = ctx_.layout[ObjBlock(o)];
+  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kInt8}) {
+    BlockStateLayout l = DescribeBlockState(bl, ctx_.rank, ctx_.ws, StateFormats{f});
+    if (l.Extent(ObjComponent(o))->bytes == stored_bytes) return l;
+  }
+  return std::nullopt;
 }
 
 void HostTier::UnregisterFromDevice() {

@@ -108,7 +108,11 @@ TEST_F(EngineInt8StateTest, ResumeWithAnotherFormatIsRefused) {
     RunConfig wrong = rc;
     wrong.state_format = other;
     auto f = MakeEngine(specs, wrong);
-    EXPECT_FALSE(f.ok()) << StateFormatName(other);
+    ASSERT_FALSE(f.ok()) << StateFormatName(other);
+    // Refused for the format, by name, not for some other reason the changed config met.
+    EXPECT_NE(f.status().message().find("int8"), std::string::npos) << f.status().ToString();
+    EXPECT_NE(f.status().message().find(StateFormatName(other)), std::string::npos)
+        << f.status().ToString();
   }
   auto f = MakeEngine(specs, rc);
   EXPECT_TRUE(f.ok()) << f.status().ToString();
