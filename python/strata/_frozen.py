@@ -11,12 +11,12 @@ holds the frozen ones, block by block:
     to strata.offload(weights=...) (a 70B base needs no second copy on disk); else in one file
     written once at the optimizer's bind, "strata.frozen.rank<r>" in the engine's first NVMe
     folder, a block's tensors together, 4 KiB aligned; else (no NVMe folder) in host memory;
-  - how a block reads them: one buffer per read (2 of them, page-aligned, sized for the largest
+  - how a block reads them: one buffer per read (3 of them, page-aligned, sized for the largest
     block), filled by strata.io.Handle (io_uring; O_DIRECT where offset, length and address are
     4 KiB aligned: a safetensors tensor's range is widened to 4 KiB boundaries, read whole and
     viewed at its offset, so only a file's unaligned tail is read buffered). Binding block b
     (forward, recompute, no_grad inference) waits for its read, points its frozen Parameters
-    at views of the buffer, and starts the read of the next block the schedule will bind
+    at views of the buffer, and starts the reads of the next two blocks the schedule will bind
     (forward: b+1, ..., the last again for backward, then b-1, ...; inference: b+1, then the
     first), so reads overlap compute. Unbinding points them back at their placeholders
     (_params.py); the buffer stays filled until another read needs it, so the last block,
@@ -43,6 +43,10 @@ from ._strata import Error
 
 ALIGN = 4096  # O_DIRECT's unit: offsets, lengths and addresses in multiples of it
 _TENSOR_ALIGN = 64  # a tensor's start within a block's region of the store file
+# Blocks read ahead of the one bound, each in its own buffer (one more holds the bound block):
+# with one, a block's read had only the previous block's compute to hide behind, and a read
+# slower than that compute stalled every step; two let a slow read borrow from the block after.
+_READ_AHEAD = 2
 
 
 def _up(n, a=ALIGN):
@@ -143,7 +147,8 @@ class FrozenStore:
         if largest:
             self._handle = strata_io.Handle(block_size="1M", queue_depth=32)
             # [block held or being read, buffer, requests in flight, when last used]
-            self._slots = [[None, strata_io.pinned_empty(largest), [], 0] for _ in range(2)]
+            self._slots = [[None, strata_io.pinned_empty(largest), [], 0]
+                           for _ in range(_READ_AHEAD + 1)]
         self._uses = 0
 
     def _write_store(self, own, path):
@@ -239,9 +244,9 @@ class FrozenStore:
             raise
 
     def bind(self, b, upcoming):
-        """Points block b's frozen Parameters at its values; starts the read of the first block
-        of `upcoming` (the blocks the schedule binds next, in order) that holds frozen
-        tensors and is not b."""
+        """Points block b's frozen Parameters at its values; starts the reads of the first
+        _READ_AHEAD blocks of `upcoming` (the blocks the schedule binds next, in order) that
+        hold frozen tensors and are not b."""
         ts = self.blocks[b]
         if not ts:
             return
@@ -262,10 +267,19 @@ class FrozenStore:
             if v.dtype != t.p.dtype or v.device != self._device:
                 v = v.to(self._device, t.p.dtype)
             t.p.data = v
+        ahead = set()
         for nb in upcoming:
-            if nb != b and self._runs[nb]:
-                self._start_read(nb)
+            if len(ahead) == _READ_AHEAD:
                 break
+            if nb == b or nb in ahead or not self._runs[nb]:
+                continue
+            ahead.add(nb)
+            slot = self._slot_of(nb)
+            if slot is None:
+                self._start_read(nb)
+            else:  # held already (backward after forward): kept from the next read's choice
+                self._uses += 1
+                slot[3] = self._uses
 
     def clear(self, b):
         """Points block b's frozen Parameters back at their placeholders."""

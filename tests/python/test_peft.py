@@ -146,7 +146,7 @@ def test_a_bf16_base_is_read_in_bf16_beside_fp32_adapters(tmp_path):
     check_against_torch(model, torch_model, before)
     # the store holds the base at 2 bytes a value (each block from a 4 KiB boundary); a step
     # reads each block at most twice (forward, recompute: fewer where a block is still in one
-    # of the two read buffers)
+    # of the three read buffers)
     n = len(layers(model))
     store = (tmp_path / "strata.frozen.rank0").stat().st_size
     assert 2 * in_blocks <= store < 2 * in_blocks + 4096 * n
