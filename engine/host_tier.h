@@ -168,6 +168,9 @@ class HostTier {
   // `stored_bytes` of another state format, decoded and written again in this engine's
   // (pending, committed with the next commit). Returns the format it had.
   Result<StateFormat> ConvertMoment(int o, uint64_t stored_bytes) EXCLUDES(ctx_.mu);
+  // At resume: object o, a master, committed with `stored_bytes`, the length of another
+  // MasterFormat's extent: InvalidArgument naming both formats (no conversion is offered).
+  Status CheckStoredMaster(int o, uint64_t stored_bytes) const;
   // RollBackLocked's work for one block, its objects' buffers in `bufs`.
   Status RestoreBlockLocked(int block, StatesFrom from, const BlockBuffers& bufs,
                             const std::function<Status(int, const BlockBuffers&)>& redo)

@@ -13,7 +13,8 @@
 // device gets whole blocks, all-gathered just in time — see EngineOptions::comm). Per
 // shard the engine
 // keeps the components of Component: `param` (working dtype, what the device computes with;
-// it aliases `master` when the working dtype is fp32), `master` (fp32), `exp_avg`,
+// it aliases `master` when the working dtype is fp32, or with a bf16 master), `master` (fp32,
+// or bf16 with EngineOptions::master_format), `exp_avg`,
 // `exp_avg_sq` (fp32, bf16 or int8 with EngineOptions::state_format; the extents'
 // layout: strata/state_layout.h) and `grad` (fp32,
 // accumulated on the host across micro-batches). A planner puts
@@ -275,6 +276,16 @@ struct EngineOptions {
   // versions, committed with the next commit, instead of refused. fp32 -> bf16/int8 loses
   // what the coarser format cannot hold; bf16/int8 -> fp32 is exact.
   bool convert_state_format = false;
+  // The master weights' format in host memory and on NVMe (docs/design.md "Compact optimizer
+  // states"). kBf16Stochastic stores them as bf16 (2 bytes per parameter instead of 4), each
+  // step's new weight rounded stochastically with bits hashed from the step, block, rank and
+  // element (the moments' key: AdamSlice::rounding_key), so a resumed run equals an
+  // uninterrupted one bit for bit. The bf16 master IS the device's params (no separate param
+  // copy), so it needs the bf16 working dtype: kAuto resolves to kBf16 with it, and kFp32 is
+  // InvalidArgument at Create. kBf16Kahan is NotSupported (its compensation would be a second
+  // 2-byte extent per block, 4 bytes like fp32's master: nothing saved on NVMe). A resumed
+  // engine must use the format its master was written in (else InvalidArgument naming both).
+  MasterFormat master_format = MasterFormat::kFp32;
   // See GradDtype. Every rank must pass the same.
   GradDtype grad_dtype = GradDtype::kFp32;
 
@@ -426,6 +437,7 @@ struct PlacementReport {
   int64_t activation_nvme_capacity = 0;
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved
   StateFormat state_format = StateFormat::kFp32;  // of the moments
+  MasterFormat master_format = MasterFormat::kFp32;
   // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).
   CollectiveMemory collective_memory = CollectiveMemory::kAuto;
   EdgeBytes predicted_bytes;           // per step, upper estimate
