@@ -142,6 +142,7 @@ Status CheckOptionsAgreeAcrossRanks(const EngineContext& ctx) {
       {"Adam moments' format (0 fp32, 1 bf16, 2 int8)", uint64_t(opt.state_format), kNumber},
       {"Adam moments' rounding (0 nearest-even, 1 stochastic)", uint64_t(opt.state_rounding),
        kNumber},
+      {"master weights' format (0 fp32, 1 bf16-sr)", uint64_t(opt.master_format), kNumber},
   };
   constexpr size_t kFields = sizeof fields / sizeof fields[0];
   std::vector<uint64_t> mine(kFields), all(kFields * size_t(ctx.ws));

@@ -26,6 +26,31 @@
 namespace strata {
 namespace engine_internal {
 
+namespace {
+
+// EngineOptions::master_format against the resolved working dtype.
+Status CheckMasterFormat(const EngineOptions& opt, WorkingDtype dtype) {
+  switch (opt.master_format) {
+    case MasterFormat::kFp32:
+      return Status::OK();
+    case MasterFormat::kBf16Stochastic:
+      if (dtype == WorkingDtype::kBf16) return Status::OK();
+      return Status::InvalidArgument(
+          "master_format bf16-sr needs the bf16 working dtype (the bf16 master is the device's "
+          "params); got working dtype " +
+          std::string(WorkingDtypeName(dtype)));
+    case MasterFormat::kBf16Kahan:
+      return Status::NotSupported(
+          "master_format bf16-kahan is not an engine format: its compensation is a second "
+          "2-byte extent per block, so the master would move 4 bytes per parameter like fp32's "
+          "(docs/design.md \"Compact optimizer states\"); use bf16-sr");
+  }
+  return Status::InvalidArgument("unknown MasterFormat value " +
+                                 std::to_string(int(opt.master_format)));
+}
+
+}  // namespace
+
 // Runs before any thread starts.
 Status EngineImpl::Init() NO_THREAD_SAFETY_ANALYSIS {
   const EngineOptions& opt = ctx_.opt;
@@ -39,10 +64,13 @@ Status EngineImpl::Init() NO_THREAD_SAFETY_ANALYSIS {
   if (ctx_.comm && ctx_.ws > 1) STRATA_RETURN_IF_ERROR(CheckOptionsAgreeAcrossRanks(ctx_));
   STRATA_RETURN_IF_ERROR(CheckOptimizerOptions(ctx_.opt));
   ctx_.dtype = opt.dtype;
+  const bool bf16_master = opt.master_format != MasterFormat::kFp32;
   if (ctx_.dtype == WorkingDtype::kAuto) {
-    ctx_.dtype = ctx_.dev->Kind() == DeviceKind::kCuda ? WorkingDtype::kBf16 : WorkingDtype::kFp32;
+    ctx_.dtype = ctx_.dev->Kind() == DeviceKind::kCuda || bf16_master ? WorkingDtype::kBf16
+                                                                      : WorkingDtype::kFp32;
   }
-  ctx_.separate = ctx_.dtype != WorkingDtype::kFp32;
+  STRATA_RETURN_IF_ERROR(CheckMasterFormat(opt, ctx_.dtype));
+  ctx_.separate = ctx_.dtype != WorkingDtype::kFp32 && !bf16_master;
   ctx_.durable = opt.durable || opt.resume;
   ctx_.kernel_options.threads = opt.optimizer_threads;
 

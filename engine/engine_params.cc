@@ -89,13 +89,15 @@ Status EngineImpl::ReadComponent(int block, Component component, std::span<float
                                    std::to_string(n) + " elements, got room for " +
                                    std::to_string(out.size()));
   }
-  if (component != Component::kExpAvg && component != Component::kExpAvgSq) {
+  const BlockStateLayout& state = ctx_.place.state[block];
+  if (component == Component::kMaster && state.master.elem_bytes == 4) {
     return host_.ReadObjLocked(obj, out.data());  // fp32
   }
-  // The moments as stored (bf16 widened exactly, int8 dequantized: strata/state_layout.h).
+  // As stored (bf16 widened exactly, int8 dequantized: strata/state_layout.h).
   std::vector<uint8_t> stored(ctx_.place.DataBytes(ctx_.layout, obj));
   STRATA_RETURN_IF_ERROR(host_.ReadObjLocked(obj, stored.data()));
-  return DecodeMoment(ctx_.place.state[block], component, stored, out);
+  if (component == Component::kMaster) return DecodeMaster(state, stored, out);
+  return DecodeMoment(state, component, stored, out);
 }
 
 Status EngineImpl::WriteComponent(int block, Component component, std::span<const float> values) {

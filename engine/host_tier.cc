@@ -201,6 +201,13 @@ Status HostTier::OpenStore() NO_THREAD_SAFETY_ANALYSIS {
 Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
   int converted = 0;
   std::string converted_from;
+  for (int b = 0; b < ctx_.L; ++b) {  // first: a master of the other format is named as such
+    const int o = ObjIndex(b, Component::kMaster);
+    auto info = store_->Lookup(ctx_.Key(o));
+    if (info && info->length != objs_[o].bytes) {
+      STRATA_RETURN_IF_ERROR(CheckStoredMaster(o, info->length));
+    }
+  }
   for (int o = 0; o < int(objs_.size()); ++o) {
     HostObj& h = objs_[o];
     const Component c = ObjComponent(o);
@@ -245,6 +252,23 @@ Status HostTier::ResumeFromStore() NO_THREAD_SAFETY_ANALYSIS {
   return Status::OK();
 }
 
+Status HostTier::CheckStoredMaster(int o, uint64_t stored_bytes) const {
+  const BlockLayout& bl = ctx_.layout[ObjBlock(o)];
+  for (MasterFormat f : {MasterFormat::kFp32, MasterFormat::kBf16Stochastic}) {
+    const BlockStateLayout l =
+        DescribeBlockState(bl, ctx_.rank, ctx_.ws, StateFormats{ctx_.opt.state_format, f});
+    if (f != ctx_.opt.master_format && l.master.bytes == stored_bytes) {
+      return Status::InvalidArgument(
+          std::string("resume: the committed master weights in ") + ctx_.opt.nvme_paths[0] +
+          " are " + MasterFormatName(f) + " (" + ctx_.ObjName(o) + " is " +
+          std::to_string(stored_bytes) + " bytes), this engine's master_format is " +
+          MasterFormatName(ctx_.opt.master_format) +
+          "; resume with the format the run was written in (--master-dtype)");
+    }
+  }
+  return Status::OK();
+}
+
 Result<StateFormat> HostTier::ConvertMoment(int o,
                                             uint64_t stored_bytes) NO_THREAD_SAFETY_ANALYSIS {
   HostObj& h = objs_[o];
@@ -275,7 +299,8 @@ std::optional<BlockStateLayout> HostTier::StoredMomentLayout(int o, uint64_t sto
   // tensor takes at least tensor_alignment values, so int8's scales stay below n / 4 bytes).
   const BlockLayout& bl = ctx_.layout[ObjBlock(o)];
   for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kInt8}) {
-    BlockStateLayout l = DescribeBlockState(bl, ctx_.rank, ctx_.ws, StateFormats{f});
+    BlockStateLayout l =
+        DescribeBlockState(bl, ctx_.rank, ctx_.ws, StateFormats{f, ctx_.opt.master_format});
     if (l.Extent(ObjComponent(o))->bytes == stored_bytes) return l;
   }
   return std::nullopt;
@@ -550,7 +575,9 @@ Status HostTier::WriteTensorLocked(int block, const TensorLayout& t,
     // This rank's part of the tensor: values[k] is full-block element t.offset + k.
     const auto [lo, hi] = ctx_.ShardPart(block, t.offset, t.offset + t.numel);
     const uint64_t first = lo + uint64_t(ctx_.rank) * ctx_.layout[block].shard_numel - t.offset;
-    if (ObjComponent(obj) == Component::kParam) {
+    const bool bf16 = ObjComponent(obj) == Component::kParam ||
+                      ctx_.place.state[block].master.elem_bytes == 2;  // a bf16 master
+    if (bf16) {
       uint16_t* p = static_cast<uint16_t*>(data) + lo;
       for (uint64_t i = 0; i < hi - lo; ++i) p[i] = FloatToBf16(values[first + i]);
     } else if (hi > lo) {

@@ -171,6 +171,9 @@ class HostTier {
   // The layout of object o's block in the state format whose moment extent is `stored_bytes`
   // long, if one is (unambiguous: see ConvertMoment).
   std::optional<BlockStateLayout> StoredMomentLayout(int o, uint64_t stored_bytes) const;
+  // At resume: object o, a master, committed with `stored_bytes`, the length of another
+  // MasterFormat's extent: InvalidArgument naming both formats (no conversion is offered).
+  Status CheckStoredMaster(int o, uint64_t stored_bytes) const;
   // RollBackLocked's work for one block, its objects' buffers in `bufs`.
   Status RestoreBlockLocked(int block, StatesFrom from, const BlockBuffers& bufs,
                             const std::function<Status(int, const BlockBuffers&)>& redo)

@@ -96,7 +96,7 @@ const char* ResourceName(Resource r) {
 std::string PlacementReport::ToString() const {
   std::ostringstream os;
   os << "# placement: working dtype " << WorkingDtypeName(dtype) << ", Adam moments "
-     << StateFormatName(state_format) << "\n";
+     << StateFormatName(state_format) << ", master " << MasterFormatName(master_format) << "\n";
   os << "#   device budget " << (device_budget_bytes ? FormatBytes(device_budget_bytes) : "none")
      << " (minimum " << FormatBytes(device_min_bytes) << ")\n";
   os << "#   host budget " << (host_budget_bytes ? FormatBytes(host_budget_bytes) : "unlimited")

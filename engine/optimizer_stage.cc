@@ -7,9 +7,10 @@
 namespace strata::engine_internal {
 namespace {
 
-// The moments' format for the slice of block `b` starting at shard element `lo`. Stochastic
-// rounding draws from a hash keyed by (step, block, rank) and indexed within the shard, so
-// the bits depend on nothing a budget or a tier changes.
+// The moments' format for the slice of block `b` starting at shard element `lo` (and the key
+// of a bf16 master's stochastic rounding, AdamSlice::master_format). Stochastic rounding draws from
+// a hash keyed by (step, block, rank) and indexed within the shard, so the bits depend on nothing a
+// budget or a tier changes.
 void SetMomentFormat(const EngineContext& ctx, int64_t step, int b, uint64_t lo, AdamSlice* s) {
   s->state_format = ctx.opt.state_format;
   s->state_rounding = ctx.opt.state_rounding;
@@ -50,6 +51,9 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
                   const UpdateArgs& args) {
   const EngineOptions& opt = ctx.opt;
   float* master = static_cast<float*>(bufs[int(Component::kMaster)]);
+  // A bf16 master (EngineOptions::master_format): updated in place, and it is the params.
+  uint16_t* master_bf16 = static_cast<uint16_t*>(bufs[int(Component::kMaster)]);
+  const bool bf16_master = opt.master_format == MasterFormat::kBf16Stochastic;
   char* m = static_cast<char*>(bufs[int(Component::kExpAvg)]);
   char* v = static_cast<char*>(bufs[int(Component::kExpAvgSq)]);
   const BlockStateLayout& state = ctx.place.state[b];
@@ -92,7 +96,12 @@ Status ApplyAdamW(const EngineContext& ctx, int b, const BlockBuffers& bufs,
     }
     for (const Int8Run& r : slices) {
       AdamSlice s;
-      s.master = master + r.lo;
+      if (bf16_master) {
+        s.master_format = MasterFormat::kBf16Stochastic;
+        s.master_bf16 = master_bf16 + r.lo;
+      } else {
+        s.master = master + r.lo;
+      }
       s.exp_avg = m + r.lo * moment_bytes;
       s.exp_avg_sq = v + r.lo * moment_bytes;
       SetMomentFormat(ctx, hp.step, b, r.lo, &s);
@@ -347,9 +356,10 @@ Status OptimizerStage::AdamBlock(int b, bool carried, bool* applied) {
   if (scan && status.ok()) {
     // No update may leave a non-finite master weight behind (a finite gradient can still
     // give one: --eps 0 over a zero second moment divides zero by zero).
-    const auto scan =
-        GradNormSquared(static_cast<const float*>(bufs[int(Component::kMaster)]),
-                        FloatFormat::kFp32, ctx_.layout[b].shard_numel, ctx_.kernel_options);
+    const FloatFormat format =
+        ctx_.opt.master_format == MasterFormat::kFp32 ? FloatFormat::kFp32 : FloatFormat::kBf16;
+    const auto scan = GradNormSquared(bufs[int(Component::kMaster)], format,
+                                      ctx_.layout[b].shard_numel, ctx_.kernel_options);
     if (!scan.ok()) {
       status = scan.status();
     } else if (scan->non_finite > 0) {

@@ -40,12 +40,13 @@ struct PlanOptions {
   bool pipeline = false;                     // with clip: EngineOptions::pipeline_updates
   WorkingDtype dtype = WorkingDtype::kFp32;  // resolved: kFp32 or kBf16
   bool bf16_grads = false;  // EngineOptions::grad_dtype kBf16: the D2H copy carries half
-  StateFormat state_format = StateFormat::kFp32;  // of the moments
-  uint64_t device_budget = 0;                     // 0 = unlimited
-  uint64_t host_budget = 0;                       // 0 = unlimited
-  bool nvme = false;                              // NVMe paths were given
-  int nvme_folders = 0;                           // how many (one swap file each)
-  uint64_t nvme_stripe_bytes = 1 << 20;           // the swap files' stripe
+  StateFormat state_format = StateFormat::kFp32;     // of the moments
+  MasterFormat master_format = MasterFormat::kFp32;  // kBf16Stochastic: 2 bytes, no param copy
+  uint64_t device_budget = 0;                        // 0 = unlimited
+  uint64_t host_budget = 0;                          // 0 = unlimited
+  bool nvme = false;                                 // NVMe paths were given
+  int nvme_folders = 0;                              // how many (one swap file each)
+  uint64_t nvme_stripe_bytes = 1 << 20;              // the swap files' stripe
   bool durable = false;  // every step commits the states to NVMe (resume too)
   int rank = 0;
   int world_size = 1;

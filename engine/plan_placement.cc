@@ -26,6 +26,7 @@ PlanOptions PlanOptionsFrom(const EngineOptions& options, WorkingDtype dtype) {
   p.dtype = dtype;
   p.bf16_grads = options.grad_dtype == GradDtype::kBf16;
   p.state_format = options.state_format;
+  p.master_format = options.master_format;
   p.device_budget = options.device_mem_bytes;
   p.host_budget = options.host_mem_bytes;
   p.nvme = !options.nvme_paths.empty();
@@ -154,14 +155,14 @@ struct Placer {
       : layout(l),
         opt(o),
         blocks(int(l.size())),
-        separate(o.dtype != WorkingDtype::kFp32),
+        separate(o.dtype != WorkingDtype::kFp32 && o.master_format == MasterFormat::kFp32),
         speculation(o.clip && o.nvme && o.speculation != Speculation::kOff),
         may_spill(o.clip && o.nvme && o.grad_spill != GradSpill::kOff) {}
 
   const std::vector<BlockLayout>& layout;
   const PlanOptions& opt;
   const int blocks;
-  const bool separate;     // the param component exists
+  const bool separate;     // the param component exists (bf16 params beside an fp32 master)
   const bool speculation;  // some step may update speculatively
   const bool may_spill;    // gradients may go to NVMe
   std::vector<uint64_t> param_bytes, grad_bytes;
@@ -195,9 +196,11 @@ struct Placer {
 
 // Object sizes, the device minimum and the device plan.
 Status Placer::SizeObjects() {
-  const uint64_t work_elem = separate ? 2 : 4;
+  const uint64_t work_elem = opt.dtype == WorkingDtype::kBf16 ? 2 : 4;
+  const StateFormats formats{opt.state_format, opt.master_format};
   const uint32_t moment_elem = MomentElemBytes(opt.state_format);
   pp.elem_bytes[int(Component::kParam)] = uint32_t(work_elem);
+  pp.elem_bytes[int(Component::kMaster)] = MasterElemBytes(opt.master_format);
   pp.elem_bytes[int(Component::kExpAvg)] = moment_elem;
   pp.elem_bytes[int(Component::kExpAvgSq)] = moment_elem;
   pp.state.clear();
@@ -219,20 +222,20 @@ Status Placer::SizeObjects() {
     const uint64_t f32 = RoundUp(s * 4, kPage);
     largest_f32 = std::max(largest_f32, f32);
     // The state's extents as strata/state_layout.h lays them out (int8: codes and scales).
-    pp.state.push_back(
-        DescribeBlockState(layout[b], opt.rank, opt.world_size, StateFormats{opt.state_format}));
+    pp.state.push_back(DescribeBlockState(layout[b], opt.rank, opt.world_size, formats));
     for (Component c : {Component::kMaster, Component::kExpAvg, Component::kExpAvgSq}) {
       pp.obj_bytes[ObjIndex(b, c)] = RoundUp(pp.state[b].Extent(c)->bytes, kPage);
     }
     pp.obj_bytes[ObjIndex(b, Component::kGrad)] = RoundUp(s * 4, kPage);
-    largest_step =
-        std::max(largest_step, 2 * f32 + 2 * pp.obj_bytes[ObjIndex(b, Component::kExpAvg)]);
+    largest_step = std::max(largest_step, f32 + pp.obj_bytes[ObjIndex(b, Component::kMaster)] +
+                                              2 * pp.obj_bytes[ObjIndex(b, Component::kExpAvg)]);
     if (separate) pp.obj_bytes[ObjIndex(b, Component::kParam)] = RoundUp(s * 2, kPage);
     pp.cached[ObjIndex(b, Component::kGrad)] = true;
   }
   PlacementReport& rep = pp.report;
   rep.dtype = opt.dtype;
   rep.state_format = opt.state_format;
+  rep.master_format = opt.master_format;
   rep.device_budget_bytes = opt.device_budget;
   rep.device_min_bytes = device_min;
   rep.host_budget_bytes = opt.host_budget;
@@ -355,6 +358,9 @@ std::string WaysToMeetHost(const std::vector<BlockLayout>& layout, const PlanOpt
       {opt.state_format == StateFormat::kFp32, "--state-dtype bf16",
        "Adam moments in bf16: 8 bytes of state per parameter instead of 12",
        [](PlanOptions* o) { o->state_format = StateFormat::kBf16; }},
+      {opt.master_format == MasterFormat::kFp32 && opt.dtype == WorkingDtype::kBf16,
+       "--master-dtype bf16", "master weights in bf16, as the device's params: 2 bytes fewer",
+       [](PlanOptions* o) { o->master_format = MasterFormat::kBf16Stochastic; }},
   };
   std::string out, together;
   PlanOptions all = opt;

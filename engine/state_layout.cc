@@ -19,9 +19,13 @@ uint32_t MomentElemBytes(StateFormat format) {
   return 4;
 }
 
+uint32_t MasterElemBytes(MasterFormat format) {
+  return format == MasterFormat::kBf16Stochastic ? 2 : 4;
+}
+
 double StateBytesPerParam(const StateFormats& formats) {
   const double scales = formats.moments == StateFormat::kInt8 ? 2.0 * 4 / kInt8StateBlock : 0;
-  return 4.0 + 2.0 * MomentElemBytes(formats.moments) + scales;
+  return MasterElemBytes(formats.master) + 2.0 * MomentElemBytes(formats.moments) + scales;
 }
 
 std::vector<Int8Run> Int8Runs(const BlockLayout& block, int rank, int world_size) {
@@ -64,7 +68,8 @@ BlockStateLayout DescribeBlockState(const BlockLayout& block, int rank, int worl
   BlockStateLayout l;
   l.formats = formats;
   const uint64_t n = block.shard_numel;
-  l.master = StateExtent{Component::kMaster, 4, n, n * 4, 0, n * 4};
+  const uint32_t mb = MasterElemBytes(formats.master);
+  l.master = StateExtent{Component::kMaster, mb, n, n * mb, 0, n * mb};
   const uint32_t eb = MomentElemBytes(formats.moments);
   uint64_t scales = 0;
   if (formats.moments == StateFormat::kInt8) {
@@ -170,6 +175,47 @@ Status EncodeMoment(const BlockStateLayout& layout, Component component,
           first ? code : other_code.data(), first ? other_code.data() : code,
           first ? sc : &other_scale, first ? &other_scale : sc));
     }
+  }
+  return Status::OK();
+}
+
+Status DecodeMaster(const BlockStateLayout& layout, std::span<const uint8_t> extent,
+                    std::span<float> out) {
+  const StateExtent& e = layout.master;
+  if (extent.size() != e.bytes || out.size() != e.values) {
+    return Status::InvalidArgument("DecodeMaster: a master of " + std::to_string(e.values) +
+                                   " values takes " + std::to_string(e.bytes) + " bytes; got " +
+                                   std::to_string(extent.size()) + " bytes for " +
+                                   std::to_string(out.size()) + " values");
+  }
+  if (e.elem_bytes == 4) {
+    std::memcpy(out.data(), extent.data(), extent.size());
+    return Status::OK();
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint16_t b;
+    std::memcpy(&b, extent.data() + 2 * i, 2);
+    out[i] = Bf16ToFloat(b);
+  }
+  return Status::OK();
+}
+
+Status EncodeMaster(const BlockStateLayout& layout, std::span<const float> values,
+                    std::span<uint8_t> extent) {
+  const StateExtent& e = layout.master;
+  if (extent.size() != e.bytes || values.size() != e.values) {
+    return Status::InvalidArgument("EncodeMaster: a master of " + std::to_string(e.values) +
+                                   " values takes " + std::to_string(e.bytes) + " bytes; got " +
+                                   std::to_string(extent.size()) + " bytes for " +
+                                   std::to_string(values.size()) + " values");
+  }
+  if (e.elem_bytes == 4) {
+    std::memcpy(extent.data(), values.data(), extent.size());
+    return Status::OK();
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t b = FloatToBf16(values[i]);
+    std::memcpy(extent.data() + 2 * i, &b, 2);
   }
   return Status::OK();
 }

@@ -233,6 +233,7 @@ Result<EngineOptions> RunSetup::MakeEngineOptions(std::string* failed,
   eo.state_format = config_.state_format;
   eo.state_rounding = config_.state_rounding;
   eo.convert_state_format = config_.convert_state_format;
+  eo.master_format = config_.master_format;
   eo.grad_dtype = config_.grad_dtype;
   eo.micro_batches = config_.micro_batches;
   eo.trace_path = RankPath(config_.trace, rank_);

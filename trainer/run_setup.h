@@ -92,6 +92,8 @@ struct RunConfig {
   StateRounding state_rounding = StateRounding::kStochastic;
   // With resume: moments committed in another format are converted (--allow-state-dtype-change).
   bool convert_state_format = false;
+  // The master weights' format (EngineOptions::master_format; --master-dtype).
+  MasterFormat master_format = MasterFormat::kFp32;
   GradDtype grad_dtype = GradDtype::kFp32;  // gradients device -> host (EngineOptions)
   std::string trace;                        // Chrome trace file; {rank}/{local_rank} replaced
   // The steps the trace records, 1-based and inclusive; 0 = unbounded.

@@ -13,7 +13,8 @@
 // device gets whole blocks, all-gathered just in time — see EngineOptions::comm). Per
 // shard the engine
 // keeps the components of Component: `param` (working dtype, what the device computes with;
-// it aliases `master` when the working dtype is fp32), `master` (fp32), `exp_avg`,
+// it aliases `master` when the working dtype is fp32, or with a bf16 master), `master` (fp32,
+// or bf16 with EngineOptions::master_format), `exp_avg`,
 // `exp_avg_sq` (fp32, bf16 or int8 with EngineOptions::state_format; the extents'
 // layout: strata/state_layout.h) and `grad` (fp32,
 // accumulated on the host across micro-batches). A planner puts
@@ -275,6 +276,16 @@ struct EngineOptions {
   // versions, committed with the next commit, instead of refused. fp32 -> bf16/int8 loses
   // what the coarser format cannot hold; bf16/int8 -> fp32 is exact.
   bool convert_state_format = false;
+  // The master weights' format in host memory and on NVMe (docs/design.md "Compact optimizer
+  // states"). kBf16Stochastic stores them as bf16 (2 bytes per parameter instead of 4), each
+  // step's new weight rounded stochastically with bits hashed from the step, block, rank and
+  // element (the moments' key: AdamSlice::rounding_key), so a resumed run equals an
+  // uninterrupted one bit for bit. The bf16 master IS the device's params (no separate param
+  // copy), so it needs the bf16 working dtype: kAuto resolves to kBf16 with it, and kFp32 is
+  // InvalidArgument at Create. kBf16Kahan is NotSupported (its compensation would be a second
+  // 2-byte extent per block, 4 bytes like fp32's master: nothing saved on NVMe). A resumed
+  // engine must use the format its master was written in (else InvalidArgument naming both).
+  MasterFormat master_format = MasterFormat::kFp32;
   // See GradDtype. Every rank must pass the same.
   GradDtype grad_dtype = GradDtype::kFp32;
 
@@ -426,6 +437,7 @@ struct PlacementReport {
   int64_t activation_nvme_capacity = 0;
   WorkingDtype dtype = WorkingDtype::kFp32;       // resolved
   StateFormat state_format = StateFormat::kFp32;  // of the moments
+  MasterFormat master_format = MasterFormat::kFp32;
   // Resolved (kDevice or kHost) with a communicator; kAuto without one (no collectives).
   CollectiveMemory collective_memory = CollectiveMemory::kAuto;
   EdgeBytes predicted_bytes;           // per step, upper estimate
@@ -563,35 +575,36 @@ class Engine {
   virtual int64_t ResumedStep() const = 0;
 
   // Initial values (before the first step) or replacements between steps: sets one tensor
-  // of a block's master weights (and param copy); with several ranks, each keeps its shard's
-  // part of `values` (every rank passes the whole tensor). Elements beyond the tensor, padding, are
-  // zero. Moments start at zero. InvalidArgument when the size does not match the tensor.
-  // The new values are committed by the next BeginStep (or CommitParams).
+  // of a block's master weights (and param copy; a bf16 master takes the nearest bf16); with
+  // several ranks, each keeps its shard's part of `values` (every rank passes the whole tensor).
+  // Elements beyond the tensor, padding, are zero. Moments start at zero. InvalidArgument when the
+  // size does not match the tensor. The new values are committed by the next BeginStep (or
+  // CommitParams).
   virtual Status WriteParams(int block, int tensor, std::span<const float> values) = 0;
   // Commits values set by WriteParams as the state of step ResumedStep() now (optional;
   // BeginStep does it too).
   virtual Status CommitParams() = 0;
-  // Reads one tensor of the fp32 master weights (between steps). With world_size > 1 it is
+  // Reads one tensor of the master weights as fp32 (between steps). With world_size > 1 it is
   // a collective (an all-gather of the block's shards): every rank calls it, in the same
   // order; Comm/Timeout when a rank is lost.
   virtual Status ReadParams(int block, int tensor, std::span<float> out) const = 0;
   // Reads a whole component of a block's shard (shard_numel fp32 values; kParam and
-  // kMaster both give the fp32 master weights; bf16 moments are widened exactly, int8 ones
-  // dequantized). For tests and
+  // kMaster both give the master weights, a bf16 master widened exactly; bf16 moments are
+  // widened exactly, int8 ones dequantized). For tests and
   // checkpoints; between steps. InvalidArgument for kGrad (gradients are freed after each update)
   // or a wrong size.
   virtual Status ReadComponent(int block, Component component, std::span<float> out) const = 0;
   // Writes a whole component of a block's shard, the mirror of ReadComponent (between steps;
   // the deferred updates of the last step run first): shard_numel fp32 values. kMaster sets
   // the master weights and the working-dtype param copy, as WriteParams for the whole shard
-  // (padding included). kExpAvg, kExpAvgSq set the moments; with StateFormat::kBf16 each value
-  // is rounded to the nearest bf16, ties to even, whatever EngineOptions::state_rounding says
-  // (stochastic rounding is keyed by a step's update): a value ReadComponent gave (a bf16
-  // widened) is stored exactly. kInt8 quantizes each run's blocks (strata/state_layout.h) to
-  // nearest; a value ReadComponent gave is stored again with the same codes and scales
-  // unless the block's absmax moved. Committed as WriteParams is, by the next BeginStep or
-  // CommitParams. InvalidArgument for kParam or kGrad, a wrong size, or during a step. One
-  // rank writes its own shard (with several, each rank writes its own).
+  // (padding included; a bf16 master rounds each value to nearest, ties to even). kExpAvg,
+  // kExpAvgSq set the moments; with StateFormat::kBf16 each value is rounded to the nearest bf16,
+  // ties to even, whatever EngineOptions::state_rounding says (stochastic rounding is keyed by a
+  // step's update): a value ReadComponent gave (a bf16 widened) is stored exactly. kInt8 quantizes
+  // each run's blocks (strata/state_layout.h) to nearest; a value ReadComponent gave is stored
+  // again with the same codes and scales unless the block's absmax moved. Committed as WriteParams
+  // is, by the next BeginStep or CommitParams. InvalidArgument for kParam or kGrad, a wrong size,
+  // or during a step. One rank writes its own shard (with several, each rank writes its own).
   virtual Status WriteComponent(int block, Component component, std::span<const float> values) = 0;
 
   // Starts a step. InvalidArgument when a step is already open or args are out of range;

@@ -6,7 +6,7 @@
 //
 // A block's state on rank r of N is three extents of its shard (BlockLayout::shard_numel
 // values, elements [r * shard_numel, (r + 1) * shard_numel) of the flat buffer):
-//   master      fp32 values
+//   master      fp32 values, or bf16 with MasterFormat::kBf16Stochastic (StateFormats::master)
 //   exp_avg     values of the moments' format (fp32, bf16 or int8 codes), then, for int8,
 //   exp_avg_sq  the fp32 scales of its quantization runs (below), right after the codes
 //               (shard_numel is a multiple of 64, so they start 4-byte aligned)
@@ -22,9 +22,8 @@
 // are whole (its last one may be short). Padding between tensors belongs to no run: its codes
 // stay 0. Runs are listed tensor by tensor, and their scales follow one another.
 //
-// Later formats (a 2-byte master, see docs/design.md) add a field to StateFormats and an
-// element size here; the readers take the extents' sizes from BlockStateLayout, not from a
-// rule of their own.
+// A 2-byte master (StateFormats::master kBf16Stochastic) is shard_numel bf16 values; the
+// readers take the extents' sizes from BlockStateLayout, not from a rule of their own.
 //
 // Plain functions over values; safe from any thread.
 #pragma once
@@ -42,12 +41,17 @@ namespace strata {
 // The formats of a run's optimizer state.
 struct StateFormats {
   StateFormat moments = StateFormat::kFp32;  // exp_avg and exp_avg_sq
+  // The master weights: kFp32 or kBf16Stochastic (kBf16Kahan is not an engine format).
+  MasterFormat master = MasterFormat::kFp32;
 };
 
 // Bytes per value of a moment in `format`, scales apart: 4 (fp32), 2 (bf16), 1 (int8).
 uint32_t MomentElemBytes(StateFormat format);
-// Bytes of optimizer state per parameter moved each way by a step: the fp32 master and both
-// moments, with int8's scales (2 x 4 bytes per kInt8StateBlock): 12, 8, 6 + 1/256.
+// Bytes per value of the master in `format`: 4 (fp32), 2 (bf16).
+uint32_t MasterElemBytes(MasterFormat format);
+// Bytes of optimizer state per parameter moved each way by a step: the master (4 or 2) and
+// both moments, with int8's scales (2 x 4 bytes per kInt8StateBlock): with an fp32 master 12,
+// 8, 6 + 1/256; with a bf16 one 10, 6, 4 + 1/256.
 double StateBytesPerParam(const StateFormats& formats);
 
 // One int8 quantization run of a rank's shard: shard elements [lo, hi), whose blocks count
@@ -90,5 +94,12 @@ BlockStateLayout DescribeBlockState(const BlockLayout& block, int rank, int worl
                                   std::span<const uint8_t> extent, std::span<float> out);
 [[nodiscard]] Status EncodeMoment(const BlockStateLayout& layout, Component component,
                                   std::span<const float> values, std::span<uint8_t> extent);
+// The master of one block's shard as fp32 values from its extent (bf16 widened exactly), and
+// back (bf16: round to nearest, ties to even). InvalidArgument naming the length that is
+// wrong.
+[[nodiscard]] Status DecodeMaster(const BlockStateLayout& layout, std::span<const uint8_t> extent,
+                                  std::span<float> out);
+[[nodiscard]] Status EncodeMaster(const BlockStateLayout& layout, std::span<const float> values,
+                                  std::span<uint8_t> extent);
 
 }  // namespace strata

@@ -61,6 +61,7 @@ struct EngineConfig {
   int grad_spill = 0;         // GradSpill
   int state_format = 0;       // StateFormat
   int state_rounding = 1;     // StateRounding (stochastic)
+  int master_format = 0;      // MasterFormat (0 fp32, 1 bf16 with stochastic rounding)
   std::string io = "auto";    // ParseIoBackendKind
   uint64_t io_block = 0;      // nvme_stripe_bytes; 0 = the default
   int collective_memory = 0;  // CollectiveMemory
@@ -202,6 +203,7 @@ class PyEngine {
     o.grad_spill = static_cast<GradSpill>(c.grad_spill);
     o.state_format = static_cast<StateFormat>(c.state_format);
     o.state_rounding = static_cast<StateRounding>(c.state_rounding);
+    o.master_format = static_cast<MasterFormat>(c.master_format);
     Result<IoBackendKind> io = ParseIoBackendKind(c.io);
     ThrowIfError(io.status());
     o.io.kind = *io;
@@ -561,6 +563,7 @@ void BindEngine(py::module_& m) {
       .def_readwrite("grad_spill", &EngineConfig::grad_spill)
       .def_readwrite("state_format", &EngineConfig::state_format)
       .def_readwrite("state_rounding", &EngineConfig::state_rounding)
+      .def_readwrite("master_format", &EngineConfig::master_format)
       .def_readwrite("io", &EngineConfig::io)
       .def_readwrite("io_block", &EngineConfig::io_block)
       .def_readwrite("collective_memory", &EngineConfig::collective_memory)

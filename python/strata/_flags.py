@@ -7,6 +7,9 @@
                                        run under the next step's forward (opt.step() returns
                                        before they ran; the step commits during the next one)
     state_dtype="fp32"|"bf16"|"bf16-rne"|"int8"  the Adam moments in host memory and on NVMe
+    master_dtype="fp32"|"bf16"         the master weights in host memory and on NVMe; bf16 (rounded
+                                       stochastically) is the model's bf16 params, so it needs a
+                                       bfloat16 model
     io="auto"|"uring"|"posix"          the NVMe backend
     io_block="1M"                      NVMe request size, the swap store's stripe (4K multiple)
     collective_memory="auto"|"device"|"host"  where several ranks gather and reduce
@@ -39,6 +42,7 @@ from ._strata import Error
 _TRI = {"auto": 0, "on": 1, "off": 2}
 _ONOFF = {"on": True, "off": False}
 _STATE = {"fp32": (0, 1), "bf16": (1, 1), "bf16-rne": (1, 0), "int8": (2, 0)}  # (StateFormat, StateRounding)
+_MASTER = {"fp32": 0, "bf16": 1}  # MasterFormat (bf16: kBf16Stochastic)
 _COLLECTIVE = {"auto": 0, "device": 1, "host": 2}
 _IO = ("auto", "uring", "posix")
 
@@ -61,6 +65,7 @@ def apply_run_flags(config, flags, optimizer_threads):
         "pipeline", pipeline, _ONOFF)
     config.state_format, config.state_rounding = _choice(
         "state_dtype", flags.pop("state_dtype", "fp32"), _STATE)
+    config.master_format = _choice("master_dtype", flags.pop("master_dtype", "fp32"), _MASTER)
     config.io = _choice("io", flags.pop("io", "auto"), _IO)
     io_block = flags.pop("io_block", None)
     if io_block is not None:
@@ -76,7 +81,7 @@ def apply_run_flags(config, flags, optimizer_threads):
         optimizer_threads = int(threads)
     if flags:
         raise Error(f"strata.Engine got unknown options {sorted(flags)}; known besides its own: "
-                    "speculate, grad_spill, pipeline, state_dtype, io, io_block, "
+                    "speculate, grad_spill, pipeline, state_dtype, master_dtype, io, io_block, "
                     "collective_memory, threads")
     return optimizer_threads
 

@@ -40,6 +40,7 @@ struct RunConfig {
   WorkingDtype dtype = WorkingDtype::kFp32;
   StateFormat state_format = StateFormat::kFp32;
   bool convert_state_format = false;  // EngineOptions::convert_state_format
+  MasterFormat master_format = MasterFormat::kFp32;
   Speculation speculation = Speculation::kAuto;
   GradSpill grad_spill = GradSpill::kAuto;
   bool pipeline = EngineOptions{}.pipeline_updates;
@@ -115,6 +116,7 @@ inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const Run
   opt.dtype = rc.dtype;
   opt.state_format = rc.state_format;
   opt.convert_state_format = rc.convert_state_format;
+  opt.master_format = rc.master_format;
   opt.schedule = rc.schedule;
   opt.speculation = rc.speculation;
   opt.grad_spill = rc.grad_spill;

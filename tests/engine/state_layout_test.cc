@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/plan.h"
@@ -74,6 +75,34 @@ TEST(StateLayoutTest, BytesPerParamHaveOneSource) {
   EXPECT_EQ(StateBytesPerParam({StateFormat::kBf16}), 8.0);
   EXPECT_EQ(StateBytesPerParam({StateFormat::kInt8}), 6.0 + 8.0 / 2048);
   EXPECT_EQ(MomentElemBytes(StateFormat::kInt8), 1u);
+  const MasterFormat bf16 = MasterFormat::kBf16Stochastic;
+  EXPECT_EQ(StateBytesPerParam({StateFormat::kInt8, bf16}), 4.0 + 8.0 / 2048);
+  EXPECT_EQ(StateBytesPerParam({StateFormat::kFp32, bf16}), 10.0);
+  EXPECT_EQ(MasterElemBytes(bf16), 2u);
+  EXPECT_EQ(MasterElemBytes(MasterFormat::kFp32), 4u);
+}
+
+// A bf16 master's extent is 2 bytes per value; it decodes exactly and encodes to nearest; a
+// wrong length is refused naming it.
+TEST(StateLayoutTest, Bf16MasterEncodesToNearestAndDecodesExactly) {
+  auto layout = engine_internal::ComputeLayout(
+      {BlockSpec{"b", {TensorSpec{"w", {1023}, true}, TensorSpec{"x", {17}, true}}}}, 64, 2);
+  ASSERT_TRUE(layout.ok());
+  const BlockStateLayout st =
+      DescribeBlockState((*layout)[0], 1, 2, {StateFormat::kInt8, MasterFormat::kBf16Stochastic});
+  ASSERT_EQ(st.master.elem_bytes, 2u);
+  ASSERT_EQ(st.master.bytes, 2 * st.master.values);
+  std::vector<float> x(st.master.values);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 3.0f + 1e-3f * float(i);
+  std::vector<uint8_t> e(st.master.bytes);
+  ASSERT_TRUE(EncodeMaster(st, x, e).ok());
+  std::vector<float> y(x.size());
+  ASSERT_TRUE(DecodeMaster(st, e, y).ok());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], Bf16ToFloat(FloatToBf16(x[i]))) << i;
+  std::vector<uint8_t> short_extent(e.size() - 2);
+  const Status bad = DecodeMaster(st, short_extent, y);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find(std::to_string(st.master.bytes)), std::string::npos);
 }
 
 TEST(StateLayoutTest, MomentsEncodeAndDecodeThroughTheLayout) {

@@ -89,6 +89,34 @@ TEST(BenchStepCli, PipelinedRowsAreCommittedStepsWithTheirOwnWrites) {
   EXPECT_GT(on[0].second, 0) << on_out;
 }
 
+// Compact states (issue 42): a step writes every state (durable), int8 moments with a bf16
+// master (the bf16 params themselves) 4 bytes and the scales per parameter against fp32's 12,
+// exactly the bytes the placement predicts; the zero-gradient self-check holds (#wrong 0).
+TEST(BenchStepCli, Int8MomentsAndABf16MasterWriteAThirdOfTheBytes) {
+  strata::testing::TempDir tmp("strata-bench-step");
+  auto writes = [&](const std::string& flags) {
+    const CliRun r = Shell(std::string(kTinyBench) + " --grad-clip 0 --json - " + flags +
+                           " --nvme" + ShellQuote({tmp.File("nvme")}));
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    const auto at = r.output.find('{');
+    if (r.exit_code != 0 || at == std::string::npos) return -1.0;
+    const auto j = nlohmann::json::parse(r.output.substr(at), nullptr, false);
+    if (j.is_discarded()) return -1.0;
+    const auto& last = j["steps"].back();
+    EXPECT_EQ(last["wrong"], 0) << flags;
+    EXPECT_EQ(last["bytes"]["nvme_write"], j["placement"]["predicted_bytes"]["nvme_write"])
+        << flags << "\n"
+        << r.output;
+    return last["bytes"]["nvme_write"].get<double>();
+  };
+  const double fp32 = writes("");
+  const double int8 = writes("--state-dtype int8");
+  const double compact = writes("--state-dtype int8 --master-dtype bf16");
+  EXPECT_GT(compact, 0);
+  EXPECT_LE(int8, 0.55 * fp32);
+  EXPECT_LE(compact, 0.36 * fp32);
+}
+
 // Layer-major micro-batches: per step each block's params and gradient cross as with one
 // micro-batch, the activations the extra micro-batches keep come out of --device-mem (the
 // start-up line says how much), and a budget they do not fit is refused when forced.

@@ -365,6 +365,17 @@ TEST_F(TrainCliTest, BadFlagsNameTheValue) {
   EXPECT_NE(out.find("--state-dtype fp8: expected fp32, bf16, bf16-rne or int8"), std::string::npos)
       << out;
   out.clear();
+  EXPECT_NE(0, Run({"train", "--master-dtype", "fp16", "--steps", "1"}, &out));
+  EXPECT_NE(out.find("--master-dtype fp16: expected fp32 or bf16"), std::string::npos) << out;
+  out.clear();
+  // The bf16 master is the device's bf16 params; the CPU model computes in fp32.
+  EXPECT_NE(0, Run({"train", "--layers", "1", "--d-model", "32", "--heads", "2", "--seq-len", "16",
+                    "--batch", "2", "--steps", "1", "--device", "cpu", "--master-dtype", "bf16"},
+                   &out));
+  EXPECT_NE(out.find("--master-dtype bf16: the bf16 master is the device's params"),
+            std::string::npos)
+      << out;
+  out.clear();
   EXPECT_NE(0, Run({"train", "--init", dir_ + "/missing.safetensors"}, &out));
   EXPECT_NE(out.find("missing.safetensors"), std::string::npos) << out;
 }
@@ -416,6 +427,7 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
       {{"--state-dtype", "bf16"}, "--state-dtype: \"fp32\" -> \"bf16\""},
       {{"--state-dtype", "int8"}, "--state-dtype: \"fp32\" -> \"int8\""},
       {{"--grad-dtype", "bf16"}, "--grad-dtype: \"fp32\" -> \"bf16\""},
+      {{"--master-dtype", "bf16"}, "--master-dtype: \"fp32\" -> \"bf16\""},
   };
   for (const auto& [flags, line] : refused) {
     std::vector<std::string> args = {"train", "--resume", resume, "--steps", "5"};

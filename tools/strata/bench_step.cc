@@ -117,7 +117,9 @@ Status Setup(const Flags& f, std::unique_ptr<trainer::RunSetup>* setup, EngineOp
     STRATA_ASSIGN_OR_RETURN(std::string dir, (*temps)[0].Make("/var/tmp/strata-bench-step-"));
     opt->nvme_paths.push_back(dir);
   }
-  opt->dtype = WorkingDtype::kFp32;  // the bench moves fp32 params on every device
+  // The bench moves fp32 params on every device; a bf16 master is the bf16 params themselves.
+  opt->dtype =
+      opt->master_format == MasterFormat::kFp32 ? WorkingDtype::kFp32 : WorkingDtype::kBf16;
   what->clear();
   return Status::OK();
 }
@@ -391,7 +393,12 @@ class BenchStep {
     for (int b = 0; b < f_.blocks; ++b) {
       bool bad = false;
       STRATA_RETURN_IF_ERROR(engine_->ReadComponent(b, Component::kMaster, v));
-      for (uint64_t i = 0; i < mine && !bad; ++i) bad = v[i] != Pattern(b, first + i);
+      // A bf16 master holds the pattern rounded to nearest (a zero update keeps its bits).
+      const bool bf16 = engine_->Placement().master_format != MasterFormat::kFp32;
+      for (uint64_t i = 0; i < mine && !bad; ++i) {
+        const float want = Pattern(b, first + i);
+        bad = v[i] != (bf16 ? Bf16ToFloat(FloatToBf16(want)) : want);
+      }
       for (Component c : {Component::kExpAvg, Component::kExpAvgSq}) {
         STRATA_RETURN_IF_ERROR(engine_->ReadComponent(b, c, v));
         for (uint64_t i = 0; i < mine && !bad; ++i) bad = v[i] != 0.0f;

@@ -159,13 +159,21 @@ void AddScheduleFlags(CLI::App* cmd, RunFlags* f) {
 
 // The formats of the states and of the gradients.
 void AddPrecisionFlags(CLI::App* cmd, RunFlags* f) {
-  cmd->add_option("--state-dtype", f->state_dtype,
-                  "The Adam moments in host memory and on NVMe: fp32, or bf16 (8 bytes of "
-                  "state per parameter instead of 12, a third less NVMe traffic for them; "
-                  "the master weights stay fp32; rounded stochastically) or bf16-rne (rounded "
-                  "to nearest even, for comparison: it loses exp_avg_sq's small steps) or int8 "
-                  "(8-bit codes with an fp32 scale per block of 2048 values: about 6 bytes of "
-                  "state per parameter, rounded to nearest)")
+  cmd->add_option(
+         "--state-dtype", f->state_dtype,
+         "The Adam moments in host memory and on NVMe: fp32, or bf16 (8 bytes of "
+         "state per parameter instead of 12, a third less NVMe traffic for them; "
+         "the master weights as --master-dtype says; rounded stochastically) or bf16-rne (rounded "
+         "to nearest even, for comparison: it loses exp_avg_sq's small steps) or int8 "
+         "(8-bit codes with an fp32 scale per block of 2048 values: about 6 bytes of "
+         "state per parameter, rounded to nearest)")
+      ->capture_default_str();
+  cmd->add_option("--master-dtype", f->master_dtype,
+                  "The master weights in host memory and on NVMe: fp32, or bf16 (2 bytes per "
+                  "parameter instead of 4, rounded stochastically; they are the device's bf16 "
+                  "params, so no separate copy: with --state-dtype int8 about 4 bytes of state "
+                  "per parameter, a third of fp32's NVMe traffic). Needs the bf16 working dtype "
+                  "(strata train: --device cuda); recorded, and a resume must use the same")
       ->capture_default_str();
   cmd->add_option("--grad-dtype", f->grad_dtype,
                   "Gradients from the device to the host: fp32, or bf16 (rounded to nearest "
@@ -274,6 +282,42 @@ void ApplyRankFlags(const RunFlags& f, trainer::RunConfig* config) {
   config->run_secret_file = f.run_secret_file;
 }
 
+// --state-dtype, --master-dtype and --grad-dtype.
+Status ApplyPrecisionFlags(const RunFlags& f, trainer::RunConfig* config, std::string* failed) {
+  auto fail = [&](const char* flag, Status s) {
+    *failed = flag;
+    return s;
+  };
+  if (f.state_dtype == "fp32") {
+    config->state_format = StateFormat::kFp32;
+  } else if (f.state_dtype == "bf16" || f.state_dtype == "bf16-rne") {
+    config->state_format = StateFormat::kBf16;
+    config->state_rounding =
+        f.state_dtype == "bf16" ? StateRounding::kStochastic : StateRounding::kNearestEven;
+  } else if (f.state_dtype == "int8") {
+    config->state_format = StateFormat::kInt8;
+    config->state_rounding = StateRounding::kNearestEven;
+  } else {
+    return fail("--state-dtype",
+                Status::InvalidArgument("--state-dtype " + f.state_dtype +
+                                        ": expected fp32, bf16, bf16-rne or int8"));
+  }
+  if (f.master_dtype == "fp32" || f.master_dtype == "bf16") {
+    config->master_format =
+        f.master_dtype == "bf16" ? MasterFormat::kBf16Stochastic : MasterFormat::kFp32;
+  } else {
+    return fail("--master-dtype", Status::InvalidArgument("--master-dtype " + f.master_dtype +
+                                                          ": expected fp32 or bf16"));
+  }
+  if (f.grad_dtype == "fp32" || f.grad_dtype == "bf16") {
+    config->grad_dtype = f.grad_dtype == "bf16" ? GradDtype::kBf16 : GradDtype::kFp32;
+  } else {
+    return fail("--grad-dtype", Status::InvalidArgument("--grad-dtype " + f.grad_dtype +
+                                                        ": expected fp32 or bf16"));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string* failed) {
@@ -350,26 +394,7 @@ Status ApplyRunFlags(const RunFlags& f, trainer::RunConfig* config, std::string*
                 Status::InvalidArgument("--pipeline " + f.pipeline + ": expected on or off"));
   }
   config->pipeline_updates = f.pipeline == "on";
-  if (f.state_dtype == "fp32") {
-    config->state_format = StateFormat::kFp32;
-  } else if (f.state_dtype == "bf16" || f.state_dtype == "bf16-rne") {
-    config->state_format = StateFormat::kBf16;
-    config->state_rounding =
-        f.state_dtype == "bf16" ? StateRounding::kStochastic : StateRounding::kNearestEven;
-  } else if (f.state_dtype == "int8") {
-    config->state_format = StateFormat::kInt8;
-    config->state_rounding = StateRounding::kNearestEven;
-  } else {
-    return fail("--state-dtype",
-                Status::InvalidArgument("--state-dtype " + f.state_dtype +
-                                        ": expected fp32, bf16, bf16-rne or int8"));
-  }
-  if (f.grad_dtype == "fp32" || f.grad_dtype == "bf16") {
-    config->grad_dtype = f.grad_dtype == "bf16" ? GradDtype::kBf16 : GradDtype::kFp32;
-  } else {
-    return fail("--grad-dtype", Status::InvalidArgument("--grad-dtype " + f.grad_dtype +
-                                                        ": expected fp32 or bf16"));
-  }
+  STRATA_RETURN_IF_ERROR(ApplyPrecisionFlags(f, config, failed));
   config->trace = f.trace;
   if (!f.trace_steps.empty()) {
     auto range = ParseStepRange(f.trace_steps);

@@ -29,8 +29,9 @@ struct RunFlags {
   std::string speculate = SpeculationName(trainer::RunConfig{}.speculation);
   std::string grad_spill = GradSpillName(trainer::RunConfig{}.grad_spill);
   std::string pipeline = trainer::RunConfig{}.pipeline_updates ? "on" : "off";
-  std::string state_dtype = "fp32";  // fp32, bf16 (stochastic rounding) or bf16-rne
-  std::string grad_dtype = "fp32";   // fp32 or bf16 (device -> host)
+  std::string state_dtype = "fp32";   // fp32, bf16 (stochastic rounding) or bf16-rne
+  std::string master_dtype = "fp32";  // fp32 or bf16 (stochastic rounding)
+  std::string grad_dtype = "fp32";    // fp32 or bf16 (device -> host)
   std::string trace;
   std::string trace_steps;  // "a:b", "a:", ":b" or "a"; "" = every step
   std::string io = IoBackendKindName(trainer::RunConfig{}.io);

@@ -116,6 +116,8 @@ void ModelFromRecord(const RunRecord& record, RunStore* s) {
   s->state_dtype = RecordedString(record, "state-dtype");
   if (s->state_dtype.rfind("bf16", 0) == 0) s->state_dtype = "bf16";
   if (s->state_dtype.empty()) s->state_dtype = "fp32";  // a record from before the flag
+  s->master_dtype = RecordedString(record, "master-dtype");
+  if (s->master_dtype.empty()) s->master_dtype = "fp32";  // a record from before the flag
   const uint32_t alignment = EngineOptions{}.tensor_alignment;
   if (!RecordedString(record, "init").empty() && !s->ranks.empty() && s->ranks[0].reader) {
     // --init's wpe may have more rows than --seq-len: the stored embedding block says.
@@ -215,8 +217,23 @@ std::string ExtentKey(int block, const std::string& component) {
   return key;
 }
 
+namespace {
+
+// The recorded --master-dtype as the engine's format; nullopt for one this build does not know.
+std::optional<MasterFormat> RecordedMaster(const RunStore& store) {
+  if (store.master_dtype == "fp32") return MasterFormat::kFp32;
+  if (store.master_dtype == "bf16") return MasterFormat::kBf16Stochastic;
+  return std::nullopt;
+}
+
+}  // namespace
+
 uint64_t ElementBytes(const RunStore& store, const std::string& component) {
   if (component == "param") return 2;
+  if (component == "master") {
+    const std::optional<MasterFormat> m = RecordedMaster(store);
+    return m ? MasterElemBytes(*m) : 0;
+  }
   if (component == "exp_avg" || component == "exp_avg_sq") {
     const Result<StateFormat> f = ParseStateFormat(store.state_dtype);
     return f.ok() ? MomentElemBytes(*f) : 0;
@@ -227,9 +244,12 @@ uint64_t ElementBytes(const RunStore& store, const std::string& component) {
 uint64_t ExtentBytes(const RunStore& store, int block, int rank, const std::string& component) {
   const uint64_t elem = ElementBytes(store, component);
   if (elem == 0 || component == "param") return store.layouts[block].shard_numel * elem;
+  // (A master's length does not depend on the moments' format.)
+  const Result<StateFormat> moments = ParseStateFormat(store.state_dtype);
   const BlockStateLayout st =
       DescribeBlockState(store.layouts[block], rank, store.world_size,
-                         StateFormats{*ParseStateFormat(store.state_dtype)});
+                         StateFormats{moments.ok() ? *moments : StateFormat::kFp32,
+                                      RecordedMaster(store).value_or(MasterFormat::kFp32)});
   const Component c = component == "master"    ? Component::kMaster
                       : component == "exp_avg" ? Component::kExpAvg
                                                : Component::kExpAvgSq;

@@ -7,11 +7,12 @@
 // which case the other ranks' folders come from its run record (the --nvme it recorded, or,
 // for a store moved since, DIR with its last component, the rank number, replaced).
 //
-// What each rank's store holds: extent "b<i>.master", the fp32 master weights of shard r of
-// block i's flat buffer (ComputeBlockLayout of the recorded model at N ranks); "b<i>.exp_avg"
-// and "b<i>.exp_avg_sq", the Adam moments of the same elements (fp32, or bf16 with
+// What each rank's store holds: extent "b<i>.master", the master weights (fp32, or bf16 with
+// --master-dtype bf16) of shard r of block i's flat buffer (ComputeBlockLayout of the recorded
+// model at N ranks); "b<i>.exp_avg" and "b<i>.exp_avg_sq", the Adam moments of the same elements
+// (fp32, or bf16 with
 // --state-dtype bf16, or int8 codes followed by their scales: strata/state_layout.h);
-// "b<i>.param", the bf16 working copy on CUDA. Tensor t of block i is
+// "b<i>.param", the bf16 working copy on CUDA with an fp32 master. Tensor t of block i is
 // full-block elements [offset, offset + numel): shard r holds [r·S, (r+1)·S), S the shard
 // length, so a tensor is read from the one or more ranks whose shards it meets.
 //
@@ -48,6 +49,7 @@ struct RunStore {
   std::vector<BlockSpec> specs;
   std::vector<BlockLayout> layouts;  // at world_size ranks
   std::string state_dtype;           // the moments as recorded: "fp32", "bf16" or another
+  std::string master_dtype;          // the master as recorded: "fp32", "bf16" or another
   std::vector<RankStore> ranks;
   // Everything found wrong, each naming the file (and offset): a missing rank, a damaged
   // manifest or record, ranks that disagree, extents the model does not fit. Reading the
@@ -60,7 +62,7 @@ struct RunStore {
 Result<RunStore> OpenRunStore(const std::string& dir, const StoreReaderOptions& options);
 
 // The bytes one element of `component` ("master", "exp_avg", ...) takes in `store`'s extents;
-// 0 for moments in a state format this build does not read (verify checks their checksums
+// 0 for moments or a master in a format this build does not read (verify checks their checksums
 // only; export --with-optimizer refuses them).
 uint64_t ElementBytes(const RunStore& store, const std::string& component);
 // The length extent "b<block>.<component>" of `rank` must have (strata/state_layout.h); 0 for

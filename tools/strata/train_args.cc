@@ -51,6 +51,7 @@ std::vector<Setting> TrainSettings(TrainArgs& a) {
       {"grad-spill", free, &a.run.grad_spill},  // bit-identical either way
       {"pipeline", free, &a.run.pipeline},      // bit-identical either way
       {"state-dtype", a.allow_state_dtype_change ? free : fixed, &a.run.state_dtype},
+      {"master-dtype", fixed, &a.run.master_dtype},
       {"grad-dtype", fixed, &a.run.grad_dtype},
       {"device", fixed, &a.run.device},
       {"comm-backend", fixed, &a.run.comm_backend},

@@ -239,6 +239,7 @@ nlohmann::json PrintPlacement(const TrainReportInputs& in) {
           {"grad_clip", rc.grad_clip},
           {"state_dtype", StateFormatName(rc.state_format)},
           {"state_rounding", StateRoundingName(rc.state_rounding)},
+          {"master_dtype", MasterFormatName(rc.master_format)},
           {"grad_dtype", GradDtypeName(rc.grad_dtype)},
           {"seed", in.seed},
           {"recompute", t.recompute},

@@ -105,7 +105,7 @@ nlohmann::json Describe(const RunStore& s) {
   }
   nlohmann::json dj;
   for (const auto& [comp, bytes] : dtypes) {
-    dj[comp] = comp == "master" ? "fp32"
+    dj[comp] = comp == "master" ? s.master_dtype
                : bytes == 2     ? "bf16"
                : bytes == 4     ? "fp32"
                                 : s.state_dtype;
