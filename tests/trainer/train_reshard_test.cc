@@ -156,26 +156,27 @@ class TrainReshardTest : public ::testing::Test {
     EXPECT_EQ(v.exit_code, 0) << v.output;
   }
 
-  // Rank by rank, `args` on `world` ranks, `victim` with `env` (or SIGKILLed `after` from the
-  // start when env is empty); waits (bounded) for every rank.
-  void RunAndKill(int world, const std::vector<std::string>& args, int victim,
-                  const std::vector<std::string>& env, std::chrono::milliseconds after,
-                  const std::string& tag) {
+  // Rank by rank, rank r with `args[r]` (and `env[r]`); the rank `victim` (if any) is
+  // SIGKILLed `after` from the start. Waits (bounded) for every rank; their wait statuses.
+  std::vector<int> RunRanks(const std::vector<std::vector<std::string>>& args,
+                            const std::vector<std::vector<std::string>>& env, int victim,
+                            std::chrono::milliseconds after, const std::string& tag) {
+    const int world = int(args.size());
     const std::string rdv = dir_ + "/rdv-" + tag;
-    ASSERT_EQ(0, std::system(("mkdir -p " + rdv).c_str()));
+    EXPECT_EQ(0, std::system(("mkdir -p " + rdv).c_str()));
     std::vector<pid_t> pids;
     std::vector<int> fds;
     for (int r = 0; r < world; ++r) {
       int fd = -1;
-      pids.push_back(strata::testing::SpawnRank(r, world, rdv, args, &fd,
+      pids.push_back(strata::testing::SpawnRank(r, world, rdv, args[size_t(r)], &fd,
                                                 dir_ + "/err-" + tag + std::to_string(r),
-                                                r == victim ? env : std::vector<std::string>{}));
+                                                env[size_t(r)]));
       fds.push_back(fd);
     }
     const auto start = std::chrono::steady_clock::now();
-    bool killed = !env.empty();
+    bool killed = victim < 0;
     int left = world;
-    std::vector<bool> done(size_t(world), false);
+    std::vector<int> status(size_t(world), -1);
     char buf[4096];
     while (left > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
       if (!killed && std::chrono::steady_clock::now() - start >= after) {
@@ -184,8 +185,8 @@ class TrainReshardTest : public ::testing::Test {
       }
       for (int r = 0; r < world; ++r) {
         int st = 0;
-        if (!done[size_t(r)] && waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
-          done[size_t(r)] = true;
+        if (status[size_t(r)] == -1 && waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
+          status[size_t(r)] = st;
           --left;
         }
         fcntl(fds[size_t(r)], F_SETFL, fcntl(fds[size_t(r)], F_GETFL) | O_NONBLOCK);
@@ -195,13 +196,27 @@ class TrainReshardTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     for (int r = 0; r < world; ++r) {
-      if (!done[size_t(r)]) {
+      if (status[size_t(r)] == -1) {
         kill(pids[size_t(r)], SIGKILL);
         waitpid(pids[size_t(r)], nullptr, 0);
         ADD_FAILURE() << tag << ": rank " << r << " hung";
       }
       close(fds[size_t(r)]);
     }
+    return status;
+  }
+  // `args` on `world` ranks, `victim` with `env` (or SIGKILLed `after` from the start when
+  // env is empty). Whether the victim died by that SIGKILL (a kill after the run ended, or
+  // at a point the run never reaches, tests nothing); the wait status in *status.
+  bool RunAndKill(int world, const std::vector<std::string>& args, int victim,
+                  const std::vector<std::string>& env, std::chrono::milliseconds after,
+                  const std::string& tag, int* status) {
+    std::vector<std::vector<std::string>> envs(static_cast<size_t>(world));
+    envs[size_t(victim)] = env;
+    const std::vector<int> st = RunRanks(std::vector<std::vector<std::string>>(size_t(world), args),
+                                         envs, env.empty() ? victim : -1, after, tag);
+    *status = st[size_t(victim)];
+    return *status != -1 && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL;
   }
 
   strata::testing::TempDir tmp_{"strata-reshard"};
@@ -247,15 +262,28 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
         Run(2, Args(store, kStop, false, store + "/a.json"), store + "/a.json", &out).is_null())
         << out;
     const int victim = int(rng() % 3);
-    const auto after = std::chrono::milliseconds(200 + rng() % 1500);
+    auto after = std::chrono::milliseconds(200 + rng() % 1500);
+    std::vector<std::string> args = Args(store, kSteps, true, store + "/{rank}.k.json");
+    const std::vector<std::string> env =
+        k.point.empty() ? std::vector<std::string>{}
+                        : std::vector<std::string>{"STRATA_TEST_KILL_AT=" + k.point + ":1"};
+    // A random moment that came after the run ended is tried again sooner, on the store as
+    // it was (kept in a copy).
+    ASSERT_EQ(0, std::system(("cp -a " + store + " " + store + "-before").c_str()));
+    int status = -1;
+    for (int attempt = 0;
+         !RunAndKill(3, args, victim, env, after, tag + "a" + std::to_string(attempt), &status) &&
+         k.point.empty() && attempt < 6;
+         ++attempt) {
+      after = std::max(std::chrono::milliseconds(10), after / 3);
+      ASSERT_EQ(
+          0, std::system(("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str()));
+    }
     const std::string what =
         (k.point.empty() ? "SIGKILL after " + std::to_string(after.count()) + " ms" : k.point) +
         " on rank " + std::to_string(victim) + " of 3";
-    std::vector<std::string> args = Args(store, kSteps, true, store + "/{rank}.k.json");
-    RunAndKill(3, args, victim,
-               k.point.empty() ? std::vector<std::string>{}
-                               : std::vector<std::string>{"STRATA_TEST_KILL_AT=" + k.point + ":1"},
-               after, tag);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << what << ": the rank was not killed (wait status " << status << ")";
     if (k.old_count_resumes) {
       // Nothing finished: the store is still the 2 ranks' (a copy resumed there).
       const std::string copy = store + "-old";
@@ -265,6 +293,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
       ASSERT_FALSE(j.is_null()) << what << "\n" << out;
       EXPECT_FALSE(j["config"].contains("resharded")) << what;
       const std::vector<double> got = Losses(j);
+      ASSERT_EQ(got.size(), size_t(kSteps - kStop)) << what;
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i], full[full.size() - got.size() + i]) << what;
       }
@@ -273,6 +302,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
         Run(3, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out);
     ASSERT_FALSE(j.is_null()) << what << ": the resume failed\n" << out;
     const std::vector<double> got = Losses(j);
+    ASSERT_FALSE(got.empty()) << what << ": the resume trained nothing (the kill came too late)";
     for (size_t i = 0; i < got.size(); ++i) {
       const double ref = full[full.size() - got.size() + i];
       EXPECT_LE(std::abs(got[i] - ref), 1e-6 * std::abs(ref))
