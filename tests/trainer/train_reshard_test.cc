@@ -232,6 +232,43 @@ TEST_F(TrainReshardTest, TwoRanksResumeOnOneThreeAndFour) {
   }
 }
 
+// Two hosts with node-local folders: rank 1's host holds its own folder and no folder of
+// rank 0's. Each rank resumes from its own record and store (rank 0's is read only by a rank
+// that has none, one a re-sharding adds).
+TEST_F(TrainReshardTest, EachRankResumesFromItsOwnFolder) {
+  const std::string a = dir_ + "/hostA", b = dir_ + "/hostB";
+  ASSERT_EQ(0, std::system(("mkdir -p " + a + " " + b).c_str()));
+  std::string out;
+  ASSERT_FALSE(Run(2, Args(a, kStop, false, a + "/a.json"), a + "/a.json", &out).is_null()) << out;
+  ASSERT_EQ(0, std::rename((a + "/1").c_str(), (b + "/1").c_str()));
+  const std::vector<int> st =
+      RunRanks({Args(a, kSteps, true, a + "/r.json"), Args(b, kSteps, true, b + "/r.json")},
+               {{}, {}}, -1, std::chrono::milliseconds(0), "hosts");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(WIFEXITED(st[size_t(r)]) && WEXITSTATUS(st[size_t(r)]) == 0)
+        << "rank " << r << ": " << Slurp(dir_ + "/err-hosts" + std::to_string(r));
+  }
+  std::ifstream f(a + "/r.json");
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(Losses(j).size(), size_t(kSteps - kStop));
+}
+
+// A store whose manifests name no rank count (killed before its first commit) cannot be
+// re-sharded: a resume on another count is refused by the record's world size.
+TEST_F(TrainReshardTest, AStoreWithoutARankCountResumesOnItsOwnCount) {
+  const std::string store = dir_ + "/nocount";
+  ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
+  const std::vector<std::string> kill = {"STRATA_TEST_KILL_AT=commit_begin:1"};
+  const std::vector<std::string> args = Args(store, kStop, false, store + "/a.json");
+  RunRanks({args, args}, {kill, kill}, -1, std::chrono::milliseconds(0), "nocount");
+  ASSERT_TRUE(std::ifstream(store + "/0/strata.run.toml").good());
+  std::string out;
+  EXPECT_TRUE(
+      Run(1, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out).is_null());
+  EXPECT_NE(out.find("ranks (WORLD_SIZE): 2 -> 1"), std::string::npos) << out;
+}
+
 TEST_F(TrainReshardTest, FourRanksResumeOnTwo) {
   const std::vector<double> full = Full(4);
   ASSERT_EQ(full.size(), size_t(kSteps));

@@ -506,9 +506,7 @@ void PlanResharding(const TrainArgs& a, const RankInfo& ri, EngineOptions* eo) {
   const int n = a.stored_world_size;
   eo->reshard_from.world_size = n;
   for (int q = 0; q < n; ++q) {
-    RankInfo old = ri;
-    old.rank = q;
-    old.local_rank = q;
+    const RankInfo old = StoredRank(ri, q);
     std::vector<std::string> folders;
     for (const std::string& f : a.run.nvme) folders.push_back(RankPath(f, old));
     eo->reshard_from.nvme_paths.push_back(std::move(folders));
