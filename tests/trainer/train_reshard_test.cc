@@ -269,6 +269,46 @@ TEST_F(TrainReshardTest, AStoreWithoutARankCountResumesOnItsOwnCount) {
   EXPECT_NE(out.find("ranks (WORLD_SIZE): 2 -> 1"), std::string::npos) << out;
 }
 
+// A re-sharding resume cannot cut int8 moments, nor moments converted on the same resume:
+// refused by name before anything is re-sharded (no "# re-sharding" line). With the stored
+// format given again, --allow-state-dtype-change converts nothing and the re-sharding runs.
+TEST_F(TrainReshardTest, Int8AndConvertingReshardsAreRefusedFirst) {
+  struct Case {
+    std::string stored;                    // --state-dtype of the 2-rank run
+    std::vector<std::string> resume_with;  // added to the 3-rank resume
+    std::string expect;                    // in the refusal; "" for none
+  };
+  const std::vector<Case> cases = {
+      {"int8", {}, "its Adam moments are int8"},
+      {"fp32", {"--state-dtype", "bf16", "--allow-state-dtype-change"}, "fp32 -> bf16"},
+      {"fp32", {"--state-dtype", "fp32", "--allow-state-dtype-change"}, ""},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string store = dir_ + "/dt" + std::to_string(++n);
+    ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
+    std::vector<std::string> first = Args(store, kStop, false, store + "/a.json");
+    first.insert(first.end(), {"--state-dtype", c.stored});
+    std::string out;
+    ASSERT_FALSE(Run(2, first, store + "/a.json", &out).is_null()) << out;
+    std::vector<std::string> resume = Args(store, kSteps, true, store + "/r.json");
+    resume.insert(resume.end(), c.resume_with.begin(), c.resume_with.end());
+    out.clear();
+    const nlohmann::json j = Run(3, resume, store + "/r.json", &out);
+    if (c.expect.empty()) {
+      ASSERT_FALSE(j.is_null()) << out;
+      EXPECT_NE(out.find("# re-sharding"), std::string::npos) << out;
+      EXPECT_EQ(out.find("converted"), std::string::npos) << out;
+      EXPECT_EQ(Losses(j).size(), size_t(kSteps - kStop));
+      continue;
+    }
+    EXPECT_TRUE(j.is_null()) << c.expect;
+    EXPECT_NE(out.find(c.expect), std::string::npos) << out;
+    EXPECT_NE(out.find("re-sharded onto 3"), std::string::npos) << out;
+    EXPECT_EQ(out.find("# re-sharding"), std::string::npos) << "refused after it began:\n" << out;
+  }
+}
+
 TEST_F(TrainReshardTest, FourRanksResumeOnTwo) {
   const std::vector<double> full = Full(4);
   ASSERT_EQ(full.size(), size_t(kSteps));

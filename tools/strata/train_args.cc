@@ -177,6 +177,12 @@ Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what)
   return Status::OK();
 }
 
+bool ConvertsMoments(const TrainArgs& a) {
+  auto format = [](const std::string& d) { return d == "bf16-rne" ? std::string("bf16") : d; };
+  return !a.resume.empty() && a.allow_state_dtype_change &&
+         format(a.stored_state_dtype) != format(a.run.state_dtype);
+}
+
 namespace {
 
 using GivenFn = std::function<bool(const std::string&)>;
@@ -366,6 +372,29 @@ Result<ResumedRecord> RecordSource(const std::string& resume, const RankInfo& ra
   return ResumedRecord{source, std::move(record)};
 }
 
+// A re-sharding resume cuts each extent of the old ranks' stores as elements: an int8
+// moment extent holds codes and a scale per quantization block, which a shard boundary would
+// cut (and a conversion would re-shard what it has not committed yet). Refused by name here,
+// before anything is opened or printed about the re-sharding (the engine refuses it too).
+Status RefuseUnsupportedResharding(const TrainArgs& a, const StoredLayout& layout,
+                                   const RankInfo& rank) {
+  if (layout.world_size == 0 || layout.world_size == rank.world_size) return Status::OK();
+  const std::string why =
+      ConvertsMoments(a) ? "--allow-state-dtype-change converts its Adam moments (--state-dtype " +
+                               a.stored_state_dtype + " -> " + a.run.state_dtype + ")"
+      : a.run.state_dtype == "int8" ? "its Adam moments are int8 (--state-dtype int8)"
+                                    : "";
+  if (why.empty()) return Status::OK();
+  const std::string n = std::to_string(layout.world_size);
+  return Status::NotSupported("--resume " + a.resume + ": the stored state of " + n +
+                              " rank(s) would be re-sharded onto " +
+                              std::to_string(rank.world_size) + ", but " + why +
+                              ", which a re-sharding cannot cut yet; resume it on the " + n +
+                              " ranks that wrote it (converting it there first to fp32 or bf16 "
+                              "with --allow-state-dtype-change, then re-shard that)")
+      .WithPath(a.resume);
+}
+
 // --resume: merges the stored run's record into the flags (run_record.h) and takes its
 // identity.
 Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
@@ -382,8 +411,10 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   a->stored_step = layout.step;
   const std::string folder = RankPath(a->resume, source);
   // The recorded schedule decides whether --steps may change (it shapes a cosine one).
+  a->stored_state_dtype = RunFlags{}.state_dtype;  // a record before --state-dtype: fp32
   for (const auto& [key, inputs] : record.train) {
     if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
+    if (key == "state-dtype" && !inputs.empty()) a->stored_state_dtype = inputs[0];
   }
   std::vector<std::string> applied;
   auto identity = [&](RunIdentity* id) -> Status {
@@ -404,6 +435,7 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   for (const std::string& line : applied) {
     std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
   }
+  STRATA_RETURN_IF_ERROR(RefuseUnsupportedResharding(*a, layout, rank));
   for (std::string& f : a->run.nvme) f = AbsolutePath(f);
   STRATA_RETURN_IF_ERROR(PlaceMovedStore(a, record, source, given));
   a->run_id = record.identity.run_id;
