@@ -499,6 +499,15 @@ class RunRecorder {
     *what = "recording the converted moments' format in the --nvme folders";
     return Record();
   }
+  // After the steps, which ended with `ran`: the last commit (Flush) may be the first, and a
+  // run that failed after one records it too. `ran`, else the recording's failure.
+  Status Finish(Status ran, std::string* what) {
+    std::string recording;
+    Status recorded = AfterCommit(&recording);
+    if (!ran.ok() || recorded.ok()) return ran;
+    *what = recording;
+    return recorded;
+  }
 
  private:
   Status Record() {
@@ -694,7 +703,7 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   const bool lead = ri.rank == 0;
   // Flushes the engine at the end (the last step commits), also after Ctrl-C.
   Status ran = RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what);
-  if (ran.ok()) ran = recorder.AfterCommit(what);  // the last commit (Flush) may be the first
+  ran = recorder.Finish(std::move(ran), what);
   if (!ran.ok()) return FailAfterSteps(json_out, lead, totals, ran, &js, *what);
   PrintTotals(totals);
   js["totals"] = TotalsJson(totals);
