@@ -286,14 +286,18 @@ Result<int> SwapFolders::OpenDataFile(IoBackend& backend, size_t i, bool direct)
   return backend.OpenFile(f.data_file_name, oo);
 }
 
-Result<std::optional<uint64_t>> SwapFolders::PeekCommittedStep(const std::string& folder) {
+Result<Manifest> SwapFolders::PeekManifest(const std::string& folder) {
   const std::string path = JoinPath(folder, kManifestName);
   int dir = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return Status::FromErrno(errno, "opening folder " + folder).WithPath(folder);
   Result<std::string> bytes = ReadWholeFile(dir, kManifestName, path);
   close(dir);
   if (!bytes.ok()) return bytes.status();
-  STRATA_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(*bytes, path));
+  return DecodeManifest(*bytes, path);
+}
+
+Result<std::optional<uint64_t>> SwapFolders::PeekCommittedStep(const std::string& folder) {
+  STRATA_ASSIGN_OR_RETURN(const Manifest m, PeekManifest(folder));
   return m.step;
 }
 

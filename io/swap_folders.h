@@ -37,7 +37,11 @@ class SwapFolders {
   // or locking anything: a store that is only to be reopened checks it first, so that a
   // folder it refuses is left as it was (no lock file made).
   static bool HasManifest(const std::string& folder);
-  // The committed step named by `folder`'s manifest, read without locking (see
+  // `folder`'s committed manifest, read once and decoded without locking: the open's error
+  // (NotFound without one; InvalidArgument for a link or non-regular file), Corruption
+  // naming the file when it does not decode.
+  static Result<Manifest> PeekManifest(const std::string& folder);
+  // The committed step named by `folder`'s manifest (PeekManifest's; see
   // SwapStore::PeekCommittedStep).
   static Result<std::optional<uint64_t>> PeekCommittedStep(const std::string& folder);
   // The names of the files that hold the committed state in folder `index` of `folders`

@@ -105,23 +105,17 @@ Result<std::optional<uint64_t>> SwapStore::PeekCommittedStep(const std::string& 
 Result<SwapStore::Peek> SwapStore::PeekManifests(const std::string& folder) {
   Peek p;
   const std::string path = swap_internal::JoinPath(folder, "strata.manifest");
-  STRATA_ASSIGN_OR_RETURN(p.step, swap_internal::SwapFolders::PeekCommittedStep(folder));
-  // PeekCommittedStep decoded it; the run identity is read the same way.
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd >= 0) {
-    std::string bytes;
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0) bytes.append(buf, size_t(n));
-    close(fd);
-    auto m = swap_internal::DecodeManifest(bytes, path);
-    if (m.ok()) p.run_id = m->run_id;
-  }
+  // Read once: the step and the identity come from the same manifest.
+  STRATA_ASSIGN_OR_RETURN(const swap_internal::Manifest m,
+                          swap_internal::SwapFolders::PeekManifest(folder));
+  p.step = m.step;
+  p.run_id = m.run_id;
   if (auto tmp = swap_internal::SwapFolders::PeekTemporary(folder)) {
-    auto m = swap_internal::DecodeManifest(*tmp, path + ".tmp");
-    if (m.ok() && m->step) {
-      p.prepared_step = m->step;
-      p.prepared_run_id = m->run_id;
+    // A torn prepared manifest is none (a commit cut short before it was complete).
+    auto prepared = swap_internal::DecodeManifest(*tmp, path + ".tmp");
+    if (prepared.ok() && prepared->step) {
+      p.prepared_step = prepared->step;
+      p.prepared_run_id = prepared->run_id;
     }
   }
   return p;

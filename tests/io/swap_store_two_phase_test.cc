@@ -2,8 +2,11 @@
 // about a prepared commit cut short (SwapStoreOptions::resolve_prepared): what the ranks of
 // one run rely on to never be left without a step they all hold.
 #include <gtest/gtest.h>
+#include <sys/inotify.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -216,4 +219,57 @@ TEST(SwapStoreTwoPhaseTest, ARestampUnderANewIdentityIsTwoPhase) {
 }
 
 }  // namespace
+// PeekManifests, what a resume reads of each rank's store before opening it: the committed
+// manifest is opened and read once (its step and identity from the same bytes), and one
+// that does not decode (truncated, or edited) is Corruption naming the file.
+TEST(SwapStorePeekTest, ReadsTheManifestOnceAndNamesADamagedOne) {
+  TempDir dir;
+  {
+    Seen seen;
+    SwapStoreOptions o = Options(dir.path(), &seen, false);
+    o.run_id = "run rank 0 of 1";
+    auto store = SwapStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE(WriteString(**store, "a", Pattern(3000, 1)).ok());
+    ASSERT_TRUE((*store)->Commit(4).ok());
+  }
+  const std::string manifest = dir.path() + "/strata.manifest";
+  const int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(in, 0);
+  // Closes watched too: identical events in a row are coalesced into one.
+  ASSERT_GE(inotify_add_watch(in, manifest.c_str(), IN_OPEN | IN_CLOSE_NOWRITE), 0);
+  auto peek = SwapStore::PeekManifests(dir.path());
+  ASSERT_TRUE(peek.ok()) << peek.status().ToString();
+  EXPECT_EQ(peek->step, std::optional<uint64_t>(4));
+  EXPECT_EQ(peek->run_id, "run rank 0 of 1");
+  int opens = 0;
+  alignas(inotify_event) char events[4096];
+  for (ssize_t n; (n = read(in, events, sizeof events)) > 0;) {
+    for (ssize_t at = 0; at < n;) {
+      const auto* e = reinterpret_cast<const inotify_event*>(events + at);
+      opens += (e->mask & IN_OPEN) != 0;
+      at += ssize_t(sizeof(inotify_event) + e->len);
+    }
+  }
+  close(in);
+  EXPECT_EQ(opens, 1) << manifest << " was opened " << opens << " times";
+
+  std::string bytes;
+  {
+    std::ifstream f(manifest, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 16u);
+  std::string edited = bytes;
+  edited[edited.size() / 2] ^= 0x20;
+  for (const std::string& damaged : {bytes.substr(0, bytes.size() / 2), edited, std::string()}) {
+    std::ofstream(manifest, std::ios::binary | std::ios::trunc) << damaged;
+    auto p = SwapStore::PeekManifests(dir.path());
+    ASSERT_FALSE(p.ok()) << damaged.size() << " bytes";
+    EXPECT_EQ(p.status().code(), StatusCode::kCorruption) << p.status().ToString();
+    EXPECT_EQ(p.status().path(), manifest) << p.status().ToString();
+    EXPECT_NE(p.status().message().find(manifest), std::string::npos) << p.status().ToString();
+  }
+}
+
 }  // namespace strata

@@ -99,11 +99,11 @@ TEST(CommFlags, HelpExplainsTheFlags) {
   }
 }
 
-// `strata train --run-secret-file`: two ranks (under launch, whose own fresh secret the flag
-// overrides) that read one file train; ranks given files with other secrets refuse each
-// other's keys and time out naming the key; a file other users may read is refused before
-// the ranks meet.
-TEST(CommFlags, TrainTakesTheRunSecretFromAFile) {
+// `command --run-secret-file` (train, bench comm): two ranks (under launch, whose own fresh
+// secret the flag overrides) that read one file run; ranks given files with other secrets
+// refuse each other's keys and time out naming the key; a file other users may read is
+// refused before the ranks meet.
+void TakesTheRunSecretFromAFile(const std::string& command) {
   strata::testing::TempDir tmp("strata-secret-file");
   auto write = [&](const std::string& name, const std::string& text, mode_t mode) {
     std::ofstream(tmp.File(name)) << text << "\n";
@@ -115,9 +115,9 @@ TEST(CommFlags, TrainTakesTheRunSecretFromAFile) {
   write("open0", "one-secret", 0644);
   write("open1", "one-secret", 0644);
   auto launch = [&](const std::string& file) {
-    const std::string train = std::string(STRATA_CLI_PATH) + " " + kTinyTrain +
-                              "--comm-timeout 5 --run-secret-file " + tmp.File(file) + "$RANK";
-    return Shell("launch -n 2 -- sh -c " + strata::testing::ShellQuote({"exec " + train}));
+    const std::string run = std::string(STRATA_CLI_PATH) + " " + command +
+                            "--comm-timeout 5 --run-secret-file " + tmp.File(file) + "$RANK";
+    return Shell("launch -n 2 -- sh -c " + strata::testing::ShellQuote({"exec " + run}));
   };
   const CliRun same = launch("same");
   EXPECT_EQ(same.exit_code, 0) << same.output;
@@ -129,6 +129,15 @@ TEST(CommFlags, TrainTakesTheRunSecretFromAFile) {
   const CliRun open = launch("open");
   EXPECT_NE(open.exit_code, 0) << open.output;
   EXPECT_TRUE(Contains(open.output, "chmod 600 " + tmp.File("open"))) << open.output;
+}
+
+TEST(CommFlags, TrainTakesTheRunSecretFromAFile) { TakesTheRunSecretFromAFile(kTinyTrain); }
+
+// bench comm joins ranks too, and takes the secret as train and launch do.
+TEST(CommFlags, BenchCommTakesTheRunSecretFromAFile) {
+  TakesTheRunSecretFromAFile(
+      "bench comm --op all-reduce --backend gloo --min-bytes 64 --max-bytes 64 --iters 1 "
+      "--warmup 0 --tcp-bytes 0 ");
 }
 
 }  // namespace

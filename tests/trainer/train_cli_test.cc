@@ -481,6 +481,17 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
   out.clear();
   EXPECT_EQ(1, Run({"train", "--resume", resume, "--state-dtype", "int8"}, &out)) << out;
   EXPECT_NE(out.find("--allow-state-dtype-change"), std::string::npos) << out;
+  // Killed before the converted moments' first commit: the record still names the stored
+  // format, so the store verifies (a record saying int8 over fp32 extents read as damage).
+  out.clear();
+  ::setenv("STRATA_TEST_KILL_AT", "commit_begin:1", 1);
+  const int killed = Run({"train", "--resume", resume, "--steps", "6", "--state-dtype", "int8",
+                          "--allow-state-dtype-change", "--durable"},
+                         &out);
+  ::unsetenv("STRATA_TEST_KILL_AT");
+  ASSERT_EQ(137, killed) << out;
+  out.clear();
+  EXPECT_EQ(0, Run({"verify", resume}, &out)) << out;
   out.clear();
   ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "6", "--state-dtype", "int8",
                     "--allow-state-dtype-change"},

@@ -156,26 +156,27 @@ class TrainReshardTest : public ::testing::Test {
     EXPECT_EQ(v.exit_code, 0) << v.output;
   }
 
-  // Rank by rank, `args` on `world` ranks, `victim` with `env` (or SIGKILLed `after` from the
-  // start when env is empty); waits (bounded) for every rank.
-  void RunAndKill(int world, const std::vector<std::string>& args, int victim,
-                  const std::vector<std::string>& env, std::chrono::milliseconds after,
-                  const std::string& tag) {
+  // Rank by rank, rank r with `args[r]` (and `env[r]`); the rank `victim` (if any) is
+  // SIGKILLed `after` from the start. Waits (bounded) for every rank; their wait statuses.
+  std::vector<int> RunRanks(const std::vector<std::vector<std::string>>& args,
+                            const std::vector<std::vector<std::string>>& env, int victim,
+                            std::chrono::milliseconds after, const std::string& tag) {
+    const int world = int(args.size());
     const std::string rdv = dir_ + "/rdv-" + tag;
-    ASSERT_EQ(0, std::system(("mkdir -p " + rdv).c_str()));
+    EXPECT_EQ(0, std::system(("mkdir -p " + rdv).c_str()));
     std::vector<pid_t> pids;
     std::vector<int> fds;
     for (int r = 0; r < world; ++r) {
       int fd = -1;
-      pids.push_back(strata::testing::SpawnRank(r, world, rdv, args, &fd,
+      pids.push_back(strata::testing::SpawnRank(r, world, rdv, args[size_t(r)], &fd,
                                                 dir_ + "/err-" + tag + std::to_string(r),
-                                                r == victim ? env : std::vector<std::string>{}));
+                                                env[size_t(r)]));
       fds.push_back(fd);
     }
     const auto start = std::chrono::steady_clock::now();
-    bool killed = !env.empty();
+    bool killed = victim < 0;
     int left = world;
-    std::vector<bool> done(size_t(world), false);
+    std::vector<int> status(size_t(world), -1);
     char buf[4096];
     while (left > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
       if (!killed && std::chrono::steady_clock::now() - start >= after) {
@@ -184,8 +185,8 @@ class TrainReshardTest : public ::testing::Test {
       }
       for (int r = 0; r < world; ++r) {
         int st = 0;
-        if (!done[size_t(r)] && waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
-          done[size_t(r)] = true;
+        if (status[size_t(r)] == -1 && waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
+          status[size_t(r)] = st;
           --left;
         }
         fcntl(fds[size_t(r)], F_SETFL, fcntl(fds[size_t(r)], F_GETFL) | O_NONBLOCK);
@@ -195,13 +196,27 @@ class TrainReshardTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     for (int r = 0; r < world; ++r) {
-      if (!done[size_t(r)]) {
+      if (status[size_t(r)] == -1) {
         kill(pids[size_t(r)], SIGKILL);
         waitpid(pids[size_t(r)], nullptr, 0);
         ADD_FAILURE() << tag << ": rank " << r << " hung";
       }
       close(fds[size_t(r)]);
     }
+    return status;
+  }
+  // `args` on `world` ranks, `victim` with `env` (or SIGKILLed `after` from the start when
+  // env is empty). Whether the victim died by that SIGKILL (a kill after the run ended, or
+  // at a point the run never reaches, tests nothing); the wait status in *status.
+  bool RunAndKill(int world, const std::vector<std::string>& args, int victim,
+                  const std::vector<std::string>& env, std::chrono::milliseconds after,
+                  const std::string& tag, int* status) {
+    std::vector<std::vector<std::string>> envs(static_cast<size_t>(world));
+    envs[size_t(victim)] = env;
+    const std::vector<int> st = RunRanks(std::vector<std::vector<std::string>>(size_t(world), args),
+                                         envs, env.empty() ? victim : -1, after, tag);
+    *status = st[size_t(victim)];
+    return *status != -1 && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL;
   }
 
   strata::testing::TempDir tmp_{"strata-reshard"};
@@ -214,6 +229,83 @@ TEST_F(TrainReshardTest, TwoRanksResumeOnOneThreeAndFour) {
   for (const int to : {1, 3, 4}) {
     Reshard(2, to, full);
     if (HasFatalFailure()) return;
+  }
+}
+
+// Two hosts with node-local folders: rank 1's host holds its own folder and no folder of
+// rank 0's. Each rank resumes from its own record and store (rank 0's is read only by a rank
+// that has none, one a re-sharding adds).
+TEST_F(TrainReshardTest, EachRankResumesFromItsOwnFolder) {
+  const std::string a = dir_ + "/hostA", b = dir_ + "/hostB";
+  ASSERT_EQ(0, std::system(("mkdir -p " + a + " " + b).c_str()));
+  std::string out;
+  ASSERT_FALSE(Run(2, Args(a, kStop, false, a + "/a.json"), a + "/a.json", &out).is_null()) << out;
+  ASSERT_EQ(0, std::rename((a + "/1").c_str(), (b + "/1").c_str()));
+  const std::vector<int> st =
+      RunRanks({Args(a, kSteps, true, a + "/r.json"), Args(b, kSteps, true, b + "/r.json")},
+               {{}, {}}, -1, std::chrono::milliseconds(0), "hosts");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(WIFEXITED(st[size_t(r)]) && WEXITSTATUS(st[size_t(r)]) == 0)
+        << "rank " << r << ": " << Slurp(dir_ + "/err-hosts" + std::to_string(r));
+  }
+  std::ifstream f(a + "/r.json");
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(Losses(j).size(), size_t(kSteps - kStop));
+}
+
+// A store whose manifests name no rank count (killed before its first commit) cannot be
+// re-sharded: a resume on another count is refused by the record's world size.
+TEST_F(TrainReshardTest, AStoreWithoutARankCountResumesOnItsOwnCount) {
+  const std::string store = dir_ + "/nocount";
+  ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
+  const std::vector<std::string> kill = {"STRATA_TEST_KILL_AT=commit_begin:1"};
+  const std::vector<std::string> args = Args(store, kStop, false, store + "/a.json");
+  RunRanks({args, args}, {kill, kill}, -1, std::chrono::milliseconds(0), "nocount");
+  ASSERT_TRUE(std::ifstream(store + "/0/strata.run.toml").good());
+  std::string out;
+  EXPECT_TRUE(
+      Run(1, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out).is_null());
+  EXPECT_NE(out.find("ranks (WORLD_SIZE): 2 -> 1"), std::string::npos) << out;
+}
+
+// A re-sharding resume cannot cut int8 moments, nor moments converted on the same resume:
+// refused by name before anything is re-sharded (no "# re-sharding" line). With the stored
+// format given again, --allow-state-dtype-change converts nothing and the re-sharding runs.
+TEST_F(TrainReshardTest, Int8AndConvertingReshardsAreRefusedFirst) {
+  struct Case {
+    std::string stored;                    // --state-dtype of the 2-rank run
+    std::vector<std::string> resume_with;  // added to the 3-rank resume
+    std::string expect;                    // in the refusal; "" for none
+  };
+  const std::vector<Case> cases = {
+      {"int8", {}, "its Adam moments are int8"},
+      {"fp32", {"--state-dtype", "bf16", "--allow-state-dtype-change"}, "fp32 -> bf16"},
+      {"fp32", {"--state-dtype", "fp32", "--allow-state-dtype-change"}, ""},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string store = dir_ + "/dt" + std::to_string(++n);
+    ASSERT_EQ(0, std::system(("mkdir -p " + store).c_str()));
+    std::vector<std::string> first = Args(store, kStop, false, store + "/a.json");
+    first.insert(first.end(), {"--state-dtype", c.stored});
+    std::string out;
+    ASSERT_FALSE(Run(2, first, store + "/a.json", &out).is_null()) << out;
+    std::vector<std::string> resume = Args(store, kSteps, true, store + "/r.json");
+    resume.insert(resume.end(), c.resume_with.begin(), c.resume_with.end());
+    out.clear();
+    const nlohmann::json j = Run(3, resume, store + "/r.json", &out);
+    if (c.expect.empty()) {
+      ASSERT_FALSE(j.is_null()) << out;
+      EXPECT_NE(out.find("# re-sharding"), std::string::npos) << out;
+      EXPECT_EQ(out.find("converted"), std::string::npos) << out;
+      EXPECT_EQ(Losses(j).size(), size_t(kSteps - kStop));
+      continue;
+    }
+    EXPECT_TRUE(j.is_null()) << c.expect;
+    EXPECT_NE(out.find(c.expect), std::string::npos) << out;
+    EXPECT_NE(out.find("re-sharded onto 3"), std::string::npos) << out;
+    EXPECT_EQ(out.find("# re-sharding"), std::string::npos) << "refused after it began:\n" << out;
   }
 }
 
@@ -247,15 +339,28 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
         Run(2, Args(store, kStop, false, store + "/a.json"), store + "/a.json", &out).is_null())
         << out;
     const int victim = int(rng() % 3);
-    const auto after = std::chrono::milliseconds(200 + rng() % 1500);
+    auto after = std::chrono::milliseconds(200 + rng() % 1500);
+    std::vector<std::string> args = Args(store, kSteps, true, store + "/{rank}.k.json");
+    const std::vector<std::string> env =
+        k.point.empty() ? std::vector<std::string>{}
+                        : std::vector<std::string>{"STRATA_TEST_KILL_AT=" + k.point + ":1"};
+    // A random moment that came after the run ended is tried again sooner, on the store as
+    // it was (kept in a copy).
+    ASSERT_EQ(0, std::system(("cp -a " + store + " " + store + "-before").c_str()));
+    int status = -1;
+    for (int attempt = 0;
+         !RunAndKill(3, args, victim, env, after, tag + "a" + std::to_string(attempt), &status) &&
+         k.point.empty() && attempt < 6;
+         ++attempt) {
+      after = std::max(std::chrono::milliseconds(10), after / 3);
+      ASSERT_EQ(
+          0, std::system(("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str()));
+    }
     const std::string what =
         (k.point.empty() ? "SIGKILL after " + std::to_string(after.count()) + " ms" : k.point) +
         " on rank " + std::to_string(victim) + " of 3";
-    std::vector<std::string> args = Args(store, kSteps, true, store + "/{rank}.k.json");
-    RunAndKill(3, args, victim,
-               k.point.empty() ? std::vector<std::string>{}
-                               : std::vector<std::string>{"STRATA_TEST_KILL_AT=" + k.point + ":1"},
-               after, tag);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << what << ": the rank was not killed (wait status " << status << ")";
     if (k.old_count_resumes) {
       // Nothing finished: the store is still the 2 ranks' (a copy resumed there).
       const std::string copy = store + "-old";
@@ -265,6 +370,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
       ASSERT_FALSE(j.is_null()) << what << "\n" << out;
       EXPECT_FALSE(j["config"].contains("resharded")) << what;
       const std::vector<double> got = Losses(j);
+      ASSERT_EQ(got.size(), size_t(kSteps - kStop)) << what;
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i], full[full.size() - got.size() + i]) << what;
       }
@@ -273,6 +379,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
         Run(3, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out);
     ASSERT_FALSE(j.is_null()) << what << ": the resume failed\n" << out;
     const std::vector<double> got = Losses(j);
+    ASSERT_FALSE(got.empty()) << what << ": the resume trained nothing (the kill came too late)";
     for (size_t i = 0; i < got.size(); ++i) {
       const double ref = full[full.size() - got.size() + i];
       EXPECT_LE(std::abs(got[i] - ref), 1e-6 * std::abs(ref))

@@ -39,6 +39,7 @@
 #include "strata/status.h"
 #include "tools/strata/cli_common.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/run_flags.h"
 
 namespace strata::cli {
 namespace {
@@ -56,6 +57,7 @@ struct Flags {
   std::string tcp_bytes = "256M";  // the socket copy that measures the bound; 0: none
   std::string rendezvous;
   double comm_timeout = 0;
+  std::string run_secret, run_secret_file;  // --run-secret, --run-secret-file
   std::string json;
 };
 
@@ -449,6 +451,8 @@ class BenchComm {
     JoinOptions jo;
     jo.rendezvous = f_.rendezvous;
     jo.timeout_seconds = f_.comm_timeout;
+    jo.run_secret = f_.run_secret;
+    jo.run_secret_file = f_.run_secret_file;
     jo.store_prefix = "strata-bench-comm";
     jo.one_rank_folder_prefix = "/tmp/strata-bench-comm-rdzv-";
     STRATA_ASSIGN_OR_RETURN(joined_, JoinRanks(rank_, jo, what));
@@ -604,6 +608,7 @@ void AddBenchComm(CLI::App& bench, int* exit_code) {
                   "Seconds that bound the rendezvous and every collective (0: "
                   "STRATA_COMM_TIMEOUT, default 300)")
       ->capture_default_str();
+  AddRunSecretFlags(cmd, &flags->run_secret, &flags->run_secret_file);
   cmd->add_option("--json", flags->json,
                   "Write the results as JSON to FILE (rank 0; '-': standard output, the table "
                   "goes to standard error)");

@@ -224,6 +224,21 @@ void AddThreadFlags(CLI::App* cmd, RunFlags* f) {
 }
 
 // Several ranks: where they meet and what their collectives run on.
+}  // namespace
+
+void AddRunSecretFlags(CLI::App* cmd, std::string* secret, std::string* file) {
+  cmd->add_option("--run-secret", *secret,
+                  "With several ranks, the run's secret: every rank signs its rendezvous keys "
+                  "with it and ignores keys that do not verify; default STRATA_RUN_SECRET "
+                  "(strata launch sets it). Shows in ps: prefer --run-secret-file or the "
+                  "variable");
+  cmd->add_option("--run-secret-file", *file,
+                  "The run's secret, read from this file (readable by its owner alone: chmod "
+                  "600), so that it shows neither in ps nor in the environment");
+}
+
+namespace {
+
 void AddRankFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option(
       "--rendezvous", f->rendezvous,
@@ -233,14 +248,7 @@ void AddRankFlags(CLI::App* cmd, RunFlags* f) {
   cmd->add_option("--comm-timeout", f->comm_timeout,
                   "Seconds a collective waits for a peer before the run fails naming the lost "
                   "rank; default STRATA_COMM_TIMEOUT (300)");
-  cmd->add_option("--run-secret", f->run_secret,
-                  "With several ranks, the run's secret: every rank signs its rendezvous keys "
-                  "with it and ignores keys that do not verify; default STRATA_RUN_SECRET "
-                  "(strata launch sets it). Shows in ps: prefer --run-secret-file or the "
-                  "variable");
-  cmd->add_option("--run-secret-file", f->run_secret_file,
-                  "The run's secret, read from this file (readable by its owner alone: chmod "
-                  "600), so that it shows neither in ps nor in the environment");
+  AddRunSecretFlags(cmd, &f->run_secret, &f->run_secret_file);
   cmd->add_option("--comm-backend", f->comm_backend,
                   "With several ranks, what the engine's parameter all-gathers and gradient "
                   "reduce-scatters run on: gloo (TCP, host memory; works with any device), "

@@ -51,6 +51,10 @@ struct RunFlags {
 // parse). `nvme_help` is the subcommand's --nvme text (what it does without the flag).
 void AddRunFlags(CLI::App* cmd, RunFlags* flags, const std::string& nvme_help);
 
+// --run-secret and --run-secret-file, as every command that joins ranks takes them (the
+// secret itself, or the file to read it from: comm/join.h's JoinOptions).
+void AddRunSecretFlags(CLI::App* cmd, std::string* secret, std::string* file);
+
 // Sets the fields of `config` that the shared flags give; the I/O settings of --io-config
 // FILE fill those that --io and --io-block leave out. Errors (with *failed set to the
 // flag): the flag's parse error ("--device-mem lots is not a size; ...", "--device gpu:

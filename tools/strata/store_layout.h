@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "strata/comm.h"
 #include "strata/status.h"
 
 namespace strata::cli {
@@ -20,9 +21,18 @@ struct StoredLayout {
   uint64_t step = 0;   // its step
 };
 
-// `folder0(q)`: the first folder of rank q's store. The peek's error when rank 0's store
-// cannot be read.
-Result<StoredLayout> FindStoredLayout(const std::function<std::string(int)>& folder0,
+// Rank q of the stored run, as rank `now` of this run fills in a folder template ({rank},
+// {local_rank}; RankPath): `now` itself for q == now.rank (its own folder), else rank q on
+// one host (local rank q: where the old ranks were is not recorded, and a re-sharding reads
+// every old rank's store, so they are all on this host's file systems). The one way both the
+// resume's checks and the re-sharding's reads name an old rank's folder.
+RankInfo StoredRank(const RankInfo& now, int q);
+
+// `folder0(q)`: the first folder of rank q's store. Rank `self`'s store is read first (on
+// several hosts, another rank's folder may be on another host); a re-sharding commit it
+// prepared and did not finish is looked for among the other ranks' stores that can be read
+// here. The peek's error when `self`'s store cannot be read.
+Result<StoredLayout> FindStoredLayout(const std::function<std::string(int)>& folder0, int self,
                                       const std::string& run_id);
 
 // The identity rank `rank`'s store recorded under another rank count when a prepared commit

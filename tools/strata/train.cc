@@ -78,7 +78,7 @@ int Fail(const Status& s, const std::string& what) {
 Status MakeRunConfig(const TrainArgs& a, trainer::RunConfig* config, std::string* what) {
   STRATA_RETURN_IF_ERROR(ApplyRunFlags(a.run, config, what));
   config->resume = a.resume;
-  config->convert_state_format = !a.resume.empty() && a.allow_state_dtype_change;
+  config->convert_state_format = ConvertsMoments(a);
   config->durable = a.durable;
   config->beta1 = a.beta1;
   config->beta2 = a.beta2;
@@ -451,10 +451,12 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
 }
 
 // The run's record in each of its store folders (run_record.h), with the model's geometry
-// as the run resolved it (from --init, or the default heads).
+// as the run resolved it (from --init, or the default heads). `as_stored`: with the moments'
+// format the store holds (ConvertsMoments: until a commit holds the converted ones).
 Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineOptions& eo,
-                 const RankInfo& rank) {
+                 const RankInfo& rank, bool as_stored) {
   TrainArgs resolved = a;
+  if (as_stored) resolved.run.state_dtype = a.stored_state_dtype;
   resolved.run.io_block = std::to_string(eo.nvme_stripe_bytes);
   resolved.layers = cfg.layers;
   resolved.d_model = cfg.d_model;
@@ -476,6 +478,56 @@ Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineO
     STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
   return Status::OK();
 }
+
+// A fresh run records itself; a resumed one records what it now runs with (the changes
+// --resume applied), so that the next --resume alone continues it. The record says what the
+// store holds: moments converted on this resume (ConvertsMoments) are recorded in their new
+// format once a commit holds them (the first after the resumed step); until then the record
+// keeps the stored format, so that a kill before that commit leaves a record that matches
+// the store (strata verify, export and the next --resume read both).
+class RunRecorder {
+ public:
+  RunRecorder(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineOptions& eo,
+              const RankInfo& rank, int64_t resumed_step)
+      : a_(a), cfg_(cfg), eo_(eo), rank_(rank), resumed_step_(resumed_step) {}
+
+  // Before the first step.
+  Status Start() {
+    if (done_) return Status::OK();
+    if (!converts_) return Record();
+    return RecordRun(a_, cfg_, eo_, rank_, /*as_stored=*/true);
+  }
+  // After a step, and after the last commit: the converted format once a commit holds it.
+  Status AfterCommit(std::string* what) {
+    if (done_) return Status::OK();
+    Result<std::optional<uint64_t>> step = PeekCommittedStep(eo_.nvme_paths[0]);
+    if (!step.ok() || !*step || **step <= uint64_t(resumed_step_)) return Status::OK();
+    *what = "recording the converted moments' format in the --nvme folders";
+    return Record();
+  }
+  // After the steps, which ended with `ran`: the last commit (Flush) may be the first, and a
+  // run that failed after one records it too. `ran`, else the recording's failure.
+  Status Finish(Status ran, std::string* what) {
+    std::string recording;
+    Status recorded = AfterCommit(&recording);
+    if (!ran.ok() || recorded.ok()) return ran;
+    *what = recording;
+    return recorded;
+  }
+
+ private:
+  Status Record() {
+    done_ = true;
+    return RecordRun(a_, cfg_, eo_, rank_, /*as_stored=*/false);
+  }
+  const TrainArgs& a_;
+  const model::Gpt2Config& cfg_;
+  const EngineOptions& eo_;
+  const RankInfo& rank_;
+  const int64_t resumed_step_;
+  const bool converts_ = ConvertsMoments(a_);
+  bool done_ = eo_.nvme_paths.empty();  // no store, no record
+};
 
 // A fresh run's identity: made by rank 0 and shared, so that every rank's store and record
 // name the same run. A resumed run has its record's (ResolveFlags).
@@ -512,9 +564,7 @@ void PlanResharding(const TrainArgs& a, const RankInfo& ri, EngineOptions* eo) {
   const int n = a.stored_world_size;
   eo->reshard_from.world_size = n;
   for (int q = 0; q < n; ++q) {
-    RankInfo old = ri;
-    old.rank = q;
-    old.local_rank = q;
+    const RankInfo old = StoredRank(ri, q);
     std::vector<std::string> folders;
     for (const std::string& f : a.run.nvme) folders.push_back(RankPath(f, old));
     eo->reshard_from.nvme_paths.push_back(std::move(folders));
@@ -628,12 +678,9 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
                ": nothing to train; give --steps above " + std::to_string(engine->ResumedStep()) +
                " to train further");
   }
-  if (!eo.nvme_paths.empty()) {
-    // A fresh run records itself; a resumed one records what it now runs with (the
-    // changes --resume applied), so that the next --resume alone continues it.
-    *what = "recording the run in its --nvme folders";
-    STRATA_RETURN_IF_ERROR(RecordRun(a, cfg, eo, ri));
-  }
+  RunRecorder recorder{a, cfg, eo, ri, engine->ResumedStep()};
+  *what = "recording the run in its --nvme folders";
+  STRATA_RETURN_IF_ERROR(recorder.Start());
   trainer::Trainer trainer(engine.get(), &setup->device(), cfg, to, &batcher);
   // A resumed store holds its weights, even at step 0 (the initial commit of a run that
   // failed before its first step completed).
@@ -652,16 +699,17 @@ Status Train(TrainArgs a, int* interrupted, std::string* what) {
   nlohmann::json js = StartJson(a, report, eo, created);
   js["steps"] = nlohmann::json::array();
   TrainTotals totals;
-  AfterStep after_step;
-  if (a.save_every > 0) {
-    after_step = [&](int64_t step) {
-      if (step % a.save_every != 0 || step == to.steps) return Status::OK();  // the last: below
-      return SaveWeightsAtomically(a, trainer, cfg, ri.rank == 0, step, what);
-    };
-  }
+  AfterStep after_step = [&](int64_t step) {
+    STRATA_RETURN_IF_ERROR(recorder.AfterCommit(what));
+    if (a.save_every <= 0 || step % a.save_every != 0 || step == to.steps) {
+      return Status::OK();  // the last: below
+    }
+    return SaveWeightsAtomically(a, trainer, cfg, ri.rank == 0, step, what);
+  };
   const bool lead = ri.rank == 0;
   // Flushes the engine at the end (the last step commits), also after Ctrl-C.
   Status ran = RunSteps(trainer, report, a.val_every, after_step, &js["steps"], &totals, what);
+  ran = recorder.Finish(std::move(ran), what);
   if (!ran.ok()) return FailAfterSteps(json_out, lead, totals, ran, &js, *what);
   PrintTotals(totals);
   js["totals"] = TotalsJson(totals);

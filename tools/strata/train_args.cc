@@ -104,7 +104,13 @@ std::vector<NamedValue> RankAgreedOptions(const TrainArgs& a, const model::Token
   out.push_back(
       {"--data (its tokens)", std::to_string(data.tokens.size()) + " tokens, xxh3 " + hash});
   // Resumed: every rank's store must belong to the same run.
-  if (!a.resume.empty()) out.push_back({"the run identity (run-id in strata.run.toml)", a.run_id});
+  if (!a.resume.empty()) {
+    out.push_back({"the run identity (run-id in strata.run.toml)", a.run_id});
+    // Each rank reads its own store for it (a step may still roll forward): they must agree
+    // whether to re-shard.
+    out.push_back({"the rank count whose stores hold the resumed state",
+                   std::to_string(a.stored_world_size)});
+  }
   return out;
 }
 
@@ -170,6 +176,12 @@ Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what)
   }
   what->clear();
   return Status::OK();
+}
+
+bool ConvertsMoments(const TrainArgs& a) {
+  auto format = [](const std::string& d) { return d == "bf16-rne" ? std::string("bf16") : d; };
+  return !a.resume.empty() && a.allow_state_dtype_change &&
+         format(a.stored_state_dtype) != format(a.run.state_dtype);
 }
 
 namespace {
@@ -324,6 +336,66 @@ Status PlaceMovedStore(TrainArgs* a, const RunRecord& record, const RankInfo& ra
   return Status::OK();
 }
 
+// Which rank's record a resume on `rank` reads: its own folder's, which every rank of the
+// stored run has (on several hosts, with node-local folders, rank 0's may not be on this
+// one); rank 0's only for a rank whose own folder holds no record: a rank a re-sharding adds
+// (no folder yet, or one whose store was committed and whose record was not yet written).
+// A rank of the stored count whose folder is gone is named as missing. *layout: the count
+// and step that hold the state (store_layout.h).
+struct ResumedRecord {
+  RankInfo source;  // the rank whose folder holds it
+  RunRecord record;
+};
+Result<ResumedRecord> RecordSource(const std::string& resume, const RankInfo& rank,
+                                   StoredLayout* layout) {
+  auto folder_of = [&](int q) { return RankPath(resume, StoredRank(rank, q)); };
+  const std::string own = folder_of(rank.rank);
+  Result<std::optional<RunRecord>> own_record = ReadRunRecord(own);
+  RankInfo source = rank;
+  if (own_record.ok() && !own_record->has_value() && rank.rank != 0) {
+    source = StoredRank(rank, 0);
+    Result<std::optional<RunRecord>> first = ReadRunRecord(folder_of(0));
+    if (!first.ok() || !first->has_value()) {
+      // Neither: this rank's folder is the one to name (rank 0's may be on another host).
+      Status s = ReadResumedRecord(own, rank).status();
+      return s.Annotate("--resume: neither this rank's folder nor rank 0's (" + folder_of(0) +
+                        ", read for a rank a re-sharding adds) holds the run's record");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(RunRecord record, ReadResumedRecord(folder_of(source.rank), source));
+  STRATA_ASSIGN_OR_RETURN(*layout,
+                          FindStoredLayout(folder_of, source.rank, record.identity.run_id));
+  std::error_code ec;
+  if (source.rank != rank.rank && (layout->world_size == 0 || rank.rank < layout->world_size) &&
+      !std::filesystem::exists(own, ec)) {
+    return ReadResumedRecord(own, rank).status();  // names the missing folder
+  }
+  return ResumedRecord{source, std::move(record)};
+}
+
+// A re-sharding resume cuts each extent of the old ranks' stores as elements: an int8
+// moment extent holds codes and a scale per quantization block, which a shard boundary would
+// cut (and a conversion would re-shard what it has not committed yet). Refused by name here,
+// before anything is opened or printed about the re-sharding (the engine refuses it too).
+Status RefuseUnsupportedResharding(const TrainArgs& a, const StoredLayout& layout,
+                                   const RankInfo& rank) {
+  if (layout.world_size == 0 || layout.world_size == rank.world_size) return Status::OK();
+  const std::string why =
+      ConvertsMoments(a) ? "--allow-state-dtype-change converts its Adam moments (--state-dtype " +
+                               a.stored_state_dtype + " -> " + a.run.state_dtype + ")"
+      : a.run.state_dtype == "int8" ? "its Adam moments are int8 (--state-dtype int8)"
+                                    : "";
+  if (why.empty()) return Status::OK();
+  const std::string n = std::to_string(layout.world_size);
+  return Status::NotSupported("--resume " + a.resume + ": the stored state of " + n +
+                              " rank(s) would be re-sharded onto " +
+                              std::to_string(rank.world_size) + ", but " + why +
+                              ", which a re-sharding cannot cut yet; resume it on the " + n +
+                              " ranks that wrote it (converting it there first to fp32 or bf16 "
+                              "with --allow-state-dtype-change, then re-shard that)")
+      .WithPath(a.resume);
+}
+
 // --resume: merges the stored run's record into the flags (run_record.h) and takes its
 // identity.
 Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
@@ -331,41 +403,25 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   // The record's folders are absolute: so is --resume, to be found among them.
   a->resume = AbsolutePath(a->resume);
   // The state may be held by another number of ranks than this run's (a resume on another
-  // rank count re-shards): rank 0's store says how many. A rank the old run did not have
-  // reads rank 0's record.
-  RankInfo first = rank;
-  first.rank = 0;
-  first.local_rank = 0;
-  STRATA_ASSIGN_OR_RETURN(const RunRecord first_record,
-                          ReadResumedRecord(RankPath(a->resume, first), first));
-  STRATA_ASSIGN_OR_RETURN(const StoredLayout layout, FindStoredLayout(
-                                                         [&](int q) {
-                                                           RankInfo ri = rank;
-                                                           ri.rank = q;
-                                                           return RankPath(a->resume, ri);
-                                                         },
-                                                         first_record.identity.run_id));
+  // rank count re-shards): the stores say how many.
+  StoredLayout layout;
+  STRATA_ASSIGN_OR_RETURN(const ResumedRecord resumed, RecordSource(a->resume, rank, &layout));
+  const RankInfo& source = resumed.source;
+  const RunRecord& record = resumed.record;
   a->stored_world_size = layout.world_size;
   a->stored_step = layout.step;
-  // A rank added by a re-sharding killed after its commit and before its record was written
-  // has a store and no record yet: it reads rank 0's too.
-  Result<std::optional<RunRecord>> own = ReadRunRecord(RankPath(a->resume, rank));
-  // A rank of the stored count whose folder is gone is named as missing, not re-sharded.
-  std::error_code ec;
-  const bool own_record = (layout.world_size == 0 || rank.rank < layout.world_size) &&
-                          (!own.ok() || own->has_value() || rank.rank == 0 ||
-                           !std::filesystem::exists(RankPath(a->resume, rank), ec));
-  const RankInfo& source = own_record ? rank : first;
   const std::string folder = RankPath(a->resume, source);
-  STRATA_ASSIGN_OR_RETURN(const RunRecord record, ReadResumedRecord(folder, source));
   // The recorded schedule decides whether --steps may change (it shapes a cosine one).
+  a->stored_state_dtype = RunFlags{}.state_dtype;  // a record before --state-dtype: fp32
   for (const auto& [key, inputs] : record.train) {
     if (key == "lr-schedule" && !given(key) && !inputs.empty()) a->lr_schedule = inputs[0];
+    if (key == "state-dtype" && !inputs.empty()) a->stored_state_dtype = inputs[0];
   }
   std::vector<std::string> applied;
   auto identity = [&](RunIdentity* id) -> Status {
-    // Another rank count is no change of the run: the store is re-sharded as it loads.
-    id->world_size = record.identity.world_size;
+    // Another rank count is no change of the run: the store is re-sharded as it loads. A
+    // store that records no rank count cannot be: it resumes on the count its record names.
+    id->world_size = layout.world_size != 0 ? record.identity.world_size : rank.world_size;
     id->rank = source.rank;
     if (!a->data.empty()) {
       STRATA_ASSIGN_OR_RETURN(id->data, HashFile("--data", a->data));
@@ -380,6 +436,7 @@ Status MergeStoredRun(TrainArgs* a, const GivenFn& given) {
   for (const std::string& line : applied) {
     std::printf("# resuming %s with %s\n", folder.c_str(), line.c_str());
   }
+  STRATA_RETURN_IF_ERROR(RefuseUnsupportedResharding(*a, layout, rank));
   for (std::string& f : a->run.nvme) f = AbsolutePath(f);
   STRATA_RETURN_IF_ERROR(PlaceMovedStore(a, record, source, given));
   a->run_id = record.identity.run_id;

@@ -71,6 +71,8 @@ struct TrainArgs {
   // another count than this run's re-shards (EngineOptions::reshard_from).
   int stored_world_size = 0;
   uint64_t stored_step = 0;
+  // With --resume: the --state-dtype the stored run recorded (its moments' format).
+  std::string stored_state_dtype;
 };
 
 // Defines every flag of train on `sub` (bound to *a), except --config.
@@ -96,6 +98,11 @@ Status CheckTrainFlags(const TrainArgs& a, std::string* what);
 // The outputs this rank writes after training can be written: their folders exist and are
 // writable (checked before the store is created, not after the last step).
 Status CheckOutputs(const TrainArgs& a, const RankInfo& rank, std::string* what);
+
+// Whether this run converts the stored Adam moments to another format: --resume with
+// --allow-state-dtype-change and a --state-dtype whose format (fp32, bf16, int8; bf16-rne is
+// bf16's) is not the recorded one.
+bool ConvertsMoments(const TrainArgs& a);
 
 // The flags as the run will use them: --config applied, then with --resume the record of
 // the stored run merged in (run_record.h). With --print-config, prints and sets *done.
