@@ -31,6 +31,9 @@ steps:
   model.safetensors, python.pt   as above, written by rank 0 (the weights gathered one tensor
                   at a time, so that no rank holds the whole model: _write_gathered_safetensors);
   strata.json     {"step", "world_size", "format": "shards"}.
+One rank saves this way too while its engine holds states written since its last commit (a
+re-sharded load's, optimizer.load_state_dict's moments; the next step commits them): its
+committed state, which the folders copy, does not hold them.
 load_checkpoint with as many ranks writes each rank's shard back into its open engine
 (Engine.write_component; the next step commits it first) and continues the step count (the bias
 correction's) from the checkpoint's, so fresh ranks continue bit for bit. On another number of
@@ -209,6 +212,7 @@ def write_moments(state, opt, moments):
             if first < end:
                 shard[first - lo:end - lo] = v.reshape(-1)[first - off:end - off]
         core.write_component(b, k, shard.data_ptr(), n)
+    state.components_written()
     state.step_offset = step - steps
 
 
@@ -328,10 +332,12 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     it may not write) is strata.Error naming the path, with nothing left of this save."""
     state = _offloaded_state(model, "save_checkpoint")
     path = _checkpoint_path(path, "save_checkpoint")
+    from ._checkpoint_shards import save_shards  # it imports this module
     if state.core().world_size != 1:
-        from ._checkpoint_shards import save_shards  # it imports this module
         return save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     state.refuse_uncommitted(f"save_checkpoint({path!r})")  # it copies the committed state
+    if state.components_uncommitted:  # the committed state does not hold them: read the engine
+        return save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     nvme = _closed_engine(state, "save_checkpoint")
     what = f"save_checkpoint({path!r})"
     with _os_errors(what, "nothing was saved, and what was at the path is as it was"):

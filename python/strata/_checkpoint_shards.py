@@ -10,11 +10,10 @@ import shutil
 
 import torch
 
-from ._checkpoint import (_check_replaceable, _checkpoint_meta, _finish_interrupted_replace,
-                          _frozen_entries, _holds_only_a_checkpoint, _moments_access,
-                          _python_state, _ready_between_steps, _remove_leftover,
-                          _replace_folder, _restore_python_state, _torch_load,
-                          _write_safetensors)
+from ._checkpoint import (_check_replaceable, _checkpoint_meta,
+                          _finish_interrupted_replace, _frozen_entries, _holds_only_a_checkpoint,
+                          _moments_access, _python_state, _ready_between_steps, _remove_leftover,
+                          _replace_folder, _restore_python_state, _torch_load, _write_safetensors)
 from ._strata import Error
 
 
@@ -136,6 +135,7 @@ def load_shards(state, path, optimizer, lr_scheduler):
     for (b, k), v in sorted(mine["shards"].items()):
         v = v.contiguous()
         core.write_component(b, k, v.data_ptr(), v.numel())  # committed with the next step
+    state.components_written()
     steps, _ = _moments_access(state, "load_checkpoint")
     state.step_offset = int(saved["step"]) - steps
     _restore_python_state(state, saved, optimizer, lr_scheduler)

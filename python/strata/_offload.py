@@ -185,6 +185,7 @@ class _Offloaded:
         self._last_release = time.perf_counter()
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
         self._written_uncommitted = False  # load_state_dict's weights, until the next step
+        self.components_uncommitted = False  # states written as components, until the next step
         # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
         # read them (see submit).
         self._held_grads = collections.deque()
@@ -507,7 +508,8 @@ class _Offloaded:
             self._clock.reset()
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
-            self._written_uncommitted = False  # BeginStep commits them with this step
+            # BeginStep commits what was written between steps with this step.
+            self._written_uncommitted = self.components_uncommitted = False
             self._waited = 0.0
             self._stash.begin_step()
         progress.micro_begun()
@@ -726,6 +728,13 @@ class _Offloaded:
         committed already (at the optimizer's bind, or by the last step), so CommitParams
         would refuse. Until then save_checkpoint, which copies the committed state, refuses."""
         self._written_uncommitted = bool(self.engine.config.nvme)
+
+    def components_written(self):
+        """After Engine.write_component's writes (a checkpoint's shards, the optimizer's
+        moments): with NVMe folders the next step commits them, and until then a single-rank
+        save_checkpoint reads the states from the open engine, as the ranks of a multi-rank run
+        save theirs, instead of copying the committed state (which does not hold them)."""
+        self.components_uncommitted = bool(self.engine.config.nvme)
 
     def refuse_uncommitted(self, what):
         if self._written_uncommitted:

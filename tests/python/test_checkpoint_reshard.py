@@ -1,0 +1,48 @@
+"""A multi-rank checkpoint loaded on one rank (re-sharded from the ranks' files): the next
+save_checkpoint holds what was loaded, though the engine commits it only with the next step
+(it used to copy the engine's committed state, the run from before the load)."""
+import torch
+
+import strata
+from checkpoint_run import as_ranks, offloaded_run, train as _train
+
+
+def _run(nvme, **model_options):
+    nvme.mkdir()
+    return offloaded_run(nvme, "1M", "2M", **model_options)
+
+
+def _state(model, opt, path):
+    """The weights (as save_safetensors writes them) and the moments and steps."""
+    strata.save_safetensors(model, path)
+    return path.read_bytes(), {i: {k: torch.as_tensor(v).clone() for k, v in s.items()}
+                               for i, s in opt.state_dict()["state"].items()}
+
+
+def _same(a, b):
+    assert a[0] == b[0]
+    assert a[1].keys() == b[1].keys()
+    for i in a[1]:
+        assert a[1][i].keys() == b[1][i].keys()
+        for k in a[1][i]:
+            assert torch.equal(a[1][i][k], b[1][i][k]), (i, k)
+
+
+def test_a_resharded_load_is_what_the_next_save_holds(tmp_path):
+    a, opt_a = _run(tmp_path / "a")
+    _train(a, opt_a, 3, seed=1)
+    as_ranks(a, tmp_path / "two", 2, client_state={"epoch": 7})
+    want = _state(a, opt_a, tmp_path / "a.safetensors")
+    b, opt_b = _run(tmp_path / "b", seed=5)
+    assert strata.load_checkpoint(b, tmp_path / "two") == {"epoch": 7}
+    _same(_state(b, opt_b, tmp_path / "b.safetensors"), want)
+    strata.save_checkpoint(b, tmp_path / "one", client_state={"epoch": 8})
+    c, opt_c = _run(tmp_path / "c", seed=6)
+    assert strata.load_checkpoint(c, tmp_path / "one") == {"epoch": 8}
+    _same(_state(c, opt_c, tmp_path / "c.safetensors"), want)
+    for model, opt in ((a, opt_a), (b, opt_b), (c, opt_c)):
+        _train(model, opt, 1, seed=2)
+    after = _state(a, opt_a, tmp_path / "a.safetensors")
+    _same(_state(b, opt_b, tmp_path / "b.safetensors"), after)
+    _same(_state(c, opt_c, tmp_path / "c.safetensors"), after)
+
