@@ -454,8 +454,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
 def _check_fits(state, path, saved):
     """strata.Error unless the checkpoint at `path` is one this model can continue from: its
     step agrees in strata.json, python.pt and its store's manifest, and its model.safetensors
-    names every weight of the model with the model's shape and nothing else (another number of
-    layers, another width). Reads the checkpoint only."""
+    fits the model (_check_shapes). Reads the checkpoint only."""
     meta = _checkpoint_meta(path)
     if meta.get("step") != saved["step"]:
         raise Error(f"the checkpoint {path} is inconsistent: strata.json says step "
@@ -468,7 +467,16 @@ def _check_fits(state, path, saved):
         raise Error(f"the checkpoint {path} is inconsistent: its nvme0/ state is step "
                     f"{committed}, python.pt step {saved['step']}; nothing was changed")
     check_digests(path, saved.get("files", {}))  # a checkpoint saved before: none recorded
-    theirs = _safetensors_shapes(os.path.join(path, "model.safetensors"))
+    _check_shapes(state, path)
+
+
+def _check_shapes(state, path):
+    """strata.Error unless the model.safetensors of the checkpoint at `path` names every weight
+    of the model with the model's shape and nothing else (another number of layers, another
+    width): the error names the tensor, its shape in the file and here, and the file. Reads
+    the file's header only."""
+    file = os.path.join(path, "model.safetensors")
+    theirs = _safetensors_shapes(file)
     ours = {}
     for b, (bname, ps) in enumerate(state.engine_blocks()):
         for t, (n, _) in enumerate(ps):
@@ -485,7 +493,8 @@ def _check_fits(state, path, saved):
     if diff:
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise Error(f"the checkpoint {path} does not fit this model (another number of layers "
-                    f"or another width?): {'; '.join(diff[:3])}{more}; nothing was changed")
+                    f"or another width?): in {file}, {'; '.join(diff[:3])}{more}; nothing was "
+                    "changed")
 
 
 def _safetensors_shapes(path):

@@ -10,7 +10,7 @@ import shutil
 
 import torch
 
-from ._checkpoint import (_check_replaceable, _checkpoint_meta,
+from ._checkpoint import (_check_replaceable, _check_shapes, _checkpoint_meta,
                           _finish_interrupted_replace, _frozen_entries, _holds_only_a_checkpoint,
                           _moments_access, _python_state, _ready_between_steps, _remove_leftover,
                           _replace_folder, _restore_python_state, _torch_load, _write_safetensors)
@@ -110,6 +110,9 @@ def load_shards(state, path, optimizer, lr_scheduler):
         if meta.get("format") != "shards":
             raise Error(f"the checkpoint {path} was saved by 1 rank, this run has {world}; "
                         "load it with 1 rank (its state is a copy of that rank's store)")
+        # Another model's shards would be cut or padded to this one's sizes when re-sharded
+        # (and may have this one's sizes when not): its weights' names and shapes say.
+        _check_shapes(state, path)
         try:
             if meta.get("world_size") == world:
                 loaded["mine"] = _torch_load(os.path.join(path, f"rank{rank}.pt"))

@@ -1,10 +1,15 @@
 """A multi-rank checkpoint loaded on one rank (re-sharded from the ranks' files): the next
 save_checkpoint holds what was loaded, though the engine commits it only with the next step
-(it used to copy the engine's committed state, the run from before the load)."""
+(it used to copy the engine's committed state, the run from before the load); and a multi-rank
+checkpoint of another model is refused before any byte of the run's state changes (its states
+used to be cut or zero-padded to this model's sizes)."""
+import re
+
+import pytest
 import torch
 
 import strata
-from checkpoint_run import as_ranks, offloaded_run, train as _train
+from checkpoint_run import as_ranks, files as _files, offloaded_run, train as _train
 
 
 def _run(nvme, **model_options):
@@ -46,3 +51,22 @@ def test_a_resharded_load_is_what_the_next_save_holds(tmp_path):
     _same(_state(b, opt_b, tmp_path / "b.safetensors"), after)
     _same(_state(c, opt_c, tmp_path / "c.safetensors"), after)
 
+
+@pytest.mark.parametrize("other, message", [
+    ({"dim": 64}, r"blocks\.0\.attn_proj\.bias is \[64\] there, \[32\] here"),
+    ({"layers": 4}, r"blocks\.3\.attn_proj\.bias is not in this model"),
+    ({"layers": 2}, r"blocks\.2\.attn_proj\.bias is missing there"),
+], ids=["another width", "more layers", "fewer layers"])
+def test_a_resharded_checkpoint_of_another_model_changes_nothing(tmp_path, other, message):
+    theirs, opt_theirs = _run(tmp_path / "theirs", **other)
+    _train(theirs, opt_theirs, 2, seed=1)
+    as_ranks(theirs, tmp_path / "ckpt", 2)
+    model, opt = _run(tmp_path / "ours")
+    _train(model, opt, 2, seed=3)
+    before = _files(tmp_path / "ours"), _state(model, opt, tmp_path / "w.safetensors")
+    file = str(tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(strata.Error, match=re.escape(file) + ".*" + message):
+        strata.load_checkpoint(model, tmp_path / "ckpt")
+    assert _files(tmp_path / "ours") == before[0]
+    _same(_state(model, opt, tmp_path / "w.safetensors"), before[1])
+    _train(model, opt, 1, seed=4)  # it trains on
