@@ -47,6 +47,7 @@ the communicator's timeout. A failed save leaves `path` as it was (the .partial 
 removed); a failed load writes nothing into any engine.
 """
 import contextlib
+import functools
 import json
 import os
 import re
@@ -550,20 +551,43 @@ def _probe(state, path, folders, step):
 
 def save_safetensors(model, path):
     """Writes the model's current weights as a safetensors file; for an offloaded model the
-    trained ones (fp32) are gathered from the engine, and its frozen ones (a PEFT base, in their
-    dtype) are read from where they lie one at a time as the file is written, so the file holds
-    the whole model. Tied parameters are written once."""
+    trained ones (fp32) are gathered from the engine and its frozen ones (a PEFT base, in their
+    dtype) read from where they lie, one tensor at a time as the file is written, so the file
+    holds the whole model and memory one tensor of it. With several ranks every rank calls it
+    (the gathers are collectives) and writes `path`. Tied parameters are written once."""
     state = None
     for p in model.parameters():
         state = getattr(p, "_strata_offload", None)
         break
-    if state is not None:
-        tensors = state.gather()
-        tensors.update(_frozen_entries(state))
-    else:
-        tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
-                   for n, p in model.named_parameters()}
-    _write_safetensors(tensors, path)
+    if state is not None:  # every rank writes `path`, one gathered tensor at a time
+        return _write_gathered_safetensors(state, path, writer=True)
+    _write_safetensors({n: p.detach().to("cpu", torch.float32).contiguous()
+                        for n, p in model.named_parameters()}, path)
+
+
+def _write_gathered_safetensors(state, path, writer):
+    """The whole model (its frozen weights too) as the safetensors file _write_safetensors writes,
+    its trained weights gathered one tensor at a time from the ranks' shards (no rank holds the
+    whole model): every rank calls it (each gather is a collective, in sorted-name order on every
+    rank) and only a `writer` rank keeps a file. A failed write on a writer does not stop the
+    gathers (the other ranks would wait for it); it is raised after the last one."""
+    entries = sorted((name, b, t) for b, t, name in state._where.values())
+    gathered = set()
+
+    def gather(name, b, t):
+        gathered.add(name)
+        return state._read_fp32(b, t)
+
+    try:
+        if writer:
+            tensors = {name: (state._layout[b][1][t][1], torch.float32,
+                              functools.partial(gather, name, b, t)) for name, b, t in entries}
+            tensors.update(_frozen_entries(state))
+            _write_safetensors(tensors, path)
+    finally:
+        for name, b, t in entries:  # the gathers the writer did not reach (or every one)
+            if name not in gathered:
+                gather(name, b, t)
 
 
 def _frozen_entries(state):

@@ -3,7 +3,6 @@ another number of ranks (one included): each rank's shard of every block's state
 read from and written into the open engine between steps. The checkpoint's layout and the ranks'
 agreement after each phase are described in _checkpoint.py's docstring; every function here
 that takes a core is a collective (every rank calls it, in the same order)."""
-import functools
 import json
 import os
 import shutil
@@ -13,7 +12,8 @@ import torch
 from ._checkpoint import (_check_replaceable, _check_shapes, _checkpoint_meta,
                           _finish_interrupted_replace, _frozen_entries, _holds_only_a_checkpoint,
                           _moments_access, _python_state, _ready_between_steps, _remove_leftover,
-                          _replace_folder, _restore_python_state, _torch_load, _write_safetensors)
+                          _replace_folder, _restore_python_state, _torch_load,
+                          _write_gathered_safetensors)
 from ._strata import Error
 
 
@@ -187,28 +187,3 @@ def saved_as_shards(path):
         return _checkpoint_meta(path).get("format") == "shards"
     except Error:
         return False
-
-
-def _write_gathered_safetensors(state, path, writer):
-    """The whole model (its frozen weights too) as the safetensors file _write_safetensors writes,
-    its trained weights gathered one tensor at a time from the ranks' shards: every rank calls it
-    (each gather is a collective, in sorted-name order on every rank) and only the `writer` rank
-    keeps a file. A failed write on the writer does not stop the gathers (the other ranks would
-    wait for it); it is raised after the last one."""
-    entries = sorted((name, b, t) for b, t, name in state._where.values())
-    gathered = set()
-
-    def gather(name, b, t):
-        gathered.add(name)
-        return state._read_fp32(b, t)
-
-    try:
-        if writer:
-            tensors = {name: (state._layout[b][1][t][1], torch.float32,
-                              functools.partial(gather, name, b, t)) for name, b, t in entries}
-            tensors.update(_frozen_entries(state))
-            _write_safetensors(tensors, path)
-    finally:
-        for name, b, t in entries:  # the gathers the writer did not reach (or every one)
-            if name not in gathered:
-                gather(name, b, t)

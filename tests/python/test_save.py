@@ -6,11 +6,13 @@ import os
 import resource
 import signal
 import struct
+import weakref
 
 import pytest
 import torch
 
 import strata
+import strata.optim
 from gpt_model import GPT
 
 
@@ -89,3 +91,32 @@ def test_a_failure_while_writing_leaves_the_old_file_and_no_temporary(tmp_path):
         signal.signal(signal.SIGXFSZ, old_handler)
     assert path.read_bytes() == b"old"
     assert _names(tmp_path) == ["w.safetensors"]
+
+
+def test_an_offloaded_model_is_written_one_gathered_tensor_at_a_time(tmp_path):
+    """save_safetensors of an offloaded model reads each weight from the engine as the file
+    is written, never the whole model at once (it used to gather every weight first)."""
+    m = GPT()
+    m = strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
+    strata.optim.AdamW(m.parameters(), lr=1e-3)
+    state = next(m.parameters())._strata_offload
+    whole = state.gather()
+    read, alive = state._read_fp32, []
+
+    def read_one(b, t):
+        alive[:] = [v for v in alive if v() is not None]
+        assert not alive, "a weight read before the last one was written"
+        v = read(b, t)
+        alive.append(weakref.ref(v))
+        return v
+    state._read_fp32 = read_one
+    state.gather = None  # the whole model at once
+    strata.save_safetensors(m, tmp_path / "w.safetensors")
+    header, data = _read(tmp_path / "w.safetensors")
+    header.pop("__metadata__")
+    assert sorted(header) == sorted(whole)
+    for name, h in header.items():
+        lo, hi = h["data_offsets"]
+        got = torch.frombuffer(bytearray(data[lo:hi]), dtype=torch.float32).view(h["shape"])
+        assert torch.equal(got, whole[name]), name
+
