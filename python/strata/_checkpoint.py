@@ -569,8 +569,9 @@ def _write_gathered_safetensors(state, path, writer):
     """The whole model (its frozen weights too) as the safetensors file _write_safetensors writes,
     its trained weights gathered one tensor at a time from the ranks' shards (no rank holds the
     whole model): every rank calls it (each gather is a collective, in sorted-name order on every
-    rank) and only a `writer` rank keeps a file. A failed write on a writer does not stop the
-    gathers (the other ranks would wait for it); it is raised after the last one."""
+    rank) and only a `writer` rank keeps a file. A failure on one rank (its write, or a gather
+    that fails there) does not stop its gathers, which the other ranks wait for: every rank goes
+    through all of them and raises the first failure after the last."""
     entries = sorted((name, b, t) for b, t, name in state._where.values())
     gathered = set()
 
@@ -578,16 +579,23 @@ def _write_gathered_safetensors(state, path, writer):
         gathered.add(name)
         return state._read_fp32(b, t)
 
+    failure = None
     try:
         if writer:
             tensors = {name: (state._layout[b][1][t][1], torch.float32,
                               functools.partial(gather, name, b, t)) for name, b, t in entries}
             tensors.update(_frozen_entries(state))
             _write_safetensors(tensors, path)
-    finally:
-        for name, b, t in entries:  # the gathers the writer did not reach (or every one)
-            if name not in gathered:
+    except Exception as e:  # noqa: BLE001 (raised below, once the gathers are done)
+        failure = e
+    for name, b, t in entries:  # the gathers the writer did not reach (or every one)
+        if name not in gathered:
+            try:
                 gather(name, b, t)
+            except Exception as e:  # noqa: BLE001 (the first one is raised below)
+                failure = failure or e
+    if failure is not None:
+        raise failure
 
 
 def _frozen_entries(state):

@@ -120,3 +120,32 @@ def test_an_offloaded_model_is_written_one_gathered_tensor_at_a_time(tmp_path):
         got = torch.frombuffer(bytearray(data[lo:hi]), dtype=torch.float32).view(h["shape"])
         assert torch.equal(got, whole[name]), name
 
+
+class _Ranks:
+    """An offloaded model's state as _write_gathered_safetensors sees it, whose second gather
+    fails on this rank (a local error before its collective)."""
+
+    def __init__(self):
+        self._where = {i: (0, i, f"w{i}") for i in range(4)}
+        self._layout = [("", [(f"w{i}", (2,), 2 * i, 2) for i in range(4)], 8)]
+        self._frozen = None
+        self.gathers = []
+
+    def _read_fp32(self, b, t):
+        self.gathers.append(t)
+        if t == 1:
+            raise strata.Error("rank-local failure")
+        return torch.zeros(2)
+
+
+@pytest.mark.parametrize("writer", [False, True])
+def test_a_rank_that_fails_a_gather_still_joins_every_other_one(tmp_path, writer, monkeypatch):
+    """Each gather is a collective: a rank that stopped at its failure would leave the others
+    waiting in the next one. Every rank goes through all of them, then raises."""
+    from strata import _checkpoint
+    monkeypatch.setattr(_checkpoint, "_frozen_entries", lambda state: {})
+    state = _Ranks()
+    with pytest.raises(strata.Error, match="rank-local failure"):
+        _checkpoint._write_gathered_safetensors(state, tmp_path / "w.safetensors", writer)
+    assert state.gathers == [0, 1, 2, 3]
+    assert _names(tmp_path) == []
