@@ -308,11 +308,15 @@ def _python_state(state, opt, lr_scheduler, client_state, step, **extra):
 def _checkpoint_meta(path):
     try:
         with open(os.path.join(path, "strata.json")) as f:
-            return json.load(f)
+            meta = json.load(f)
     except FileNotFoundError:
         raise Error(f"{path} is not a strata checkpoint (no strata.json)") from None
     except ValueError as e:
         raise Error(f"{path}/strata.json is damaged: {e}") from None
+    if not isinstance(meta, dict):
+        raise Error(f"{path}/strata.json is damaged: it holds a {type(meta).__name__}, not an "
+                    "object")
+    return meta
 
 
 def _restore_python_state(state, saved, optimizer, lr_scheduler):

@@ -183,7 +183,6 @@ def saved_as_shards(path):
     """Whether `path` holds a multi-rank checkpoint (one rank loads it re-sharded); a replace
     cut short between its renames is finished first, as every load does."""
     _finish_interrupted_replace(path)
-    try:
-        return _checkpoint_meta(path).get("format") == "shards"
-    except Error:
-        return False
+    if not os.path.isfile(os.path.join(path, "strata.json")):
+        return False  # no checkpoint, or not a whole one: the single-rank load says which
+    return _checkpoint_meta(path).get("format") == "shards"  # damaged: strata.Error naming it

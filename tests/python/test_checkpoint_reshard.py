@@ -70,3 +70,22 @@ def test_a_resharded_checkpoint_of_another_model_changes_nothing(tmp_path, other
     assert _files(tmp_path / "ours") == before[0]
     _same(_state(model, opt, tmp_path / "w.safetensors"), before[1])
     _train(model, opt, 1, seed=4)  # it trains on
+
+
+@pytest.mark.parametrize("damaged", ['{"step": 2, "world_si', "[]"])
+def test_a_damaged_strata_json_is_an_error_naming_it(tmp_path, damaged):
+    """A multi-rank checkpoint whose strata.json is damaged, loaded on one rank: strata.Error
+    naming the file, and nothing changed (it used to be taken for a single-rank checkpoint and
+    refused as one saved by another number of ranks)."""
+    theirs, opt_theirs = _run(tmp_path / "theirs")
+    _train(theirs, opt_theirs, 2, seed=1)
+    as_ranks(theirs, tmp_path / "ckpt", 2)
+    (tmp_path / "ckpt" / "strata.json").write_text(damaged)
+    model, opt = _run(tmp_path / "ours")
+    _train(model, opt, 1, seed=3)
+    before = _files(tmp_path / "ours"), _state(model, opt, tmp_path / "w.safetensors")
+    with pytest.raises(strata.Error, match=re.escape(str(tmp_path / "ckpt" / "strata.json"))
+                       + " is damaged"):
+        strata.load_checkpoint(model, tmp_path / "ckpt")
+    assert _files(tmp_path / "ours") == before[0]
+    _same(_state(model, opt, tmp_path / "w.safetensors"), before[1])
