@@ -49,6 +49,7 @@ removed); a failed load writes nothing into any engine.
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -400,12 +401,15 @@ def _os_errors(what, outcome):
 def _check_room(state, path, nvme, what):
     """strata.Error, before anything is written, when the file system that will hold `path`
     has less room than the checkpoint's files need (the run's state files, as they are now,
-    and the weights as safetensors); a save that still runs out midway is cleaned up."""
+    and the weights as safetensors, the frozen ones in their dtype too); a save that still runs
+    out midway is cleaned up."""
     need = sum(os.path.getsize(os.path.join(folder, name))
                for i, folder in enumerate(nvme)
                for name in _strata.store_state_files(i, len(nvme))
                if os.path.isfile(os.path.join(folder, name)))
     need += sum(4 * numel + 128 for _, tensors, _ in state._layout for *_, numel in tensors)
+    for _, shape, dtype, _ in frozen_weights(state):  # model.safetensors holds them too
+        need += math.prod(shape) * torch.empty((), dtype=dtype).element_size() + 128
     where = os.path.dirname(os.path.abspath(path))
     while not os.path.isdir(where):  # makedirs creates what is missing
         where = os.path.dirname(where)
