@@ -89,3 +89,23 @@ def test_a_damaged_strata_json_is_an_error_naming_it(tmp_path, damaged):
         strata.load_checkpoint(model, tmp_path / "ckpt")
     assert _files(tmp_path / "ours") == before[0]
     _same(_state(model, opt, tmp_path / "w.safetensors"), before[1])
+
+
+def test_a_save_right_after_optimizer_load_state_dict_holds_the_loaded_moments(tmp_path):
+    """optimizer.load_state_dict writes the moments into the engine, committed with the next
+    step; a save_checkpoint before it holds them (it used to copy the committed moments, with
+    the loaded state's step count)."""
+    a, opt_a = _run(tmp_path / "a")
+    _train(a, opt_a, 3, seed=1)
+    b, opt_b = _run(tmp_path / "b")
+    _train(b, opt_b, 1, seed=7)
+    opt_b.load_state_dict(opt_a.state_dict())
+    want = opt_b.state_dict()["state"]
+    strata.save_checkpoint(b, tmp_path / "ckpt")
+    c, opt_c = _run(tmp_path / "c")
+    strata.load_checkpoint(c, tmp_path / "ckpt")
+    got = opt_c.state_dict()["state"]
+    assert got.keys() == want.keys()
+    for i in want:
+        for k in want[i]:
+            assert torch.equal(torch.as_tensor(got[i][k]), torch.as_tensor(want[i][k])), (i, k)
