@@ -15,8 +15,8 @@ __all__ = ["Engine"]
 
 class Engine:
     """Budgets and drives for one offloaded model (see strata.offload). Besides these, the
-    options of `strata train` under their CLI names (speculate, grad_spill, pipeline, state_dtype, io,
-    io_block, collective_memory, threads; see _flags.py)."""
+    options of `strata train` under their CLI names (speculate, grad_spill, pipeline, state_dtype,
+    io, io_block, collective_memory, threads; see _flags.py)."""
 
     def __init__(self, device="cpu", device_mem=None, host_mem=None, nvme=None, resume=False,
                  optimizer_threads=0, trace=None, rendezvous=None, timing=False, **run_flags):

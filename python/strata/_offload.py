@@ -48,7 +48,8 @@ Frozen parameters (requires_grad=False: a PEFT base) are not engine tensors: a b
 per use from a file by the frozen store, the rest's stay torch tensors (_frozen.py).
 
 Dtypes: the model's trainable parameters are all float32 or all bfloat16 (frozen ones may be
-either), and the engine computes in that dtype (fp32 master weights and moments either way), so an acquire converts nothing.
+either), and the engine computes in that dtype (fp32 master weights and moments either way), so
+an acquire converts nothing.
 bf16 gradients are widened into the engine's fp32 gradient buffer by the copy that puts them
 there. fp16 (a float16 model, torch.autocast(dtype=torch.float16), GradScaler) is refused: the
 engine's gradients never reach .grad, so a GradScaler could not unscale or check them.
