@@ -31,11 +31,14 @@ steps:
   model.safetensors, python.pt   as above, written by rank 0 (the weights gathered one tensor
                   at a time, so that no rank holds the whole model: _write_gathered_safetensors);
   strata.json     {"step", "world_size", "format": "shards"}.
+One rank saves this way too while its engine holds states written since its last commit (a
+re-sharded load's, optimizer.load_state_dict's moments; the next step commits them): its
+committed state, which the folders copy, does not hold them.
 load_checkpoint with as many ranks writes each rank's shard back into its open engine
 (Engine.write_component; the next step commits it first) and continues the step count (the bias
 correction's) from the checkpoint's, so fresh ranks continue bit for bit. On another number of
 ranks (one included) each rank builds its new shards from the saved ranks' files, read one at a
-time (_resharded), and writes them the same way. The folder must be one
+time (_checkpoint_shards.py), and writes them the same way. The folder must be one
 that every rank reaches (one host, or a shared filesystem). Every rank calls both. The ranks
 agree after each phase (a one-value all-gather of "did this rank fail"), so a rank that fails
 (a missing or damaged shard, a full disk, a folder it cannot write) raises its own error and
@@ -46,6 +49,7 @@ removed); a failed load writes nothing into any engine.
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -210,6 +214,7 @@ def write_moments(state, opt, moments):
             if first < end:
                 shard[first - lo:end - lo] = v.reshape(-1)[first - off:end - off]
         core.write_component(b, k, shard.data_ptr(), n)
+    state.components_written()
     state.step_offset = step - steps
 
 
@@ -292,27 +297,6 @@ def _torch_load(path):
     return torch.load(path, **kw)
 
 
-def _agree(core, what, phase):
-    """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
-    one-value all-gather of whether the phase failed here). Raises the phase's own exception on
-    a rank where it failed, and strata.Error naming the failed ranks on the others."""
-    failure = None
-    try:
-        phase()
-    except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
-        failure = e
-    flag = torch.tensor([1.0 if failure is not None else 0.0], dtype=torch.float32)
-    every = torch.empty(core.world_size, dtype=torch.float32)
-    core.all_gather_f32(flag.data_ptr(), 1, every.data_ptr())
-    if failure is not None:
-        raise failure
-    failed = [r for r, v in enumerate(every.tolist()) if v]
-    if failed:
-        ranks = ", ".join(map(str, failed))
-        raise Error(f"{what} failed on rank{'s' if len(failed) > 1 else ''} {ranks} (its error "
-                    "says why); nothing was changed here")
-
-
 def _python_state(state, opt, lr_scheduler, client_state, step, **extra):
     return {"step": step,
             "param_groups": [{k: v for k, v in g.items() if k != "params"}
@@ -322,161 +306,18 @@ def _python_state(state, opt, lr_scheduler, client_state, step, **extra):
             "step_offset": state.step_offset, **extra}
 
 
-def _save_shards(model, state, path, optimizer, lr_scheduler, client_state):
-    """save_checkpoint with several ranks (every rank calls it): see the module docstring."""
-    core = state.core()
-    _ready_between_steps(state, "save_checkpoint")
-    core.flush()  # the last step's pending updates run and it commits
-    state.engine._take()
-    steps, _ = _moments_access(state, "save_checkpoint")
-    step = steps + state.step_offset
-    rank, world = core.rank, core.world_size
-    tmp = path + ".partial"
-    what = f"save_checkpoint({path!r})"
-
-    def make_folder():
-        if rank == 0:
-            _finish_interrupted_replace(path)
-            _check_replaceable(path)
-            _remove_leftover(path + ".old")
-            _remove_leftover(tmp)
-            os.makedirs(tmp)
-
-    def write_shard():
-        shards = {}
-        for b, (_, _, padded) in enumerate(state._layout):
-            for k in ("master", "exp_avg", "exp_avg_sq"):
-                v = torch.empty(padded // world, dtype=torch.float32)
-                core.read_component(b, k, v.data_ptr(), v.numel())
-                shards[(b, k)] = v
-        torch.save({"rank": rank, "world_size": world, "step": step, "shards": shards,
-                    "rng": torch.get_rng_state()}, os.path.join(tmp, f"rank{rank}.pt"))
-
-    def write_weights():
-        if rank == 0:
-            opt = optimizer or state._opt
-            torch.save(_python_state(state, opt, lr_scheduler, client_state, step,
-                                     world_size=world), os.path.join(tmp, "python.pt"))
-
-    def put_in_place():
-        if rank == 0:
-            with open(os.path.join(tmp, "strata.json"), "w") as f:
-                json.dump({"step": step, "world_size": world, "format": "shards"}, f)
-            _replace_folder(tmp, path)
-
-    try:
-        _agree(core, what, make_folder)
-        _agree(core, what, write_shard)  # every rank's shard is written
-        # Tensor by tensor (a collective each): rank 0 writes each as it arrives, so no
-        # rank ever holds more than one tensor of the whole model.
-        _agree(core, what, lambda: _write_gathered_safetensors(
-            state, os.path.join(tmp, "model.safetensors"), rank == 0))
-        _agree(core, what, write_weights)
-        _agree(core, what, put_in_place)  # no rank returns before the checkpoint is in place
-    except BaseException:
-        if rank == 0 and _holds_only_a_checkpoint(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
-
-
-def _load_shards(state, path, optimizer, lr_scheduler):
-    """load_checkpoint with several ranks (every rank calls it): see the module docstring."""
-    core = state.core()
-    _ready_between_steps(state, "load_checkpoint")
-    rank, world = core.rank, core.world_size
-    what = f"load_checkpoint({path!r})"
-    loaded = {}
-    _agree(core, what, lambda: rank == 0 and _finish_interrupted_replace(path))
-
-    def read_shard():
-        meta = _checkpoint_meta(path)
-        if meta.get("format") != "shards":
-            raise Error(f"the checkpoint {path} was saved by 1 rank, this run has {world}; "
-                        "load it with 1 rank (its state is a copy of that rank's store)")
-        try:
-            if meta.get("world_size") == world:
-                loaded["mine"] = _torch_load(os.path.join(path, f"rank{rank}.pt"))
-            else:
-                loaded["mine"] = _resharded(state, path, int(meta["world_size"]), rank, world)
-            loaded["saved"] = _torch_load(os.path.join(path, "python.pt"))
-        except FileNotFoundError as e:
-            raise Error(f"the checkpoint {path} is incomplete: {e}") from None
-        except Exception as e:  # noqa: BLE001 (a damaged file: torch's unpickling errors vary)
-            raise Error(f"the checkpoint {path} cannot be read on rank {rank}: {e}") from None
-        shards = loaded["mine"]["shards"]
-        for b, (name, _, padded) in enumerate(state._layout):
-            for k in ("master", "exp_avg", "exp_avg_sq"):
-                v = shards.get((b, k))
-                if v is None or v.numel() != padded // world:
-                    raise Error(f"the checkpoint {path} does not fit this model: rank {rank}'s "
-                                f"{k} of block {name!r} has {None if v is None else v.numel()} "
-                                f"values, the engine's shard {padded // world}")
-
-    # Every rank's shard is read and checked before any engine is written.
-    _agree(core, what, read_shard)
-    mine, saved = loaded["mine"], loaded["saved"]
-    for (b, k), v in sorted(mine["shards"].items()):
-        v = v.contiguous()
-        core.write_component(b, k, v.data_ptr(), v.numel())  # committed with the next step
-    steps, _ = _moments_access(state, "load_checkpoint")
-    state.step_offset = int(saved["step"]) - steps
-    _restore_python_state(state, saved, optimizer, lr_scheduler)
-    torch.set_rng_state(mine["rng"])
-    _agree(core, what, lambda: None)  # every rank has its shard back
-    return saved["client_state"]
-
-
-def _resharded(state, path, saved_world, rank, world):
-    """Rank `rank` of `world`'s shards of every block's states from a checkpoint saved by
-    `saved_world` ranks, as rank<r>.pt would hold them: each saved rank's file whose shard meets
-    this rank's is read in turn (one at a time) and the overlap copied; values past the saved
-    padding are the new padding (zeros). The RNG state is rank (rank % saved_world)'s."""
-    out = {"rank": rank, "world_size": world, "shards": {}}
-    for b, (_, _, padded) in enumerate(state._layout):
-        for k in ("master", "exp_avg", "exp_avg_sq"):
-            out["shards"][(b, k)] = torch.zeros(padded // world, dtype=torch.float32)
-    for q in range(saved_world):
-        old = None
-        for b, (name, _, padded) in enumerate(state._layout):
-            n = padded // world
-            lo_new = rank * n
-            for k in ("master", "exp_avg", "exp_avg_sq"):
-                if old is None:
-                    old = _torch_load(os.path.join(path, f"rank{q}.pt"))
-                v = old["shards"].get((b, k))
-                if v is None:
-                    raise Error(f"the checkpoint {path} does not fit this model: rank {q}'s file "
-                                f"has no {k} of block {name!r}")
-                m = v.numel()  # the saved shard
-                lo, hi = max(lo_new, q * m), min(lo_new + n, (q + 1) * m)
-                if lo < hi:
-                    out["shards"][(b, k)][lo - lo_new:hi - lo_new] = v[lo - q * m:hi - q * m]
-        if q == rank % saved_world:
-            out["rng"] = old["rng"]
-        out["step"] = old["step"]
-        del old
-    return out
-
-
-def _saved_as_shards(path):
-    """Whether `path` holds a multi-rank checkpoint (one rank loads it re-sharded); a replace
-    cut short between its renames is finished first, as every load does."""
-    _finish_interrupted_replace(path)
-    try:
-        return _checkpoint_meta(path).get("format") == "shards"
-    except Error:
-        return False
-
-
 def _checkpoint_meta(path):
     try:
         with open(os.path.join(path, "strata.json")) as f:
-            return json.load(f)
+            meta = json.load(f)
     except FileNotFoundError:
         raise Error(f"{path} is not a strata checkpoint (no strata.json)") from None
     except ValueError as e:
         raise Error(f"{path}/strata.json is damaged: {e}") from None
+    if not isinstance(meta, dict):
+        raise Error(f"{path}/strata.json is damaged: it holds a {type(meta).__name__}, not an "
+                    "object")
+    return meta
 
 
 def _restore_python_state(state, saved, optimizer, lr_scheduler):
@@ -497,9 +338,12 @@ def save_checkpoint(model, path, optimizer=None, lr_scheduler=None, client_state
     it may not write) is strata.Error naming the path, with nothing left of this save."""
     state = _offloaded_state(model, "save_checkpoint")
     path = _checkpoint_path(path, "save_checkpoint")
+    from ._checkpoint_shards import save_shards  # it imports this module
     if state.core().world_size != 1:
-        return _save_shards(model, state, path, optimizer, lr_scheduler, client_state)
+        return save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     state.refuse_uncommitted(f"save_checkpoint({path!r})")  # it copies the committed state
+    if state.components_uncommitted:  # the committed state does not hold them: read the engine
+        return save_shards(model, state, path, optimizer, lr_scheduler, client_state)
     nvme = _closed_engine(state, "save_checkpoint")
     what = f"save_checkpoint({path!r})"
     with _os_errors(what, "nothing was saved, and what was at the path is as it was"):
@@ -557,12 +401,15 @@ def _os_errors(what, outcome):
 def _check_room(state, path, nvme, what):
     """strata.Error, before anything is written, when the file system that will hold `path`
     has less room than the checkpoint's files need (the run's state files, as they are now,
-    and the weights as safetensors); a save that still runs out midway is cleaned up."""
+    and the weights as safetensors, the frozen ones in their dtype too); a save that still runs
+    out midway is cleaned up."""
     need = sum(os.path.getsize(os.path.join(folder, name))
                for i, folder in enumerate(nvme)
                for name in _strata.store_state_files(i, len(nvme))
                if os.path.isfile(os.path.join(folder, name)))
     need += sum(4 * numel + 128 for _, tensors, _ in state._layout for *_, numel in tensors)
+    for _, shape, dtype, _ in frozen_weights(state):  # model.safetensors holds them too
+        need += math.prod(shape) * torch.empty((), dtype=dtype).element_size() + 128
     where = os.path.dirname(os.path.abspath(path))
     while not os.path.isdir(where):  # makedirs creates what is missing
         where = os.path.dirname(where)
@@ -581,8 +428,9 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
     Returns the client_state given to save_checkpoint."""
     state = _offloaded_state(model, "load_checkpoint")
     path = _checkpoint_path(path, "load_checkpoint")
-    if state.core().world_size != 1 or _saved_as_shards(path):
-        return _load_shards(state, path, optimizer, lr_scheduler)
+    from ._checkpoint_shards import load_shards, saved_as_shards  # they import this module
+    if state.core().world_size != 1 or saved_as_shards(path):
+        return load_shards(state, path, optimizer, lr_scheduler)
     nvme = _closed_engine(state, "load_checkpoint")
     _finish_interrupted_replace(path)
     try:
@@ -615,8 +463,7 @@ def load_checkpoint(model, path, optimizer=None, lr_scheduler=None):
 def _check_fits(state, path, saved):
     """strata.Error unless the checkpoint at `path` is one this model can continue from: its
     step agrees in strata.json, python.pt and its store's manifest, and its model.safetensors
-    names every weight of the model with the model's shape and nothing else (another number of
-    layers, another width). Reads the checkpoint only."""
+    fits the model (_check_shapes). Reads the checkpoint only."""
     meta = _checkpoint_meta(path)
     if meta.get("step") != saved["step"]:
         raise Error(f"the checkpoint {path} is inconsistent: strata.json says step "
@@ -629,7 +476,16 @@ def _check_fits(state, path, saved):
         raise Error(f"the checkpoint {path} is inconsistent: its nvme0/ state is step "
                     f"{committed}, python.pt step {saved['step']}; nothing was changed")
     check_digests(path, saved.get("files", {}))  # a checkpoint saved before: none recorded
-    theirs = _safetensors_shapes(os.path.join(path, "model.safetensors"))
+    _check_shapes(state, path)
+
+
+def _check_shapes(state, path):
+    """strata.Error unless the model.safetensors of the checkpoint at `path` names every weight
+    of the model with the model's shape and nothing else (another number of layers, another
+    width): the error names the tensor, its shape in the file and here, and the file. Reads
+    the file's header only."""
+    file = os.path.join(path, "model.safetensors")
+    theirs = _safetensors_shapes(file)
     ours = {}
     for b, (bname, ps) in enumerate(state.engine_blocks()):
         for t, (n, _) in enumerate(ps):
@@ -646,7 +502,8 @@ def _check_fits(state, path, saved):
     if diff:
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise Error(f"the checkpoint {path} does not fit this model (another number of layers "
-                    f"or another width?): {'; '.join(diff[:3])}{more}; nothing was changed")
+                    f"or another width?): in {file}, {'; '.join(diff[:3])}{more}; nothing was "
+                    "changed")
 
 
 def _safetensors_shapes(path):
@@ -702,28 +559,27 @@ def _probe(state, path, folders, step):
 
 def save_safetensors(model, path):
     """Writes the model's current weights as a safetensors file; for an offloaded model the
-    trained ones (fp32) are gathered from the engine, and its frozen ones (a PEFT base, in their
-    dtype) are read from where they lie one at a time as the file is written, so the file holds
-    the whole model. Tied parameters are written once."""
+    trained ones (fp32) are gathered from the engine and its frozen ones (a PEFT base, in their
+    dtype) read from where they lie, one tensor at a time as the file is written, so the file
+    holds the whole model and memory one tensor of it. With several ranks every rank calls it
+    (the gathers are collectives) and writes `path`. Tied parameters are written once."""
     state = None
     for p in model.parameters():
         state = getattr(p, "_strata_offload", None)
         break
-    if state is not None:
-        tensors = state.gather()
-        tensors.update(_frozen_entries(state))
-    else:
-        tensors = {n: p.detach().to("cpu", torch.float32).contiguous()
-                   for n, p in model.named_parameters()}
-    _write_safetensors(tensors, path)
+    if state is not None:  # every rank writes `path`, one gathered tensor at a time
+        return _write_gathered_safetensors(state, path, writer=True)
+    _write_safetensors({n: p.detach().to("cpu", torch.float32).contiguous()
+                        for n, p in model.named_parameters()}, path)
 
 
 def _write_gathered_safetensors(state, path, writer):
     """The whole model (its frozen weights too) as the safetensors file _write_safetensors writes,
-    its trained weights gathered one tensor at a time from the ranks' shards: every rank calls it
-    (each gather is a collective, in sorted-name order on every rank) and only the `writer` rank
-    keeps a file. A failed write on the writer does not stop the gathers (the other ranks would
-    wait for it); it is raised after the last one."""
+    its trained weights gathered one tensor at a time from the ranks' shards (no rank holds the
+    whole model): every rank calls it (each gather is a collective, in sorted-name order on every
+    rank) and only a `writer` rank keeps a file. A failure on one rank (its write, or a gather
+    that fails there) does not stop its gathers, which the other ranks wait for: every rank goes
+    through all of them and raises the first failure after the last."""
     entries = sorted((name, b, t) for b, t, name in state._where.values())
     gathered = set()
 
@@ -731,16 +587,23 @@ def _write_gathered_safetensors(state, path, writer):
         gathered.add(name)
         return state._read_fp32(b, t)
 
+    failure = None
     try:
         if writer:
             tensors = {name: (state._layout[b][1][t][1], torch.float32,
                               functools.partial(gather, name, b, t)) for name, b, t in entries}
             tensors.update(_frozen_entries(state))
             _write_safetensors(tensors, path)
-    finally:
-        for name, b, t in entries:  # the gathers the writer did not reach (or every one)
-            if name not in gathered:
+    except Exception as e:  # noqa: BLE001 (raised below, once the gathers are done)
+        failure = e
+    for name, b, t in entries:  # the gathers the writer did not reach (or every one)
+        if name not in gathered:
+            try:
                 gather(name, b, t)
+            except Exception as e:  # noqa: BLE001 (the first one is raised below)
+                failure = failure or e
+    if failure is not None:
+        raise failure
 
 
 def _frozen_entries(state):

@@ -41,7 +41,8 @@ from ._strata import Error
 
 _TRI = {"auto": 0, "on": 1, "off": 2}
 _ONOFF = {"on": True, "off": False}
-_STATE = {"fp32": (0, 1), "bf16": (1, 1), "bf16-rne": (1, 0), "int8": (2, 0)}  # (StateFormat, StateRounding)
+# (StateFormat, StateRounding)
+_STATE = {"fp32": (0, 1), "bf16": (1, 1), "bf16-rne": (1, 0), "int8": (2, 0)}
 _MASTER = {"fp32": 0, "bf16": 1}  # MasterFormat (bf16: kBf16Stochastic)
 _COLLECTIVE = {"auto": 0, "device": 1, "host": 2}
 _IO = ("auto", "uring", "posix")

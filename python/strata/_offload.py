@@ -48,8 +48,9 @@ Frozen parameters (requires_grad=False: a PEFT base) are not engine tensors: a b
 per use from a file by the frozen store, the rest's stay torch tensors (_frozen.py).
 
 Dtypes: the model's trainable parameters are all float32 or all bfloat16 (frozen ones may be
-either), and the engine computes in that dtype (fp32 master weights and moments either way, unless
-the Engine's master_dtype="bf16", which needs a bfloat16 model: the bf16 master is its params), so
+either), and the engine computes in that dtype (fp32 master weights and moments either way,
+unless the Engine's master_dtype="bf16", which needs a bfloat16 model: the bf16 master is its
+params), so
 an acquire converts nothing.
 bf16 gradients are widened into the engine's fp32 gradient buffer by the copy that puts them
 there. fp16 (a float16 model, torch.autocast(dtype=torch.float16), GradScaler) is refused: the
@@ -187,6 +188,7 @@ class _Offloaded:
         self._last_release = time.perf_counter()
         self._rest_pending = False  # the rest block's gradient is waiting to be submitted
         self._written_uncommitted = False  # load_state_dict's weights, until the next step
+        self.components_uncommitted = False  # states written as components, until the next step
         # (ticket, tensors) of gradients submitted from torch's memory, until the engine has
         # read them (see submit).
         self._held_grads = collections.deque()
@@ -509,7 +511,8 @@ class _Offloaded:
             self._clock.reset()
             groups = self.step_groups()
             core.begin_step(groups[0][0], 1.0, groups, self.step_offset)
-            self._written_uncommitted = False  # BeginStep commits them with this step
+            # BeginStep commits what was written between steps with this step.
+            self._written_uncommitted = self.components_uncommitted = False
             self._waited = 0.0
             self._stash.begin_step()
         progress.micro_begun()
@@ -728,6 +731,13 @@ class _Offloaded:
         committed already (at the optimizer's bind, or by the last step), so CommitParams
         would refuse. Until then save_checkpoint, which copies the committed state, refuses."""
         self._written_uncommitted = bool(self.engine.config.nvme)
+
+    def components_written(self):
+        """After Engine.write_component's writes (a checkpoint's shards, the optimizer's
+        moments): with NVMe folders the next step commits them, and until then a single-rank
+        save_checkpoint reads the states from the open engine, as the ranks of a multi-rank run
+        save theirs, instead of copying the committed state (which does not hold them)."""
+        self.components_uncommitted = bool(self.engine.config.nvme)
 
     def refuse_uncommitted(self, what):
         if self._written_uncommitted:

@@ -16,7 +16,8 @@ def parse_bytes(name, value):
         if value < 0:
             raise Error(f"{name}={value} is negative; give a size like \"64M\"")
         return value
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGTkmgt]?)(?:i?[Bb])?\s*", str(value))
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGTkmgt]?)(?:i?[Bb])?\s*",
+                     str(value))
     if not m:
         raise Error(f"{name}={value!r} is not a size; use a number with an optional K, M, G or "
                     "T suffix (binary units), e.g. 4096, 512K, 64M, 1.5G")

@@ -9,9 +9,10 @@ load_state_dict() call, by a post-hook on the module it was called on (every mod
 has one), and only when torch is not about to raise an error of the values themselves: a call
 with a size mismatch or a value that is not a tensor writes none of them. (Missing or unexpected
 keys are another matter: the hooks cannot see `strict`, torch hands them True whatever the call
-said, and torch itself copies what is present before raising for them, as these hooks write it.) An engine with NVMe folders commits them with the next
-step (_Offloaded.commit_written). Registering them on the owning modules, not on the model, makes any subtree's
-state_dict() right too (peft's get_peft_model_state_dict, a block's own state_dict()). Before
+said, and torch itself copies what is present before raising for them, as these hooks write
+it.) An engine with NVMe folders commits them with the next step (_Offloaded.commit_written).
+Registering them on the owning modules, not on the model, makes any subtree's state_dict()
+right too (peft's get_peft_model_state_dict, a block's own state_dict()). Before
 the optimizer binds, the parameters hold their values and torch does everything as usual.
 
 `model.state_dict()` holds every weight at once, as it does for a torch model. A Hugging Face

@@ -18,6 +18,10 @@ Two uses, chosen by the parameters it is given:
   parameter to it after the step, updated with master_rounding="kahan" (a bf16 compensation
   "master_comp": 4 bytes, two 16-bit streams) or "stochastic" (2 bytes). Both need
   rounding="fused" and combine with either state_dtype (docs/design.md, "2-byte master").
+  state_dict() gives int8 moments dequantized (torch's layout) and every other entry (the bf16
+  "master", "master_comp") as it is; load_state_dict() takes either layout back and keeps each
+  entry's dtype (torch's own would cast them to the parameter's fp32), so a run continues bit
+  for bit.
 * the parameters of a model given to strata.offload: the engine holds them and their states
   and runs the update itself, overlapped with backward; step() waits for it and commits it.
 
@@ -115,12 +119,7 @@ class AdamW(torch.optim.Optimizer):
         model's: load them with the model (or continue a whole run with
         strata.load_checkpoint)."""
         if self._offload is None:
-            super().load_state_dict(state_dict)
-            if self.state_dtype == "int8":  # fp32 moments (torch's layout) quantized
-                for p, s in self.state.items():
-                    if "exp_avg" in s and s["exp_avg"].dtype != torch.uint8:
-                        _int8_from_float(s, p)
-            return None
+            return self._load_plain(state_dict)
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, groups)):
@@ -134,6 +133,40 @@ class AdamW(torch.optim.Optimizer):
         if moments:
             write_moments(self._offload, self, moments)
         super().load_state_dict({"state": {}, "param_groups": groups})
+
+    def _load_plain(self, state_dict):
+        """load_state_dict of plain parameters. torch's Optimizer.load_state_dict casts every
+        state tensor of an fp32 parameter to fp32: the bf16 "master" and "master_comp" and the
+        uint8 codes of int8 moments too. Their dtypes are read from `state_dict` before it runs
+        and given back after (exact: fp32 holds every bf16 and uint8 value). Codes given to an
+        fp32-moment optimizer are dequantized first; fp32 moments given to an int8 one are
+        quantized after."""
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        states = dict(state_dict.get("state", {}))
+        kept = {}  # saved index -> {key: dtype torch would change}
+        for i, s in states.items():
+            if _holds_codes(s) and self.state_dtype == "fp32":
+                if len(saved) != len(params) or i not in saved:
+                    raise Error("load_state_dict: the state_dict's int8 moments do not match "
+                                "this optimizer's parameters")
+                s = states[i] = _int8_to_float(s, params[saved.index(i)])
+            kept[i] = {k: v.dtype for k, v in s.items()
+                       if torch.is_tensor(v) and v.dtype in (torch.bfloat16, torch.uint8)}
+        super().load_state_dict(dict(state_dict, state=states))
+        for i, p in zip(saved, params):
+            s = self.state.get(p)
+            if not s:
+                continue
+            for k, dtype in kept.get(i, {}).items():
+                s[k] = s[k].to(dtype)
+            if self.state_dtype == "int8" and "exp_avg" in s and not _holds_codes(s):
+                _int8_from_float(s, p)  # fp32 moments (torch's layout) quantized
+            if self.master_dtype == "bf16" and "master" not in s:  # saved with an fp32 master
+                s["master"] = p.detach().reshape(-1).to(torch.bfloat16)
+            if self.master_rounding == "kahan" and self.master_dtype == "bf16":
+                s.setdefault("master_comp", torch.zeros(p.numel(), dtype=torch.bfloat16))
+        return None
 
     def zero_grad(self, set_to_none=False):
         if self._offload is not None:
@@ -206,6 +239,7 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p,
                                                            memory_format=torch.contiguous_format)
                 state["step"] += 1
+                _check_state(state, p, ("exp_avg", "exp_avg_sq"), codes=False)
                 _strata.adam_step_f32(p.data_ptr(), state["exp_avg"].data_ptr(),
                                       state["exp_avg_sq"].data_ptr(), p.grad.data_ptr(),
                                       p.numel(), float(group["lr"]), float(beta1), float(beta2),
@@ -228,6 +262,7 @@ class AdamW(torch.optim.Optimizer):
         state["step"] += 1
         beta1, beta2 = group["betas"]
         key = self._rounding_key(p, state)
+        _check_state(state, p, ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"))
         _strata.adam_step_int8(p.data_ptr(), state["exp_avg"].data_ptr(),
                                state["exp_avg_sq"].data_ptr(), state["exp_avg_scale"].data_ptr(),
                                state["exp_avg_sq_scale"].data_ptr(), p.grad.data_ptr(),
@@ -267,6 +302,9 @@ class AdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         int8 = self.state_dtype == "int8"
         comp = state.get("master_comp")
+        _check_state(state, p, ("master", "exp_avg", "exp_avg_sq")
+                     + (("master_comp",) if comp is not None else ())
+                     + (("exp_avg_scale", "exp_avg_sq_scale") if int8 else ()), codes=int8)
         _strata.adam_step_bf16_master(
             state["master"].data_ptr(), comp.data_ptr() if comp is not None else 0, 0,
             state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
@@ -298,13 +336,43 @@ def _int8_to_float(state, p):
     exp_avg_sq of p's shape, dequantized (exp_avg_sq squared from its stored root)."""
     if "exp_avg_scale" not in state:
         return state
+    _check_state(state, p, ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"))
     m = torch.empty(p.shape, dtype=torch.float32)
     v = torch.empty(p.shape, dtype=torch.float32)
     _strata.int8_moments_to_float(state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
                                   state["exp_avg_scale"].data_ptr(),
                                   state["exp_avg_sq_scale"].data_ptr(), p.numel(),
                                   m.data_ptr(), v.data_ptr())
-    return {"step": state["step"], "exp_avg": m, "exp_avg_sq": v}
+    rest = {k: v for k, v in state.items()
+            if k not in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale")}
+    return {**rest, "exp_avg": m, "exp_avg_sq": v}  # "step", a bf16 "master", ... as they are
+
+
+_STATE_DTYPES = {"master": torch.bfloat16, "master_comp": torch.bfloat16,
+                 "exp_avg_scale": torch.float32, "exp_avg_sq_scale": torch.float32}
+
+
+def _check_state(state, p, keys, codes=True):
+    """strata.Error unless state[k] for each of `keys` is what the kernel reads at its address:
+    a contiguous CPU tensor of the dtype and size it expects for p (int8 moments as uint8 codes
+    when `codes`, else fp32)."""
+    n = p.numel()
+    for k in keys:
+        v = state[k]
+        dtype = _STATE_DTYPES.get(k, torch.uint8 if codes else torch.float32)
+        size = _strata.int8_state_blocks(n) if k.endswith("_scale") else n
+        if (not torch.is_tensor(v) or v.dtype != dtype or v.numel() != size
+                or v.device.type != "cpu" or not v.is_contiguous()):
+            got = (f"{v.dtype}, {v.numel()} values on {v.device}" if torch.is_tensor(v)
+                   else type(v).__name__)
+            raise Error(f"strata.optim.AdamW: the state's {k!r} of a parameter of shape "
+                        f"{tuple(p.shape)} is {got}; the kernel needs {dtype}, {size} values "
+                        "(a state loaded from another optimizer?)")
+
+
+def _holds_codes(state):
+    """Whether `state` holds int8 moments (uint8 codes and their scales), not fp32 ones."""
+    return "exp_avg_scale" in state and state["exp_avg"].dtype == torch.uint8
 
 
 def _int8_from_float(state, p):

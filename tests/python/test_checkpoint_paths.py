@@ -2,9 +2,10 @@
 scratch folder inside it, copy everything, then fail with a raw OSError); a path that names no
 folder ("", "/", ".") and a disk without room are strata.Error before anything is written; a
 disk that fills up midway is strata.Error naming the path, with nothing left of the save and
-the engine training on."""
+the engine training on. The room asked for counts the frozen weights too."""
 import errno
 import os
+import re
 import shutil
 import subprocess
 
@@ -12,6 +13,7 @@ import pytest
 
 import strata
 from checkpoint_run import offloaded_run, train as _train, weights as _weights
+from gpt_model import GPT
 
 
 def _run(nvme):
@@ -102,3 +104,27 @@ def test_a_disk_that_fills_up_midway_leaves_nothing_and_the_old_checkpoint(
     assert {n: (ckpt / n).read_bytes() for n in first} == first
     _train(model, opt, 1, seed=3)
     strata.load_checkpoint(model, ckpt, opt)  # the earlier checkpoint still loads
+
+
+def test_the_room_a_save_needs_counts_the_frozen_weights(tmp_path, monkeypatch):
+    """The free space save_checkpoint asks for covers every file it writes: the run's state
+    files and model.safetensors, whose frozen weights (a PEFT base) it used to leave out."""
+    (tmp_path / "nvme").mkdir()
+    model = GPT()
+    for b in model.blocks:
+        for p in (*b.c_fc.parameters(), *b.mlp_proj.parameters()):
+            p.requires_grad_(False)
+    model = strata.offload(model, blocks=list(model.blocks), engine=strata.Engine(
+        device_mem="160K", host_mem="400K", nvme=[tmp_path / "nvme"]))
+    opt = strata.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
+    _train(model, opt, 1, seed=1)
+    strata.save_checkpoint(model, tmp_path / "c", opt)
+    written = os.path.getsize(tmp_path / "c" / "model.safetensors")
+    written += sum(os.path.getsize(f) for f in (tmp_path / "c" / "nvme0").iterdir())
+    statvfs = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result(
+        (*statvfs(p)[:4], 0, *statvfs(p)[5:])))  # no block free
+    with pytest.raises(strata.Error, match="the checkpoint needs about") as e:
+        strata.save_checkpoint(model, tmp_path / "d", opt)
+    need = int(re.search(r"needs about (\d+)", str(e.value)).group(1))
+    assert need >= written, (need, written)

@@ -89,3 +89,31 @@ def test_int8_state_dict_is_torch_layout_and_continues_the_run_bit_for_bit():
                               state_dtype="int8")
     back.load_state_dict(opt32.state_dict())  # fp32 -> int8: quantized again
     assert torch.equal(back.state[back.param_groups[0]["params"][0]]["exp_avg"], raw["exp_avg"])
+
+
+def test_int8_codes_in_a_state_dict_are_loaded_as_codes():
+    """A state_dict holding the codes themselves (the optimizer's own .state, not
+    state_dict()'s dequantized moments): an int8 optimizer takes them as they are, though
+    torch's load_state_dict casts them to fp32 on the way; an fp32 one dequantizes them."""
+    p, _, opt = _fit("int8", steps=5)
+    x = opt.param_groups[0]["params"][0]
+    raw = {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[x].items()}
+    sd = {"state": {0: raw}, "param_groups": opt.state_dict()["param_groups"]}
+    q = torch.nn.Parameter(p.clone())
+    opt2 = strata.optim.AdamW([q], lr=1e-2, weight_decay=0.0, rounding="fused",
+                              state_dtype="int8")
+    opt2.load_state_dict(sd)
+    for k in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
+        assert opt2.state[q][k].dtype == raw[k].dtype and torch.equal(opt2.state[q][k], raw[k])
+    grad = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    for o, y in ((opt, x), (opt2, q)):
+        y.grad = grad.clone()
+        o.step()
+    assert torch.equal(q.detach(), x.detach())
+    f = torch.nn.Parameter(p.clone())
+    opt32 = strata.optim.AdamW([f], lr=1e-2, weight_decay=0.0, rounding="fused")
+    opt32.load_state_dict(sd)
+    want = strata.optim._int8_to_float(raw, f)
+    assert torch.equal(opt32.state[f]["exp_avg"], want["exp_avg"])
+    assert torch.equal(opt32.state[f]["exp_avg_sq"], want["exp_avg_sq"])
+    assert "exp_avg_scale" not in opt32.state[f]

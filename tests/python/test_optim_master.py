@@ -1,6 +1,8 @@
 """strata.optim.AdamW(master_dtype="bf16") on plain CPU parameters: a bf16 master (stochastic
 rounding or a bf16 Kahan term) with fp32 or int8 moments; the parameter is the master's value,
 a rerun gives the same bits, and a fit with updates far below a bf16 ulp still converges."""
+import io
+
 import pytest
 import torch
 
@@ -56,3 +58,50 @@ def test_master_arguments_are_checked():
         strata.optim.AdamW([p], rounding="fused", master_dtype="bf16", master_rounding="nearest")
     with pytest.raises(strata.Error, match="fused"):
         strata.optim.AdamW([p], master_dtype="bf16")
+
+
+def _continue(p, opt, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    target = 1.0 + 0.01 * torch.randn(5000, generator=g)  # _fit's
+    for _ in range(steps):
+        opt.zero_grad()
+        ((p - target) ** 2).sum().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_a_saved_bf16_master_loads_and_continues_bit_for_bit(rounding, state_dtype):
+    """state_dict() holds the bf16 "master" (and "master_comp") as they are, int8 moments or
+    not; torch.save, torch.load and load_state_dict into a new optimizer (torch's casts its
+    state to the parameter's fp32) give them back as bf16, so the run goes on as if it had not
+    stopped."""
+    straight, _, opt = _fit(rounding, state_dtype, steps=6)
+    p, _, opt = _fit(rounding, state_dtype, steps=3)
+    raw = dict(opt.state[opt.param_groups[0]["params"][0]])
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    sd = torch.load(io.BytesIO(buf.getvalue()))
+    st = sd["state"][0]
+    assert st["master"].dtype == torch.bfloat16 and torch.equal(st["master"], raw["master"])
+    assert ("master_comp" in st) == (rounding == "kahan")
+    q = torch.nn.Parameter(p.clone())
+    resumed = strata.optim.AdamW([q], lr=1e-4, weight_decay=0.0, rounding="fused",
+                                 state_dtype=state_dtype, master_dtype="bf16",
+                                 master_rounding=rounding)
+    resumed.load_state_dict(sd)
+    for k, v in resumed.state[q].items():
+        if torch.is_tensor(raw[k]):
+            assert v.dtype == raw[k].dtype and torch.equal(v, raw[k]), k
+    _continue(q, resumed, 3)
+    assert torch.equal(q.detach(), straight)
+
+
+def test_a_master_of_another_dtype_is_refused_at_the_kernel():
+    p = torch.nn.Parameter(torch.ones(8))
+    opt = strata.optim.AdamW([p], rounding="fused", master_dtype="bf16")
+    p.grad = torch.ones(8)
+    opt.step()
+    opt.state[p]["master"] = opt.state[p]["master"].float()  # as torch's cast left it
+    with pytest.raises(strata.Error, match="'master'.*torch.float32.*torch.bfloat16"):
+        opt.step()

@@ -6,11 +6,13 @@ import os
 import resource
 import signal
 import struct
+import weakref
 
 import pytest
 import torch
 
 import strata
+import strata.optim
 from gpt_model import GPT
 
 
@@ -89,3 +91,61 @@ def test_a_failure_while_writing_leaves_the_old_file_and_no_temporary(tmp_path):
         signal.signal(signal.SIGXFSZ, old_handler)
     assert path.read_bytes() == b"old"
     assert _names(tmp_path) == ["w.safetensors"]
+
+
+def test_an_offloaded_model_is_written_one_gathered_tensor_at_a_time(tmp_path):
+    """save_safetensors of an offloaded model reads each weight from the engine as the file
+    is written, never the whole model at once (it used to gather every weight first)."""
+    m = GPT()
+    m = strata.offload(m, blocks=list(m.blocks), engine=strata.Engine())
+    strata.optim.AdamW(m.parameters(), lr=1e-3)
+    state = next(m.parameters())._strata_offload
+    whole = state.gather()
+    read, alive = state._read_fp32, []
+
+    def read_one(b, t):
+        alive[:] = [v for v in alive if v() is not None]
+        assert not alive, "a weight read before the last one was written"
+        v = read(b, t)
+        alive.append(weakref.ref(v))
+        return v
+    state._read_fp32 = read_one
+    state.gather = None  # the whole model at once
+    strata.save_safetensors(m, tmp_path / "w.safetensors")
+    header, data = _read(tmp_path / "w.safetensors")
+    header.pop("__metadata__")
+    assert sorted(header) == sorted(whole)
+    for name, h in header.items():
+        lo, hi = h["data_offsets"]
+        got = torch.frombuffer(bytearray(data[lo:hi]), dtype=torch.float32).view(h["shape"])
+        assert torch.equal(got, whole[name]), name
+
+
+class _Ranks:
+    """An offloaded model's state as _write_gathered_safetensors sees it, whose second gather
+    fails on this rank (a local error before its collective)."""
+
+    def __init__(self):
+        self._where = {i: (0, i, f"w{i}") for i in range(4)}
+        self._layout = [("", [(f"w{i}", (2,), 2 * i, 2) for i in range(4)], 8)]
+        self._frozen = None
+        self.gathers = []
+
+    def _read_fp32(self, b, t):
+        self.gathers.append(t)
+        if t == 1:
+            raise strata.Error("rank-local failure")
+        return torch.zeros(2)
+
+
+@pytest.mark.parametrize("writer", [False, True])
+def test_a_rank_that_fails_a_gather_still_joins_every_other_one(tmp_path, writer, monkeypatch):
+    """Each gather is a collective: a rank that stopped at its failure would leave the others
+    waiting in the next one. Every rank goes through all of them, then raises."""
+    from strata import _checkpoint
+    monkeypatch.setattr(_checkpoint, "_frozen_entries", lambda state: {})
+    state = _Ranks()
+    with pytest.raises(strata.Error, match="rank-local failure"):
+        _checkpoint._write_gathered_safetensors(state, tmp_path / "w.safetensors", writer)
+    assert state.gathers == [0, 1, 2, 3]
+    assert _names(tmp_path) == []
