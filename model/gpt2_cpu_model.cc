@@ -88,13 +88,37 @@ Status Gpt2CpuModel::SetTokens(const int32_t* inputs, const int32_t* targets) {
       "tokens");
 }
 
-Result<BlockPtrs<float>> Gpt2CpuModel::Ptrs(const BlockView& v) const {
-  if (v.dtype != WorkingDtype::kFp32) {
-    return Status::NotSupported("the engine's working dtype is " +
-                                std::string(WorkingDtypeName(v.dtype)) +
-                                "; the CPU model computes in fp32");
+Result<Gpt2CpuModel::Params> Gpt2CpuModel::Ptrs(const BlockView& v) const {
+  Params out;
+  out.p.layout = v.layout;
+  switch (v.dtype) {
+    case WorkingDtype::kFp32:
+      out.p.p = static_cast<const float*>(v.params);
+      return out;
+    case WorkingDtype::kBf16:
+      out.bf16 = static_cast<const uint16_t*>(v.params);
+      out.n = v.layout->padded_numel;
+      out.wide = wide_;
+      return out;
+    default:
+      return Status::NotSupported("the engine's working dtype is " +
+                                  std::string(WorkingDtypeName(v.dtype)) +
+                                  "; the CPU model computes in fp32 from fp32 or bf16 params");
   }
-  return BlockPtrs<float>{static_cast<const float*>(v.params), nullptr, v.layout};
+}
+
+BlockPtrs<float> Gpt2CpuModel::Params::Get() const {
+  if (bf16 == nullptr) return p;
+  if (wide->size() < n) wide->resize(n);
+  float* w = wide->data();
+  // bf16 -> fp32 is exact: the bf16 bits are the float's high half.
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t bits = uint32_t(bf16[i]) << 16;
+    std::memcpy(w + i, &bits, sizeof bits);
+  }
+  BlockPtrs<float> out = p;
+  out.p = w;
+  return out;
 }
 
 Status Gpt2CpuModel::Enqueue(std::function<void()> fn, const char* label) {
@@ -108,12 +132,12 @@ Status Gpt2CpuModel::Enqueue(std::function<void()> fn, const char* label) {
 }
 
 Status Gpt2CpuModel::Forward(int b, const BlockView& params) {
-  STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, Ptrs(params));
+  STRATA_ASSIGN_OR_RETURN(const Params p, Ptrs(params));
   Gpt2Model<float>* m = model_;
   const int L = m->config().layers;
-  if (b == 0) return Enqueue([m, p] { m->EmbedForward(p); }, "forward embed");
-  if (b <= L) return Enqueue([m, p, b] { m->LayerForward(b - 1, p); }, "forward layer");
-  return Enqueue([m, p] { m->FinalForward(p); }, "forward ln_f");
+  if (b == 0) return Enqueue([m, p] { m->EmbedForward(p.Get()); }, "forward embed");
+  if (b <= L) return Enqueue([m, p, b] { m->LayerForward(b - 1, p.Get()); }, "forward layer");
+  return Enqueue([m, p] { m->FinalForward(p.Get()); }, "forward ln_f");
 }
 
 Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float dloss, int micro,
@@ -121,7 +145,8 @@ Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float
   if (micro < 0 || micro >= slots_) {
     return Status::InvalidArgument("micro-batch " + std::to_string(micro) + " out of range");
   }
-  STRATA_ASSIGN_OR_RETURN(BlockPtrs<float> p, Ptrs(params));
+  STRATA_ASSIGN_OR_RETURN(Params params_at_run, Ptrs(params));
+  BlockPtrs<float>& p = params_at_run.p;
   p.g = grad;
   const uint64_t n = params.layout->padded_numel;
   if (write == GradWrite::kAccumulate) {
@@ -141,7 +166,8 @@ Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float
   // The block's gradient into p.g, then (kAccumulate) added to the engine's buffer in the
   // order the engine sums micro-batches: grad = ((g0 + g1) + g2) ...
   return Enqueue(
-      [m, p, b, L, dloss, loss, grad, n, pack_bf16] {
+      [m, params_at_run, b, L, dloss, loss, grad, n, pack_bf16] {
+        const BlockPtrs<float> p = params_at_run.Get();
         if (b == L + 1) {
           *loss = m->Head(/*backward=*/true, dloss);
           m->FinalBackward(p);

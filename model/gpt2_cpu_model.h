@@ -1,7 +1,11 @@
 // GPT-2 through the engine on the host device: the CPU reference of the Gpt2Backend
 // interface (gpt2_backend.h), beside the CUDA model of the same shape (gpt2_cuda_model.h).
 // Each block's work is the fp32 op of Gpt2Model<float> (gpt2.h), enqueued as a host function
-// on the device's compute lane right after the engine's Acquire.
+// on the device's compute lane right after the engine's Acquire. The engine's params are fp32,
+// or bf16 with a bf16 master (EngineOptions::master_format; the working dtype is then bf16):
+// each op then reads the block's bf16 params widened to fp32 (exact) into one buffer the
+// size of the largest block, reused by every block, widened again at each use (forward, and
+// backward with its recompute). Gradients are fp32 either way (or packed bf16: SetGradDtype).
 #pragma once
 
 #include <memory>
@@ -43,7 +47,15 @@ class Gpt2CpuModel final : public Gpt2Backend {
   }
 
  private:
-  Result<BlockPtrs<float>> Ptrs(const BlockView& v) const;
+  // The block's parameters as the enqueued op reads them (Params::Get, on the compute lane).
+  struct Params {
+    BlockPtrs<float> p;                        // p.p is null while bf16 is set
+    const uint16_t* bf16 = nullptr;            // the engine's bf16 params, widened by Get
+    uint64_t n = 0;                            // their count (the block's padded_numel)
+    std::shared_ptr<std::vector<float>> wide;  // where Get widens them
+    BlockPtrs<float> Get() const;
+  };
+  Result<Params> Ptrs(const BlockView& v) const;
   Status Enqueue(std::function<void()> fn, const char* label);
 
   Device* device_;
@@ -59,6 +71,11 @@ class Gpt2CpuModel final : public Gpt2Backend {
   // queued on the compute lane may use it.
   std::vector<std::unique_ptr<std::vector<float>>> scratch_;
   std::vector<const void*> adopted_;  // slot buffers adopted by SlotBuffer
+  // The bf16 params widened to fp32: one buffer for every block (the compute lane runs one op
+  // at a time, and no op keeps a parameter pointer past its call: the embedding forward
+  // copies wte for the head). Grown on the compute lane, at the first use by a larger block;
+  // shared with the queued ops, which may outlive this object.
+  std::shared_ptr<std::vector<float>> wide_ = std::make_shared<std::vector<float>>();
 };
 
 }  // namespace strata::model

@@ -1,8 +1,8 @@
 // `strata verify` and `strata export` on a store whose master weights are bf16 (--master-dtype
-// bf16, EngineOptions::master_format): the store is written by the engine itself (the CPU model
-// cannot train with a bf16 master: it computes in fp32), with a run record as `strata train`
-// leaves one; verify checks the 2-byte master extents and names their dtype, and export widens
-// them exactly to the weights the engine reads back.
+// bf16, EngineOptions::master_format): the store is written by the engine itself (known
+// weights, not a training run's), with a run record as `strata train` leaves one; verify
+// checks the 2-byte master extents and names their dtype, and export widens them exactly to
+// the weights the engine reads back.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -291,12 +291,6 @@ Result<trainer::OrderedEngine> CreateEngine(const TrainArgs& a, const trainer::R
   const int rows = a.batch / std::max(1, setup.rank().world_size);
   STRATA_ASSIGN_OR_RETURN(const trainer::MicroBatchOrderInputs order_in,
                           OrderInputs(a, config, cfg, setup, rows, what));
-  if (eo.master_format != MasterFormat::kFp32 && setup.device().Kind() != DeviceKind::kCuda) {
-    *what = "--master-dtype";
-    return Status::NotSupported(
-        "--master-dtype bf16: the bf16 master is the device's params, and the CPU model "
-        "computes in fp32; use --device cuda, or --master-dtype fp32 here");
-  }
   StartupPhase phase(a.resume.empty() ? "placing the states and creating the engine"
                                       : "opening the store to resume");
   auto created = trainer::CreateOrderedEngine(model::Gpt2BlockSpecs(cfg), eo, order_in);
