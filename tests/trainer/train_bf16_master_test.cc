@@ -2,7 +2,9 @@
 // are the bf16 master, which the CPU model widens to fp32 where it uses them. With int8
 // moments and an NVMe store the run trains as the fp32-state run does (losses close), a run
 // killed part-way and resumed gives the uninterrupted run's losses bit for bit, and the run
-// record holds the master's dtype, so --resume alone continues with it.
+// record holds the master's dtype, so --resume alone continues with it. Layer-major order
+// (gradients accumulated on the device) and the recompute read the widened params as batch
+// order does: the same losses.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -109,6 +111,26 @@ TEST_F(TrainBf16MasterTest, TrainsLikeFp32StatesAndResumesBitForBit) {
     const int64_t k = s["step"];
     EXPECT_EQ(s["loss"].get<double>(), b[static_cast<size_t>(k - 1)]) << "step " << k;
   }
+}
+
+TEST_F(TrainBf16MasterTest, LayerMajorAndRecomputeGiveTheSameLosses) {
+  std::vector<std::vector<double>> losses;
+  for (const std::vector<std::string>& order : {std::vector<std::string>{"batch", "--no-recompute"},
+                                                {"layer", "--recompute"},
+                                                {"layer", "--no-recompute"}}) {
+    std::vector<std::string> args = {
+        "train", "--layers", "2",           "--d-model",          "32", "--heads", "2", "--seq-len",
+        "16",    "--batch",  "4",           "--micro-batches",    "2",  "--steps", "6", "--lr",
+        "3e-3",  "--json",   Json("order"), "--micro-batch-order"};
+    args.insert(args.end(), order.begin(), order.end());
+    args.insert(args.end(), kCompact.begin(), kCompact.end());
+    std::string out;
+    ASSERT_EQ(0, Run(args, &out)) << out;
+    losses.push_back(Losses(Read(Json("order"))));
+    ASSERT_EQ(losses.back().size(), 6u) << out;
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(losses[2], losses[0]);
 }
 
 }  // namespace
