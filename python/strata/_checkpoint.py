@@ -136,40 +136,80 @@ def _moments_access(state, what):
     return steps, where
 
 
+def _agree(core, what, phase):
+    """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
+    one-value all-gather of whether the phase failed here). Raises the phase's own exception on
+    a rank where it failed, and strata.Error naming the failed ranks on the others."""
+    failure = None
+    try:
+        phase()
+    except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
+        failure = e
+    flag = torch.tensor([1.0 if failure is not None else 0.0], dtype=torch.float32)
+    every = torch.empty(core.world_size, dtype=torch.float32)
+    core.all_gather_f32(flag.data_ptr(), 1, every.data_ptr())
+    if failure is not None:
+        raise failure
+    failed = [r for r, v in enumerate(every.tolist()) if v]
+    if failed:
+        ranks = ", ".join(map(str, failed))
+        raise Error(f"{what} failed on rank{'s' if len(failed) > 1 else ''} {ranks} (its error "
+                    "says why); nothing was changed here")
+
+
 def _read_whole(core, padded, name, b):
-    """Component `name` of engine block `b`, all `padded` values: this rank's shard, gathered
-    from every rank with several (a collective: every rank calls it, in the same order)."""
+    """(component `name` of engine block `b`, all `padded` values: this rank's shard, gathered
+    from every rank with several; None), or with several ranks (None, the error) when this
+    rank's shard cannot be read. A collective: every rank calls it, in the same order; a rank
+    whose read fails still joins the gather (with zeros), which the other ranks wait for."""
     world = core.world_size
-    shard = torch.empty(padded // world, dtype=torch.float32)
-    core.read_component(b, name, shard.data_ptr(), shard.numel())
+    shard = torch.zeros(padded // world, dtype=torch.float32)
+    failure = None
+    try:
+        core.read_component(b, name, shard.data_ptr(), shard.numel())
+    except Exception as e:  # noqa: BLE001 (returned: the caller raises it after its gathers)
+        if world == 1:
+            raise
+        failure = e
     if world == 1:
-        return shard
+        return shard, None
     whole = torch.empty(padded, dtype=torch.float32)
     core.all_gather_f32(shard.data_ptr(), shard.numel(), whole.data_ptr())
-    return whole
+    return (None, failure) if failure is not None else (whole, None)
 
 
 def read_moments(state, opt):
     """torch's optimizer "state" of an offloaded model, read from the engine between steps:
-    {index of the parameter in opt's param_groups: {"step", "exp_avg", "exp_avg_sq"}}."""
+    {index of the parameter in opt's param_groups: {"step", "exp_avg", "exp_avg_sq"}}.
+    With several ranks every rank calls it (each component is gathered, a collective): a rank
+    whose read fails goes through every gather all the same and raises its error after the
+    last, and the other ranks then raise strata.Error naming it (they used to wait in the next
+    gather until the communicator's timeout)."""
     core = state.core()
     steps, where = _moments_access(state, "optimizer.state_dict()")
     step = steps + state.step_offset
-    cache = {}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    whole = {}
 
-    def component(b, name):
-        if (b, name) not in cache:
-            cache[(b, name)] = _read_whole(core, state._layout[b][2], name, b)
-        return cache[(b, name)]
+    def read_all():  # in the same order on every rank
+        failure = None
+        for b in sorted({where[id(p)][0] for p in params}):
+            for k in ("exp_avg", "exp_avg_sq"):
+                whole[(b, k)], failed = _read_whole(core, state._layout[b][2], k, b)
+                failure = failure or failed
+        if failure is not None:
+            raise failure
 
-    out, i = {}, 0
-    for g in opt.param_groups:
-        for p in g["params"]:
-            b, off, n, shape = where[id(p)]
-            out[i] = {"step": torch.tensor(float(step)),
-                      **{k: component(b, k)[off:off + n].view(shape).clone()
-                         for k in ("exp_avg", "exp_avg_sq")}}
-            i += 1
+    if core.world_size == 1:
+        read_all()
+    else:
+        _agree(core, "optimizer.state_dict()", read_all)
+    out = {}
+    for i, p in enumerate(params):
+        b, off, n, shape = where[id(p)]
+        out[i] = {"step": torch.tensor(float(step)),
+                  **{k: whole[(b, k)][off:off + n].view(shape).clone()
+                     for k in ("exp_avg", "exp_avg_sq")}}
     return out
 
 

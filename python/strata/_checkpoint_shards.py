@@ -9,33 +9,12 @@ import shutil
 
 import torch
 
-from ._checkpoint import (_check_replaceable, _check_shapes, _checkpoint_meta,
+from ._checkpoint import (_agree, _check_replaceable, _check_shapes, _checkpoint_meta,
                           _finish_interrupted_replace, _frozen_entries, _holds_only_a_checkpoint,
                           _moments_access, _python_state, _ready_between_steps, _remove_leftover,
                           _replace_folder, _restore_python_state, _torch_load,
                           _write_gathered_safetensors)
 from ._strata import Error
-
-
-def _agree(core, what, phase):
-    """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
-    one-value all-gather of whether the phase failed here). Raises the phase's own exception on
-    a rank where it failed, and strata.Error naming the failed ranks on the others."""
-    failure = None
-    try:
-        phase()
-    except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
-        failure = e
-    flag = torch.tensor([1.0 if failure is not None else 0.0], dtype=torch.float32)
-    every = torch.empty(core.world_size, dtype=torch.float32)
-    core.all_gather_f32(flag.data_ptr(), 1, every.data_ptr())
-    if failure is not None:
-        raise failure
-    failed = [r for r, v in enumerate(every.tolist()) if v]
-    if failed:
-        ranks = ", ".join(map(str, failed))
-        raise Error(f"{what} failed on rank{'s' if len(failed) > 1 else ''} {ranks} (its error "
-                    "says why); nothing was changed here")
 
 
 def save_shards(model, state, path, optimizer, lr_scheduler, client_state):

@@ -15,3 +15,9 @@ _PYDEPS = os.environ.get("STRATA_PYDEPS") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata", "pydeps")
 if os.path.isdir(_PYDEPS) and _PYDEPS not in sys.path:
     sys.path.append(_PYDEPS)
+
+
+def pytest_configure(config):
+    # As CTest's label: `pytest -m "not slow"` leaves out the tests that take half a minute or
+    # more (processes started and killed many times over).
+    config.addinivalue_line("markers", "slow: a test that takes half a minute or more")
