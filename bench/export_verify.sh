@@ -33,13 +33,13 @@ echo "# store: $layers x $dmodel, 2 ranks, initial commit, in $dir"
 # the committed extents of each rank file (a store file is preallocated beyond them: fio must
 # read written bytes, never unwritten extents that the file system returns as zeros; whole
 # MiB, its block)
-layout=$("$strata" verify "$dir/{rank}" --json - | python3 -c '
+layout=$("$strata" verify "$dir/{rank}" --json - 2>/dev/null | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 for r in j["ranks"]:
     for f in r["folders"]:
         print(f["data_file"], f["committed_bytes_starting_here"])')
-bytes=$(awk '{s += $2} END {print s}' <<<"$layout")
+bytes=$(awk '{s += $2} END {printf "%d", s}' <<<"$layout")
 files=$(awk '{print $1}' <<<"$layout")
 echo "# store files: $(wc -l <<<"$layout"), $bytes committed bytes"
 
