@@ -135,3 +135,46 @@ def test_load_state_dict_refuses_partial_or_mismatched_moments():
     after = opt.state_dict()["state"]
     for i, s in sd["state"].items():
         assert torch.equal(after[i]["exp_avg"], s["exp_avg"])
+
+
+def test_a_run_that_loaded_moments_resumes_in_a_new_engine_with_their_step_count(tmp_path):
+    """optimizer.load_state_dict's moments count the steps of the run that made them (2 here);
+    the engine counts its own, and the layer adds the difference (step_offset, in Python). After
+    one more step, a new engine resumed from the NVMe folder (as a new process would) must
+    count as the run did: step 4 equals the uninterrupted run's, bit for bit. It does because
+    the engine commits the bias correction's count (its steps + the offset) as the store's
+    step, so the resumed engine starts from it with no offset to restore."""
+    data = list(batches(4, 1))
+    a = GPT()
+    a = strata.offload(a, blocks=list(a.blocks), engine=strata.Engine())
+    opt_a = strata.optim.AdamW(param_groups(a, 0.1), **GROUPS_KW)
+    for x, y in data[0] + data[1]:
+        a(x, y).backward()
+        opt_a.step()
+    saved = opt_a.state_dict()
+    _weights_file(a, tmp_path / "w2.st")
+    for x, y in data[2] + data[3]:
+        a(x, y).backward()
+        opt_a.step()
+
+    (tmp_path / "n").mkdir()
+    budgets = dict(device_mem="160K", host_mem="400K", nvme=[tmp_path / "n"])
+    b = GPT(seed=5)
+    _load_weights(b, tmp_path / "w2.st")
+    engine_b = strata.Engine(**budgets)
+    b = strata.offload(b, blocks=list(b.blocks), engine=engine_b)
+    opt_b = strata.optim.AdamW(param_groups(b, 0.1), **GROUPS_KW)
+    opt_b.load_state_dict(saved)
+    (x, y), = data[2]
+    b(x, y).backward()
+    opt_b.step()
+    engine_b.close()  # as a killed process leaves it: step 3 committed
+
+    c = GPT(seed=7)  # every value comes from the store
+    c = strata.offload(c, blocks=list(c.blocks), engine=strata.Engine(resume=True, **budgets))
+    opt_c = strata.optim.AdamW(param_groups(c, 0.1), **GROUPS_KW)
+    (x, y), = data[3]
+    c(x, y).backward()
+    opt_c.step()
+    assert _weights_file(c, tmp_path / "c.st") == _weights_file(a, tmp_path / "a.st")
+    assert all(float(s["step"]) == 4.0 for s in opt_c.state_dict()["state"].values())
