@@ -78,14 +78,6 @@ size_t ArgsToDrop(size_t i, std::initializer_list<std::string_view> flags) {
 // for a moment): a printed command omits it, and the hint says how to give it.
 constexpr std::string_view kSecretFlag = "--run-secret";
 
-bool SecretOnCommandLine() {
-  if (EnvGet("STRATA_LAUNCH_COMMAND_HAD_SECRET") == "1") return true;
-  for (size_t i = 0; i < g_argv.size(); ++i) {
-    if (ArgsToDrop(i, {kSecretFlag}) != 0) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 void SetCommandLine(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
@@ -124,7 +116,13 @@ std::string CommandLinePrefix(size_t drop_last) {
   return cmd;
 }
 
-bool CommandLineHasSecret() { return SecretOnCommandLine(); }
+bool CommandLineHasSecret() {
+  if (EnvGet("STRATA_LAUNCH_COMMAND_HAD_SECRET") == "1") return true;
+  for (size_t i = 0; i < g_argv.size(); ++i) {
+    if (ArgsToDrop(i, {kSecretFlag}) != 0) return true;
+  }
+  return false;
+}
 
 std::string ResumeCommand(const std::string& resume_folder) {
   std::string cmd = EnvGet("STRATA_LAUNCH_COMMAND");
@@ -152,7 +150,7 @@ std::string ResumeHint(const std::string& resume_folder) {
     where = ", on each host, with that host's --node-rank";
   }
   std::string hint = "resume with" + where + ": " + ResumeCommand(resume_folder);
-  if (SecretOnCommandLine()) {
+  if (CommandLineHasSecret()) {
     hint +=
         " (add the run secret again, best as --run-secret-file FILE or STRATA_RUN_SECRET: "
         "it is not printed)";
