@@ -5,7 +5,10 @@
 # again on the same drive), a plain copy of those files to one output file on the same folder
 # (`cat` through the page cache, then fsync: the bytes a one-disk export must move, with no
 # format work). Runs alternate (fio, verify, copy, export) so drift hits all alike; medians of
-# ROUNDS. Export's peak RSS comes from /usr/bin/time -v.
+# ROUNDS. Export's peak RSS comes from /usr/bin/time -v. verify's rate is its read time as it
+# reports it (--json read.seconds: every rank's extents read and checksummed), as fio's is its
+# I/O time; verify_cmd_s is the whole command (with the process start, which in a CUDA build
+# loads the CUDA libraries, and the record and manifest checks).
 #
 # Usage: bench/export_verify.sh [DIR] [ROUNDS] [MODEL]
 #   DIR     a folder on the drive (default: a fresh folder under /var/tmp), removed at the end
@@ -39,7 +42,7 @@ j = json.load(sys.stdin)
 for r in j["ranks"]:
     for f in r["folders"]:
         print(f["data_file"], f["committed_bytes_starting_here"])')
-bytes=$(awk '{s += $2} END {printf "%d", s}' <<<"$layout")
+bytes=$(awk '{s += $2} END {printf "%.0f", s}' <<<"$layout")
 files=$(awk '{print $1}' <<<"$layout")
 echo "# store files: $(wc -l <<<"$layout"), $bytes committed bytes"
 
@@ -65,19 +68,25 @@ export_once() {
     >/dev/null
   sync "$dir/out.safetensors"
 }
-printf '%-5s %12s %12s %12s %12s %10s %10s %10s %12s\n' round fio_MBps verify_MBps copy_MBps \
-  export_MBps verify/fio export/fio export/copy export_RSS_MiB
+verify_read() {  # verify's own read time (its --json), as fio's bandwidth is its I/O time's
+  "$strata" verify "$dir/{rank}" --json "$dir/verify.json" >/dev/null 2>&1
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["read"]["seconds"])' \
+    "$dir/verify.json"
+}
+printf '%-5s %12s %12s %12s %12s %10s %10s %10s %12s %12s\n' round fio_MBps verify_MBps copy_MBps \
+  export_MBps verify/fio export/fio export/copy export_RSS_MiB verify_cmd_s
 for r in $(seq "$rounds"); do
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
   f=$(fio_read)
-  v=$(secs "$strata" verify "$dir/{rank}")
+  sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+  t0=$(date +%s.%N); v=$(verify_read); vc=$(echo "$(date +%s.%N) - $t0" | bc -l)
   c=$(secs copy)
   t0=$(date +%s.%N); export_once; e=$(echo "$(date +%s.%N) - $t0" | bc -l)
   rss=$(awk '/Maximum resident/ {print $6 / 1024}' "$dir/time.txt")
   rm -f "$dir/out.safetensors"
-  awk -v r="$r" -v b="$bytes" -v f="$f" -v v="$v" -v c="$c" -v e="$e" -v rss="$rss" 'BEGIN {
-    printf "%-5s %12.1f %12.1f %12.1f %12.1f %10.3f %10.3f %10.3f %12.1f\n", r, f / 1e6,
-      b / v / 1e6, b / c / 1e6, b / e / 1e6, (b / v) / f, (b / e) / f, c / e, rss }'
+  awk -v r="$r" -v b="$bytes" -v f="$f" -v v="$v" -v c="$c" -v e="$e" -v rss="$rss" -v vc="$vc" \
+    'BEGIN { printf "%-5s %12.1f %12.1f %12.1f %12.1f %10.3f %10.3f %10.3f %12.1f %12.2f\n", r,
+      f / 1e6, b / v / 1e6, b / c / 1e6, b / e / 1e6, (b / v) / f, (b / e) / f, c / e, rss, vc }'
 done | tee "$dir/rows.txt"
 for col in 6 7 8 9; do
   printf 'median %s: %s\n' "$(head -1 <<<'x x x x x verify/fio export/fio export/copy export_RSS_MiB' | cut -d' ' -f$col)" \
