@@ -493,12 +493,25 @@ TEST_F(TrainCliTest, ResumeRefusesAnotherRun) {
   EXPECT_NE(out.find("converted from fp32 to int8"), std::string::npos) << out;
   out.clear();
   ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "7"}, &out)) << out;
+  // Killed right after the first converted commit, before the plain record replaces the one
+  // that names the conversion: that record says which format each commit holds, so the store
+  // verifies as fp32 and the next resume alone continues it (no conversion, no refusal).
   out.clear();
-  ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "8", "--state-dtype", "fp32",
-                    "--allow-state-dtype-change"},
-                   &out))
-      << out;
+  ::setenv("STRATA_TEST_KILL_AT", "committed:1", 1);
+  const int killed_after = Run({"train", "--resume", resume, "--steps", "8", "--state-dtype",
+                                "fp32", "--allow-state-dtype-change", "--durable"},
+                               &out);
+  ::unsetenv("STRATA_TEST_KILL_AT");
+  ASSERT_EQ(137, killed_after) << out;
   EXPECT_NE(out.find("converted from int8 to fp32"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(0, Run({"verify", resume, "--json", dir_ + "/v.json"}, &out)) << out;
+  const nlohmann::json v = Json(dir_ + "/v.json");
+  EXPECT_EQ(v["step"], 8) << v.dump();
+  EXPECT_EQ(v["dtypes"]["exp_avg"], "fp32") << v.dump();
+  out.clear();
+  ASSERT_EQ(0, Run({"train", "--resume", resume, "--steps", "9"}, &out)) << out;
+  EXPECT_EQ(out.find("converted"), std::string::npos) << out;
 }
 
 // The header's __metadata__ of a safetensors file.

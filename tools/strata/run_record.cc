@@ -18,6 +18,7 @@
 #include <sstream>
 #include <system_error>
 #include <tuple>
+#include <utility>
 
 #include "strata/input_file.h"
 
@@ -220,7 +221,8 @@ std::string SealRunRecord(const std::string& body) {
   return body + kSealPrefix + Hex64(XXH3_64bits(body.data(), body.size())) + "\n";
 }
 
-std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity) {
+std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity,
+                          const std::optional<StateConversion>& conversion) {
   std::string out =
       "# strata train: the configuration of the run whose swap store is in this folder,\n"
       "# written when the store was created. `strata train --resume DIR` continues it with\n"
@@ -236,6 +238,11 @@ std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentit
     if (!file->bytes) continue;
     out += std::string(name) + "-bytes = " + std::to_string(*file->bytes) + "\n";
     out += std::string(name) + "-xxh3 = \"" + file->xxh3 + "\"\n";
+  }
+  if (conversion) {
+    out += "\n[state-conversion]\n";
+    out += "to = \"" + conversion->to + "\"\n";
+    out += "after-step = " + std::to_string(conversion->after_step) + "\n";
   }
   return SealRunRecord(out);
 }
@@ -295,6 +302,7 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder) {
   }
   RunRecord r;
   r.path = path;
+  std::optional<StateConversion> conversion;
   for (const CLI::ConfigItem& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
     const std::string section = item.parents.empty() ? "" : item.parents[0];
@@ -303,6 +311,22 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder) {
       continue;
     }
     const std::string value = item.inputs.empty() ? "" : item.inputs[0];
+    if (section == "state-conversion") {
+      if (!conversion) conversion.emplace();
+      bool ok = false;
+      if (item.name == "to") {
+        conversion->to = value;
+        ok = !value.empty();
+      } else if (item.name == "after-step") {
+        ok = ParseNumber(value, &conversion->after_step);
+      }
+      if (!ok) {
+        return Status::InvalidArgument("--resume: " + path + ": unexpected entry " + section + "." +
+                                       item.name + " = " + value)
+            .WithPath(path);
+      }
+      continue;
+    }
     RunIdentity& id = r.identity;
     bool ok = true;
     auto bytes = [&](FileHash* f) {
@@ -337,7 +361,21 @@ Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder) {
           .WithPath(path);
     }
   }
+  r.conversion = std::move(conversion);
   return std::optional<RunRecord>(std::move(r));
+}
+
+void ResolveStateConversion(std::optional<uint64_t> committed_step, RunRecord* r) {
+  if (!r->conversion) return;
+  const StateConversion c = *std::exchange(r->conversion, std::nullopt);
+  if (!committed_step || *committed_step <= c.after_step) return;
+  bool found = false;
+  for (auto& [key, inputs] : r->train) {
+    if (key != "state-dtype") continue;
+    inputs = {c.to};
+    found = true;
+  }
+  if (!found) r->train.emplace_back("state-dtype", std::vector<std::string>{c.to});
 }
 
 Status MergeRecord(const RunRecord& record, const std::vector<Setting>& settings,

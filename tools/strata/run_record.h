@@ -92,9 +92,22 @@ Result<FileHash> HashFile(const std::string& flag, const std::string& path);
 
 inline constexpr char kRunRecordFile[] = "strata.run.toml";
 
-// The record's text: a comment saying what it is, TomlTable("train", ...), [identity], and
-// a last line that seals it: "# xxh3-64 of the text above: <16 hex digits>".
-std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity);
+// A resume that converts the Adam moments (--allow-state-dtype-change) is recorded before its
+// first step, while the store still holds the old format: [train] state-dtype names the format
+// of the commits up to `after_step` (the resumed one), and this the format of every later
+// commit. So the record is right whether or not a kill comes before the first converted
+// commit, or after it and before the plain record replaces this one. Written as a
+// [state-conversion] table.
+struct StateConversion {
+  std::string to;  // a --state-dtype value
+  uint64_t after_step = 0;
+};
+
+// The record's text: a comment saying what it is, TomlTable("train", ...), [identity], the
+// [state-conversion] table when there is one, and a last line that seals it:
+// "# xxh3-64 of the text above: <16 hex digits>".
+std::string RunRecordText(const std::vector<Setting>& settings, const RunIdentity& identity,
+                          const std::optional<StateConversion>& conversion = std::nullopt);
 // `body` with its sealing line appended (a record's text is SealRunRecord of the rest).
 std::string SealRunRecord(const std::string& body);
 // Writes `text` as folder/strata.run.toml: 0600, atomic (temporary, fsync, rename, folder
@@ -106,12 +119,19 @@ struct RunRecord {
   std::string path;
   std::vector<std::pair<std::string, std::vector<std::string>>> train;
   RunIdentity identity;
+  std::optional<StateConversion> conversion;
 };
 // folder/strata.run.toml, or nullopt when the folder has none. InvalidArgument naming the
 // file, never echoing its bytes, when it is not a regular file, is empty, longer than
 // 1 MiB, lacks its sealing line (truncated, or written by a strata before records were
 // sealed), fails its checksum (edited or damaged), or is not the TOML a record holds.
+// A [state-conversion] is kept in `conversion`, for ResolveStateConversion.
 Result<std::optional<RunRecord>> ReadRunRecord(const std::string& folder);
+// Applies and clears record->conversion given the committed step of the store the record
+// describes: past the conversion's step, state-dtype becomes its format (what the plain record
+// written after that commit says); otherwise the stored format stays. Every reader of a
+// record's state-dtype calls this first.
+void ResolveStateConversion(std::optional<uint64_t> committed_step, RunRecord* record);
 
 // Merges `record` into `settings` for a resumed run. `given(key)` says whether the command
 // line (or --config) set the flag. A setting not given takes the recorded value; a given

@@ -313,7 +313,11 @@ Result<RunStore> OpenRunStore(const std::string& dir, const StoreReaderOptions& 
     }
   }
   for (const RankStore& r : s.ranks) CheckRank(r, &s);
-  if (rec) ModelFromRecord(*rec, &s);
+  if (rec) {
+    RunRecord resolved = *rec;
+    ResolveStateConversion(s.step, &resolved);
+    ModelFromRecord(resolved, &s);
+  }
   if (s.have_model) CheckExtents(&s);
   return s;
 }

@@ -445,12 +445,12 @@ Status ReportInterrupt(const TrainArgs& a, const JsonDestination& out, const Tra
 }
 
 // The run's record in each of its store folders (run_record.h), with the model's geometry
-// as the run resolved it (from --init, or the default heads). `as_stored`: with the moments'
-// format the store holds (ConvertsMoments: until a commit holds the converted ones).
+// as the run resolved it (from --init, or the default heads). With `conversion`: the moments'
+// format the store holds, and the one the commits after the resumed step will hold.
 Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineOptions& eo,
-                 const RankInfo& rank, bool as_stored) {
+                 const RankInfo& rank, std::optional<StateConversion> conversion) {
   TrainArgs resolved = a;
-  if (as_stored) resolved.run.state_dtype = a.stored_state_dtype;
+  if (conversion) resolved.run.state_dtype = a.stored_state_dtype;
   resolved.run.io_block = std::to_string(eo.nvme_stripe_bytes);
   resolved.layers = cfg.layers;
   resolved.d_model = cfg.d_model;
@@ -467,18 +467,18 @@ Status RecordRun(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineO
   if (!a.tokenizer.empty()) {
     STRATA_ASSIGN_OR_RETURN(id.tokenizer, HashFile("--tokenizer", a.tokenizer));
   }
-  const std::string text = RunRecordText(TrainSettings(resolved), id);
+  const std::string text = RunRecordText(TrainSettings(resolved), id, conversion);
   for (const std::string& folder : eo.nvme_paths)
     STRATA_RETURN_IF_ERROR(WriteRunRecord(folder, text));
   return Status::OK();
 }
 
 // A fresh run records itself; a resumed one records what it now runs with (the changes
-// --resume applied), so that the next --resume alone continues it. The record says what the
-// store holds: moments converted on this resume (ConvertsMoments) are recorded in their new
-// format once a commit holds them (the first after the resumed step); until then the record
-// keeps the stored format, so that a kill before that commit leaves a record that matches
-// the store (strata verify, export and the next --resume read both).
+// --resume applied), so that the next --resume alone continues it. Moments converted on this
+// resume (ConvertsMoments) are recorded before the first step as a conversion (run_record.h,
+// StateConversion): the stored format up to the resumed step, the new one after it. So the
+// record matches the store whenever a kill comes: before the first converted commit, or
+// between it and the plain record that replaces the conversion after it.
 class RunRecorder {
  public:
   RunRecorder(const TrainArgs& a, const model::Gpt2Config& cfg, const EngineOptions& eo,
@@ -489,9 +489,11 @@ class RunRecorder {
   Status Start() {
     if (done_) return Status::OK();
     if (!converts_) return Record();
-    return RecordRun(a_, cfg_, eo_, rank_, /*as_stored=*/true);
+    return RecordRun(a_, cfg_, eo_, rank_,
+                     StateConversion{a_.run.state_dtype, uint64_t(resumed_step_)});
   }
-  // After a step, and after the last commit: the converted format once a commit holds it.
+  // After a step, and after the last commit: the plain record once a commit holds the
+  // converted moments.
   Status AfterCommit(std::string* what) {
     if (done_) return Status::OK();
     Result<std::optional<uint64_t>> step = PeekCommittedStep(eo_.nvme_paths[0]);
@@ -512,7 +514,7 @@ class RunRecorder {
  private:
   Status Record() {
     done_ = true;
-    return RecordRun(a_, cfg_, eo_, rank_, /*as_stored=*/false);
+    return RecordRun(a_, cfg_, eo_, rank_, std::nullopt);
   }
   const TrainArgs& a_;
   const model::Gpt2Config& cfg_;

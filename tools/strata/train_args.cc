@@ -365,6 +365,7 @@ Result<ResumedRecord> RecordSource(const std::string& resume, const RankInfo& ra
   STRATA_ASSIGN_OR_RETURN(RunRecord record, ReadResumedRecord(folder_of(source.rank), source));
   STRATA_ASSIGN_OR_RETURN(*layout,
                           FindStoredLayout(folder_of, source.rank, record.identity.run_id));
+  ResolveStateConversion(layout->step, &record);
   std::error_code ec;
   if (source.rank != rank.rank && (layout->world_size == 0 || rank.rank < layout->world_size) &&
       !std::filesystem::exists(own, ec)) {
