@@ -198,10 +198,12 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   if (ctx_.step_open) return Status::InvalidArgument("BeginStep: a step is already open");
   const int64_t done = ctx_.resumed_step + ctx_.step;
   STRATA_RETURN_IF_ERROR(CheckStepArgs(args, ctx_.layout, done));
-  // A redo needs the committed versions to be the states the step starts from.
+  // A redo needs the committed versions to be the states the step starts from. The store
+  // counts steps as the bias correction does (StepArgs::step_offset).
   bool uncommitted = params_dirty_ && host_.has_store();
-  if (uncommitted && (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < done)) {
-    STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(done)));
+  const int64_t counted = done + args.step_offset;
+  if (uncommitted && (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < counted)) {
+    STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(counted)));
     uncommitted = false;
   }
   params_dirty_ = false;
@@ -665,15 +667,18 @@ Status EngineImpl::FinishStepLocked(uint64_t step_number, bool commit) {
     return sync;
   }
   if (!commit) return Status::OK();
-  // The commit flushes the drives (fdatasync) and writes the manifest: NVMe write time.
+  // The commit flushes the drives (fdatasync) and writes the manifest: NVMe write time. The
+  // store counts the step as the bias correction did (StepArgs::step_offset), as the
+  // deferred updates' commits do.
+  const uint64_t counted = uint64_t(int64_t(step_number) + ctx_.args.step_offset);
   const Clock::time_point commit_start = Clock::now();
-  Status s = host_.CommitLocked(step_number);
+  Status s = host_.CommitLocked(counted);
   if (host_.has_store()) {
-    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(step_number),
-                      commit_start, Clock::now());
+    ctx_.timeline.Add(TraceLane::kNvmeWrite, "commit step " + std::to_string(counted), commit_start,
+                      Clock::now());
   }
   if (!s.ok()) {
-    ctx_.SetErrorLocked(Status(s).Annotate("committing step " + std::to_string(step_number)));
+    ctx_.SetErrorLocked(Status(s).Annotate("committing step " + std::to_string(counted)));
     return ctx_.error;
   }
   return Status::OK();

@@ -40,7 +40,7 @@ Status EngineImpl::CommitParams() {
   if (ctx_.step_open) return Status::InvalidArgument("CommitParams during a step");
   STRATA_RETURN_IF_ERROR(DrainLocked());
   if (!params_dirty_ || !host_.has_store()) return Status::OK();
-  const uint64_t step = uint64_t(ctx_.resumed_step + ctx_.step);
+  const uint64_t step = uint64_t(ctx_.resumed_step + ctx_.step + ctx_.args.step_offset);
   if (host_.CommittedStep() && *host_.CommittedStep() >= step) {
     return Status::InvalidArgument(
         "CommitParams: step " + std::to_string(step) +

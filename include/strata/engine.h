@@ -474,8 +474,10 @@ struct StepArgs {
   // Added to the step count of AdamW's bias correction (1 - beta^t with t = ResumedStep() +
   // the steps this engine ran + step_offset, at least 1), which also keys the bf16 moments'
   // stochastic rounding: for moments written with WriteComponent from a run whose step count
-  // differs from this engine's (torch's optimizer.load_state_dict). The commits keep counting
-  // the engine's steps.
+  // differs from this engine's (torch's optimizer.load_state_dict). The store's commits count
+  // steps the same way (ResumedStep() + steps run + step_offset), so a resumed engine continues
+  // the count with no offset to restore; an offset that would make the committed step go back
+  // fails the commit (the store's steps only increase): load older moments into a fresh store.
   int64_t step_offset = 0;
 };
 

@@ -136,6 +136,20 @@ def _moments_access(state, what):
     return steps, where
 
 
+def check_step_goes_on(state, steps, step, what):
+    """An engine with NVMe folders commits each step under the count its bias correction uses
+    (the engine's steps + state.step_offset), so that a resumed engine goes on counting with no
+    offset to restore; the store's steps only increase. Moments of step `step` loaded where the
+    count has reached a later step would make the next commit go back: refused here, before
+    anything changes."""
+    now = steps + state.step_offset
+    if state.engine.config.nvme and step < now:
+        raise Error(f"{what}: the state loaded is of step {step}, and this engine's NVMe store "
+                    f"has counted {now} steps (its commits only go forward); load it into an "
+                    "engine with empty NVMe folders (strata.Engine(nvme=[...]) in a new folder), "
+                    "or one without NVMe folders")
+
+
 def _agree(core, what, phase):
     """Runs phase() on this rank, then every rank reaches this point before any leaves it (a
     one-value all-gather of whether the phase failed here). Raises the phase's own exception on
@@ -233,6 +247,7 @@ def write_moments(state, opt, moments):
         raise Error(f"optimizer.load_state_dict(): the parameters' steps differ "
                     f"({sorted(step_of)}); the engine keeps one step count for all")
     step = int(step_of.pop())
+    check_step_goes_on(state, steps, step, "optimizer.load_state_dict()")
     put = {}  # (engine block, component) -> [(offset, values)]
     for i, p in enumerate(params):
         b, off, n, shape = where[id(p)]

@@ -2,7 +2,9 @@
 reads its new shards from the saved ranks' files): the weights and moments after the load are
 those of the save bit for bit, and the losses go on as a run on the new number of ranks that
 was never interrupted (within 1e-6 relative: the ranks' gradients are averaged in another
-order). test_checkpoint.py has 2 ranks loaded on 2 and on 1 (the weights), and
+order). A re-sharded load trained on and then resumed in new processes (Engine(resume=True))
+counts its steps on: the resumed step is the load's plus the one trained, and the loss after it
+is the uninterrupted run's. test_checkpoint.py has 2 ranks loaded on 2 and on 1 (the weights), and
 test_checkpoint_reshard.py one rank going on from a 2-rank checkpoint as the run it was saved
 from (a checkpoint cut into ranks' files in one process)."""
 import json
@@ -15,9 +17,10 @@ from checkpoint_run import ranks
 CHILD = "reshard_ranks_child.py"
 
 
-def _launch(tmp_path, mode, world, name, ckpt):
+def _launch(tmp_path, mode, world, name, ckpt, fresh=True):
     for r in range(world):
-        (tmp_path / f"{name}-nvme{r}").mkdir()
+        if fresh:
+            (tmp_path / f"{name}-nvme{r}").mkdir()
     for code, err in ranks(tmp_path, CHILD, mode, tmp_path / f"{name}-nvme{{rank}}", ckpt,
                            tmp_path / name, world=world, timeout=120, limit=300):
         assert code == 0, err[-3000:]
@@ -47,3 +50,17 @@ def test_a_checkpoint_loads_exactly_on_another_number_of_ranks(tmp_path, saved, 
     assert len(resumed) == 2 and len(straight) == 5
     for a, b in zip(resumed, straight[3:]):
         assert abs(a - b) <= 1e-6 * abs(b), (resumed, straight)
+
+
+@pytest.mark.slow
+def test_a_resharded_load_trained_on_resumes_in_new_processes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _launch(tmp_path, "save", 2, "save", ckpt)
+    first = _launch(tmp_path, "load-one", 1, "load", ckpt)
+    # the same folder as the load's: the store it committed step 4 into; steps 5 and 6 (the
+    # loss of step 6 is the first that step 5's update, and so its bias correction, shapes)
+    second = _launch(tmp_path, "resume", 1, "load", None, fresh=False)
+    straight = _launch(tmp_path, "run6", 1, "run", ckpt)
+    assert len(first) == 1 and len(second) == 2 and len(straight) == 6
+    for a, b in zip(first + second, straight[3:]):
+        assert abs(a - b) <= 1e-6 * abs(b), (first, second, straight)

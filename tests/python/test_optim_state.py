@@ -178,3 +178,45 @@ def test_a_run_that_loaded_moments_resumes_in_a_new_engine_with_their_step_count
     opt_c.step()
     assert _weights_file(c, tmp_path / "c.st") == _weights_file(a, tmp_path / "a.st")
     assert all(float(s["step"]) == 4.0 for s in opt_c.state_dict()["state"].values())
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_older_moments_into_a_store_that_counted_further_are_refused_first(tmp_path, clip):
+    """A store commits each step under the bias correction's count (so a resumed engine goes on
+    counting), and its steps only increase: moments of step 2 loaded into an engine whose store
+    has counted 4 steps would make the next commit go back. With clipping (updates deferred to
+    the next step) that commit failed mid-step and the engine stopped; without it the step ran
+    and the store's count lost the load's. Now the load is refused before anything changes, and
+    the run goes on; an engine without NVMe folders takes the older moments."""
+    kw = dict(GROUPS_KW) if clip else dict(GROUPS_KW, max_grad_norm=0.0)
+    data = list(batches(6, 1))
+    (tmp_path / "n").mkdir()
+    a = GPT()
+    a = strata.offload(a, blocks=list(a.blocks), engine=strata.Engine(
+        device_mem="160K", host_mem="400K", nvme=[tmp_path / "n"]))
+    opt = strata.optim.AdamW(param_groups(a, 0.1), **kw)
+    saved = None
+    for i in range(4):
+        (x, y), = data[i]
+        a(x, y).backward()
+        opt.step()
+        if i == 1:
+            saved = opt.state_dict()
+    before = opt.state_dict()
+    with pytest.raises(strata.Error, match="of step 2.*counted 4 steps"):
+        opt.load_state_dict(saved)
+    after = opt.state_dict()
+    for i in before["state"]:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(before["state"][i][k], after["state"][i][k]), (i, k)
+    (x, y), = data[4]
+    a(x, y).backward()
+    opt.step()  # the run goes on
+    assert all(float(s["step"]) == 5.0 for s in opt.state_dict()["state"].values())
+
+    b = GPT()
+    b = strata.offload(b, blocks=list(b.blocks), engine=strata.Engine())
+    opt_b = strata.optim.AdamW(param_groups(b, 0.1), **kw)
+    _step(b, opt_b, 4)
+    opt_b.load_state_dict(saved)
+    assert all(float(s["step"]) == 2.0 for s in opt_b.state_dict()["state"].values())
