@@ -63,13 +63,13 @@ def optimizer(name, params, lr, threads):
 
 def run(name, cfg, data, args):
     model = GPT(vocab=256, seq=args.seq, dim=cfg["dim"], heads=cfg["heads"],
-                layers=cfg["layers"], seed=0)
+                layers=cfg["layers"], seed=args.seed)
     opt = optimizer(name, model.parameters(), cfg["lr"], args.threads)
     steps = args.steps or cfg["steps"]
     warmup = min(20, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
         1 + math.cos(math.pi * min(s, steps) / steps)))
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(1 + args.seed)
     losses = []
     t0 = time.time()
     for _ in range(steps):
@@ -96,11 +96,15 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--data", default=os.environ.get("STRATA_BENCH_DATA", ""))
     ap.add_argument("--variants", default="fp32,int8,int8-sr,int8-kahan,sr,kahan,bnb")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the model's initial weights (seed) and the batches (seed + 1); "
+                         "0 is the recorded runs'")
     args = ap.parse_args()
     cfg = MODELS[args.model]
     data, source = text_bytes(args.data)
     print(f"# model {args.model} ({cfg['layers']} x {cfg['dim']}), steps "
-          f"{args.steps or cfg['steps']}, batch {args.batch} x {args.seq}, data: {source}, "
+          f"{args.steps or cfg['steps']}, batch {args.batch} x {args.seq}, seed {args.seed}, "
+          f"data: {source}, "
           f"torch {torch.__version__}")
     print(f"{'variant':<11} {'B/param':>7} {'last20':>8} {'vs_fp32':>8} {'seconds':>8}")
     base = None
