@@ -135,10 +135,15 @@ inline void PrefetchStep(const void* base, size_t bytes, size_t target, size_t s
   }
 }
 
-// A block's second loop touches only L1 and the first one is bound by its divisions, so the
-// hardware prefetchers alone leave DRAM idle half of the time. Both loops therefore prefetch
-// the next block, half a vector's elements per iteration: the first loop its first half, the
-// second loop its second half, so DRAM streams evenly through the whole block.
+// A block's second loop touches only L1 and the first one is bound by its divisions, so on
+// the AVX-512 Xeon the hardware prefetchers alone left DRAM idle half of the time. Both loops
+// therefore prefetch the next block, half a vector's elements per iteration: the first loop
+// its first half, the second loop its second half, so DRAM streams evenly through the block.
+// AVX-512 only: on the AVX2 EPYC (Zen 3) the prefetch's address arithmetic cost 25-40 % of
+// the kernel's speed, in cache and from DRAM alike, and its hardware prefetchers keep up
+// (bench/PERFORMANCE.md, the int8 kernel row). The scalar kernel never prefetches.
+template <class V>
+inline constexpr bool kInt8Prefetch = V::kWidth == 16;
 template <class V, FloatFormat G, ParamOut O, MasterStore P>
 inline void PrefetchNext(const AdamArgs& a, size_t target) {
   constexpr size_t kStep = V::kWidth / 2;
@@ -160,7 +165,7 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
                    size_t end) {
   using F = typename V::F;
   using I = typename V::R;
-  constexpr bool kPrefetch = V::kWidth > 1;
+  constexpr bool kPrefetch = kInt8Prefetch<V>;
   constexpr size_t kHalf = kInt8StateBlock / 2;
   alignas(64) float new_m[kInt8StateBlock];
   alignas(64) float new_u[kInt8StateBlock];
