@@ -136,7 +136,7 @@ def _moments_access(state, what):
     return steps, where
 
 
-def check_step_goes_on(state, steps, step, what):
+def _check_step_goes_on(state, steps, step, what):
     """An engine with NVMe folders commits each step under the count its bias correction uses
     (the engine's steps + state.step_offset), so that a resumed engine goes on counting with no
     offset to restore; the store's steps only increase. Moments of step `step` loaded where the
@@ -247,7 +247,7 @@ def write_moments(state, opt, moments):
         raise Error(f"optimizer.load_state_dict(): the parameters' steps differ "
                     f"({sorted(step_of)}); the engine keeps one step count for all")
     step = int(step_of.pop())
-    check_step_goes_on(state, steps, step, "optimizer.load_state_dict()")
+    _check_step_goes_on(state, steps, step, "optimizer.load_state_dict()")
     put = {}  # (engine block, component) -> [(offset, values)]
     for i, p in enumerate(params):
         b, off, n, shape = where[id(p)]

@@ -9,8 +9,9 @@ import shutil
 
 import torch
 
-from ._checkpoint import (_agree, _check_replaceable, _check_shapes, _checkpoint_meta,
-                          _finish_interrupted_replace, check_step_goes_on, _frozen_entries, _holds_only_a_checkpoint,
+from ._checkpoint import (_agree, _check_replaceable, _check_shapes, _check_step_goes_on,
+                          _checkpoint_meta, _finish_interrupted_replace, _frozen_entries,
+                          _holds_only_a_checkpoint,
                           _moments_access, _python_state, _ready_between_steps, _remove_leftover,
                           _replace_folder, _restore_python_state, _torch_load,
                           _write_gathered_safetensors)
@@ -103,7 +104,7 @@ def load_shards(state, path, optimizer, lr_scheduler):
         except Exception as e:  # noqa: BLE001 (a damaged file: torch's unpickling errors vary)
             raise Error(f"the checkpoint {path} cannot be read on rank {rank}: {e}") from None
         steps, _ = _moments_access(state, "load_checkpoint")
-        check_step_goes_on(state, steps, int(loaded["saved"]["step"]), what)
+        _check_step_goes_on(state, steps, int(loaded["saved"]["step"]), what)
         shards = loaded["mine"]["shards"]
         for b, (name, _, padded) in enumerate(state._layout):
             for k in ("master", "exp_avg", "exp_avg_sq"):

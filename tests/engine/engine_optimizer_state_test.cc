@@ -304,6 +304,34 @@ TEST(EngineWriteComponentTest, StatesWrittenIntoAFreshEngineContinueTheRunBitFor
   SetLogSink(nullptr);
 }
 
+// The store's commits only go forward: a step_offset that would commit at or below the
+// committed step is refused by BeginStep, naming both counts, and the engine goes on.
+TEST(EngineWriteComponentTest, AStepOffsetThatCountsBackIsRefusedBeforeTheStep) {
+  SetLogSink([](LogLevel, std::string_view) {});
+  const auto specs = GroupedModel();
+  TempDir dir;
+  RunConfig rc;
+  rc.grad_clip = 1e30;
+  auto f = MakeEngine(specs, Tight(specs, dir.path(), rc));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(Steps(*f, 1, 3, 1, true).ok());
+  auto before = States(*f->engine);
+  ASSERT_TRUE(before.ok());
+  StepArgs back{.lr = 0.01};
+  back.step_offset = -3;  // would commit as step 1, under the committed 3
+  Status s = f->engine->BeginStep(back);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("would commit as step 1"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("committed step 3"), std::string::npos) << s.ToString();
+  back.step_offset = -1;  // step 3 again: refused too
+  EXPECT_EQ(f->engine->BeginStep(back).code(), StatusCode::kInvalidArgument);
+  auto after = States(*f->engine);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(BitIdentical(*after, *before));
+  EXPECT_TRUE(Steps(*f, 4, 4, 1, true).ok());  // the engine goes on
+  SetLogSink(nullptr);
+}
+
 TEST(EngineWriteComponentTest, WrongComponentSizeOrTimeIsRefused) {
   const auto specs = GroupedModel();
   auto f = MakeEngine(specs, RunConfig{});
