@@ -52,6 +52,20 @@ def _weights_file(model, path):
         return f.read()
 
 
+def _two_steps_saved(engine, data, weights_path):
+    """A GPT offloaded into `engine` and trained on data[0] and data[1]; its optimizer's
+    state_dict() after them, and its weights written to weights_path."""
+    a = GPT()
+    a = strata.offload(a, blocks=list(a.blocks), engine=engine)
+    opt_a = strata.optim.AdamW(param_groups(a, 0.1), **GROUPS_KW)
+    for x, y in data[0] + data[1]:
+        a(x, y).backward()
+        opt_a.step()
+    saved = opt_a.state_dict()
+    _weights_file(a, weights_path)
+    return a, opt_a, saved
+
+
 def _load_weights(model, path):
     """A plain model's parameters from save_safetensors' file (tied ones are written once)."""
     data = open(path, "rb").read()
@@ -74,15 +88,8 @@ def test_load_state_dict_into_a_new_optimizer_continues_the_run_bit_for_bit(tmp_
     model, engine and optimizer (tight NVMe budgets, the engine's step count at 0), give
     step 3 exactly as the uninterrupted run does: losses, weights and moments."""
     data = list(batches(3, 1))
-    a = GPT()
-    a = strata.offload(a, blocks=list(a.blocks),
-                       engine=strata.Engine(state_dtype=state_dtype))
-    opt_a = strata.optim.AdamW(param_groups(a, 0.1), **GROUPS_KW)
-    for x, y in data[0] + data[1]:
-        a(x, y).backward()
-        opt_a.step()
-    saved = opt_a.state_dict()
-    _weights_file(a, tmp_path / "w2.st")
+    a, opt_a, saved = _two_steps_saved(strata.Engine(state_dtype=state_dtype), data,
+                                       tmp_path / "w2.st")
     (x, y), = data[2]
     loss_a = a(x, y)
     loss_a.backward()
@@ -145,14 +152,7 @@ def test_a_run_that_loaded_moments_resumes_in_a_new_engine_with_their_step_count
     the engine commits the bias correction's count (its steps + the offset) as the store's
     step, so the resumed engine starts from it with no offset to restore."""
     data = list(batches(4, 1))
-    a = GPT()
-    a = strata.offload(a, blocks=list(a.blocks), engine=strata.Engine())
-    opt_a = strata.optim.AdamW(param_groups(a, 0.1), **GROUPS_KW)
-    for x, y in data[0] + data[1]:
-        a(x, y).backward()
-        opt_a.step()
-    saved = opt_a.state_dict()
-    _weights_file(a, tmp_path / "w2.st")
+    a, opt_a, saved = _two_steps_saved(strata.Engine(), data, tmp_path / "w2.st")
     for x, y in data[2] + data[3]:
         a(x, y).backward()
         opt_a.step()
