@@ -139,9 +139,9 @@ inline void PrefetchStep(const void* base, size_t bytes, size_t target, size_t s
 // the AVX-512 Xeon the hardware prefetchers alone left DRAM idle half of the time. Both loops
 // therefore prefetch the next block, half a vector's elements per iteration: the first loop
 // its first half, the second loop its second half, so DRAM streams evenly through the block.
-// AVX-512 only: on the AVX2 EPYC (Zen 3) the prefetch's address arithmetic cost 25-40 % of
-// the kernel's speed, in cache and from DRAM alike, and its hardware prefetchers keep up
-// (bench/PERFORMANCE.md, the int8 kernel row). The scalar kernel never prefetches.
+// AVX-512 only: on the AVX2 EPYC (Zen 3) the prefetch's address arithmetic cost about a
+// quarter of the kernel's speed, in cache and from DRAM alike, and its hardware prefetchers
+// keep up (docs/design.md, "int8 moments"). The scalar kernel never prefetches.
 template <class V>
 inline constexpr bool kInt8Prefetch = V::kWidth == 16;
 template <class V, FloatFormat G, ParamOut O, MasterStore P>
