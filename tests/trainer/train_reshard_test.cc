@@ -361,41 +361,51 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
     const std::vector<std::string> env =
         k.point.empty() ? std::vector<std::string>{}
                         : std::vector<std::string>{"STRATA_TEST_KILL_AT=" + k.point + ":1"};
-    // A random moment that came after the run ended is tried again sooner, on the store as
-    // it was (kept in a copy).
+    // A random moment that came after the run ended, or after the victim's last commit (the
+    // resume then has nothing to train), is tried again sooner, on the store as it was (kept in
+    // a copy).
     ASSERT_EQ(0, std::system(("cp -a " + store + " " + store + "-before").c_str()));
-    int status = -1;
-    for (int attempt = 0;
-         !RunAndKill(3, args, victim, env, after, tag + "a" + std::to_string(attempt), &status) &&
-         k.point.empty() && attempt < 6;
-         ++attempt) {
+    std::string what;
+    std::vector<double> got;
+    for (int late = 0;; ++late) {
+      int status = -1;
+      for (int attempt = 0;
+           !RunAndKill(3, args, victim, env, after,
+                       tag + "a" + std::to_string(late) + std::to_string(attempt), &status) &&
+           k.point.empty() && attempt < 6;
+           ++attempt) {
+        after = std::max(std::chrono::milliseconds(10), after / 3);
+        ASSERT_EQ(0, std::system(
+                         ("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str()));
+      }
+      what =
+          (k.point.empty() ? "SIGKILL after " + std::to_string(after.count()) + " ms" : k.point) +
+          " on rank " + std::to_string(victim) + " of 3";
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+          << what << ": the rank was not killed (wait status " << status << ")";
+      if (k.old_count_resumes) {
+        // Nothing finished: the store is still the 2 ranks' (a copy resumed there).
+        const std::string copy = store + "-old";
+        ASSERT_EQ(0, std::system(("cp -a " + store + " " + copy).c_str()));
+        const nlohmann::json j =
+            Run(2, Args(copy, kSteps, true, copy + "/o.json"), copy + "/o.json", &out);
+        ASSERT_FALSE(j.is_null()) << what << "\n" << out;
+        EXPECT_FALSE(j["config"].contains("resharded")) << what;
+        const std::vector<double> old_run = Losses(j);
+        ASSERT_EQ(old_run.size(), size_t(kSteps - kStop)) << what;
+        for (size_t i = 0; i < old_run.size(); ++i) {
+          EXPECT_EQ(old_run[i], full[full.size() - old_run.size() + i]) << what;
+        }
+      }
+      const nlohmann::json j =
+          Run(3, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out);
+      ASSERT_FALSE(j.is_null()) << what << ": the resume failed\n" << out;
+      got = Losses(j);
+      if (!got.empty() || !k.point.empty() || late == 3) break;
       after = std::max(std::chrono::milliseconds(10), after / 3);
       ASSERT_EQ(
           0, std::system(("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str()));
     }
-    const std::string what =
-        (k.point.empty() ? "SIGKILL after " + std::to_string(after.count()) + " ms" : k.point) +
-        " on rank " + std::to_string(victim) + " of 3";
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-        << what << ": the rank was not killed (wait status " << status << ")";
-    if (k.old_count_resumes) {
-      // Nothing finished: the store is still the 2 ranks' (a copy resumed there).
-      const std::string copy = store + "-old";
-      ASSERT_EQ(0, std::system(("cp -a " + store + " " + copy).c_str()));
-      const nlohmann::json j =
-          Run(2, Args(copy, kSteps, true, copy + "/o.json"), copy + "/o.json", &out);
-      ASSERT_FALSE(j.is_null()) << what << "\n" << out;
-      EXPECT_FALSE(j["config"].contains("resharded")) << what;
-      const std::vector<double> got = Losses(j);
-      ASSERT_EQ(got.size(), size_t(kSteps - kStop)) << what;
-      for (size_t i = 0; i < got.size(); ++i) {
-        EXPECT_EQ(got[i], full[full.size() - got.size() + i]) << what;
-      }
-    }
-    const nlohmann::json j =
-        Run(3, Args(store, kSteps, true, store + "/r.json"), store + "/r.json", &out);
-    ASSERT_FALSE(j.is_null()) << what << ": the resume failed\n" << out;
-    const std::vector<double> got = Losses(j);
     ASSERT_FALSE(got.empty()) << what << ": the resume trained nothing (the kill came too late)";
     for (size_t i = 0; i < got.size(); ++i) {
       const double ref = full[full.size() - got.size() + i];
