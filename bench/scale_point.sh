@@ -2,8 +2,9 @@
 # The scale point with compact states (bench/PERFORMANCE.md, "Scale point with compact
 # states"; issue 42): GPT-2 large (36 x 1280) at the scale point's budgets, default flags, once
 # with fp32 states and once with int8 moments + a bf16 master, one after the other on the same
-# machine state. Prints per step: seconds, efficiency, compute seconds and NVMe MiB read /
-# written, then the step-time ratio of the two runs at each step.
+# machine state. Prints per step: seconds, efficiency, the busiest resource's busy time (the
+# step's lower bound, bound_seconds) and NVMe MiB read / written, then the step-time ratio of the
+# two runs at each step and the compact run's bound over the fp32 step (the ratio's floor).
 #
 # Usage: bench/scale_point.sh [BUILD_DIR] [DATA] [STEPS] [ROUNDS]
 #   DATA: a text corpus (default $STRATA_BENCH_DATA when set, else the built-in one; the
@@ -36,12 +37,13 @@ for round in $(seq 1 "$rounds"); do
 import json, sys
 runs = [json.load(open(p))["steps"] for p in sys.argv[1:3]]
 print(f"# round {sys.argv[3]}")
-print("step  fp32_s  eff   compute_s  read/write_MiB   |  int8+bf16_s  eff   compute_s  read/write_MiB  |  ratio")
+print("step  fp32_s  eff   bound_s  read/write_MiB   |  int8+bf16_s  eff   bound_s  read/write_MiB  |  ratio  floor")
 for a, b in zip(*runs):
     def cols(s):
         mib = lambda k: s["bytes"][k] / 2**20
-        return (f"{s['seconds']:7.3f} {s['efficiency']:5.3f} {s['compute_seconds']:8.3f}  "
+        return (f"{s['seconds']:7.3f} {s['efficiency']:5.3f} {s['bound_seconds']:7.3f}  "
                 f"{mib('nvme_read'):6.0f}/{mib('nvme_write'):6.0f}")
-    print(f"{a['step']:4d} {cols(a)}   | {cols(b)}   | {b['seconds'] / a['seconds']:.3f}")
+    print(f"{a['step']:4d} {cols(a)}   | {cols(b)}   | {b['seconds'] / a['seconds']:.3f}  "
+          f"{b['bound_seconds'] / a['seconds']:.3f}")
 EOF
 done

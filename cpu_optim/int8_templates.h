@@ -165,7 +165,6 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
                    size_t end) {
   using F = typename V::F;
   using I = typename V::R;
-  constexpr bool kPrefetch = kInt8Prefetch<V>;
   constexpr size_t kHalf = kInt8StateBlock / 2;
   alignas(64) float new_m[kInt8StateBlock];
   alignas(64) float new_u[kInt8StateBlock];
@@ -176,7 +175,8 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   I m_max = V::Set1I(0), u_max = V::Set1I(0);
   auto update = [&](size_t i, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
-    if constexpr (kPrefetch) PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + (i - begin) / 2);
+    if constexpr (kInt8Prefetch<V>)
+      PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + (i - begin) / 2);
     F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
     F p = LoadMaster<V, P, kTail>(a, i, t);
     const F p_old = p;
@@ -215,7 +215,7 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
   auto requantize = [&](size_t j, const typename V::Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
-    if constexpr (kPrefetch) {
+    if constexpr (kInt8Prefetch<V>) {
       PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
     }
     I r_m{}, r_u{};

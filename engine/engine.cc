@@ -197,25 +197,16 @@ Status EngineImpl::BeginStep(const StepArgs& args) {
   STRATA_RETURN_IF_ERROR(ctx_.error);
   if (ctx_.step_open) return Status::InvalidArgument("BeginStep: a step is already open");
   const int64_t done = ctx_.resumed_step + ctx_.step;
-  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, ctx_.layout, done));
-  // The store's commits only go forward. A step_offset that counts back to or below the
-  // committed step (older moments loaded into a store that counted further) is refused here,
-  // before anything changes, not by the commit at the step's end.
-  if (host_.has_store() && host_.CommittedStep() &&
-      done + 1 + args.step_offset <= int64_t(*host_.CommittedStep())) {
-    return Status::InvalidArgument(
-        "BeginStep: this step would commit as step " + std::to_string(done + 1 + args.step_offset) +
-        " (steps run " + std::to_string(done) + ", step_offset " +
-        std::to_string(args.step_offset) + "), and the NVMe store has committed step " +
-        std::to_string(*host_.CommittedStep()) +
-        " already; its commits only go forward: load older state into an engine with empty "
-        "NVMe folders");
-  }
+  // A step_offset that counts back to or below the committed step (older moments loaded into
+  // a store that counted further) is refused here, before anything changes, not by the commit.
+  const std::optional<uint64_t> committed =
+      host_.has_store() ? host_.CommittedStep() : std::nullopt;
+  STRATA_RETURN_IF_ERROR(CheckStepArgs(args, ctx_.layout, done, committed));
   // A redo needs the committed versions to be the states the step starts from. The store
   // counts steps as the bias correction does (StepArgs::step_offset).
   bool uncommitted = params_dirty_ && host_.has_store();
   const int64_t counted = done + args.step_offset;
-  if (uncommitted && (!host_.CommittedStep() || int64_t(*host_.CommittedStep()) < counted)) {
+  if (uncommitted && (!committed || int64_t(*committed) < counted)) {
     STRATA_RETURN_IF_ERROR(host_.CommitLocked(uint64_t(counted)));
     uncommitted = false;
   }

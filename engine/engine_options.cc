@@ -28,18 +28,26 @@ Status CheckOptimizerOptions(const EngineOptions& opt) {
 }
 
 Status CheckStepArgs(const StepArgs& args, const std::vector<BlockLayout>& layout,
-                     int64_t steps_done) {
+                     int64_t steps_done, std::optional<uint64_t> committed) {
   if (!(args.lr >= 0) || !std::isfinite(args.lr) || !(args.grad_scale > 0) ||
       !std::isfinite(args.grad_scale)) {
     return Status::InvalidArgument("BeginStep: lr must be >= 0 and grad_scale > 0 (lr " +
                                    std::to_string(args.lr) + ", grad_scale " +
                                    std::to_string(args.grad_scale) + ")");
   }
-  if (steps_done + 1 + args.step_offset < 1) {
+  const int64_t counted = steps_done + 1 + args.step_offset;
+  if (counted < 1) {
     return Status::InvalidArgument("BeginStep: step_offset " + std::to_string(args.step_offset) +
                                    " makes the bias correction's step count " +
-                                   std::to_string(steps_done + 1 + args.step_offset) +
-                                   "; it must be >= 1");
+                                   std::to_string(counted) + "; it must be >= 1");
+  }
+  if (committed && counted <= int64_t(*committed)) {
+    return Status::InvalidArgument(
+        "BeginStep: this step would commit as step " + std::to_string(counted) + " (steps run " +
+        std::to_string(steps_done) + ", step_offset " + std::to_string(args.step_offset) +
+        "), and the NVMe store has committed step " + std::to_string(*committed) +
+        " already; its commits only go forward: load older state into an engine with empty "
+        "NVMe folders");
   }
   for (size_t i = 0; i < args.groups.size(); ++i) {
     const OptimizerGroup& g = args.groups[i];

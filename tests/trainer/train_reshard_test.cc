@@ -365,6 +365,10 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
     // resume then has nothing to train), is tried again sooner, on the store as it was (kept in
     // a copy).
     ASSERT_EQ(0, std::system(("cp -a " + store + " " + store + "-before").c_str()));
+    auto sooner = [&] {
+      after = std::max(std::chrono::milliseconds(10), after / 3);
+      return std::system(("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str());
+    };
     std::string what;
     std::vector<double> got;
     for (int late = 0;; ++late) {
@@ -374,9 +378,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
                        tag + "a" + std::to_string(late) + std::to_string(attempt), &status) &&
            k.point.empty() && attempt < 6;
            ++attempt) {
-        after = std::max(std::chrono::milliseconds(10), after / 3);
-        ASSERT_EQ(0, std::system(
-                         ("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str()));
+        ASSERT_EQ(0, sooner());
       }
       what =
           (k.point.empty() ? "SIGKILL after " + std::to_string(after.count()) + " ms" : k.point) +
@@ -402,9 +404,7 @@ TEST_F(TrainReshardTest, KilledDuringAReshardingResumeResumesAgain) {
       ASSERT_FALSE(j.is_null()) << what << ": the resume failed\n" << out;
       got = Losses(j);
       if (!got.empty() || !k.point.empty() || late == 3) break;
-      after = std::max(std::chrono::milliseconds(10), after / 3);
-      ASSERT_EQ(
-          0, std::system(("rm -rf " + store + " && cp -a " + store + "-before " + store).c_str()));
+      ASSERT_EQ(0, sooner());
     }
     ASSERT_FALSE(got.empty()) << what << ": the resume trained nothing (the kill came too late)";
     for (size_t i = 0; i < got.size(); ++i) {
