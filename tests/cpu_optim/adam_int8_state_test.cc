@@ -110,56 +110,120 @@ AdamSlice Int8Slice(State* s, const float* g, size_t n, uint64_t key) {
   return sl;
 }
 
+// One step of the int8 kernel on `s` equals the fp32-state step on the dequantized moments,
+// requantized as documented (codes and scales), on `isa`.
+void ExpectTheFp32StepRequantized(State s, const std::vector<float>& g, const AdamHyperParams& h,
+                                  float grad_scale, ParamOut out, StateRounding rounding,
+                                  CpuIsa isa) {
+  const size_t n = s.p.size();
+  const bool nearest = rounding == StateRounding::kNearestEven;
+  std::vector<float> p32 = s.p, m32(n), v32(n);
+  ASSERT_TRUE(DequantizeInt8Moments(s.m.data(), s.v.data(), s.m_scale.data(), s.v_scale.data(), n,
+                                    m32.data(), v32.data())
+                  .ok());
+  std::vector<uint16_t> out32(n), out8(n);
+  AdamSlice ref;
+  ref.master = p32.data();
+  ref.exp_avg = m32.data();
+  ref.exp_avg_sq = v32.data();
+  ref.grad = g.data();
+  ref.n = n;
+  if (out != ParamOut::kNone) ref.param_out = out32.data(), ref.param_out_format = out;
+  CpuKernelOptions opt;
+  opt.isa = isa;
+  ASSERT_TRUE(AdamStep(ref, h, grad_scale, opt).ok());
+  const uint64_t key = 0xfeedface12345678ull;
+  AdamSlice sl = Int8Slice(&s, g.data(), n, key);
+  if (out != ParamOut::kNone) sl.param_out = out8.data(), sl.param_out_format = out;
+  sl.state_rounding = rounding;
+  ASSERT_TRUE(AdamStep(sl, h, grad_scale, opt).ok());
+  ASSERT_EQ(test::FirstBitDifference(s.p.data(), p32.data(), n), -1);
+  ASSERT_EQ(test::FirstBitDifference(out8.data(), out32.data(), n), -1);
+  const uint32_t k = Mix32(uint32_t(key ^ (key >> 32)));
+  for (size_t b = 0; b < Int8StateBlocks(n); ++b) {
+    const size_t lo = b * kInt8StateBlock, hi = std::min(n, lo + kInt8StateBlock);
+    float m_max = 0, u_max = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      m_max = std::max(m_max, std::fabs(m32[i]));
+      u_max = std::max(u_max, std::sqrt(v32[i]));
+    }
+    ASSERT_EQ(s.m_scale[b], m_max) << "block " << b;
+    ASSERT_EQ(s.v_scale[b], u_max) << "block " << b;
+    for (size_t i = lo; i < hi; ++i) {
+      // Nearest: half of the dropped bits (m: and an underflow threshold just above 1/2).
+      const uint32_t h = nearest ? 0x80080000u : Mix32(uint32_t(i) + k);
+      ASSERT_EQ(s.m[i], QuantizeRef(m32[i], m_max, h, 3, true))
+          << "exp_avg " << i << " bits " << std::hex << test::Bits(m32[i]);
+      const uint32_t rot = nearest ? 0x00040000u : (h >> 16) | (h << 16);
+      ASSERT_EQ(s.v[i], QuantizeRef(std::sqrt(v32[i]), u_max, rot, 4, false))
+          << "exp_avg_sq " << i << " bits " << std::hex << test::Bits(std::sqrt(v32[i]));
+    }
+  }
+}
+
 TEST(AdamInt8StateTest, EqualsTheFp32StepRequantizedAsDocumented) {
   for (size_t n : {size_t(1), size_t(15), size_t(17), size_t(2047), size_t(2048), size_t(2049),
                    size_t(70001)}) {
     for (auto [out, rounding] : {std::pair{ParamOut::kNone, StateRounding::kStochastic},
                                  std::pair{ParamOut::kBf16, StateRounding::kStochastic},
                                  std::pair{ParamOut::kBf16, StateRounding::kNearestEven}}) {
-      const bool nearest = rounding == StateRounding::kNearestEven;
       SCOPED_TRACE("n " + std::to_string(n) + " out " + ParamOutName(out) + " " +
                    StateRoundingName(rounding));
-      State s = RandomState(n, uint32_t(n));
-      std::vector<float> p32 = s.p, m32(n), v32(n);
-      ASSERT_TRUE(DequantizeInt8Moments(s.m.data(), s.v.data(), s.m_scale.data(), s.v_scale.data(),
-                                        n, m32.data(), v32.data())
-                      .ok());
-      const std::vector<float> g = Grad(n, 5);
-      std::vector<uint16_t> out32(n), out8(n);
-      AdamSlice ref;
-      ref.master = p32.data();
-      ref.exp_avg = m32.data();
-      ref.exp_avg_sq = v32.data();
-      ref.grad = g.data();
-      ref.n = n;
-      if (out != ParamOut::kNone) ref.param_out = out32.data(), ref.param_out_format = out;
-      ASSERT_TRUE(AdamStep(ref, Hyper(5), 0.5f).ok());
-      const uint64_t key = 0xfeedface12345678ull;
-      AdamSlice sl = Int8Slice(&s, g.data(), n, key);
-      if (out != ParamOut::kNone) sl.param_out = out8.data(), sl.param_out_format = out;
-      sl.state_rounding = rounding;
-      ASSERT_TRUE(AdamStep(sl, Hyper(5), 0.5f).ok());
-      ASSERT_EQ(test::FirstBitDifference(s.p.data(), p32.data(), n), -1);
-      ASSERT_EQ(test::FirstBitDifference(out8.data(), out32.data(), n), -1);
-      const uint32_t k = Mix32(uint32_t(key ^ (key >> 32)));
-      for (size_t b = 0; b < Int8StateBlocks(n); ++b) {
-        const size_t lo = b * kInt8StateBlock, hi = std::min(n, lo + kInt8StateBlock);
-        float m_max = 0, u_max = 0;
-        for (size_t i = lo; i < hi; ++i) {
-          m_max = std::max(m_max, std::fabs(m32[i]));
-          u_max = std::max(u_max, std::sqrt(v32[i]));
-        }
-        ASSERT_EQ(s.m_scale[b], m_max) << "block " << b;
-        ASSERT_EQ(s.v_scale[b], u_max) << "block " << b;
-        for (size_t i = lo; i < hi; ++i) {
-          // Nearest: half of the dropped bits (m: and an underflow threshold just above 1/2).
-          const uint32_t h = nearest ? 0x80080000u : Mix32(uint32_t(i) + k);
-          ASSERT_EQ(s.m[i], QuantizeRef(m32[i], m_max, h, 3, true)) << "exp_avg " << i;
-          const uint32_t rot = nearest ? 0x00040000u : (h >> 16) | (h << 16);
-          ASSERT_EQ(s.v[i], QuantizeRef(std::sqrt(v32[i]), u_max, rot, 4, false))
-              << "exp_avg_sq " << i;
-        }
+      ExpectTheFp32StepRequantized(RandomState(n, uint32_t(n)), Grad(n, 5), Hyper(5), 0.5f, out,
+                                   rounding, CpuIsa::kAuto);
+    }
+  }
+}
+
+// Every code of both maps, decoded by every ISA (AVX2 decodes four vectors at a time by
+// table lookups, the others one vector at a time; a tail after both): the step equals the
+// fp32 step on the documented values.
+TEST(AdamInt8StateTest, DecodesEveryCodeAsDocumented) {
+  const size_t n = 2 * kInt8StateBlock + 37;
+  State s = RandomState(n, 9);
+  for (size_t i = 0; i < n; ++i) {
+    s.m[i] = uint8_t(i);
+    s.v[i] = uint8_t(i * 7 + 3);
+  }
+  for (CpuIsa isa : test::SupportedIsas()) {
+    SCOPED_TRACE(CpuIsaName(isa));
+    ExpectTheFp32StepRequantized(s, Grad(n, 5), Hyper(5), 0.5f, ParamOut::kBf16,
+                                 StateRounding::kNearestEven, isa);
+  }
+}
+
+// The maps' edges on every ISA: with beta1 = beta2 = 0 the new m is the gradient and
+// sqrt(v) its magnitude, and each block's absmax is 1, so the quantizer sees exactly the bit
+// patterns around the smallest code (2^-14), the underflow threshold of nearest rounding
+// (2^-15 (1 + 2^-12)), 2^-15, rounding midpoints, the largest codes, sub-normals and zeros.
+TEST(AdamInt8StateTest, QuantizesTheEdgesOfTheMapsAsDocumented) {
+  const uint32_t centers[] = {0x38800000u, 0x38000800u, 0x38000000u, 0x37800000u,
+                              0x38880000u, 0x38840000u, 0x3f780000u, 0x3f7c0000u,
+                              0x3f7ffff0u, 0x3e900000u, 0x00000003u, 0x00800000u};
+  std::vector<float> g(kInt8StateBlock + 300, 0.0f);
+  size_t i = 0;
+  for (size_t block : {size_t(0), size_t(1)}) {
+    g[block * kInt8StateBlock] = 1.0f;  // the absmax
+    i = block * kInt8StateBlock + 1;
+    for (uint32_t c : centers) {
+      for (int d = -3; d <= 3; ++d) {
+        const float x = test::FromBits(c + uint32_t(d));
+        g[i++] = x;
+        g[i++] = -x;
       }
+    }
+  }
+  g[i] = -0.0f;
+  AdamHyperParams h;
+  h.lr = 0.0;
+  h.beta1 = 0.0;
+  h.beta2 = 0.0;
+  h.step = 1;
+  for (CpuIsa isa : test::SupportedIsas()) {
+    for (StateRounding rounding : {StateRounding::kNearestEven, StateRounding::kStochastic}) {
+      SCOPED_TRACE(std::string(CpuIsaName(isa)) + " " + StateRoundingName(rounding));
+      ExpectTheFp32StepRequantized(RandomState(g.size(), 3), g, h, 1.0f, ParamOut::kBf16, rounding,
+                                   isa);
     }
   }
 }
