@@ -117,6 +117,10 @@ struct Avx512Vec {
     return _mm512_srli_epi32(a, kN);
   }
   template <int kN>
+  static R ShrA(R a) {
+    return _mm512_srai_epi32(a, kN);
+  }
+  template <int kN>
   static R Shl(R a) {
     return _mm512_slli_epi32(a, kN);
   }

@@ -75,6 +75,10 @@ struct ScalarVec {
     return a >> kN;
   }
   template <int kN>
+  static R ShrA(R a) {
+    return static_cast<R>(static_cast<int32_t>(a) >> kN);
+  }
+  template <int kN>
   static R Shl(R a) {
     return a << kN;
   }

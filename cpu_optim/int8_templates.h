@@ -14,20 +14,24 @@
 // any non-zero value up to 2^-14, so a quantized denominator is never 0 where the true one
 // is not (an update m / (0 + eps) would be enormous).
 //
-// The fused pass (AdamInt8Block): per block of kInt8StateBlock elements, one streaming loop
-// dequantizes, updates (the formula of AdamVector, shared through AdamMath), writes the
-// master and the parameter copy, and keeps the new m and sqrt(v) in an L1-sized scratch
-// together with their running absmax; a second loop over that scratch requantizes. DRAM
-// sees each array once. The absmax is an integer max over |bits|, exact and
+// The fused pass (AdamInt8Block): per block of kInt8StateBlock elements, a first loop
+// streams grad and codes, dequantizes and computes the new m and v (AdamMoments, the first
+// half of AdamVector's formula), keeping the new m and sqrt(v) in an L1-sized scratch
+// together with their running absmax; a second loop streams the master, applies the update
+// from the scratch (AdamApply, the second half), writes master and copy, and requantizes.
+// DRAM sees each array once. The absmax is an integer max over |bits|, exact and
 // order-independent (a NaN, whose bits are the largest, propagates into the scale).
 //
 // V adds to kernel_templates.h's traits (I = R, a vector of uint32):
-//   Bits(F), FromBits(I), And, Or, AndNot(a, b) = ~a & b, ShrL<n>, Shl<n>, AddI, SubI,
-//   Set1I, MinI, MaxI (signed), CmpGtI(a, b) (signed, all-ones lanes), CmpEqI, CmpLtF,
-//   CvtI (int32 -> float), TruncI (float -> int32, truncating), HMaxI (max over lanes),
-//   LoadU8<kTail>(ptr, tail) (zero-extended), StoreU8<kTail>(ptr, x, tail) (low byte).
+//   Bits(F), FromBits(I), And, Or, AndNot(a, b) = ~a & b, ShrL<n>, ShrA<n> (arithmetic),
+//   Shl<n>, AddI, SubI, Set1I, MinI, MaxI (signed), CmpGtI(a, b) (signed, all-ones lanes),
+//   CmpEqI, CmpLtF, CvtI (int32 -> float), TruncI (float -> int32, truncating), HMaxI (max
+//   over lanes), LoadU8<kTail>(ptr, tail) (zero-extended), StoreU8<kTail>(ptr, x, tail) (low
+//   byte); optionally StoreU8x4(ptr, x[4]) (four vectors' low bytes, kStoresU8x4).
 #pragma once
 
+#include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -67,32 +71,38 @@ inline typename V::R Select(typename V::R mask, typename V::R a, typename V::R b
 
 // code of x given inv = 1 / absmax and per-lane random bits r (see the header). The rounded
 // magnitude's bits >> kDrop are (exponent << kMant) | fraction, so the code of a normal value
-// is that less the rebias (127 - 15) << kMant, clamped: three integer ops. kNearest: r is the
-// constant of nearest rounding, folded at compile time (the same values as passing it in r).
+// is that less the rebias (127 - 15) << kMant, clamped; the rebias is subtracted before an
+// arithmetic shift, so nearest rounding adds one folded constant. kNearest: r is the constant
+// of nearest rounding, folded at compile time (the same values as passing it in r).
+// Below 2^-14 the normal formula yields at most the smallest code (rounding can carry into
+// it) and at most 0 where the tiny rule gives 0, except for exp_avg's random threshold; so
+// max(normal, tiny) is the select whenever the tiny rule is not random (one op instead of
+// four). exp_avg's threshold test y * 2^14 > t is y > t * 2^-14 (exact power-of-two scaling):
+// an integer compare of the bits when t is a constant.
 template <class V, class Map, bool kNearest = false>
 inline typename V::R Int8Quantize(typename V::F x, typename V::F inv, typename V::R r) {
   using I = typename V::R;
-  using F = typename V::F;
   constexpr uint32_t kNearestBits = Map::kSigned ? kNearestBitsExpAvg : kNearestBitsExpAvgSq;
   constexpr uint32_t kDropMask = (1u << Map::kDrop) - 1u;
+  constexpr uint32_t kRebias = 112u << 23;
+  constexpr uint32_t kSmallest = 1u << Map::kMant;  // the code of 2^-14
   const I b = V::Bits(V::Mul(x, inv));
   const I a = Mask<V>(b, 0x7fffffffu);
-  const I rounded =
-      V::AddI(a, kNearest ? V::Set1I(kNearestBits & kDropMask) : Mask<V>(r, kDropMask));
-  // Signed min: a negative value (an underflow) is replaced below anyway.
-  const I normal =
-      V::MinI(V::SubI(V::template ShrL<Map::kDrop>(rounded), V::Set1I(112u << Map::kMant)),
-              V::Set1I(Map::kMaxMag));
-  I tiny;
-  if constexpr (Map::kSigned) {  // stochastic between 0 and 2^-14: up with p = y * 2^14
-    const F frac = V::Mul(V::FromBits(a), V::Set1(16384.0f));
-    const F thr = kNearest ? V::Set1(static_cast<float>(kNearestBits >> 8) * 0x1p-24f)
-                           : V::Mul(V::CvtI(V::template ShrL<8>(r)), V::Set1(0x1p-24f));
-    tiny = Mask<V>(V::CmpLtF(thr, frac), 1u << Map::kMant);
-  } else {  // any non-zero value up to 2^-14
-    tiny = Mask<V>(V::CmpGtI(a, V::Set1I(0)), 1u << Map::kMant);
+  const I biased = kNearest ? V::AddI(a, V::Set1I((kNearestBits & kDropMask) - kRebias))
+                            : V::AddI(V::SubI(a, V::Set1I(kRebias)), Mask<V>(r, kDropMask));
+  const I normal = V::MinI(V::template ShrA<Map::kDrop>(biased), V::Set1I(Map::kMaxMag));
+  I code;
+  if constexpr (!Map::kSigned) {  // any non-zero value up to 2^-14
+    code = V::MaxI(normal, Mask<V>(V::CmpGtI(a, V::Set1I(0)), kSmallest));
+  } else if constexpr (kNearest) {  // up where y * 2^14 > the constant threshold
+    constexpr uint32_t kThreshold =
+        std::bit_cast<uint32_t>(static_cast<float>(kNearestBits >> 8) * 0x1p-38f);
+    code = V::MaxI(normal, Mask<V>(V::CmpGtI(a, V::Set1I(kThreshold)), kSmallest));
+  } else {  // stochastic between 0 and 2^-14: up with p = y * 2^14
+    const typename V::F thr = V::Mul(V::CvtI(V::template ShrL<8>(r)), V::Set1(0x1p-38f));
+    const I tiny = Mask<V>(V::CmpLtF(thr, V::FromBits(a)), kSmallest);
+    code = Select<V>(V::CmpGtI(V::Set1I(0x38800000), a), tiny, normal);
   }
-  I code = Select<V>(V::CmpGtI(V::Set1I(0x38800000), a), tiny, normal);
   if constexpr (Map::kSigned) code = V::Or(code, Mask<V>(V::template ShrL<24>(b), 0x80u));
   return code;
 }
@@ -107,6 +117,43 @@ inline typename V::F Int8Dequantize(typename V::R code, typename V::F absmax) {
   I value = V::And(V::CmpGtI(mag, V::Set1I((1u << Map::kMant) - 1u)), bits);
   if constexpr (Map::kSigned) value = V::Or(value, V::template Shl<24>(Mask<V>(code, 0x80u)));
   return V::Mul(V::FromBits(value), absmax);
+}
+
+// The same values by 16-entry table lookups, for ISAs that decode four vectors of codes at
+// once (V::DecodeU8x4, kDecodesU8x4): E = (code >> kMant) & 15 indexes the value's top byte
+// before the sign, (E + 112) >> 1 (kTop, 0 for E = 0), and the mask of the byte below it,
+// (code << kFracShift) & kNextMask[E] (E's low bit and the fraction, 0 for E = 0); the sign
+// is the code's top bit, the low 16 bits are 0.
+template <class Map>
+struct Int8DecodeTables {
+  static constexpr int kFracShift = 7 - Map::kMant;
+  static constexpr std::array<uint8_t, 16> Top() {
+    std::array<uint8_t, 16> t{};
+    for (uint32_t e = 1; e < 16; ++e) t[e] = static_cast<uint8_t>((e + 112u) >> 1);
+    return t;
+  }
+  static constexpr std::array<uint8_t, 16> NextMask() {
+    std::array<uint8_t, 16> t{};
+    for (uint32_t e = 1; e < 16; ++e) t[e] = static_cast<uint8_t>(0xffu << kFracShift);
+    return t;
+  }
+  static constexpr std::array<uint8_t, 16> kTop = Top();
+  static constexpr std::array<uint8_t, 16> kNextMask = NextMask();
+};
+
+template <class V>
+inline constexpr bool kDecodesU8x4 = requires(const uint8_t* p, typename V::R* out) {
+  V::template DecodeU8x4<3, 4, true>(p, p, p, out);
+};
+
+// Int8Dequantize of the 4 * kWidth codes at `codes` into out[0..3] (kDecodesU8x4 ISAs).
+template <class V, class Map>
+inline void Int8Dequantize4(const uint8_t* codes, typename V::F absmax, typename V::F* out) {
+  using T = Int8DecodeTables<Map>;
+  typename V::R bits[4];
+  V::template DecodeU8x4<Map::kMant, T::kFracShift, Map::kSigned>(codes, T::kTop.data(),
+                                                                  T::kNextMask.data(), bits);
+  for (size_t k = 0; k < 4; ++k) out[k] = V::Mul(V::FromBits(bits[k]), absmax);
 }
 
 // 1 / absmax as every ISA computes it (scalar float division); 0 for an all-zero block.
@@ -159,13 +206,32 @@ inline void PrefetchNext(const AdamArgs& a, size_t target) {
   PrefetchStep(a.exp_avg_sq, 1, target, kStep);
 }
 
-// One block [begin, end) of the slice (begin a multiple of kInt8StateBlock).
+// Whether V stores the codes of four vectors at once (StoreU8x4(ptr, const R[4]), 4 * kWidth
+// bytes): AVX2 packs them with three shuffles and a permute instead of three shuffles each.
+template <class V>
+inline constexpr bool kStoresU8x4 = requires(uint8_t* p, const typename V::R* x) {
+  V::StoreU8x4(p, x);
+};
+
+// One block [begin, end) of the slice (begin a multiple of kInt8StateBlock), in two loops
+// split where the new absmax becomes known:
+//   1. moments: dequantize, the new m and v (AdamMoments), the new m and sqrt(v) into the
+//      scratch, their running absmax;
+//   2. apply: the weight update from the scratch (AdamApply: the two divisions), the master
+//      and the copy written, m and sqrt(v) requantized with the block's new scales.
+// Each loop then holds one of the formula's long chains (the square root; the divisions),
+// and the second interleaves its divisions with the integer work of the requantization, so
+// the out-of-order window covers more of both (docs/design.md, "int8 moments": the update
+// loop with the whole formula took three quarters of the time on Zen 3). Same bits: the
+// same operations on the same values.
 template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest, MasterStore P>
 void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size_t begin,
                    size_t end) {
   using F = typename V::F;
   using I = typename V::R;
+  using Tail = typename V::Tail;
   constexpr size_t kHalf = kInt8StateBlock / 2;
+  constexpr bool kDelta = P == MasterStore::kBf16Kahan;
   alignas(64) float new_m[kInt8StateBlock];
   alignas(64) float new_u[kInt8StateBlock];
   const auto* m_code = static_cast<const uint8_t*>(a.exp_avg);
@@ -173,37 +239,41 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   const F m_scale = V::Set1(a.exp_avg_scale[block]);
   const F u_scale = V::Set1(a.exp_avg_sq_scale[block]);
   I m_max = V::Set1I(0), u_max = V::Set1I(0);
-  auto update = [&](size_t i, const typename V::Tail& t, auto tail) {
+  auto moments = [&](size_t i, const Tail& t, auto tail, F m_old, F u_old) {
     constexpr bool kTail = decltype(tail)::value;
     if constexpr (kInt8Prefetch<V>)
       PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + (i - begin) / 2);
-    F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
-    F p = LoadMaster<V, P, kTail>(a, i, t);
-    const F p_old = p;
-    const F m_old = Int8Dequantize<V, ExpAvgMap>(V::template LoadU8<kTail>(m_code + i, t), m_scale);
-    const F u_old =
-        Int8Dequantize<V, ExpAvgSqMap>(V::template LoadU8<kTail>(u_code + i, t), u_scale);
+    const F g = V::Mul(LoadGrad<V, G, kTail>(a.grad, i, t), c.grad_scale);
+    F p{};
+    if constexpr (M == AdamMode::kAdam) p = LoadMaster<V, P, kTail>(a, i, t);
     F m, v, sqrt_v;
-    AdamMath<V, M, P == MasterStore::kBf16Kahan>(c, g, V::Mul(u_old, u_old), m_old, &p, &m, &v,
-                                                 &sqrt_v);
-    p = StoreMaster<V, P, kTail>(a, i, p, p_old, t);
-    if constexpr (O == ParamOut::kBf16) {
-      V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
-    } else if constexpr (O == ParamOut::kFp16) {
-      V::template StoreFp16<kTail>(static_cast<uint16_t*>(a.param_out) + i, p, t);
-    }
+    AdamMoments<V, M>(c, g, V::Mul(u_old, u_old), m_old, p, &m, &v, &sqrt_v);
     // Whole vectors into the scratch: lanes past a tail hold m = sqrt_v = 0 (zero loads).
-    V::template StoreF32<false>(new_m + (i - begin), m, typename V::Tail{});
-    V::template StoreF32<false>(new_u + (i - begin), sqrt_v, typename V::Tail{});
+    V::template StoreF32<false>(new_m + (i - begin), m, Tail{});
+    V::template StoreF32<false>(new_u + (i - begin), sqrt_v, Tail{});
     m_max = V::MaxI(m_max, Mask<V>(V::Bits(m), 0x7fffffffu));
     u_max = V::MaxI(u_max, Mask<V>(V::Bits(sqrt_v), 0x7fffffffu));
   };
+  auto one_vector = [&](size_t i, const Tail& t, auto tail) {
+    constexpr bool kTail = decltype(tail)::value;
+    moments(i, t, tail,
+            Int8Dequantize<V, ExpAvgMap>(V::template LoadU8<kTail>(m_code + i, t), m_scale),
+            Int8Dequantize<V, ExpAvgSqMap>(V::template LoadU8<kTail>(u_code + i, t), u_scale));
+  };
   using False = std::false_type;
   using True = std::true_type;
-  const typename V::Tail full{};
+  const Tail full{};
   size_t i = begin;
-  for (; i + V::kWidth <= end; i += V::kWidth) update(i, full, False{});
-  if (i < end) update(i, V::MakeTail(end - i), True{});
+  if constexpr (kDecodesU8x4<V>) {
+    for (; i + 4 * V::kWidth <= end; i += 4 * V::kWidth) {
+      F m_old[4], u_old[4];
+      Int8Dequantize4<V, ExpAvgMap>(m_code + i, m_scale, m_old);
+      Int8Dequantize4<V, ExpAvgSqMap>(u_code + i, u_scale, u_old);
+      for (size_t k = 0; k < 4; ++k) moments(i + k * V::kWidth, full, False{}, m_old[k], u_old[k]);
+    }
+  }
+  for (; i + V::kWidth <= end; i += V::kWidth) one_vector(i, full, False{});
+  if (i < end) one_vector(i, V::MakeTail(end - i), True{});
 
   const float m_absmax = BitsFloat(V::HMaxI(m_max));
   const float u_absmax = BitsFloat(V::HMaxI(u_max));
@@ -213,24 +283,54 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   const F u_inv = V::Set1(InverseScale(u_absmax));
   auto* m_out = static_cast<uint8_t*>(a.exp_avg);
   auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
-  auto requantize = [&](size_t j, const typename V::Tail& t, auto tail) {
+  // The update of the vector at j, and its codes.
+  auto apply = [&](size_t j, const Tail& t, auto tail, I* m_q, I* u_q) {
     constexpr bool kTail = decltype(tail)::value;
     if constexpr (kInt8Prefetch<V>) {
       PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
+    }
+    const F m = V::template LoadF32<false>(new_m + (j - begin), Tail{});
+    const F u = V::template LoadF32<false>(new_u + (j - begin), Tail{});
+    F p = LoadMaster<V, P, kTail>(a, j, t);
+    const F p_old = p;
+    AdamApply<V, M, kDelta>(c, m, u, &p);
+    p = StoreMaster<V, P, kTail>(a, j, p, p_old, t);
+    if constexpr (O == ParamOut::kBf16) {
+      V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + j, p, t);
+    } else if constexpr (O == ParamOut::kFp16) {
+      V::template StoreFp16<kTail>(static_cast<uint16_t*>(a.param_out) + j, p, t);
     }
     I r_m{}, r_u{};
     if constexpr (!kNearest) {
       r_m = V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
       r_u = RotateBits16<V>(r_m);
     }
-    const F m = V::template LoadF32<false>(new_m + (j - begin), typename V::Tail{});
-    const F u = V::template LoadF32<false>(new_u + (j - begin), typename V::Tail{});
-    V::template StoreU8<kTail>(m_out + j, Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, r_m), t);
-    V::template StoreU8<kTail>(u_out + j, Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, r_u), t);
+    *m_q = Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, r_m);
+    *u_q = Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, r_u);
   };
+  // Four vectors at a time where the ISA packs four vectors of codes in one store.
   size_t j = begin;
-  for (; j + V::kWidth <= end; j += V::kWidth) requantize(j, full, False{});
-  if (j < end) requantize(j, V::MakeTail(end - j), True{});
+  if constexpr (kStoresU8x4<V>) {
+    for (; j + 4 * V::kWidth <= end; j += 4 * V::kWidth) {
+      I mq[4], uq[4];
+      for (size_t k = 0; k < 4; ++k) apply(j + k * V::kWidth, full, False{}, &mq[k], &uq[k]);
+      V::StoreU8x4(m_out + j, mq);
+      V::StoreU8x4(u_out + j, uq);
+    }
+  }
+  for (; j + V::kWidth <= end; j += V::kWidth) {
+    I mq, uq;
+    apply(j, full, False{}, &mq, &uq);
+    V::template StoreU8<false>(m_out + j, mq, full);
+    V::template StoreU8<false>(u_out + j, uq, full);
+  }
+  if (j < end) {
+    const Tail t = V::MakeTail(end - j);
+    I mq, uq;
+    apply(j, t, True{}, &mq, &uq);
+    V::template StoreU8<true>(m_out + j, mq, t);
+    V::template StoreU8<true>(u_out + j, uq, t);
+  }
 }
 
 template <class V, FloatFormat G, ParamOut O, AdamMode M, bool kNearest,

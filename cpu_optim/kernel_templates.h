@@ -87,34 +87,48 @@ struct AdamConsts {
         neg_step_size(V::Set1(s.neg_step_size)) {}
 };
 
-// The kAdamW / kAdam update of one vector (formula: include/strata/optim.h), shared by
-// AdamVector and the int8 kernel (int8_templates.h): m and v from their old values, p in
-// place; *v_new the new second moment and *sqrt_v its square root (denom's).
-template <class V, AdamMode M, bool kDelta = false>
-inline void AdamMath(const AdamConsts<V>& c, typename V::F g, typename V::F v_old,
-                     typename V::F m_old, typename V::F* p, typename V::F* m, typename V::F* v_new,
-                     typename V::F* sqrt_v) {
-  using F = typename V::F;
-  if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, *p, g);
+// The kAdamW / kAdam update of one vector (formula: include/strata/optim.h) in two halves,
+// shared by AdamVector (through AdamMath) and the int8 kernel (int8_templates.h), which
+// runs them in separate loops. AdamMoments: m and v from their old values (p: the weight,
+// read by kAdam's L2 decay only); *v_new the new second moment and *sqrt_v its square root.
+template <class V, AdamMode M>
+inline void AdamMoments(const AdamConsts<V>& c, typename V::F g, typename V::F v_old,
+                        typename V::F m_old, typename V::F p, typename V::F* m,
+                        typename V::F* v_new, typename V::F* sqrt_v) {
+  if constexpr (M == AdamMode::kAdam) g = V::Fma(c.weight_decay, p, g);
   *m = V::Fma(c.beta1, m_old, V::Mul(c.one_minus_beta1, g));
-  const F v = V::Fma(c.beta2, v_old, V::Mul(c.one_minus_beta2, V::Mul(g, g)));
+  const typename V::F v = V::Fma(c.beta2, v_old, V::Mul(c.one_minus_beta2, V::Mul(g, g)));
   *v_new = v;
   *sqrt_v = V::Sqrt(v);
-  const F denom = V::Add(V::Div(*sqrt_v, c.bias_correction2_sqrt), c.eps);
+}
+
+// AdamApply: the weight update from the new m and sqrt(v), p in place.
+template <class V, AdamMode M, bool kDelta = false>
+inline void AdamApply(const AdamConsts<V>& c, typename V::F m, typename V::F sqrt_v,
+                      typename V::F* p) {
+  const typename V::F denom = V::Add(V::Div(sqrt_v, c.bias_correction2_sqrt), c.eps);
   // AdamW: p * (1 - lr*wd) - step * m/denom evaluated as p + ((-lr*wd)*p + -step * m/denom):
   // the only rounding at the magnitude of p is the final add (half an ulp of p per step);
   // the others fall on the small update. The product form would round p twice per step
   // and carry float(1 - lr*wd)'s error (up to 3e-8) into every step as a bias.
   // kDelta (the Kahan master): *p receives the update d instead of p + d (optim.h).
   if constexpr (kDelta && M == AdamMode::kAdamW) {
-    *p = V::Fma(c.neg_step_size, V::Div(*m, denom), V::Mul(c.neg_lr_wd, *p));
+    *p = V::Fma(c.neg_step_size, V::Div(m, denom), V::Mul(c.neg_lr_wd, *p));
   } else if constexpr (kDelta) {
-    *p = V::Mul(c.neg_step_size, V::Div(*m, denom));
+    *p = V::Mul(c.neg_step_size, V::Div(m, denom));
   } else if constexpr (M == AdamMode::kAdamW) {
-    *p = V::Add(*p, V::Fma(c.neg_step_size, V::Div(*m, denom), V::Mul(c.neg_lr_wd, *p)));
+    *p = V::Add(*p, V::Fma(c.neg_step_size, V::Div(m, denom), V::Mul(c.neg_lr_wd, *p)));
   } else {
-    *p = V::Fma(c.neg_step_size, V::Div(*m, denom), *p);
+    *p = V::Fma(c.neg_step_size, V::Div(m, denom), *p);
   }
+}
+
+template <class V, AdamMode M, bool kDelta = false>
+inline void AdamMath(const AdamConsts<V>& c, typename V::F g, typename V::F v_old,
+                     typename V::F m_old, typename V::F* p, typename V::F* m, typename V::F* v_new,
+                     typename V::F* sqrt_v) {
+  AdamMoments<V, M>(c, g, v_old, m_old, *p, m, v_new, sqrt_v);
+  AdamApply<V, M, kDelta>(c, *m, *sqrt_v, p);
 }
 
 template <class V, MasterStore P, bool kTail>
