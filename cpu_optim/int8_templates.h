@@ -182,13 +182,16 @@ inline void PrefetchStep(const void* base, size_t bytes, size_t target, size_t s
   }
 }
 
-// A block's second loop touches only L1 and the first one is bound by its divisions, so on
-// the AVX-512 Xeon the hardware prefetchers alone left DRAM idle half of the time. Both loops
-// therefore prefetch the next block, half a vector's elements per iteration: the first loop
-// its first half, the second loop its second half, so DRAM streams evenly through the block.
-// AVX-512 only: on the AVX2 EPYC (Zen 3) the prefetch's address arithmetic cost about a
-// quarter of the kernel's speed, in cache and from DRAM alike, and its hardware prefetchers
-// keep up (docs/design.md, "int8 moments"). The scalar kernel never prefetches.
+// Software prefetch of the next block, in two forms (docs/design.md, "int8 moments"):
+// - AVX-512 (kInt8Prefetch, the layout of the first kernel, whose requantizing loop touched
+//   only L1): on the AVX-512 Xeon the hardware prefetchers alone left DRAM idle half of the
+//   time, so both loops prefetch the next block, half a vector's elements per iteration: the
+//   first loop its first half, the second loop its second half.
+// - AVX2 (PrefetchAhead below, in the four-vector loops): each iteration asks for the lines at
+//   the same offset one block ahead, the streams its loop reads, at constant displacements.
+//   The AVX-512 form's address arithmetic cost about a quarter of the kernel's speed on the
+//   AVX2 EPYC (Zen 3); this one costs nothing measurable in cache and gains from DRAM.
+// The scalar kernel never prefetches.
 template <class V>
 inline constexpr bool kInt8Prefetch = V::kWidth == 16;
 template <class V, FloatFormat G, ParamOut O, MasterStore P>
@@ -204,6 +207,29 @@ inline void PrefetchNext(const AdamArgs& a, size_t target) {
   if constexpr (O != ParamOut::kNone) PrefetchStep(a.param_out, 2, target, kStep);
   PrefetchStep(a.exp_avg, 1, target, kStep);
   PrefetchStep(a.exp_avg_sq, 1, target, kStep);
+}
+
+// The lines one block ahead of the four vectors at i: grad and both codes (the first loop's
+// streams; a code line is asked for twice), then the master (the second loop's).
+template <class V, FloatFormat G>
+inline void PrefetchAhead(const AdamArgs& a, size_t i) {
+  constexpr size_t kG = G == FloatFormat::kFp32 ? 4 : 2;
+  const size_t next = i + kInt8StateBlock;
+  const auto* grad = static_cast<const char*>(a.grad) + next * kG;
+  for (size_t off = 0; off < 4 * V::kWidth * kG; off += 64) PrefetchLine(grad + off);
+  PrefetchLine(static_cast<const uint8_t*>(a.exp_avg) + next);
+  PrefetchLine(static_cast<const uint8_t*>(a.exp_avg_sq) + next);
+}
+template <class V, MasterStore P>
+inline void PrefetchMasterAhead(const AdamArgs& a, size_t j) {
+  const size_t next = j + kInt8StateBlock;
+  if constexpr (P == MasterStore::kF32) {
+    for (size_t off = 0; off < 4 * V::kWidth * 4; off += 64)
+      PrefetchLine(a.master + next + off / 4);
+  } else {
+    for (size_t off = 0; off < 4 * V::kWidth * 2; off += 64)
+      PrefetchLine(a.master16 + next + off / 2);
+  }
 }
 
 // Whether V stores the codes of four vectors at once (StoreU8x4(ptr, const R[4]), 4 * kWidth
@@ -266,6 +292,7 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   size_t i = begin;
   if constexpr (kDecodesU8x4<V>) {
     for (; i + 4 * V::kWidth <= end; i += 4 * V::kWidth) {
+      PrefetchAhead<V, G>(a, i);
       F m_old[4], u_old[4];
       Int8Dequantize4<V, ExpAvgMap>(m_code + i, m_scale, m_old);
       Int8Dequantize4<V, ExpAvgSqMap>(u_code + i, u_scale, u_old);
@@ -312,6 +339,7 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   size_t j = begin;
   if constexpr (kStoresU8x4<V>) {
     for (; j + 4 * V::kWidth <= end; j += 4 * V::kWidth) {
+      PrefetchMasterAhead<V, P>(a, j);
       I mq[4], uq[4];
       for (size_t k = 0; k < 4; ++k) apply(j + k * V::kWidth, full, False{}, &mq[k], &uq[k]);
       V::StoreU8x4(m_out + j, mq);
