@@ -122,13 +122,14 @@ void ExpectTheFp32StepRequantized(State s, const std::vector<float>& g, const Ad
                                     m32.data(), v32.data())
                   .ok());
   std::vector<uint16_t> out32(n), out8(n);
-  AdamSlice ref;
-  ref.master = p32.data();
-  ref.exp_avg = m32.data();
-  ref.exp_avg_sq = v32.data();
-  ref.grad = g.data();
-  ref.n = n;
-  if (out != ParamOut::kNone) ref.param_out = out32.data(), ref.param_out_format = out;
+  const AdamSlice ref{p32.data(),
+                      m32.data(),
+                      v32.data(),
+                      g.data(),
+                      FloatFormat::kFp32,
+                      out == ParamOut::kNone ? nullptr : out32.data(),
+                      out,
+                      n};
   CpuKernelOptions opt;
   opt.isa = isa;
   ASSERT_TRUE(AdamStep(ref, h, grad_scale, opt).ok());
