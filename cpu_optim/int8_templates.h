@@ -310,8 +310,13 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   const F u_inv = V::Set1(InverseScale(u_absmax));
   auto* m_out = static_cast<uint8_t*>(a.exp_avg);
   auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
-  // The update of the vector at j, and its codes.
-  auto apply = [&](size_t j, const Tail& t, auto tail, I* m_q, I* u_q) {
+  // The update of the vector at j and its exp_avg code; sqrt(exp_avg_sq)'s code apart
+  // (SqCode), so that the four-vector loop holds one map's constants at a time.
+  auto random_bits = [&](size_t j) {
+    if constexpr (kNearest) return I{};
+    return V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+  };
+  auto apply = [&](size_t j, const Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
     if constexpr (kInt8Prefetch<V>) {
       PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
@@ -327,37 +332,32 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
     } else if constexpr (O == ParamOut::kFp16) {
       V::template StoreFp16<kTail>(static_cast<uint16_t*>(a.param_out) + j, p, t);
     }
-    I r_m{}, r_u{};
-    if constexpr (!kNearest) {
-      r_m = V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
-      r_u = RotateBits16<V>(r_m);
-    }
-    *m_q = Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, r_m);
-    *u_q = Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, r_u);
+    return Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, random_bits(j));
+  };
+  auto sq_code = [&](size_t j) {
+    const F u = V::template LoadF32<false>(new_u + (j - begin), Tail{});
+    return Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, RotateBits16<V>(random_bits(j)));
   };
   // Four vectors at a time where the ISA packs four vectors of codes in one store.
   size_t j = begin;
   if constexpr (kStoresU8x4<V>) {
     for (; j + 4 * V::kWidth <= end; j += 4 * V::kWidth) {
       PrefetchMasterAhead<V, P>(a, j);
-      I mq[4], uq[4];
-      for (size_t k = 0; k < 4; ++k) apply(j + k * V::kWidth, full, False{}, &mq[k], &uq[k]);
-      V::StoreU8x4(m_out + j, mq);
-      V::StoreU8x4(u_out + j, uq);
+      I q[4];
+      for (size_t k = 0; k < 4; ++k) q[k] = apply(j + k * V::kWidth, full, False{});
+      V::StoreU8x4(m_out + j, q);
+      for (size_t k = 0; k < 4; ++k) q[k] = sq_code(j + k * V::kWidth);
+      V::StoreU8x4(u_out + j, q);
     }
   }
   for (; j + V::kWidth <= end; j += V::kWidth) {
-    I mq, uq;
-    apply(j, full, False{}, &mq, &uq);
-    V::template StoreU8<false>(m_out + j, mq, full);
-    V::template StoreU8<false>(u_out + j, uq, full);
+    V::template StoreU8<false>(m_out + j, apply(j, full, False{}), full);
+    V::template StoreU8<false>(u_out + j, sq_code(j), full);
   }
   if (j < end) {
     const Tail t = V::MakeTail(end - j);
-    I mq, uq;
-    apply(j, t, True{}, &mq, &uq);
-    V::template StoreU8<true>(m_out + j, mq, t);
-    V::template StoreU8<true>(u_out + j, uq, t);
+    V::template StoreU8<true>(m_out + j, apply(j, t, True{}), t);
+    V::template StoreU8<true>(u_out + j, sq_code(j), t);
   }
 }
 
