@@ -27,7 +27,9 @@
 //   Shl<n>, AddI, SubI, Set1I, MinI, MaxI (signed), CmpGtI(a, b) (signed, all-ones lanes),
 //   CmpEqI, CmpLtF, CvtI (int32 -> float), TruncI (float -> int32, truncating), HMaxI (max
 //   over lanes), LoadU8<kTail>(ptr, tail) (zero-extended), StoreU8<kTail>(ptr, x, tail) (low
-//   byte); optionally StoreU8x4(ptr, x[4]) (four vectors' low bytes, kStoresU8x4).
+//   byte); optionally StoreU8x4(ptr, x[4]) (four vectors' low bytes, kStoresU8x4) and
+//   DecodeU8x4<index_shift, frac_shift, signed>(ptr, top, next_mask, bits[4]) (four vectors
+//   of codes decoded by table lookups, kDecodesU8x4).
 #pragma once
 
 #include <array>
@@ -311,10 +313,13 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   auto* m_out = static_cast<uint8_t*>(a.exp_avg);
   auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
   // The update of the vector at j and its exp_avg code; sqrt(exp_avg_sq)'s code apart
-  // (SqCode), so that the four-vector loop holds one map's constants at a time.
+  // (sq_code), so that the four-vector loop holds one map's constants at a time.
   auto random_bits = [&](size_t j) {
-    if constexpr (kNearest) return I{};
-    return V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+    if constexpr (kNearest) {
+      return I{};
+    } else {
+      return V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+    }
   };
   auto apply = [&](size_t j, const Tail& t, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
