@@ -21,6 +21,12 @@ TEST(StatusTest, CarriesContext) {
   EXPECT_EQ(s.path(), "/x/strata.0");
   EXPECT_EQ(s.ToString().find("NoSpace: pwrite /x/strata.0"), 0u) << s.ToString();
   EXPECT_NE(s.ToString().find("offset=8192"), std::string::npos);
+  // The whole text: message, then the context in brackets, space-separated.
+  EXPECT_EQ(s.ToString(), "NoSpace: " + s.message() + " [path=/x/strata.0 offset=8192 errno=" +
+                              std::to_string(ENOSPC) + "]");
+  Status only_offset = Status::IOError("short read");
+  only_offset.WithOffset(0);
+  EXPECT_EQ(only_offset.ToString(), "IOError: short read [offset=0]");
 }
 
 TEST(StatusTest, CopiesDoNotShareAnnotations) {

@@ -137,13 +137,16 @@ class [[nodiscard]] Status {
   std::string ToString() const {
     if (ok()) return "OK";
     std::string s = std::string(StatusCodeName(rep_->code)) + ": " + rep_->message;
+    // Appends only: GCC 12 warns (-Wrestrict, a false positive) on a string prepended to.
     std::string ctx;
-    if (!rep_->path.empty()) ctx += "path=" + rep_->path;
-    if (rep_->offset)
-      ctx += (ctx.empty() ? "" : " ") + std::string("offset=") + std::to_string(*rep_->offset);
-    if (rep_->err_no)
-      ctx += (ctx.empty() ? "" : " ") + std::string("errno=") + std::to_string(rep_->err_no);
-    if (!ctx.empty()) s += " [" + ctx + "]";
+    auto add = [&ctx](const char* key, const std::string& value) {
+      if (!ctx.empty()) ctx += ' ';
+      ctx.append(key).append(value);
+    };
+    if (!rep_->path.empty()) add("path=", rep_->path);
+    if (rep_->offset) add("offset=", std::to_string(*rep_->offset));
+    if (rep_->err_no) add("errno=", std::to_string(rep_->err_no));
+    if (!ctx.empty()) s.append(" [").append(ctx).append("]");
     return s;
   }
 
