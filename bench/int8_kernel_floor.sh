@@ -5,9 +5,10 @@
 #     ratio to its own streaming bound (the traffic kernel: the same bytes, no arithmetic);
 #   - the fp32-state kernel on 16 Ki parameters (448 KiB, in L2), one thread: the AdamW
 #     formula without any quantization, as the project's kernel computes it;
-#   - bench/divider_floor: the divider's throughput for the formula's square root and two
-#     IEEE divisions per element. No kernel that computes the formula can be faster, so
-#     divider_x_bound is the highest ratio the int8 kernel could reach here (the floor).
+#   - bench/divider_floor: the divider's throughput for the int8 kernel's square root and IEEE
+#     division per element (its folded formula, include/strata/optim.h). No kernel that
+#     computes the formula can be faster, so divider_x_bound is the highest ratio the int8
+#     kernel could reach here (the floor).
 #
 # Usage: bench/int8_kernel_floor.sh [BUILD_DIR] [ROUNDS] [PARAMS]   (defaults: build/release 5 4M)
 set -euo pipefail
@@ -37,6 +38,6 @@ c = json.loads(sys.argv[4])
 bound = a["gparams_per_s"] / a["ratio_to_bound"]
 print(f"{sys.argv[1]:>5}  {a['gparams_per_s']:13.3f}  {bound:19.3f}  {a['ratio_to_bound']:10.3f}"
       f"  {b['gparams_per_s']:16.3f}  {b['gparams_per_s'] / bound:15.3f}"
-      f"  {c['gelements_per_s']:16.3f}  {c['gelements_per_s'] / bound:15.3f}")
+      f"  {c['folded_gelements_per_s']:16.3f}  {c['folded_gelements_per_s'] / bound:15.3f}")
 PY
 done

@@ -18,7 +18,8 @@
 // streams grad and codes, dequantizes and computes the new m and v (AdamMoments, the first
 // half of AdamVector's formula), keeping the new m and sqrt(v) in an L1-sized scratch
 // together with their running absmax; a second loop streams the master, applies the update
-// from the scratch (AdamApply, the second half), writes master and copy, and requantizes.
+// from the scratch (AdamApply, the second half, with the bias correction folded into its
+// constants: one division), writes master and copy, and requantizes.
 // DRAM sees each array once. The absmax is an integer max over |bits|, exact and
 // order-independent (a NaN, whose bits are the largest, propagates into the scale).
 //
@@ -245,10 +246,10 @@ inline constexpr bool kStoresU8x4 = requires(uint8_t* p, const typename V::R* x)
 // split where the new absmax becomes known:
 //   1. moments: dequantize, the new m and v (AdamMoments), the new m and sqrt(v) into the
 //      scratch, their running absmax;
-//   2. apply: the weight update from the scratch (AdamApply: the two divisions), the master
+//   2. apply: the weight update from the scratch (AdamApply, folded: the division), the master
 //      and the copy written, m and sqrt(v) requantized with the block's new scales.
-// Each loop then holds one of the formula's long chains (the square root; the divisions),
-// and the second interleaves its divisions with the integer work of the requantization, so
+// Each loop then holds one of the formula's long chains (the square root; the division),
+// and the second interleaves its division with the integer work of the requantization, so
 // the out-of-order window covers more of both (docs/design.md, "int8 moments": the update
 // loop with the whole formula took three quarters of the time on Zen 3). Same bits: the
 // same operations on the same values.
@@ -330,7 +331,7 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
     const F u = V::template LoadF32<false>(new_u + (j - begin), Tail{});
     F p = LoadMaster<V, P, kTail>(a, j, t);
     const F p_old = p;
-    AdamApply<V, M, kDelta>(c, m, u, &p);
+    AdamApply<V, M, kDelta, /*kFolded=*/true>(c, m, u, &p);
     p = StoreMaster<V, P, kTail>(a, j, p, p_old, t);
     if constexpr (O == ParamOut::kBf16) {
       V::template StoreBf16<kTail>(static_cast<uint16_t*>(a.param_out) + j, p, t);

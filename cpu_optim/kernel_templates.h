@@ -72,7 +72,8 @@ inline void StoreMoment(void* p, size_t i, typename V::F x, const typename V::R&
 template <class V>
 struct AdamConsts {
   typename V::F grad_scale, weight_decay, neg_lr_wd, one_minus_lr_wd, beta1, one_minus_beta1, beta2,
-      one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
+      one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size, eps_x_bc2_sqrt,
+      neg_step_size_x_bc2_sqrt;
   explicit AdamConsts(const AdamScalars& s)
       : grad_scale(V::Set1(s.grad_scale)),
         weight_decay(V::Set1(s.weight_decay)),
@@ -84,7 +85,9 @@ struct AdamConsts {
         one_minus_beta2(V::Set1(s.one_minus_beta2)),
         bias_correction2_sqrt(V::Set1(s.bias_correction2_sqrt)),
         eps(V::Set1(s.eps)),
-        neg_step_size(V::Set1(s.neg_step_size)) {}
+        neg_step_size(V::Set1(s.neg_step_size)),
+        eps_x_bc2_sqrt(V::Set1(s.eps_x_bc2_sqrt)),
+        neg_step_size_x_bc2_sqrt(V::Set1(s.neg_step_size_x_bc2_sqrt)) {}
 };
 
 // The kAdamW / kAdam update of one vector (formula: include/strata/optim.h) in two halves,
@@ -102,24 +105,39 @@ inline void AdamMoments(const AdamConsts<V>& c, typename V::F g, typename V::F v
   *sqrt_v = V::Sqrt(v);
 }
 
-// AdamApply: the weight update from the new m and sqrt(v), p in place.
-template <class V, AdamMode M, bool kDelta = false>
+// AdamApply: the weight update from the new m and sqrt(v), p in place, as the formula in
+// optim.h rounds it: m / (sqrt(v) / sqrt(1 - beta2^t) + eps), a square root and two divisions.
+//
+// kFolded (the int8 kernel only) folds the bias correction into the constants instead:
+// (step * sqrt(1 - beta2^t)) * m / (sqrt(v) + eps * sqrt(1 - beta2^t)), one division fewer,
+// the same value up to an ulp of the update. The divider is the int8 kernel's busiest unit
+// (bench/divider_floor), and its moments carry 3 to 4 significant bits, so the ulp is
+// nothing; the fp32 and bf16 kernels keep torch's rounding.
+template <class V, AdamMode M, bool kDelta = false, bool kFolded = false>
 inline void AdamApply(const AdamConsts<V>& c, typename V::F m, typename V::F sqrt_v,
                       typename V::F* p) {
-  const typename V::F denom = V::Add(V::Div(sqrt_v, c.bias_correction2_sqrt), c.eps);
+  using F = typename V::F;
+  F ratio, neg_step;
+  if constexpr (kFolded) {
+    ratio = V::Div(m, V::Add(sqrt_v, c.eps_x_bc2_sqrt));
+    neg_step = c.neg_step_size_x_bc2_sqrt;
+  } else {
+    ratio = V::Div(m, V::Add(V::Div(sqrt_v, c.bias_correction2_sqrt), c.eps));
+    neg_step = c.neg_step_size;
+  }
   // AdamW: p * (1 - lr*wd) - step * m/denom evaluated as p + ((-lr*wd)*p + -step * m/denom):
   // the only rounding at the magnitude of p is the final add (half an ulp of p per step);
   // the others fall on the small update. The product form would round p twice per step
   // and carry float(1 - lr*wd)'s error (up to 3e-8) into every step as a bias.
   // kDelta (the Kahan master): *p receives the update d instead of p + d (optim.h).
   if constexpr (kDelta && M == AdamMode::kAdamW) {
-    *p = V::Fma(c.neg_step_size, V::Div(m, denom), V::Mul(c.neg_lr_wd, *p));
+    *p = V::Fma(neg_step, ratio, V::Mul(c.neg_lr_wd, *p));
   } else if constexpr (kDelta) {
-    *p = V::Mul(c.neg_step_size, V::Div(m, denom));
+    *p = V::Mul(neg_step, ratio);
   } else if constexpr (M == AdamMode::kAdamW) {
-    *p = V::Add(*p, V::Fma(c.neg_step_size, V::Div(m, denom), V::Mul(c.neg_lr_wd, *p)));
+    *p = V::Add(*p, V::Fma(neg_step, ratio, V::Mul(c.neg_lr_wd, *p)));
   } else {
-    *p = V::Fma(c.neg_step_size, V::Div(m, denom), *p);
+    *p = V::Fma(neg_step, ratio, *p);
   }
 }
 

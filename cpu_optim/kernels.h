@@ -29,6 +29,9 @@ struct AdamScalars {
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^t)
+  // The int8 kernel's folded constants (AdamApply's kFolded), each rounded once from double:
+  float eps_x_bc2_sqrt;            // eps * sqrt(1 - beta2^t)
+  float neg_step_size_x_bc2_sqrt;  // -lr / (1 - beta1^t) * sqrt(1 - beta2^t)
 };
 
 AdamScalars MakeAdamScalars(const AdamHyperParams& hyper, float grad_scale);

@@ -463,6 +463,9 @@ AdamScalars MakeAdamScalars(const AdamHyperParams& h, float grad_scale) {
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   s.eps = static_cast<float>(h.eps);
   s.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
+  s.eps_x_bc2_sqrt = static_cast<float>(h.eps * std::sqrt(bias_correction2));
+  s.neg_step_size_x_bc2_sqrt =
+      static_cast<float>(-h.lr / bias_correction1 * std::sqrt(bias_correction2));
   return s;
 }
 
