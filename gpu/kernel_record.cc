@@ -139,7 +139,7 @@ std::string KernelRecordTable() {
     } else {
       out += ";";
     }
-    out += " " + std::string(v.variant) + ": " + DescribePass(v.pass);
+    out.append(" ").append(v.variant).append(": ").append(DescribePass(v.pass));
   }
   return out + '\n';
 }

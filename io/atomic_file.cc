@@ -14,10 +14,10 @@ namespace {
 void SplitPath(const std::string& path, std::string* folder, std::string* base) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) {
-    *folder = ".";
+    folder->assign(1, '.');  // the current folder
     *base = path;
   } else {
-    *folder = slash == 0 ? "/" : path.substr(0, slash);
+    folder->assign(path, 0, slash == 0 ? 1 : slash);  // the root keeps its slash
     *base = path.substr(slash + 1);
   }
 }

@@ -314,7 +314,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
   std::vector<int32_t> ids;
   std::string prefixed;
   if (impl_->add_prefix_space && !text.empty() && text[0] != ' ') {
-    prefixed = " " + std::string(text);
+    prefixed.assign(" ").append(text);
     text = prefixed;
   }
   // Pieces between added tokens are pre-tokenized and merged; added tokens map directly.
@@ -354,7 +354,7 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& tokens) const {
     if (t >= 0 && static_cast<size_t>(t) < impl_->decoded.size()) {
       out += impl_->decoded[t];
     } else {
-      out += "<" + std::to_string(t) + ">";
+      out.append("<").append(std::to_string(t)).append(">");
     }
   }
   return out;

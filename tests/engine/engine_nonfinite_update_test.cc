@@ -81,7 +81,9 @@ TEST_F(EngineNonFiniteUpdateTest, WithADurableStoreTheStepIsSkippedWhole) {
       before = *s0;
       auto st = Step(*f, 1);
       // Updates in the step: every block is restorable from the commit, so it is skipped.
-      if (!pipeline) ASSERT_TRUE(st.ok()) << st.status().ToString();
+      if (!pipeline) {
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+      }
       if (!st.ok()) {
         // A pipelined update runs under the next step; either way nothing is committed.
         EXPECT_EQ(st.status().code(), StatusCode::kAborted) << st.status().ToString();
@@ -92,7 +94,9 @@ TEST_F(EngineNonFiniteUpdateTest, WithADurableStoreTheStepIsSkippedWhole) {
         EXPECT_TRUE(BitIdentical(before, *after));
         // The next step trains: element 3's gradient is 0.01 now, its second moment > 0.
         auto next = Step(*f, -1);
-        if (!pipeline) ASSERT_TRUE(next.ok()) << next.status().ToString();
+        if (!pipeline) {
+          ASSERT_TRUE(next.ok()) << next.status().ToString();
+        }
         if (next.ok()) {
           EXPECT_FALSE(next->skipped);
         } else {

@@ -16,11 +16,11 @@ inline std::vector<BlockSpec> RandomModel(std::mt19937_64& rng, int blocks) {
   std::vector<BlockSpec> specs;
   for (int b = 0; b < blocks; ++b) {
     BlockSpec s;
-    s.name = "h." + std::to_string(b);
+    s.name = std::string("h.").append(std::to_string(b));
     const int tensors = 1 + int(rng() % 3);
     for (int t = 0; t < tensors; ++t) {
       TensorSpec ts;
-      ts.name = "w" + std::to_string(t);
+      ts.name = std::string("w").append(std::to_string(t));
       const int64_t a = kOdd[rng() % 7];
       const int64_t c = 1 + int64_t(rng() % 9);
       ts.shape = {a, c};

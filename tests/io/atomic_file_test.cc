@@ -57,7 +57,7 @@ TEST(AtomicFileTest, ModeIsExactWhateverTheUmask) {
   TempDir dir;
   for (mode_t mask : {mode_t{0}, mode_t{077}}) {
     const mode_t old = ::umask(mask);
-    const std::string path = dir.File("m" + std::to_string(mask));
+    const std::string path = dir.File(std::string("m").append(std::to_string(mask)));
     Status s = WriteFileAtomic(path, "x");
     ::umask(old);
     ASSERT_TRUE(s.ok()) << s.ToString();

@@ -40,7 +40,7 @@ TEST_F(InputFileTest, ReadsARegularFileWholeAndThroughALink) {
        {size_t{0}, size_t{1}, size_t{17}, size_t{65536}, size_t{65536 * 3 + 7}}) {
     std::string bytes(size, '\0');
     for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 131 + 7);
-    const std::string path = Write("f" + std::to_string(size), bytes);
+    const std::string path = Write(std::string("f").append(std::to_string(size)), bytes);
     auto read = ReadInputFile(path, "--x", size);
     ASSERT_TRUE(read.ok()) << read.status().ToString();
     EXPECT_EQ(*read, bytes) << size;

@@ -103,7 +103,7 @@ TEST_P(SwapStoreBackendTest, PropertyAgainstReference) {
     }
   };
   for (int iter = 0; iter < 300; ++iter) {
-    const std::string key = "k" + std::to_string(rng() % 12);
+    const std::string key = std::string("k").append(std::to_string(rng() % 12));
     const int action = static_cast<int>(rng() % 100);
     if (action < 45) {
       std::string data = Pattern(random_size(), rng());
@@ -158,8 +158,10 @@ TEST_P(SwapStoreBackendTest, BatchedSubmitAndPoll) {
     src.push_back(std::make_unique<AlignedBuffer>(size));
     FillPattern(src.back()->data(), size, 100 + i);
     dst.push_back(std::make_unique<AlignedBuffer>(size));
-    writes.push_back(SwapOp{IoOp::kWrite, "b" + std::to_string(i), src.back()->data(), size});
-    reads.push_back(SwapOp{IoOp::kRead, "b" + std::to_string(i), dst.back()->data(), size});
+    writes.push_back(
+        SwapOp{IoOp::kWrite, std::string("b").append(std::to_string(i)), src.back()->data(), size});
+    reads.push_back(
+        SwapOp{IoOp::kRead, std::string("b").append(std::to_string(i)), dst.back()->data(), size});
   }
   auto wt = store->Submit(writes);
   ASSERT_TRUE(wt.ok()) << wt.status().ToString();
@@ -218,7 +220,8 @@ TEST_P(SwapStoreBackendTest, ConcurrentUseFromSeveralThreads) {
       // Key "t<id>/<k>" is only written by thread id; its versions are (id, k, i) patterns
       // whose length encodes i.
       const int k = static_cast<int>(rng() % 4);
-      const std::string key = "t" + std::to_string(id) + "/" + std::to_string(k);
+      const std::string key =
+          std::string("t").append(std::to_string(id)).append("/").append(std::to_string(k));
       const uint64_t n = 1000 + static_cast<uint64_t>(i) * 1500;
       FillPattern(src.data(), n, id * 1000000 + k * 1000 + i);
       if (!store->Write(key, src.data(), n).ok()) wrong = true;
@@ -658,7 +661,7 @@ TEST_P(SwapStoreBackendTest, FaultInjectionNeverReturnsWrongBytes) {
   std::map<std::string, std::string> current, committed;
   uint64_t step = 0, failed_writes = 0, bad_reads = 0, corrupt_reads = 0, good_reads = 0;
   for (int iter = 0; iter < 400; ++iter) {
-    const std::string key = "f" + std::to_string(rng() % 10);
+    const std::string key = std::string("f").append(std::to_string(rng() % 10));
     const int action = static_cast<int>(rng() % 100);
     if (action < 45) {
       std::string data = Pattern(rng() % 2 ? rng() % 300000 : kOddSizes[rng() % 8], rng());

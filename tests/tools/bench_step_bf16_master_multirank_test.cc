@@ -30,12 +30,15 @@ TEST(BenchStepBf16MasterMultirank, TwoRanksShardTheBf16Master) {
   strata::testing::TempDir tmp("strata-bench-bf16-mr");
   auto run = [&](const std::string& name, const std::string& flags) {
     const std::string json = tmp.File(name + ".json");
+    strata::testing::CliRunOptions options;
+    options.timeout_s = 300;
+    options.unset_env = kRankVars;
     const auto r =
         RunCli("launch -n 2 -- " + std::string(STRATA_CLI_PATH) +
                    " bench step --blocks 3 --block-bytes 64K --compute-ms 0 --steps 3 --device-mem "
                    "unlimited --host-mem 512K --grad-clip 0 " +
                    flags + " --json" + ShellQuote({json, "--nvme", tmp.File(name + "/{rank}")}),
-               {.timeout_s = 300, .unset_env = kRankVars});
+               options);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     nlohmann::json j;
     if (r.exit_code == 0) j = nlohmann::json::parse(Slurp(json), nullptr, false);

@@ -83,8 +83,9 @@ TEST(Bf16MasterStore, VerifyNamesItAndExportWidensItExactly) {
   id.run_id = run;
   ASSERT_TRUE(cli::WriteRunRecord(nvme, cli::RunRecordText(settings, id)).ok());
 
-  const auto v = testing::RunCli("verify" + ShellQuote({nvme, "--json", "-"}),
-                                 {.stderr_to = testing::CliStderr::kDiscarded});
+  testing::CliRunOptions quiet;
+  quiet.stderr_to = testing::CliStderr::kDiscarded;
+  const auto v = testing::RunCli("verify" + ShellQuote({nvme, "--json", "-"}), quiet);
   ASSERT_EQ(v.exit_code, 0) << v.output;
   const auto j = nlohmann::json::parse(v.output, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << v.output;

@@ -53,7 +53,9 @@ strata::testing::CliRun Train(int ranks, const std::string& nvme, const std::str
                             extra + " --nvme" + ShellQuote({nvme, "--save", save});
   const std::string cmd = ranks == 1 ? train.substr(std::string(STRATA_CLI_PATH).size() + 1)
                                      : "launch -n " + std::to_string(ranks) + " -- " + train;
-  return RunCli(cmd, {.unset_env = kRankVars});
+  strata::testing::CliRunOptions options;
+  options.unset_env = kRankVars;
+  return RunCli(cmd, options);
 }
 
 // Every file under `dir`: its bytes and modification time (ns).
@@ -70,8 +72,9 @@ std::map<std::string, std::pair<std::string, int64_t>> Snapshot(const std::strin
 }
 
 nlohmann::json VerifyJson(const std::string& dir, int* exit_code) {
-  auto r = RunCli("verify" + ShellQuote({dir, "--json", "-"}),
-                  {.stderr_to = strata::testing::CliStderr::kDiscarded});
+  strata::testing::CliRunOptions quiet;
+  quiet.stderr_to = strata::testing::CliStderr::kDiscarded;
+  auto r = RunCli("verify" + ShellQuote({dir, "--json", "-"}), quiet);
   *exit_code = r.exit_code;
   return nlohmann::json::parse(r.output, nullptr, false);
 }
@@ -166,7 +169,9 @@ TEST_P(ExportVerify, Int8MomentsVerifyAndExportDequantized) {
       ASSERT_TRUE(a->ReadFloat(name, t.shape, x.data(), n).ok()) << name;
       ASSERT_TRUE(b->ReadFloat(name, t.shape, y.data(), n).ok()) << name;
       for (size_t i = 0; i < n; ++i) {
-        if (k[std::strlen(k) - 1] == 'q') ASSERT_GE(x[i], 0.f) << name;
+        if (k[std::strlen(k) - 1] == 'q') {
+          ASSERT_GE(x[i], 0.f) << name;
+        }
         num += std::abs(double(x[i]) - y[i]);
         den += std::abs(double(y[i]));
       }
@@ -345,11 +350,13 @@ namespace {
 TEST(ExportVerifyInitialCommit, AStepZeroStoreIsWhole) {
   strata::testing::TempDir tmp("strata-export-verify0");
   const std::string nvme = tmp.File("nvme/{rank}");
+  strata::testing::CliRunOptions one_launch;
+  one_launch.unset_env = kRankVars;
   auto r = strata::testing::RunCli(
       "launch -n 2 -- " + std::string(STRATA_CLI_PATH) +
           " train --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 4 --steps 0 --nvme" +
           ShellQuote({nvme}),
-      {.unset_env = kRankVars});
+      one_launch);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto v = RunCli("verify" + ShellQuote({nvme}));
   EXPECT_EQ(v.exit_code, 0) << v.output;
