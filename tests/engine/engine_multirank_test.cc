@@ -62,11 +62,12 @@ std::vector<BlockSpec> Model() {
     const int blocks = 2 + int(rng() % 4);
     for (int b = 0; b < blocks; ++b) {
       BlockSpec s;
-      s.name = "h." + std::to_string(b);
+      s.name = std::string("h.").append(std::to_string(b));
       const int tensors = 1 + int(rng() % 3);
       for (int t = 0; t < tensors; ++t) {
-        s.tensors.push_back(TensorSpec{
-            "w" + std::to_string(t), {kOdd[rng() % 7], 1 + int64_t(rng() % 5)}, (rng() % 2) == 0});
+        s.tensors.push_back(TensorSpec{std::string("w").append(std::to_string(t)),
+                                       {kOdd[rng() % 7], 1 + int64_t(rng() % 5)},
+                                       (rng() % 2) == 0});
       }
       specs.push_back(s);
     }
@@ -75,10 +76,10 @@ std::vector<BlockSpec> Model() {
   const int64_t sizes[][2] = {{17, 3}, {1023, 1}, {15, 9}, {64, 5}, {3000, 1}, {1, 1}};
   for (int b = 0; b < 4; ++b) {
     BlockSpec s;
-    s.name = "h." + std::to_string(b);
+    s.name = std::string("h.").append(std::to_string(b));
     for (int t = 0; t < 2; ++t) {
       TensorSpec ts;
-      ts.name = "w" + std::to_string(t);
+      ts.name = std::string("w").append(std::to_string(t));
       const auto& sz = sizes[(b * 2 + t) % 6];
       ts.shape = {sz[0], sz[1]};
       ts.weight_decay = t == 0;

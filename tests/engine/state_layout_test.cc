@@ -22,7 +22,7 @@ std::vector<BlockSpec> RandomBlock(std::mt19937_64& rng) {
   const int tensors = 1 + int(rng() % 4);
   for (int t = 0; t < tensors; ++t) {
     const int64_t n = std::vector<int64_t>{1, 17, 2047, 2048, 2049, 4096 + 7, 9000}[rng() % 7];
-    b.tensors.push_back(TensorSpec{"t" + std::to_string(t), {n}, true});
+    b.tensors.push_back(TensorSpec{std::string("t").append(std::to_string(t)), {n}, true});
   }
   return {b};
 }
