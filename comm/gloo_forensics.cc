@@ -86,12 +86,13 @@ std::vector<std::string> LocalTcpEndpoints(int* established) {
       } else {
         continue;
       }
-      out.push_back(std::string("[").append(text).append("]:").append(std::to_string(port)));
+      auto endpoint = [&](unsigned p) {
+        return std::string("[").append(text).append("]:").append(std::to_string(p));
+      };
+      out.push_back(endpoint(port));
       // Gloo's Address::str() prints sin_port without ntohs(): list that form as well.
       unsigned swapped = ((port & 0xff) << 8) | (port >> 8);
-      if (swapped != port) {
-        out.push_back(std::string("[").append(text).append("]:").append(std::to_string(swapped)));
-      }
+      if (swapped != port) out.push_back(endpoint(swapped));
     }
   }
   return out;

@@ -460,12 +460,12 @@ AdamScalars MakeAdamScalars(const AdamHyperParams& h, float grad_scale) {
   s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   s.beta2 = static_cast<float>(h.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  s.bias_correction2_sqrt = static_cast<float>(bias_correction2_sqrt);
   s.eps = static_cast<float>(h.eps);
   s.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
-  s.eps_x_bc2_sqrt = static_cast<float>(h.eps * std::sqrt(bias_correction2));
-  s.neg_step_size_x_bc2_sqrt =
-      static_cast<float>(-h.lr / bias_correction1 * std::sqrt(bias_correction2));
+  s.eps_x_bc2_sqrt = static_cast<float>(h.eps * bias_correction2_sqrt);
+  s.neg_step_size_x_bc2_sqrt = static_cast<float>(-h.lr / bias_correction1 * bias_correction2_sqrt);
   return s;
 }
 

@@ -211,14 +211,14 @@ struct AdamSlice {
 //   Adam:  p = fma(-lr / (1 - b1^t), m / denom, p)
 //   param_out = round_to_nearest_even(p)                  (when asked)
 // with m and v read from and stored to state_format (bf16: rounded per state_rounding).
+// which is torch's formula (decay p *= 1 - lr*wd; p -= lr/bc1 * m/denom), grouped so that
+// p is rounded once per step (half an ulp) and lr*wd's rounding touches only a small term.
 // kInt8 folds the bias correction into two constants, each rounded once from double, and
 // so divides once per element instead of twice (the divider bounds that kernel):
 //   AdamW: p = p + fma(float(-lr / (1 - b1^t) * sqrt(1 - b2^t)),
 //                      m / (sqrt(v) + float(eps * sqrt(1 - b2^t))), (-lr*wd) * p)
 //   Adam:  p = fma(<the same two factors>, p)
 // The same value up to an ulp of the update, far below the moments' 3 to 4 bits.
-// which is torch's formula (decay p *= 1 - lr*wd; p -= lr/bc1 * m/denom), grouped so that
-// p is rounded once per step (half an ulp) and lr*wd's rounding touches only a small term.
 // kAdamWTorch instead rounds every operation as torch 1.13's single-tensor CPU AdamW does
 // (its vectorised kernels fuse the two multiply-adds marked fma):
 //   p = p * (1 - lr*wd)

@@ -1,9 +1,9 @@
-// AdamStep with int8 moments (StateFormat::kInt8): each step equals the fp32-state step on
-// the dequantized moments, requantized as include/strata/optim.h documents (the maps and the
-// stochastic rounding with the hash bits are re-implemented here from that text), bit for bit
-// on every ISA and thread count; conversions round trip within the maps' precision; the
-// stochastic rounding keeps exp_avg_sq's 0.1% decay that nearest rounding would lose; and a
-// small problem trains like fp32 states.
+// AdamStep with int8 moments (StateFormat::kInt8): each step's moments equal the fp32-state
+// step's on the dequantized moments, requantized as include/strata/optim.h documents (the
+// maps, the stochastic rounding with the hash bits and the folded weight update are
+// re-implemented here from that text), bit for bit on every ISA and thread count; conversions round
+// trip within the maps' precision; the stochastic rounding keeps exp_avg_sq's 0.1% decay that
+// nearest rounding would lose; and a small problem trains like fp32 states.
 #include <gtest/gtest.h>
 
 #include <algorithm>
