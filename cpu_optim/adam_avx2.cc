@@ -106,9 +106,12 @@ struct Avx2Vec {
     Store16<kTail>(p, Narrow(_mm256_srli_epi32(_mm256_castps_si256(x), 16)), t);
   }
   using R = __m256i;
-  static R RandomBits(uint32_t first, uint32_t key) {
-    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first + key)),
-                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  static R RandomBits(uint32_t first, uint32_t key) { return Mix(LaneIndex(first + key)); }
+  static R LaneIndex(uint32_t first) {
+    return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static R Mix(R x) {
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
     x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));

@@ -87,10 +87,13 @@ struct Avx512Vec {
     Store16<kTail>(p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)), t);
   }
   using R = __m512i;
-  static R RandomBits(uint32_t first, uint32_t key) {
-    __m512i x =
-        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first + key)),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  static R RandomBits(uint32_t first, uint32_t key) { return Mix(LaneIndex(first + key)); }
+  static R LaneIndex(uint32_t first) {
+    return _mm512_add_epi32(
+        _mm512_set1_epi32(static_cast<int>(first)),
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  static R Mix(R x) {
     x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
     x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
     x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));

@@ -54,6 +54,8 @@ struct ScalarVec {
   }
   using R = uint32_t;
   static R RandomBits(uint32_t first, uint32_t key) { return Mix32(first + key); }
+  static R LaneIndex(uint32_t first) { return first; }
+  static R Mix(R x) { return Mix32(x); }
   template <bool kHigh, bool kTail>
   static void StoreBf16Stochastic(uint16_t* p, F x, R r, const Tail&) {
     const uint32_t b = FloatBits(x);

@@ -315,14 +315,19 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
   auto* u_out = static_cast<uint8_t*>(a.exp_avg_sq);
   // The update of the vector at j and its exp_avg code; sqrt(exp_avg_sq)'s code apart
   // (sq_code), so that the four-vector loop holds one map's constants at a time.
-  auto random_bits = [&](size_t j) {
+  // The random bits of the vector at j, Mix32(index_base + j + lane + key), from a running
+  // lane index (one add per vector instead of a broadcast).
+  I lane_index = V::LaneIndex(static_cast<uint32_t>(a.index_base + begin) + a.rounding_key);
+  auto random_bits = [&]() {
     if constexpr (kNearest) {
       return I{};
     } else {
-      return V::RandomBits(static_cast<uint32_t>(a.index_base + j), a.rounding_key);
+      const I r = V::Mix(lane_index);
+      lane_index = V::AddI(lane_index, V::Set1I(V::kWidth));
+      return r;
     }
   };
-  auto apply = [&](size_t j, const Tail& t, auto tail) {
+  auto apply = [&](size_t j, const Tail& t, auto tail, I r) {
     constexpr bool kTail = decltype(tail)::value;
     if constexpr (kInt8Prefetch<V>) {
       PrefetchNext<V, G, O, P>(a, begin + kInt8StateBlock + kHalf + (j - begin) / 2);
@@ -338,32 +343,37 @@ void AdamInt8Block(const AdamArgs& a, const AdamConsts<V>& c, size_t block, size
     } else if constexpr (O == ParamOut::kFp16) {
       V::template StoreFp16<kTail>(static_cast<uint16_t*>(a.param_out) + j, p, t);
     }
-    return Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, random_bits(j));
+    return Int8Quantize<V, ExpAvgMap, kNearest>(m, m_inv, r);
   };
-  auto sq_code = [&](size_t j) {
+  auto sq_code = [&](size_t j, I r) {
     const F u = V::template LoadF32<false>(new_u + (j - begin), Tail{});
-    return Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, RotateBits16<V>(random_bits(j)));
+    return Int8Quantize<V, ExpAvgSqMap, kNearest>(u, u_inv, RotateBits16<V>(r));
   };
   // Four vectors at a time where the ISA packs four vectors of codes in one store.
   size_t j = begin;
   if constexpr (kStoresU8x4<V>) {
     for (; j + 4 * V::kWidth <= end; j += 4 * V::kWidth) {
       PrefetchMasterAhead<V, P>(a, j);
-      I q[4];
-      for (size_t k = 0; k < 4; ++k) q[k] = apply(j + k * V::kWidth, full, False{});
+      I q[4], r[4];
+      for (size_t k = 0; k < 4; ++k) {
+        r[k] = random_bits();
+        q[k] = apply(j + k * V::kWidth, full, False{}, r[k]);
+      }
       V::StoreU8x4(m_out + j, q);
-      for (size_t k = 0; k < 4; ++k) q[k] = sq_code(j + k * V::kWidth);
+      for (size_t k = 0; k < 4; ++k) q[k] = sq_code(j + k * V::kWidth, r[k]);
       V::StoreU8x4(u_out + j, q);
     }
   }
   for (; j + V::kWidth <= end; j += V::kWidth) {
-    V::template StoreU8<false>(m_out + j, apply(j, full, False{}), full);
-    V::template StoreU8<false>(u_out + j, sq_code(j), full);
+    const I r = random_bits();
+    V::template StoreU8<false>(m_out + j, apply(j, full, False{}, r), full);
+    V::template StoreU8<false>(u_out + j, sq_code(j, r), full);
   }
   if (j < end) {
     const Tail t = V::MakeTail(end - j);
-    V::template StoreU8<true>(m_out + j, apply(j, t, True{}), t);
-    V::template StoreU8<true>(u_out + j, sq_code(j), t);
+    const I r = random_bits();
+    V::template StoreU8<true>(m_out + j, apply(j, t, True{}, r), t);
+    V::template StoreU8<true>(u_out + j, sq_code(j, r), t);
   }
 }
 

@@ -10,7 +10,8 @@
 //   LoadF32/LoadBf16/LoadFp16<kTail>(ptr, tail), StoreF32/StoreBf16/StoreFp16<kTail>
 //   (bf16/fp16 stores round to nearest even, NaN kept), StoreTrunc16<kTail> (drops the low
 //   16 bits: the bound kernel's trivial conversion),
-//   R (vector of uint32), RandomBits(first, key) = Mix32(first + lane + key) per lane,
+//   R (vector of uint32), RandomBits(first, key) = Mix32(first + lane + key) per lane, i.e.
+//   Mix(LaneIndex(first + key)) with LaneIndex(x) = x + lane and Mix = Mix32 per lane,
 //   StoreBf16Stochastic<kHigh, kTail>(ptr, x, r, tail) (adds r's low, or with kHigh high,
 //   16 bits to x's bits and keeps the top 16; NaN kept as StoreBf16 keeps it).
 //
