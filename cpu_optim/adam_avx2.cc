@@ -213,14 +213,23 @@ struct Avx2Vec {
     out[2] = _mm256_unpacklo_epi16(zero, w1);
     out[3] = _mm256_unpackhi_epi16(zero, w1);
   }
-  // Four vectors of codes (<= 0xff) -> 32 bytes in order: the packs interleave the vectors'
-  // 4-byte groups by 128-bit lane (x0 lo, x1 lo, x2 lo, x3 lo | x0 hi, ...), the permute
-  // puts them back.
-  static void StoreU8x4(uint8_t* p, const R* x) {
-    const __m256i b =
-        _mm256_packus_epi16(_mm256_packus_epi32(x[0], x[1]), _mm256_packus_epi32(x[2], x[3]));
+  // Four vectors of codes (>= 0, saturated to 0xff) -> 32 bytes in order: the packs
+  // interleave the vectors' 4-byte groups by 128-bit lane (x0 lo, x1 lo, x2 lo, x3 lo | x0 hi,
+  // ...), the permute puts them back. Signed: bit 7 from y's sign, by signed packs of y's bits
+  // (a negative lane saturates to 0x80, a non-negative one to 0..0x7f) in the same order.
+  static __m256i PackU8x4(const R* x) {
+    return _mm256_packus_epi16(_mm256_packus_epi32(x[0], x[1]), _mm256_packus_epi32(x[2], x[3]));
+  }
+  static void StoreOrderedU8x4(uint8_t* p, __m256i b) {
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permutevar8x32_epi32(b, order));
+  }
+  static void StoreU8x4(uint8_t* p, const R* x) { StoreOrderedU8x4(p, PackU8x4(x)); }
+  static void StoreSignedU8x4(uint8_t* p, const R* x, const R* y) {
+    const __m256i signs =
+        _mm256_packs_epi16(_mm256_packs_epi32(y[0], y[1]), _mm256_packs_epi32(y[2], y[3]));
+    const __m256i sign_bits = _mm256_and_si256(signs, _mm256_set1_epi8(static_cast<char>(0x80)));
+    StoreOrderedU8x4(p, _mm256_or_si256(PackU8x4(x), sign_bits));
   }
 };
 

@@ -74,7 +74,8 @@ template <class V>
 struct AdamConsts {
   typename V::F grad_scale, weight_decay, neg_lr_wd, one_minus_lr_wd, beta1, one_minus_beta1, beta2,
       one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size, eps_x_bc2_sqrt,
-      neg_step_size_x_bc2_sqrt;
+      neg_step_size_x_bc2_sqrt, sqrt_one_minus_beta2, one_minus_beta1_x_grad_scale,
+      sqrt_one_minus_beta2_x_grad_scale;
   explicit AdamConsts(const AdamScalars& s)
       : grad_scale(V::Set1(s.grad_scale)),
         weight_decay(V::Set1(s.weight_decay)),
@@ -88,7 +89,10 @@ struct AdamConsts {
         eps(V::Set1(s.eps)),
         neg_step_size(V::Set1(s.neg_step_size)),
         eps_x_bc2_sqrt(V::Set1(s.eps_x_bc2_sqrt)),
-        neg_step_size_x_bc2_sqrt(V::Set1(s.neg_step_size_x_bc2_sqrt)) {}
+        neg_step_size_x_bc2_sqrt(V::Set1(s.neg_step_size_x_bc2_sqrt)),
+        sqrt_one_minus_beta2(V::Set1(s.sqrt_one_minus_beta2)),
+        one_minus_beta1_x_grad_scale(V::Set1(s.one_minus_beta1_x_grad_scale)),
+        sqrt_one_minus_beta2_x_grad_scale(V::Set1(s.sqrt_one_minus_beta2_x_grad_scale)) {}
 };
 
 // The kAdamW / kAdam update of one vector (formula: include/strata/optim.h) in two halves,

@@ -32,6 +32,11 @@ struct AdamScalars {
   // The int8 kernel's folded constants (AdamApply's kFolded), each rounded once from double:
   float eps_x_bc2_sqrt;            // eps * sqrt(1 - beta2^t)
   float neg_step_size_x_bc2_sqrt;  // -lr / (1 - beta1^t) * sqrt(1 - beta2^t)
+  // Its moments' constants (Int8Moments in int8_templates.h):
+  float sqrt_beta2;                         // sqrt(beta2)
+  float sqrt_one_minus_beta2;               // sqrt(1 - beta2)
+  float one_minus_beta1_x_grad_scale;       // (1 - beta1) * grad_scale
+  float sqrt_one_minus_beta2_x_grad_scale;  // sqrt(1 - beta2) * grad_scale
 };
 
 AdamScalars MakeAdamScalars(const AdamHyperParams& hyper, float grad_scale);

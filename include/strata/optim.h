@@ -143,14 +143,17 @@ size_t MasterFormatBytes(MasterFormat format);
 //   exp_avg:     code s|EEEE|MMM  ->  (-1)^s * 2^(E-15) * (1 + M/8)  * scale   (E = 0: 0)
 //   exp_avg_sq:  code EEEE|MMMM   -> (2^(E-15) * (1 + M/16) * scale)^2         (E = 0: 0)
 // i.e. exp_avg_sq is stored as its square root, whose dynamic range is half as wide, with
-// its own scale = absmax of sqrt(exp_avg_sq). AdamStep dequantizes a block, updates it in
-// fp32 (the formula below), takes the new absmax and requantizes y = x * (1/scale) by adding
-// rounding bits h to y's fp32 bits and keeping the top 3 (exp_avg: h's low 20 bits) or 4
-// (sqrt(exp_avg_sq): the low 19 bits of h' = rotr(h, 16)) fraction bits. Below 2^-14,
-// exp_avg rounds up to 2^-14 when (h >> 8) * 2^-24 < y * 2^14, and sqrt(exp_avg_sq) rounds
-// any non-zero value up to 2^-14 (a denominator never quantizes to 0). state_rounding picks h:
-//   kNearestEven: h = 0x80080000 for exp_avg and h' = 0x00040000 (round to nearest, ties
-//     away from zero). Measured better (docs/design.md): an EMA with beta2 = 0.999 re-rounded
+// its own scale = absmax of sqrt(exp_avg_sq). AdamStep updates a block in fp32 from its
+// codes (the formula below: kInt8 folds the scales into its constants), takes the new absmax
+// and requantizes y = x * (1/scale) by adding rounding bits h to y's fp32 bits and keeping
+// the top 3 (exp_avg: h's low 20 bits) or 4 (sqrt(exp_avg_sq): h >> 13, its high 19 bits)
+// fraction bits. Below 2^-14, exp_avg rounds up to 2^-14 when (h >> 8) * 2^-24 < y * 2^14,
+// and sqrt(exp_avg_sq) rounds any non-zero value up to 2^-14 (a denominator never quantizes
+// to 0). A finite y has a code magnitude of at most 0x79; NaN and infinity saturate to 0xff
+// (exp_avg, whatever the sign; sqrt(exp_avg_sq) with the sign bit set: 0), in a block whose
+// scale is NaN or infinite. state_rounding picks h:
+//   kNearestEven: h = 0x80080000 for exp_avg and 0x80000000 for sqrt(exp_avg_sq) (round to
+//     nearest, ties away from zero). Measured better (docs/design.md): an EMA with beta2 = 0.999 re-rounded
 //     stochastically each step random-walks by tens of percent at 4 fraction bits.
 //   kStochastic: element i's hash bits of the kBf16 rounding below (unbiased per store).
 // The same bits on every ISA and thread count.
@@ -218,7 +221,14 @@ struct AdamSlice {
 //   AdamW: p = p + fma(float(-lr / (1 - b1^t) * sqrt(1 - b2^t)),
 //                      m / (sqrt(v) + float(eps * sqrt(1 - b2^t))), (-lr*wd) * p)
 //   Adam:  p = fma(<the same two factors>, p)
-// The same value up to an ulp of the update, far below the moments' 3 to 4 bits.
+// The same value up to an ulp of the update, far below the moments' 3 to 4 bits. It also
+// folds the block's scales s_m, s_u (sqrt(exp_avg_sq)'s) and grad_scale into the moments'
+// constants, reading the codes' values c_m, c_u at scale 1 (three multiplies fewer):
+//   m = fma(c_m, float(b1) * s_m, float((1-b1) * grad_scale) * g)
+//   v = fma(h, h, t * t)
+//   h = float(sqrt(1-b2) * grad_scale) * g,  t = c_u * (float(sqrt(b2)) * s_u)
+//   Adam: g = fma(wd, p, g * grad_scale), then (1-b1) * g and sqrt(1-b2) * g for the products
+// (the fp32 formula's m and v up to a few ulps of their terms).
 // kAdamWTorch instead rounds every operation as torch 1.13's single-tensor CPU AdamW does
 // (its vectorised kernels fuse the two multiply-adds marked fma):
 //   p = p * (1 - lr*wd)
