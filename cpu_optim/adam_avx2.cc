@@ -186,32 +186,24 @@ struct Avx2Vec {
       _mm_storel_epi64(reinterpret_cast<__m128i*>(p), b);
     }
   }
-  // Four vectors of int8 codes (32 bytes) -> their values' fp32 bits (int8_templates.h,
-  // Int8DecodeTables: top[E] and next_mask[E], E = (code >> kIndexShift) & 15). The
-  // unpacks interleave by 128-bit lane, so the codes' 4-byte groups are first ordered
-  // 0 2 4 6 | 1 3 5 7: the four results are then elements 0-7, 8-15, 16-23, 24-31.
-  template <int kIndexShift, int kFracShift, bool kSigned>
-  static void DecodeU8x4(const uint8_t* p, const uint8_t* top, const uint8_t* next_mask, R* out) {
-    const __m256i c =
-        _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
-                                    _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-    const __m256i e = _mm256_and_si256(_mm256_srli_epi16(c, kIndexShift), _mm256_set1_epi8(0x0f));
-    auto table = [](const uint8_t* t) {
-      return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-    };
-    __m256i b3 = _mm256_shuffle_epi8(table(top), e);
-    if constexpr (kSigned) {
-      b3 = _mm256_or_si256(b3, _mm256_and_si256(c, _mm256_set1_epi8(static_cast<char>(0x80))));
+  // The value of an fp16 in each lane (bits <= 0xffff).
+  static F FromHalf(R x) { return _mm256_cvtph_ps(Narrow(x)); }
+  // Four vectors of int8 codes (32 bytes) -> their values (int8_templates.h, Int8Half): each
+  // half of the codes widened to 16 bits, made a half in place, and converted by F16C.
+  template <bool kSigned>
+  static void ValuesU8x4(const uint8_t* p, F* out) {
+    for (int h = 0; h < 2; ++h) {
+      __m256i w =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+      if constexpr (kSigned) {
+        w = _mm256_add_epi16(w, _mm256_and_si256(w, _mm256_set1_epi16(0x80)));
+        w = _mm256_slli_epi16(w, 7);
+      } else {
+        w = _mm256_slli_epi16(w, 6);
+      }
+      out[2 * h] = _mm256_cvtph_ps(_mm256_castsi256_si128(w));
+      out[2 * h + 1] = _mm256_cvtph_ps(_mm256_extracti128_si256(w, 1));
     }
-    // 16-bit shift: the bits it moves in from the neighbouring byte fall under the mask.
-    const __m256i b2 = _mm256_and_si256(_mm256_slli_epi16(c, kFracShift),
-                                        _mm256_shuffle_epi8(table(next_mask), e));
-    const __m256i w0 = _mm256_unpacklo_epi8(b2, b3), w1 = _mm256_unpackhi_epi8(b2, b3);
-    const __m256i zero = _mm256_setzero_si256();
-    out[0] = _mm256_unpacklo_epi16(zero, w0);
-    out[1] = _mm256_unpackhi_epi16(zero, w0);
-    out[2] = _mm256_unpacklo_epi16(zero, w1);
-    out[3] = _mm256_unpackhi_epi16(zero, w1);
   }
   // Four vectors of codes (>= 0, saturated to 0xff) -> 32 bytes in order: the packs
   // interleave the vectors' 4-byte groups by 128-bit lane (x0 lo, x1 lo, x2 lo, x3 lo | x0 hi,

@@ -138,6 +138,7 @@ struct Avx512Vec {
   static R CmpLtF(F a, F b) { return AllOnes(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)); }
   static F CvtI(R a) { return _mm512_cvtepi32_ps(a); }
   static R TruncI(F a) { return _mm512_cvttps_epi32(a); }
+  static F FromHalf(R x) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)); }
   // Once per block: through memory (GCC 12 warns inside _mm512_reduce_max_epi32).
   static uint32_t HMaxI(R a) {
     alignas(64) int32_t lanes[16];

@@ -94,6 +94,7 @@ struct ScalarVec {
   static R CmpLtF(F a, F b) { return a < b ? ~0u : 0u; }
   static F CvtI(R a) { return static_cast<float>(static_cast<int32_t>(a)); }
   static R TruncI(F a) { return static_cast<R>(static_cast<int32_t>(a)); }
+  static F FromHalf(R x) { return Fp16BitsToFloat(static_cast<uint16_t>(x)); }
   static uint32_t HMaxI(R a) { return a; }
   template <bool kTail>
   static R LoadU8(const uint8_t* p, const Tail&) {

@@ -4,8 +4,9 @@
 // each ISA's translation unit, so every ISA performs the same operations: same bits.
 //
 // The maps (include/strata/optim.h, "int8 moments"; docs/design.md says why these):
-//   exp_avg:        code = s EEEE MMM; value = (-1)^s 2^(E-15) (1 + M/8) * absmax, E=0: 0
-//   sqrt(exp_avg_sq): code = EEEE MMMM; value = 2^(E-15) (1 + M/16) * absmax,   E=0: 0
+//   exp_avg:        code = s EEEE MMM; value = (-1)^s 2^(E-15) (1 + M/8) * absmax
+//   sqrt(exp_avg_sq): code = EEEE MMMM; value = 2^(E-15) (1 + M/16) * absmax
+// (E = 0: 2^-14 * M/8 or M/16, fp16's subnormals; the quantizer writes only M = 0 there)
 // i.e. dynamic-exponent maps (a 4-bit exponent covers 2^-14..1 of the block's absmax) with
 // 3 and 4 bits of linear fraction. Quantizing is integer work on the float bits of
 // y = x * (1 / absmax): add random bits below the kept fraction (stochastic rounding, the
@@ -27,15 +28,14 @@
 // V adds to kernel_templates.h's traits (I = R, a vector of uint32):
 //   Bits(F), FromBits(I), And, Or, AndNot(a, b) = ~a & b, ShrL<n>, ShrA<n> (arithmetic),
 //   Shl<n>, AddI, SubI, Set1I, MinI, MaxI (signed), CmpGtI(a, b) (signed, all-ones lanes),
-//   CmpEqI, CmpLtF, CvtI (int32 -> float), TruncI (float -> int32, truncating), HMaxI (max
-//   over lanes), LoadU8<kTail>(ptr, tail) (zero-extended), StoreU8<kTail>(ptr, x, tail) (low
-//   byte); optionally StoreU8x4(ptr, x[4]) (four vectors of values >= 0, each saturated to
-//   255) with StoreSignedU8x4(ptr, x[4], y[4]) (the same, bit 7 set where y's bit 31 is:
-//   Int8Code in one pass; kStoresU8x4) and DecodeU8x4<index_shift, frac_shift, signed>(ptr, top,
-//   next_mask, bits[4]) (four vectors of codes decoded by table lookups, kDecodesU8x4).
+//   CmpEqI, CmpLtF, CvtI (int32 -> float), TruncI (float -> int32, truncating), FromHalf
+//   (the value of the fp16 bits in each lane), HMaxI (max over lanes), LoadU8<kTail>(ptr,
+//   tail) (zero-extended), StoreU8<kTail>(ptr, x, tail) (low byte); optionally StoreU8x4(ptr,
+//   x[4]) (four vectors of values >= 0, each saturated to 255) with StoreSignedU8x4(ptr, x[4],
+//   y[4]) (the same, bit 7 set where y's bit 31 is: Int8Code in one pass; kStoresU8x4) and
+//   ValuesU8x4<signed>(ptr, out[4]) (four vectors of codes' values, Int8Value; kDecodesU8x4).
 #pragma once
 
-#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -54,7 +54,6 @@ struct Int8Map {
   static constexpr int kMant = kFractionBits;
   static constexpr bool kSigned = kHasSign;
   static constexpr int kDrop = 23 - kMant;  // fp32 fraction bits dropped
-  static constexpr uint32_t kMagMask = kSigned ? 0x7fu : 0xffu;
 };
 using ExpAvgMap = Int8Map<3, true>;
 using ExpAvgSqMap = Int8Map<4, false>;
@@ -142,16 +141,23 @@ inline typename V::R Int8Quantize(typename V::F x, typename V::F inv, typename V
   return Int8Code<V, Map>(Int8Magnitude<V, Map, kNearest>(b, r), b);
 }
 
-// value of a code (absmax 1): the magnitude << kDrop puts exponent and fraction in place,
-// + (127 - 15) << 23 rebiases; codes with E = 0 are 0.
+// The fp16 bits whose value is a code's (absmax 1): exp_avg's s EEEE MMM is the half
+// s 0EEEE MMM0000000 (the add moves the sign from bit 14 to 15), sqrt(exp_avg_sq)'s EEEE MMMM
+// the half 00EEEE MMMM000000. So E = 0 is fp16's subnormal range: 2^-14 * M / 2^kMant
+// (codes the quantizer never writes but M = 0).
+template <class V, class Map>
+inline typename V::R Int8Half(typename V::R code) {
+  if constexpr (Map::kSigned) {
+    return V::template Shl<7>(V::AddI(code, Mask<V>(code, 0x80u)));
+  } else {
+    return V::template Shl<6>(code);
+  }
+}
+
+// value of a code (absmax 1).
 template <class V, class Map>
 inline typename V::F Int8Value(typename V::R code) {
-  using I = typename V::R;
-  const I mag = Map::kSigned ? Mask<V>(code, Map::kMagMask) : code;
-  const I bits = V::AddI(V::template Shl<Map::kDrop>(mag), V::Set1I(112u << 23));
-  I value = V::And(V::CmpGtI(mag, V::Set1I((1u << Map::kMant) - 1u)), bits);
-  if constexpr (Map::kSigned) value = V::Or(value, V::template Shl<24>(Mask<V>(code, 0x80u)));
-  return V::FromBits(value);
+  return V::FromHalf(Int8Half<V, Map>(code));
 }
 
 // value of a code times absmax.
@@ -160,41 +166,17 @@ inline typename V::F Int8Dequantize(typename V::R code, typename V::F absmax) {
   return V::Mul(Int8Value<V, Map>(code), absmax);
 }
 
-// The same values by 16-entry table lookups, for ISAs that decode four vectors of codes at
-// once (V::DecodeU8x4, kDecodesU8x4): E = (code >> kMant) & 15 indexes the value's top byte
-// before the sign, (E + 112) >> 1 (kTop, 0 for E = 0), and the mask of the byte below it,
-// (code << kFracShift) & kNextMask[E] (E's low bit and the fraction, 0 for E = 0); the sign
-// is the code's top bit, the low 16 bits are 0.
-template <class Map>
-struct Int8DecodeTables {
-  static constexpr int kFracShift = 7 - Map::kMant;
-  static constexpr std::array<uint8_t, 16> Top() {
-    std::array<uint8_t, 16> t{};
-    for (uint32_t e = 1; e < 16; ++e) t[e] = static_cast<uint8_t>((e + 112u) >> 1);
-    return t;
-  }
-  static constexpr std::array<uint8_t, 16> NextMask() {
-    std::array<uint8_t, 16> t{};
-    for (uint32_t e = 1; e < 16; ++e) t[e] = static_cast<uint8_t>(0xffu << kFracShift);
-    return t;
-  }
-  static constexpr std::array<uint8_t, 16> kTop = Top();
-  static constexpr std::array<uint8_t, 16> kNextMask = NextMask();
-};
-
+// The same values for four vectors of codes at once (V::ValuesU8x4, kDecodesU8x4): AVX2
+// widens 32 codes to 16-bit halves in two registers and converts them with F16C.
 template <class V>
-inline constexpr bool kDecodesU8x4 = requires(const uint8_t* p, typename V::R* out) {
-  V::template DecodeU8x4<3, 4, true>(p, p, p, out);
+inline constexpr bool kDecodesU8x4 = requires(const uint8_t* p, typename V::F* out) {
+  V::template ValuesU8x4<true>(p, out);
 };
 
 // Int8Value of the 4 * kWidth codes at `codes` into out[0..3] (kDecodesU8x4 ISAs).
 template <class V, class Map>
 inline void Int8Values4(const uint8_t* codes, typename V::F* out) {
-  using T = Int8DecodeTables<Map>;
-  typename V::R bits[4];
-  V::template DecodeU8x4<Map::kMant, T::kFracShift, Map::kSigned>(codes, T::kTop.data(),
-                                                                  T::kNextMask.data(), bits);
-  for (size_t k = 0; k < 4; ++k) out[k] = V::FromBits(bits[k]);
+  V::template ValuesU8x4<Map::kSigned>(codes, out);
 }
 
 // 1 / absmax as every ISA computes it (scalar float division); 0 for an all-zero block.

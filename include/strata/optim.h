@@ -140,9 +140,11 @@ size_t MasterFormatBytes(MasterFormat format);
 // Quantization". A slice is cut into blocks of kInt8StateBlock elements counted from its
 // first element (the last one may be shorter); each block of each moment has one fp32 scale,
 // its absmax, and one 8-bit code per element:
-//   exp_avg:     code s|EEEE|MMM  ->  (-1)^s * 2^(E-15) * (1 + M/8)  * scale   (E = 0: 0)
-//   exp_avg_sq:  code EEEE|MMMM   -> (2^(E-15) * (1 + M/16) * scale)^2         (E = 0: 0)
-// i.e. exp_avg_sq is stored as its square root, whose dynamic range is half as wide, with
+//   exp_avg:     code s|EEEE|MMM  ->  (-1)^s * 2^(E-15) * (1 + M/8)  * scale
+//   exp_avg_sq:  code EEEE|MMMM   -> (2^(E-15) * (1 + M/16) * scale)^2
+// with E = 0 read as fp16's subnormals, 2^-14 * M/8 (M/16): each code is an fp16 cut short,
+// s 0EEEE MMM0000000 and 00EEEE MMMM000000 (the quantizer writes E = 0 only with M = 0);
+// exp_avg_sq is stored as its square root, whose dynamic range is half as wide, with
 // its own scale = absmax of sqrt(exp_avg_sq). AdamStep updates a block in fp32 from its
 // codes (the formula below: kInt8 folds the scales into its constants), takes the new absmax
 // and requantizes y = x * (1/scale) by adding rounding bits h to y's fp32 bits and keeping

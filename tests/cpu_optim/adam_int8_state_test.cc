@@ -25,7 +25,9 @@ using test::Mix32;
 float CodeValue(uint8_t code, int mant_bits, bool is_signed, float scale) {
   const uint32_t mag = is_signed ? code & 0x7fu : code;
   const uint32_t e = mag >> mant_bits, m = mag & ((1u << mant_bits) - 1u);
-  float y = e == 0 ? 0.0f : std::ldexp(1.0f + float(m) / float(1u << mant_bits), int(e) - 15);
+  // E = 0: fp16's subnormals, 2^-14 * M / 2^mant_bits (the quantizer writes only M = 0).
+  const float frac = float(m) / float(1u << mant_bits);
+  float y = e == 0 ? std::ldexp(frac, -14) : std::ldexp(1.0f + frac, int(e) - 15);
   if (is_signed && (code & 0x80u)) y = -y;
   return y * scale;
 }
