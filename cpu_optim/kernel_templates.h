@@ -95,10 +95,11 @@ struct AdamConsts {
         sqrt_one_minus_beta2_x_grad_scale(V::Set1(s.sqrt_one_minus_beta2_x_grad_scale)) {}
 };
 
-// The kAdamW / kAdam update of one vector (formula: include/strata/optim.h) in two halves,
-// shared by AdamVector (through AdamMath) and the int8 kernel (int8_templates.h), which
-// runs them in separate loops. AdamMoments: m and v from their old values (p: the weight,
-// read by kAdam's L2 decay only); *v_new the new second moment and *sqrt_v its square root.
+// The kAdamW / kAdam update of one vector (formula: include/strata/optim.h) in two halves:
+// AdamVector (through AdamMath) runs both, the int8 kernel (int8_templates.h) only the
+// second, its own Int8Moments in place of the first. AdamMoments: m and v from their old
+// values (p: the weight, read by kAdam's L2 decay only); *v_new the new second moment and
+// *sqrt_v its square root.
 template <class V, AdamMode M>
 inline void AdamMoments(const AdamConsts<V>& c, typename V::F g, typename V::F v_old,
                         typename V::F m_old, typename V::F p, typename V::F* m,

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -318,6 +319,42 @@ TEST(AdamInt8StateTest, SameBitsOnEveryIsaAndThreadCount) {
         }
       }
     }
+  }
+}
+
+// Non-finite gradients (NaN of either sign, infinities) saturate the codes of their blocks
+// (optim.h: NaN and infinity code 0xff, a negative NaN's sqrt(exp_avg_sq) 0) the same way on
+// every ISA: AVX2 saturates in its packs, the others in Int8Code. Blocks 0 and 2 hold them,
+// block 1 stays finite; the last block is partial (a tail after the four-vector loops).
+TEST(AdamInt8StateTest, NonFiniteGradientsGiveTheSameCodesOnEveryIsa) {
+  const size_t n = 2 * kInt8StateBlock + 77;
+  std::vector<float> g = Grad(n, 4);
+  const float inf = std::numeric_limits<float>::infinity();
+  g[5] = test::FromBits(0x7fc00000u);                        // NaN
+  g[2 * kInt8StateBlock + 9] = test::FromBits(0xffc00000u);  // negative NaN (x86's default)
+  g[2 * kInt8StateBlock + 40] = inf;
+  g[2 * kInt8StateBlock + 41] = -inf;
+  auto run = [&](CpuIsa isa) {
+    State s = RandomState(n, 11);
+    CpuKernelOptions opt;
+    opt.isa = isa;
+    AdamSlice sl = Int8Slice(&s, g.data(), n, 99);
+    sl.state_rounding = StateRounding::kNearestEven;
+    EXPECT_TRUE(AdamStep(sl, Hyper(2), 1.0f, opt).ok());
+    return s;
+  };
+  const State ref = run(CpuIsa::kScalar);
+  EXPECT_TRUE(std::isnan(ref.m_scale[0]) && std::isnan(ref.m_scale[2]));
+  EXPECT_TRUE(std::isfinite(ref.m_scale[1]) && std::isfinite(ref.v_scale[1]));
+  EXPECT_EQ(ref.m[5], 0xff);
+  for (CpuIsa isa : test::SupportedIsas()) {
+    SCOPED_TRACE(CpuIsaName(isa));
+    const State got = run(isa);
+    EXPECT_EQ(got.m, ref.m);
+    EXPECT_EQ(got.v, ref.v);
+    EXPECT_EQ(test::FirstBitDifference(got.p.data(), ref.p.data(), n), -1);
+    EXPECT_EQ(test::FirstBitDifference(got.m_scale.data(), ref.m_scale.data(), 3), -1);
+    EXPECT_EQ(test::FirstBitDifference(got.v_scale.data(), ref.v_scale.data(), 3), -1);
   }
 }
 
