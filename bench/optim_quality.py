@@ -12,6 +12,8 @@ Variants (--variants, comma list):
 B/param is the state each step reads and writes per parameter (scales not counted).
 
   python bench/optim_quality.py --model demo --data CORPUS.txt
+One run's loss is chaotic: the learning rate times 1.0001 moves it by up to 3 % (fp32 too), so
+compare variants by their means over --seed 0..4 and --lr-scale 1, 1.0001, 0.9999.
 --data (default $STRATA_BENCH_DATA, as bench/state_dtype.sh) is any text corpus, e.g.
 tinyshakespeare.txt; without one, or with a missing file, a generated text stands in, said in
 the output.
@@ -64,7 +66,7 @@ def optimizer(name, params, lr, threads):
 def run(name, cfg, data, args):
     model = GPT(vocab=256, seq=args.seq, dim=cfg["dim"], heads=cfg["heads"],
                 layers=cfg["layers"], seed=args.seed)
-    opt = optimizer(name, model.parameters(), cfg["lr"], args.threads)
+    opt = optimizer(name, model.parameters(), cfg["lr"] * args.lr_scale, args.threads)
     steps = args.steps or cfg["steps"]
     warmup = min(20, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
@@ -99,11 +101,16 @@ def main():
     ap.add_argument("--seed", type=int, default=0,
                     help="the model's initial weights (seed) and the batches (seed + 1); "
                          "0 is the recorded runs'")
+    ap.add_argument("--lr-scale", type=float, default=1.0,
+                    help="multiplies the model's learning rate: 1.0001 and 0.9999 give runs as "
+                         "good as the default, whose spread is this benchmark's noise "
+                         "(docs/design.md, \"What one quality run can tell\")")
     args = ap.parse_args()
     cfg = MODELS[args.model]
     data, source = text_bytes(args.data)
     print(f"# model {args.model} ({cfg['layers']} x {cfg['dim']}), steps "
           f"{args.steps or cfg['steps']}, batch {args.batch} x {args.seq}, seed {args.seed}, "
+          f"lr x {args.lr_scale:g}, "
           f"data: {source}, "
           f"torch {torch.__version__}")
     print(f"{'variant':<11} {'B/param':>7} {'last20':>8} {'vs_fp32':>8} {'seconds':>8}")
