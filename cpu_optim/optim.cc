@@ -466,10 +466,11 @@ AdamScalars MakeAdamScalars(const AdamHyperParams& h, float grad_scale) {
   s.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
   s.eps_x_bc2_sqrt = static_cast<float>(h.eps * bias_correction2_sqrt);
   s.neg_step_size_x_bc2_sqrt = static_cast<float>(-h.lr / bias_correction1 * bias_correction2_sqrt);
+  const double sqrt_one_minus_beta2 = std::sqrt(1.0 - h.beta2);
   s.sqrt_beta2 = static_cast<float>(std::sqrt(h.beta2));
-  s.sqrt_one_minus_beta2 = static_cast<float>(std::sqrt(1.0 - h.beta2));
+  s.sqrt_one_minus_beta2 = static_cast<float>(sqrt_one_minus_beta2);
   s.one_minus_beta1_x_grad_scale = static_cast<float>((1.0 - h.beta1) * grad_scale);
-  s.sqrt_one_minus_beta2_x_grad_scale = static_cast<float>(std::sqrt(1.0 - h.beta2) * grad_scale);
+  s.sqrt_one_minus_beta2_x_grad_scale = static_cast<float>(sqrt_one_minus_beta2 * grad_scale);
   return s;
 }
 

@@ -151,12 +151,12 @@ size_t MasterFormatBytes(MasterFormat format);
 // the top 3 (exp_avg: h's low 20 bits) or 4 (sqrt(exp_avg_sq): h >> 13, its high 19 bits)
 // fraction bits. Below 2^-14, exp_avg rounds up to 2^-14 when (h >> 8) * 2^-24 < y * 2^14,
 // and sqrt(exp_avg_sq) rounds any non-zero value up to 2^-14 (a denominator never quantizes
-// to 0). A finite y has a code magnitude of at most 0x79; NaN and infinity saturate to 0xff
-// (exp_avg, whatever the sign; sqrt(exp_avg_sq) with the sign bit set: 0), in a block whose
-// scale is NaN or infinite. state_rounding picks h:
+// to 0). A finite y has a code magnitude of at most 0x79; NaN and infinity saturate to the
+// largest code, 0xff (sqrt(exp_avg_sq): 0 for a NaN with the sign bit set), and their
+// block's scale is NaN or infinite. state_rounding picks h:
 //   kNearestEven: h = 0x80080000 for exp_avg and 0x80000000 for sqrt(exp_avg_sq) (round to
-//     nearest, ties away from zero). Measured better (docs/design.md): an EMA with beta2 = 0.999 re-rounded
-//     stochastically each step random-walks by tens of percent at 4 fraction bits.
+//     nearest, ties away from zero). Measured better (docs/design.md): an EMA with beta2 = 0.999
+//     re-rounded stochastically each step random-walks by tens of percent at 4 fraction bits.
 //   kStochastic: element i's hash bits of the kBf16 rounding below (unbiased per store).
 // The same bits on every ISA and thread count.
 inline constexpr size_t kInt8StateBlock = 2048;
