@@ -13,14 +13,21 @@ B/param is the state each step reads and writes per parameter (scales not counte
 
   python bench/optim_quality.py --model demo --data CORPUS.txt
 One run's loss is chaotic: the learning rate times 1.0001 moves it by up to 3 % (fp32 too), so
-compare variants by their means over --seed 0..4 and --lr-scale 1, 1.0001, 0.9999.
+compare variants by their means over many runs, a sweep of seeds and learning-rate scales:
+  python bench/optim_quality.py --model demo --data CORPUS.txt --variants fp32,int8,bnb \
+      --seeds 0-19 --lr-scales 1,1.0001,0.9999 --jobs 2 --json sweep.json
+prints each run, then per variant its mean and the paired differences against fp32 and bnb.
 --data (default $STRATA_BENCH_DATA, as bench/state_dtype.sh) is any text corpus, e.g.
 tinyshakespeare.txt; without one, or with a missing file, a generated text stands in, said in
 the output.
 """
 import argparse
+import concurrent.futures
+import json
 import math
+import multiprocessing
 import os
+import statistics
 import sys
 import time
 
@@ -68,7 +75,7 @@ def run(name, cfg, data, args):
                 layers=cfg["layers"], seed=args.seed)
     opt = optimizer(name, model.parameters(), cfg["lr"] * args.lr_scale, args.threads)
     steps = args.steps or cfg["steps"]
-    warmup = min(20, steps // 10)
+    warmup = max(1, min(20, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
         1 + math.cos(math.pi * min(s, steps) / steps)))
     g = torch.Generator().manual_seed(1 + args.seed)
@@ -89,13 +96,100 @@ def run(name, cfg, data, args):
     return sum(tail) / len(tail), time.time() - t0
 
 
+def parse_list(text, kind):
+    """"0-4" or "0,2,5" (ints), "1,1.0001" (floats)."""
+    out = []
+    for part in text.split(","):
+        if kind is int and "-" in part:
+            lo, hi = (int(x) for x in part.split("-"))
+            out.extend(range(lo, hi + 1))
+        else:
+            out.append(kind(part))
+    return out
+
+
+_DATA = {}
+
+
+def run_one(job):
+    """One run of a sweep, in a worker process: one thread, as every run of a sweep."""
+    name, seed, lr_scale, model, argv = job
+    torch.set_num_threads(1)
+    args = argparse.Namespace(**argv, seed=seed, lr_scale=lr_scale, threads=1)
+    if args.data not in _DATA:
+        _DATA[args.data] = text_bytes(args.data)[0]
+    try:
+        loss, secs = run(name, MODELS[model], _DATA[args.data], args)
+    except ImportError as e:
+        return job, None, str(e)
+    return job, loss, secs
+
+
+def paired(results, a, b):
+    """Mean and standard error of loss(a) - loss(b) over the runs both have."""
+    d = [results[a][k] - results[b][k] for k in results[a] if k in results.get(b, {})]
+    if len(d) < 2:
+        return None
+    mean = statistics.fmean(d)
+    return mean, statistics.stdev(d) / math.sqrt(len(d)), len(d)
+
+
+def sweep(args, variants, seeds, scales):
+    """Every variant at every seed and learning-rate scale, --jobs runs at a time; prints each
+    run as it ends, then per variant the mean, its standard error, and the paired differences
+    against fp32 and bitsandbytes (same seed and scale: the runs share weights and batches)."""
+    argv = dict(steps=args.steps, batch=args.batch, seq=args.seq, data=args.data)
+    jobs = [(v, s, f, args.model, argv) for s in seeds for f in scales for v in variants]
+    results, skipped = {}, {}
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
+        for n, ((name, seed, scale, _, _), loss, extra) in enumerate(
+                pool.map(run_one, jobs), 1):
+            if loss is None:
+                skipped[name] = extra
+                continue
+            results.setdefault(name, {})[(seed, scale)] = loss
+            print(f"[{n}/{len(jobs)}] {name:<11} seed {seed} lr x {scale:g} last20 {loss:.4f} "
+                  f"({extra:.1f} s)", flush=True)
+    print(f"{'variant':<11} {'B/param':>7} {'runs':>4} {'mean':>7} {'se':>6} "
+          f"{'vs_fp32':>16} {'vs_bnb':>16}")
+    rows = []
+    for name in variants:
+        if name in skipped:
+            print(f"{name:<11} skipped: {skipped[name]}")
+            continue
+        losses = list(results[name].values())
+        row = dict(variant=name, bytes_per_param=2 * STATE_BYTES[name], runs=len(losses),
+                   mean=statistics.fmean(losses),
+                   se=statistics.stdev(losses) / math.sqrt(len(losses)) if len(losses) > 1
+                   else None)
+        cols = []
+        for ref in ("fp32", "bnb"):
+            p = paired(results, name, ref) if name != ref else None
+            if p:
+                row[f"vs_{ref}"] = dict(diff=p[0], se=p[1], runs=p[2],
+                                        rel=statistics.fmean(results[name].values()) /
+                                        statistics.fmean(results[ref].values()) - 1)
+                cols.append(f"{p[0]:+.4f}±{p[1]:.4f}")
+            else:
+                cols.append("")
+        se = f"{row['se']:6.4f}" if row["se"] is not None else f"{'':>6}"
+        print(f"{name:<11} {row['bytes_per_param']:>7} {row['runs']:>4} {row['mean']:7.4f} "
+              f"{se} {cols[0]:>16} {cols[1]:>16}")
+        rows.append(row)
+    print("vs_*: the mean paired difference of last20 (this variant - the other) ± its standard "
+          "error")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="demo")
     ap.add_argument("--steps", type=int, default=0, help="0: the model's (300 demo, 200 12x768)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="strata's optimizer threads (0: all cores); a sweep runs on one")
     ap.add_argument("--data", default=os.environ.get("STRATA_BENCH_DATA", ""))
     ap.add_argument("--variants", default="fp32,int8,int8-sr,int8-kahan,sr,kahan,bnb")
     ap.add_argument("--seed", type=int, default=0,
@@ -105,17 +199,39 @@ def main():
                     help="multiplies the model's learning rate: 1.0001 and 0.9999 give runs as "
                          "good as the default, whose spread is this benchmark's noise "
                          "(docs/design.md, \"What one quality run can tell\")")
+    ap.add_argument("--seeds", default="",
+                    help="a sweep: these seeds (\"0-4\", \"0,3\") instead of --seed, each "
+                         "run on one thread; prints the means and the paired differences")
+    ap.add_argument("--lr-scales", default="",
+                    help="a sweep: these learning-rate scales (\"1,1.0001,0.9999\") instead "
+                         "of --lr-scale")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="a sweep's runs at a time, one process each (e.g. the core count)")
+    ap.add_argument("--json", default="", help="a sweep's summary as JSON to this file")
     args = ap.parse_args()
     cfg = MODELS[args.model]
+    variants = args.variants.split(",")
+    for name in variants:
+        if name not in STATE_BYTES:
+            ap.error(f"--variants: unknown variant {name!r} (known: {', '.join(STATE_BYTES)})")
     data, source = text_bytes(args.data)
+    seeds = parse_list(args.seeds, int) if args.seeds else [args.seed]
+    scales = parse_list(args.lr_scales, float) if args.lr_scales else [args.lr_scale]
     print(f"# model {args.model} ({cfg['layers']} x {cfg['dim']}), steps "
-          f"{args.steps or cfg['steps']}, batch {args.batch} x {args.seq}, seed {args.seed}, "
-          f"lr x {args.lr_scale:g}, "
+          f"{args.steps or cfg['steps']}, batch {args.batch} x {args.seq}, "
+          f"seed {','.join(map(str, seeds))}, lr x {','.join(f'{f:g}' for f in scales)}, "
           f"data: {source}, "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}", flush=True)
+    if len(seeds) * len(scales) > 1:
+        rows = sweep(args, variants, seeds, scales)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(model=args.model, seeds=seeds, lr_scales=scales, data=source,
+                               variants=rows), f, indent=1)
+        return
     print(f"{'variant':<11} {'B/param':>7} {'last20':>8} {'vs_fp32':>8} {'seconds':>8}")
     base = None
-    for name in args.variants.split(","):
+    for name in variants:
         try:
             loss, secs = run(name, cfg, data, args)
         except ImportError as e:
