@@ -412,7 +412,7 @@ template <typename F>
 void Gpt2Model<F>::FinalBackward(const BlockPtrs<F>& b) {
   Acts& a = *a_;
   typename Acts::Slot& s = *a.cur;
-  std::fill(b.g, b.g + b.layout->padded_numel, F(0));
+  Fill(b.g, F(0), b.layout->padded_numel);
   std::fill(s.dres.begin(), s.dres.end(), F(0));
   LayerNormBackward(s.dres.data(), b.G(kLnfW), b.G(kLnfB), a.dlnf.data(),
                     s.xs[config_.layers].data(), b.P(kLnfW), s.lnf_mean.data(), s.lnf_rstd.data(),
@@ -431,7 +431,7 @@ void Gpt2Model<F>::LayerBackward(int l, const BlockPtrs<F>& b) {
   typename Acts::Layer& s = a.LayerActs(l);
   F* dres = a.cur->dres.data();
   const size_t NC = static_cast<size_t>(N) * C;
-  std::fill(b.g, b.g + b.layout->padded_numel, F(0));
+  Fill(b.g, F(0), b.layout->padded_numel);
   // dres holds d(output of the layer); the residual adds make it d(x_mid), then d(input).
   std::fill(a.dfch_gelu.begin(), a.dfch_gelu.end(), F(0));
   MatmulBackward(a.dfch_gelu.data(), b.G(kFcProjW), b.G(kFcProjB), dres, s.fch_gelu.data(),
@@ -458,7 +458,7 @@ void Gpt2Model<F>::LayerBackward(int l, const BlockPtrs<F>& b) {
 template <typename F>
 void Gpt2Model<F>::EmbedBackward(const BlockPtrs<F>& b) {
   typename Acts::Slot& s = *a_->cur;
-  std::fill(b.g, b.g + b.layout->padded_numel, F(0));
+  Fill(b.g, F(0), b.layout->padded_numel);
   std::copy(s.dwte_head.begin(), s.dwte_head.end(), b.G(kWte));  // the head's share first
   EmbeddingBackward(b.G(kWte), b.G(kWpe), s.dres.data(), s.inputs.data(), B_, T_, config_.d_model);
 }

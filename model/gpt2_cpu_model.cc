@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "model/gpt2_ops.h"
 #include "strata/optim.h"
 
 namespace strata::model {
@@ -111,11 +112,7 @@ BlockPtrs<float> Gpt2CpuModel::Params::Get() const {
   if (bf16 == nullptr) return p;
   if (wide->size() < n) wide->resize(n);
   float* w = wide->data();
-  // bf16 -> fp32 is exact: the bf16 bits are the float's high half.
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint32_t bits = uint32_t(bf16[i]) << 16;
-    std::memcpy(w + i, &bits, sizeof bits);
-  }
+  WidenBf16(w, bf16, n);  // exact, over the model's team
   BlockPtrs<float> out = p;
   out.p = w;
   return out;
@@ -176,9 +173,7 @@ Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float
         } else {
           m->EmbedBackward(p);
         }
-        if (p.g != grad) {
-          for (uint64_t i = 0; i < n; ++i) grad[i] += p.g[i];
-        }
+        if (p.g != grad) ResidualBackward(grad, static_cast<float*>(nullptr), p.g, n);
         if (pack_bf16) {
           // In place, ascending: bf16 value i lands in float i/2's bytes, already read.
           for (uint64_t i = 0; i < n; ++i) {

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -445,6 +446,20 @@ void ResidualBackward(F* da, F* db, const F* dout, size_t n) {
   }
 }
 
+// ---- whole buffers -------------------------------------------------------------------------
+// Over the team like the other elementwise ops: a layer of GPT-2 large is 20 M values, which
+// one thread filled or widened while the others waited (docs/design.md, "2-byte master").
+template <typename F>
+void Fill(F* out, F value, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) out[i] = value;
+}
+
+void WidenBf16(float* out, const uint16_t* in, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{in[i]} << 16);
+}
+
 // ---- LM head -------------------------------------------------------------------------------
 template <typename F>
 void LmHeadForward(F* logits, const F* x, const F* wte, int N, int C, int V) {
@@ -517,6 +532,7 @@ void SoftmaxCrossEntropyBackward(F* dlogits, const F* probs, const int32_t* targ
   template void GeluBackward<F>(F*, const F*, const F*, size_t);                                   \
   template void ResidualForward<F>(F*, const F*, const F*, size_t);                                \
   template void ResidualBackward<F>(F*, F*, const F*, size_t);                                     \
+  template void Fill<F>(F*, F, size_t);                                                            \
   template void LmHeadForward<F>(F*, const F*, const F*, int, int, int);                           \
   template void LmHeadBackward<F>(F*, F*, const F*, const F*, const F*, int, int, int);            \
   template double SoftmaxCrossEntropyForward<F>(F*, F*, const F*, const int32_t*, int, int);       \

@@ -94,6 +94,13 @@ void ResidualForward(F* out, const F* a, const F* b, size_t n);
 template <typename F>
 void ResidualBackward(F* da, F* db, const F* dout, size_t n);
 
+// ---- whole buffers -------------------------------------------------------------------------
+// out[i] = value over n values (a block's gradients zeroed before its backward).
+template <typename F>
+void Fill(F* out, F value, size_t n);
+// out[i] = the bf16 in[i] as a float (exact: its bits are the float's high half).
+void WidenBf16(float* out, const uint16_t* in, size_t n);
+
 // ---- tied LM head --------------------------------------------------------------------------
 // logits[N,V] = x[N,C] · wteᵀ  (wte [V,C], the token embedding; no bias).
 template <typename F>
