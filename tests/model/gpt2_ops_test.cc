@@ -341,5 +341,32 @@ TEST(Gpt2OpsFloat, GeluAtExtremesMatchesDouble) {
   }
 }
 
+// The whole-buffer ops run over the team: every value exact on any thread count, the widening
+// of every bf16 pattern (NaN, infinity, subnormals, both zeros) the float with those high bits.
+TEST(Gpt2OpsFloat, WidenAndFillAreExactOnAnyThreadCount) {
+  const size_t n = (size_t{1} << 16) * 3 + 7;  // above the team's threshold, with an edge
+  std::vector<uint16_t> bf16(n);
+  for (size_t i = 0; i < n; ++i) bf16[i] = static_cast<uint16_t>(i * 40503u);
+  for (int threads : {1, 2, 3}) {
+    const std::vector<float> wide = RunWithThreads(threads, [&] {
+      std::vector<float> out(n, -1.0f);
+      WidenBf16(out.data(), bf16.data(), n);
+      return out;
+    });
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &wide[i], sizeof bits);
+      ASSERT_EQ(bits, uint32_t{bf16[i]} << 16) << "value " << i << ", " << threads << " threads";
+    }
+    const std::vector<float> filled = RunWithThreads(threads, [&] {
+      std::vector<float> out(n, 3.0f);
+      Fill(out.data(), 0.0f, n - 1);
+      return out;
+    });
+    for (size_t i = 0; i + 1 < n; ++i) ASSERT_EQ(filled[i], 0.0f) << i;
+    EXPECT_EQ(filled[n - 1], 3.0f);  // past the range: untouched
+  }
+}
+
 }  // namespace
 }  // namespace strata::model
