@@ -173,6 +173,7 @@ Status Gpt2CpuModel::Backward(int b, const BlockView& params, float* grad, float
         } else {
           m->EmbedBackward(p);
         }
+        // grad += p.g: ResidualBackward's elementwise add, over the team.
         if (p.g != grad) ResidualBackward(grad, static_cast<float*>(nullptr), p.g, n);
         if (pack_bf16) {
           // In place, ascending: bf16 value i lands in float i/2's bytes, already read.
