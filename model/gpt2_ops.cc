@@ -1,9 +1,10 @@
 // CPU implementation of the GPT-2 operators (see gpt2_ops.h for the contract).
 //
-// Matrix products: CBLAS sgemm/dgemm, rows split over the OpenMP team (results depend on
-// the thread count, see Gemm). Everything else: OpenMP loops whose iterations own disjoint
-// outputs, so their results never depend on the thread count. Reductions across rows
-// (parameter grads) are parallel over channel chunks; each chunk walks rows in ascending order.
+// Matrix products: CBLAS sgemm/dgemm in row blocks fixed by the product's shape, shared out
+// over the OpenMP team (see Gemm: so the thread count never changes a bit). Everything else:
+// OpenMP loops whose iterations own disjoint outputs, so their results never depend on the
+// thread count. Reductions across rows (parameter grads) are parallel over channel chunks;
+// each chunk walks rows in ascending order.
 #include "model/gpt2_ops.h"
 
 #include <cblas.h>
