@@ -136,7 +136,7 @@ def paired(results, a, b):
 
 def sweep(args, variants, seeds, scales):
     """Every variant at every seed and learning-rate scale, --jobs runs at a time; prints each
-    run as it ends, then per variant the mean, its standard error, and the paired differences
+    run in order as it ends, then per variant the mean, its standard error, and the paired differences
     against fp32 and bitsandbytes (same seed and scale: the runs share weights and batches)."""
     argv = dict(steps=args.steps, batch=args.batch, seq=args.seq, data=args.data)
     jobs = [(v, s, f, args.model, argv) for s in seeds for f in scales for v in variants]
@@ -215,8 +215,13 @@ def main():
         if name not in STATE_BYTES:
             ap.error(f"--variants: unknown variant {name!r} (known: {', '.join(STATE_BYTES)})")
     data, source = text_bytes(args.data)
-    seeds = parse_list(args.seeds, int) if args.seeds else [args.seed]
-    scales = parse_list(args.lr_scales, float) if args.lr_scales else [args.lr_scale]
+    try:
+        seeds = parse_list(args.seeds, int) if args.seeds else [args.seed]
+        scales = parse_list(args.lr_scales, float) if args.lr_scales else [args.lr_scale]
+    except ValueError as e:
+        ap.error(f"--seeds / --lr-scales: {e} (e.g. --seeds 0-19 --lr-scales 1,1.0001,0.9999)")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: give at least 1")
     print(f"# model {args.model} ({cfg['layers']} x {cfg['dim']}), steps "
           f"{args.steps or cfg['steps']}, batch {args.batch} x {args.seq}, "
           f"seed {','.join(map(str, seeds))}, lr x {','.join(f'{f:g}' for f in scales)}, "
