@@ -135,9 +135,10 @@ def paired(results, a, b):
 
 
 def sweep(args, variants, seeds, scales):
-    """Every variant at every seed and learning-rate scale, --jobs runs at a time; prints each
-    run in order as it ends, then per variant the mean, its standard error, and the paired differences
-    against fp32 and bitsandbytes (same seed and scale: the runs share weights and batches)."""
+    """Every variant at every seed and learning-rate scale, --jobs runs at a time; prints the
+    runs in order as they end, then per variant the mean, its standard error, and the paired
+    differences against fp32 and bitsandbytes (same seed and scale: the runs share weights and
+    batches)."""
     argv = dict(steps=args.steps, batch=args.batch, seq=args.seq, data=args.data)
     jobs = [(v, s, f, args.model, argv) for s in seeds for f in scales for v in variants]
     results, skipped = {}, {}
