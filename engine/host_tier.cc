@@ -326,6 +326,7 @@ void HostTier::BeginStepLocked() {
     for (const UseObj& uo : u.objs) total_uses_ += objs_[uo.obj].exists ? 1 : 0;
   }
   uses_completed_ = 0;
+  home_writes_held_ = !ctx_.carried.empty();
   for (HostObj& h : objs_) h.uses_done = 0;
   pool_->ResetPeak();
   cache_peak_ = cache_used_;
@@ -336,7 +337,7 @@ Status HostTier::EnterLocked(int obj) { return objs_[obj].res.Enter().Annotate(c
 Status HostTier::LeaveLocked(int obj, bool modified) {
   HostObj& o = objs_[obj];
   STRATA_RETURN_IF_ERROR(o.res.Leave(modified, o.needs_write).Annotate(ctx_.ObjName(obj)));
-  if (o.res.state == S::kDirty) write_queue_.push_back(obj);
+  if (o.res.state == S::kDirty) (o.cached ? write_queue_ : home_write_queue_).push_back(obj);
   o.uses_done++;
   uses_completed_++;
   ctx_.NotifyLocked();
@@ -414,43 +415,70 @@ void HostTier::IoLoop() {
   struct InFlight {
     int obj;
     bool write;
+    bool home;  // a write of a home copy (home_write_queue_)
     Clock::time_point start;
   };
+  // Home copies' writes in flight at once, at most: enough to keep the drive busy when
+  // nothing else runs, few enough that a read arriving behind them waits little.
+  constexpr int kHomeWritesInFlight = 2;
   std::unordered_map<SwapTicket, InFlight> in_flight;
+  int reads_in_flight = 0, home_writes_in_flight = 0;
   std::vector<SwapCompletion> done(64);
   for (;;) {
     std::vector<SwapOp> ops;
     std::vector<int> op_objs;
-    std::vector<bool> op_write;
+    std::vector<bool> op_write, op_home;
     {
       MutexLock lock(&ctx_.mu);
+      // Starts the write of the queue's front copy; false (error stored) on a bad transition.
+      auto start_write = [&](std::deque<int>& queue, bool home) REQUIRES(ctx_.mu) {
+        const int obj = queue.front();
+        queue.pop_front();
+        HostObj& h = objs_[obj];
+        // A reader entered the dirty copy before its write (ReadableLocked): the copy is
+        // dirty again when the reader leaves, which queues it again. (So an entry may be
+        // stale: a copy is written once per time it became dirty.)
+        if (h.res.state != S::kDirty) return true;
+        Status s = h.res.To(S::kWriting);
+        if (!s.ok()) {
+          ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));
+          return false;
+        }
+        ops.push_back(SwapOp{IoOp::kWrite, ctx_.Key(obj), h.buf, h.bytes});
+        op_objs.push_back(obj);
+        op_write.resize(ops.size() - 1, false);
+        op_write.push_back(true);
+        op_home.resize(ops.size() - 1, false);
+        op_home.push_back(home);
+        ++writes_in_flight_;
+        return true;
+      };
       for (;;) {
         if (ctx_.shutdown && in_flight.empty()) return;
         bool progressed = false;
         if (ctx_.error.ok() && !ctx_.shutdown) {
           while (!write_queue_.empty()) {
-            const int obj = write_queue_.front();
-            write_queue_.pop_front();
-            HostObj& h = objs_[obj];
-            // A reader entered the dirty copy before its write (ReadableLocked): the copy is
-            // dirty again when the reader leaves, which queues it again. (So an entry may be
-            // stale: a copy is written once per time it became dirty.)
-            if (h.res.state != S::kDirty) continue;
-            Status s = h.res.To(S::kWriting);
-            if (!s.ok()) {
-              ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));
-              break;
-            }
-            ops.push_back(SwapOp{IoOp::kWrite, ctx_.Key(obj), h.buf, h.bytes});
-            op_objs.push_back(obj);
-            op_write.push_back(true);
-            ++writes_in_flight_;
+            if (!start_write(write_queue_, false)) break;
             progressed = true;  // readers may share a copy being written (ReadableLocked)
           }
           while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
             if (!TryHostOpLocked(ctx_.hplan.ops[host_cursor_], &ops, &op_objs)) break;
-            op_write.resize(ops.size(), false);
             ++host_cursor_;
+            progressed = true;
+          }
+          op_write.resize(ops.size(), false);
+          op_home.resize(ops.size(), false);
+          // Loads have someone waiting (a use of the plan); a home copy's write only a commit:
+          // it waits for the step's carried updates (ReleaseHomeWritesLocked), so the forward's
+          // loads have the drive, and then for a moment without reads.
+          const bool reading = home_writes_held_ || reads_in_flight > 0 ||
+                               std::count(op_write.begin(), op_write.end(), false) > 0;
+          int home_started = 0;
+          while (!reading && !home_write_queue_.empty() &&
+                 home_writes_in_flight + home_started < kHomeWritesInFlight) {
+            const size_t before = ops.size();
+            if (!start_write(home_write_queue_, true)) break;
+            home_started += int(ops.size() - before);
             progressed = true;
           }
         }
@@ -470,7 +498,9 @@ void HostTier::IoLoop() {
         continue;
       }
       for (size_t i = 0; i < ops.size(); ++i) {
-        in_flight[(*tickets)[i]] = InFlight{op_objs[i], op_write[i], now};
+        in_flight[(*tickets)[i]] = InFlight{op_objs[i], op_write[i], op_home[i], now};
+        reads_in_flight += op_write[i] ? 0 : 1;
+        home_writes_in_flight += op_home[i] ? 1 : 0;
       }
     }
     if (in_flight.empty()) continue;
@@ -480,6 +510,7 @@ void HostTier::IoLoop() {
       ctx_.SetError(Status(n.status()).Annotate("waiting for NVMe I/O"));
       // The backend failed: nothing more will complete.
       in_flight.clear();
+      reads_in_flight = home_writes_in_flight = 0;
       continue;
     }
     MutexLock lock(&ctx_.mu);
@@ -493,6 +524,8 @@ void HostTier::IoLoop() {
       ctx_.timeline.Add(f.write ? TraceLane::kNvmeWrite : TraceLane::kNvmeRead,
                         (f.write ? "write " : "read ") + ctx_.Key(f.obj), f.start, now, h.bytes);
       if (f.write) --writes_in_flight_;
+      reads_in_flight -= f.write ? 0 : 1;
+      home_writes_in_flight -= f.home ? 1 : 0;
       if (!c.status.ok()) {
         ctx_.SetErrorLocked(
             Status(c.status).Annotate(std::string(f.write ? "writing " : "reading ") +

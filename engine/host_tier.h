@@ -78,10 +78,17 @@ class HostTier {
   void PlanStartLocked(std::vector<int>* resident, std::vector<uint64_t>* offsets) const
       REQUIRES(ctx_.mu);
   void BeginStepLocked() REQUIRES(ctx_.mu);
+  // Every carried update ran (OptimizerStage): the home copies' writes, held since the step
+  // began so the forward's loads for those updates had the drive, may go (the carried
+  // commit waits for them).
+  void ReleaseHomeWritesLocked() REQUIRES(ctx_.mu) {
+    home_writes_held_ = false;
+    ctx_.NotifyLocked();
+  }
   // Every host op ran, every use completed, every write landed.
   bool StepDoneLocked() const REQUIRES(ctx_.mu) {
     return host_cursor_ == ctx_.hplan.ops.size() && write_queue_.empty() &&
-           writes_in_flight_ == 0 && uses_completed_ == total_uses_;
+           home_write_queue_.empty() && writes_in_flight_ == 0 && uses_completed_ == total_uses_;
   }
   uint64_t PeakBytesLocked() const REQUIRES(ctx_.mu) { return host_fixed_ + cache_peak_; }
 
@@ -200,7 +207,12 @@ class HostTier {
   size_t host_cursor_ GUARDED_BY(ctx_.mu) = 0;  // host plan ops run
   int64_t total_uses_ GUARDED_BY(ctx_.mu) = 0;
   int64_t uses_completed_ GUARDED_BY(ctx_.mu) = 0;
+  // Dirty copies to write, in the order they became dirty: cached ones (their writes free
+  // cache space, so the plan's loads wait for them) and home ones (only a commit waits for
+  // them: they go when no read is in flight, see IoLoop).
   std::deque<int> write_queue_ GUARDED_BY(ctx_.mu);
+  std::deque<int> home_write_queue_ GUARDED_BY(ctx_.mu);
+  bool home_writes_held_ GUARDED_BY(ctx_.mu) = false;  // ReleaseHomeWritesLocked
   int writes_in_flight_ GUARDED_BY(ctx_.mu) = 0;
   std::thread io_thread_;
 };

@@ -314,7 +314,10 @@ Status OptimizerStage::RunUpdate(int use_index) {
   if (applied && !u.carried) ++applied_;
   ++opts_done_;
   ctx_.NotifyLocked();
-  if (u.carried && --carried_left_ == 0) STRATA_RETURN_IF_ERROR(CommitCarriedLocked());
+  if (u.carried && --carried_left_ == 0) {
+    host_.ReleaseHomeWritesLocked();
+    STRATA_RETURN_IF_ERROR(CommitCarriedLocked());
+  }
   return Status::OK();
 }
 

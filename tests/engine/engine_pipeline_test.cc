@@ -280,16 +280,24 @@ struct WriteGate {
   std::mutex mu;
   std::condition_variable cv;
   bool open = true;
-  int held = 0;  // writes held so far
+  bool reads_open = true;  // SetReads: reads wait too while false
+  int held = 0;            // writes held so far
+  int held_reads = 0;      // reads held so far
   void Set(bool is_open) {
     std::lock_guard<std::mutex> l(mu);
     open = is_open;
     cv.notify_all();
   }
+  void SetReads(bool is_open) {
+    std::lock_guard<std::mutex> l(mu);
+    reads_open = is_open;
+    cv.notify_all();
+  }
+  bool AllOpen() const { return open && reads_open; }
 };
 
-// An NVMe backend whose writes wait while the gate is closed (reads pass): what waits for
-// a write then waits for the test.
+// An NVMe backend whose writes wait while the gate is closed (reads pass, unless the gate
+// holds them too): what waits for an operation then waits for the test.
 class GatedWrites final : public IoBackend {
  public:
   GatedWrites(std::unique_ptr<IoBackend> inner, std::shared_ptr<WriteGate> gate)
@@ -315,9 +323,10 @@ class GatedWrites final : public IoBackend {
     {
       std::lock_guard<std::mutex> l(gate_->mu);
       for (const IoRequest& r : requests) {
-        if (r.op == IoOp::kWrite && !gate_->open) {
+        const bool write = r.op == IoOp::kWrite;
+        if (write ? !gate_->open : !gate_->reads_open) {
           held_.push_back(r);
-          ++gate_->held;
+          ++(write ? gate_->held : gate_->held_reads);
           gate_->cv.notify_all();
         } else {
           now.push_back(r);
@@ -332,11 +341,11 @@ class GatedWrites final : public IoBackend {
       std::unique_lock<std::mutex> l(gate_->mu);
       // Nothing else to wait for: a short wait for the gate, then back to the caller (which
       // submits its next requests and polls again).
-      if (!held_.empty() && !gate_->open && inner_->InFlight() == 0) {
+      if (!held_.empty() && !gate_->AllOpen() && inner_->InFlight() == 0) {
         gate_->cv.wait_for(l, std::chrono::milliseconds(1));
-        if (!gate_->open) return size_t(0);
+        if (!gate_->AllOpen()) return size_t(0);
       }
-      if (gate_->open) release.swap(held_);
+      if (gate_->AllOpen()) release.swap(held_);
     }
     if (!release.empty()) STRATA_RETURN_IF_ERROR(inner_->Submit(release));
     return inner_->Poll(out, min_complete);
@@ -414,6 +423,98 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
                   .ok());
   ASSERT_TRUE(f->engine->EndStep().ok());
   ASSERT_TRUE(RunSteps(*f, 3, 3, 1, &rec).ok());
+  auto states = States(*f->engine);
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_TRUE(BitIdentical(waited->states, *states));
+}
+
+// A home copy's write (a host-homed state, committed every step: durable) waits until the
+// step's carried updates all ran, so the next forward's loads have the drive; the carried
+// commit still waits for it. Every state at home, gradients spilled and some evicted: with
+// NVMe reads held at step 3, block 0's carried update runs (its gradient landed last, so it
+// stayed) and the forward acquires block 0, while the updates that wait for a reloaded
+// gradient cannot run; no write is submitted meanwhile. Then the run is the waiting run's.
+TEST(EnginePipelineTest, HomeWritesWaitForTheCarriedUpdates) {
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < 16; ++b) {
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {1023, 3}, true}}});
+  }
+  TempDir d1, d2;
+  RunConfig rc;
+  rc.pipeline = false;
+  rc.nvme = d1.path();
+  rc.durable = true;
+  rc.grad_clip = 1e-3;  // every step clips: every update is deferred
+  rc.speculation = Speculation::kOff;
+  rc.grad_spill = GradSpill::kOn;
+  uint64_t min = 0, all = 0;
+  Minimum(specs, rc, &min, &all);
+  // The least budget (in steps of a 64th of every component) that keeps every state at home:
+  // its cache holds some of the gradients, not all.
+  std::string report;
+  for (rc.host_mem = min;; rc.host_mem += all / 64) {
+    ASSERT_LT(rc.host_mem, 4 * all + min) << report;
+    TempDir probe_dir;
+    RunConfig probe = rc;
+    probe.nvme = probe_dir.path();
+    auto p = MakeEngine(specs, probe, /*init_params=*/false);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    report = p->engine->Placement().ToString();
+    if (report.find("home NVMe") == std::string::npos) break;
+  }
+  auto waited = Train(specs, rc, 4);
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+
+  auto gate = std::make_shared<WriteGate>();
+  rc.nvme = d2.path();
+  rc.pipeline = true;
+  rc.io_factory = [gate](const IoBackendOptions& o) -> Result<std::unique_ptr<IoBackend>> {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> inner, CreateIoBackend(o));
+    return std::unique_ptr<IoBackend>(std::make_unique<GatedWrites>(std::move(inner), gate));
+  };
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  report = f->engine->Placement().ToString();
+  ASSERT_NE(report.find("run under the next step's forward"), std::string::npos) << report;
+  ASSERT_NE(report.find("written to NVMe at their final landing"), std::string::npos) << report;
+  RunRecord rec;
+  ASSERT_TRUE(RunSteps(*f, 1, 2, 1, &rec).ok());
+  struct OpenAtExit {  // the engine's threads wait for the I/O: never leave it held
+    WriteGate* g;
+    ~OpenAtExit() {
+      g->SetReads(true);
+      g->Set(true);
+    }
+  } open_at_exit{gate.get()};
+  gate->Set(false);
+  gate->SetReads(false);
+  ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}).ok());
+  auto acquired =
+      std::async(std::launch::async, [&] { return f->engine->Acquire(0, Pass::kForward); });
+  const bool returned = acquired.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  int held_writes, held_reads;
+  {
+    std::unique_lock<std::mutex> l(gate->mu);
+    gate->cv.wait_for(l, std::chrono::seconds(20), [&] { return gate->held_reads > 0; });
+    // Long enough for the I/O thread to have queued block 0's writes, had they not waited.
+    gate->cv.wait_for(l, std::chrono::milliseconds(300), [&] { return gate->held > 0; });
+    held_writes = gate->held;
+    held_reads = gate->held_reads;
+  }
+  gate->SetReads(true);
+  gate->Set(true);
+  ASSERT_TRUE(returned) << "Acquire(0, forward) waited for a read: block 0's gradient was "
+                           "evicted, and the test tests nothing";
+  ASSERT_GT(held_reads, 0) << "no carried update waited for a read: the test tests nothing\n"
+                           << report;
+  EXPECT_EQ(held_writes, 0) << "a home copy's write was submitted under the carried updates";
+  ASSERT_TRUE(acquired.get().ok());
+  ASSERT_TRUE(f->engine->Release(0).ok());
+  ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, 3, 0, nullptr, false,
+                                         /*first_block=*/1)
+                  .ok());
+  ASSERT_TRUE(f->engine->EndStep().ok());
+  ASSERT_TRUE(RunSteps(*f, 4, 4, 1, &rec).ok());
   auto states = States(*f->engine);
   ASSERT_TRUE(states.ok()) << states.status().ToString();
   EXPECT_TRUE(BitIdentical(waited->states, *states));
