@@ -411,6 +411,61 @@ bool HostTier::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
   return false;
 }
 
+bool HostTier::StartWriteLocked(std::deque<int>* queue, bool home, IoBatch* batch) {
+  const int obj = queue->front();
+  queue->pop_front();
+  HostObj& h = objs_[obj];
+  // A reader entered the dirty copy before its write (ReadableLocked): the copy is dirty
+  // again when the reader leaves, which queues it again. (So an entry may be stale: a copy
+  // is written once per time it became dirty.)
+  if (h.res.state != S::kDirty) return true;
+  Status s = h.res.To(S::kWriting);
+  if (!s.ok()) {
+    ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));
+    return false;
+  }
+  batch->ops.push_back(SwapOp{IoOp::kWrite, ctx_.Key(obj), h.buf, h.bytes});
+  batch->objs.push_back(obj);
+  batch->write.resize(batch->ops.size() - 1, false);
+  batch->write.push_back(true);
+  batch->home.resize(batch->ops.size() - 1, false);
+  batch->home.push_back(home);
+  ++writes_in_flight_;
+  return true;
+}
+
+bool HostTier::GatherIoLocked(IoBatch* batch, int reads_in_flight, int home_writes_in_flight) {
+  // Home copies' writes in flight at once, at most: enough to keep the drive busy when
+  // nothing else runs, few enough that a read arriving behind them waits little.
+  constexpr int kHomeWritesInFlight = 2;
+  bool progressed = false;
+  while (!write_queue_.empty()) {
+    if (!StartWriteLocked(&write_queue_, false, batch)) return progressed;
+    progressed = true;  // readers may share a copy being written (ReadableLocked)
+  }
+  while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
+    if (!TryHostOpLocked(ctx_.hplan.ops[host_cursor_], &batch->ops, &batch->objs)) break;
+    ++host_cursor_;
+    progressed = true;
+  }
+  batch->write.resize(batch->ops.size(), false);
+  batch->home.resize(batch->ops.size(), false);
+  // Loads have someone waiting (a use of the plan); a home copy's write only a commit: it
+  // waits for the step's carried updates (ReleaseHomeWritesLocked), so the forward's loads
+  // have the drive, and then for a moment without reads.
+  const bool reading = home_writes_held_ || reads_in_flight > 0 ||
+                       std::count(batch->write.begin(), batch->write.end(), false) > 0;
+  int started = 0;
+  while (!reading && !home_write_queue_.empty() &&
+         home_writes_in_flight + started < kHomeWritesInFlight) {
+    const size_t before = batch->ops.size();
+    if (!StartWriteLocked(&home_write_queue_, true, batch)) break;
+    started += int(batch->ops.size() - before);
+    progressed = true;
+  }
+  return progressed;
+}
+
 void HostTier::IoLoop() {
   struct InFlight {
     int obj;
@@ -418,70 +473,18 @@ void HostTier::IoLoop() {
     bool home;  // a write of a home copy (home_write_queue_)
     Clock::time_point start;
   };
-  // Home copies' writes in flight at once, at most: enough to keep the drive busy when
-  // nothing else runs, few enough that a read arriving behind them waits little.
-  constexpr int kHomeWritesInFlight = 2;
   std::unordered_map<SwapTicket, InFlight> in_flight;
   int reads_in_flight = 0, home_writes_in_flight = 0;
   std::vector<SwapCompletion> done(64);
   for (;;) {
-    std::vector<SwapOp> ops;
-    std::vector<int> op_objs;
-    std::vector<bool> op_write, op_home;
+    IoBatch batch;
+    std::vector<SwapOp>& ops = batch.ops;
     {
       MutexLock lock(&ctx_.mu);
-      // Starts the write of the queue's front copy; false (error stored) on a bad transition.
-      auto start_write = [&](std::deque<int>& queue, bool home) REQUIRES(ctx_.mu) {
-        const int obj = queue.front();
-        queue.pop_front();
-        HostObj& h = objs_[obj];
-        // A reader entered the dirty copy before its write (ReadableLocked): the copy is
-        // dirty again when the reader leaves, which queues it again. (So an entry may be
-        // stale: a copy is written once per time it became dirty.)
-        if (h.res.state != S::kDirty) return true;
-        Status s = h.res.To(S::kWriting);
-        if (!s.ok()) {
-          ctx_.SetErrorLocked(s.Annotate(ctx_.ObjName(obj)));
-          return false;
-        }
-        ops.push_back(SwapOp{IoOp::kWrite, ctx_.Key(obj), h.buf, h.bytes});
-        op_objs.push_back(obj);
-        op_write.resize(ops.size() - 1, false);
-        op_write.push_back(true);
-        op_home.resize(ops.size() - 1, false);
-        op_home.push_back(home);
-        ++writes_in_flight_;
-        return true;
-      };
       for (;;) {
         if (ctx_.shutdown && in_flight.empty()) return;
-        bool progressed = false;
-        if (ctx_.error.ok() && !ctx_.shutdown) {
-          while (!write_queue_.empty()) {
-            if (!start_write(write_queue_, false)) break;
-            progressed = true;  // readers may share a copy being written (ReadableLocked)
-          }
-          while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
-            if (!TryHostOpLocked(ctx_.hplan.ops[host_cursor_], &ops, &op_objs)) break;
-            ++host_cursor_;
-            progressed = true;
-          }
-          op_write.resize(ops.size(), false);
-          op_home.resize(ops.size(), false);
-          // Loads have someone waiting (a use of the plan); a home copy's write only a commit:
-          // it waits for the step's carried updates (ReleaseHomeWritesLocked), so the forward's
-          // loads have the drive, and then for a moment without reads.
-          const bool reading = home_writes_held_ || reads_in_flight > 0 ||
-                               std::count(op_write.begin(), op_write.end(), false) > 0;
-          int home_started = 0;
-          while (!reading && !home_write_queue_.empty() &&
-                 home_writes_in_flight + home_started < kHomeWritesInFlight) {
-            const size_t before = ops.size();
-            if (!start_write(home_write_queue_, true)) break;
-            home_started += int(ops.size() - before);
-            progressed = true;
-          }
-        }
+        const bool progressed = ctx_.error.ok() && !ctx_.shutdown &&
+                                GatherIoLocked(&batch, reads_in_flight, home_writes_in_flight);
         if (progressed) ctx_.NotifyLocked();
         if (!ops.empty() || !in_flight.empty()) break;
         if (progressed) continue;
@@ -498,9 +501,9 @@ void HostTier::IoLoop() {
         continue;
       }
       for (size_t i = 0; i < ops.size(); ++i) {
-        in_flight[(*tickets)[i]] = InFlight{op_objs[i], op_write[i], op_home[i], now};
-        reads_in_flight += op_write[i] ? 0 : 1;
-        home_writes_in_flight += op_home[i] ? 1 : 0;
+        in_flight[(*tickets)[i]] = InFlight{batch.objs[i], batch.write[i], batch.home[i], now};
+        reads_in_flight += batch.write[i] ? 0 : 1;
+        home_writes_in_flight += batch.home[i] ? 1 : 0;
       }
     }
     if (in_flight.empty()) continue;
