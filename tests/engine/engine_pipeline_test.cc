@@ -359,6 +359,32 @@ class GatedWrites final : public IoBackend {
   std::vector<IoRequest> held_;  // guarded by gate_->mu
 };
 
+// `rc` pipelined, its store in `nvme`, its NVMe operations behind `gate`.
+RunConfig PipelinedBehind(std::shared_ptr<WriteGate> gate, RunConfig rc, const std::string& nvme) {
+  rc.nvme = nvme;
+  rc.pipeline = true;
+  rc.io_factory = [gate](const IoBackendOptions& o) -> Result<std::unique_ptr<IoBackend>> {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> inner, CreateIoBackend(o));
+    return std::unique_ptr<IoBackend>(std::make_unique<GatedWrites>(std::move(inner), gate));
+  };
+  return rc;
+}
+
+// The rest of step `step` after its Acquire(0, forward) (block 0 released, blocks 1.. run),
+// steps up to `last`, and the states then: `want`'s bit for bit.
+void FinishAfterBlock0(Fixture& f, int64_t step, int64_t last,
+                       const std::vector<std::vector<float>>& want, RunRecord* rec) {
+  ASSERT_TRUE(f.engine->Release(0).ok());
+  ASSERT_TRUE(testing::RunFakeMicroBatch(*f.engine, *f.device, step, 0, nullptr, false,
+                                         /*first_block=*/1)
+                  .ok());
+  ASSERT_TRUE(f.engine->EndStep().ok());
+  ASSERT_TRUE(RunSteps(f, step + 1, last, 1, rec).ok());
+  auto states = States(*f.engine);
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_TRUE(BitIdentical(want, *states));
+}
+
 // The next forward's copy of a block waits for the block's deferred update, not for that
 // update's NVMe write: the write only reads the host copy, which is final once the update
 // ran. With every write of step 2 held back, step 2's Acquire(0, forward) still returns (it
@@ -381,13 +407,7 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
 
   auto gate = std::make_shared<WriteGate>();
-  rc.nvme = d2.path();
-  rc.pipeline = true;
-  rc.io_factory = [gate](const IoBackendOptions& o) -> Result<std::unique_ptr<IoBackend>> {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> inner, CreateIoBackend(o));
-    return std::unique_ptr<IoBackend>(std::make_unique<GatedWrites>(std::move(inner), gate));
-  };
-  auto f = MakeEngine(specs, rc);
+  auto f = MakeEngine(specs, PipelinedBehind(gate, rc, d2.path()));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   const std::string report = f->engine->Placement().ToString();
   ASSERT_NE(report.find("master of blocks 0-3: home NVMe"), std::string::npos) << report;
@@ -417,15 +437,7 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
   EXPECT_TRUE(returned) << "Acquire(0, forward) waited for block 0's NVMe write";
   EXPECT_GT(held, 0) << "no write of the deferred updates was held: the test tests nothing";
   ASSERT_TRUE(acquired.get().ok());
-  ASSERT_TRUE(f->engine->Release(0).ok());
-  ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, 2, 0, nullptr, false,
-                                         /*first_block=*/1)
-                  .ok());
-  ASSERT_TRUE(f->engine->EndStep().ok());
-  ASSERT_TRUE(RunSteps(*f, 3, 3, 1, &rec).ok());
-  auto states = States(*f->engine);
-  ASSERT_TRUE(states.ok()) << states.status().ToString();
-  EXPECT_TRUE(BitIdentical(waited->states, *states));
+  FinishAfterBlock0(*f, 2, 3, waited->states, &rec);
 }
 
 // A home copy's write (a host-homed state, committed every step: durable) waits until the
@@ -466,13 +478,7 @@ TEST(EnginePipelineTest, HomeWritesWaitForTheCarriedUpdates) {
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
 
   auto gate = std::make_shared<WriteGate>();
-  rc.nvme = d2.path();
-  rc.pipeline = true;
-  rc.io_factory = [gate](const IoBackendOptions& o) -> Result<std::unique_ptr<IoBackend>> {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> inner, CreateIoBackend(o));
-    return std::unique_ptr<IoBackend>(std::make_unique<GatedWrites>(std::move(inner), gate));
-  };
-  auto f = MakeEngine(specs, rc);
+  auto f = MakeEngine(specs, PipelinedBehind(gate, rc, d2.path()));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   report = f->engine->Placement().ToString();
   ASSERT_NE(report.find("run under the next step's forward"), std::string::npos) << report;
@@ -509,15 +515,7 @@ TEST(EnginePipelineTest, HomeWritesWaitForTheCarriedUpdates) {
                            << report;
   EXPECT_EQ(held_writes, 0) << "a home copy's write was submitted under the carried updates";
   ASSERT_TRUE(acquired.get().ok());
-  ASSERT_TRUE(f->engine->Release(0).ok());
-  ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, 3, 0, nullptr, false,
-                                         /*first_block=*/1)
-                  .ok());
-  ASSERT_TRUE(f->engine->EndStep().ok());
-  ASSERT_TRUE(RunSteps(*f, 4, 4, 1, &rec).ok());
-  auto states = States(*f->engine);
-  ASSERT_TRUE(states.ok()) << states.status().ToString();
-  EXPECT_TRUE(BitIdentical(waited->states, *states));
+  FinishAfterBlock0(*f, 3, 4, waited->states, &rec);
 }
 
 // Each step's statistics are final when it commits (TakeCommittedStats): one per step, in
