@@ -223,7 +223,8 @@ class HostTier {
   int64_t uses_completed_ GUARDED_BY(ctx_.mu) = 0;
   // Dirty copies to write, in the order they became dirty: cached ones (their writes free
   // cache space, so the plan's loads wait for them) and home ones (only a commit waits for
-  // them: they go when no read is in flight, see IoLoop).
+  // them: they wait for the step's carried updates and for a moment without reads, see
+  // GatherIoLocked).
   std::deque<int> write_queue_ GUARDED_BY(ctx_.mu);
   std::deque<int> home_write_queue_ GUARDED_BY(ctx_.mu);
   bool home_writes_held_ GUARDED_BY(ctx_.mu) = false;  // ReleaseHomeWritesLocked
