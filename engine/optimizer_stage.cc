@@ -139,16 +139,22 @@ void OptimizerStage::BeginStepLocked() {
   norms_done_ = ctx_.hplan.deferred.empty();
 }
 
-Status OptimizerStage::ComputeNorms() {
-  MutexLock lk(&ctx_.mu);
+template <class Pred>
+Status OptimizerStage::WaitComputingNormsLocked(Pred ready) {
   for (;;) {
     STRATA_ASSIGN_OR_RETURN(const bool computed, ComputeOneNormLocked());
     if (computed) continue;
     if (!ctx_.error.ok()) return ctx_.error;
     if (ctx_.shutdown) return Status::Aborted("engine is shutting down");
-    if (AllNormsKnownLocked()) break;
+    if (ready()) return Status::OK();
     ctx_.cv.Wait();
   }
+}
+
+Status OptimizerStage::ComputeNorms() {
+  MutexLock lk(&ctx_.mu);
+  STRATA_RETURN_IF_ERROR(
+      WaitComputingNormsLocked([&]() REQUIRES(ctx_.mu) { return AllNormsKnownLocked(); }));
   if (!ranks_combine_norm_ && !norm_final_) {
     const NormPart mine = LocalNormPartLocked();
     FinalizeNormLocked(std::span<const NormPart>(&mine, 1));
@@ -237,19 +243,14 @@ Result<bool> OptimizerStage::ComputeOneNormLocked() {
 
 Status OptimizerStage::WaitForUpdateLocked(const HostUse& u) {
   const int b = u.block;
-  for (;;) {
-    // Norms of blocks whose gradient is final, computed while waiting (clipping needs all).
-    STRATA_ASSIGN_OR_RETURN(const bool computed, ComputeOneNormLocked());
-    if (computed) continue;
-    if (!ctx_.error.ok()) return ctx_.error;
-    if (ctx_.shutdown) return Status::Aborted("engine is shutting down");
+  // Norms of blocks whose gradient is final, computed while waiting (clipping needs all).
+  return WaitComputingNormsLocked([&]() REQUIRES(ctx_.mu) {
     bool ready = grads_in_[b] == ctx_.opt.micro_batches && norm_known_[b];
     for (const UseObj& uo : u.objs) {
       if (host_.Obj(uo.obj).exists) ready = ready && host_.UsableLocked(uo.obj, uo.seq);
     }
-    if (ready && NormAllowsUpdateLocked(b)) return Status::OK();
-    ctx_.cv.Wait();
-  }
+    return ready && NormAllowsUpdateLocked(b);
+  });
 }
 
 Status OptimizerStage::WaitForCarriedLocked(const HostUse& u) {
@@ -262,8 +263,12 @@ Status OptimizerStage::WaitForCarriedLocked(const HostUse& u) {
 }
 
 Status OptimizerStage::CommitCarriedLocked() {
-  STRATA_RETURN_IF_ERROR(
-      ctx_.WaitLocked([&]() REQUIRES(ctx_.mu) { return host_.WritesLandedLocked(ctx_.carried); }));
+  // The writes land while this step's backward may have begun: its final gradients' norms
+  // are computed meanwhile. A gradient stays in memory until its norm is known, so the
+  // landings behind it would otherwise wait for the commit (the home copies' writes, held
+  // until now, take a second at GPT-2 large).
+  STRATA_RETURN_IF_ERROR(WaitComputingNormsLocked(
+      [&]() REQUIRES(ctx_.mu) { return host_.WritesLandedLocked(ctx_.carried); }));
   const uint64_t step = uint64_t(ctx_.carried_args.step);
   if (ctx_.ws > 1) {
     // The ranks' commit is a collective: EndStep makes it, after the step's own collectives

@@ -117,6 +117,10 @@ class OptimizerStage {
   // Computes the squared norm of one final gradient whose norm is unknown; false when
   // there is none.
   Result<bool> ComputeOneNormLocked() REQUIRES(ctx_.mu);
+  // Waits until ready() holds (checked with the lock held), computing final gradients'
+  // norms meanwhile.
+  template <class Pred>
+  Status WaitComputingNormsLocked(Pred ready) REQUIRES(ctx_.mu);
   Status AdamBlock(int block, bool carried, bool* applied) EXCLUDES(ctx_.mu);
   // After block b's update: a master weight that came out non-finite (e.g. --eps 0 with a
   // zero second moment) is never committed. A step whose updated blocks can all be rolled

@@ -46,6 +46,7 @@ struct RunConfig {
   bool pipeline = EngineOptions{}.pipeline_updates;
   std::vector<ScheduleEntry> schedule;  // empty = standard
   IoBackendFactory io_factory;          // empty = the default backend
+  std::string trace_path;               // EngineOptions::trace_path
 };
 
 struct Fixture {
@@ -121,6 +122,7 @@ inline Result<Fixture> MakeEngine(const std::vector<BlockSpec>& specs, const Run
   opt.speculation = rc.speculation;
   opt.grad_spill = rc.grad_spill;
   opt.pipeline_updates = rc.pipeline;
+  opt.trace_path = rc.trace_path;
   STRATA_ASSIGN_OR_RETURN(f.engine, Engine::Create(specs, opt));
   if (init_params && !rc.resume) STRATA_RETURN_IF_ERROR(WriteInitialParams(*f.engine));
   return f;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/engine.h"
@@ -516,6 +517,85 @@ TEST(EnginePipelineTest, HomeWritesWaitForTheCarriedUpdates) {
   EXPECT_EQ(held_writes, 0) << "a home copy's write was submitted under the carried updates";
   ASSERT_TRUE(acquired.get().ok());
   FinishAfterBlock0(*f, 3, 4, waited->states, &rec);
+}
+
+// The carried commit waits for the home copies' writes, which go only once the carried
+// updates ran: by then the step's backward is landing gradients, and a final gradient stays
+// in memory until its norm is known, so the optimizer computes the norms while the commit
+// waits (at GPT-2 large the landings behind them stalled the backward for a second). Every
+// state at home (durable), every write held from step 3 on: step 3's whole backward lands,
+// and every norm of it is computed before the commit of step 2 (the trace's "norm" events
+// end before "commit step 2" begins). Then the run is the waiting run's.
+TEST(EnginePipelineTest, NormsAreComputedWhileTheCarriedCommitWaits) {
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < 8; ++b) {
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {1023, 3}, true}}});
+  }
+  TempDir d1, d2;
+  RunConfig rc;
+  rc.pipeline = false;
+  rc.nvme = d1.path();
+  rc.durable = true;
+  rc.grad_clip = 1e-3;  // every step clips: every update is deferred
+  rc.speculation = Speculation::kOff;
+  rc.grad_spill = GradSpill::kOff;  // the landings need no write
+  auto waited = Train(specs, rc, 4);
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+
+  auto gate = std::make_shared<WriteGate>();
+  RunConfig traced = PipelinedBehind(gate, rc, d2.path());
+  traced.trace_path = d2.path() + "/trace.json";
+  auto f = MakeEngine(specs, traced);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const std::string report = f->engine->Placement().ToString();
+  ASSERT_EQ(report.find("home NVMe"), std::string::npos) << report;
+  ASSERT_NE(report.find("run under the next step's forward"), std::string::npos) << report;
+  RunRecord rec;
+  ASSERT_TRUE(RunSteps(*f, 1, 2, 1, &rec).ok());
+  struct OpenAtExit {  // the engine's threads wait for the writes: never leave them held
+    WriteGate* g;
+    ~OpenAtExit() { g->Set(true); }
+  } open_at_exit{gate.get()};
+  gate->Set(false);
+  ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01, .grad_scale = 0.5}).ok());
+  ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, 3, 0).ok());
+  ASSERT_TRUE(f->device->SynchronizeLane(Lane::kD2H).ok());
+  int held;
+  {
+    // The home writes go once the carried updates ran; then a while for the norms.
+    std::unique_lock<std::mutex> l(gate->mu);
+    gate->cv.wait_for(l, std::chrono::seconds(20), [&] { return gate->held > 0; });
+    held = gate->held;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  gate->Set(true);
+  ASSERT_GT(held, 0) << "no home write was held: the test tests nothing";
+  ASSERT_TRUE(f->engine->EndStep().ok());
+  ASSERT_TRUE(RunSteps(*f, 4, 4, 1, &rec).ok());
+  auto states = States(*f->engine);
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_TRUE(BitIdentical(waited->states, *states));
+  f->engine.reset();  // closes the trace
+
+  std::ifstream in(traced.trace_path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "trace is not valid JSON";
+  double commit = -1, step3 = -1;
+  std::vector<std::pair<double, double>> norms;  // every step's
+  for (const auto& ev : j["traceEvents"]) {
+    if (ev["ph"] != "X") continue;
+    const std::string name = ev["name"];
+    const double ts = ev["ts"].get<double>(), end = ts + ev["dur"].get<double>();
+    if (name == "step 3") step3 = ts;
+    if (name == "commit step 2") commit = ts;
+    if (name.rfind("norm ", 0) == 0) norms.emplace_back(ts, end);
+  }
+  ASSERT_GE(step3, 0) << "no step 3 in the trace";
+  ASSERT_GE(commit, step3) << "no commit of step 2 inside step 3 in the trace";
+  const auto before_commit = std::count_if(
+      norms.begin(), norms.end(), [&](auto n) { return n.first >= step3 && n.second <= commit; });
+  EXPECT_EQ(before_commit, std::ptrdiff_t(specs.size()))
+      << "step 3's norms computed before step 2's commit";
 }
 
 // Each step's statistics are final when it commits (TakeCommittedStats): one per step, in
