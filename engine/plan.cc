@@ -301,24 +301,49 @@ void PlanHostUses(const HostPlanInput& in, HostPlan* plan) {
   }
 }
 
+// Belady's key of an object after use i: the index of its next use, counting the next
+// step's uses on from n_use (the step repeats), kNever when it is dead.
+class NextUse {
+ public:
+  NextUse(const HostPlanInput& in, const HostPlan& p)
+      : n_use_(int(p.uses.size())),
+        positions_(size_t(in.blocks) * kNumComponents),
+        first_use_(in.blocks, -1),
+        deferred_grad_(positions_.size(), false) {
+    for (int i = 0; i < n_use_; ++i) {
+      for (const UseObj& uo : p.uses[i].objs) positions_[uo.obj].push_back(i);
+      if (first_use_[p.uses[i].block] < 0) first_use_[p.uses[i].block] = i;
+    }
+    for (int b : p.deferred) deferred_grad_[ObjIndex(b, Component::kGrad)] = true;
+  }
+
+  int64_t operator()(int obj, int i, bool dead) const {
+    if (dead) return kNever;
+    const auto& pos = positions_[obj];
+    auto it = std::upper_bound(pos.begin(), pos.end(), i);
+    if (it != pos.end()) return *it;
+    // A deferred update's gradient is next read by that update, which the next step runs
+    // just before its block's first use: the earliest blocks' gradients, the last to land,
+    // are the ones worth keeping past the step.
+    if (deferred_grad_[obj]) return int64_t(n_use_) + first_use_[ObjBlock(obj)];
+    if (pos.empty()) return kNever - 1;
+    return int64_t(n_use_) + pos.front();  // the same use in the next step
+  }
+
+ private:
+  const int n_use_;
+  std::vector<std::vector<int>> positions_;  // per object: the uses that touch it
+  std::vector<int> first_use_;               // per block: its first use in the step
+  std::vector<bool> deferred_grad_;          // per object: a deferred update's gradient
+};
+
 // The Belady simulation of the cache over p.uses: the host ops (p.ops), every cached
 // object's offset, the peak, and what stays resident after the step.
 Status SimulateHostCache(const HostPlanInput& in, HostPlan* plan) {
   HostPlan& p = *plan;
   const int n_obj = in.blocks * kNumComponents;
   const int n_use = int(p.uses.size());
-  std::vector<std::vector<int>> positions(n_obj);
-  for (int i = 0; i < n_use; ++i) {
-    for (const UseObj& uo : p.uses[i].objs) positions[uo.obj].push_back(i);
-  }
-  auto next_use = [&](int obj, int i, bool dead) -> int64_t {
-    if (dead) return kNever;
-    const auto& pos = positions[obj];
-    auto it = std::upper_bound(pos.begin(), pos.end(), i);
-    if (it != pos.end()) return *it;
-    if (pos.empty()) return kNever - 1;
-    return int64_t(n_use) + pos.front();  // the same use in the next step
-  };
+  const NextUse next_use(in, p);
   std::vector<bool> resident(n_obj, false), dead(n_obj, false), locked(n_obj, false);
   std::vector<bool> held(n_obj, false);
   std::vector<int> landings(in.blocks, 0);

@@ -185,5 +185,43 @@ TEST(PlanPlacementTest, HostFeasibilityIsNotMonotonicInTheCapacity) {
   EXPECT_TRUE(found) << "no capacity above a feasible one failed: feasibility looks monotonic";
 }
 
+// A pipelined step defers every update that waits for the norm to the next step's forward,
+// which reads block 0's gradient first. The cache (room for three gradients, every state at
+// home, gradients spilled) ends the step holding the gradients the next forward reads first:
+// those of blocks 0-2, the last to land.
+TEST(PlanPlacementTest, DeferredGradientsTheNextForwardReadsFirstStay) {
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < 8; ++b) {
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {1024, 64}, true}}});
+  }
+  auto layout = ComputeLayout(specs, 64, 1);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  PlanOptions o;
+  o.clip = true;
+  o.pipeline = true;
+  o.nvme = true;
+  o.nvme_folders = 1;
+  o.grad_spill = GradSpill::kOn;
+  auto pp = PlanPlacement(*layout, o);
+  ASSERT_TRUE(pp.ok()) << pp.status().ToString();
+  HostPlanInput hin = HostInputFor(*pp);
+  hin.pipelined = true;
+  hin.speculative = false;
+  hin.spill_grads = true;
+  const uint64_t grad = hin.obj_bytes[ObjIndex(0, Component::kGrad)];
+  for (int o = 0; o < int(hin.cached.size()); ++o) {
+    hin.cached[o] = ObjComponent(o) == Component::kGrad;
+  }
+  hin.capacity = 3 * grad + grad / 2;
+  auto plan = PlanHost(hin);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->deferred.size(), specs.size());
+  std::vector<int> kept = plan->end_resident;
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<int>{ObjIndex(0, Component::kGrad), ObjIndex(1, Component::kGrad),
+                                    ObjIndex(2, Component::kGrad)}));
+  ASSERT_EQ(CheckHostPlan(hin, *plan), "");
+}
+
 }  // namespace
 }  // namespace strata::engine_internal
