@@ -458,6 +458,46 @@ Result<HostPlan> PlanHost(const HostPlanInput& in) {
   return p;
 }
 
+Result<SteadyPlans> ReplayToSteadyState(const HostPlanInput& in) {
+  constexpr size_t kMaxReplay = 16;
+  // What a plan starts from: the cached objects, where they sit, the updates it carries.
+  struct Start {
+    std::vector<int> resident, carried;
+    std::vector<uint64_t> offsets;
+    bool operator==(const Start&) const = default;
+  };
+  auto start_of = [](std::vector<int> resident, const std::vector<uint64_t>& offset,
+                     std::vector<int> carried) {
+    Start s{std::move(resident), std::move(carried), {}};
+    std::sort(s.resident.begin(), s.resident.end());
+    for (int o : s.resident) s.offsets.push_back(offset[o]);
+    return s;
+  };
+  SteadyPlans r;
+  std::vector<Start> starts = {start_of(in.start_resident, in.start_offset, in.carried)};
+  HostPlanInput next = in;
+  for (;;) {
+    auto plan = PlanHost(next);
+    if (!plan.ok()) {
+      if (r.plans.empty()) return plan.status();
+      r.cycle = 0;
+      return r;
+    }
+    r.plans.push_back(std::move(plan).value());
+    const HostPlan& last = r.plans.back();
+    Start s = start_of(last.end_resident, last.offset, last.deferred);
+    const auto seen = std::find(starts.begin(), starts.end(), s);
+    if (seen != starts.end() || r.plans.size() == kMaxReplay) {
+      r.cycle = seen != starts.end() ? size_t(seen - starts.begin()) : r.plans.size() - 1;
+      return r;
+    }
+    starts.push_back(std::move(s));
+    next.start_resident = last.end_resident;
+    next.start_offset = last.offset;
+    next.carried = last.deferred;
+  }
+}
+
 }  // namespace strata::engine_internal
 
 namespace strata::engine_internal {

@@ -214,6 +214,19 @@ struct HostPlanInput {
 // OutOfMemory when a use cannot fit the capacity.
 Result<HostPlan> PlanHost(const HostPlanInput& in);
 
+// The host plans of consecutive steps under `in`: the first from `in` as given, each later
+// one from what the one before left (and carrying its deferred updates), until a step would
+// start from what an earlier one started from, so that plans[cycle..] repeat from then on
+// (one plan, or a few where what a step leaves cached alternates). At most 16 plans (the last
+// stands for the steady state when no cycle closes by then). Where a later plan does not
+// fit, the engine starts the next step from an empty cache, so the plans so far repeat
+// (cycle 0); the first plan's failure is returned.
+struct SteadyPlans {
+  std::vector<HostPlan> plans;
+  size_t cycle = 0;
+};
+Result<SteadyPlans> ReplayToSteadyState(const HostPlanInput& in);
+
 // ---------------------------------------------------------------------------------------
 // Placement
 // ---------------------------------------------------------------------------------------

@@ -520,21 +520,25 @@ Status Placer::PlaceWithNvme() {
   return Status::OK();
 }
 
-// Predicted traffic: replay the steady-state plan.
+// Predicted traffic: replay the steady-state plans. With clipping, the steady state while
+// clipping does not apply: speculative where blocks may speculate, unless the updates are
+// pipelined and --speculate auto (then no step speculates, and each step carries the last
+// one's updates). What a step leaves cached decides the next step's loads, and the plans
+// settle into a cycle (of one plan, or of a few where the cached set alternates): the reads
+// are the mean over it.
 Status Placer::PredictTraffic() {
   PlacementReport& rep = pp.report;
   const bool host_collectives = opt.collectives == CollectiveMemory::kHost;
   hin.cached = pp.cached;
   hin.capacity = pp.cache_capacity;
-  hin.speculative = pp.speculation;  // the steady state, while clipping does not apply
+  hin.speculative = pp.speculation && !(pp.pipeline && opt.speculation == Speculation::kAuto);
+  hin.pipelined = pp.pipeline && !hin.speculative;
   hin.restorable = pp.restorable;
   hin.spill_grads = pp.spill_grads;
-  STRATA_ASSIGN_OR_RETURN(HostPlan first, PlanHost(hin));
-  HostPlanInput next = hin;
-  next.start_resident = first.end_resident;
-  next.start_offset = first.offset;
-  auto steady_or = PlanHost(next);
-  const HostPlan& steady = steady_or.ok() ? *steady_or : first;
+  STRATA_ASSIGN_OR_RETURN(const SteadyPlans replay, ReplayToSteadyState(hin));
+  const std::vector<HostPlan>& plans = replay.plans;
+  const size_t cycle = replay.cycle;
+  const HostPlan& steady = plans[cycle];
   int device_loads = 0;
   for (int a = 0; a < int(schedule.size()); ++a) {
     if (device.steps[a].load) {
@@ -550,12 +554,17 @@ Status Placer::PredictTraffic() {
                                  (host_collectives ? 1 : uint64_t(opt.world_size));
     }
   }
-  for (const HostOp& op : steady.ops) {
-    const bool grad = ObjComponent(op.obj) == Component::kGrad;
-    if (op.kind == HostOpKind::kLoad && (grad ? pp.spill_grads : pp.home[op.obj] == Tier::kNvme)) {
-      rep.predicted_bytes.nvme_read += pp.DataBytes(layout, op.obj);
+  uint64_t reads = 0;
+  for (size_t k = cycle; k < plans.size(); ++k) {
+    for (const HostOp& op : plans[k].ops) {
+      const bool grad = ObjComponent(op.obj) == Component::kGrad;
+      if (op.kind == HostOpKind::kLoad &&
+          (grad ? pp.spill_grads : pp.home[op.obj] == Tier::kNvme)) {
+        reads += pp.DataBytes(layout, op.obj);
+      }
     }
   }
+  rep.predicted_bytes.nvme_read = reads / (plans.size() - cycle);
   if (pp.spill_grads) {
     for (int b = 0; b < blocks; ++b) {
       rep.predicted_bytes.nvme_write += pp.DataBytes(layout, ObjIndex(b, Component::kGrad));

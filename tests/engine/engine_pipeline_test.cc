@@ -598,6 +598,44 @@ TEST(EnginePipelineTest, NormsAreComputedWhileTheCarriedCommitWaits) {
       << "step 3's norms computed before step 2's commit";
 }
 
+// The placement predicts the pipelined steady state when no step speculates (--speculate auto
+// with pipelining): each step reloads the spilled gradients of the updates it carries. Every
+// state on NVMe (so blocks could speculate), every step clipping, gradients spilled: from step
+// 3 on, each step writes the prediction's bytes, and reads them on average: what a step leaves
+// cached goes round a cycle (of three steps here), and with it the next step's reads.
+TEST(EnginePipelineTest, PredictedBytesAreThePipelinedSteadyState) {
+  const std::vector<BlockSpec> specs = FixedModel();
+  TempDir dir;
+  RunConfig rc;
+  rc.nvme = dir.path();
+  rc.grad_clip = 1e-3;  // every step clips: every update is deferred
+  rc.grad_spill = GradSpill::kOn;
+  rc.pipeline = true;
+  uint64_t min = 0, all = 0;
+  Minimum(specs, rc, &min, &all);
+  rc.host_mem = min + (64 << 10);  // states on NVMe, room to pipeline
+  auto f = MakeEngine(specs, rc);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const std::string report = f->engine->Placement().ToString();
+  ASSERT_NE(report.find("run during backward"), std::string::npos) << report;
+  ASSERT_NE(report.find("run under the next step's forward"), std::string::npos) << report;
+  const EdgeBytes want = f->engine->Placement().predicted_bytes;
+  uint64_t reads = 0;
+  for (int64_t step = 1; step <= 11; ++step) {
+    ASSERT_TRUE(f->engine->BeginStep(StepArgs{.lr = 0.01}).ok());
+    ASSERT_TRUE(testing::RunFakeMicroBatch(*f->engine, *f->device, step, 0).ok());
+    auto st = f->engine->EndStep();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    ASSERT_EQ(st->deferred_blocks, int64_t(specs.size()));
+    if (step < 3) continue;  // the first step carries nothing, the second started from it
+    EXPECT_EQ(st->bytes.nvme_write, want.nvme_write) << "step " << step << "\n" << report;
+    reads += st->bytes.nvme_read;
+  }
+  // Steps 3-11: three rounds of the cycle (the prediction's mean rounds down).
+  EXPECT_NEAR(double(reads), 9.0 * double(want.nvme_read), 9.0) << report;
+  ASSERT_TRUE(f->engine->Flush().ok());
+}
+
 // Each step's statistics are final when it commits (TakeCommittedStats): one per step, in
 // order, a pipelined step's after the next EndStep (the last after Flush), and each counts
 // its own deferred updates: nvme_write bytes equal, step for step, what the same updates write
