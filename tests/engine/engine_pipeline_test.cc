@@ -441,6 +441,29 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
   FinishAfterBlock0(*f, 2, 3, waited->states, &rec);
 }
 
+// `blocks` blocks of one 1023 x 3 tensor each.
+std::vector<BlockSpec> OneTensorBlocks(int blocks) {
+  std::vector<BlockSpec> specs;
+  for (int b = 0; b < blocks; ++b) {
+    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {1023, 3}, true}}});
+  }
+  return specs;
+}
+
+// Every state committed every step (durable), every step clipping (so every update waits for
+// the norm), gradients spilled or not: the run whose updates wait at the end of the step,
+// its store in `nvme`.
+RunConfig DurableClippingEveryStep(const std::string& nvme, GradSpill spill) {
+  RunConfig rc;
+  rc.pipeline = false;
+  rc.nvme = nvme;
+  rc.durable = true;
+  rc.grad_clip = 1e-3;
+  rc.speculation = Speculation::kOff;
+  rc.grad_spill = spill;
+  return rc;
+}
+
 // A home copy's write (a host-homed state, committed every step: durable) waits until the
 // step's carried updates all ran, so the next forward's loads have the drive; the carried
 // commit still waits for it. Every state at home, gradients spilled and some evicted: with
@@ -448,18 +471,9 @@ TEST(EnginePipelineTest, TheNextForwardWaitsForTheUpdateNotItsWrite) {
 // stayed) and the forward acquires block 0, while the updates that wait for a reloaded
 // gradient cannot run; no write is submitted meanwhile. Then the run is the waiting run's.
 TEST(EnginePipelineTest, HomeWritesWaitForTheCarriedUpdates) {
-  std::vector<BlockSpec> specs;
-  for (int b = 0; b < 16; ++b) {
-    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {1023, 3}, true}}});
-  }
+  const std::vector<BlockSpec> specs = OneTensorBlocks(16);
   TempDir d1, d2;
-  RunConfig rc;
-  rc.pipeline = false;
-  rc.nvme = d1.path();
-  rc.durable = true;
-  rc.grad_clip = 1e-3;  // every step clips: every update is deferred
-  rc.speculation = Speculation::kOff;
-  rc.grad_spill = GradSpill::kOn;
+  RunConfig rc = DurableClippingEveryStep(d1.path(), GradSpill::kOn);
   uint64_t min = 0, all = 0;
   Minimum(specs, rc, &min, &all);
   // The least budget (in steps of a 64th of every component) that keeps every state at home:
@@ -527,18 +541,10 @@ TEST(EnginePipelineTest, HomeWritesWaitForTheCarriedUpdates) {
 // and every norm of it is computed before the commit of step 2 (the trace's "norm" events
 // end before "commit step 2" begins). Then the run is the waiting run's.
 TEST(EnginePipelineTest, NormsAreComputedWhileTheCarriedCommitWaits) {
-  std::vector<BlockSpec> specs;
-  for (int b = 0; b < 8; ++b) {
-    specs.push_back(BlockSpec{"h." + std::to_string(b), {TensorSpec{"w", {1023, 3}, true}}});
-  }
+  const std::vector<BlockSpec> specs = OneTensorBlocks(8);
   TempDir d1, d2;
-  RunConfig rc;
-  rc.pipeline = false;
-  rc.nvme = d1.path();
-  rc.durable = true;
-  rc.grad_clip = 1e-3;  // every step clips: every update is deferred
-  rc.speculation = Speculation::kOff;
-  rc.grad_spill = GradSpill::kOff;  // the landings need no write
+  // The landings need no write.
+  RunConfig rc = DurableClippingEveryStep(d1.path(), GradSpill::kOff);
   auto waited = Train(specs, rc, 4);
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
 
