@@ -411,7 +411,7 @@ bool HostTier::TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads,
   return false;
 }
 
-bool HostTier::StartWriteLocked(std::deque<int>* queue, bool home, IoBatch* batch) {
+bool HostTier::StartWriteLocked(std::deque<int>* queue, IoBatch* batch) {
   const int obj = queue->front();
   queue->pop_front();
   HostObj& h = objs_[obj];
@@ -426,10 +426,6 @@ bool HostTier::StartWriteLocked(std::deque<int>* queue, bool home, IoBatch* batc
   }
   batch->ops.push_back(SwapOp{IoOp::kWrite, ctx_.Key(obj), h.buf, h.bytes});
   batch->objs.push_back(obj);
-  batch->write.resize(batch->ops.size() - 1, false);
-  batch->write.push_back(true);
-  batch->home.resize(batch->ops.size() - 1, false);
-  batch->home.push_back(home);
   ++writes_in_flight_;
   return true;
 }
@@ -440,7 +436,7 @@ bool HostTier::GatherIoLocked(IoBatch* batch, int reads_in_flight, int home_writ
   constexpr int kHomeWritesInFlight = 2;
   bool progressed = false;
   while (!write_queue_.empty()) {
-    if (!StartWriteLocked(&write_queue_, false, batch)) return progressed;
+    if (!StartWriteLocked(&write_queue_, batch)) return progressed;
     progressed = true;  // readers may share a copy being written (ReadableLocked)
   }
   while (ctx_.step_open && host_cursor_ < ctx_.hplan.ops.size()) {
@@ -448,19 +444,16 @@ bool HostTier::GatherIoLocked(IoBatch* batch, int reads_in_flight, int home_writ
     ++host_cursor_;
     progressed = true;
   }
-  batch->write.resize(batch->ops.size(), false);
-  batch->home.resize(batch->ops.size(), false);
   // Loads have someone waiting (a use of the plan); a home copy's write only a commit: it
   // waits for the step's carried updates (ReleaseHomeWritesLocked), so the forward's loads
   // have the drive, and then for a moment without reads.
   const bool reading = home_writes_held_ || reads_in_flight > 0 ||
-                       std::count(batch->write.begin(), batch->write.end(), false) > 0;
-  int started = 0;
+                       std::any_of(batch->ops.begin(), batch->ops.end(),
+                                   [](const SwapOp& op) { return op.op == IoOp::kRead; });
+  batch->home_from = batch->ops.size();
   while (!reading && !home_write_queue_.empty() &&
-         home_writes_in_flight + started < kHomeWritesInFlight) {
-    const size_t before = batch->ops.size();
-    if (!StartWriteLocked(&home_write_queue_, true, batch)) break;
-    started += int(batch->ops.size() - before);
+         home_writes_in_flight + int(batch->ops.size() - batch->home_from) < kHomeWritesInFlight) {
+    if (!StartWriteLocked(&home_write_queue_, batch)) break;
     progressed = true;
   }
   return progressed;
@@ -501,9 +494,10 @@ void HostTier::IoLoop() {
         continue;
       }
       for (size_t i = 0; i < ops.size(); ++i) {
-        in_flight[(*tickets)[i]] = InFlight{batch.objs[i], batch.write[i], batch.home[i], now};
-        reads_in_flight += batch.write[i] ? 0 : 1;
-        home_writes_in_flight += batch.home[i] ? 1 : 0;
+        const bool write = ops[i].op == IoOp::kWrite, home = i >= batch.home_from;
+        in_flight[(*tickets)[i]] = InFlight{batch.objs[i], write, home, now};
+        reads_in_flight += write ? 0 : 1;
+        home_writes_in_flight += home ? 1 : 0;
       }
     }
     if (in_flight.empty()) continue;

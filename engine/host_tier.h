@@ -164,12 +164,12 @@ class HostTier {
   uint64_t UpdateWriteBytesLocked(const std::vector<int>& blocks) const REQUIRES(ctx_.mu);
 
  private:
-  // The I/O thread's next submission: per operation its object, whether it writes, and
-  // whether that write is a home copy's (home_write_queue_).
+  // The I/O thread's next submission: per operation its object; the home copies' writes
+  // (home_write_queue_) come last, from home_from on.
   struct IoBatch {
     std::vector<SwapOp> ops;
     std::vector<int> objs;
-    std::vector<bool> write, home;
+    size_t home_from = 0;
   };
   void IoLoop() EXCLUDES(ctx_.mu);
   // Adds to `batch` what may start now: the cached copies' writes, the host plan's ops in
@@ -178,7 +178,7 @@ class HostTier {
       REQUIRES(ctx_.mu);
   // Starts the write of `queue`'s front copy (none when that entry is stale); false (error
   // stored) on a refused transition.
-  bool StartWriteLocked(std::deque<int>* queue, bool home, IoBatch* batch) REQUIRES(ctx_.mu);
+  bool StartWriteLocked(std::deque<int>* queue, IoBatch* batch) REQUIRES(ctx_.mu);
   // Runs host op `op` if its dependencies are met; false when it must wait (or failed: then
   // the error is stored).
   bool TryHostOpLocked(const HostOp& op, std::vector<SwapOp>* reads, std::vector<int>* read_objs)
